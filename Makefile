@@ -1,0 +1,64 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Everything else here is what those two call.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PACKAGES := $(patsubst %/pyproject.toml,%,$(wildcard proto/pyproject.toml infra/pyproject.toml services/*/pyproject.toml))
+TESTS    := $(wildcard proto/tests infra/tests services/*/tests e2e/test_*.py)
+INSTALLED := $(VENV)/.installed
+GENERATED := proto/src/mdproto/gen/marketdata_pb2.py
+ARGS ?=
+
+.PHONY: help venv proto jars lint test test-unit run stop up-local down-local status clean
+
+help:
+	@echo "make run      start the whole platform locally and answer a history request"
+	@echo "make test     lint and run every test (sets up .venv and jars on first use)"
+	@echo "make stop     stop everything make run started"
+	@echo "make up-local / down-local / status   the infrastructure stack alone"
+
+venv: $(INSTALLED)
+
+$(INSTALLED): constraints.txt requirements-dev.txt $(addsuffix /pyproject.toml,$(PACKAGES))
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt \
+		-r requirements-dev.txt $(addprefix -e ,$(PACKAGES))
+	@touch $@
+
+proto: $(GENERATED)
+
+$(GENERATED): proto/*.proto proto/build_proto.py $(INSTALLED)
+	$(BIN)/python proto/build_proto.py
+
+jars: venv
+	$(BIN)/python -m infra.artifacts
+
+lint: venv proto
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(wildcard proto/src infra services/*/src bench)
+
+test: lint jars
+	$(BIN)/pytest $(TESTS)
+
+test-unit: venv proto
+	$(BIN)/pytest -m "not stack" $(TESTS)
+
+up-local: jars
+	$(BIN)/python -m infra.localstack up
+
+down-local:
+	$(BIN)/python -m infra.localstack down
+
+status:
+	$(BIN)/python -m infra.localstack status
+
+run: jars proto
+	$(BIN)/python -m infra.platform run $(ARGS)
+
+stop:
+	$(BIN)/python -m infra.platform stop
+
+clean:
+	rm -rf $(VENV) proto/src/mdproto/gen/marketdata_pb2.py* .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,28 @@
+"""Default names and ports shared across services (see docs/protocol.md).
+
+Services take these as config defaults; a deployment may override them, but
+every service must then be given the same value.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ZeroMQ ports bound by the relay (and the pipeline's PUB).
+INGESTOR_WORK_PORT: Final = 5555  # relay PUB -> ingestor SUB, topic "EXCHANGE:"
+INGESTOR_RESPONSE_PORT: Final = 5556  # ingestor DEALER -> relay ROUTER (legacy sync)
+PIPELINE_PUB_PORT: Final = 5557  # pipeline PUB <- relay XSUB
+MARKET_DATA_PORT: Final = 5558  # relay XPUB <- client SUB
+CLIENT_REQUEST_PORT: Final = 5559  # client REQ/DEALER -> relay ROUTER
+INGESTOR_CONTROL_PORT: Final = 5560  # relay PUB -> ingestor SUB (spec said 5557: taken)
+
+# Kafka topics.
+KAFKA_OHLC_BATCHES: Final = "market.ohlc.batches"  # OHLCBatch, key = ticker
+KAFKA_TICKS: Final = "market.ticks"  # Tick, key = ticker
+KAFKA_MARKETS: Final = "market.markets"  # Market, key = ticker (compacted)
+KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_id (compacted)
+
+# Iceberg tables (namespace.table) in the REST catalog.
+ICEBERG_NAMESPACE: Final = "market"
+ICEBERG_OHLC: Final = "market.ohlc"
+ICEBERG_TICKS: Final = "market.ticks"

@@ -1,0 +1,164 @@
+"""Envelope codec: the only place that turns messages into frames and back.
+
+Logical format (docs/protocol.md):
+
+    frame 1: [1 byte protocol version]
+    frame 2: [1 byte type ID][protobuf payload]
+
+Transport adds frames around it: a topic frame in front on PUB/SUB, identity
+(and, for REQ peers, an empty delimiter) frames in front on ROUTER. Kafka
+records carry the same bytes concatenated into one value.
+
+Every decode function raises only `ProtocolError`, whatever the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar, overload
+
+from google.protobuf.message import Message
+
+from mdproto.errors import ProtocolError
+from mdproto.registry import CLASS_BY_TYPE, MessageType, type_of
+
+PROTOCOL_VERSION = 1
+VERSION_FRAME = bytes([PROTOCOL_VERSION])
+
+#: Default cap on a protobuf payload; receivers may pass their own.
+DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
+
+M = TypeVar("M", bound=Message)
+Frames = Sequence[bytes]
+
+
+def encode(message: Message) -> list[bytes]:
+    """The two-frame envelope for `message`."""
+    return [VERSION_FRAME, _body(message)]
+
+
+def encode_pub(topic: str, message: Message) -> list[bytes]:
+    """Frames for a PUB socket: topic, then the envelope."""
+    return [topic.encode(), VERSION_FRAME, _body(message)]
+
+
+def encode_routed(route: Frames, message: Message) -> list[bytes]:
+    """Frames for a ROUTER reply: the route from `split_routed`, then the envelope."""
+    return [*route, VERSION_FRAME, _body(message)]
+
+
+def encode_record(message: Message) -> bytes:
+    """A Kafka record value: version byte, type byte, payload."""
+    return VERSION_FRAME + _body(message)
+
+
+@overload
+def decode(frames: Frames, expected: None = None, *, max_payload: int = ...) -> Message: ...
+@overload
+def decode(frames: Frames, expected: type[M], *, max_payload: int = ...) -> M: ...
+def decode(
+    frames: Frames,
+    expected: type[Message] | None = None,
+    *,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+) -> Message:
+    """Parse exactly one two-frame envelope.
+
+    With `expected`, a message of any other type is a ProtocolError, so callers
+    can use the result without isinstance checks.
+    """
+    if len(frames) != 2:
+        raise ProtocolError("frame_count", f"expected 2 envelope frames, got {len(frames)}")
+    version, body = frames
+    _check_version(version)
+    return _parse_body(body, expected, max_payload)
+
+
+def decode_sub(frames: Frames, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[str, Message]:
+    """Parse what a SUB socket receives: topic frame, then the envelope."""
+    if len(frames) != 3:
+        raise ProtocolError("frame_count", f"expected topic + 2 envelope frames, got {len(frames)}")
+    return decode_topic(frames[0]), decode(frames[1:], max_payload=max_payload)
+
+
+@overload
+def decode_record(value: bytes, expected: None = None, *, max_payload: int = ...) -> Message: ...
+@overload
+def decode_record(value: bytes, expected: type[M], *, max_payload: int = ...) -> M: ...
+def decode_record(
+    value: bytes,
+    expected: type[Message] | None = None,
+    *,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
+) -> Message:
+    """Parse a Kafka record value written by `encode_record`."""
+    if len(value) < 2:
+        raise ProtocolError("empty_frame", f"record of {len(value)} bytes is too short")
+    _check_version(value[:1])
+    return _parse_body(value[1:], expected, max_payload)
+
+
+def split_routed(frames: Frames) -> tuple[list[bytes], list[bytes]]:
+    """Split ROUTER input into (route, envelope).
+
+    A REQ peer (or a DEALER imitating one) sends an empty delimiter, so the route
+    is everything up to and including the first empty frame; a bare DEALER sends
+    none, so the route is the identity frame alone. Replies must echo the route
+    unchanged for the peer's socket to accept them.
+    """
+    if len(frames) < 2:
+        raise ProtocolError("frame_count", f"routed message has only {len(frames)} frame(s)")
+    for i, frame in enumerate(frames[1:], start=1):
+        if len(frame) == 0:
+            return list(frames[: i + 1]), list(frames[i + 1 :])
+    return list(frames[:1]), list(frames[1:])
+
+
+def decode_topic(frame: bytes) -> str:
+    try:
+        return frame.decode()
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("bad_topic", f"topic is not UTF-8: {exc.reason}") from None
+
+
+def _body(message: Message) -> bytes:
+    try:
+        type_id = type_of(message)
+    except KeyError:
+        raise TypeError(f"{message.DESCRIPTOR.full_name} is not a protocol message") from None
+    return bytes([type_id]) + message.SerializeToString()
+
+
+def _check_version(version: bytes) -> None:
+    if len(version) != 1:
+        raise ProtocolError("bad_version", f"version frame has {len(version)} bytes, expected 1")
+    if version[0] != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "bad_version", f"unsupported protocol version {version[0]} (speaks {PROTOCOL_VERSION})"
+        )
+
+
+def _parse_body(body: bytes, expected: type[Message] | None, max_payload: int) -> Message:
+    if len(body) == 0:
+        raise ProtocolError("empty_frame", "message frame is empty")
+    payload_size = len(body) - 1
+    if payload_size > max_payload:
+        raise ProtocolError(
+            "too_large", f"payload of {payload_size} bytes exceeds the maximum {max_payload}"
+        )
+    try:
+        message_type = MessageType(body[0])
+    except ValueError:
+        raise ProtocolError("unknown_type", f"unknown message type 0x{body[0]:02X}") from None
+    cls = CLASS_BY_TYPE[message_type]
+    if expected is not None and cls is not expected:
+        raise ProtocolError(
+            "unexpected_type",
+            f"expected {expected.DESCRIPTOR.name}, got {cls.DESCRIPTOR.name} (0x{body[0]:02X})",
+        )
+    try:
+        return cls.FromString(body[1:])
+    except Exception as exc:  # protobuf backends raise DecodeError or others
+        raise ProtocolError(
+            "bad_payload", f"{cls.DESCRIPTOR.name} payload does not parse: {exc}"
+        ) from None

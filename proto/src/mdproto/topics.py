@@ -1,0 +1,127 @@
+"""Tickers and topic strings: the routing keys every service must agree on."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from mdproto.errors import ProtocolError
+from mdproto.gen.marketdata_pb2 import NotifyPattern
+
+_TICKER = re.compile(r"^(?P<exchange>[A-Z][A-Z0-9_]*):(?P<base>[A-Z0-9]+)/(?P<quote>[A-Z0-9]+)$")
+_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+TICK = "tick"
+OHLC = "ohlc"
+RESPONSE_PREFIX = "RESPONSE:"
+HISTORY_READY_PREFIX = "HISTORY_READY:"
+CEP_PREFIX = "CEP:"
+
+
+@dataclass(frozen=True, slots=True)
+class Ticker:
+    """`EXCHANGE:BASE/QUOTE`, e.g. BINANCE:BTC/USDT."""
+
+    exchange: str
+    base: str
+    quote: str
+
+    @property
+    def symbol(self) -> str:
+        """The unified (ccxt) symbol, e.g. BTC/USDT."""
+        return f"{self.base}/{self.quote}"
+
+    @property
+    def prefix(self) -> str:
+        """The ingestor work topic for this ticker's exchange, e.g. BINANCE:."""
+        return f"{self.exchange}:"
+
+    def __str__(self) -> str:
+        return f"{self.exchange}:{self.base}/{self.quote}"
+
+
+def parse_ticker(ticker: str) -> Ticker:
+    match = _TICKER.match(ticker)
+    if match is None:
+        raise ProtocolError(
+            "bad_topic", f"ticker {ticker!r} is not EXCHANGE:BASE/QUOTE (upper case)"
+        )
+    return Ticker(match["exchange"], match["base"], match["quote"])
+
+
+def exchange_prefix(ticker: str) -> str:
+    """`BINANCE:BTC/USDT` -> `BINANCE:` (the relay's ingestor work topic)."""
+    return parse_ticker(ticker).prefix
+
+
+def is_valid_id(value: str) -> bool:
+    """Request, client and trigger ids become topic suffixes: keep them plain."""
+    return _ID.match(value) is not None
+
+
+def tick_topic(ticker: str) -> str:
+    return f"{ticker}|{TICK}"
+
+
+def ohlc_topic(ticker: str, period_seconds: int) -> str:
+    return f"{ticker}|{OHLC}:{period_seconds}"
+
+
+def response_topic(client_id: str) -> str:
+    return f"{RESPONSE_PREFIX}{client_id}"
+
+
+def history_ready_topic(request_id: str) -> str:
+    return f"{HISTORY_READY_PREFIX}{request_id}"
+
+
+def cep_topic(trigger_id: str) -> str:
+    return f"{CEP_PREFIX}{trigger_id}"
+
+
+def notification_topic(pattern: int, request_id: str, client_id: str) -> str:
+    """The deterministic topic a client subscribes to before it submits.
+
+    NOTIFY_AUTO picks the per-client topic when there is a client_id.
+    """
+    per_client = pattern == NotifyPattern.NOTIFY_PER_CLIENT or (
+        pattern == NotifyPattern.NOTIFY_AUTO and bool(client_id)
+    )
+    if per_client:
+        if not client_id:
+            raise ProtocolError("bad_topic", "per-client notifications need a client_id")
+        return response_topic(client_id)
+    if not request_id:
+        raise ProtocolError("bad_topic", "per-request notifications need a request_id")
+    return history_ready_topic(request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class MarketTopic:
+    """A parsed market-data topic: `{ticker}|tick` or `{ticker}|ohlc:{period}`."""
+
+    ticker: str
+    kind: Literal["tick", "ohlc"]
+    period_seconds: int | None = None
+
+
+def parse_market_topic(topic: str) -> MarketTopic | None:
+    """The market-data topic in `topic`, or None for notifications and junk.
+
+    Also accepts subscription prefixes such as `BINANCE:BTC/USDT|ohlc:` (all
+    periods), reported with period_seconds None.
+    """
+    ticker, sep, data_type = topic.partition("|")
+    if not sep or _TICKER.match(ticker) is None:
+        return None
+    if data_type == TICK:
+        return MarketTopic(ticker, "tick")
+    kind, colon, period = data_type.partition(":")
+    if kind != OHLC or not colon:
+        return None
+    if period == "":
+        return MarketTopic(ticker, "ohlc", None)
+    if not period.isdigit() or int(period) <= 0:
+        return None
+    return MarketTopic(ticker, "ohlc", int(period))

@@ -1,0 +1,185 @@
+"""Envelope codec: round trips for every type, and only ProtocolError on junk."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.message import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mdproto import envelope
+from mdproto import messages as m
+from mdproto.errors import ProtocolError
+from mdproto.registry import CLASS_BY_TYPE, MessageType, type_of
+
+CANDLE = m.OHLC(
+    ticker="BINANCE:BTC/USDT",
+    period_seconds=60,
+    open_time_ms=1_700_000_000_000,
+    open=1.5,
+    high=2.0,
+    low=1.0,
+    close=1.75,
+    volume=10.0,
+    trade_count=7,
+    closed=True,
+)
+
+SAMPLES: dict[MessageType, Message] = {
+    MessageType.DATA_REQUEST: m.DataRequest(
+        request_id="r1",
+        client_id="c1",
+        kind=m.DataRequest.HISTORICAL,
+        ticker="BINANCE:BTC/USDT",
+        period_seconds=60,
+        start_time_ms=1,
+        end_time_ms=2,
+        notification_topic="RESPONSE:c1",
+    ),
+    MessageType.DATA_RESPONSE: m.DataResponse(
+        request_id="r1", status=m.Status.OK, candles=[CANDLE]
+    ),
+    MessageType.INGESTOR_CONTROL: m.IngestorControl(
+        action=m.IngestorControl.CANCEL_REALTIME, ticker="BINANCE:BTC/USDT", config={"a": "b"}
+    ),
+    MessageType.TICK: m.Tick(
+        ticker="BINANCE:BTC/USDT", trade_id="42", price=1.0, amount=2.0, side=m.TakerSide.BUY
+    ),
+    MessageType.OHLC: CANDLE,
+    MessageType.MARKET: m.Market(ticker="BINANCE:BTC/USDT", base="BTC", quote="USDT", active=True),
+    MessageType.OHLC_REQUEST: m.OHLCRequest(request_id="r1", ticker="BINANCE:BTC/USDT"),
+    MessageType.RESPONSE: m.Response(request_id="r1", status=m.Status.TIMEOUT, reason="late"),
+    MessageType.CEP_TRIGGER_REQUEST: m.CEPTriggerRequest(
+        trigger_id="t1",
+        action=m.CEPTriggerRequest.REGISTER,
+        conditions=[m.CEPCondition(kind=m.CEPCondition.PRICE_ABOVE, threshold=100.0)],
+    ),
+    MessageType.CEP_TRIGGER_ACK: m.CEPTriggerAck(
+        trigger_id="t1", status=m.Status.OK, event_topic="CEP:t1"
+    ),
+    MessageType.CEP_TRIGGER_EVENT: m.CEPTriggerEvent(trigger_id="t1", values={"price": 101.0}),
+    MessageType.OHLC_BATCH: m.OHLCBatch(
+        request_id="r1",
+        sequence=0,
+        metadata=m.BatchMetadata(request_id="r1", ticker="BINANCE:BTC/USDT"),
+        rows=[CANDLE, CANDLE],
+    ),
+    MessageType.SUBMIT_HISTORICAL_REQUEST: m.SubmitHistoricalRequest(
+        request_id="r1", client_id="c1", ticker="BINANCE:BTC/USDT", period_seconds=60
+    ),
+    MessageType.SUBMIT_RESPONSE: m.SubmitResponse(
+        request_id="r1", status=m.Status.OK, notification_topic="RESPONSE:c1"
+    ),
+    MessageType.HISTORY_READY_NOTIFICATION: m.HistoryReadyNotification(
+        request_id="r1", status=m.Status.OK, row_count=2, iceberg_table="market.ohlc"
+    ),
+}
+
+
+def test_every_type_id_matches_the_spec_table() -> None:
+    assert {t.value for t in MessageType} == {
+        0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
+    }  # fmt: skip
+    assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
+
+
+@pytest.mark.parametrize("type_id", list(MessageType), ids=lambda t: t.name)
+def test_round_trip_every_message_type(type_id: MessageType) -> None:
+    message = SAMPLES[type_id]
+    frames = envelope.encode(message)
+    assert frames[0] == b"\x01"
+    assert frames[1][0] == type_id
+    assert type_of(message) == type_id
+    assert envelope.decode(frames) == message
+    assert envelope.decode(frames, type(message)) == message
+    assert envelope.decode_record(envelope.encode_record(message)) == message
+    topic, decoded = envelope.decode_sub(envelope.encode_pub("BINANCE:BTC/USDT|tick", message))
+    assert (topic, decoded) == ("BINANCE:BTC/USDT|tick", message)
+
+
+def test_unexpected_type_is_a_protocol_error() -> None:
+    frames = envelope.encode(SAMPLES[MessageType.TICK])
+    with pytest.raises(ProtocolError) as info:
+        envelope.decode(frames, m.OHLC)
+    assert info.value.code == "unexpected_type"
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        ([b"\x01"], "frame_count"),
+        ([b"\x01", b"\x04", b"x"], "frame_count"),
+        ([b"\x02", b"\x04"], "bad_version"),
+        ([b"", b"\x04"], "bad_version"),
+        ([b"\x01", b""], "empty_frame"),
+        ([b"\x01", b"\x7f"], "unknown_type"),
+        ([b"\x01", b"\x04\xff\xff\xff"], "bad_payload"),
+    ],
+)
+def test_malformed_frames_name_their_reason(frames: list[bytes], code: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        envelope.decode(frames)
+    assert info.value.code == code
+    assert "\n" not in info.value.reason
+
+
+def test_oversized_payload_is_refused_before_parsing() -> None:
+    frames = envelope.encode(m.Tick(ticker="X" * 100))
+    with pytest.raises(ProtocolError) as info:
+        envelope.decode(frames, max_payload=50)
+    assert info.value.code == "too_large"
+    assert envelope.decode(frames, max_payload=200) == m.Tick(ticker="X" * 100)
+
+
+def test_router_route_is_split_for_req_and_dealer_peers() -> None:
+    body = envelope.encode(SAMPLES[MessageType.SUBMIT_RESPONSE])
+    req_route, req_env = envelope.split_routed([b"id", b"", *body])
+    assert (req_route, req_env) == ([b"id", b""], body)
+    dealer_route, dealer_env = envelope.split_routed([b"id", *body])
+    assert (dealer_route, dealer_env) == ([b"id"], body)
+    reply = envelope.encode_routed(req_route, SAMPLES[MessageType.SUBMIT_RESPONSE])
+    assert reply[:2] == [b"id", b""]
+
+
+@settings(max_examples=500)
+@given(st.lists(st.binary(max_size=64), max_size=5))
+def test_random_frames_raise_only_protocol_error(frames: list[bytes]) -> None:
+    try:
+        message = envelope.decode(frames, max_payload=32)
+    except ProtocolError as exc:
+        assert exc.code in ProtocolError.CODES
+        assert exc.reason
+    else:
+        assert len(frames) == 2
+        assert envelope.decode(envelope.encode(message)) == message
+
+
+@settings(max_examples=300)
+@given(st.lists(st.binary(max_size=32), max_size=5))
+def test_random_sub_frames_raise_only_protocol_error(frames: list[bytes]) -> None:
+    try:
+        envelope.decode_sub(frames)
+    except ProtocolError as exc:
+        assert exc.code in ProtocolError.CODES
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=64))
+def test_random_records_raise_only_protocol_error(value: bytes) -> None:
+    try:
+        envelope.decode_record(value)
+    except ProtocolError as exc:
+        assert exc.code in ProtocolError.CODES
+
+
+@settings(max_examples=200)
+@given(st.sampled_from(list(MessageType)), st.binary(max_size=64))
+def test_valid_header_with_random_payload_raises_only_protocol_error(
+    type_id: MessageType, payload: bytes
+) -> None:
+    try:
+        message = envelope.decode([b"\x01", bytes([type_id]) + payload])
+    except ProtocolError as exc:
+        assert exc.code == "bad_payload"
+    else:
+        assert type_of(message) == type_id

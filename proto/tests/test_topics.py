@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mdproto import topics
+from mdproto.errors import ProtocolError
+from mdproto.messages import NotifyPattern
+
+
+def test_ticker_parts_and_prefix() -> None:
+    ticker = topics.parse_ticker("BINANCE:BTC/USDT")
+    assert (ticker.exchange, ticker.base, ticker.quote) == ("BINANCE", "BTC", "USDT")
+    assert ticker.symbol == "BTC/USDT"
+    assert str(ticker) == "BINANCE:BTC/USDT"
+    assert topics.exchange_prefix("BINANCE:BTC/USDT") == "BINANCE:"
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "BTC/USDT", "BINANCE:BTCUSDT", "binance:BTC/USDT", "BINANCE:BTC/", ":BTC/USDT"]
+)
+def test_bad_tickers_are_protocol_errors(bad: str) -> None:
+    with pytest.raises(ProtocolError):
+        topics.parse_ticker(bad)
+
+
+def test_market_data_topics() -> None:
+    assert topics.tick_topic("BINANCE:BTC/USDT") == "BINANCE:BTC/USDT|tick"
+    assert topics.ohlc_topic("BINANCE:BTC/USDT", 60) == "BINANCE:BTC/USDT|ohlc:60"
+    parsed = topics.parse_market_topic("BINANCE:BTC/USDT|ohlc:300")
+    assert parsed == topics.MarketTopic("BINANCE:BTC/USDT", "ohlc", 300)
+    assert topics.parse_market_topic("BINANCE:BTC/USDT|tick") == topics.MarketTopic(
+        "BINANCE:BTC/USDT", "tick"
+    )
+    assert topics.parse_market_topic("BINANCE:BTC/USDT|ohlc:") == topics.MarketTopic(
+        "BINANCE:BTC/USDT", "ohlc", None
+    )
+    for other in ["RESPONSE:c1", "BINANCE:BTC/USDT|ohlc:0", "BINANCE:BTC/USDT|book", "", "|tick"]:
+        assert topics.parse_market_topic(other) is None
+
+
+def test_notification_topics_follow_the_pattern() -> None:
+    auto = NotifyPattern.NOTIFY_AUTO
+    assert topics.notification_topic(auto, "r1", "c1") == "RESPONSE:c1"
+    assert topics.notification_topic(auto, "r1", "") == "HISTORY_READY:r1"
+    per_request = NotifyPattern.NOTIFY_PER_REQUEST
+    assert topics.notification_topic(per_request, "r1", "c1") == "HISTORY_READY:r1"
+    with pytest.raises(ProtocolError):
+        topics.notification_topic(NotifyPattern.NOTIFY_PER_CLIENT, "r1", "")
+    with pytest.raises(ProtocolError):
+        topics.notification_topic(auto, "", "")
+
+
+@given(st.text(max_size=40))
+def test_parse_market_topic_never_raises(text: str) -> None:
+    topics.parse_market_topic(text)
+
+
+def test_ids_must_be_plain() -> None:
+    assert topics.is_valid_id("req-1.a_B")
+    assert not topics.is_valid_id("")
+    assert not topics.is_valid_id("a b")
+    assert not topics.is_valid_id("x" * 129)
