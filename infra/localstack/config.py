@@ -1,0 +1,161 @@
+"""Configuration of the local platform stack: defaults, YAML file, env overrides.
+
+Precedence (highest first): constructor arguments, ``INFRA_STACK_*`` environment
+variables (nested with ``__``, e.g. ``INFRA_STACK_PORTS__KAFKA=19092``), the YAML
+file named by ``INFRA_STACK_CONFIG`` (or ``--config``), then the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, cast
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV_PREFIX = "INFRA_STACK_"
+CONFIG_FILE_ENV = "INFRA_STACK_CONFIG"
+LOOPBACK = "127.0.0.1"
+
+
+class Ports(BaseModel):
+    """Every TCP port the stack listens on (all bound to 127.0.0.1).
+
+    SeaweedFS ``weed mini`` runs master, volume, filer, S3 and admin servers in
+    one process, each with an HTTP and a gRPC port; all are pinned here so that
+    several stacks can share a machine.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kafka: int = 9092
+    kafka_controller: int = 9093
+    s3: int = 8333
+    catalog: int = 8181
+    weed_s3_grpc: int = 18333
+    weed_master: int = 9333
+    weed_master_grpc: int = 19333
+    weed_volume: int = 9340
+    weed_volume_grpc: int = 19340
+    weed_filer: int = 8888
+    weed_filer_grpc: int = 18888
+    weed_admin: int = 23646
+    weed_admin_grpc: int = 33646
+
+    @field_validator("*")
+    @classmethod
+    def _valid_port(cls, v: int) -> int:
+        if not 1 <= v <= 65535:
+            raise ValueError(f"port {v} is outside 1..65535")
+        return v
+
+    def model_post_init(self, __context: Any) -> None:
+        values = list(self.model_dump().values())
+        dupes = sorted({p for p in values if values.count(p) > 1})
+        if dupes:
+            raise ValueError(f"ports must be distinct, duplicated: {dupes}")
+
+    @classmethod
+    def free(cls) -> Ports:
+        """Pick free loopback ports for every field (for tests running side by side).
+
+        All sockets stay bound until every port is chosen, so the kernel hands
+        out distinct ports; a small window remains before the servers bind them.
+        """
+        socks: list[socket.socket] = []
+        try:
+            for _ in cls.model_fields:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((LOOPBACK, 0))
+                socks.append(s)
+            ports = [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
+                s.close()
+        return cls(**dict(zip(cls.model_fields, ports, strict=True)))
+
+
+class KafkaSettings(BaseModel):
+    """Broker settings worth changing for a single-node development cluster."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_partitions: int = Field(default=3, ge=1)
+    auto_create_topics: bool = True
+    # __consumer_offsets partitions: Kafka's 50 slow down the first group join.
+    offsets_topic_partitions: int = Field(default=5, ge=1)
+    heap: str = "512m"
+    extra_properties: dict[str, str] = Field(default_factory=dict)
+
+
+class StackConfig(BaseSettings):
+    """Where the stack keeps its data, which ports it uses, and component knobs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    data_dir: Path = REPO_ROOT / ".data"
+    ports: Ports = Field(default_factory=Ports)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    s3_access_key: str = "localstack"
+    s3_secret_key: str = "localstack-secret"
+    s3_region: str = "us-east-1"
+    warehouse_bucket: str = "warehouse"
+    warehouse_prefix: str = "lake"
+    catalog_name: str = "lake"
+    catalog_heap: str = "384m"
+    # Both JVMs: C1-only JIT and serial GC start ~2x faster on 2 busy cores and
+    # use less memory; set to [] for broker throughput benchmarks.
+    jvm_options: list[str] = Field(
+        default_factory=lambda: ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    )
+    # Artifact cache (None: $INFRA_CACHE_DIR or .cache/ at the repository root).
+    cache_dir: Path | None = None
+    start_timeout_s: float = Field(default=90.0, gt=0)
+    stop_timeout_s: float = Field(default=20.0, gt=0)
+
+    @field_validator("data_dir", "cache_dir")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return None if v is None else v.expanduser().resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> StackConfig:
+        """Build a config from the optional YAML file (or ``$INFRA_STACK_CONFIG``)."""
+        env_file = os.environ.get(CONFIG_FILE_ENV)
+        path = config_file or (Path(env_file) if env_file else None)
+        if path is None:
+            return cls(**overrides)
+        if not path.is_file():
+            raise FileNotFoundError(f"stack config file not found: {path}")
+        # The YAML source reads model_config["yaml_file"]; a throwaway subclass
+        # carries the path so the class-level config stays untouched.
+        sub = type(
+            cls.__name__,
+            (cls,),
+            {"model_config": SettingsConfigDict(**{**cls.model_config, "yaml_file": path})},
+        )
+        return cast(StackConfig, sub(**overrides))

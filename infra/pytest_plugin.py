@@ -1,0 +1,96 @@
+"""pytest plugin (entry point ``pytest11: infra``): the local stack and Spark as fixtures.
+
+Fixtures (all session-scoped, so the stack starts once per test run):
+
+- ``local_stack``: a running ``LocalStack`` in a temporary data dir on free
+  loopback ports (never the default ports: engineers' runs share the machine);
+  torn down at the end of the session.
+- ``stack_endpoints``: ``local_stack.endpoints``.
+- ``spark_factory``: ``make(app_name=..., extra_conf=...) -> SparkSession``, a
+  local[2] session wired to the stack; stopped at the end of the session.
+- ``spark``: the session from ``spark_factory()``.
+
+Mark tests that use them ``@pytest.mark.stack`` (and ``@pytest.mark.spark``).
+This module is imported by every pytest run in the venv, so it imports nothing
+heavy at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from infra.localstack import LocalStack, StackEndpoints
+
+
+class SparkFactory(Protocol):
+    """Signature of the ``spark_factory`` fixture's value."""
+
+    def __call__(
+        self, app_name: str = ..., extra_conf: Mapping[str, str] | None = ...
+    ) -> SparkSession: ...
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "stack: needs the local platform stack (Kafka, S3 store, Iceberg REST catalog)"
+    )
+    config.addinivalue_line("markers", "spark: starts a Spark session")
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """The platform stack, up once per test session on free ports in a temp dir."""
+    from infra.localstack import start_on_free_ports
+
+    stack = start_on_free_ports(tmp_path_factory.mktemp("localstack"))
+    try:
+        yield stack
+    finally:
+        stack.down()
+
+
+@pytest.fixture(scope="session")
+def stack_endpoints(local_stack: LocalStack) -> StackEndpoints:
+    """Addresses and credentials of the session's stack."""
+    return local_stack.endpoints
+
+
+@pytest.fixture(scope="session")
+def spark_factory(
+    local_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SparkFactory]:
+    """Builds the local[2] SparkSession wired to the stack (one per process: Spark's rule)."""
+    from infra.spark import local_spark_session
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    sessions: list[SparkSession] = []
+
+    def make(
+        app_name: str = "infra-tests", extra_conf: Mapping[str, str] | None = None
+    ) -> SparkSession:
+        session = local_spark_session(
+            local_stack.endpoints,
+            app_name=app_name,
+            warehouse_dir=warehouse,
+            extra_conf=extra_conf,
+        )
+        sessions.append(session)
+        return session
+
+    try:
+        yield make
+    finally:
+        if sessions:
+            sessions[-1].stop()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_factory: SparkFactory) -> SparkSession:
+    """The session's SparkSession (local[2], Kafka source + ``lake`` Iceberg catalog)."""
+    return spark_factory()

@@ -1,0 +1,165 @@
+"""Unit tests of the stack's pure parts: config sources, endpoints, generated configs."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from infra.localstack import KafkaSettings, Ports, StackConfig, endpoints_for
+from infra.localstack.components import IcebergRest, Kafka, SeaweedFS, base_env
+from infra.localstack.config import REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests must not see a developer's own INFRA_STACK_* settings."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("INFRA_STACK_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults() -> None:
+    cfg = StackConfig()
+    assert cfg.data_dir == REPO_ROOT / ".data"
+    assert (cfg.ports.kafka, cfg.ports.s3, cfg.ports.catalog) == (9092, 8333, 8181)
+    assert cfg.kafka.num_partitions == 3
+    assert cfg.kafka.auto_create_topics is True
+
+
+def test_env_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("INFRA_STACK_PORTS__KAFKA", "19092")
+    monkeypatch.setenv("INFRA_STACK_KAFKA__NUM_PARTITIONS", "7")
+    monkeypatch.setenv("INFRA_STACK_DATA_DIR", str(tmp_path))
+    cfg = StackConfig()
+    assert cfg.ports.kafka == 19092
+    assert cfg.ports.s3 == 8333  # untouched fields keep their defaults
+    assert cfg.kafka.num_partitions == 7
+    assert cfg.data_dir == tmp_path
+
+
+def test_precedence_init_over_env_over_yaml(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    yaml_file = tmp_path / "stack.yaml"
+    yaml_file.write_text("ports:\n  kafka: 20000\n  s3: 20001\nkafka:\n  num_partitions: 5\n")
+    cfg = StackConfig.load(yaml_file)
+    assert (cfg.ports.kafka, cfg.ports.s3, cfg.kafka.num_partitions) == (20000, 20001, 5)
+
+    monkeypatch.setenv("INFRA_STACK_KAFKA__NUM_PARTITIONS", "9")
+    assert StackConfig.load(yaml_file).kafka.num_partitions == 9
+
+    monkeypatch.setenv("INFRA_STACK_CONFIG", str(yaml_file))
+    cfg = StackConfig.load(data_dir=tmp_path / "d")
+    assert cfg.ports.kafka == 20000
+    assert cfg.data_dir == tmp_path / "d"
+
+
+def test_missing_yaml_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        StackConfig.load(tmp_path / "nope.yaml")
+
+
+def test_ports_must_be_distinct_and_valid() -> None:
+    with pytest.raises(ValidationError, match="distinct"):
+        Ports(kafka=9000, s3=9000)
+    with pytest.raises(ValidationError):
+        Ports(kafka=70000)
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = Ports.free()
+    values = list(ports.model_dump().values())
+    assert len(set(values)) == len(values) == len(Ports.model_fields)
+    for port in values:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+
+
+def test_endpoints_and_client_configs(tmp_path: Path) -> None:
+    cfg = StackConfig(data_dir=tmp_path, ports=Ports(kafka=1111, s3=2222, catalog=3333))
+    e = endpoints_for(cfg)
+    assert e.kafka_bootstrap == "127.0.0.1:1111"
+    assert e.s3_endpoint == "http://127.0.0.1:2222"
+    assert e.catalog_uri == "http://127.0.0.1:3333"
+    assert e.warehouse == "s3://warehouse/lake"
+
+    props = e.pyiceberg_catalog_properties()
+    assert props["type"] == "rest"
+    assert props["uri"] == e.catalog_uri
+    assert props["s3.path-style-access"] == "true"
+    assert props["s3.region"] == "us-east-1"
+
+    conf = e.spark_conf(jars=[Path("/j/a.jar"), Path("/j/b.jar")])
+    assert conf["spark.jars"] == "/j/a.jar,/j/b.jar"
+    assert conf["spark.sql.catalog.lake"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.sql.catalog.lake.type"] == "rest"
+    assert conf["spark.sql.catalog.lake.uri"] == e.catalog_uri
+    assert conf["spark.sql.catalog.lake.s3.endpoint"] == e.s3_endpoint
+    assert "IcebergSparkSessionExtensions" in conf["spark.sql.extensions"]
+
+    assert type(e).from_json(e.to_json()) == e
+
+
+def test_kafka_properties_follow_config(tmp_path: Path) -> None:
+    cfg = StackConfig(
+        data_dir=tmp_path,
+        ports=Ports(kafka=4001, kafka_controller=4002),
+        kafka=KafkaSettings(num_partitions=6, extra_properties={"log.retention.hours": "1"}),
+    )
+    props = Kafka(cfg, endpoints_for(cfg)).server_properties()
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:4001,CONTROLLER://127.0.0.1:4002"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:4002"
+    assert props["num.partitions"] == "6"
+    assert props["auto.create.topics.enable"] == "true"
+    assert props["log.dirs"] == str(tmp_path / "kafka" / "data")
+    assert props["log.retention.hours"] == "1"
+
+
+def _fixture_property(env_name: str) -> str:
+    """The REST fixture's env-to-property rule: strip CATALOG_, __ is -, _ is ., lowercase."""
+    return env_name.removeprefix("CATALOG_").replace("__", "-").replace("_", ".").lower()
+
+
+def test_iceberg_rest_env_maps_to_catalog_properties(tmp_path: Path) -> None:
+    cfg = StackConfig(data_dir=tmp_path)
+    env = IcebergRest(cfg, endpoints_for(cfg)).catalog_env()
+    props = {_fixture_property(k): v for k, v in env.items() if k.startswith("CATALOG_")}
+    assert props["catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
+    assert props["uri"] == f"jdbc:sqlite:file:{tmp_path / 'iceberg-rest' / 'catalog.db'}"
+    assert props["io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert props["s3.path-style-access"] == "true"
+    assert props["s3.access-key-id"] == cfg.s3_access_key
+    assert props["s3.endpoint"] == "http://127.0.0.1:8333"
+    assert props["client.region"] == "us-east-1"
+    assert props["rest.port"] == "8181"
+    assert props["warehouse"] == "s3://warehouse/lake"
+
+
+def test_weed_command_pins_every_port_to_loopback(tmp_path: Path) -> None:
+    cfg = StackConfig(data_dir=tmp_path, ports=Ports.free())
+    comp = SeaweedFS(cfg, endpoints_for(cfg))
+    argv, env = comp.command()
+    flags = dict(a.lstrip("-").split("=", 1) for a in argv[2:])
+    assert flags["ip"] == flags["ip.bind"] == "127.0.0.1"
+    assert flags["s3.port.iceberg"] == "0"  # its own catalog would take :8181
+    pinned = {int(v) for k, v in flags.items() if k.endswith((".port", ".port.grpc"))}
+    assert pinned == set(comp.ports.values())
+    assert env["AWS_ACCESS_KEY_ID"] == cfg.s3_access_key
+
+
+def test_base_env_drops_variables_that_would_reconfigure_components(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CATALOG_WAREHOUSE", "s3://elsewhere")
+    monkeypatch.setenv("AWS_PROFILE", "prod")
+    monkeypatch.setenv("KEEP_ME", "1")
+    env = base_env()
+    assert "CATALOG_WAREHOUSE" not in env
+    assert "AWS_PROFILE" not in env
+    assert env["KEEP_ME"] == "1"
