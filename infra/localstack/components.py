@@ -84,6 +84,8 @@ class Component(ABC):
     """One supervised process of the stack."""
 
     name: str
+    #: The `infra.artifacts` component whose jars this process needs, if any.
+    artifact: str | None = None
 
     def __init__(self, config: StackConfig, endpoints: StackEndpoints) -> None:
         self.config = config
@@ -135,6 +137,7 @@ class Kafka(Component):
     """Apache Kafka broker+controller (KRaft combined mode), one node."""
 
     name = "kafka"
+    artifact = "kafka"
 
     @property
     def ports(self) -> dict[str, int]:
@@ -363,6 +366,7 @@ class IcebergRest(Component):
     """Apache Iceberg REST catalog fixture: JDBC (sqlite file) catalog, S3FileIO on SeaweedFS."""
 
     name = "iceberg-rest"
+    artifact = "iceberg-rest"
 
     @property
     def ports(self) -> dict[str, int]:

@@ -91,10 +91,19 @@ class LocalStack:
     >>> stack.down()
     """
 
-    def __init__(self, config: StackConfig | None = None, *, log: Log | None = None) -> None:
+    def __init__(
+        self,
+        config: StackConfig | None = None,
+        *,
+        log: Log | None = None,
+        components: Callable[[StackConfig, StackEndpoints], list[Component]] = make_components,
+        label: str = "localstack",
+    ) -> None:
+        """`components` and `label` let `infra.platform` supervise the services the same way."""
         self.config = config or StackConfig.load()
         self.endpoints: StackEndpoints = endpoints_for(self.config)
-        self.components: list[Component] = make_components(self.config, self.endpoints)
+        self.components: list[Component] = components(self.config, self.endpoints)
+        self.label = label
         self.timings: dict[str, float] = {}
         self._log = log or _stderr
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -156,15 +165,16 @@ class LocalStack:
                 )
             else:
                 running[comp.name] = record
-        if len(running) < len(self.components):
-            artifacts.ensure_artifacts(("kafka", "iceberg-rest"), cache=self.config.cache_dir)
+        needed = {c.artifact for c in self.components if c.name not in running and c.artifact}
+        if needed:
+            artifacts.ensure_artifacts(tuple(sorted(needed)), cache=self.config.cache_dir)
         pending: list[_Pending] = []
         started_now: list[_Pending] = []
         try:
             for comp in self.components:
                 record = running.get(comp.name)
                 if record is not None:
-                    self._log(f"[localstack] {comp.name}: already running (pid {record.pid})")
+                    self._log(f"[{self.label}] {comp.name}: already running (pid {record.pid})")
                     pending.append(
                         _Pending(comp, record, None, ExitWatcher(record.pid), time.monotonic())
                     )
@@ -181,7 +191,9 @@ class LocalStack:
                     pid_file=self._pid_file(comp),
                 )
                 self._procs[comp.name] = proc
-                self._log(f"[localstack] {comp.name}: started pid {proc.pid}, log {comp.log_file}")
+                self._log(
+                    f"[{self.label}] {comp.name}: started pid {proc.pid}, log {comp.log_file}"
+                )
                 item = _Pending(comp, record, proc, ExitWatcher(proc.pid), time.monotonic())
                 pending.append(item)
                 started_now.append(item)
@@ -196,7 +208,7 @@ class LocalStack:
         path = self.config.data_dir / ENDPOINTS_FILE
         path.write_text(self.endpoints.to_json())
         self.timings["total"] = time.monotonic() - t0
-        self._log(f"[localstack] up in {self.timings['total']:.1f} s; endpoints in {path}")
+        self._log(f"[{self.label}] up in {self.timings['total']:.1f} s; endpoints in {path}")
         return self.endpoints
 
     def _wait_ready(self, pending: list[_Pending]) -> None:
@@ -218,7 +230,7 @@ class LocalStack:
                 self.timings[comp.name] = item.ready_s
                 waiting.remove(item)
                 self._log(
-                    f"[localstack] {comp.name}: ready at {comp.address} in {item.ready_s:.1f} s"
+                    f"[{self.label}] {comp.name}: ready at {comp.address} in {item.ready_s:.1f} s"
                 )
             if not waiting:
                 return
@@ -254,9 +266,11 @@ class LocalStack:
         if not quiet:
             if record is not None and outcome != "not running":
                 took = time.monotonic() - t0
-                self._log(f"[localstack] {comp.name}: {outcome} (pid {record.pid}) in {took:.1f} s")
+                self._log(
+                    f"[{self.label}] {comp.name}: {outcome} (pid {record.pid}) in {took:.1f} s"
+                )
             else:
-                self._log(f"[localstack] {comp.name}: {outcome}")
+                self._log(f"[{self.label}] {comp.name}: {outcome}")
         return outcome
 
     def down(self) -> dict[str, str]:

@@ -1,0 +1,398 @@
+"""Ingestor throughput: candles/s (REST backfill -> Kafka) and ticks/s (websocket -> Kafka).
+
+    .venv/bin/python bench/ingestor_backfill.py [--candles 43200] [--ticks 20000]
+        [--repeat 3] [--kafka HOST:PORT] [--profile]
+
+Starts the exchange simulator as a separate process (its own interpreter, so
+it does not share the GIL with the ingestor) with the weight limit off, and a
+local Kafka (infra.localstack) unless --kafka is given. The ccxt rate limiter
+is off, so the numbers measure the ingestor, not the exchange's limits.
+
+Stages are measured side by side, each against the same simulator:
+
+- `http_baseline`: aiohttp GET of the same kline pages + json.loads (the floor
+  set by the simulator and HTTP);
+- `ccxt_fetch`: the ingestor's page loop through ccxt, no Kafka;
+- `batch_encode`: OHLCBatch building + envelope encoding only (CPU);
+- `kafka_produce`: producing the pre-encoded records, until delivered;
+- `end_to_end`: `run_history_job` (ccxt -> OHLCBatch -> Kafka, final marker delivered).
+
+Ticks: `ws_baseline` is a bare aiohttp websocket client counting the trade
+messages of the same stream; `feed_to_kafka` is the ingestor's live feed
+(ccxt.pro watch_trades -> dedupe -> Tick -> Kafka) until every tick is delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ingestor.batches import BatchBuilder, metadata_for
+from ingestor.config import ExchangeSettings, KafkaSettings
+from ingestor.exchanges import ExchangeAdapter
+from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job
+from ingestor.kafka_sink import KafkaSink
+from ingestor.live import FeedStats, RecentIds, run_feed
+from ingestor.model import Candle
+from ingestor.retry import RetryPolicy
+from mdproto import envelope
+from mdproto.messages import DataRequest, Status
+
+MIN = 60_000
+SYMBOL = "BTC/USDT"
+TICKER = "BINANCE:BTC/USDT"
+
+
+def start_simulator(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    ready = tmp / "sim.url"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "infra.exchange_sim",
+            "--port",
+            "0",
+            "--weight-limit",
+            "0",
+            "--no-model-trades",
+            "--ready-file",
+            str(ready),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not (ready.exists() and ready.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("exchange simulator did not start")
+        time.sleep(0.05)
+    return proc, ready.read_text().strip()
+
+
+def history_request(now_ms: int, candles: int) -> DataRequest:
+    start = (now_ms // MIN - candles - 10) * MIN
+    return DataRequest(
+        request_id=f"bench-{uuid.uuid4().hex[:8]}",
+        kind=DataRequest.HISTORICAL,
+        ticker=TICKER,
+        period_seconds=60,
+        start_time_ms=start,
+        end_time_ms=start + candles * MIN,
+    )
+
+
+async def timed(fn: Callable[[], Awaitable[int]], repeat: int) -> tuple[float, int]:
+    """Median seconds over `repeat` runs (after one warm-up) and the item count."""
+    print(f"bench: {getattr(fn, '__name__', fn)}", file=sys.stderr, flush=True)
+    count = await fn()
+    runs = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        count = await fn()
+        runs.append(time.perf_counter() - started)
+    return statistics.median(runs), count
+
+
+async def backfill(
+    base_url: str, bootstrap: str, candles: int, repeat: int, profile: bool
+) -> dict[str, Any]:
+    adapter = ExchangeAdapter(
+        "binance",
+        ExchangeSettings(prefix="BINANCE", api_base_url=base_url, enable_rate_limit=False),
+    )
+    await adapter.load_markets()
+    env = FetchEnv(policy=RetryPolicy(), page_limit=1000)
+    topic = f"bench.ohlc.{uuid.uuid4().hex[:6]}"
+    sink = KafkaSink(KafkaSettings(bootstrap_servers=bootstrap, topic_ohlc_batches=topic), "bench")
+    await sink.start()
+    now_ms = int(time.time() * 1000)
+    request = history_request(now_ms, candles)
+    symbol, plan = plan_request(request, adapter, env)
+    results: dict[str, Any] = {}
+
+    async with aiohttp.ClientSession() as session:
+
+        async def http_baseline() -> int:
+            n, since = 0, plan.start_ms
+            while since < plan.end_ms:
+                params = {
+                    "symbol": "BTCUSDT",
+                    "interval": "1m",
+                    "startTime": str(since),
+                    "endTime": str(plan.until_ms),
+                    "limit": "1000",
+                }
+                async with session.get(f"{base_url}/api/v3/klines", params=params) as resp:
+                    rows = json.loads(await resp.text())
+                if not rows:
+                    break
+                n += len(rows)
+                since = rows[-1][0] + MIN
+            return n
+
+        results["http_baseline"] = await timed(http_baseline, repeat)
+
+    async def ccxt_fetch() -> int:
+        n = 0
+        async for page in iter_pages(adapter, symbol, plan, env):
+            n += len(page)
+        return n
+
+    results["ccxt_fetch"] = await timed(ccxt_fetch, repeat)
+
+    rows: list[Candle] = []
+    async for page in iter_pages(adapter, symbol, plan, env):
+        rows.extend(page)
+
+    def encode_all() -> list[bytes]:
+        builder = BatchBuilder(metadata_for(request, "bench"), 500)
+        records = builder.add(rows) + builder.flush()
+        return [envelope.encode_record(r) for r in records]
+
+    async def batch_encode() -> int:
+        encode_all()
+        return len(rows)
+
+    results["batch_encode"] = await timed(batch_encode, repeat)
+    encoded = encode_all()
+
+    async def kafka_produce() -> int:
+        futures = [await sink.produce(topic, TICKER, value) for value in encoded]
+        await asyncio.gather(*futures)
+        return len(rows)
+
+    results["kafka_produce"] = await timed(kafka_produce, repeat)
+
+    async def end_to_end() -> int:
+        outcome = await run_history_job(
+            request, adapter, sink, ingestor_id="bench", batch_size=500, env=env
+        )
+        assert outcome.status == Status.OK and outcome.delivered, outcome
+        return outcome.rows
+
+    results["end_to_end"] = await timed(end_to_end, repeat)
+    results["rest_pages"] = (candles + 999) // 1000
+
+    if profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005, async_mode="enabled")
+        profiler.start()
+        await end_to_end()
+        profiler.stop()
+        results["profile"] = library_shares(profiler)
+        results["profile_text"] = profiler.output_text(unicode=False, color=False, show_all=False)
+
+    await sink.close()
+    await adapter.close()
+    return results
+
+
+def library_shares(profiler: Any) -> dict[str, float]:
+    """Fraction of sampled time per library, by where each frame's own time was spent."""
+    buckets: dict[str, float] = defaultdict(float)
+    rules = [
+        ("ccxt", "ccxt"),
+        ("google/protobuf", "protobuf"),
+        ("mdproto", "protobuf"),
+        ("confluent_kafka", "kafka client"),
+        ("aiohttp", "aiohttp (HTTP)"),
+        ("yarl", "aiohttp (HTTP)"),
+        ("multidict", "aiohttp (HTTP)"),
+        ("/json/", "json"),
+        ("/ingestor/", "ingestor"),
+        ("asyncio", "asyncio loop"),
+    ]
+    root = profiler.last_session.root_frame()
+
+    def walk(frame: Any) -> None:
+        path = frame.file_path or ""
+        name = "other"
+        for needle, label in rules:
+            if needle in path:
+                name = label
+                break
+        if frame.identifier.startswith("[await]") or frame.identifier.startswith("[self]"):
+            name = "idle/await" if "await" in frame.identifier else name
+        buckets[name] += frame.total_self_time
+        for child in frame.children:
+            walk(child)
+
+    walk(root)
+    total = sum(buckets.values()) or 1.0
+    return {k: v / total for k, v in sorted(buckets.items(), key=lambda kv: -kv[1])}
+
+
+async def ticks(base_url: str, bootstrap: str, count: int) -> dict[str, Any]:
+    """Push `count` trades through the simulator's stream; time them to a counter and to Kafka."""
+    ws_url = base_url.replace("http://", "ws://") + "/stream/ws"
+    results: dict[str, Any] = {}
+    next_id = [1]
+
+    async def inject(session: aiohttp.ClientSession, n: int) -> None:
+        now = int(time.time() * 1000)
+        for offset in range(0, n, 1000):
+            chunk = [
+                {"id": next_id[0] + i, "price": "60000.5", "qty": "0.01", "time_ms": now}
+                for i in range(min(1000, n - offset))
+            ]
+            next_id[0] += len(chunk)
+            body = {"symbol": SYMBOL, "trades": chunk}
+            async with session.post(f"{base_url}/_sim/trades", json=body) as resp:
+                resp.raise_for_status()
+
+    async with aiohttp.ClientSession() as session:
+        # Baseline: a bare websocket client that only counts trade messages.
+        async with session.ws_connect(f"{ws_url}/0") as ws:
+            await ws.send_json({"method": "SUBSCRIBE", "params": ["btcusdt@trade"], "id": 1})
+            await ws.receive()  # subscription ack
+            started = time.perf_counter()
+            injector = asyncio.create_task(inject(session, count))
+            seen = 0
+            while seen < count:
+                msg = await ws.receive()
+                if msg.type == aiohttp.WSMsgType.TEXT and "trade" in msg.data:
+                    seen += 1
+            results["ws_baseline"] = (time.perf_counter() - started, seen)
+            await injector
+
+        for cache in (10_000, 1000):  # ours, then ccxt's default tradesLimit
+            results[f"feed_cache_{cache}"] = await feed_run(
+                session, inject, base_url, bootstrap, count, cache
+            )
+    return results
+
+
+async def feed_run(
+    session: aiohttp.ClientSession,
+    inject: Callable[[aiohttp.ClientSession, int], Awaitable[None]],
+    base_url: str,
+    bootstrap: str,
+    count: int,
+    trades_cache: int,
+) -> tuple[float, int, int]:
+    """(seconds until every tick is delivered or the stream went quiet, ticks, id gaps)."""
+    adapter = ExchangeAdapter(
+        "binance",
+        ExchangeSettings(
+            prefix="BINANCE",
+            api_base_url=base_url,
+            enable_rate_limit=False,
+            trades_cache=trades_cache,
+        ),
+    )
+    await adapter.load_markets()
+    topic = f"bench.ticks.{uuid.uuid4().hex[:6]}"
+    sink = KafkaSink(KafkaSettings(bootstrap_servers=bootstrap, topic_ticks=topic), "bench")
+    await sink.start()
+    await (await sink.produce(topic, TICKER, b"warm-up"))  # topic created, connection up
+    stats = FeedStats()
+    feed = asyncio.create_task(
+        run_feed(TICKER, adapter, sink, stats, dedupe=RecentIds(50_000), reconnect=RetryPolicy())
+    )
+    async with session.get(
+        f"{base_url}/_sim/subscribers", params={"symbol": SYMBOL, "wait": "1"}
+    ) as resp:
+        resp.raise_for_status()
+    delivered0 = sink.stats.delivered
+    started = time.perf_counter()
+    await inject(session, count)
+    # Counters advance in librdkafka delivery callbacks: poll them. Stop when all
+    # ticks arrived, or when nothing moved for a second (trades were lost).
+    last, last_change = -1, time.perf_counter()
+    while sink.stats.delivered - delivered0 < count:
+        now = time.perf_counter()
+        if sink.stats.delivered != last:
+            last, last_change = sink.stats.delivered, now
+        elif now - last_change > 1.0:
+            break
+        await asyncio.sleep(0.005)
+    elapsed = last_change if sink.stats.delivered - delivered0 < count else time.perf_counter()
+    feed.cancel()
+    await asyncio.gather(feed, return_exceptions=True)
+    await sink.close()
+    await adapter.close()
+    return elapsed - started, stats.ticks, stats.id_gaps
+
+
+def report(name: str, seconds: float, items: int, baseline: float | None, unit: str) -> str:
+    rate = items / seconds if seconds else float("inf")
+    ratio = f"{baseline / seconds:6.2f}" if baseline else "  1.00"
+    return f"| {name:<14} | {items:>7} | {seconds:8.3f} | {rate:>12,.0f} {unit}/s | {ratio} |"
+
+
+def main() -> int:
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the stack and simulator are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--candles", type=int, default=43_200, help="30 days of 1m candles")
+    parser.add_argument("--ticks", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--kafka", default=None, help="bootstrap servers (default: start one)")
+    parser.add_argument("--profile", action="store_true", help="pyinstrument the end-to-end run")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="ingestor-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        stack = None
+        if args.kafka is None:
+            from infra.localstack import start_on_free_ports
+
+            stack = start_on_free_ports(tmp / "stack", jvm_options=[])
+            bootstrap = stack.endpoints.kafka_bootstrap
+        else:
+            bootstrap = args.kafka
+        sim, base_url = start_simulator(tmp)
+        try:
+            hist = asyncio.run(
+                backfill(base_url, bootstrap, args.candles, args.repeat, args.profile)
+            )
+            live = asyncio.run(ticks(base_url, bootstrap, args.ticks))
+        finally:
+            sim.terminate()
+            sim.wait(10)
+            if stack is not None:
+                stack.down()
+
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, median of {args.repeat}")
+    print("\nBackfill (candles; ratio = stage rate / http_baseline rate)")
+    print("| stage          | candles |  seconds |         rate      | ratio |")
+    base_s, _ = hist["http_baseline"]
+    for stage in ("http_baseline", "ccxt_fetch", "batch_encode", "kafka_produce", "end_to_end"):
+        seconds, items = hist[stage]
+        print(
+            report(stage, seconds, items, None if stage == "http_baseline" else base_s, "candles")
+        )
+    print("\nTicks (ratio = stage rate / ws_baseline rate)")
+    print("| stage          |   ticks |  seconds |         rate      | ratio | id gaps |")
+    ws_s, ws_n = live["ws_baseline"]
+    print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "       0 |")
+    for cache in (10_000, 1000):
+        seconds, n, gaps = live[f"feed_cache_{cache}"]
+        print(report(f"feed tl={cache}", seconds, n, ws_s * n / ws_n, "ticks") + f" {gaps:7} |")
+    if "profile" in hist:
+        print("\nEnd-to-end backfill profile: share of sampled time by library")
+        for name, share in hist["profile"].items():
+            print(f"  {name:<16} {share:6.1%}")
+        print("\n" + hist["profile_text"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

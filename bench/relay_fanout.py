@@ -1,0 +1,363 @@
+"""Fan-out through the relay vs a bare `zmq.proxy` between the same sockets.
+
+    publisher process: XPUB bound (the pipeline's PUB role)
+        -> host process: XSUB <== proxy ==> XPUB   (bare zmq.proxy, or the whole Relay)
+        -> subscriber process: 1 or 10 SUB sockets
+
+For each payload size (64 B, 1 KiB) and subscriber count (1, 10), bare and
+relay runs alternate, `--reps` times each, and the medians are compared:
+
+- throughput: messages published / time until every subscriber had them all
+  (HWMs unlimited in both setups, so nothing is dropped; counts are checked);
+- host CPU per message: process CPU of the host (proxy thread, libzmq I/O
+  thread, and for the relay its Python loop) divided by messages published;
+- latency: one-way publisher -> subscriber at a paced rate (CLOCK_MONOTONIC is
+  shared by the processes), p50 and p99.
+
+The endpoints are Python, so on a 2-core machine they, not the proxy, bound
+the throughput; CPU per message isolates the cost of the forwarding itself.
+
+Run: .venv/bin/python bench/relay_fanout.py [--reps 3] [--messages 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import socket
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.synchronize import Event
+from typing import Any
+
+import zmq
+
+TOPIC = b"BINANCE:BTC/USDT|tick"
+VERSION = b"\x01"
+WARMUP = b"W"
+END = b"E"
+DATA = b"D"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- processes ---------------------------------------------------------------
+
+
+def publisher(port: int, go: Event, count: int, size: int, rate: float) -> None:
+    """Send `count` messages after `go` (as fast as possible, or paced at `rate`/s)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.sndhwm = 0
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    while pub.recv()[1:] != TOPIC:  # the subscription came through the proxy
+        pass
+    while not go.is_set():  # warm-up until every subscriber has seen a message
+        pub.send_multipart([TOPIC, VERSION, WARMUP])
+        time.sleep(0.005)
+    pad = b"x" * max(0, size - 9)
+    body = DATA + pad
+    if rate <= 0:
+        frames = [TOPIC, VERSION, body]
+        for _ in range(count):
+            pub.send_multipart(frames)
+    else:
+        interval = 1.0 / rate
+        next_t = time.perf_counter()
+        for _ in range(count):
+            next_t += interval
+            delay = next_t - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            stamp = struct.pack("=q", time.perf_counter_ns())
+            pub.send_multipart([TOPIC, VERSION, DATA + stamp + pad])
+    for _ in range(50):
+        pub.send_multipart([TOPIC, VERSION, END])
+        time.sleep(0.01)
+    pub.close(linger=1000)
+    ctx.term()
+
+
+def subscriber(endpoint: str, n: int, ready: Event, results: Any, timed: bool) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    socks = []
+    poller = zmq.Poller()
+    for _ in range(n):
+        s = ctx.socket(zmq.SUB)
+        s.rcvhwm = 0
+        s.connect(endpoint)
+        s.subscribe(TOPIC)
+        poller.register(s, zmq.POLLIN)
+        socks.append(s)
+    warm: set[int] = set()
+    counts = [0] * n
+    done: set[int] = set()
+    latencies: list[int] = []
+    first = last = 0.0
+    while len(done) < n:
+        for sock, _ in poller.poll(30_000):
+            i = socks.index(sock)
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                kind = frames[2][:1]
+                if kind == DATA:
+                    last = time.perf_counter()
+                    first = first or last
+                    counts[i] += 1
+                    if timed and i == 0:
+                        sent = struct.unpack("=q", frames[2][1:9])[0]
+                        latencies.append(time.perf_counter_ns() - sent)
+                elif kind == WARMUP:
+                    warm.add(i)
+                    if len(warm) == n:
+                        ready.set()
+                elif kind == END:
+                    done.add(i)
+    results.put({"counts": counts, "seconds": last - first, "latencies": latencies})
+    for s in socks:
+        s.close(linger=0)
+    ctx.term()
+
+
+# --- hosts: the thing under test ---------------------------------------------
+
+
+class BareProxy:
+    """zmq.proxy between an XSUB and an XPUB, nothing else."""
+
+    def __init__(self, upstream: str) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.xsub = self.ctx.socket(zmq.XSUB)
+        self.xsub.rcvhwm = 0
+        self.xsub.connect(upstream)
+        self.xpub = self.ctx.socket(zmq.XPUB)
+        self.xpub.sndhwm = 0
+        port = self.xpub.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            zmq.proxy(self.xsub, self.xpub)
+        except zmq.ZMQError:
+            pass  # the context was destroyed under it: that is how this host stops
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+        self.thread.join(5)
+
+
+class RelayHost:
+    """The real Relay, configured like production except ports and HWMs."""
+
+    def __init__(self, upstream: str) -> None:
+        from relay import Relay, RelaySettings
+
+        settings = RelaySettings(
+            bind_address="tcp://127.0.0.1",
+            client_request_port=0,
+            market_data_pub_port=0,
+            ingestor_work_port=0,
+            ingestor_response_port=0,
+            ingestor_control_port=0,
+            metrics_port=0,
+            high_water_mark=0,
+            flink_market_data_endpoint=upstream,
+        )
+        self.relay = Relay(settings)
+        self.endpoint = self.relay.start().market_data
+        self.thread = threading.Thread(target=self.relay.run, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.relay.stop()
+        self.thread.join(5)
+        self.relay.close()
+
+
+HOSTS: dict[str, Callable[[str], BareProxy | RelayHost]] = {"bare": BareProxy, "relay": RelayHost}
+
+
+@dataclass
+class Run:
+    rate: float  # messages/s delivered to every subscriber
+    cpu_us: float  # host process CPU per published message
+    p50_us: float
+    p99_us: float
+
+
+def one_run(mode: str, subs: int, size: int, count: int, paced_rate: float) -> Run:
+    spawn = mp.get_context("spawn")
+    port = _free_port()
+    host = HOSTS[mode](f"tcp://127.0.0.1:{port}")
+    go, ready = spawn.Event(), spawn.Event()
+    results = spawn.Queue()
+    timed = paced_rate > 0
+    sub = spawn.Process(target=subscriber, args=(host.endpoint, subs, ready, results, timed))
+    pub = spawn.Process(target=publisher, args=(port, go, count, size, paced_rate))
+    sub.start()
+    pub.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("subscribers never got the warm-up")
+        cpu0 = time.process_time()
+        go.set()
+        result = results.get(timeout=300)
+        cpu = time.process_time() - cpu0
+    finally:
+        pub.join(30)
+        sub.join(30)
+        host.close()
+    if any(c != count for c in result["counts"]):
+        raise RuntimeError(f"{mode}: lost messages: {result['counts']} of {count}")
+    lat = sorted(result["latencies"])
+    p50 = lat[len(lat) // 2] / 1000 if lat else 0.0
+    p99 = lat[int(len(lat) * 0.99)] / 1000 if lat else 0.0
+    return Run(count / result["seconds"], cpu / count * 1e6, p50, p99)
+
+
+def capacity_run(mode: str, subs: int, size: int, count: int) -> tuple[float, float]:
+    """(messages/s per proxy-thread CPU second, wall messages/s) draining a backlog.
+
+    In-process over inproc: the proxy is paused, `count` messages are queued in
+    its XSUB, then it is resumed and timed until STATISTICS shows every frame
+    forwarded. Nobody reads the subscribers meanwhile (HWMs unlimited), so the
+    proxy thread alone sets the pace.
+    """
+    from relay.proxy import MarketDataProxy, ProxyStats
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.sndhwm = 0
+    pub.bind("inproc://up")
+    xsub = ctx.socket(zmq.XSUB)
+    xsub.rcvhwm = 0
+    xsub.connect("inproc://up")
+    xpub = ctx.socket(zmq.XPUB)
+    xpub.sndhwm = 0
+    xpub.bind("inproc://down")
+    if mode == "relay":
+        proxy = MarketDataProxy(ctx, xsub, xpub)  # the relay's own proxy, capture included
+        control = proxy.control
+        proxy.start()
+        thread = proxy._thread
+    else:
+        control = ctx.socket(zmq.PAIR)
+        steer = ctx.socket(zmq.PAIR)
+        steer.bind("inproc://steer")
+        control.connect("inproc://steer")
+        thread = threading.Thread(
+            target=zmq.proxy_steerable, args=(xsub, xpub, None, steer), daemon=True
+        )
+        thread.start()
+    sinks = []
+    for _ in range(subs):
+        sink = ctx.socket(zmq.SUB)
+        sink.rcvhwm = 0
+        sink.connect("inproc://down")
+        sink.subscribe(TOPIC)
+        sinks.append(sink)
+    pub.recv()  # the subscription arrived upstream
+    pub.send_multipart([TOPIC, VERSION, WARMUP])
+    for sink in sinks:
+        sink.recv_multipart()
+
+    def forwarded() -> int:
+        control.send(b"STATISTICS")
+        stats = ProxyStats.parse(control.recv_multipart())
+        assert stats is not None
+        return stats.downstream_frames
+
+    control.send(b"PAUSE")
+    control.recv()  # libzmq answers PAUSE/RESUME with an empty frame
+    frames = [TOPIC, VERSION, DATA + b"x" * (size - 1)]
+    for _ in range(count):
+        pub.send_multipart(frames)
+    target = forwarded() + 3 * count
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+    cpu0, wall0 = time.clock_gettime(clock), time.perf_counter()
+    control.send(b"RESUME")
+    control.recv()
+    while forwarded() < target:
+        time.sleep(0.001)
+    cpu, wall = time.clock_gettime(clock) - cpu0, time.perf_counter() - wall0
+    control.send(b"TERMINATE")
+    thread.join(10)
+    ctx.destroy(linger=0)
+    return count / cpu, count / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=100_000, help="per run, 1 subscriber")
+    parser.add_argument("--latency-rate", type=float, default=2000.0)
+    parser.add_argument("--latency-messages", type=int, default=2000)
+    parser.add_argument("--capacity-reps", type=int, default=5)
+    parser.add_argument("--capacity-messages", type=int, default=100_000)
+    parser.add_argument("--capacity-only", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    print("Proxy capacity (backlog drained by the proxy thread, in-process, inproc):\n")
+    print("| payload | subs | bare msg/CPU-s | relay msg/CPU-s | ratio | bare wall msg/s | relay wall msg/s |")
+    print("|---|---|---|---|---|---|---|")
+    for size in (64, 1024):
+        for subs in (1, 10):
+            cap: dict[str, list[tuple[float, float]]] = {"bare": [], "relay": []}
+            for _ in range(args.capacity_reps):
+                for mode in ("bare", "relay"):
+                    cap[mode].append(capacity_run(mode, subs, size, args.capacity_messages))
+            cpu = {m: statistics.median(r[0] for r in cap[m]) for m in cap}
+            wall = {m: statistics.median(r[1] for r in cap[m]) for m in cap}
+            print(
+                f"| {size} B | {subs} | {cpu['bare']:,.0f} | {cpu['relay']:,.0f} "
+                f"| {cpu['relay'] / cpu['bare']:.2f} | {wall['bare']:,.0f} | {wall['relay']:,.0f} |",
+                flush=True,
+            )
+    if args.capacity_only:
+        return
+    print("\nEnd to end (Python publisher and subscriber processes, TCP):\n")
+    print(
+        "| payload | subs | bare msg/s | relay msg/s | ratio | bare CPU us/msg | relay CPU us/msg "
+        "| bare p50/p99 us | relay p50/p99 us |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size in (64, 1024):
+        for subs in (1, 10):
+            count = args.messages if subs == 1 else args.messages // 5
+            runs: dict[str, list[Run]] = {"bare": [], "relay": []}
+            for _ in range(args.reps):
+                for mode in ("bare", "relay"):
+                    thr = one_run(mode, subs, size, count, 0.0)
+                    lat = one_run(mode, subs, size, args.latency_messages, args.latency_rate)
+                    runs[mode].append(Run(thr.rate, thr.cpu_us, lat.p50_us, lat.p99_us))
+
+            def med(mode: str, field: str) -> float:
+                return statistics.median(getattr(r, field) for r in runs[mode])
+
+            print(
+                f"| {size} B | {subs} | {med('bare', 'rate'):,.0f} | {med('relay', 'rate'):,.0f} "
+                f"| {med('relay', 'rate') / med('bare', 'rate'):.2f} "
+                f"| {med('bare', 'cpu_us'):.2f} | {med('relay', 'cpu_us'):.2f} "
+                f"| {med('bare', 'p50_us'):.0f}/{med('bare', 'p99_us'):.0f} "
+                f"| {med('relay', 'p50_us'):.0f}/{med('relay', 'p99_us'):.0f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,709 @@
+"""Binance spot front-end: REST (``/api/v3/...``) and market streams (websocket).
+
+Why these shapes: unmodified ccxt (``binance``, ``async_support.binance``,
+``pro.binance``) must parse every response, so payloads, error bodies and
+status codes follow Binance's documented wire format (see README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from .model import (
+    INTERVAL_MS,
+    MAX_TRADES_PER_MINUTE,
+    MINUTE_MS,
+    TRADE_ID_STRIDE,
+    SymbolSpec,
+    Trade,
+    UnknownSymbolError,
+)
+from .state import SimState
+
+#: Request weights (Binance documents a weight per endpoint; 6000 per minute per IP).
+WEIGHTS: dict[str, int] = {
+    "/api/v3/ping": 1,
+    "/api/v3/time": 1,
+    "/api/v3/exchangeInfo": 20,
+    "/api/v3/klines": 2,
+    "/api/v3/aggTrades": 4,
+    "/api/v3/trades": 25,
+    "/fapi/v1/exchangeInfo": 1,
+    "/dapi/v1/exchangeInfo": 1,
+}
+DEFAULT_WEIGHT_LIMIT = 6000
+MAX_BACKLOG_MS = 10 * MINUTE_MS  # streams never replay more than this after a clock jump
+_STREAM_RE = re.compile(r"^[a-z0-9]+@[A-Za-z0-9_]+$")
+_FMT = "{:.8f}"
+
+
+def fmt8(value: Decimal) -> str:
+    return _FMT.format(value)
+
+
+def binance_error(
+    status: int, code: int, msg: str, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """Binance's error body ``{"code": -1121, "msg": "Invalid symbol."}``."""
+    return web.json_response({"code": code, "msg": msg}, status=status, headers=headers)
+
+
+class _ParamError(Exception):
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.text)
+        self.response = response
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit():
+        raise _ParamError(
+            binance_error(
+                400,
+                -1100,
+                f"Illegal characters found in parameter '{name}'; "
+                "legal range is '^[0-9]{1,20}$'.",
+            )
+        )
+    return int(raw)
+
+
+def _mandatory(request: web.Request, name: str) -> str:
+    raw = request.query.get(name)
+    if not raw:
+        raise _ParamError(
+            binance_error(
+                400,
+                -1102,
+                f"Mandatory parameter '{name}' was not sent, was empty/null, or malformed.",
+            )
+        )
+    return raw
+
+
+def _limit(request: web.Request, default: int, maximum: int) -> int:
+    limit = _int_param(request, "limit")
+    if limit is None:
+        return default
+    if limit < 1:
+        raise _ParamError(
+            binance_error(400, -1130, "Data sent for parameter 'limit' is not valid.")
+        )
+    return min(limit, maximum)
+
+
+class WeightMeter:
+    """Request weight used in the current minute (``x-mbx-used-weight-1m``).
+
+    Minutes follow the simulator clock, so a frozen clock makes limits exact in tests.
+    """
+
+    def __init__(self, limit: int | None, now_ms: Callable[[], int]) -> None:
+        self.limit = limit
+        self._now_ms = now_ms
+        self._minute = -1
+        self.used = 0
+
+    def add(self, weight: int) -> int:
+        minute = self._now_ms() // MINUTE_MS
+        if minute != self._minute:
+            self._minute, self.used = minute, 0
+        self.used += weight
+        return self.used
+
+    def reset(self) -> None:
+        self._minute, self.used = -1, 0
+
+    def retry_after(self) -> int:
+        """Seconds until the weight window resets."""
+        return max(1, -(-(MINUTE_MS - self._now_ms() % MINUTE_MS) // 1000))
+
+    def exceeded(self) -> bool:
+        return self.limit is not None and self.used > self.limit
+
+
+def _symbol_info(spec: SymbolSpec, now_ms: int) -> dict[str, Any]:
+    trading = spec.trading_at(now_ms)
+    tick, step = Decimal(spec.tick), Decimal(spec.step)
+    return {
+        "symbol": spec.binance_id,
+        "status": "TRADING" if trading else "BREAK",
+        "baseAsset": spec.base,
+        "baseAssetPrecision": 8,
+        "quoteAsset": spec.quote,
+        "quotePrecision": 8,
+        "quoteAssetPrecision": 8,
+        "baseCommissionPrecision": 8,
+        "quoteCommissionPrecision": 8,
+        "orderTypes": ["LIMIT", "LIMIT_MAKER", "MARKET", "STOP_LOSS_LIMIT", "TAKE_PROFIT_LIMIT"],
+        "icebergAllowed": True,
+        "ocoAllowed": True,
+        "otoAllowed": True,
+        "quoteOrderQtyMarketAllowed": True,
+        "allowTrailingStop": True,
+        "cancelReplaceAllowed": True,
+        "amendAllowed": True,
+        "isSpotTradingAllowed": trading,
+        "isMarginTradingAllowed": False,
+        "filters": [
+            {
+                "filterType": "PRICE_FILTER",
+                "minPrice": fmt8(tick),
+                "maxPrice": fmt8(Decimal(1_000_000)),
+                "tickSize": fmt8(tick),
+            },
+            {
+                "filterType": "LOT_SIZE",
+                "minQty": fmt8(step),
+                "maxQty": fmt8(Decimal(spec.max_qty)),
+                "stepSize": fmt8(step),
+            },
+            {"filterType": "ICEBERG_PARTS", "limit": 10},
+            {
+                "filterType": "MARKET_LOT_SIZE",
+                "minQty": fmt8(Decimal(0)),
+                "maxQty": fmt8(Decimal(spec.max_qty) / 10),
+                "stepSize": fmt8(Decimal(0)),
+            },
+            {
+                "filterType": "NOTIONAL",
+                "minNotional": fmt8(Decimal(spec.min_notional)),
+                "applyMinToMarket": True,
+                "maxNotional": fmt8(Decimal(9_000_000)),
+                "applyMaxToMarket": False,
+                "avgPriceMins": 5,
+            },
+            {"filterType": "MAX_NUM_ORDERS", "maxNumOrders": 200},
+            {"filterType": "MAX_NUM_ALGO_ORDERS", "maxNumAlgoOrders": 5},
+        ],
+        "permissions": [],
+        "permissionSets": [["SPOT"]],
+        "defaultSelfTradePreventionMode": "EXPIRE_MAKER",
+        "allowedSelfTradePreventionModes": ["EXPIRE_TAKER", "EXPIRE_MAKER", "EXPIRE_BOTH"],
+    }
+
+
+class BinanceRest:
+    """Handlers of the Binance REST endpoints the platform (and ccxt) use."""
+
+    def __init__(self, state: SimState, *, weight_limit: int | None = DEFAULT_WEIGHT_LIMIT) -> None:
+        self.state = state
+        self.weights = WeightMeter(weight_limit, state.clock.now_ms)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/api/v3/ping", self.ping),
+            web.get("/api/v3/time", self.server_time),
+            web.get("/api/v3/exchangeInfo", self.exchange_info),
+            web.get("/api/v3/klines", self.klines),
+            web.get("/api/v3/aggTrades", self.agg_trades),
+            web.get("/api/v3/trades", self.recent_trades),
+            # ccxt asks for linear/inverse markets unless options.fetchMarkets.types
+            # says otherwise; answer with no symbols so default ccxt still loads.
+            web.get("/fapi/v1/exchangeInfo", self.empty_exchange_info),
+            web.get("/dapi/v1/exchangeInfo", self.empty_exchange_info),
+        ]
+
+    def _spec(self, binance_id: str) -> SymbolSpec:
+        try:
+            spec = self.state.model.spec(binance_id)
+        except UnknownSymbolError:
+            spec = None
+        if spec is None or spec.binance_id != binance_id:
+            raise _ParamError(binance_error(400, -1121, "Invalid symbol."))
+        return spec
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def server_time(self, request: web.Request) -> web.Response:
+        return web.json_response({"serverTime": self.state.clock.now_ms()})
+
+    async def empty_exchange_info(self, request: web.Request) -> web.Response:
+        now = self.state.clock.now_ms()
+        return web.json_response(
+            {
+                "timezone": "UTC",
+                "serverTime": now,
+                "rateLimits": [],
+                "exchangeFilters": [],
+                "assets": [],
+                "symbols": [],
+            }
+        )
+
+    async def exchange_info(self, request: web.Request) -> web.Response:
+        now = self.state.clock.now_ms()
+        specs: Iterable[SymbolSpec] = self.state.model.specs.values()
+        try:
+            if "symbol" in request.query:
+                specs = [self._spec(request.query["symbol"])]
+            elif "symbols" in request.query:
+                try:
+                    ids = json.loads(request.query["symbols"])
+                except json.JSONDecodeError:
+                    return binance_error(
+                        400, -1100, "Illegal characters found in parameter 'symbols'."
+                    )
+                specs = [self._spec(str(i)) for i in ids]
+        except _ParamError as exc:
+            return exc.response
+        return web.json_response(
+            {
+                "timezone": "UTC",
+                "serverTime": now,
+                "rateLimits": [
+                    {
+                        "rateLimitType": "REQUEST_WEIGHT",
+                        "interval": "MINUTE",
+                        "intervalNum": 1,
+                        "limit": self.weights.limit or DEFAULT_WEIGHT_LIMIT,
+                    },
+                    {
+                        "rateLimitType": "ORDERS",
+                        "interval": "SECOND",
+                        "intervalNum": 10,
+                        "limit": 100,
+                    },
+                    {
+                        "rateLimitType": "ORDERS",
+                        "interval": "DAY",
+                        "intervalNum": 1,
+                        "limit": 200000,
+                    },
+                    {
+                        "rateLimitType": "RAW_REQUESTS",
+                        "interval": "MINUTE",
+                        "intervalNum": 5,
+                        "limit": 61000,
+                    },
+                ],
+                "exchangeFilters": [],
+                "symbols": [_symbol_info(s, now) for s in specs],
+            }
+        )
+
+    async def klines(self, request: web.Request) -> web.Response:
+        try:
+            spec = self._spec(_mandatory(request, "symbol"))
+            interval = _mandatory(request, "interval")
+            start = _int_param(request, "startTime")
+            end = _int_param(request, "endTime")
+            limit = _limit(request, 500, 1000)
+        except _ParamError as exc:
+            return exc.response
+        if interval not in INTERVAL_MS:
+            return binance_error(400, -1120, "Invalid interval.")
+        if start is not None and end is not None and start > end:
+            return binance_error(400, -1023, "Start time is greater than end time.")
+        now = self.state.clock.now_ms()
+        rows = await asyncio.to_thread(
+            self.state.model.select_klines,
+            spec.symbol,
+            interval,
+            start_ms=start,
+            end_ms=end,
+            limit=limit,
+            now_ms=now,
+        )
+        return web.json_response([k.binance_row() for k in rows])
+
+    def _trades_window(self, request: web.Request, spec: SymbolSpec, limit: int) -> list[Trade]:
+        """aggTrades selection: by ``fromId``, by time window (<= 1h), or the latest."""
+        now = self.state.clock.now_ms()
+        from_id = _int_param(request, "fromId")
+        start = _int_param(request, "startTime")
+        end = _int_param(request, "endTime")
+        model = self.state.model
+        if start is not None and end is not None and end - start > 3_600_000:
+            raise _ParamError(
+                binance_error(400, -1127, "More than 1 hours between startTime and endTime.")
+            )
+        if from_id is not None:
+            return list(
+                itertools.islice(model.iter_trades(spec.symbol, 0, now, from_id=from_id), limit)
+            )
+        if start is not None or end is not None:
+            lo = start if start is not None else (end or 0) - 3_600_000
+            hi = min(end if end is not None else lo + 3_600_000, now)
+            return list(itertools.islice(model.iter_trades(spec.symbol, lo, hi), limit))
+        latest = list(itertools.islice(model.iter_trades_backward(spec.symbol, now), limit))
+        latest.reverse()
+        return latest
+
+    async def agg_trades(self, request: web.Request) -> web.Response:
+        try:
+            spec = self._spec(_mandatory(request, "symbol"))
+            limit = _limit(request, 500, 1000)
+            trades = await asyncio.to_thread(self._trades_window, request, spec, limit)
+        except _ParamError as exc:
+            return exc.response
+        return web.json_response([agg_trade_payload(t) for t in trades])
+
+    async def recent_trades(self, request: web.Request) -> web.Response:
+        try:
+            spec = self._spec(_mandatory(request, "symbol"))
+            limit = _limit(request, 500, 1000)
+        except _ParamError as exc:
+            return exc.response
+        now = self.state.clock.now_ms()
+        model = self.state.model
+        trades = list(itertools.islice(model.iter_trades_backward(spec.symbol, now), limit))
+        trades.reverse()
+        return web.json_response(
+            [
+                {
+                    "id": t.id,
+                    "price": fmt8(t.price),
+                    "qty": fmt8(t.qty),
+                    "quoteQty": fmt8(t.price * t.qty),
+                    "time": t.time_ms,
+                    "isBuyerMaker": t.buyer_is_maker,
+                    "isBestMatch": True,
+                }
+                for t in trades
+            ]
+        )
+
+
+def agg_trade_payload(trade: Trade) -> dict[str, Any]:
+    """REST ``aggTrades`` row (each model trade is its own aggregate)."""
+    return {
+        "a": trade.id,
+        "p": fmt8(trade.price),
+        "q": fmt8(trade.qty),
+        "f": trade.id,
+        "l": trade.id,
+        "T": trade.time_ms,
+        "m": trade.buyer_is_maker,
+        "M": True,
+    }
+
+
+def trade_event(stream_kind: str, binance_id: str, trade: Trade, event_ms: int) -> dict[str, Any]:
+    """Payload of a ``<symbol>@trade`` or ``<symbol>@aggTrade`` stream message."""
+    if stream_kind == "aggTrade":
+        return {"e": "aggTrade", "E": event_ms, "s": binance_id, **agg_trade_payload(trade)}
+    return {
+        "e": "trade",
+        "E": event_ms,
+        "s": binance_id,
+        "t": trade.id,
+        "p": fmt8(trade.price),
+        "q": fmt8(trade.qty),
+        "T": trade.time_ms,
+        "m": trade.buyer_is_maker,
+        "M": True,
+    }
+
+
+@dataclass(eq=False)
+class _Conn:
+    id: int
+    ws: web.WebSocketResponse
+    request: web.Request
+    combined: bool
+    streams: set[str] = field(default_factory=set)
+    queue: asyncio.Queue[str | None] = field(default_factory=lambda: asyncio.Queue(maxsize=100_000))
+
+
+def _stream_symbol(stream: str) -> str:
+    """``btcusdt@trade`` -> ``BTCUSDT``."""
+    return stream.split("@", 1)[0].upper()
+
+
+class BinanceStreams:
+    """Market-stream websocket endpoint, subscription bookkeeping and trade fan-out.
+
+    Real Binance semantics: ``/ws/...`` sends raw event payloads, ``/stream...``
+    wraps them as ``{"stream": name, "data": payload}``; subscriptions come from
+    the URL (``/ws/btcusdt@trade``, ``/stream?streams=a/b``) or from
+    ``{"method": "SUBSCRIBE", "params": [...], "id": n}`` messages.
+    """
+
+    def __init__(
+        self, state: SimState, *, stream_model_trades: bool = True, pump_interval: float = 0.1
+    ) -> None:
+        self.state = state
+        self.stream_model_trades = stream_model_trades
+        self.pump_interval = pump_interval
+        self._conns: set[_Conn] = set()
+        self._conn_ids = itertools.count(1)
+        self._cursor: dict[str, int] = {}  # unified symbol -> last model-trade time emitted
+        self._injected_seq: dict[int, int] = {}  # minute index -> next injected position
+        self._changed = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._pump_task = asyncio.create_task(self._pump_loop())
+
+    async def stop(self) -> None:
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
+            self._pump_task = None
+        await self.drop(None, mode="close", count_as_drop=False)
+
+    # ------------------------------------------------------------ handler
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        # Binance pings every 20 s; ccxt answers, so dead clients get noticed.
+        ws = web.WebSocketResponse(autoping=True, heartbeat=20.0)
+        if not ws.can_prepare(request).ok:
+            return binance_error(400, -1100, "Websocket upgrade required.")
+        await ws.prepare(request)
+        segments = [s for s in request.path.split("/") if s]
+        combined = "ws" not in segments and "stream" in segments
+        conn = _Conn(next(self._conn_ids), ws, request, combined)
+        initial = [s for s in segments if "@" in s]  # /ws/btcusdt@trade
+        if "streams" in request.query:
+            initial.extend(request.query["streams"].split("/"))
+        self.state.stats.ws_connections_total += 1
+        self._conns.add(conn)
+        sender = asyncio.create_task(self._sender(conn))
+        self._subscribe(conn, [s for s in initial if _STREAM_RE.match(s)])
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    self._on_text(conn, msg.data)
+                elif msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            self._conns.discard(conn)
+            self._notify()
+            try:
+                conn.queue.put_nowait(None)
+            except asyncio.QueueFull:
+                sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+        return ws
+
+    async def _sender(self, conn: _Conn) -> None:
+        """One writer per connection keeps acks and events in order."""
+        while True:
+            item = await conn.queue.get()
+            if item is None or conn.ws.closed:
+                return
+            try:
+                await conn.ws.send_str(item)
+            except (ConnectionError, RuntimeError):
+                return
+            self.state.stats.ws_messages_sent += 1
+
+    def _send(self, conn: _Conn, payload: object) -> None:
+        try:
+            conn.queue.put_nowait(json.dumps(payload, separators=(",", ":")))
+        except asyncio.QueueFull:
+            self.state.stats.ws_messages_discarded += 1
+
+    def _on_text(self, conn: _Conn, text: str) -> None:
+        try:
+            msg = json.loads(text)
+        except json.JSONDecodeError as exc:
+            self._send(conn, {"code": 3, "msg": f"Invalid JSON: {exc}"})
+            return
+        if not isinstance(msg, dict):
+            self._send(conn, {"code": 2, "msg": "Invalid request: request must be an object"})
+            return
+        method, req_id, params = msg.get("method"), msg.get("id"), msg.get("params", [])
+        if not isinstance(params, list):
+            self._send(
+                conn, {"code": 2, "msg": "Invalid request: params must be a list", "id": req_id}
+            )
+            return
+        if method in ("SUBSCRIBE", "UNSUBSCRIBE"):
+            bad = [p for p in params if not isinstance(p, str) or not _STREAM_RE.match(p)]
+            if bad:
+                self._send(
+                    conn,
+                    {"code": 2, "msg": f"Invalid request: invalid stream {bad[0]}", "id": req_id},
+                )
+                return
+            self._send(conn, {"result": None, "id": req_id})  # ack before any event
+            if method == "SUBSCRIBE":
+                self._subscribe(conn, params)
+            else:
+                conn.streams.difference_update(params)
+                self._notify()
+        elif method == "LIST_SUBSCRIPTIONS":
+            self._send(conn, {"result": sorted(conn.streams), "id": req_id})
+        elif method == "SET_PROPERTY":
+            if len(params) == 2 and params[0] == "combined":
+                conn.combined = bool(params[1])
+            self._send(conn, {"result": None, "id": req_id})
+        elif method == "GET_PROPERTY":
+            self._send(conn, {"result": conn.combined, "id": req_id})
+        else:
+            self._send(
+                conn, {"code": 2, "msg": f"Invalid request: unknown method {method}", "id": req_id}
+            )
+
+    def _subscribe(self, conn: _Conn, streams: Sequence[str]) -> None:
+        now = self.state.clock.now_ms()
+        for stream in streams:
+            conn.streams.add(stream)
+            try:
+                symbol = self.state.model.spec(_stream_symbol(stream)).symbol
+            except UnknownSymbolError:
+                continue  # Binance acks unknown symbols and then stays silent
+            self._cursor.setdefault(symbol, now)  # live from now, never replay history
+        self._notify()
+
+    # ------------------------------------------------------ subscriptions
+    def _notify(self) -> None:
+        """Wake subscriber waiters; forget stream cursors of symbols nobody watches."""
+        for symbol in list(self._cursor):
+            if not self.subscribers(symbol):
+                del self._cursor[symbol]
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _symbol_streams(self, symbol: str) -> tuple[str, str]:
+        lower = self.state.model.spec(symbol).binance_id.lower()
+        return f"{lower}@trade", f"{lower}@aggTrade"
+
+    def subscribers(self, symbol: str) -> int:
+        """Open connections subscribed to ``symbol``'s trade or aggTrade stream."""
+        names = self._symbol_streams(symbol)
+        return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
+
+    def connections(self) -> int:
+        return len(self._conns)
+
+    async def wait_for_subscribers(
+        self, symbol: str, count: int = 1, timeout_s: float = 10.0
+    ) -> None:
+        """Wait until exactly ``count`` connections subscribe to ``symbol`` (0: all gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.subscribers(symbol) != count:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{symbol}: {self.subscribers(symbol)} subscriber(s), wanted {count}"
+                )
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    # -------------------------------------------------------------- fan-out
+    def publish(self, symbol: str, trades: Sequence[Trade]) -> int:
+        """Send trades to every connection subscribed to the symbol; returns connections reached."""
+        if not trades:
+            return 0
+        spec = self.state.model.spec(symbol)
+        trade_stream, agg_stream = self._symbol_streams(symbol)
+        event_ms = self.state.clock.now_ms()
+        reached = 0
+        for conn in list(self._conns):
+            hit = False
+            for name, kind in ((trade_stream, "trade"), (agg_stream, "aggTrade")):
+                if name not in conn.streams:
+                    continue
+                hit = True
+                for trade in trades:
+                    payload = trade_event(kind, spec.binance_id, trade, event_ms)
+                    self._send(
+                        conn, {"stream": name, "data": payload} if conn.combined else payload
+                    )
+            reached += hit
+        return reached
+
+    def inject(self, symbol: str, trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
+        """Push caller-defined trades now; ids default to a reserved per-minute range."""
+        spec = self.state.model.spec(symbol)
+        now = self.state.clock.now_ms()
+        built: list[Trade] = []
+        for raw in trades:
+            try:
+                price = Decimal(str(raw["price"]))
+                qty = Decimal(str(raw.get("qty", raw.get("amount", "1"))))
+            except (KeyError, InvalidOperation) as exc:
+                raise ValueError(f"bad injected trade {raw!r}: {exc}") from None
+            time_ms = int(raw.get("time_ms", raw.get("time", now)))
+            trade_id = raw.get("id")
+            if trade_id is None:
+                minute = time_ms // MINUTE_MS
+                pos = self._injected_seq.get(minute, MAX_TRADES_PER_MINUTE)
+                if pos >= TRADE_ID_STRIDE:
+                    raise ValueError(f"too many injected trades in minute {minute}")
+                self._injected_seq[minute] = pos + 1
+                trade_id = minute * TRADE_ID_STRIDE + pos
+            built.append(
+                Trade(
+                    symbol=spec.symbol,
+                    id=int(trade_id),
+                    time_ms=time_ms,
+                    price=price,
+                    qty=qty,
+                    buyer_is_maker=bool(raw.get("buyer_is_maker", raw.get("m", False))),
+                )
+            )
+        self.state.stats.trades_injected += len(built)
+        self.publish(spec.symbol, built)
+        return built
+
+    def pump(self) -> int:
+        """Emit the model trades that became due since the last pump; returns trades sent."""
+        if not self.stream_model_trades:
+            return 0
+        now = self.state.clock.now_ms()
+        sent = 0
+        for symbol in list(self._cursor):
+            if not self.subscribers(symbol):
+                del self._cursor[symbol]
+                continue
+            cursor = self._cursor[symbol]
+            if now <= cursor:
+                self._cursor[symbol] = min(cursor, now)
+                continue
+            cursor = max(cursor, now - MAX_BACKLOG_MS)
+            trades = list(self.state.model.iter_trades(symbol, cursor + 1, now))
+            self._cursor[symbol] = now
+            self.publish(symbol, trades)
+            sent += len(trades)
+        return sent
+
+    async def _pump_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.pump_interval)
+            self.pump()
+
+    async def drop(
+        self, symbol: str | None, *, mode: str = "close", count_as_drop: bool = True
+    ) -> int:
+        """Disconnect every stream connection (or those subscribed to ``symbol``).
+
+        ``close`` sends a websocket close frame (code 1001); ``abort`` cuts the
+        TCP connection without one (the client sees 1006).
+        """
+        if mode not in ("close", "abort"):
+            raise ValueError("mode must be 'close' or 'abort'")
+        names = self._symbol_streams(symbol) if symbol is not None else None
+        victims = [c for c in self._conns if names is None or c.streams.intersection(names)]
+        for conn in victims:
+            if mode == "abort" and conn.request.transport is not None:
+                conn.request.transport.abort()
+        if mode == "close":
+            await asyncio.gather(
+                *(c.ws.close(code=1001, message=b"simulated drop") for c in victims),
+                return_exceptions=True,
+            )
+        if count_as_drop:
+            self.state.stats.ws_dropped_by_sim += len(victims)
+        return len(victims)

@@ -1,0 +1,117 @@
+"""Fault injection rules: the next N matching requests misbehave in a chosen way.
+
+Why: the ingestor's retry/back-off logic must be tested against the real
+failure modes of an exchange (rate limits, bans, outages, slowness, bad
+symbols) and those must be switchable per test, from Python or over HTTP.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, cast
+
+FaultKind = Literal["rate_limit", "ban", "unavailable", "slow", "unknown_symbol", "error"]
+
+#: Accepted spellings (HTTP status codes are handy in JSON) -> canonical kind.
+KIND_ALIASES: dict[str, FaultKind] = {
+    "rate_limit": "rate_limit",
+    "429": "rate_limit",
+    "ban": "ban",
+    "418": "ban",
+    "unavailable": "unavailable",
+    "503": "unavailable",
+    "slow": "slow",
+    "delay": "slow",
+    "unknown_symbol": "unknown_symbol",
+    "bad_symbol": "unknown_symbol",
+    "error": "error",
+}
+
+_ids = itertools.count(1)
+
+
+class FaultError(ValueError):
+    """A fault description that cannot be applied (bad JSON from a test)."""
+
+
+@dataclass
+class Fault:
+    """One armed fault; ``remaining`` counts down as matching requests hit it."""
+
+    kind: FaultKind
+    count: int = 1
+    path: str | None = None  # substring of the request path; None matches all
+    exchange: str | None = None  # "binance" / "coinbase"; None matches both
+    retry_after: int = 1  # seconds, for rate_limit / ban
+    delay: float = 0.0  # seconds, for slow
+    status: int = 500  # for error
+    body: str | None = None  # for error (default: the exchange's generic error)
+    id: int = field(default_factory=lambda: next(_ids))
+    remaining: int = -1  # set from count
+
+    def __post_init__(self) -> None:
+        if self.remaining < 0:
+            self.remaining = self.count
+
+    def matches(self, exchange: str, path: str) -> bool:
+        return (
+            self.remaining > 0
+            and (self.exchange is None or self.exchange == exchange)
+            and (self.path is None or self.path in path)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_fault(data: Mapping[str, Any]) -> Fault:
+    """Build a fault from the JSON of ``POST /_sim/faults`` (see README)."""
+    raw_kind = str(data.get("kind", ""))
+    kind = KIND_ALIASES.get(raw_kind)
+    if kind is None:
+        raise FaultError(f"unknown fault kind {raw_kind!r}; one of {sorted(KIND_ALIASES)}")
+    try:
+        fault = Fault(
+            kind=kind,
+            count=int(data.get("count", 1)),
+            path=cast(str | None, data.get("path")),
+            exchange=cast(str | None, data.get("exchange")),
+            retry_after=int(data.get("retry_after", 1)),
+            delay=float(data.get("delay", 0.0)),
+            status=int(data.get("status", 500)),
+            body=cast(str | None, data.get("body")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise FaultError(str(exc)) from None
+    if fault.count < 1:
+        raise FaultError("count must be >= 1")
+    return fault
+
+
+class FaultBook:
+    """Armed faults in arrival order; the first matching one is consumed per request."""
+
+    def __init__(self) -> None:
+        self._faults: list[Fault] = []
+
+    def add(self, fault: Fault) -> Fault:
+        self._faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        self._faults.clear()
+
+    def take(self, exchange: str, path: str) -> Fault | None:
+        """Consume one use of the first fault matching this request, if any."""
+        for fault in self._faults:
+            if fault.matches(exchange, path):
+                fault.remaining -= 1
+                if fault.remaining == 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    def pending(self) -> list[Fault]:
+        return list(self._faults)

@@ -1,0 +1,786 @@
+"""Deterministic market model shared by every simulated exchange.
+
+Why: tests and the offline demo must be able to recompute exactly what the
+simulator served, so every candle and every trade is a pure function of
+(model seed, symbol, time). Nothing here does I/O or reads the clock.
+
+How (see README.md, "Data model"):
+
+* Day anchors: the log price at each UTC midnight comes from a Brownian bridge
+  over dyadic day intervals, pinned every 1024 days to a hashed value near the
+  symbol's centre price, so prices wander realistically but stay bounded.
+* Minutes: inside a day a seeded Gaussian random walk is bridged between the
+  two midnight anchors; minute ``i`` opens at walk point ``i`` and closes at
+  point ``i + 1``. High/low excursions, trade count, volume and taker split are
+  drawn from the same per-day stream. Illiquid symbols skip minutes entirely
+  (no trades, so no kline row, as on Binance).
+* Trades: the trades of a minute are generated from its bar so that they
+  aggregate back to it exactly (open/high/low/close, volume, trade count,
+  taker-buy volume). Quote volumes are volume x typical price, not summed.
+* Coarser candles aggregate the 1m bars; a candle that contains "now" is
+  aggregated from the trades up to "now" (still open).
+
+All randomness comes from ``random.Random(int).random()`` only, whose sequence
+Python guarantees across versions, seeded by blake2b (never the salted
+``hash()``), so values are stable across processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import lru_cache
+from typing import NamedTuple
+
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
+MINUTES_PER_DAY = 1440
+
+#: Trade ids are ``minute index * TRADE_ID_STRIDE + position in minute``: unique,
+#: increasing with time, and a trade's minute is recoverable from its id.
+TRADE_ID_STRIDE = 100_000
+#: Model trades use positions below this; injected trades use the rest.
+MAX_TRADES_PER_MINUTE = 50_000
+
+INTERVAL_MS: dict[str, int] = {
+    "1m": MINUTE_MS,
+    "3m": 3 * MINUTE_MS,
+    "5m": 5 * MINUTE_MS,
+    "15m": 15 * MINUTE_MS,
+    "30m": 30 * MINUTE_MS,
+    "1h": HOUR_MS,
+    "2h": 2 * HOUR_MS,
+    "4h": 4 * HOUR_MS,
+    "6h": 6 * HOUR_MS,
+    "8h": 8 * HOUR_MS,
+    "12h": 12 * HOUR_MS,
+    "1d": DAY_MS,
+    "3d": 3 * DAY_MS,
+    "1w": 7 * DAY_MS,
+}
+# Binance opens weekly candles on Monday 00:00 UTC; 1970-01-01 was a Thursday.
+_INTERVAL_OFFSET_MS = {"1w": 4 * DAY_MS}
+
+_ANCHOR_SPAN_DAYS = 1024  # pinned anchors this many days apart
+_ANCHOR_SPREAD = 0.25  # stdev of log price of pinned anchors around the centre
+_BRIDGE_STD_CAP = 0.15  # keeps multi-year swings plausible
+_EXCURSION = 0.7  # high/low excursion beyond open/close, in minute sigmas
+
+
+class UnknownSymbolError(KeyError):
+    """Raised for a symbol the model does not list (maps to an exchange's bad-symbol error)."""
+
+
+class UnknownIntervalError(ValueError):
+    """Raised for a candle interval the simulator does not serve."""
+
+
+def interval_ms(interval: str) -> int:
+    """Length of a Binance-style interval string such as ``"15m"``."""
+    try:
+        return INTERVAL_MS[interval]
+    except KeyError:
+        raise UnknownIntervalError(interval) from None
+
+
+def interval_open(interval: str, t_ms: int) -> int:
+    """Open time of the candle of ``interval`` that contains ``t_ms`` (UTC aligned)."""
+    length = interval_ms(interval)
+    offset = _INTERVAL_OFFSET_MS.get(interval, 0)
+    return t_ms - (t_ms - offset) % length
+
+
+def _align_up(interval: str, t_ms: int) -> int:
+    """First candle open time at or after ``t_ms`` (Binance's startTime rule)."""
+    start = interval_open(interval, t_ms)
+    return start if start == t_ms else start + interval_ms(interval)
+
+
+def _utc_ms(year: int, month: int, day: int) -> int:
+    return int(datetime(year, month, day, tzinfo=UTC).timestamp() * 1000)
+
+
+def _decimals(text: str) -> int:
+    """Number of decimals of a power-of-ten increment such as ``"0.001"``."""
+    value = Decimal(text)
+    exponent = value.normalize().as_tuple().exponent
+    assert isinstance(exponent, int)
+    places = max(0, -exponent)
+    if value != Decimal(1).scaleb(-places):
+        raise ValueError(f"increment {text!r} must be a power of ten <= 1")
+    return places
+
+
+@dataclass(frozen=True)
+class SymbolSpec:
+    """Static description of one market; the walk and the exchange metadata derive from it."""
+
+    symbol: str  # unified ccxt symbol, e.g. "BTC/USDT"
+    price: float  # long-run centre of the walk, in quote units
+    tick: str  # price increment (power of ten)
+    step: str  # quantity increment (power of ten)
+    daily_vol: float  # stdev of the daily log return
+    trades_per_minute: float  # mean trade count of a minute that trades
+    volume_per_minute: float  # mean base volume of a minute that trades
+    active_fraction: float = 1.0  # probability that a minute has any trade
+    min_notional: str = "5"
+    max_qty: str = "9000000"
+    listed_ms: int = 0  # no candles or trades before this
+    delisted_ms: int | None = None  # no candles after this; status BREAK
+
+    def __post_init__(self) -> None:
+        if self.price_decimals + self.qty_decimals > 8:
+            raise ValueError(f"{self.symbol}: tick x step must be >= 1e-8")
+        if "/" not in self.symbol:
+            raise ValueError(f"{self.symbol}: expected BASE/QUOTE")
+
+    @property
+    def base(self) -> str:
+        return self.symbol.split("/")[0]
+
+    @property
+    def quote(self) -> str:
+        return self.symbol.split("/")[1]
+
+    @property
+    def binance_id(self) -> str:
+        return self.base + self.quote
+
+    @property
+    def coinbase_id(self) -> str:
+        return f"{self.base}-{self.quote}"
+
+    @property
+    def price_decimals(self) -> int:
+        return _decimals(self.tick)
+
+    @property
+    def qty_decimals(self) -> int:
+        return _decimals(self.step)
+
+    def trading_at(self, t_ms: int) -> bool:
+        return t_ms >= self.listed_ms and (self.delisted_ms is None or t_ms < self.delisted_ms)
+
+
+DEFAULT_SPECS: tuple[SymbolSpec, ...] = (
+    SymbolSpec(
+        symbol="BTC/USDT",
+        price=60_000.0,
+        tick="0.01",
+        step="0.00001",
+        daily_vol=0.025,
+        trades_per_minute=60,
+        volume_per_minute=2.0,
+        max_qty="9000",
+        listed_ms=_utc_ms(2017, 8, 17),
+    ),
+    SymbolSpec(
+        symbol="ETH/USDT",
+        price=3_000.0,
+        tick="0.01",
+        step="0.0001",
+        daily_vol=0.035,
+        trades_per_minute=40,
+        volume_per_minute=30.0,
+        max_qty="100000",
+        listed_ms=_utc_ms(2017, 8, 17),
+    ),
+    SymbolSpec(
+        symbol="SOL/USDT",
+        price=150.0,
+        tick="0.01",
+        step="0.001",
+        daily_vol=0.05,
+        trades_per_minute=30,
+        volume_per_minute=200.0,
+        max_qty="900000",
+        listed_ms=_utc_ms(2020, 8, 11),
+    ),
+    # Illiquid: ~15% of minutes trade, so most 1m klines are missing.
+    SymbolSpec(
+        symbol="XYZ/USDT",
+        price=0.5,
+        tick="0.0001",
+        step="1",
+        daily_vol=0.06,
+        trades_per_minute=2,
+        volume_per_minute=500.0,
+        active_fraction=0.15,
+        min_notional="1",
+        listed_ms=_utc_ms(2023, 1, 1),
+    ),
+    # Delisted: still listed with status BREAK; candles only inside its lifetime.
+    SymbolSpec(
+        symbol="OLD/USDT",
+        price=2.0,
+        tick="0.001",
+        step="0.1",
+        daily_vol=0.05,
+        trades_per_minute=10,
+        volume_per_minute=1_000.0,
+        listed_ms=_utc_ms(2019, 1, 1),
+        delisted_ms=_utc_ms(2022, 5, 13),
+    ),
+)
+
+
+class Bar(NamedTuple):
+    """One candle in integer units: prices in ticks, base in steps, quote in 1e-8."""
+
+    o: int
+    h: int
+    l: int  # noqa: E741 - OHLC naming
+    c: int
+    v: int  # base volume, steps
+    q: int  # quote volume, 1e-8 quote units
+    n: int  # trade count
+    tbv: int  # taker-buy base volume, steps
+    tbq: int  # taker-buy quote volume, 1e-8 quote units
+    nb: int  # trades whose buyer was the taker
+
+
+def combine_bars(bars: Sequence[Bar | None]) -> Bar | None:
+    """Aggregate consecutive bars; missing (no-trade) bars are skipped."""
+    present = [b for b in bars if b is not None]
+    if not present:
+        return None
+    return Bar(
+        o=present[0].o,
+        h=max(b.h for b in present),
+        l=min(b.l for b in present),
+        c=present[-1].c,
+        v=sum(b.v for b in present),
+        q=sum(b.q for b in present),
+        n=sum(b.n for b in present),
+        tbv=sum(b.tbv for b in present),
+        tbq=sum(b.tbq for b in present),
+        nb=sum(b.nb for b in present),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Kline:
+    """A candle as an exchange reports it; ``closed`` is False for the one containing now."""
+
+    symbol: str
+    interval: str
+    open_time: int
+    close_time: int  # open_time + interval - 1, also while still open (Binance)
+    open: Decimal
+    high: Decimal
+    low: Decimal
+    close: Decimal
+    volume: Decimal
+    quote_volume: Decimal
+    trades: int
+    taker_buy_base: Decimal
+    taker_buy_quote: Decimal
+    closed: bool
+
+    def ohlcv(self) -> list[float | int]:
+        """The row ccxt's ``fetch_ohlcv`` returns for this candle."""
+        return [
+            self.open_time,
+            float(self.open),
+            float(self.high),
+            float(self.low),
+            float(self.close),
+            float(self.volume),
+        ]
+
+    def binance_row(self) -> list[object]:
+        """The row of Binance's ``GET /api/v3/klines``."""
+        return [
+            self.open_time,
+            _fmt8(self.open),
+            _fmt8(self.high),
+            _fmt8(self.low),
+            _fmt8(self.close),
+            _fmt8(self.volume),
+            self.close_time,
+            _fmt8(self.quote_volume),
+            self.trades,
+            _fmt8(self.taker_buy_base),
+            _fmt8(self.taker_buy_quote),
+            "0",
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Trade:
+    """One public trade. ``buyer_is_maker`` is Binance's ``m`` (True: the seller was taker)."""
+
+    symbol: str
+    id: int
+    time_ms: int
+    price: Decimal
+    qty: Decimal
+    buyer_is_maker: bool
+
+
+def _fmt8(value: Decimal) -> str:
+    """Binance prints every decimal with 8 places."""
+    return f"{value:.8f}"
+
+
+def _normal_pair(rng: random.Random) -> tuple[float, float]:
+    """Two independent N(0,1) draws (Box-Muller) using only ``random()``."""
+    radius = math.sqrt(-2.0 * math.log(1.0 - rng.random()))
+    angle = 2.0 * math.pi * rng.random()
+    return radius * math.cos(angle), radius * math.sin(angle)
+
+
+def _randbelow(rng: random.Random, n: int) -> int:
+    return min(n - 1, int(rng.random() * n))
+
+
+def _split(rng: random.Random, total: int, parts: int) -> list[int]:
+    """Split ``total`` into ``parts`` positive integers (random, exact sum)."""
+    if parts == 0:
+        return []
+    spare = total - parts
+    weights = [-math.log(1.0 - rng.random()) + 1e-12 for _ in range(parts)]
+    scale = spare / sum(weights)
+    shares = [int(w * scale) for w in weights]
+    for i in range(spare - sum(shares)):
+        shares[i % parts] += 1
+    return [1 + s for s in shares]
+
+
+class MarketModel:
+    """The deterministic world: per-symbol minute bars, trades and candles.
+
+    Instances are cheap to query repeatedly (per-day and per-candle LRU caches)
+    and safe to share between threads (values never change).
+    """
+
+    def __init__(self, specs: Sequence[SymbolSpec] = DEFAULT_SPECS, seed: int | str = 0) -> None:
+        self.seed = seed
+        self.specs: dict[str, SymbolSpec] = {s.symbol: s for s in specs}
+        self._aliases: dict[str, str] = {}
+        for spec in specs:
+            for alias in (spec.symbol, spec.binance_id, spec.coinbase_id):
+                self._aliases[alias.upper()] = spec.symbol
+        self._anchor = lru_cache(maxsize=1 << 16)(self._compute_anchor)
+        self._day = lru_cache(maxsize=64)(self._generate_day)
+        self._trades = lru_cache(maxsize=512)(self._generate_trades)
+        self._closed = lru_cache(maxsize=1 << 17)(self._compute_closed_bar)
+
+    # ------------------------------------------------------------------ symbols
+    def spec(self, symbol: str) -> SymbolSpec:
+        """Spec by unified symbol (``BTC/USDT``), Binance id or Coinbase id."""
+        try:
+            return self.specs[self._aliases[symbol.upper()]]
+        except KeyError:
+            raise UnknownSymbolError(symbol) from None
+
+    def with_trade_rate(self, rate: float | Mapping[str, float]) -> MarketModel:
+        """A model whose symbols trade ``rate`` times per second (per traded minute).
+
+        Changing the rate changes the world (volumes split into more trades), so
+        compute expected candles from the returned model, not the default one.
+        """
+        specs = []
+        for spec in self.specs.values():
+            per_second = rate if isinstance(rate, int | float) else rate.get(spec.symbol)
+            if per_second is not None:
+                per_minute = min(float(per_second) * 60.0, MAX_TRADES_PER_MINUTE - 1.0)
+                spec = dataclasses.replace(spec, trades_per_minute=per_minute)
+            specs.append(spec)
+        return MarketModel(specs, seed=self.seed)
+
+    # ------------------------------------------------------------- randomness
+    def _rng(self, *parts: object) -> random.Random:
+        key = "|".join(str(p) for p in (self.seed, *parts)).encode()
+        return random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big"))
+
+    def _compute_anchor(self, symbol: str, day: int) -> float:
+        """Log price at midnight of ``day`` (days since epoch): a dyadic Brownian bridge."""
+        spec = self.specs[symbol]
+        if day % _ANCHOR_SPAN_DAYS == 0:
+            z, _ = _normal_pair(self._rng(symbol, "pin", day))
+            return math.log(spec.price) + _ANCHOR_SPREAD * z
+        half = day & -day  # day is the midpoint of [day - half, day + half]
+        mid = 0.5 * (self._anchor(symbol, day - half) + self._anchor(symbol, day + half))
+        std = min(spec.daily_vol * math.sqrt(2 * half) / 2.0, _BRIDGE_STD_CAP)
+        z, _ = _normal_pair(self._rng(symbol, "mid", day))
+        return mid + std * z
+
+    # ------------------------------------------------------------ minute bars
+    def _generate_day(self, symbol: str, day: int) -> tuple[Bar | None, ...]:
+        """The 1440 full minute bars of a UTC day (None where nothing traded).
+
+        Hot path (a 1d candle needs a whole day), hence the inlined arithmetic.
+        """
+        spec = self.specs[symbol]
+        day_start = day * DAY_MS
+        if not (spec.trading_at(day_start) or spec.trading_at(day_start + DAY_MS - 1)):
+            return (None,) * MINUTES_PER_DAY
+        rng = self._rng(symbol, "day", day)
+        rnd = rng.random
+        log, sqrt, cos, sin = math.log, math.sqrt, math.cos, math.sin
+        exp, expm1 = math.exp, math.expm1
+        two_pi = 2.0 * math.pi
+        sigma = spec.daily_vol / sqrt(MINUTES_PER_DAY)
+        a0, a1 = self._anchor(symbol, day), self._anchor(symbol, day + 1)
+        walk = [0.0] * (MINUTES_PER_DAY + 1)
+        acc = 0.0
+        for i in range(0, MINUTES_PER_DAY, 2):
+            radius = sqrt(-2.0 * log(1.0 - rnd())) * sigma
+            angle = two_pi * rnd()
+            acc += radius * cos(angle)
+            walk[i + 1] = acc
+            acc += radius * sin(angle)
+            walk[i + 2] = acc
+        drift = (acc - (a1 - a0)) / MINUTES_PER_DAY  # bridge: end exactly at a1
+        tick = float(spec.tick)
+        ticks = [
+            max(1, round(exp(a0 + walk[j] - drift * j) / tick)) for j in range(MINUTES_PER_DAY + 1)
+        ]
+        # Nine uniforms per minute, drawn up front: a fixed count keeps every
+        # minute independent of the branches taken for earlier minutes.
+        u = [rnd() for _ in range(9 * MINUTES_PER_DAY)]
+        vol_units = spec.volume_per_minute / float(spec.step)
+        tpm = spec.trades_per_minute
+        active_fraction = spec.active_fraction
+        excursion = sigma * _EXCURSION
+        max_n = MAX_TRADES_PER_MINUTE - 1
+        quote_scale = 10 ** (8 - spec.price_decimals - spec.qty_decimals)
+        lo_minute = (spec.listed_ms - day_start) // MINUTE_MS
+        hi_minute = MINUTES_PER_DAY
+        if spec.delisted_ms is not None:
+            hi_minute = min(hi_minute, -((day_start - spec.delisted_ms) // MINUTE_MS))
+        bars: list[Bar | None] = []
+        append = bars.append
+        for i in range(MINUTES_PER_DAY):
+            k = 9 * i
+            if u[k] >= active_fraction or not lo_minute <= i < hi_minute:
+                append(None)
+                continue
+            r1 = sqrt(-2.0 * log(1.0 - u[k + 1]))
+            a1_ = two_pi * u[k + 2]
+            z_n, z_v = r1 * cos(a1_), r1 * sin(a1_)
+            r2 = sqrt(-2.0 * log(1.0 - u[k + 3]))
+            a2_ = two_pi * u[k + 4]
+            z_up, z_dn = abs(r2 * cos(a2_)), abs(r2 * sin(a2_))
+            r3 = sqrt(-2.0 * log(1.0 - u[k + 5]))
+            a3_ = two_pi * u[k + 6]
+            z_nb, z_tb = r3 * cos(a3_), r3 * sin(a3_)
+            o, c = ticks[i], ticks[i + 1]
+            n = round(tpm * exp(0.5 * z_n - 0.125))
+            n = 1 if n < 1 else (max_n if n > max_n else n)
+            if n == 1:
+                c = o  # a single trade opens and closes the minute
+            top, bot = (o, c) if o >= c else (c, o)
+            if n <= 2:
+                h, lo = top, bot  # no interior trade can print a wider range
+            else:
+                h = top + int(top * expm1(z_up * excursion))
+                lo = bot - int(bot * -expm1(-z_dn * excursion))
+                if lo < 1:
+                    lo = 1
+                if n == 3 and h > top and lo < bot:  # one interior trade: one extreme
+                    if u[k + 7] < 0.5:
+                        lo = bot
+                    else:
+                        h = top
+            v = round(vol_units * exp(0.7 * z_v - 0.245))
+            if v < n:
+                v = n
+            p_buy = 0.35 + 0.3 * u[k + 8]
+            nb = round(n * p_buy + sqrt(n * p_buy * (1.0 - p_buy)) * z_nb)
+            nb = 0 if nb < 0 else (n if nb > n else nb)
+            if nb == 0:
+                tbv = 0
+            elif nb == n:
+                tbv = v
+            else:
+                tbv = round(v * nb / n * (1.0 + 0.2 * z_tb))
+                tbv = max(nb, min(v - (n - nb), tbv))
+            q = (v * (o + h + lo + c) * quote_scale + 2) // 4
+            append(Bar(o, h, lo, c, v, q, n, tbv, q * tbv // v, nb))
+        return tuple(bars)
+
+    def minute_bar(self, symbol: str, minute_ms: int) -> Bar | None:
+        """Full bar of the minute opening at ``minute_ms`` (None: no trades)."""
+        sym = self.spec(symbol).symbol
+        day, offset = divmod(minute_ms, DAY_MS)
+        return self._day(sym, day)[offset // MINUTE_MS]
+
+    # ------------------------------------------------------------------ trades
+    def _generate_trades(self, symbol: str, minute_index: int) -> tuple[Trade, ...]:
+        """The trades of one minute, built to aggregate exactly to its bar."""
+        spec = self.specs[symbol]
+        bar = self.minute_bar(symbol, minute_index * MINUTE_MS)
+        if bar is None:
+            return ()
+        rng = self._rng(symbol, "trades", minute_index)
+        n = bar.n
+        times = sorted(_randbelow(rng, MINUTE_MS) for _ in range(n))
+        prices = [0] * n
+        prices[0], prices[-1] = bar.o, bar.c
+        interior = list(range(1, n - 1))
+        for i in range(min(2, len(interior))):  # partial Fisher-Yates: 2 random slots
+            j = i + _randbelow(rng, len(interior) - i)
+            interior[i], interior[j] = interior[j], interior[i]
+        top, bot = max(bar.o, bar.c), min(bar.o, bar.c)
+        special: dict[int, int] = {}
+        free = iter(interior)
+        if bar.h > top:
+            special[next(free)] = bar.h
+        if bar.l < bot:
+            special[next(free)] = bar.l
+        spread = (bar.h - bar.l) / 4.0
+        for pos in range(1, n - 1):
+            if pos in special:
+                prices[pos] = special[pos]
+                continue
+            base = bar.o + (bar.c - bar.o) * pos / (n - 1)
+            noisy = round(base + (rng.random() * 2.0 - 1.0) * spread)
+            prices[pos] = max(bar.l, min(bar.h, noisy))
+        order = list(range(n))
+        for i in range(bar.nb):  # first nb shuffled positions are buyer-taker trades
+            j = i + _randbelow(rng, n - i)
+            order[i], order[j] = order[j], order[i]
+        buyer_taker = set(order[: bar.nb])
+        buy_qty = iter(_split(rng, bar.tbv, bar.nb))
+        sell_qty = iter(_split(rng, bar.v - bar.tbv, n - bar.nb))
+        pd, qd = spec.price_decimals, spec.qty_decimals
+        base_id = minute_index * TRADE_ID_STRIDE
+        minute_ms = minute_index * MINUTE_MS
+        trades = []
+        for pos in range(n):
+            taker_buy = pos in buyer_taker
+            qty = next(buy_qty) if taker_buy else next(sell_qty)
+            trades.append(
+                Trade(
+                    symbol=symbol,
+                    id=base_id + pos,
+                    time_ms=minute_ms + times[pos],
+                    price=Decimal(prices[pos]).scaleb(-pd),
+                    qty=Decimal(qty).scaleb(-qd),
+                    buyer_is_maker=not taker_buy,
+                )
+            )
+        return tuple(trades)
+
+    def trades_in_minute(self, symbol: str, minute_ms: int) -> tuple[Trade, ...]:
+        """All model trades of the minute that opens at (or contains) ``minute_ms``."""
+        return self._trades(self.spec(symbol).symbol, minute_ms // MINUTE_MS)
+
+    def iter_trades(
+        self, symbol: str, start_ms: int, end_ms: int, *, from_id: int | None = None
+    ) -> Iterator[Trade]:
+        """Trades with ``start_ms <= time <= end_ms`` (and ``id >= from_id``), oldest first."""
+        spec = self.spec(symbol)
+        if from_id is not None:
+            start_ms = max(start_ms, (from_id // TRADE_ID_STRIDE) * MINUTE_MS)
+        start_ms = max(start_ms, spec.listed_ms)
+        minute = start_ms // MINUTE_MS
+        while minute * MINUTE_MS <= end_ms:
+            for trade in self._trades(spec.symbol, minute):
+                if trade.time_ms < start_ms or (from_id is not None and trade.id < from_id):
+                    continue
+                if trade.time_ms > end_ms:
+                    return
+                yield trade
+            minute += 1
+
+    def iter_trades_backward(
+        self,
+        symbol: str,
+        end_ms: int,
+        *,
+        before_id: int | None = None,
+        max_minutes: int = 7 * MINUTES_PER_DAY,
+    ) -> Iterator[Trade]:
+        """Trades with ``time <= end_ms`` (and ``id < before_id``), newest first.
+
+        Scans at most ``max_minutes`` minutes back so an idle symbol cannot loop forever.
+        """
+        spec = self.spec(symbol)
+        if before_id is not None:
+            end_ms = min(end_ms, (before_id // TRADE_ID_STRIDE) * MINUTE_MS + MINUTE_MS - 1)
+        minute = end_ms // MINUTE_MS
+        stop = max(spec.listed_ms // MINUTE_MS, minute - max_minutes)
+        while minute >= stop:
+            for trade in reversed(self._trades(spec.symbol, minute)):
+                if trade.time_ms > end_ms or (before_id is not None and trade.id >= before_id):
+                    continue
+                yield trade
+            minute -= 1
+
+    # ----------------------------------------------------------------- candles
+    def _compute_closed_bar(self, symbol: str, length: int, open_ms: int) -> Bar | None:
+        if length == MINUTE_MS:
+            return self.minute_bar(symbol, open_ms)
+        if length > DAY_MS:
+            days = range(open_ms, open_ms + length, DAY_MS)
+            return combine_bars([self._closed(symbol, DAY_MS, d) for d in days])
+        day, offset = divmod(open_ms, DAY_MS)
+        first = offset // MINUTE_MS
+        return combine_bars(self._day(symbol, day)[first : first + length // MINUTE_MS])
+
+    def _partial_minute(self, symbol: str, minute_ms: int, now_ms: int) -> Bar | None:
+        """The minute containing ``now``: aggregated from its trades so far."""
+        full = self.minute_bar(symbol, minute_ms)
+        if full is None:
+            return None
+        done = [t for t in self.trades_in_minute(symbol, minute_ms) if t.time_ms <= now_ms]
+        if not done:
+            return None
+        spec = self.specs[symbol]
+        pd, qd = spec.price_decimals, spec.qty_decimals
+        prices = [int(t.price.scaleb(pd)) for t in done]
+        qtys = [int(t.qty.scaleb(qd)) for t in done]
+        v = sum(qtys)
+        tbv = sum(q for q, t in zip(qtys, done, strict=True) if not t.buyer_is_maker)
+        q = full.q * v // full.v
+        return Bar(
+            o=prices[0],
+            h=max(prices),
+            l=min(prices),
+            c=prices[-1],
+            v=v,
+            q=q,
+            n=len(done),
+            tbv=tbv,
+            tbq=q * tbv // v,
+            nb=sum(not t.buyer_is_maker for t in done),
+        )
+
+    def _open_bar(self, symbol: str, length: int, open_ms: int, now_ms: int) -> Bar | None:
+        now_minute = now_ms - now_ms % MINUTE_MS
+        parts: list[Bar | None] = []
+        t = open_ms
+        while t < now_minute:
+            if length > DAY_MS and t % DAY_MS == 0 and t + DAY_MS <= now_minute:
+                parts.append(self._closed(symbol, DAY_MS, t))
+                t += DAY_MS
+            else:
+                parts.append(self.minute_bar(symbol, t))
+                t += MINUTE_MS
+        parts.append(self._partial_minute(symbol, now_minute, now_ms))
+        return combine_bars(parts)
+
+    def candle(
+        self, symbol: str, interval: str, open_ms: int, now_ms: int | None = None
+    ) -> Kline | None:
+        """The candle opening at ``open_ms``; None if nothing traded in it (or it is future).
+
+        With ``now_ms`` the candle containing it is partial (``closed=False``);
+        without it every candle is complete.
+        """
+        spec = self.spec(symbol)
+        length = interval_ms(interval)
+        if interval_open(interval, open_ms) != open_ms:
+            raise ValueError(f"{open_ms} is not a {interval} open time")
+        if now_ms is not None and open_ms > now_ms:
+            return None
+        closed = now_ms is None or open_ms + length <= now_ms
+        if closed:
+            bar = self._closed(spec.symbol, length, open_ms)
+        else:
+            assert now_ms is not None
+            bar = self._open_bar(spec.symbol, length, open_ms, now_ms)
+        if bar is None:
+            return None
+        pd, qd = spec.price_decimals, spec.qty_decimals
+        return Kline(
+            symbol=spec.symbol,
+            interval=interval,
+            open_time=open_ms,
+            close_time=open_ms + length - 1,
+            open=Decimal(bar.o).scaleb(-pd),
+            high=Decimal(bar.h).scaleb(-pd),
+            low=Decimal(bar.l).scaleb(-pd),
+            close=Decimal(bar.c).scaleb(-pd),
+            volume=Decimal(bar.v).scaleb(-qd),
+            quote_volume=Decimal(bar.q).scaleb(-8),
+            trades=bar.n,
+            taker_buy_base=Decimal(bar.tbv).scaleb(-qd),
+            taker_buy_quote=Decimal(bar.tbq).scaleb(-8),
+            closed=closed,
+        )
+
+    def klines(
+        self, symbol: str, interval: str, start_ms: int, end_ms: int, now_ms: int | None = None
+    ) -> list[Kline]:
+        """Every candle with ``start_ms <= open <= end_ms`` (and open <= now), oldest first."""
+        return self.select_klines(
+            symbol, interval, start_ms=start_ms, end_ms=end_ms, limit=None, now_ms=now_ms
+        )
+
+    def select_klines(
+        self,
+        symbol: str,
+        interval: str,
+        *,
+        start_ms: int | None,
+        end_ms: int | None,
+        limit: int | None,
+        now_ms: int | None,
+    ) -> list[Kline]:
+        """Binance's klines selection.
+
+        With a start: the first ``limit`` candles opening at or after it. Without:
+        the last ``limit`` candles opening at or before the end (default now).
+        Candles with no trades are skipped and do not count toward the limit.
+        """
+        spec = self.spec(symbol)
+        length = interval_ms(interval)
+        bounds = [t for t in (end_ms, now_ms) if t is not None]
+        if spec.delisted_ms is not None:
+            bounds.append(spec.delisted_ms - 1)
+        if not bounds:
+            raise ValueError("need end_ms or now_ms")
+        upper = min(bounds)
+        if upper < 0:
+            return []
+        last_open = interval_open(interval, upper)
+        first_open = interval_open(interval, spec.listed_ms)
+        out: list[Kline] = []
+        if start_ms is not None:
+            t = max(_align_up(interval, max(start_ms, 0)), first_open)
+            while t <= last_open and (limit is None or len(out) < limit):
+                kline = self.candle(spec.symbol, interval, t, now_ms)
+                if kline is not None:
+                    out.append(kline)
+                t += length
+            return out
+        t = last_open
+        while t >= first_open and (limit is None or len(out) < limit):
+            kline = self.candle(spec.symbol, interval, t, now_ms)
+            if kline is not None:
+                out.append(kline)
+            t -= length
+        out.reverse()
+        return out
+
+
+DEFAULT_MODEL = MarketModel()
+
+
+def expected_klines(
+    symbol: str,
+    interval: str,
+    start_ms: int,
+    end_ms: int,
+    *,
+    now_ms: int | None = None,
+    model: MarketModel | None = None,
+) -> list[Kline]:
+    """Candles the simulator serves for ``symbol``/``interval`` with open in [start, end].
+
+    Pass the server's ``now_ms`` to include the still-open candle exactly as
+    served; use ``model=server.model`` when the server was built with a
+    non-default model.
+    """
+    return (model or DEFAULT_MODEL).klines(symbol, interval, start_ms, end_ms, now_ms=now_ms)

@@ -1,0 +1,577 @@
+"""The simulator's aiohttp application, its control API and embedding helpers.
+
+Why one server for both exchanges: their REST paths do not overlap
+(``/api``, ``/fapi``, ``/dapi`` vs ``/products``, ``/currencies``, ``/time``)
+and websocket URLs are namespaced by ``point_ccxt_at``, so one port serves
+both and tests need a single base URL.
+
+Use ``async with SimulatorServer() as sim`` inside an event loop, or
+``with run_in_thread() as sim`` from synchronous code; both expose the same
+control methods. Everything that mutates state runs on the server's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from .binance import DEFAULT_WEIGHT_LIMIT, WEIGHTS, BinanceRest, BinanceStreams, binance_error
+from .coinbase import CoinbaseRest, coinbase_error
+from .faults import Fault, FaultError, parse_fault
+from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
+from .state import SimClock, SimState, Stats
+
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+COINBASE_PREFIXES = ("/products", "/currencies", "/time")
+
+
+def exchange_of(path: str) -> str:
+    """Which simulated exchange a request path belongs to."""
+    return "coinbase" if path.startswith(COINBASE_PREFIXES) else "binance"
+
+
+def _trade_json(trade: Trade) -> dict[str, Any]:
+    return {
+        "id": trade.id,
+        "symbol": trade.symbol,
+        "time_ms": trade.time_ms,
+        "price": str(trade.price),
+        "qty": str(trade.qty),
+        "buyer_is_maker": trade.buyer_is_maker,
+    }
+
+
+class SimulatorServer:
+    """Binance + Coinbase simulator on ``host:port`` (port 0 picks a free one).
+
+    ``model`` is the deterministic world (default ``DEFAULT_MODEL``);
+    ``trade_rate`` (trades/second, float or per-symbol mapping) derives a model
+    with that activity; ``now_ms`` freezes the clock at start;
+    ``stream_model_trades=False`` leaves websocket streams silent except for
+    injected trades; ``weight_limit`` enforces Binance's per-minute request
+    weight (None: never 429 on its own).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model: MarketModel | None = None,
+        trade_rate: float | Mapping[str, float] | None = None,
+        now_ms: int | None = None,
+        stream_model_trades: bool = True,
+        pump_interval: float = 0.1,
+        weight_limit: int | None = DEFAULT_WEIGHT_LIMIT,
+        log_size: int = 2000,
+    ) -> None:
+        world = model or DEFAULT_MODEL
+        if trade_rate is not None:
+            world = world.with_trade_rate(trade_rate)
+        self.host = host
+        self._requested_port = port
+        self.state = SimState(model=world, clock=SimClock(now_ms), stats=Stats(log_size=log_size))
+        self.binance = BinanceRest(self.state, weight_limit=weight_limit)
+        self.streams = BinanceStreams(
+            self.state, stream_model_trades=stream_model_trades, pump_interval=pump_interval
+        )
+        self.coinbase = CoinbaseRest(self.state)
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def model(self) -> MarketModel:
+        return self.state.model
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("simulator not started")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``: what ``point_ccxt_at`` needs."""
+        return f"http://{self.host}:{self.port}"
+
+    def build_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware])
+        app.add_routes(self.binance.routes())
+        app.add_routes(self.coinbase.routes())
+        for path in ("/ws", "/ws/{tail:.*}", "/stream", "/stream/{tail:.*}"):
+            app.router.add_get(path, self.streams.handle)
+        app.add_routes(
+            [
+                web.get("/_sim/health", self._h_health),
+                web.get("/_sim/stats", self._h_stats),
+                web.post("/_sim/reset", self._h_reset),
+                web.get("/_sim/faults", self._h_faults_list),
+                web.post("/_sim/faults", self._h_faults_add),
+                web.delete("/_sim/faults", self._h_faults_clear),
+                web.post("/_sim/trades", self._h_trades),
+                web.post("/_sim/ws/drop", self._h_ws_drop),
+                web.get("/_sim/subscribers", self._h_subscribers),
+                web.get("/_sim/clock", self._h_clock_get),
+                web.post("/_sim/clock", self._h_clock_set),
+            ]
+        )
+        return app
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self._requested_port))
+        self._port = sock.getsockname()[1]
+        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        self.streams.start()
+
+    async def stop(self) -> None:
+        await self.streams.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> SimulatorServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ----------------------------------------------------- Python control API
+    def add_fault(self, kind: str, **options: Any) -> Fault:
+        """Arm a fault (see README, "Faults"): e.g. ``add_fault("rate_limit", count=2)``."""
+        fault = parse_fault({"kind": kind, **options})
+        return self.state.faults.add(fault)
+
+    def clear_faults(self) -> None:
+        self.state.faults.clear()
+
+    def pending_faults(self) -> list[Fault]:
+        return self.state.faults.pending()
+
+    def inject_trades(self, symbol: str, trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
+        """Push trades (``price``, ``qty``, optional ``time_ms``, ``id``, ``buyer_is_maker``)
+        to current subscribers of ``symbol``'s stream; returns them with their ids."""
+        return self.streams.inject(symbol, trades)
+
+    async def drop_websockets(self, symbol: str | None = None, mode: str = "close") -> int:
+        """Disconnect all stream connections, or those subscribed to ``symbol``."""
+        return await self.streams.drop(symbol, mode=mode)
+
+    def subscribers(self, symbol: str) -> int:
+        return self.streams.subscribers(symbol)
+
+    async def wait_for_subscribers(
+        self, symbol: str, count: int = 1, timeout_s: float = 10.0
+    ) -> None:
+        """Block until exactly ``count`` connections are subscribed to ``symbol``."""
+        await self.streams.wait_for_subscribers(symbol, count, timeout_s)
+
+    def now_ms(self) -> int:
+        return self.state.clock.now_ms()
+
+    def set_time(self, now_ms: int | None) -> None:
+        """Freeze the clock at ``now_ms`` (None: back to wall time)."""
+        self.state.clock.set(now_ms)
+
+    def advance_time(self, delta_ms: int) -> int:
+        """Move the clock forward and stream the model trades that became due now."""
+        self.state.clock.advance(delta_ms)
+        return self.streams.pump()
+
+    def stats(self, *, include_log: bool = True) -> dict[str, Any]:
+        data = self.state.stats.snapshot(include_log=include_log)
+        data["ws"]["open_connections"] = self.streams.connections()
+        data["weight_used_1m"] = self.binance.weights.used
+        data["now_ms"] = self.now_ms()
+        return data
+
+    def reset(self) -> None:
+        """Clear faults, counters and used weight (clock and connections are left alone)."""
+        self.state.faults.clear()
+        self.state.stats = Stats(log_size=self.state.stats.log_size)
+        self.binance.weights.reset()
+
+    # ----------------------------------------------------------- middleware
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Counts every exchange request, applies armed faults and Binance weights."""
+        path = request.path
+        if path.startswith("/_sim/"):
+            return await handler(request)
+        exchange = exchange_of(path)
+        started = time.perf_counter()
+        fault = self.state.faults.take(exchange, path)
+        status = 0
+        try:
+            response = await self._respond(request, handler, exchange, fault)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            self.state.stats.record(
+                {
+                    "t_ms": self.state.clock.now_ms(),
+                    "exchange": exchange,
+                    "method": request.method,
+                    "path": path,
+                    "route": resource.canonical if resource is not None else path,
+                    "query": dict(request.query),
+                    "status": status,
+                    "fault": fault.kind if fault is not None else None,
+                    "ms": round((time.perf_counter() - started) * 1000, 3),
+                }
+            )
+
+    async def _respond(
+        self, request: web.Request, handler: Handler, exchange: str, fault: Fault | None
+    ) -> web.StreamResponse:
+        weight_headers: dict[str, str] = {}
+        if exchange == "binance" and path_is_rest(request.path):
+            used = self.binance.weights.add(WEIGHTS.get(request.path, 1))
+            weight_headers = {"x-mbx-used-weight": str(used), "x-mbx-used-weight-1m": str(used)}
+            if fault is None and self.binance.weights.exceeded():
+                return binance_error(
+                    429,
+                    -1003,
+                    "Too much request weight used; current limit is "
+                    f"{self.binance.weights.limit} request weight per 1 MINUTE.",
+                    headers={
+                        **weight_headers,
+                        "Retry-After": str(self.binance.weights.retry_after()),
+                    },
+                )
+        if fault is not None:
+            self.state.stats.faults_triggered.append(
+                {
+                    "id": fault.id,
+                    "kind": fault.kind,
+                    "path": request.path,
+                    "t_ms": self.state.clock.now_ms(),
+                }
+            )
+            if fault.kind == "slow":
+                await asyncio.sleep(fault.delay)
+            else:
+                return self._fault_response(fault, exchange, weight_headers)
+        response = await handler(request)
+        if weight_headers and not response.prepared:
+            response.headers.update(weight_headers)
+        return response
+
+    def _fault_response(self, fault: Fault, exchange: str, headers: dict[str, str]) -> web.Response:
+        binance = exchange == "binance"
+        if fault.kind == "rate_limit":
+            retry = {**headers, "Retry-After": str(fault.retry_after)}
+            if binance:
+                return binance_error(
+                    429,
+                    -1003,
+                    "Too many requests; current limit of IP(127.0.0.1) is 6000 requests per "
+                    "minute. "
+                    "Please use the websocket for live updates to avoid polling the API.",
+                    headers=retry,
+                )
+            return web.json_response(
+                {"message": "Public rate limit exceeded"}, status=429, headers=retry
+            )
+        if fault.kind == "ban":
+            until = self.state.clock.now_ms() + fault.retry_after * 1000
+            retry = {**headers, "Retry-After": str(fault.retry_after)}
+            if binance:
+                return binance_error(
+                    418,
+                    -1003,
+                    f"Way too many requests; IP(127.0.0.1) banned until {until}. "
+                    "Please use the websocket for live updates to avoid bans.",
+                    headers=retry,
+                )
+            return web.json_response({"message": "IP banned"}, status=418, headers=retry)
+        if fault.kind == "unavailable":
+            # Not JSON on purpose: ccxt then maps the status, 503 -> ExchangeNotAvailable.
+            return web.Response(
+                status=503,
+                text="<html><body><h1>503 Service Unavailable</h1></body></html>",
+                content_type="text/html",
+                headers=headers,
+            )
+        if fault.kind == "unknown_symbol":
+            if binance:
+                return binance_error(400, -1121, "Invalid symbol.", headers=headers)
+            return coinbase_error(404, "NotFound")
+        # "error": arbitrary status and body
+        if fault.body is not None:
+            return web.Response(
+                status=fault.status,
+                text=fault.body,
+                content_type="application/json",
+                headers=headers,
+            )
+        if binance:
+            return binance_error(
+                fault.status,
+                -1000,
+                "An unknown error occurred while processing the request.",
+                headers=headers,
+            )
+        return coinbase_error(fault.status, "Internal server error")
+
+    # ------------------------------------------------------ control handlers
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            data = await request.json()
+        except json.JSONDecodeError as exc:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": f"bad JSON: {exc}"}), content_type="application/json"
+            ) from None
+        if not isinstance(data, dict):
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": "expected a JSON object"}),
+                content_type="application/json",
+            )
+        return data
+
+    @staticmethod
+    def _bad(message: str) -> web.Response:
+        return web.json_response({"error": message}, status=400)
+
+    async def _h_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "now_ms": self.now_ms(), "base_url": self.base_url})
+
+    async def _h_stats(self, request: web.Request) -> web.Response:
+        include_log = request.query.get("log", "1") not in ("0", "false", "no")
+        return web.json_response(self.stats(include_log=include_log))
+
+    async def _h_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _h_faults_list(self, request: web.Request) -> web.Response:
+        return web.json_response({"faults": [f.to_json() for f in self.pending_faults()]})
+
+    async def _h_faults_add(self, request: web.Request) -> web.Response:
+        """Body: one fault object, or ``{"faults": [...]}``; ``ws_drop`` acts immediately."""
+        data = await self._json_body(request)
+        items = data.get("faults", [data])
+        if not isinstance(items, list):
+            return self._bad("faults must be a list")
+        added, dropped = [], 0
+        for item in items:
+            if not isinstance(item, dict):
+                return self._bad("each fault must be an object")
+            if item.get("kind") == "ws_drop":
+                try:
+                    dropped += await self.drop_websockets(
+                        item.get("symbol"), str(item.get("mode", "close"))
+                    )
+                except (ValueError, UnknownSymbolError) as exc:
+                    return self._bad(str(exc))
+                continue
+            try:
+                added.append(self.state.faults.add(parse_fault(item)))
+            except FaultError as exc:
+                return self._bad(str(exc))
+        return web.json_response({"faults": [f.to_json() for f in added], "ws_dropped": dropped})
+
+    async def _h_faults_clear(self, request: web.Request) -> web.Response:
+        self.clear_faults()
+        return web.json_response({"ok": True})
+
+    async def _h_trades(self, request: web.Request) -> web.Response:
+        """Body: ``{"symbol": "BTC/USDT", "trades": [{"price": "1", "qty": "2", ...}]}``."""
+        data = await self._json_body(request)
+        trades = data.get("trades")
+        if not isinstance(trades, list) or not all(isinstance(t, dict) for t in trades):
+            return self._bad("trades must be a list of objects")
+        try:
+            before = self.subscribers(str(data.get("symbol")))
+            built = self.inject_trades(str(data.get("symbol")), trades)
+        except (UnknownSymbolError, ValueError) as exc:
+            return self._bad(f"cannot inject: {exc}")
+        return web.json_response({"trades": [_trade_json(t) for t in built], "subscribers": before})
+
+    async def _h_ws_drop(self, request: web.Request) -> web.Response:
+        data = await self._json_body(request)
+        try:
+            count = await self.drop_websockets(data.get("symbol"), str(data.get("mode", "close")))
+        except (ValueError, UnknownSymbolError) as exc:
+            return self._bad(str(exc))
+        return web.json_response({"dropped": count})
+
+    async def _h_subscribers(self, request: web.Request) -> web.Response:
+        """``?symbol=BTC/USDT`` -> count; add ``&wait=N&timeout=S`` to long-poll for N."""
+        symbol = request.query.get("symbol", "")
+        try:
+            if "wait" in request.query:
+                await self.wait_for_subscribers(
+                    symbol, int(request.query["wait"]), float(request.query.get("timeout", "10"))
+                )
+            return web.json_response({"symbol": symbol, "count": self.subscribers(symbol)})
+        except UnknownSymbolError:
+            return self._bad(f"unknown symbol {symbol!r}")
+        except TimeoutError as exc:
+            return web.json_response(
+                {"error": str(exc), "count": self.subscribers(symbol)}, status=408
+            )
+
+    async def _h_clock_get(self, request: web.Request) -> web.Response:
+        return web.json_response({"now_ms": self.now_ms(), "frozen": self.state.clock.frozen})
+
+    async def _h_clock_set(self, request: web.Request) -> web.Response:
+        """``{"now_ms": 1700000000000}`` freezes, ``{"now_ms": null}`` unfreezes,
+        ``{"advance_ms": 60000}`` moves time and streams the trades now due."""
+        data = await self._json_body(request)
+        sent = 0
+        try:
+            if "now_ms" in data:
+                self.set_time(None if data["now_ms"] is None else int(data["now_ms"]))
+            if "advance_ms" in data:
+                sent = self.advance_time(int(data["advance_ms"]))
+        except (TypeError, ValueError) as exc:
+            return self._bad(str(exc))
+        return web.json_response(
+            {"now_ms": self.now_ms(), "frozen": self.state.clock.frozen, "trades_streamed": sent}
+        )
+
+
+def path_is_rest(path: str) -> bool:
+    return path.startswith(("/api/", "/fapi/", "/dapi/", "/sapi/", "/eapi/"))
+
+
+class ThreadedSimulator:
+    """A ``SimulatorServer`` on its own event loop thread, driven from sync code.
+
+    Every method marshals onto the server's loop, so it is safe to call from
+    the test thread (or from another event loop, e.g. inside ``asyncio.run``).
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.server = SimulatorServer(**options)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> ThreadedSimulator:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.server.start())
+            except BaseException as exc:  # report to the starting thread
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+                loop.run_until_complete(self.server.stop())
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="exchange-sim", daemon=True)
+        self._thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("exchange simulator did not start within 30 s")
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+        self._thread = None
+
+    def __enter__(self) -> ThreadedSimulator:
+        return self if self._thread is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _await(self, coro: Coroutine[Any, Any, T], timeout: float | None = 60.0) -> T:
+        if self._loop is None:
+            raise RuntimeError("simulator not started")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        async def wrapper() -> T:
+            return fn()
+
+        return self._await(wrapper())
+
+    # Same control surface as SimulatorServer, synchronous.
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def model(self) -> MarketModel:
+        return self.server.model
+
+    def add_fault(self, kind: str, **options: Any) -> Fault:
+        return self._call(lambda: self.server.add_fault(kind, **options))
+
+    def clear_faults(self) -> None:
+        self._call(self.server.clear_faults)
+
+    def inject_trades(self, symbol: str, trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
+        return self._call(lambda: self.server.inject_trades(symbol, trades))
+
+    def drop_websockets(self, symbol: str | None = None, mode: str = "close") -> int:
+        return self._await(self.server.drop_websockets(symbol, mode))
+
+    def subscribers(self, symbol: str) -> int:
+        return self._call(lambda: self.server.subscribers(symbol))
+
+    def wait_for_subscribers(self, symbol: str, count: int = 1, timeout: float = 10.0) -> None:
+        self._await(self.server.wait_for_subscribers(symbol, count, timeout), timeout + 5)
+
+    def now_ms(self) -> int:
+        return self._call(self.server.now_ms)
+
+    def set_time(self, now_ms: int | None) -> None:
+        self._call(lambda: self.server.set_time(now_ms))
+
+    def advance_time(self, delta_ms: int) -> int:
+        return self._call(lambda: self.server.advance_time(delta_ms))
+
+    def stats(self, *, include_log: bool = True) -> dict[str, Any]:
+        return self._call(lambda: self.server.stats(include_log=include_log))
+
+    def reset(self) -> None:
+        self._call(self.server.reset)
+
+
+def run_in_thread(**options: Any) -> ThreadedSimulator:
+    """Start a simulator in a background thread; ``.base_url`` is ready on return.
+
+    Use as a context manager (``with run_in_thread() as sim:``) or call ``stop()``.
+    Options are those of ``SimulatorServer``.
+    """
+    return ThreadedSimulator(**options).start()

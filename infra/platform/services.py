@@ -1,0 +1,210 @@
+"""The platform's services as supervised components, each with a real readiness probe.
+
+They reuse `infra.localstack`'s process supervision (pid files, logs, clean
+stop); what they add is how each service is configured (environment overrides
+of its own config keys) and how we know it is ready:
+
+- exchange simulator: answers `GET /api/v3/ping`;
+- relay: `GET /healthz` is 200;
+- pipeline: wrote its ready file (every streaming query runs, PUB bound);
+- ingestor: the relay sees its subscription to the exchange prefix (relay metric).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from infra import artifacts
+from infra.localstack.components import Component, NotReadyError, base_env
+from infra.localstack.config import LOOPBACK, REPO_ROOT, StackConfig
+from infra.localstack.endpoints import StackEndpoints
+from infra.platform.config import PlatformConfig
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+BIN = Path(sys.executable).parent
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with _NO_PROXY.open(url, timeout=3) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise NotReadyError(f"GET {url} failed: {exc}") from exc
+
+
+class Service(Component):
+    """A platform service: knows the platform config besides the stack's."""
+
+    def __init__(
+        self, config: StackConfig, endpoints: StackEndpoints, platform: PlatformConfig
+    ) -> None:
+        super().__init__(config, endpoints)
+        self.platform = platform
+        self.service_ports = platform.ports
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        """The service's environment: its config file (if any) plus key overrides."""
+        env = base_env()
+        config_file = REPO_ROOT / "services" / self.name / "config.yaml"
+        if config_file.is_file():
+            env["CONFIG_PATH"] = str(config_file)
+        env.update(overrides)
+        env.update(self.platform.service_env)
+        env.setdefault("LOG_LEVEL", "INFO")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+
+class ExchangeSimulator(Service):
+    name = "exchange-sim"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"exchange_sim": self.service_ports.exchange_sim}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.service_ports.exchange_sim}"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        port = str(self.service_ports.exchange_sim)
+        return [sys.executable, "-m", "infra.exchange_sim", "--port", port], self.env()
+
+    def probe(self) -> None:
+        status, _ = _get(f"{self.base_url}/api/v3/ping")
+        if status != 200:
+            raise NotReadyError(f"ping answered HTTP {status}")
+
+
+class Relay(Service):
+    name = "relay"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        p = self.service_ports
+        return {
+            "client_request": p.client_request,
+            "market_data": p.market_data,
+            "ingestor_work": p.ingestor_work,
+            "ingestor_response": p.ingestor_response,
+            "ingestor_control": p.ingestor_control,
+            "relay_metrics": p.relay_metrics,
+        }
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.service_ports.relay_metrics}"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        p = self.service_ports
+        env = self.env(
+            RELAY_BIND_ADDRESS=f"tcp://{LOOPBACK}",
+            RELAY_CLIENT_REQUEST_PORT=str(p.client_request),
+            RELAY_MARKET_DATA_PUB_PORT=str(p.market_data),
+            RELAY_INGESTOR_WORK_PORT=str(p.ingestor_work),
+            RELAY_INGESTOR_RESPONSE_PORT=str(p.ingestor_response),
+            RELAY_INGESTOR_CONTROL_PORT=str(p.ingestor_control),
+            RELAY_FLINK_MARKET_DATA_ENDPOINT=f"tcp://{LOOPBACK}:{p.pipeline_pub}",
+            RELAY_METRICS_HOST=LOOPBACK,
+            RELAY_METRICS_PORT=str(p.relay_metrics),
+        )
+        return [str(BIN / "relay")], env
+
+    def probe(self) -> None:
+        status, body = _get(f"{self.metrics_url}/healthz")
+        if status != 200:
+            raise NotReadyError(f"/healthz answered HTTP {status}: {body[:200]}")
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{LOOPBACK}:{self.service_ports.client_request}"
+
+
+class Pipeline(Service):
+    name = "spark-pipeline"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"pipeline_pub": self.service_ports.pipeline_pub}
+
+    @property
+    def ready_file(self) -> Path:
+        return self.data_dir / "ready.json"
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.ready_file.unlink(missing_ok=True)
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        e = self.endpoints
+        jars = artifacts.spark_jars(self.config.cache_dir)
+        env = self.env(
+            PYSPARK_PYTHON=sys.executable,
+            PIPELINE_KAFKA__BOOTSTRAP=e.kafka_bootstrap,
+            PIPELINE_CATALOG__NAME=e.catalog_name,
+            PIPELINE_CATALOG__URI=e.catalog_uri,
+            PIPELINE_CATALOG__WAREHOUSE=e.warehouse,
+            PIPELINE_CATALOG__S3_ENDPOINT=e.s3_endpoint,
+            PIPELINE_CATALOG__S3_ACCESS_KEY=e.s3_access_key,
+            PIPELINE_CATALOG__S3_SECRET_KEY=e.s3_secret_key,
+            PIPELINE_CATALOG__S3_REGION=e.s3_region,
+            PIPELINE_SPARK__MASTER=self.platform.spark_master,
+            PIPELINE_SPARK__JARS=json.dumps([str(j) for j in jars]),
+            PIPELINE_CHECKPOINT_DIR=str(self.data_dir / "checkpoints"),
+            PIPELINE_PUB_ENDPOINT=f"tcp://{LOOPBACK}:{self.service_ports.pipeline_pub}",
+            PIPELINE_READY_FILE=str(self.ready_file),
+        )
+        return [str(BIN / "spark-pipeline"), "run"], env
+
+    def probe(self) -> None:
+        if not self.ready_file.exists():
+            raise NotReadyError("streaming queries not started yet (no ready file)")
+
+
+class Ingestor(Service):
+    name = "ingestor"
+
+    def __init__(
+        self,
+        config: StackConfig,
+        endpoints: StackEndpoints,
+        platform: PlatformConfig,
+        exchange_url: str | None,
+    ) -> None:
+        super().__init__(config, endpoints, platform)
+        self.exchange_url = exchange_url
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{LOOPBACK}:{self.service_ports.ingestor_work} (SUB)"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        p = self.service_ports
+        overrides = {
+            "INGESTOR_KAFKA__BOOTSTRAP_SERVERS": self.endpoints.kafka_bootstrap,
+            "INGESTOR_RELAY_WORK_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_work}",
+            "INGESTOR_RELAY_CONTROL_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_control}",
+            "INGESTOR_RELAY_RESPONSE_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_response}",
+            "INGESTOR_INGESTOR_ID": "ingestor-local-1",
+        }
+        if self.exchange_url is not None:
+            overrides["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] = self.exchange_url
+        return [str(BIN / "ingestor")], self.env(**overrides)
+
+    def probe(self) -> None:
+        url = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
+        status, body = _get(url)
+        match = re.search(r'^relay_ingestor_subscriptions\{socket="work"\} (\S+)$', body, re.M)
+        if status != 200 or match is None or float(match[1]) < 1:
+            raise NotReadyError("the relay has not seen an ingestor subscription yet")

@@ -1,0 +1,159 @@
+"""`Platform`: the stack, then the services, started in dependency order.
+
+Phases (each waits until every component in it answers its readiness probe):
+
+    1. stack      Kafka, SeaweedFS S3, Iceberg REST catalog   (infra.localstack)
+    2. services   exchange simulator, relay, Spark pipeline  (need the stack)
+    3. ingestor   (needs the relay to subscribe to and the exchange to load markets)
+
+State lives in pid files under the data dir, so `make stop` from another shell
+stops what `make run` started.
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infra.localstack import LocalStack, StackConfig
+from infra.localstack.components import Component
+from infra.localstack.config import LOOPBACK
+from infra.localstack.endpoints import StackEndpoints
+from infra.localstack.stack import ComponentStatus
+from infra.platform.config import PlatformConfig
+from infra.platform.services import ExchangeSimulator, Ingestor, Pipeline, Relay
+
+Log = Callable[[str], None]
+BINANCE_PING = "https://api.binance.com/api/v3/ping"
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class PlatformEndpoints:
+    """Where a client finds the running platform."""
+
+    request: str
+    market_data: str
+    relay_metrics: str
+    exchange_url: str | None
+    stack: StackEndpoints
+
+    def client_env(self) -> dict[str, str]:
+        """`mdclient` configuration (MDCLIENT_* environment) for this platform."""
+        s = self.stack
+        return {
+            "MDCLIENT_REQUEST_ENDPOINT": self.request,
+            "MDCLIENT_MARKET_DATA_ENDPOINT": self.market_data,
+            "MDCLIENT_CATALOG_NAME": s.catalog_name,
+            "MDCLIENT_CATALOG_URI": s.catalog_uri,
+            "MDCLIENT_WAREHOUSE": s.warehouse,
+            "MDCLIENT_S3_ENDPOINT": s.s3_endpoint,
+            "MDCLIENT_S3_ACCESS_KEY_ID": s.s3_access_key,
+            "MDCLIENT_S3_SECRET_ACCESS_KEY": s.s3_secret_key,
+            "MDCLIENT_S3_REGION": s.s3_region,
+        }
+
+
+def binance_reachable(timeout_s: float = 3.0) -> bool:
+    """One ping to the real exchange, only when the user asked for it."""
+    try:
+        with urllib.request.urlopen(BINANCE_PING, timeout=timeout_s) as resp:
+            return int(resp.status) == 200
+    except OSError:
+        return False
+
+
+class Platform:
+    """Every part of the platform as local processes (no Docker)."""
+
+    def __init__(
+        self,
+        config: PlatformConfig | None = None,
+        *,
+        stack_config: StackConfig | None = None,
+        log: Log | None = None,
+        use_simulator: bool | None = None,
+    ) -> None:
+        """`use_simulator=None` decides from `config.exchange` (and a reachability check)."""
+        self.config = config or PlatformConfig()
+        self.stack_config = stack_config or StackConfig.load(data_dir=self.config.data_dir)
+        self._log = log or _stderr
+        if use_simulator is None:
+            use_simulator = self.config.exchange == "simulator" or not self._real_exchange_ok()
+        self.use_simulator = use_simulator
+        port = self.config.ports.exchange_sim
+        self.exchange_url = f"http://{LOOPBACK}:{port}" if use_simulator else None
+
+        services_config = self.stack_config.model_copy(
+            update={"start_timeout_s": self.config.start_timeout_s}
+        )
+        self.stack = LocalStack(self.stack_config, log=self._log)
+        self.phases = [
+            self.stack,
+            LocalStack(services_config, log=self._log, label="platform", components=self._services),
+            LocalStack(
+                services_config, log=self._log, label="platform", components=self._ingestors
+            ),
+        ]
+
+    def _real_exchange_ok(self) -> bool:
+        self._log("[platform] checking that the real Binance API is reachable ...")
+        if binance_reachable():
+            return True
+        self._log("[platform] Binance is not reachable: using the bundled exchange simulator")
+        return False
+
+    def _services(self, config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
+        services: list[Component] = [
+            Relay(config, endpoints, self.config),
+            Pipeline(config, endpoints, self.config),
+        ]
+        if self.use_simulator:
+            services.insert(0, ExchangeSimulator(config, endpoints, self.config))
+        return services
+
+    def _ingestors(self, config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
+        return [Ingestor(config, endpoints, self.config, self.exchange_url)]
+
+    @property
+    def endpoints(self) -> PlatformEndpoints:
+        p = self.config.ports
+        return PlatformEndpoints(
+            request=f"tcp://{LOOPBACK}:{p.client_request}",
+            market_data=f"tcp://{LOOPBACK}:{p.market_data}",
+            relay_metrics=f"http://{LOOPBACK}:{p.relay_metrics}",
+            exchange_url=self.exchange_url,
+            stack=self.stack.endpoints,
+        )
+
+    def up(self) -> PlatformEndpoints:
+        """Start every phase in order; on failure stop what this call started."""
+        started: list[LocalStack] = []
+        try:
+            for phase in self.phases:
+                phase.up()
+                started.append(phase)
+        except BaseException:
+            for phase in reversed(started):
+                phase.down()
+            raise
+        return self.endpoints
+
+    def down(self) -> None:
+        for phase in reversed(self.phases):
+            phase.down()
+
+    def status(self) -> list[ComponentStatus]:
+        return [row for phase in self.phases for row in phase.status()]
+
+    def __enter__(self) -> Platform:
+        self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()

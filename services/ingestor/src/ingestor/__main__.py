@@ -1,0 +1,47 @@
+"""`ingestor` console script: load settings, run until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from ingestor.app import Ingestor
+from ingestor.config import Settings
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("ccxt", "asyncio", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+async def _serve(settings: Settings) -> None:
+    ingestor = Ingestor(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(ingestor.stop()))
+    await ingestor.run()
+
+
+def main() -> int:
+    try:
+        settings = Settings()
+    except (ValidationError, FileNotFoundError) as exc:
+        print(f"ingestor: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(os.environ.get("LOG_LEVEL", settings.log_level))
+    asyncio.run(_serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""Wiring. Reads like the README's flow diagram:
+
+exchanges (ccxt, load_markets) -> Kafka producer -> Market records
+-> claims tail -> live feeds -> work intake (SUB :5555, SUB :5560)
+     DataRequest HISTORICAL  -> claim -> fetch pages -> OHLCBatch records (Kafka)
+     DataRequest legacy_sync -> claim -> fetch pages -> DataResponse (DEALER :5556)
+     DataRequest REALTIME    -> start feed / refresh lease -> Tick records (Kafka)
+     IngestorControl         -> cancel feed / apply config + republish markets
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from ingestor.claims import Claims
+from ingestor.config import Settings, credentials_for
+from ingestor.exchanges import ExchangeAdapter
+from ingestor.history import (
+    FetchEnv,
+    JobOutcome,
+    RequestFailedError,
+    call_with_retry,
+    run_history_job,
+    wall_clock_ms,
+)
+from ingestor.kafka_sink import KafkaSink, PartitionTail
+from ingestor.legacy import legacy_response
+from ingestor.live import LiveFeeds, RecentIds
+from ingestor.markets import market_records
+from ingestor.retry import RetryPolicy
+from ingestor.work import LegacyResponder, WorkIntake, new_context
+from mdproto import ProtocolError
+from mdproto.messages import DataRequest, IngestorControl
+from mdproto.topics import is_valid_id, parse_ticker
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+@dataclass
+class IngestorStats:
+    history_jobs: int = 0  # historical requests this ingestor fetched
+    legacy_jobs: int = 0
+    skipped_claimed: int = 0  # another ingestor claimed them first
+    skipped_repeat: int = 0  # already seen by this ingestor
+    markets_published: int = 0
+
+
+class Ingestor:
+    """The whole service; `run()` until `stop()`. Tests drive it in-process."""
+
+    def __init__(
+        self, settings: Settings, adapters: Mapping[str, ExchangeAdapter] | None = None
+    ) -> None:
+        self.settings = settings
+        self.ingestor_id = settings.ingestor_id
+        self.stats = IngestorStats()
+        self.outcomes: dict[str, JobOutcome] = {}  # last outcomes, for tests and logs
+        self._adapters: dict[str, ExchangeAdapter] = dict(adapters or {})
+        self._by_prefix: dict[str, ExchangeAdapter] = {}
+        self._batch_size = settings.history.batch_size
+        self._seen = RecentIds(50_000)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._jobs: set[asyncio.Task[Any]] = set()
+        self._ready = asyncio.Event()
+        self.markets_ready = asyncio.Event()  # the first Market records were written
+        self._stopping = asyncio.Event()
+        self.sink: KafkaSink | None = None
+        self.feeds: LiveFeeds | None = None
+        self.intake: WorkIntake | None = None
+        self._claims: Claims | None = None
+        self._tail: PartitionTail | None = None
+        self._responder: LegacyResponder | None = None
+        self._semaphore = asyncio.Semaphore(settings.history.max_concurrent)
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def adapter(self, prefix: str) -> ExchangeAdapter:
+        return self._by_prefix[prefix]
+
+    async def run(self) -> None:
+        s = self.settings
+        context = new_context()
+        try:
+            self._open_exchanges()
+            self.sink = KafkaSink(s.kafka, self.ingestor_id)
+            await self.sink.start(self._topics_to_ensure() if s.kafka.ensure_topics else ())
+            self._spawn(self._initial_markets(), "markets-initial")
+            if s.claims.enabled:
+                await self._start_claims()
+            self.feeds = LiveFeeds(
+                {a.prefix + ":": a for a in self._adapters.values() if a.settings.live},
+                self.sink,
+                lease_s=s.live.realtime_lease_secs,
+                dedupe_capacity=s.live.dedupe_capacity,
+                reconnect=RetryPolicy(
+                    base_delay_s=s.live.reconnect_base_s, max_delay_s=s.live.reconnect_max_s
+                ),
+            )
+            self._spawn(self.feeds.run_sweeper(s.live.sweep_interval_s), "lease-sweeper")
+            if s.market_metadata.refresh_s > 0:
+                self._spawn(self._refresh_markets_periodically(), "markets-refresh")
+            self._responder = LegacyResponder(
+                context, s.relay_response_endpoint, self.ingestor_id, s.zmq_heartbeat_ivl_ms
+            )
+            self.intake = WorkIntake(
+                context,
+                s.relay_work_endpoint,
+                s.relay_control_endpoint,
+                list(self._by_prefix),
+                max_payload=s.max_payload_bytes,
+                heartbeat_ivl_ms=s.zmq_heartbeat_ivl_ms,
+            )
+            self._spawn(self.intake.run(self._on_request, self._on_control), "work-intake")
+            log.info(
+                "ingestor %s ready: exchanges %s, work %s, control %s",
+                self.ingestor_id,
+                ", ".join(self._by_prefix),
+                s.relay_work_endpoint,
+                s.relay_control_endpoint,
+            )
+            self._ready.set()
+            await self._stopping.wait()
+        finally:
+            await self._shutdown()
+            context.term()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+
+    # --- start-up ---------------------------------------------------------
+
+    def _open_exchanges(self) -> None:
+        for exchange_id, cfg in self.settings.exchanges.items():
+            if exchange_id not in self._adapters:
+                self._adapters[exchange_id] = ExchangeAdapter(
+                    exchange_id, cfg, credentials_for(exchange_id)
+                )
+        self._by_prefix = {a.prefix + ":": a for a in self._adapters.values()}
+
+    def _topics_to_ensure(self) -> list[tuple[str, int, dict[str, str]]]:
+        k = self.settings.kafka
+        parts = k.topic_partitions
+        return [
+            (k.topic_ohlc_batches, parts, {}),
+            (k.topic_ticks, parts, {}),
+            (k.topic_markets, parts, {"cleanup.policy": "compact"}),
+            (k.topic_claims, 1, {"retention.ms": str(24 * 3600 * 1000)}),
+        ]
+
+    async def _start_claims(self) -> None:
+        assert self.sink is not None
+        sink, topic = self.sink, self.settings.kafka.topic_claims
+
+        async def publish(request_id: str, ingestor_id: str) -> int:
+            future = await sink.produce(topic, request_id, ingestor_id.encode(), partition=0)
+            return await future
+
+        self._claims = Claims(self.ingestor_id, publish, self.settings.claims.wait_timeout_s)
+        self._tail = PartitionTail(
+            self.settings.kafka.bootstrap_servers,
+            topic,
+            0,
+            f"ingestor-claims-{self.ingestor_id}",
+            self._claims.on_records,
+        )
+        lookback_ms = int(self.settings.claims.lookback_s * 1000)
+        await self._tail.start(wall_clock_ms() - lookback_ms)
+        self._claims.ledger.advance(self._tail.start_offset)
+
+    # --- market metadata --------------------------------------------------
+
+    async def publish_markets(self, reload: bool) -> int:
+        """Load markets and write a Market record per served market; how many."""
+        assert self.sink is not None
+        total = 0
+        for adapter in self._adapters.values():
+            env = self._env(adapter)
+            try:
+                await call_with_retry(
+                    lambda a=adapter: a.load_markets(reload),  # type: ignore[misc]
+                    env,
+                    f"{adapter.exchange_id} load_markets",
+                )
+            except RequestFailedError as exc:
+                log.error("markets of %s not loaded: %s", adapter.exchange_id, exc)
+                continue
+            records = market_records(
+                adapter.prefix, adapter.markets(), adapter.settings.markets, wall_clock_ms()
+            )
+            deliveries = [await self.sink.send_market(r.ticker, r) for r in records]
+            results = await asyncio.gather(*deliveries, return_exceptions=True)
+            failed = sum(isinstance(r, BaseException) for r in results)
+            if failed:
+                log.error("%d of %d Market records not delivered", failed, len(records))
+            total += len(records) - failed
+            log.info("published %d markets of %s", len(records) - failed, adapter.exchange_id)
+        self.stats.markets_published += total
+        return total
+
+    async def _initial_markets(self) -> None:
+        """In the background: an unreachable exchange must not keep work intake down."""
+        await self.publish_markets(reload=False)
+        self.markets_ready.set()
+
+    async def _refresh_markets_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.market_metadata.refresh_s)
+            await self.publish_markets(reload=True)
+
+    # --- work -------------------------------------------------------------
+
+    def _on_request(self, request: DataRequest) -> None:
+        if request.kind == DataRequest.REALTIME:
+            assert self.feeds is not None
+            self.feeds.request(request.ticker)
+            return
+        if request.kind != DataRequest.HISTORICAL:
+            log.warning("request %r has no kind; ignored", request.request_id)
+            return
+        if not is_valid_id(request.request_id):
+            log.warning("historical request with invalid request_id %r ignored", request.request_id)
+            return
+        try:
+            adapter = self._by_prefix[parse_ticker(request.ticker).prefix]
+        except (ProtocolError, KeyError):
+            adapter = None  # still answered: an ERROR marker beats a client timeout
+        if not self._seen.add(request.request_id):
+            self.stats.skipped_repeat += 1
+            log.info("request %s already handled here; repeat ignored", request.request_id)
+            return
+        task = asyncio.create_task(self._historical(request, adapter), name=request.request_id)
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _historical(self, request: DataRequest, adapter: ExchangeAdapter | None) -> None:
+        if self._claims is not None and not await self._claims.claim(request.request_id):
+            self.stats.skipped_claimed += 1
+            log.info("request %s claimed by another ingestor; skipped", request.request_id)
+            return
+        async with self._semaphore:
+            if adapter is None:
+                adapter = next(iter(self._adapters.values()))  # plan_request reports the bad ticker
+            env = self._env(adapter)
+            if request.legacy_sync:
+                await self._legacy(request, adapter, env)
+                return
+            self.stats.history_jobs += 1
+            assert self.sink is not None
+            outcome = await run_history_job(
+                request,
+                adapter,
+                self.sink,
+                ingestor_id=self.ingestor_id,
+                batch_size=self._batch_size,
+                env=env,
+            )
+            self.outcomes[request.request_id] = outcome
+            log.info(
+                "request %s %s: %d rows in %d batches, %d gaps%s",
+                request.request_id,
+                outcome.status,
+                outcome.rows,
+                outcome.batches,
+                outcome.expected_gaps,
+                f", {outcome.error_code}: {outcome.reason}" if outcome.error_code else "",
+            )
+
+    async def _legacy(self, request: DataRequest, adapter: ExchangeAdapter, env: FetchEnv) -> None:
+        assert self._responder is not None
+        self.stats.legacy_jobs += 1
+        response = await legacy_response(
+            request,
+            adapter,
+            env,
+            ingestor_id=self.ingestor_id,
+            max_candles=self.settings.history.legacy_max_candles,
+        )
+        await self._responder.send(response)
+        log.info(
+            "legacy request %s answered: status %d, %d candles",
+            request.request_id,
+            response.status,
+            len(response.candles),
+        )
+
+    def _on_control(self, control: IngestorControl) -> None:
+        if control.action == IngestorControl.CANCEL_REALTIME:
+            assert self.feeds is not None
+            self._spawn(self.feeds.cancel(control.ticker), f"cancel-{control.ticker}")
+        elif control.action == IngestorControl.CONFIG_UPDATE:
+            self._apply_config(dict(control.config))
+            self._spawn(self.publish_markets(reload=True), "markets-refresh-now")
+        else:
+            log.warning("control action %d unknown; ignored", control.action)
+
+    def _apply_config(self, config: dict[str, str]) -> None:
+        """Runtime keys: batch_size, realtime_lease_secs, log_level. Others are logged."""
+        for key, value in config.items():
+            try:
+                if key == "batch_size" and int(value) > 0:
+                    self._batch_size = int(value)
+                elif key == "realtime_lease_secs" and float(value) > 0 and self.feeds:
+                    self.feeds.set_lease(float(value))
+                elif key == "log_level":
+                    logging.getLogger().setLevel(value.upper())
+                else:
+                    log.warning("CONFIG_UPDATE key %r not applied", key)
+                    continue
+                log.info("CONFIG_UPDATE %s=%s applied", key, value)
+            except ValueError:
+                log.warning("CONFIG_UPDATE %s=%r is not a valid value", key, value)
+
+    # --- helpers ----------------------------------------------------------
+
+    def _env(self, adapter: ExchangeAdapter) -> FetchEnv:
+        return FetchEnv(policy=self.settings.retry.policy(), page_limit=adapter.settings.page_limit)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.intake is not None:
+            self.intake.close()
+        if self._jobs:
+            _, pending = await asyncio.wait(self._jobs, timeout=SHUTDOWN_GRACE_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self.feeds is not None:
+            await self.feeds.stop_all()
+        if self._responder is not None:
+            self._responder.close()
+        if self._tail is not None:
+            await self._tail.stop()
+        if self.sink is not None:
+            await self.sink.close()
+        for adapter in self._adapters.values():
+            with suppress(Exception):
+                await adapter.close()

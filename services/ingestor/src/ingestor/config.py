@@ -1,0 +1,218 @@
+"""Ingestor configuration: YAML file at CONFIG_PATH, then INGESTOR_* environment overrides.
+
+Nested keys are overridden with `__`, e.g.
+`INGESTOR_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092` or
+`INGESTOR_EXCHANGES__BINANCE__API_BASE_URL=http://127.0.0.1:8900`.
+`LOG_LEVEL` sets the log level.
+
+API keys are read only from the environment
+(`INGESTOR_<CCXT ID>_API_KEY`, `_SECRET`, `_PASSWORD`), held as SecretStr and
+never logged; the YAML file cannot carry them (unknown keys are rejected).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from ingestor.retry import RetryPolicy
+from mdproto import contracts
+
+#: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
+KAFKA_INGEST_CLAIMS = "ingest.claims"
+
+_PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def _default_ingestor_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ExchangeSettings(_Section):
+    """One exchange served by this ingestor, keyed by its ccxt id (`binance`)."""
+
+    prefix: str = Field(description="platform prefix without colon, e.g. BINANCE")
+    api_base_url: str | None = None  # point every API URL here (simulator), see urls.py
+    ws_base_url: str | None = None  # websocket base when it differs from api_base_url
+    enable_rate_limit: bool = True
+    rate_limit_ms: int | None = None  # ccxt rateLimit override (ms between calls)
+    timeout_ms: int = 10_000
+    page_limit: int = 1000  # candles per REST call
+    markets: list[str] = Field(default_factory=list)  # BASE/QUOTE to publish; empty = all
+    live: bool = True  # accept REALTIME requests
+    # ccxt.pro keeps this many trades per symbol between two watch_trades calls;
+    # a burst larger than that between calls loses trades (ccxt's default is 1000).
+    trades_cache: int = Field(default=10_000, gt=0)
+    ccxt_options: dict[str, Any] = Field(
+        default_factory=lambda: {"fetchMarkets": {"types": ["spot"]}}
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not _PREFIX.match(value):
+            raise ValueError(f"prefix {value!r} must be upper case like BINANCE (no colon)")
+        return value
+
+    @field_validator("api_base_url", "ws_base_url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and "://" not in value:
+            raise ValueError(f"{value!r} is not an absolute URL (scheme://host:port)")
+        return value
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_ohlc_batches: str = contracts.KAFKA_OHLC_BATCHES
+    topic_ticks: str = contracts.KAFKA_TICKS
+    topic_markets: str = contracts.KAFKA_MARKETS
+    topic_claims: str = KAFKA_INGEST_CLAIMS
+    ensure_topics: bool = True  # create missing topics at start (claims: one partition)
+    topic_partitions: int = 3  # for topics this ingestor creates, claims excepted
+    replication_factor: int = 1
+    delivery_timeout_s: float = 30.0  # librdkafka message.timeout.ms
+    poll_interval_s: float = 0.02  # how often the event loop serves delivery callbacks
+    producer: dict[str, str] = Field(default_factory=dict)  # extra librdkafka settings
+
+
+class HistorySettings(_Section):
+    batch_size: int = Field(default=500, gt=0)  # rows per OHLCBatch record
+    max_concurrent: int = Field(default=4, gt=0)  # historical requests fetched at once
+    legacy_max_candles: int = Field(default=50_000, gt=0)  # cap for an inline DataResponse
+
+
+class RetrySettings(_Section):
+    max_attempts: int = Field(default=8, gt=0)
+    base_delay_s: float = Field(default=0.5, ge=0)
+    max_delay_s: float = Field(default=30.0, ge=0)
+    max_retry_after_s: float = Field(default=300.0, ge=0)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            self.max_attempts,
+            self.base_delay_s,
+            self.max_delay_s,
+            self.max_retry_after_s,
+            self.jitter,
+        )
+
+
+class LiveSettings(_Section):
+    realtime_lease_secs: float = Field(
+        default=30.0, gt=0
+    )  # stop a feed not re-announced for this long
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    dedupe_capacity: int = Field(default=20_000, gt=0)  # trade ids remembered per ticker
+    reconnect_base_s: float = Field(default=0.5, ge=0)
+    reconnect_max_s: float = Field(default=30.0, ge=0)
+
+
+class ClaimSettings(_Section):
+    enabled: bool = True
+    lookback_s: float = Field(default=600.0, gt=0)  # claims read back at start, and kept in memory
+    wait_timeout_s: float = Field(default=10.0, gt=0)  # no verdict by then: fetch anyway (harmless)
+
+
+class MarketSettings(_Section):
+    refresh_s: float = Field(
+        default=3600.0, ge=0
+    )  # republish Market records; 0 = only on CONFIG_UPDATE
+
+
+def _default_exchanges() -> dict[str, ExchangeSettings]:
+    return {"binance": ExchangeSettings(prefix="BINANCE")}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="INGESTOR_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    ingestor_id: str = Field(default_factory=_default_ingestor_id)
+    log_level: str = "INFO"  # the LOG_LEVEL variable, when set, wins
+    relay_work_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_WORK_PORT}"
+    relay_control_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_CONTROL_PORT}"
+    relay_response_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_RESPONSE_PORT}"
+    zmq_heartbeat_ivl_ms: int = 5000  # notice a vanished relay and reconnect
+    max_payload_bytes: int = 1024 * 1024  # larger work messages are malformed
+    exchanges: dict[str, ExchangeSettings] = Field(default_factory=_default_exchanges)
+    kafka: KafkaSettings = Field(default_factory=lambda: KafkaSettings())
+    history: HistorySettings = Field(default_factory=lambda: HistorySettings())
+    retry: RetrySettings = Field(default_factory=lambda: RetrySettings())
+    live: LiveSettings = Field(default_factory=lambda: LiveSettings())
+    claims: ClaimSettings = Field(default_factory=lambda: ClaimSettings())
+    market_metadata: MarketSettings = Field(default_factory=lambda: MarketSettings())
+
+    @field_validator("exchanges")
+    @classmethod
+    def _unique_prefixes(cls, value: dict[str, ExchangeSettings]) -> dict[str, ExchangeSettings]:
+        if not value:
+            raise ValueError("configure at least one exchange")
+        prefixes = [e.prefix for e in value.values()]
+        if len(set(prefixes)) != len(prefixes):
+            raise ValueError(f"two exchanges share a prefix: {prefixes}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("CONFIG_PATH")
+        if path:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"CONFIG_PATH={path} is not a file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+class Credentials(BaseModel):
+    """API credentials for one exchange, from the environment only."""
+
+    model_config = ConfigDict(frozen=True)
+
+    api_key: SecretStr | None = None
+    secret: SecretStr | None = None
+    password: SecretStr | None = None
+
+    def ccxt_config(self) -> dict[str, str]:
+        pairs = {"apiKey": self.api_key, "secret": self.secret, "password": self.password}
+        return {k: v.get_secret_value() for k, v in pairs.items() if v is not None}
+
+
+def credentials_for(exchange_id: str, environ: Mapping[str, str] | None = None) -> Credentials:
+    """INGESTOR_<ID>_API_KEY / _SECRET / _PASSWORD, e.g. INGESTOR_BINANCE_API_KEY."""
+    env = os.environ if environ is None else environ
+    stem = f"INGESTOR_{exchange_id.upper()}_"
+
+    def get(name: str) -> SecretStr | None:
+        value = env.get(stem + name)
+        return SecretStr(value) if value else None
+
+    return Credentials(api_key=get("API_KEY"), secret=get("SECRET"), password=get("PASSWORD"))

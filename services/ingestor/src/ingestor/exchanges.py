@@ -1,0 +1,238 @@
+"""ccxt adapter: the only module that imports ccxt.
+
+Creates one ccxt.pro exchange per configured exchange (REST through its
+async_support base, trades over websockets), points its URLs at the configured
+base URL, and turns ccxt's lists, dicts and exceptions into `ingestor.model`
+values and `ExchangeCallError`s.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from typing import Any
+
+import ccxt.async_support as ccxt_async
+import ccxt.pro as ccxt_pro
+from ccxt.base import errors as ccxt_errors
+
+from ingestor.config import Credentials, ExchangeSettings
+from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, Trade
+from ingestor.retry import retry_after_from
+from ingestor.urls import rewrite_api_urls
+
+log = logging.getLogger(__name__)
+
+# (status, headers, body) of the last HTTP error response seen by this task.
+# A context variable, so concurrent requests on one exchange never mix them up.
+_LAST_HTTP_ERROR: contextvars.ContextVar[tuple[int, dict[str, str], str] | None] = (
+    contextvars.ContextVar("ingestor_last_http_error", default=None)
+)
+
+# ccxt precisionMode values (ccxt.base.decimal_to_precision).
+_DECIMAL_PLACES = 2
+_SIGNIFICANT_DIGITS = 3
+
+
+def _capturing(cls: type[Any]) -> type[Any]:
+    """A subclass of a ccxt exchange class that records HTTP error responses.
+
+    ccxt raises DDoSProtection for a 429 without the Retry-After header; the
+    header is only on the (shared) `last_response_headers`. Recording it here,
+    per task, lets the retry policy honour it safely.
+    """
+
+    def handle_errors(
+        self: Any,
+        code: int,
+        reason: str,
+        url: str,
+        method: str,
+        headers: dict[str, str],
+        body: str,
+        response: Any,
+        request_headers: Any,
+        request_body: Any,
+    ) -> Any:
+        if isinstance(code, int) and code >= 400:
+            _LAST_HTTP_ERROR.set((code, dict(headers or {}), body or ""))
+        parent: Any = super(subclass, self)
+        return parent.handle_errors(
+            code, reason, url, method, headers, body, response, request_headers, request_body
+        )
+
+    subclass: type[Any] = type(cls.__name__, (cls,), {"handle_errors": handle_errors})
+    return subclass
+
+
+def fault_from(exc: BaseException, now_ms: int | None = None) -> ExchangeCallError:
+    """Classify a ccxt (or transport) exception for the retry policy."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    reason = str(exc) or type(exc).__name__
+    http = _LAST_HTTP_ERROR.get()
+    headers, body = (http[1], http[2]) if http else ({}, "")
+    if isinstance(exc, ccxt_errors.DDoSProtection | ccxt_errors.RateLimitExceeded):
+        return ExchangeCallError(
+            FaultKind.RATE_LIMITED, reason, retry_after_from(headers, body or reason, now)
+        )
+    if isinstance(exc, ccxt_errors.ExchangeNotAvailable):
+        return ExchangeCallError(
+            FaultKind.UNAVAILABLE, reason, retry_after_from(headers, body, now)
+        )
+    if isinstance(exc, ccxt_errors.RequestTimeout | TimeoutError):
+        return ExchangeCallError(FaultKind.TIMEOUT, reason)
+    if isinstance(exc, ccxt_errors.NetworkError | ccxt_errors.BadResponse | ConnectionError):
+        return ExchangeCallError(FaultKind.NETWORK, reason)
+    if isinstance(exc, ccxt_errors.BadSymbol):
+        return ExchangeCallError(FaultKind.BAD_SYMBOL, reason)
+    if isinstance(exc, ccxt_errors.BadRequest | ccxt_errors.ArgumentsRequired):
+        return ExchangeCallError(FaultKind.BAD_REQUEST, reason)
+    if isinstance(exc, ccxt_errors.NotSupported):
+        return ExchangeCallError(FaultKind.NOT_SUPPORTED, reason)
+    if isinstance(exc, ccxt_errors.OperationFailed):
+        return ExchangeCallError(FaultKind.NETWORK, reason)
+    if isinstance(exc, ccxt_errors.ExchangeClosedByUser):
+        return ExchangeCallError(FaultKind.NETWORK, reason)
+    if isinstance(exc, ccxt_errors.BaseError):
+        return ExchangeCallError(FaultKind.EXCHANGE_ERROR, reason)
+    return ExchangeCallError(FaultKind.EXCHANGE_ERROR, f"{type(exc).__name__}: {reason}")
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _tick_size(value: Any, mode: Any) -> float:
+    """ccxt precision as a step size, whatever the exchange's precisionMode."""
+    number = _float(value)
+    if mode in (_DECIMAL_PLACES, _SIGNIFICANT_DIGITS) and value is not None:
+        return float(10.0 ** (-number))
+    return number
+
+
+class ExchangeAdapter:
+    """One exchange, REST and websocket, as the rest of the ingestor sees it."""
+
+    def __init__(
+        self,
+        exchange_id: str,
+        settings: ExchangeSettings,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self.exchange_id = exchange_id
+        self.prefix = settings.prefix
+        self.settings = settings
+        self.rest_calls = 0  # candle pages requested (tests, benchmarks)
+        base = getattr(ccxt_pro, exchange_id, None) or getattr(ccxt_async, exchange_id, None)
+        if base is None:
+            raise ValueError(f"ccxt has no exchange {exchange_id!r}")
+        config: dict[str, Any] = {
+            "enableRateLimit": settings.enable_rate_limit,
+            "timeout": settings.timeout_ms,
+            "options": {"tradesLimit": settings.trades_cache, **settings.ccxt_options},
+        }
+        if settings.rate_limit_ms is not None:
+            config["rateLimit"] = settings.rate_limit_ms
+        if credentials is not None:
+            config.update(credentials.ccxt_config())
+        self._exchange: Any = _capturing(base)(config)
+        if settings.api_base_url:
+            # A new dict: class-level defaults shared with other instances stay untouched.
+            urls = dict(self._exchange.urls)
+            urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
+            self._exchange.urls = urls
+        self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
+
+    async def load_markets(self, reload: bool = False) -> None:
+        try:
+            await self._exchange.load_markets(reload)
+        except Exception as exc:
+            raise fault_from(exc) from exc
+
+    def timeframes(self) -> list[str]:
+        return list((self._exchange.timeframes or {}).keys())
+
+    def markets(self) -> list[MarketInfo]:
+        """Spot markets as MarketInfo (after load_markets)."""
+        mode = self._exchange.precisionMode
+        result = []
+        for m in (self._exchange.markets or {}).values():
+            if not m.get("spot", True):
+                continue
+            precision = m.get("precision") or {}
+            limits = m.get("limits") or {}
+            amount = limits.get("amount") or {}
+            price = limits.get("price") or {}
+            cost = limits.get("cost") or {}
+            active = m.get("active")
+            result.append(
+                MarketInfo(
+                    symbol=m["symbol"],
+                    exchange_symbol=str(m.get("id") or ""),
+                    base=str(m.get("base") or ""),
+                    quote=str(m.get("quote") or ""),
+                    active=True if active is None else bool(active),
+                    price_precision=_tick_size(precision.get("price"), mode),
+                    amount_precision=_tick_size(precision.get("amount"), mode),
+                    min_amount=_float(amount.get("min")),
+                    max_amount=_float(amount.get("max")),
+                    min_price=_float(price.get("min")),
+                    max_price=_float(price.get("max")),
+                    min_cost=_float(cost.get("min")),
+                )
+            )
+        return result
+
+    async def fetch_candles(
+        self, symbol: str, timeframe: str, since_ms: int, until_ms: int, limit: int
+    ) -> list[Candle]:
+        """One page of candles opening in [since, until] (the exchange may return fewer)."""
+        self.rest_calls += 1
+        _LAST_HTTP_ERROR.set(None)
+        try:
+            rows = await self._exchange.fetch_ohlcv(
+                symbol, timeframe, since_ms, limit, {"until": until_ms}
+            )
+        except Exception as exc:
+            raise fault_from(exc) from exc
+        return [
+            Candle(int(r[0]), _float(r[1]), _float(r[2]), _float(r[3]), _float(r[4]), _float(r[5]))
+            for r in rows
+            if r and r[0] is not None
+        ]
+
+    async def watch_trades(self, symbol: str) -> list[Trade]:
+        """Trades received since the previous call; reconnects after a drop."""
+        try:
+            trades = await self._exchange.watch_trades(symbol)
+        except Exception as exc:
+            raise fault_from(exc) from exc
+        return [
+            Trade(
+                trade_id=str(t.get("id") or ""),
+                price=_float(t.get("price")),
+                amount=_float(t.get("amount")),
+                timestamp_ms=int(t.get("timestamp") or 0),
+                side=str(t.get("side") or ""),
+            )
+            for t in trades
+        ]
+
+    async def unwatch_trades(self, symbol: str) -> None:
+        """Unsubscribe from the symbol's trade stream (best effort)."""
+        if not self._exchange.has.get("unWatchTrades"):
+            return
+        try:
+            await self._exchange.un_watch_trades(symbol)
+        except Exception as exc:  # the stream is going away anyway
+            log.debug("unwatch %s %s failed: %s", self.exchange_id, symbol, exc)
+
+    async def close(self) -> None:
+        try:
+            await self._exchange.close()
+        except Exception as exc:
+            log.debug("closing %s failed: %s", self.exchange_id, exc)

@@ -1,0 +1,251 @@
+"""Historical requests: the paginated fetch loop and the Kafka write of one request.
+
+The exchange and the Kafka producer are injected (`CandleSource`,
+`RecordSink`), so the loop is tested with fakes; production passes
+`exchanges.ExchangeAdapter` and `kafka_sink.KafkaSink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from ingestor.batches import BatchBuilder, metadata_for
+from ingestor.candles import (
+    FetchPlan,
+    UnsupportedPeriodError,
+    accept_page,
+    expected_gaps,
+    next_since,
+    plan_fetch,
+    timeframe_for,
+)
+from ingestor.model import Candle, ExchangeCallError
+from ingestor.retry import GiveUp, RetryPolicy, decide
+from mdproto import ProtocolError
+from mdproto.messages import DataRequest, OHLCBatch, Status
+from mdproto.topics import parse_ticker
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# error_code values of ERROR markers besides the FaultKind values
+# (rate_limited, exchange_unavailable, timeout, network_error, bad_symbol,
+# bad_request, not_supported, exchange_error); see docs/protocol.md.
+INVALID_REQUEST = "invalid_request"
+UNSUPPORTED_PERIOD = "unsupported_period"
+KAFKA_DELIVERY = "kafka_delivery"
+INTERNAL = "internal"
+
+
+class CandleSource(Protocol):
+    def timeframes(self) -> list[str]: ...
+
+    async def fetch_candles(
+        self, symbol: str, timeframe: str, since_ms: int, until_ms: int, limit: int
+    ) -> list[Candle]: ...
+
+
+class RecordSink(Protocol):
+    async def send_batch(self, key: str, record: OHLCBatch) -> Awaitable[object]:
+        """Queue a record; the returned awaitable completes on delivery or raises."""
+        ...
+
+
+class RequestFailedError(Exception):
+    """A request that cannot complete; becomes an ERROR marker / response."""
+
+    def __init__(self, error_code: str, reason: str) -> None:
+        super().__init__(f"{error_code}: {reason}")
+        self.error_code = error_code
+        self.reason = reason
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class FetchEnv:
+    """Retry policy and the clock, sleep and randomness the loop uses (injectable)."""
+
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    page_limit: int = 1000
+    now_ms: Callable[[], int] = wall_clock_ms
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    rand: Callable[[], float] = random.random
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    request_id: str
+    status: int
+    rows: int
+    batches: int
+    expected_gaps: int
+    error_code: str = ""
+    reason: str = ""
+    delivered: bool = True  # the final marker reached Kafka
+
+
+def plan_request(
+    request: DataRequest, source: CandleSource, env: FetchEnv
+) -> tuple[str, FetchPlan]:
+    """(ccxt symbol, plan) for a request, or RequestFailedError for bad parameters."""
+    try:
+        symbol = parse_ticker(request.ticker).symbol
+    except ProtocolError as exc:
+        raise RequestFailedError(INVALID_REQUEST, exc.reason) from None
+    if request.period_seconds <= 0:
+        raise RequestFailedError(INVALID_REQUEST, "period_seconds must be positive")
+    if request.end_time_ms <= request.start_time_ms or request.start_time_ms < 0:
+        raise RequestFailedError(
+            INVALID_REQUEST,
+            f"range [{request.start_time_ms}, {request.end_time_ms}) is empty or negative",
+        )
+    try:
+        timeframe = timeframe_for(request.period_seconds, source.timeframes())
+    except UnsupportedPeriodError as exc:
+        raise RequestFailedError(UNSUPPORTED_PERIOD, str(exc)) from None
+    plan = plan_fetch(
+        request.start_time_ms,
+        request.end_time_ms,
+        request.period_seconds,
+        timeframe,
+        env.now_ms(),
+        env.page_limit,
+    )
+    return symbol, plan
+
+
+async def call_with_retry(call: Callable[[], Awaitable[T]], env: FetchEnv, what: str) -> T:
+    """Run `call`, retrying transient faults per the policy; RequestFailedError otherwise."""
+    attempt = 0
+    while True:
+        try:
+            return await call()
+        except ExchangeCallError as fault:
+            attempt += 1
+            decision = decide(fault.kind, attempt, env.policy, fault.retry_after_s, env.rand())
+            if isinstance(decision, GiveUp):
+                raise RequestFailedError(fault.kind.value, fault.reason) from fault
+            log.warning(
+                "%s failed (%s, attempt %d); retrying in %.2f s",
+                what,
+                fault,
+                attempt,
+                decision.delay_s,
+            )
+            await env.sleep(decision.delay_s)
+
+
+async def iter_pages(
+    source: CandleSource, symbol: str, plan: FetchPlan, env: FetchEnv
+) -> AsyncIterator[list[Candle]]:
+    """Accepted candles page by page, ascending, unique, closed, inside the range."""
+    since: int | None = None if plan.empty else plan.start_ms
+    after: int | None = None
+    while since is not None:
+        page_since = since
+
+        async def fetch(page_since: int = page_since) -> list[Candle]:
+            return await source.fetch_candles(
+                symbol, plan.timeframe, page_since, plan.until_ms, plan.page_limit
+            )
+
+        page = await call_with_retry(fetch, env, f"{symbol} {plan.timeframe} page at {since}")
+        accepted = accept_page(plan, page, after)
+        if accepted:
+            after = accepted[-1].open_time_ms
+            yield accepted
+        since = next_since(plan, page, since)
+
+
+async def _settle(deliveries: list[Awaitable[object]]) -> str | None:
+    """Wait for every delivery; the first error message, or None if all arrived."""
+    results = await asyncio.gather(*deliveries, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            return str(result) or type(result).__name__
+    return None
+
+
+async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
+    try:
+        await (await sink.send_batch(key, final))
+    except Exception as exc:
+        meta = final.metadata
+        log.error(
+            "request %s: final marker (%s) not delivered: %s",
+            meta.request_id,
+            Status.Name(meta.status),
+            exc,
+        )
+        return False
+    return True
+
+
+async def run_history_job(
+    request: DataRequest,
+    source: CandleSource,
+    sink: RecordSink,
+    *,
+    ingestor_id: str,
+    batch_size: int,
+    env: FetchEnv,
+) -> JobOutcome:
+    """Fetch [start, end) and write the request's OHLCBatch records, ending with a final marker.
+
+    The final marker is only sent once every data record has been delivered;
+    a delivery failure turns it into an ERROR marker (code kafka_delivery).
+    """
+    builder = BatchBuilder(metadata_for(request, ingestor_id), batch_size)
+    key = request.ticker
+    deliveries: list[Awaitable[object]] = []
+    final: OHLCBatch
+    gaps = 0
+    try:
+        symbol, plan = plan_request(request, source, env)
+        first_open: int | None = None
+        async for page in iter_pages(source, symbol, plan, env):
+            if first_open is None:
+                first_open = page[0].open_time_ms
+            for record in builder.add(page):
+                deliveries.append(await sink.send_batch(key, record))
+        for record in builder.flush():
+            deliveries.append(await sink.send_batch(key, record))
+        gaps = expected_gaps(plan, builder.rows_emitted, first_open)
+        failure = await _settle(deliveries)
+        if failure is None:
+            final = builder.final(gaps)
+        else:
+            final = builder.fail(f"Kafka delivery failed: {failure}", KAFKA_DELIVERY, gaps)
+    except RequestFailedError as exc:
+        await _settle(deliveries)
+        final = builder.fail(exc.reason, exc.error_code, gaps)
+    except Exception as exc:
+        log.exception("request %s failed unexpectedly", request.request_id)
+        await _settle(deliveries)
+        final = builder.fail(f"internal error: {type(exc).__name__}: {exc}", INTERNAL, gaps)
+
+    delivered = await _send_final(sink, key, final)
+    if not delivered and final.metadata.status != Status.ERROR:
+        # The rows arrived but the marker did not: try to tell the pipeline it failed.
+        final = builder.fail("Kafka delivery of the final marker failed", KAFKA_DELIVERY, gaps)
+        delivered = await _send_final(sink, key, final)
+    meta = final.metadata
+    return JobOutcome(
+        request_id=request.request_id,
+        status=meta.status,
+        rows=meta.total_rows,
+        batches=meta.total_batches,
+        expected_gaps=meta.expected_gaps,
+        error_code=meta.error_code,
+        reason=meta.reason,
+        delivered=delivered,
+    )

@@ -1,0 +1,308 @@
+"""Kafka adapter: the only module that imports confluent_kafka.
+
+- `KafkaSink`: one idempotent producer for every record the ingestor writes.
+  `produce` never blocks the event loop (librdkafka queues the record); a task
+  serves delivery callbacks with `poll(0)` every few milliseconds, so callbacks
+  run on the loop thread and resolve asyncio futures directly.
+- `PartitionTail`: reads one partition from a point in time on a background
+  thread and hands records to the loop (used for the claims topic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as _TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from google.protobuf.message import Message
+
+from ingestor.config import KafkaSettings
+from mdproto import envelope
+from mdproto.messages import OHLCBatch
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryError(Exception):
+    """Kafka did not accept a record (after librdkafka's own retries)."""
+
+
+@dataclass
+class SinkStats:
+    produced: int = 0
+    delivered: int = 0
+    failed: int = 0
+
+
+class KafkaSink:
+    """Idempotent producer: records of one key keep their order, retries never duplicate."""
+
+    def __init__(self, settings: KafkaSettings, client_id: str) -> None:
+        self.settings = settings
+        conf: dict[str, Any] = {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "client.id": client_id,
+            "enable.idempotence": True,  # implies acks=all, in-order, no duplicates on retry
+            "acks": "all",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.timeout.ms": int(settings.delivery_timeout_s * 1000),
+        }
+        conf.update(settings.producer)
+        self._producer = Producer(conf)
+        self._poller: asyncio.Task[None] | None = None
+        self._closed = False
+        self.stats = SinkStats()
+        self._last_error_log = 0.0
+
+    async def start(self, ensure_topics: Sequence[tuple[str, int, dict[str, str]]] = ()) -> None:
+        """Start serving delivery callbacks; create missing topics first if asked."""
+        if ensure_topics:
+            await create_missing_topics(
+                self.settings.bootstrap_servers,
+                ensure_topics,
+                self.settings.replication_factor,
+            )
+        if self._poller is None:
+            self._poller = asyncio.create_task(self._poll_loop(), name="kafka-poll")
+
+    async def _poll_loop(self) -> None:
+        interval = self.settings.poll_interval_s
+        while True:
+            self._producer.poll(0)
+            await asyncio.sleep(interval)
+
+    async def produce(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        *,
+        partition: int | None = None,
+        track: bool = True,
+    ) -> asyncio.Future[int]:
+        """Queue one record; the future resolves to its offset or raises DeliveryError.
+
+        Untracked records (ticks) only count failures. Waits (without blocking
+        the loop) while librdkafka's queue is full.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        if track:
+
+            def on_delivery(err: Any, msg: Any) -> None:
+                self._count(err)
+                if future.done():
+                    return
+                if err is not None:
+                    future.set_exception(DeliveryError(f"{topic}: {err}"))
+                else:
+                    future.set_result(msg.offset())
+
+        else:
+            future.set_result(-1)
+
+            def on_delivery(err: Any, msg: Any) -> None:
+                self._count(err)
+
+        kwargs: dict[str, Any] = {"key": key.encode(), "value": value, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                self._producer.poll(0)
+                await asyncio.sleep(0.005)
+            except KafkaException as exc:
+                self.stats.failed += 1
+                if not future.done():
+                    future.set_exception(DeliveryError(f"{topic}: {exc}"))
+                elif track:
+                    raise DeliveryError(f"{topic}: {exc}") from exc
+                return future
+        self.stats.produced += 1
+        return future
+
+    def _count(self, err: Any) -> None:
+        if err is None:
+            self.stats.delivered += 1
+            return
+        self.stats.failed += 1
+        now = time.monotonic()
+        if now - self._last_error_log > 5.0:  # at most one line per 5 s
+            self._last_error_log = now
+            log.error("Kafka delivery failed (%d so far): %s", self.stats.failed, err)
+
+    async def send_batch(self, key: str, record: OHLCBatch) -> asyncio.Future[int]:
+        return await self.produce(
+            self.settings.topic_ohlc_batches, key, envelope.encode_record(record)
+        )
+
+    async def send_tick(self, key: str, record: Message) -> None:
+        await self.produce(
+            self.settings.topic_ticks, key, envelope.encode_record(record), track=False
+        )
+
+    async def send_market(self, key: str, record: Message) -> asyncio.Future[int]:
+        return await self.produce(self.settings.topic_markets, key, envelope.encode_record(record))
+
+    async def drain(self, timeout_s: float) -> int:
+        """Deliver what is queued (serving callbacks on the loop); records left after timeout."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._producer) > 0 and time.monotonic() < deadline:
+            self._producer.poll(0)
+            await asyncio.sleep(0.01)
+        self._producer.poll(0)
+        return len(self._producer)
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued (up to `timeout_s`), then release the client."""
+        if self._closed:
+            return
+        left = await self.drain(timeout_s)
+        if left:
+            log.error("%d Kafka records undelivered at shutdown", left)
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
+        self._closed = True
+        await asyncio.to_thread(self._producer.close)
+
+
+async def create_missing_topics(
+    bootstrap: str,
+    topics: Sequence[tuple[str, int, dict[str, str]]],
+    replication_factor: int,
+    timeout_s: float = 15.0,
+) -> None:
+    """Create the (name, partitions, config) topics that do not exist yet."""
+
+    def work() -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        existing = set(admin.list_topics(timeout=timeout_s).topics)
+        missing = [
+            NewTopic(name, num_partitions=parts, replication_factor=replication_factor, config=cfg)
+            for name, parts, cfg in topics
+            if name not in existing
+        ]
+        if not missing:
+            return
+        for name, future in admin.create_topics(missing, request_timeout=timeout_s).items():
+            try:
+                future.result(timeout=timeout_s)
+                log.info("created Kafka topic %s", name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    await asyncio.to_thread(work)
+
+
+@dataclass(frozen=True, slots=True)
+class TailRecord:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+class PartitionTail:
+    """Reads one partition from `start_ms` on, in a thread; delivers batches on the loop."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partition: int,
+        group_id: str,
+        on_records: Callable[[list[TailRecord]], None],
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._on_records = on_records
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,  # claims are latency-critical, and tiny
+                "enable.partition.eof": False,
+            }
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.start_offset = -1
+
+    async def start(self, start_ms: int, timeout_s: float = 15.0) -> None:
+        """Assign the partition at the first offset with timestamp >= start_ms (or the end)."""
+        loop = asyncio.get_running_loop()
+
+        def locate() -> int:
+            tp = _TopicPartition(self._topic, self._partition, start_ms)
+            found = self._consumer.offsets_for_times([tp], timeout=timeout_s)[0]
+            offset = found.offset
+            if offset < 0:  # nothing that recent: start at the current end
+                _, high = self._consumer.get_watermark_offsets(
+                    _TopicPartition(self._topic, self._partition), timeout=timeout_s
+                )
+                offset = high if high >= 0 else OFFSET_END
+            return int(offset)
+
+        def assign() -> int:
+            # A topic created a moment ago may not have a leader yet: retry briefly.
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    offset = locate()
+                    break
+                except KafkaException as exc:
+                    if time.monotonic() > deadline:
+                        raise
+                    log.debug("locating %s: %s; retrying", self._topic, exc)
+                    time.sleep(0.2)
+            self._consumer.assign([_TopicPartition(self._topic, self._partition, offset)])
+            return offset
+
+        self.start_offset = await asyncio.to_thread(assign)
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    messages = self._consumer.consume(num_messages=500, timeout=0.1)
+                except KafkaException as exc:
+                    log.warning("reading %s failed: %s", self._topic, exc)
+                    continue
+                batch = []
+                for m in messages:
+                    error = m.error()
+                    if error is None:
+                        offset = m.offset()
+                        ts = m.timestamp()[1]
+                        batch.append(TailRecord(offset or 0, m.key(), m.value(), ts))
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("reading %s: %s", self._topic, error)
+                if batch:
+                    try:
+                        loop.call_soon_threadsafe(self._on_records, batch)
+                    except RuntimeError:  # the loop closed under us: shutting down
+                        return
+
+        self._thread = threading.Thread(target=run, name=f"tail-{self._topic}", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        await asyncio.to_thread(self._consumer.close)

@@ -1,0 +1,73 @@
+"""Legacy synchronous flow (spec 000): `DataRequest{legacy_sync}` -> inline `DataResponse`.
+
+The candles travel in the response, sent through a DEALER to the relay's
+ROUTER :5556 (`work.LegacyResponder`), not through Kafka. `limit` caps the
+candles (the first `limit` from the start of the range); 0 means no limit,
+bounded by `history.legacy_max_candles` so a response stays a sane size.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ingestor.batches import ohlc_row
+from ingestor.history import (
+    INTERNAL,
+    CandleSource,
+    FetchEnv,
+    RequestFailedError,
+    iter_pages,
+    plan_request,
+)
+from mdproto.messages import DataRequest, DataResponse, Status
+
+log = logging.getLogger(__name__)
+
+
+async def legacy_response(
+    request: DataRequest,
+    source: CandleSource,
+    env: FetchEnv,
+    *,
+    ingestor_id: str,
+    max_candles: int,
+) -> DataResponse:
+    response = DataResponse(
+        request_id=request.request_id,
+        ticker=request.ticker,
+        period_seconds=request.period_seconds,
+        ingestor_id=ingestor_id,
+    )
+    cap = min(request.limit, max_candles) if request.limit else max_candles
+    truncated = False
+    try:
+        symbol, plan = plan_request(request, source, env)
+        async for page in iter_pages(source, symbol, plan, env):
+            room = cap - len(response.candles)
+            if len(page) > room:
+                page = page[:room]
+                truncated = request.limit == 0 or request.limit > max_candles
+            response.candles.extend(
+                ohlc_row(request.ticker, request.period_seconds, c) for c in page
+            )
+            if len(response.candles) >= cap:
+                break
+    except RequestFailedError as exc:
+        del response.candles[:]
+        response.status = Status.ERROR
+        response.reason = f"{exc.error_code}: {exc.reason}"
+        return response
+    except Exception as exc:
+        log.exception("legacy request %s failed unexpectedly", request.request_id)
+        del response.candles[:]
+        response.status = Status.ERROR
+        response.reason = f"{INTERNAL}: {type(exc).__name__}: {exc}"
+        return response
+    if not response.candles:
+        response.status = Status.NOT_FOUND
+        response.reason = "the exchange has no candles in the range"
+    else:
+        response.status = Status.OK
+        if truncated:
+            response.reason = f"truncated to {cap} candles (legacy_max_candles)"
+    return response

@@ -1,0 +1,267 @@
+"""Live trade feeds: websocket trades -> Tick records, one asyncio task per ticker.
+
+- `RecentIds` dedupes trade ids in bounded memory (a reconnect may replay trades).
+- `LeaseBook` tracks which tickers the relay still wants: the relay re-announces
+  active tickers every few seconds (`DataRequest{REALTIME}`), a repeat refreshes
+  the lease, a CANCEL_REALTIME ends it, and an unrefreshed lease expires.
+- `LiveFeeds` starts/stops the feed tasks. Feeds never block historical work:
+  each is its own task and Kafka produce does not block the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from google.protobuf.message import Message
+
+from ingestor.history import wall_clock_ms
+from ingestor.model import ExchangeCallError, Trade
+from ingestor.retry import RetryPolicy, backoff_delay
+from mdproto import ProtocolError
+from mdproto.messages import TakerSide, Tick
+from mdproto.topics import parse_ticker
+
+log = logging.getLogger(__name__)
+
+
+class RecentIds:
+    """The last `capacity` ids seen; `add` says whether an id is new."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self._capacity = capacity
+        self._order: deque[str] = deque()
+        self._seen: set[str] = set()
+
+    def add(self, item: str) -> bool:
+        if item in self._seen:
+            return False
+        self._seen.add(item)
+        self._order.append(item)
+        if len(self._order) > self._capacity:
+            self._seen.discard(self._order.popleft())
+        return True
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class LeaseBook:
+    """Ticker -> time of the last REALTIME announcement (monotonic seconds)."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self._refreshed: dict[str, float] = {}
+
+    def refresh(self, ticker: str, now: float) -> bool:
+        """Record an announcement; True if the ticker was not leased before."""
+        new = ticker not in self._refreshed
+        self._refreshed[ticker] = now
+        return new
+
+    def cancel(self, ticker: str) -> bool:
+        return self._refreshed.pop(ticker, None) is not None
+
+    def expired(self, now: float) -> list[str]:
+        """Remove and return the tickers whose lease ran out."""
+        gone = [t for t, at in self._refreshed.items() if now - at > self.lease_s]
+        for ticker in gone:
+            del self._refreshed[ticker]
+        return gone
+
+    def __contains__(self, ticker: object) -> bool:
+        return ticker in self._refreshed
+
+    def tickers(self) -> list[str]:
+        return sorted(self._refreshed)
+
+
+_SIDES = {"buy": TakerSide.BUY, "sell": TakerSide.SELL}
+
+
+def tick_record(ticker: str, trade: Trade, ingested_at_ms: int) -> Tick:
+    return Tick(
+        ticker=ticker,
+        trade_id=trade.trade_id,
+        price=trade.price,
+        amount=trade.amount,
+        timestamp_ms=trade.timestamp_ms,
+        side=_SIDES.get(trade.side, TakerSide.SIDE_UNSPECIFIED),
+        ingested_at_ms=ingested_at_ms,
+    )
+
+
+class TradeSource(Protocol):
+    prefix: str
+    supports_websocket: bool
+
+    async def watch_trades(self, symbol: str) -> list[Trade]: ...
+
+    async def unwatch_trades(self, symbol: str) -> None: ...
+
+
+class TickSink(Protocol):
+    async def send_tick(self, key: str, record: Message) -> None: ...
+
+
+@dataclass
+class FeedStats:
+    ticks: int = 0
+    duplicates: int = 0
+    reconnects: int = 0
+    id_gaps: int = 0  # trades missing between consecutive numeric ids (drops, cache overflow)
+    failed: str = ""  # permanent error that ended the feed
+
+
+@dataclass
+class _Feed:
+    task: asyncio.Task[None]
+    stats: FeedStats = field(default_factory=FeedStats)
+
+
+async def run_feed(
+    ticker: str,
+    source: TradeSource,
+    sink: TickSink,
+    stats: FeedStats,
+    *,
+    dedupe: RecentIds,
+    reconnect: RetryPolicy,
+    now_ms: Callable[[], int] = wall_clock_ms,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rand: Callable[[], float] = random.random,
+) -> None:
+    """Stream one ticker's trades into Kafka until cancelled or a permanent error."""
+    symbol = parse_ticker(ticker).symbol
+    failures = 0
+    last_number: int | None = None
+    while True:
+        try:
+            trades = await source.watch_trades(symbol)
+        except ExchangeCallError as fault:
+            if not fault.kind.transient:
+                stats.failed = str(fault)
+                log.error("live %s stopped: %s", ticker, fault)
+                return
+            failures += 1
+            stats.reconnects += 1
+            delay = max(backoff_delay(failures, reconnect, rand()), fault.retry_after_s or 0.0)
+            log.warning("live %s: %s; reconnecting in %.2f s", ticker, fault, delay)
+            await sleep(delay)
+            continue
+        failures = 0
+        ingested = now_ms()
+        for trade in trades:
+            if not trade.trade_id or not dedupe.add(trade.trade_id):
+                stats.duplicates += 1
+                continue
+            if trade.trade_id.isdigit():  # exchanges number a symbol's trades consecutively
+                number = int(trade.trade_id)
+                if last_number is not None and number > last_number + 1:
+                    stats.id_gaps += number - last_number - 1
+                    log.warning("live %s: %d trade ids skipped", ticker, number - last_number - 1)
+                last_number = number if last_number is None else max(last_number, number)
+            await sink.send_tick(ticker, tick_record(ticker, trade, ingested))
+            stats.ticks += 1
+
+
+class LiveFeeds:
+    """Starts, refreshes and stops feeds as REALTIME requests and cancels arrive."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, TradeSource],
+        sink: TickSink,
+        *,
+        lease_s: float,
+        dedupe_capacity: int,
+        reconnect: RetryPolicy,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
+        self._sources = dict(sources)  # exchange prefix ("BINANCE:") -> source
+        self._sink = sink
+        self._leases = LeaseBook(lease_s)
+        self._dedupe_capacity = dedupe_capacity
+        self._reconnect = reconnect
+        self._monotonic = monotonic or asyncio.get_running_loop().time
+        self._feeds: dict[str, _Feed] = {}
+
+    @property
+    def leases(self) -> LeaseBook:
+        return self._leases
+
+    def set_lease(self, lease_s: float) -> None:
+        self._leases.lease_s = lease_s
+
+    def stats(self, ticker: str) -> FeedStats | None:
+        feed = self._feeds.get(ticker)
+        return None if feed is None else feed.stats
+
+    def active(self) -> list[str]:
+        return sorted(t for t, f in self._feeds.items() if not f.task.done())
+
+    def request(self, ticker: str) -> bool:
+        """A REALTIME announcement: start the feed if new, else refresh its lease."""
+        try:
+            prefix = parse_ticker(ticker).prefix
+        except ProtocolError as exc:
+            log.warning("REALTIME request with bad ticker ignored: %s", exc.reason)
+            return False
+        source = self._sources.get(prefix)
+        if source is None or not source.supports_websocket:
+            log.warning("REALTIME %s ignored: no live source for %s", ticker, prefix)
+            return False
+        self._leases.refresh(ticker, self._monotonic())
+        if ticker in self._feeds:
+            return False
+        stats = FeedStats()
+        task = asyncio.create_task(
+            run_feed(
+                ticker,
+                source,
+                self._sink,
+                stats,
+                dedupe=RecentIds(self._dedupe_capacity),
+                reconnect=self._reconnect,
+            ),
+            name=f"live-{ticker}",
+        )
+        self._feeds[ticker] = _Feed(task, stats)
+        log.info("live feed %s started", ticker)
+        return True
+
+    async def cancel(self, ticker: str, why: str = "cancelled") -> bool:
+        self._leases.cancel(ticker)
+        feed = self._feeds.pop(ticker, None)
+        if feed is None:
+            return False
+        feed.task.cancel()
+        await asyncio.gather(feed.task, return_exceptions=True)
+        source = self._sources.get(parse_ticker(ticker).prefix)
+        if source is not None:
+            await source.unwatch_trades(parse_ticker(ticker).symbol)
+        log.info("live feed %s stopped (%s; %d ticks)", ticker, why, feed.stats.ticks)
+        return True
+
+    async def sweep(self) -> list[str]:
+        """Stop feeds whose lease expired (the cancel may have been lost)."""
+        expired = self._leases.expired(self._monotonic())
+        for ticker in expired:
+            await self.cancel(ticker, "lease expired")
+        return expired
+
+    async def run_sweeper(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.sweep()
+
+    async def stop_all(self) -> None:
+        for ticker in list(self._feeds):
+            await self.cancel(ticker, "shutdown")

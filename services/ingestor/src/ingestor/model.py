@@ -1,0 +1,88 @@
+"""Exchange-neutral values passed between the ccxt adapter and the rest.
+
+The adapter (`exchanges.py`) turns ccxt's lists and dicts into these, so the
+pure modules never see ccxt types and can be tested with plain values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Candle:
+    """One closed OHLCV candle as the exchange reported it."""
+
+    open_time_ms: int
+    open: float
+    high: float
+    low: float
+    close: float
+    volume: float
+    trade_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Trade:
+    """One executed trade from the exchange's trade stream."""
+
+    trade_id: str
+    price: float
+    amount: float
+    timestamp_ms: int
+    side: str  # "buy", "sell" or "" (taker side)
+
+
+@dataclass(frozen=True, slots=True)
+class MarketInfo:
+    """The metadata the platform publishes for one listed market."""
+
+    symbol: str  # unified, BASE/QUOTE
+    exchange_symbol: str  # exchange-native id, e.g. BTCUSDT
+    base: str
+    quote: str
+    active: bool
+    price_precision: float
+    amount_precision: float
+    min_amount: float
+    max_amount: float
+    min_price: float
+    max_price: float
+    min_cost: float
+
+
+class FaultKind(enum.Enum):
+    """Why an exchange call failed, as far as retrying is concerned."""
+
+    RATE_LIMITED = "rate_limited"  # 429/418, DDoSProtection, RateLimitExceeded
+    UNAVAILABLE = "exchange_unavailable"  # 503, refused connection, maintenance
+    TIMEOUT = "timeout"  # request timed out
+    NETWORK = "network_error"  # other transient transport failure (disconnect, bad nonce)
+    BAD_SYMBOL = "bad_symbol"  # the exchange does not know the symbol
+    BAD_REQUEST = "bad_request"  # the exchange rejected the parameters
+    NOT_SUPPORTED = "not_supported"  # the exchange lacks the feature
+    EXCHANGE_ERROR = "exchange_error"  # any other error the exchange reported
+
+    @property
+    def transient(self) -> bool:
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset(
+    {FaultKind.RATE_LIMITED, FaultKind.UNAVAILABLE, FaultKind.TIMEOUT, FaultKind.NETWORK}
+)
+
+
+class ExchangeCallError(Exception):
+    """An exchange call failed; `kind` drives the retry policy.
+
+    `retry_after_s` is the wait the exchange asked for (Retry-After header or a
+    ban's end), when it said one.
+    """
+
+    def __init__(self, kind: FaultKind, reason: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{kind.value}: {reason}")
+        self.kind = kind
+        self.reason = reason
+        self.retry_after_s = retry_after_s

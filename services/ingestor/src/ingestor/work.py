@@ -1,0 +1,161 @@
+"""ZeroMQ edges: the only module that imports zmq.
+
+- `WorkIntake`: SUB to the relay's work PUB (:5555), one subscription per
+  served exchange prefix (`BINANCE:`), and SUB to its control PUB (:5560).
+  Frames are decoded with `mdproto.envelope.decode_sub`; anything malformed is
+  logged and counted, never fatal.
+- `LegacyResponder`: DEALER to the relay's ROUTER (:5556) for `DataResponse`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import zmq
+import zmq.asyncio
+
+from mdproto import ProtocolError, envelope
+from mdproto.messages import DataRequest, DataResponse, IngestorControl
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", DataRequest, IngestorControl)
+
+
+@dataclass
+class IntakeStats:
+    requests: int = 0
+    controls: int = 0
+    malformed: int = 0
+
+
+def _tune(sock: zmq.asyncio.Socket, heartbeat_ivl_ms: int) -> None:
+    """Heartbeats let a SUB notice a relay that vanished without FIN, and reconnect."""
+    sock.setsockopt(zmq.LINGER, 0)
+    if heartbeat_ivl_ms > 0:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_ivl_ms * 3)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, heartbeat_ivl_ms * 3)
+    sock.setsockopt(zmq.RECONNECT_IVL, 200)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+
+
+class WorkIntake:
+    def __init__(
+        self,
+        context: zmq.asyncio.Context,
+        work_endpoint: str,
+        control_endpoint: str,
+        prefixes: Sequence[str],
+        *,
+        max_payload: int,
+        heartbeat_ivl_ms: int,
+    ) -> None:
+        self._prefixes = tuple(prefixes)
+        self._max_payload = max_payload
+        self.stats = IntakeStats()
+        self._work = context.socket(zmq.SUB)
+        self._control = context.socket(zmq.SUB)
+        for sock in (self._work, self._control):
+            _tune(sock, heartbeat_ivl_ms)
+        self._work.connect(work_endpoint)
+        for prefix in self._prefixes:
+            self._work.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        self._control.connect(control_endpoint)
+        # Control topics are an exchange prefix or empty; a prefix subscription
+        # cannot express "exactly empty", so take all and filter below.
+        self._control.setsockopt(zmq.SUBSCRIBE, b"")
+
+    async def run(
+        self,
+        on_request: Callable[[DataRequest], None],
+        on_control: Callable[[IngestorControl], None],
+    ) -> None:
+        """Dispatch work until cancelled. Handlers must not block (they start tasks)."""
+        poller = zmq.asyncio.Poller()
+        poller.register(self._work, zmq.POLLIN)
+        poller.register(self._control, zmq.POLLIN)
+        while True:
+            for sock, _ in await poller.poll():
+                frames = await sock.recv_multipart()
+                if sock is self._work:
+                    self._on_work(frames, on_request)
+                else:
+                    self._on_control(frames, on_control)
+
+    def _on_work(self, frames: list[bytes], handler: Callable[[DataRequest], None]) -> None:
+        try:
+            topic, message = envelope.decode_sub(frames, max_payload=self._max_payload)
+            if not isinstance(message, DataRequest):
+                raise ProtocolError(
+                    "unexpected_type",
+                    f"work channel carries DataRequest, got {type(message).__name__}",
+                )
+        except ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("malformed work ignored (%s): %s", exc.code, exc.reason)
+            return
+        self.stats.requests += 1
+        self._dispatch(handler, message, topic)
+
+    def _on_control(self, frames: list[bytes], handler: Callable[[IngestorControl], None]) -> None:
+        try:
+            topic, message = envelope.decode_sub(frames, max_payload=self._max_payload)
+            if not isinstance(message, IngestorControl):
+                got = type(message).__name__
+                raise ProtocolError(
+                    "unexpected_type", f"control channel carries IngestorControl, got {got}"
+                )
+        except ProtocolError as exc:
+            self.stats.malformed += 1
+            log.warning("malformed control message ignored (%s): %s", exc.code, exc.reason)
+            return
+        if topic and not topic.startswith(self._prefixes):
+            return  # another exchange's control message
+        self.stats.controls += 1
+        self._dispatch(handler, message, topic)
+
+    def _dispatch(self, handler: Callable[[M], None], message: M, topic: str) -> None:
+        try:
+            handler(message)
+        except Exception:
+            log.exception("handling a message on topic %r failed", topic)
+
+    def close(self) -> None:
+        self._work.close(0)
+        self._control.close(0)
+
+
+class LegacyResponder:
+    """DEALER -> relay ROUTER :5556. Sends the bare envelope (no delimiter)."""
+
+    def __init__(
+        self, context: zmq.asyncio.Context, endpoint: str, identity: str, heartbeat_ivl_ms: int
+    ) -> None:
+        self._socket = context.socket(zmq.DEALER)
+        _tune(self._socket, heartbeat_ivl_ms)
+        self._socket.setsockopt(zmq.ROUTING_ID, identity.encode()[:255] or b"ingestor")
+        self._socket.setsockopt(zmq.SNDHWM, 1000)
+        self._socket.connect(endpoint)
+        self._lock = asyncio.Lock()
+
+    async def send(self, response: DataResponse, timeout_s: float = 10.0) -> bool:
+        """Send one response; False if the relay could not take it in time."""
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._socket.send_multipart(envelope.encode(response))
+            except TimeoutError:
+                log.error("legacy response %s not sent: relay unreachable", response.request_id)
+                return False
+        return True
+
+    def close(self) -> None:
+        self._socket.close(0)
+
+
+def new_context() -> zmq.asyncio.Context:
+    return zmq.asyncio.Context()

@@ -1,0 +1,98 @@
+"""Settings: YAML at CONFIG_PATH, INGESTOR_* env overrides, secrets from the environment only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from ingestor.config import Settings, credentials_for
+from mdproto import contracts
+
+CONFIG_YAML = Path(__file__).resolve().parents[1] / "config.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("INGESTOR_") or name in ("CONFIG_PATH", "LOG_LEVEL"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_come_from_the_contracts() -> None:
+    s = Settings()
+    assert s.kafka.topic_ohlc_batches == contracts.KAFKA_OHLC_BATCHES
+    assert s.kafka.topic_ticks == contracts.KAFKA_TICKS
+    assert s.kafka.topic_markets == contracts.KAFKA_MARKETS
+    assert s.kafka.topic_claims == "ingest.claims"
+    assert s.relay_work_endpoint.endswith(":5555")
+    assert s.relay_control_endpoint.endswith(":5560")
+    assert s.relay_response_endpoint.endswith(":5556")
+    assert s.exchanges["binance"].prefix == "BINANCE"
+
+
+def test_shipped_config_yaml_matches_the_code_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONFIG_PATH", str(CONFIG_YAML))
+    from_yaml = Settings().model_dump(exclude={"ingestor_id"})
+    monkeypatch.delenv("CONFIG_PATH")
+    assert from_yaml == Settings().model_dump(exclude={"ingestor_id"})
+
+
+def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "ingestor_id: from-yaml\n"
+        "kafka: {bootstrap_servers: 'yaml:1', topic_ticks: t.yaml}\n"
+        "exchanges:\n  binance: {prefix: BINANCE, api_base_url: 'http://127.0.0.1:1'}\n"
+    )
+    monkeypatch.setenv("CONFIG_PATH", str(path))
+    monkeypatch.setenv("INGESTOR_KAFKA__BOOTSTRAP_SERVERS", "env:2")
+    monkeypatch.setenv("INGESTOR_HISTORY__BATCH_SIZE", "77")
+    s = Settings()
+    assert s.ingestor_id == "from-yaml"
+    assert s.kafka.bootstrap_servers == "env:2"  # env wins
+    assert s.kafka.topic_ticks == "t.yaml"  # the rest of the section stays
+    assert s.history.batch_size == 77
+    assert s.exchanges["binance"].api_base_url == "http://127.0.0.1:1"
+
+
+def test_missing_config_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONFIG_PATH", "/nonexistent/ingestor.yaml")
+    with pytest.raises(FileNotFoundError, match="CONFIG_PATH"):
+        Settings()
+
+
+@pytest.mark.parametrize(
+    "yaml_text",
+    [
+        "exchanges: {binance: {prefix: BINANCE, api_key: leaked}}\n",  # keys never in YAML
+        "exchanges: {binance: {prefix: 'binance:'}}\n",
+        "exchanges: {}\n",
+        "exchanges: {binance: {prefix: X}, okx: {prefix: X}}\n",
+        "history: {batch_size: 0}\n",
+        "no_such_key: 1\n",
+    ],
+)
+def test_bad_config_is_rejected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, yaml_text: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    monkeypatch.setenv("CONFIG_PATH", str(path))
+    with pytest.raises(ValidationError):
+        Settings()
+
+
+def test_api_keys_come_from_the_environment_and_are_never_printed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INGESTOR_BINANCE_API_KEY", "k-123")
+    monkeypatch.setenv("INGESTOR_BINANCE_SECRET", "s-456")
+    Settings()  # unrelated INGESTOR_* variables do not break the settings
+    creds = credentials_for("binance")
+    assert creds.ccxt_config() == {"apiKey": "k-123", "secret": "s-456"}
+    assert "k-123" not in repr(creds) and "s-456" not in str(creds)
+    assert credentials_for("okx").ccxt_config() == {}

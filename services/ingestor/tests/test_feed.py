@@ -1,0 +1,139 @@
+"""Live feeds against a fake trade source: dedupe across reconnects, leases, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ingestor.live import FeedStats, LiveFeeds, RecentIds, run_feed
+from ingestor.model import ExchangeCallError, FaultKind, Trade
+from ingestor.retry import RetryPolicy
+from mdproto.messages import Tick
+
+
+def trades(*ids: int) -> list[Trade]:
+    return [Trade(str(i), 100.0 + i, 1.0, 1_700_000_000_000 + i, "buy") for i in ids]
+
+
+def test_feed_dedupes_across_a_reconnect_and_backs_off(fakes: Any) -> None:
+    drop = ExchangeCallError(FaultKind.NETWORK, "connection closed")
+    source = fakes.FakeExchange(
+        trade_batches=[trades(1, 2, 3), drop, trades(2, 3, 4, 5), trades(5, 6)]
+    )
+    sink = fakes.FakeSink()
+    stats = FeedStats()
+    sleeps: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        sleeps.append(delay)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(
+            run_feed(
+                "BINANCE:BTC/USDT",
+                source,
+                sink,
+                stats,
+                dedupe=RecentIds(100),
+                reconnect=RetryPolicy(base_delay_s=0.25, jitter=0),
+                now_ms=lambda: 42,
+                sleep=sleep,
+            )
+        )
+        await asyncio.wait_for(source.trades_exhausted.wait(), 5)
+        task.cancel()
+
+    asyncio.run(scenario())
+    ids = [t.trade_id for _, t in sink.ticks]
+    assert ids == ["1", "2", "3", "4", "5", "6"]
+    assert (stats.ticks, stats.duplicates, stats.reconnects, stats.id_gaps) == (6, 3, 1, 0)
+    assert sleeps == [0.25]
+    key, tick = sink.ticks[0]
+    assert key == "BINANCE:BTC/USDT" and isinstance(tick, Tick) and tick.ingested_at_ms == 42
+
+
+def test_skipped_trade_ids_are_counted(fakes: Any) -> None:
+    source = fakes.FakeExchange(trade_batches=[trades(1, 2), trades(5, 3, 6), trades(10)])
+    stats = FeedStats()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(
+            run_feed(
+                "BINANCE:BTC/USDT",
+                source,
+                fakes.FakeSink(),
+                stats,
+                dedupe=RecentIds(100),
+                reconnect=RetryPolicy(),
+            )
+        )
+        await asyncio.wait_for(source.trades_exhausted.wait(), 5)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert stats.ticks == 6 and stats.id_gaps == 2 + 3  # 3..4 (3 came late), then 7..9
+
+
+def test_feed_stops_on_a_permanent_error(fakes: Any) -> None:
+    source = fakes.FakeExchange(
+        trade_batches=[ExchangeCallError(FaultKind.BAD_SYMBOL, "no such market")]
+    )
+    stats = FeedStats()
+    asyncio.run(
+        run_feed(
+            "BINANCE:NOPE/USDT",
+            source,
+            fakes.FakeSink(),
+            stats,
+            dedupe=RecentIds(10),
+            reconnect=RetryPolicy(),
+        )
+    )
+    assert "no such market" in stats.failed
+
+
+def test_feeds_start_once_refresh_and_expire(fakes: Any) -> None:
+    async def scenario() -> None:
+        now = [0.0]
+        source = fakes.FakeExchange(trade_batches=[trades(1)])
+        feeds = LiveFeeds(
+            {"BINANCE:": source},
+            fakes.FakeSink(),
+            lease_s=10,
+            dedupe_capacity=100,
+            reconnect=RetryPolicy(),
+            monotonic=lambda: now[0],
+        )
+        assert feeds.request("BINANCE:BTC/USDT")
+        now[0] = 8.0
+        assert not feeds.request("BINANCE:BTC/USDT")  # re-announcement: lease refresh only
+        assert feeds.active() == ["BINANCE:BTC/USDT"]
+        now[0] = 15.0
+        assert await feeds.sweep() == []  # refreshed at 8, so alive until 18
+        now[0] = 18.5
+        assert await feeds.sweep() == ["BINANCE:BTC/USDT"]
+        assert feeds.active() == [] and source.unwatched == ["BTC/USDT"]
+
+    asyncio.run(scenario())
+
+
+def test_cancel_stops_the_feed_and_unknown_tickers_are_ignored(fakes: Any) -> None:
+    async def scenario() -> None:
+        source = fakes.FakeExchange()
+        feeds = LiveFeeds(
+            {"BINANCE:": source},
+            fakes.FakeSink(),
+            lease_s=10,
+            dedupe_capacity=10,
+            reconnect=RetryPolicy(),
+        )
+        assert feeds.request("BINANCE:ETH/USDT")
+        assert not feeds.request("KRAKEN:ETH/USD")  # not served here
+        assert not feeds.request("not a ticker")
+        assert await feeds.cancel("BINANCE:ETH/USDT")
+        assert not await feeds.cancel("BINANCE:ETH/USDT")
+        assert feeds.active() == [] and "BINANCE:ETH/USDT" not in feeds.leases
+        assert feeds.request("BINANCE:ETH/USDT")  # can start again later
+        await feeds.stop_all()
+
+    asyncio.run(scenario())

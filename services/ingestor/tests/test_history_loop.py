@@ -1,0 +1,216 @@
+"""The paginated fetch loop and the Kafka write of one request, against fakes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job
+from ingestor.model import ExchangeCallError, FaultKind
+from ingestor.retry import RetryPolicy
+from mdproto.messages import DataRequest, Status
+
+MIN = 60_000
+NOW = 100_000 * MIN
+
+
+@pytest.fixture(autouse=True)
+def _fakes(fakes: Any) -> None:
+    global FakeExchange, FakeSink, make_candles
+    FakeExchange, FakeSink, make_candles = fakes.FakeExchange, fakes.FakeSink, fakes.make_candles
+
+
+def request(
+    start: int, end: int, period: int = 60, ticker: str = "BINANCE:BTC/USDT"
+) -> DataRequest:
+    return DataRequest(
+        request_id="r-1",
+        kind=DataRequest.HISTORICAL,
+        ticker=ticker,
+        period_seconds=period,
+        start_time_ms=start,
+        end_time_ms=end,
+    )
+
+
+def env(sleeps: list[float] | None = None, **policy: float) -> FetchEnv:
+    async def sleep(delay: float) -> None:
+        if sleeps is not None:
+            sleeps.append(delay)
+
+    return FetchEnv(
+        policy=RetryPolicy(**policy),  # type: ignore[arg-type]
+        page_limit=1000,
+        now_ms=lambda: NOW,
+        sleep=sleep,
+        rand=lambda: 0.5,
+    )
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def job(
+    exchange: FakeExchange, sink: FakeSink, req: DataRequest, fetch_env: FetchEnv, batch: int = 500
+):  # type: ignore[no-untyped-def]
+    return run(
+        run_history_job(req, exchange, sink, ingestor_id="ing", batch_size=batch, env=fetch_env)
+    )
+
+
+def test_own_pagination_fetches_far_more_than_ten_pages() -> None:
+    exchange = FakeExchange(make_candles(range(0, 12_345 * MIN, MIN)))
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 12_345 * MIN), env())
+    assert outcome.status == Status.OK and outcome.rows == 12_345
+    assert len(exchange.calls) == 13  # ccxt's paginate would have stopped at 10
+    assert [c[0] for c in exchange.calls[:3]] == [0, 1000 * MIN, 2000 * MIN]
+    rows = [r.open_time_ms for _, b in sink.batches for r in b.rows]
+    assert rows == list(range(0, 12_345 * MIN, MIN))
+
+
+def test_short_pages_from_the_exchange_still_paginate() -> None:
+    exchange = FakeExchange(make_candles(range(0, 1000 * MIN, MIN)), page_cap=300)
+    outcome = job(exchange, FakeSink(), request(0, 1000 * MIN), env())
+    assert outcome.rows == 1000 and len(exchange.calls) == 4
+
+
+def test_records_are_keyed_by_ticker_and_end_with_the_final_marker() -> None:
+    exchange = FakeExchange(make_candles(range(0, 1200 * MIN, MIN)))
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 1200 * MIN), env(), batch=500)
+    assert {key for key, _ in sink.batches} == {"BINANCE:BTC/USDT"}
+    assert [b.sequence for _, b in sink.batches] == [0, 1, 2, 3]
+    final = sink.batches[-1][1]
+    assert (
+        final.is_final and final.metadata.total_batches == 3 and final.metadata.total_rows == 1200
+    )
+    assert outcome.batches == 3 and outcome.delivered
+
+
+def test_missing_candles_are_expected_gaps_not_errors() -> None:
+    opens = [t * MIN for t in range(100) if t % 10 != 3]  # 10 minutes without trades
+    exchange = FakeExchange(make_candles(opens))
+    outcome = job(exchange, FakeSink(), request(0, 100 * MIN), env())
+    assert (outcome.status, outcome.rows, outcome.expected_gaps) == (Status.OK, 90, 10)
+
+
+def test_still_open_candle_is_dropped() -> None:
+    exchange = FakeExchange(make_candles(range((NOW - 10 * MIN), NOW + MIN, MIN)))
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(NOW - 10 * MIN, NOW + 60 * MIN), env())
+    rows = [r.open_time_ms for _, b in sink.batches for r in b.rows]
+    assert rows[-1] == NOW - MIN  # closed exactly at now; the one opening at now is open
+    assert outcome.rows == 10 and outcome.expected_gaps == 0
+    assert exchange.calls[0][1] == NOW - MIN  # no page requested past the open candle
+
+
+def test_no_candles_is_not_found() -> None:
+    sink = FakeSink()
+    outcome = job(FakeExchange([]), sink, request(0, 10 * MIN), env())
+    assert outcome.status == Status.NOT_FOUND and outcome.expected_gaps == 10
+    assert len(sink.batches) == 1 and sink.batches[0][1].metadata.status == Status.NOT_FOUND
+
+
+def test_transient_faults_are_retried_with_backoff_and_retry_after() -> None:
+    faults = [
+        ExchangeCallError(FaultKind.RATE_LIMITED, "429", retry_after_s=3.0),
+        ExchangeCallError(FaultKind.UNAVAILABLE, "503"),
+        ExchangeCallError(FaultKind.TIMEOUT, "slow"),
+    ]
+    exchange = FakeExchange(make_candles(range(0, 50 * MIN, MIN)), faults=faults)
+    sleeps: list[float] = []
+    outcome = job(
+        exchange, FakeSink(), request(0, 50 * MIN), env(sleeps, base_delay_s=0.5, jitter=0)
+    )
+    assert outcome.status == Status.OK and outcome.rows == 50
+    assert sleeps == [3.0, 1.0, 2.0]  # Retry-After, then the backoff of attempts 2 and 3
+
+
+def test_persistent_transient_fault_gives_up_with_its_code() -> None:
+    faults = [ExchangeCallError(FaultKind.UNAVAILABLE, "503 down")] * 3
+    exchange = FakeExchange(make_candles(range(0, 5 * MIN, MIN)), faults=faults)
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 5 * MIN), env(max_attempts=3))
+    assert outcome.status == Status.ERROR and outcome.error_code == "exchange_unavailable"
+    assert "503 down" in outcome.reason
+    assert len(exchange.calls) == 3
+
+
+def test_bad_symbol_fails_fast_with_the_exchange_reason() -> None:
+    faults = [
+        ExchangeCallError(FaultKind.BAD_SYMBOL, 'binance {"code":-1121,"msg":"Invalid symbol."}')
+    ]
+    exchange = FakeExchange([], faults=faults)
+    sink = FakeSink()
+    sleeps: list[float] = []
+    outcome = job(exchange, sink, request(0, 5 * MIN), env(sleeps))
+    assert (outcome.status, outcome.error_code) == (Status.ERROR, "bad_symbol")
+    assert "Invalid symbol." in outcome.reason
+    assert sleeps == [] and len(exchange.calls) == 1
+    ((_key, marker),) = sink.batches
+    assert marker.is_final and marker.metadata.reason == outcome.reason
+
+
+def test_failure_mid_way_writes_error_marker_after_the_rows() -> None:
+    exchange = FakeExchange(make_candles(range(0, 3000 * MIN, MIN)))
+    exchange.faults = []
+    original = exchange.fetch_candles
+
+    async def flaky(symbol: str, tf: str, since: int, until: int, limit: int):  # type: ignore[no-untyped-def]
+        if since >= 2000 * MIN:
+            raise ExchangeCallError(FaultKind.BAD_REQUEST, "nope")
+        return await original(symbol, tf, since, until, limit)
+
+    exchange.fetch_candles = flaky  # type: ignore[method-assign]
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 3000 * MIN), env(), batch=1000)
+    assert outcome.status == Status.ERROR and outcome.rows == 2000
+    assert [b.sequence for _, b in sink.batches] == [0, 1, 2]
+    assert sink.batches[-1][1].metadata.total_batches == 2
+
+
+def test_unsupported_period_and_bad_requests_become_error_markers() -> None:
+    cases = [
+        (request(0, 10 * MIN, period=7), "unsupported_period"),
+        (request(10 * MIN, 0), "invalid_request"),
+        (request(0, 10 * MIN, period=0), "invalid_request"),
+        (request(0, 10 * MIN, ticker="binance:btc"), "invalid_request"),
+    ]
+    for req, code in cases:
+        sink = FakeSink()
+        outcome = job(FakeExchange([]), sink, req, env())
+        assert (outcome.status, outcome.error_code) == (Status.ERROR, code), req
+        assert sink.batches[-1][1].is_final
+
+
+def test_delivery_failure_turns_the_marker_into_an_error() -> None:
+    exchange = FakeExchange(make_candles(range(0, 1500 * MIN, MIN)))
+    sink = FakeSink(fail_sequences={1})
+    outcome = job(exchange, sink, request(0, 1500 * MIN), env(), batch=500)
+    assert (outcome.status, outcome.error_code) == (Status.ERROR, "kafka_delivery")
+    assert sink.batches[-1][1].metadata.status == Status.ERROR
+
+
+def test_undelivered_final_marker_is_followed_by_an_error_marker_attempt() -> None:
+    exchange = FakeExchange(make_candles(range(0, 10 * MIN, MIN)))
+    sink = FakeSink(fail_finals=1)
+    outcome = job(exchange, sink, request(0, 10 * MIN), env())
+    assert outcome.error_code == "kafka_delivery" and outcome.delivered
+    assert sink.batches[-1][1].metadata.status == Status.ERROR
+
+
+def test_plan_request_maps_ticker_to_symbol() -> None:
+    symbol, plan = plan_request(request(0, 10 * MIN, period=3600), FakeExchange([]), env())
+    assert symbol == "BTC/USDT" and plan.timeframe == "1h"
+
+
+def test_iter_pages_yields_nothing_for_an_empty_plan() -> None:
+    async def collect() -> list[object]:
+        _, plan = plan_request(request(NOW, NOW + MIN), FakeExchange([]), env())
+        return [p async for p in iter_pages(FakeExchange([]), "BTC/USDT", plan, env())]
+
+    assert run(collect()) == []

@@ -1,0 +1,72 @@
+"""Live bookkeeping without I/O: trade-id dedupe, leases, Tick records."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingestor.live import LeaseBook, RecentIds, tick_record
+from ingestor.model import Trade
+from mdproto.messages import TakerSide
+
+
+def test_recent_ids_dedupes() -> None:
+    ids = RecentIds(3)
+    assert [ids.add(x) for x in ["a", "b", "a", "c", "b"]] == [True, True, False, True, False]
+
+
+def test_recent_ids_memory_is_bounded_and_forgets_the_oldest() -> None:
+    ids = RecentIds(3)
+    for x in "abcd":
+        ids.add(x)
+    assert len(ids) == 3
+    assert ids.add("a")  # forgotten, so new again
+    assert not ids.add("d")
+
+
+def test_recent_ids_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        RecentIds(0)
+
+
+def test_lease_refresh_is_idempotent_and_new_only_once() -> None:
+    book = LeaseBook(lease_s=10)
+    assert book.refresh("BINANCE:BTC/USDT", 0.0)
+    assert not book.refresh("BINANCE:BTC/USDT", 5.0)
+    assert "BINANCE:BTC/USDT" in book
+
+
+def test_lease_expires_only_when_not_refreshed() -> None:
+    book = LeaseBook(lease_s=10)
+    book.refresh("A:X/Y", 0.0)
+    book.refresh("B:X/Y", 0.0)
+    book.refresh("A:X/Y", 8.0)
+    assert book.expired(9.0) == []
+    assert book.expired(10.5) == ["B:X/Y"]
+    assert book.tickers() == ["A:X/Y"]
+    assert book.expired(18.5) == ["A:X/Y"]
+    assert book.tickers() == []
+
+
+def test_cancel_removes_the_lease() -> None:
+    book = LeaseBook(lease_s=10)
+    book.refresh("A:X/Y", 0.0)
+    assert book.cancel("A:X/Y")
+    assert not book.cancel("A:X/Y")
+    assert book.refresh("A:X/Y", 1.0)  # a later request starts afresh
+
+
+def test_tick_record_fields() -> None:
+    trade = Trade("42", 100.5, 0.25, 1_700_000_000_000, "sell")
+    tick = tick_record("BINANCE:BTC/USDT", trade, 1_700_000_000_123)
+    assert (tick.ticker, tick.trade_id, tick.price, tick.amount) == (
+        "BINANCE:BTC/USDT",
+        "42",
+        100.5,
+        0.25,
+    )
+    assert (tick.timestamp_ms, tick.ingested_at_ms, tick.side) == (
+        1_700_000_000_000,
+        1_700_000_000_123,
+        TakerSide.SELL,
+    )
+    assert tick_record("X:A/B", Trade("1", 1, 1, 1, ""), 0).side == TakerSide.SIDE_UNSPECIFIED

@@ -1,0 +1,159 @@
+"""Legacy sync replies, two ingestors on one exchange, and the real console script."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.exchange_sim import expected_klines
+from ingestor.app import Ingestor
+from mdproto.messages import DataRequest, Status
+
+pytestmark = pytest.mark.stack
+
+MIN = 60_000
+
+
+def history(request_id: str, start: int, count: int, **extra: Any) -> DataRequest:
+    fields: dict[str, Any] = {
+        "request_id": request_id,
+        "kind": DataRequest.HISTORICAL,
+        "ticker": "BINANCE:BTC/USDT",
+        "period_seconds": 60,
+        "start_time_ms": start,
+        "end_time_ms": start + count * MIN,
+    }
+    fields.update(extra)
+    return DataRequest(**fields)
+
+
+def test_legacy_request_is_answered_inline_through_the_dealer(
+    harness: Any, run_ingestor: Any
+) -> None:
+    sim = harness.sim
+    start = (sim.now_ms() // MIN - 2000) * MIN
+
+    async def scenario() -> tuple[bytes, Any, Any, Any]:
+        relay = harness.FakeRelay()
+        settings = harness.settings(relay)
+        ingestor = Ingestor(settings)
+        task = await run_ingestor(ingestor)
+        try:
+            await relay.wait_subscribed()
+            await relay.publish(history("legacy-1", start, 1500, legacy_sync=True, limit=1200))
+            identity, response = await relay.recv_response()
+            await relay.publish(
+                history("legacy-2", start, 10, legacy_sync=True, ticker="BINANCE:NOPE/USDT")
+            )
+            _, failed = await relay.recv_response()
+            return identity, response, failed, (settings, ingestor)
+        finally:
+            await ingestor.stop()
+            await task
+            relay.close()
+
+    identity, response, failed, (settings, ingestor) = asyncio.run(scenario())
+    assert identity == settings.ingestor_id.encode()
+    assert response.request_id == "legacy-1" and response.status == Status.OK
+    assert response.ingestor_id == settings.ingestor_id
+    expected = expected_klines("BTC/USDT", "1m", start, start + 1200 * MIN - 1, model=sim.model)
+    got = [(c.open_time_ms, c.open, c.high, c.low, c.close, c.volume) for c in response.candles]
+    assert got == [tuple(k.ohlcv()) for k in expected]  # limit honoured: the first 1200
+    assert failed.request_id == "legacy-2" and failed.status == Status.ERROR
+    assert "bad_symbol" in failed.reason
+    assert ingestor.stats.legacy_jobs == 2 and ingestor.stats.history_jobs == 0
+    assert ingestor.sink is not None and ingestor.sink.stats.produced < 20  # markets only
+
+
+def test_two_ingestors_one_exchange_fetch_each_request_once(
+    harness: Any, run_ingestor: Any
+) -> None:
+    sim = harness.sim
+    start = (sim.now_ms() // MIN - 1000) * MIN
+    requests = [history(f"dup-{i}", start + i * MIN, 900) for i in range(4)]
+
+    async def scenario() -> tuple[list[Ingestor], dict[str, list[Any]]]:
+        relay = harness.FakeRelay()
+        shared = "pair"
+        a = Ingestor(harness.settings(relay, suffix=shared, ingestor_id="ing-a"))
+        b = Ingestor(harness.settings(relay, suffix=shared, ingestor_id="ing-b"))
+        tasks = [await run_ingestor(a), await run_ingestor(b)]
+        try:
+            await relay.wait_subscribed(ingestors=2)
+            for r in requests:
+                await relay.publish(r)
+            await relay.publish(requests[0])  # a re-delivery of the same request
+            results = {
+                r.request_id: await asyncio.to_thread(
+                    harness.batches_until_final, a.settings, r.request_id
+                )
+                for r in requests
+            }
+            async with asyncio.timeout(20):  # the losers' verdicts: poll their counters
+                while a.stats.skipped_claimed + b.stats.skipped_claimed < len(requests):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            return [a, b], results
+        finally:
+            for ing in (a, b):
+                await ing.stop()
+            for t in tasks:
+                await t
+            relay.close()
+
+    (a, b), results = asyncio.run(scenario())
+    assert a.stats.history_jobs + b.stats.history_jobs == len(requests)
+    assert a.stats.skipped_claimed + b.stats.skipped_claimed == len(requests)
+    assert a.stats.skipped_repeat == b.stats.skipped_repeat == 1
+    for request_id, batches in results.items():
+        finals = [x for x in batches if x.is_final]
+        assert len(finals) == 1, request_id
+        assert finals[0].metadata.status == Status.OK and finals[0].metadata.total_rows == 900
+        writers = {x.metadata.ingestor_id for x in batches if x.HasField("metadata")}
+        assert len(writers) == 1 and writers <= {"ing-a", "ing-b"}
+        assert [x.sequence for x in batches] == [0, 1, 2]  # one set of records, no duplicates
+    klines_calls = [e for e in sim.stats()["log"] if e["path"] == "/api/v3/klines"]
+    assert len(klines_calls) == len(requests)  # one page each, fetched by one ingestor
+
+
+def test_console_script_serves_a_request_and_stops_on_sigterm(harness: Any, tmp_path: Path) -> None:
+    sim = harness.sim
+    script = Path(sys.executable).with_name("ingestor")
+    assert script.exists(), "pip install -e services/ingestor"
+    start = (sim.now_ms() // MIN - 100) * MIN
+
+    async def scenario() -> tuple[list[Any], int, str]:
+        relay = harness.FakeRelay()
+        settings = harness.settings(relay, ingestor_id="ing-cli")
+        config = tmp_path / "ingestor.yaml"
+        config.write_text(settings.model_dump_json())  # JSON is YAML
+        env = {**os.environ, "CONFIG_PATH": str(config), "LOG_LEVEL": "INFO"}
+        env["INGESTOR_HISTORY__BATCH_SIZE"] = "7"  # env overrides the file
+        proc = await asyncio.create_subprocess_exec(
+            str(script), env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            await relay.wait_subscribed(timeout_s=60)
+            await relay.publish(history("cli-1", start, 50))
+            batches = await asyncio.to_thread(harness.batches_until_final, settings, "cli-1")
+            proc.send_signal(signal.SIGTERM)
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode is not None
+            return batches, proc.returncode, out.decode()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            relay.close()
+
+    batches, code, output = asyncio.run(scenario())
+    assert code == 0, output
+    assert batches[-1].metadata.status == Status.OK and batches[-1].metadata.total_rows == 50
+    assert batches[-1].metadata.total_batches == 8  # batch size 7 from the environment
+    assert batches[0].metadata.ingestor_id == "ing-cli"
+    assert "ready" in output and "cli-1" in output

@@ -1,0 +1,249 @@
+"""Historical requests end to end: simulator -> ingestor -> real Kafka, read back and compared."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from infra.exchange_sim import expected_klines
+from ingestor.app import Ingestor
+from mdproto import envelope
+from mdproto.messages import DataRequest, Market, Status
+
+pytestmark = pytest.mark.stack
+
+MIN = 60_000
+
+
+def history_request(
+    request_id: str, start: int, count: int, *, ticker: str = "BINANCE:BTC/USDT", period: int = 60
+) -> DataRequest:
+    return DataRequest(
+        request_id=request_id,
+        client_id="client-1",
+        kind=DataRequest.HISTORICAL,
+        ticker=ticker,
+        period_seconds=period,
+        start_time_ms=start,
+        end_time_ms=start + count * period * 1000,
+        notification_topic="RESPONSE:client-1",
+        submitted_at_ms=start,
+    )
+
+
+def past_start(sim: Any, minutes_back: int) -> int:
+    return (sim.now_ms() // MIN - minutes_back) * MIN
+
+
+async def serve(harness: Any, run_ingestor: Any, requests: list[DataRequest], **overrides: Any):  # type: ignore[no-untyped-def]
+    """Start an ingestor, publish the requests, wait until each has a final marker."""
+    relay = harness.FakeRelay()
+    settings = harness.settings(relay, **overrides)
+    ingestor = Ingestor(settings)
+    task = await run_ingestor(ingestor)
+    try:
+        await relay.wait_subscribed()
+        for request in requests:
+            await relay.publish(request)
+        results = {
+            r.request_id: await asyncio.to_thread(
+                harness.batches_until_final, settings, r.request_id
+            )
+            for r in requests
+        }
+    finally:
+        await ingestor.stop()
+        await task
+        relay.close()
+    return settings, ingestor, results
+
+
+def rows_of(batches: list[Any]) -> list[tuple[float | int, ...]]:
+    return [
+        (r.open_time_ms, r.open, r.high, r.low, r.close, r.volume)
+        for b in batches
+        if not b.is_final
+        for r in b.rows
+    ]
+
+
+def test_multi_page_backfill_equals_the_simulator_candles(harness: Any, run_ingestor: Any) -> None:
+    sim = harness.sim
+    start = past_start(sim, 3000)
+    request = history_request("hist-2500", start, 2500)
+    settings, ingestor, results = asyncio.run(
+        serve(harness, run_ingestor, [request], history={"batch_size": 400})
+    )
+    batches = results["hist-2500"]
+    expected = expected_klines("BTC/USDT", "1m", start, start + 2500 * MIN - 1, model=sim.model)
+    assert len(expected) == 2500
+    assert rows_of(batches) == [tuple(k.ohlcv()) for k in expected]
+
+    data, final = batches[:-1], batches[-1]
+    assert [b.sequence for b in batches] == list(range(8))  # 7 data records (400 rows) + marker
+    assert data[0].metadata.request_id == "hist-2500"
+    assert data[0].metadata.notification_topic == "RESPONSE:client-1"
+    assert data[0].metadata.ingestor_id == settings.ingestor_id
+    assert all(not b.HasField("metadata") for b in data[1:])
+    meta = final.metadata
+    assert final.is_final and (meta.status, meta.total_rows, meta.total_batches) == (
+        Status.OK,
+        2500,
+        7,
+    )
+    assert meta.expected_gaps == 0
+    assert ingestor.adapter("BINANCE:").rest_calls == 3
+
+
+def test_illiquid_market_gaps_are_counted_and_a_future_range_is_not_found(
+    harness: Any, run_ingestor: Any
+) -> None:
+    sim = harness.sim
+    start = past_start(sim, 600)
+    gappy = history_request("hist-gaps", start, 500, ticker="BINANCE:XYZ/USDT")
+    future = history_request("hist-future", sim.now_ms() + 3600_000, 10)
+    _, _, results = asyncio.run(serve(harness, run_ingestor, [gappy, future]))
+    expected = expected_klines("XYZ/USDT", "1m", start, start + 500 * MIN - 1, model=sim.model)
+    assert 0 < len(expected) < 500
+    assert rows_of(results["hist-gaps"]) == [tuple(k.ohlcv()) for k in expected]
+    meta = results["hist-gaps"][-1].metadata
+    assert (meta.status, meta.total_rows, meta.expected_gaps) == (
+        Status.OK,
+        len(expected),
+        500 - len(expected),
+    )
+    (marker,) = results["hist-future"]
+    assert marker.is_final and marker.metadata.status == Status.NOT_FOUND
+
+
+def test_rate_limits_and_outages_are_retried_to_success(harness: Any, run_ingestor: Any) -> None:
+    sim = harness.sim
+    sim.add_fault("rate_limit", count=2, retry_after=1, path="/api/v3/klines")
+    sim.add_fault("unavailable", count=2, path="/api/v3/klines")
+    sim.add_fault("ban", count=1, retry_after=1, path="/api/v3/klines")
+    start = past_start(sim, 2000)
+    request = history_request("hist-faults", start, 1500)
+    _, _, results = asyncio.run(serve(harness, run_ingestor, [request]))
+    expected = expected_klines("BTC/USDT", "1m", start, start + 1500 * MIN - 1, model=sim.model)
+    assert rows_of(results["hist-faults"]) == [tuple(k.ohlcv()) for k in expected]
+    assert results["hist-faults"][-1].metadata.status == Status.OK
+    triggered = [f["kind"] for f in sim.stats()["faults_triggered"]]
+    assert triggered == ["rate_limit", "rate_limit", "unavailable", "unavailable", "ban"]
+
+
+def test_slow_responses_time_out_and_are_retried(harness: Any, run_ingestor: Any) -> None:
+    sim = harness.sim
+    sim.add_fault("slow", count=2, delay=2.0, path="/api/v3/klines")
+    start = past_start(sim, 200)
+    request = history_request("hist-slow", start, 100)
+    _, _, results = asyncio.run(
+        serve(harness, run_ingestor, [request], exchange={"timeout_ms": 500})
+    )
+    assert results["hist-slow"][-1].metadata.status == Status.OK
+    assert len(rows_of(results["hist-slow"])) == 100
+    assert [f["kind"] for f in sim.stats()["faults_triggered"]] == ["slow", "slow"]
+
+
+def test_unknown_symbols_end_in_an_error_marker_with_the_reason(
+    harness: Any, run_ingestor: Any
+) -> None:
+    sim = harness.sim
+    sim.add_fault("unknown_symbol", count=1, path="/api/v3/klines")
+    start = past_start(sim, 100)
+    at_exchange = history_request("hist-badsym", start, 10)  # the exchange says -1121
+    unlisted = history_request("hist-unlisted", start, 10, ticker="BINANCE:NOPE/USDT")
+    bad_period = history_request("hist-period", start, 10, period=7)
+    _, _, results = asyncio.run(serve(harness, run_ingestor, [at_exchange, unlisted, bad_period]))
+    (marker,) = results["hist-badsym"]
+    meta = marker.metadata
+    assert marker.is_final and meta.status == Status.ERROR
+    assert meta.error_code == "bad_symbol" and "Invalid symbol." in meta.reason
+    assert meta.request_id == "hist-badsym" and meta.ticker == "BINANCE:BTC/USDT"
+    meta = results["hist-unlisted"][-1].metadata
+    assert (meta.status, meta.error_code) == (Status.ERROR, "bad_symbol")
+    assert "NOPE/USDT" in meta.reason
+    meta = results["hist-period"][-1].metadata
+    assert (meta.status, meta.error_code) == (Status.ERROR, "unsupported_period")
+    assert len([f for f in sim.stats()["faults_triggered"]]) == 1  # never retried
+
+
+def test_malformed_work_does_not_stop_the_ingestor(harness: Any, run_ingestor: Any) -> None:
+    sim = harness.sim
+
+    async def scenario() -> tuple[Any, Any, list[Any]]:
+        relay = harness.FakeRelay()
+        settings = harness.settings(relay)
+        ingestor = Ingestor(settings)
+        task = await run_ingestor(ingestor)
+        try:
+            await relay.wait_subscribed()
+            await relay.publish_raw([b"BINANCE:", b"\x09", b"\x01garbage"])
+            await relay.publish_raw([b"BINANCE:", b"\x01", b"\x01\xff\xff\xff\xff"])
+            await relay.publish_raw([b"BINANCE:"])
+            await relay.publish(DataRequest(request_id="bad id!", ticker="BINANCE:BTC/USDT"))
+            good = history_request("hist-after-junk", past_start(sim, 100), 30)
+            await relay.publish(good)
+            batches = await asyncio.to_thread(
+                harness.batches_until_final, settings, "hist-after-junk"
+            )
+            return ingestor.intake, ingestor.stats, batches
+        finally:
+            await ingestor.stop()
+            await task
+            relay.close()
+
+    intake, stats, batches = asyncio.run(scenario())
+    assert intake.stats.malformed == 3
+    assert batches[-1].metadata.status == Status.OK and batches[-1].metadata.total_rows == 30
+    assert stats.history_jobs == 1
+
+
+def test_markets_are_published_at_start_and_on_config_update(
+    harness: Any, run_ingestor: Any
+) -> None:
+    async def scenario() -> tuple[Any, list[Market]]:
+        relay = harness.FakeRelay()
+        settings = harness.settings(relay)
+        ingestor = Ingestor(settings)
+        task = await run_ingestor(ingestor)
+        try:
+            await asyncio.wait_for(ingestor.markets_ready.wait(), 30)
+            await relay.wait_subscribed()
+            from mdproto.messages import IngestorControl
+
+            await relay.send_control(
+                IngestorControl(action=IngestorControl.CONFIG_UPDATE, config={"batch_size": "9"}),
+                "BINANCE:",
+            )
+
+            def two_rounds(records: list[Any]) -> bool:
+                return len(records) >= 10
+
+            records = await asyncio.to_thread(
+                harness.read_topic, harness.bootstrap, settings.kafka.topic_markets, two_rounds
+            )
+            return ingestor, [envelope.decode_record(v, Market) for _, v in records]
+        finally:
+            await ingestor.stop()
+            await task
+            relay.close()
+
+    ingestor, markets = asyncio.run(scenario())
+    tickers = {m.ticker for m in markets}
+    assert {"BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:XYZ/USDT"} <= tickers
+    btc = next(m for m in markets if m.ticker == "BINANCE:BTC/USDT")
+    assert (btc.exchange, btc.symbol, btc.base, btc.quote, btc.active) == (
+        "BINANCE",
+        "BTCUSDT",
+        "BTC",
+        "USDT",
+        True,
+    )
+    assert btc.price_precision == 0.01 and btc.amount_precision == 0.00001
+    assert btc.min_cost == 5 and btc.updated_at_ms > 0
+    old = next(m for m in markets if m.ticker == "BINANCE:OLD/USDT")
+    assert not old.active  # delisted (status BREAK)
+    assert ingestor.stats.markets_published == len(markets) >= 10
+    assert ingestor._batch_size == 9

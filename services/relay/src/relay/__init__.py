@@ -1,0 +1,14 @@
+"""The ZeroMQ relay: the platform's one well-known bind point (see README.md)."""
+
+from relay.app import Relay
+from relay.config import RelaySettings, load_settings
+from relay.triggers import LoggingTriggerSink, TriggerSink, TriggerSinkError
+
+__all__ = [
+    "LoggingTriggerSink",
+    "Relay",
+    "RelaySettings",
+    "TriggerSink",
+    "TriggerSinkError",
+    "load_settings",
+]

@@ -1,0 +1,575 @@
+"""The relay: sockets wired to the pure modules by one event loop.
+
+    clients REQ/DEALER -> ROUTER :5559 -> validation -> SubmitResponse / CEPTriggerAck
+        |-> DataRequest{HISTORICAL}, topic "BINANCE:" -> XPUB :5555 -> ingestors
+        |-> CEPTriggerRequest -> TriggerSink
+        '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
+    ingestors DEALER -> ROUTER :5556 -> DataResponse -> pending map -> Response to the client
+    pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
+        '-> capture: subscription edges only -> LiveSubscriptions
+            |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
+            '-> IngestorControl{CANCEL_REALTIME} -> XPUB :5560 (after the grace period)
+
+Only the legacy flow keeps per-request state. The loop never raises on input:
+whatever arrives is answered (where the peer's socket needs an answer),
+counted and logged.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeAlias
+
+import zmq
+from google.protobuf.message import Message
+
+from mdproto import envelope
+from mdproto.errors import ProtocolError
+from mdproto.messages import (
+    CEPTriggerAck,
+    CEPTriggerRequest,
+    DataRequest,
+    DataResponse,
+    IngestorControl,
+    OHLCRequest,
+    Response,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+)
+from relay import sockets
+from relay.config import RelaySettings
+from relay.legacy import Admission, PendingRequests, response_from, timeout_response
+from relay.metrics import Health, MetricsServer, RelayMetrics
+from relay.proxy import MarketDataProxy, ProxyStats, parse_subscription
+from relay.ratelimit import TokenBuckets
+from relay.sockets import Endpoints, Socket, WakeupSocket
+from relay.subscriptions import Action, Announce, LiveSubscriptions
+from relay.triggers import LoggingTriggerSink, TriggerSink, TriggerSinkError
+from relay.validation import Policy, Rejection, check_legacy, check_submit, check_trigger
+
+log = logging.getLogger(__name__)
+
+RATE_LIMITED = "rate_limited"
+INTERNAL = "internal"
+SINK_ERROR = "sink_error"
+UNEXPECTED_TYPE = "unexpected_type"
+_BATCH = 256  # messages taken from one socket per loop turn, so none starves the rest
+_PUBLISHED_KIND = {"start": "realtime_start", "refresh": "realtime_refresh"}
+
+Handler: TypeAlias = Callable[[list[bytes], float], None]
+
+
+class _LogThrottle:
+    """At most one log line per key per second; counts the ones it swallowed."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, key: str, now: float) -> str | None:
+        """None: stay quiet; else a suffix for the line about suppressed repeats."""
+        if now - self._last.get(key, -math.inf) < 1.0:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        return f" ({skipped} similar suppressed)" if skipped else ""
+
+
+class Relay:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        *,
+        trigger_sink: TriggerSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        s = self._s = settings
+        self._clock = clock
+        self._wall_ms = wall_ms
+        self._new_id = new_id
+        self._sink: TriggerSink = trigger_sink or LoggingTriggerSink()
+        self.metrics = RelayMetrics()
+        self._policy = Policy.of(s.known_exchanges, s.max_candles_per_request, s.max_future_ms)
+        self._pending = PendingRequests(s.max_pending_requests, s.request_timeout_secs)
+        self._buckets = TokenBuckets(
+            s.client_rate_limit, s.client_rate_burst, s.max_tracked_clients
+        )
+        now = clock()
+        self._live = LiveSubscriptions(
+            grace=s.realtime_grace_secs,
+            refresh=s.realtime_refresh_secs,
+            known_exchanges=s.known_exchanges,
+            new_id=new_id,
+            now=now,
+        )
+        self._ingestor_subs: dict[str, set[str]] = {"work": set(), "control": set()}
+        self._market_connections = 0
+        self._throttle = _LogThrottle()
+        self._wakeup = WakeupSocket()
+        self._stopping = False
+        self._loop_beat = now
+        self._ctx: sockets.Context | None = None
+        self._http: MetricsServer | None = None
+        self.endpoints: Endpoints | None = None
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def start(self) -> Endpoints:
+        """Bind everything and start the proxy thread; raises if a port is taken."""
+        s = self._s
+        ctx = self._ctx = zmq.Context()
+        try:
+            self._client = sockets.client_router(ctx, s)
+            self._work = sockets.ingestor_xpub(ctx, s)
+            self._responses = sockets.response_router(ctx, s)
+            self._control = sockets.ingestor_xpub(ctx, s)
+            self._market = sockets.market_xpub(ctx, s)
+            self._upstream = sockets.upstream_xsub(ctx, s)
+            # Monitors go on before any peer can connect (no event is missed) and
+            # before the sockets move to the proxy thread.
+            self._market_monitor: Socket = self._market.get_monitor_socket(
+                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+            )
+            self._upstream_monitor: Socket = self._upstream.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+            )
+            self.endpoints = Endpoints(
+                client_request=sockets.bind(self._client, s, s.client_request_port),
+                ingestor_work=sockets.bind(self._work, s, s.ingestor_work_port),
+                ingestor_response=sockets.bind(self._responses, s, s.ingestor_response_port),
+                ingestor_control=sockets.bind(self._control, s, s.ingestor_control_port),
+                market_data=sockets.bind(self._market, s, s.market_data_pub_port),
+                upstream=s.flink_market_data_endpoint,
+            )
+            self._upstream.connect(s.flink_market_data_endpoint)
+            self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
+            self._proxy.start()
+            if s.metrics_port:
+                self._http = MetricsServer(
+                    s.metrics_host, s.metrics_port, self.metrics.registry, self.health
+                )
+                self._http.start()
+        except BaseException:
+            self.close()
+            raise
+        log.info(
+            "relay listening: requests %s, work %s, responses %s, control %s, market data %s; "
+            "upstream %s; metrics %s; exchanges %s",
+            self.endpoints.client_request,
+            self.endpoints.ingestor_work,
+            self.endpoints.ingestor_response,
+            self.endpoints.ingestor_control,
+            self.endpoints.market_data,
+            self.endpoints.upstream,
+            f"http://{s.metrics_host}:{self.metrics_port}" if self._http else "off",
+            ",".join(s.known_exchanges),
+        )
+        return self.endpoints
+
+    @property
+    def metrics_port(self) -> int:
+        return self._http.port if self._http else 0
+
+    def stop(self) -> None:
+        """Ask the loop to finish (any thread, signal handlers included)."""
+        self._stopping = True
+        self._wakeup.wake()
+
+    def close(self) -> None:
+        """Stop the proxy thread, close every socket, stop the HTTP server."""
+        proxy: MarketDataProxy | None = getattr(self, "_proxy", None)
+        if proxy is not None:
+            proxy.stop()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        self._sink.close()
+        self._wakeup.close()
+        log.info("relay stopped")
+
+    def health(self) -> Health:
+        """Healthy while the proxy thread runs and the loop turns (called from HTTP threads)."""
+        loop_age = self._clock() - self._loop_beat
+        proxy_alive = bool(getattr(self, "_proxy", None) and self._proxy.alive)
+        m = self.metrics
+        details = {
+            "proxy_alive": proxy_alive,
+            "loop_age_s": round(loop_age, 3),
+            "upstream_connected": bool(m.sample("relay_upstream_connected")),
+            "subscribed_topics": int(m.sample("relay_subscribed_topics")),
+            "live_tickers": int(m.sample("relay_live_tickers")),
+            "legacy_pending": int(m.sample("relay_legacy_pending")),
+        }
+        return Health(proxy_alive and loop_age < 5.0 + self._s.stats_interval_secs, details)
+
+    # --- the loop ---------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until stop(). Call start() first."""
+        handlers: dict[Socket, Handler] = {
+            self._client: self._on_client,
+            self._responses: self._on_ingestor_response,
+            self._proxy.events: self._on_market_subscription,
+            self._proxy.control: self._on_proxy_stats,
+            self._work: self._on_work_subscription,
+            self._control: self._on_control_subscription,
+            self._upstream_monitor: self._on_upstream_event,
+            self._market_monitor: self._on_market_event,
+        }
+        poller = zmq.Poller()
+        for sock in handlers:
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self._wakeup.fileno(), zmq.POLLIN)
+        next_stats = self._clock()
+        while not self._stopping:
+            now = self._clock()
+            deadline = min(self._next_deadline(), next_stats, now + 1.0)
+            ready = dict(poller.poll(math.ceil(max(0.0, deadline - now) * 1000)))
+            for sock, handler in handlers.items():
+                if sock in ready:
+                    self._drain(sock, handler)
+            if self._wakeup.fileno() in ready:
+                self._wakeup.drain()
+            now = self._clock()
+            self._expire_legacy(now)
+            self._apply(self._live.due(now))
+            if now >= next_stats and self._proxy.alive:
+                self._proxy.request_stats()
+                next_stats = now + self._s.stats_interval_secs
+            self._loop_beat = now
+        log.info("relay loop finished")
+
+    def _next_deadline(self) -> float:
+        legacy = self._pending.next_deadline()
+        live = self._live.next_deadline()
+        return live if legacy is None else min(live, legacy)
+
+    def _drain(self, sock: Socket, handler: Handler) -> None:
+        for _ in range(_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                handler(frames, self._clock())
+            except Exception:  # a bug must not take the relay down; it is logged in full
+                log.exception("unexpected error handling a message; continuing")
+
+    # --- client requests (:5559) ---------------------------------------------
+
+    def _on_client(self, frames: list[bytes], now: float) -> None:
+        try:
+            route, body = envelope.split_routed(frames)
+        except ProtocolError as exc:  # a ROUTER always prepends an identity: not expected
+            self._bad_frame("client", exc, now)
+            return
+        try:
+            reply = self._handle_request(route, body, now)
+        except Exception:
+            log.exception("unexpected error handling a client request")
+            reply = Response(status=Status.ERROR, reason="internal error", error_code=INTERNAL)
+        if reply is not None:
+            self._reply(route, reply, now)
+
+    def _handle_request(self, route: list[bytes], body: list[bytes], now: float) -> Message | None:
+        """The immediate reply to one request, or None when it comes later (legacy)."""
+        try:
+            message: Message | None = envelope.decode(body, max_payload=self._s.max_request_payload)
+            error: ProtocolError | None = None
+        except ProtocolError as exc:
+            message, error = None, exc
+        allowed, first_refusal = self._buckets.take(route[0], now)
+        if not allowed:
+            self.metrics.rate_limited.inc()
+            if first_refusal:
+                log.warning(
+                    "client %s exceeds %g requests/s: refusing",
+                    route[0].hex(),
+                    self._s.client_rate_limit,
+                )
+            return _refusal(message, RATE_LIMITED, "too many requests from this client; slow down")
+        if isinstance(message, SubmitHistoricalRequest):
+            return self._submit(message, now)
+        if isinstance(message, OHLCRequest):
+            return self._legacy_request(route, message, now)
+        if isinstance(message, CEPTriggerRequest):
+            return self._trigger(message, now)
+        if error is None:
+            assert message is not None
+            error = ProtocolError(
+                UNEXPECTED_TYPE, f"{message.DESCRIPTOR.name} is not a request the relay accepts"
+            )
+        self._bad_frame("client", error, now)
+        return Response(status=Status.ERROR, reason=error.reason, error_code=error.code)
+
+    def _submit(self, req: SubmitHistoricalRequest, now: float) -> SubmitResponse:
+        outcome = check_submit(req, self._policy, self._wall_ms(), self._new_id)
+        if outcome.work is None:
+            self._rejected(
+                "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
+            )
+            return outcome.reply
+        self.metrics.requests.labels("submit", "accepted").inc()
+        self._publish_work(outcome.work.topic, outcome.work.request, "historical", now)
+        return outcome.reply
+
+    def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
+        outcome = check_trigger(req, self._policy, self._wall_ms())
+        if not outcome.accepted:
+            self._rejected(
+                "cep", req.trigger_id, outcome.reply.error_code, outcome.reply.reason, now
+            )
+            return outcome.reply
+        try:
+            self._sink.submit(req)
+        except TriggerSinkError as exc:
+            self.metrics.trigger_sink_errors.inc()
+            log.error("CEP trigger %s not stored: %s", req.trigger_id, exc)
+            self.metrics.rejections.labels("cep", SINK_ERROR).inc()
+            return CEPTriggerAck(
+                trigger_id=req.trigger_id,
+                status=Status.ERROR,
+                reason=str(exc),
+                error_code=SINK_ERROR,
+            )
+        self.metrics.requests.labels("cep", "accepted").inc()
+        return outcome.reply
+
+    def _rejected(self, kind: str, request_id: str, code: str, reason: str, now: float) -> None:
+        self.metrics.requests.labels(kind, "rejected").inc()
+        self.metrics.rejections.labels(kind, code).inc()
+        suffix = self._throttle(f"reject:{kind}:{code}", now)
+        if suffix is not None:
+            log.info("rejected %s request %r: %s: %s%s", kind, request_id, code, reason, suffix)
+
+    # --- legacy synchronous flow -----------------------------------------------
+
+    def _legacy_request(self, route: list[bytes], req: OHLCRequest, now: float) -> Response | None:
+        log.info("Client request routing: legacy OHLCRequest request_id=%s", req.request_id or "-")
+        checked = check_legacy(req, self._policy, self._wall_ms(), self._new_id)
+        if isinstance(checked, Rejection):
+            self._rejected("legacy", req.request_id, checked.error_code, checked.reason, now)
+            return _legacy_refusal(req.request_id, checked.error_code, checked.reason)
+        request_id = checked.request.request_id
+        admission = self._pending.add(request_id, route, now)
+        if admission is not Admission.ADDED:
+            reason = (
+                f"{self._s.max_pending_requests} legacy requests already waiting"
+                if admission is Admission.FULL
+                else f"request {request_id} is already waiting for an answer"
+            )
+            self._rejected("legacy", request_id, admission.value, reason, now)
+            return _legacy_refusal(request_id, admission.value, reason)
+        self.metrics.requests.labels("legacy", "accepted").inc()
+        self.metrics.legacy_pending.set(len(self._pending))
+        self._publish_work(checked.topic, checked.request, "legacy", now)
+        return None
+
+    def _on_ingestor_response(self, frames: list[bytes], now: float) -> None:
+        try:
+            _route, body = envelope.split_routed(frames)
+            data = envelope.decode(body, DataResponse, max_payload=self._s.ingestor_max_payload)
+        except ProtocolError as exc:
+            self._bad_frame("ingestor", exc, now)
+            return
+        log.info(
+            "Received response from ingestor: request_id=%s, status=%s, candles=%d, ingestor=%s",
+            data.request_id,
+            Status.Name(data.status) if data.status in Status.values() else data.status,
+            len(data.candles),
+            data.ingestor_id or "-",
+        )
+        pending = self._pending.resolve(data.request_id)
+        if pending is None:
+            self.metrics.legacy_responses.labels("unmatched").inc()
+            log.info("no client waits for request_id=%s (late or answered)", data.request_id)
+            return
+        self.metrics.legacy_responses.labels("matched").inc()
+        self.metrics.legacy_pending.set(len(self._pending))
+        if self._reply(pending.route, response_from(data), now):
+            log.info("Sent response to client: request_id=%s", data.request_id)
+
+    def _expire_legacy(self, now: float) -> None:
+        expired = self._pending.expire(now)
+        for pending in expired:
+            self.metrics.legacy_timeouts.inc()
+            log.warning(
+                "Request timed out: request_id=%s (pending requests: %d)",
+                pending.request_id,
+                len(self._pending),
+            )
+            self._reply(pending.route, timeout_response(pending, self._s.request_timeout_secs), now)
+        if expired:
+            self.metrics.legacy_pending.set(len(self._pending))
+
+    # --- replies and work ---------------------------------------------------------
+
+    def _reply(self, route: list[bytes], message: Message, now: float) -> bool:
+        try:
+            self._client.send_multipart(envelope.encode_routed(route, message), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            reason = "hwm"
+        except zmq.ZMQError as exc:
+            reason = "unreachable" if exc.errno == errno.EHOSTUNREACH else "error"
+        self.metrics.reply_failures.labels(reason).inc()
+        suffix = self._throttle(f"reply:{reason}", now)
+        if suffix is not None:
+            log.warning("reply to client %s dropped: %s%s", route[0].hex(), reason, suffix)
+        return False
+
+    def _publish_work(self, topic: str, request: DataRequest, kind: str, now: float) -> None:
+        self._work.send_multipart(envelope.encode_pub(topic, request), zmq.NOBLOCK)
+        self.metrics.published.labels(kind).inc()
+        if not any(topic.startswith(p) for p in self._ingestor_subs["work"]):
+            self.metrics.unrouted.labels(topic).inc()
+            suffix = self._throttle(f"unrouted:{topic}", now)
+            if suffix is not None:
+                log.warning("no ingestor is subscribed to %s: request lost%s", topic, suffix)
+        if kind in ("historical", "legacy"):
+            log.info(
+                "Forwarded request to ingestors: prefix=%s, request_id=%s, kind=%s",
+                topic,
+                request.request_id,
+                kind,
+            )
+
+    # --- live subscriptions ---------------------------------------------------------
+
+    def _on_market_subscription(self, frames: list[bytes], now: float) -> None:
+        event = parse_subscription(frames)
+        if event is None:
+            return
+        subscribe, topic = event
+        self.metrics.subscription_events.labels("subscribe" if subscribe else "unsubscribe").inc()
+        log.debug("%s %r", "subscribe" if subscribe else "unsubscribe", topic)
+        if subscribe:
+            self._apply(self._live.subscribed(topic, now))
+        else:
+            self._apply(self._live.unsubscribed(topic, now))
+        self.metrics.subscribed_topics.set(self._live.topic_count)
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Announce):
+                request = DataRequest(
+                    request_id=action.request_id,
+                    kind=DataRequest.REALTIME,
+                    ticker=action.ticker,
+                    submitted_at_ms=self._wall_ms(),
+                )
+                self._work.send_multipart(envelope.encode_pub(action.prefix, request), zmq.NOBLOCK)
+                self.metrics.published.labels(
+                    _PUBLISHED_KIND.get(action.why, "realtime_join")
+                ).inc()
+                level = logging.DEBUG if action.why == "refresh" else logging.INFO
+                log.log(
+                    level,
+                    "live data %s: %s (request_id=%s)",
+                    action.why,
+                    action.ticker,
+                    action.request_id,
+                )
+            else:
+                control = IngestorControl(
+                    action=IngestorControl.CANCEL_REALTIME,
+                    ticker=action.ticker,
+                    request_id=action.request_id,
+                    issued_at_ms=self._wall_ms(),
+                )
+                self._control.send_multipart(
+                    envelope.encode_pub(action.prefix, control), zmq.NOBLOCK
+                )
+                self.metrics.published.labels("cancel_realtime").inc()
+                log.info("live data cancelled: %s (no subscriber left)", action.ticker)
+        if actions:
+            self.metrics.live_tickers.set(len(self._live.live_tickers))
+
+    def _on_work_subscription(self, frames: list[bytes], now: float) -> None:
+        event = self._ingestor_subscription("work", frames)
+        if event is not None and event[0]:
+            self._apply(self._live.ingestor_joined(event[1]))
+
+    def _on_control_subscription(self, frames: list[bytes], now: float) -> None:
+        self._ingestor_subscription("control", frames)
+
+    def _ingestor_subscription(self, socket: str, frames: list[bytes]) -> tuple[bool, str] | None:
+        """Track ingestor subscriptions (XPUB_VERBOSE: every subscribe, the last unsubscribe)."""
+        event = parse_subscription(frames)
+        if event is None:
+            return None
+        subscribe, prefix = event
+        subs = self._ingestor_subs[socket]
+        if subscribe:
+            subs.add(prefix)
+        else:
+            subs.discard(prefix)
+        log.info("ingestor %s %s %r", "subscribed to" if subscribe else "left", socket, prefix)
+        self.metrics.ingestor_subscriptions.labels(socket).set(len(subs))
+        return event
+
+    # --- proxy statistics and socket monitors ------------------------------------------
+
+    def _on_proxy_stats(self, frames: list[bytes], now: float) -> None:
+        stats = ProxyStats.parse(frames)
+        if stats is not None:
+            self.metrics.set_proxy_stats(stats)
+
+    def _on_upstream_event(self, frames: list[bytes], now: float) -> None:
+        event = sockets.monitor_event(frames)
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.metrics.upstream_connected.set(1)
+            log.info("connected to the pipeline at %s", self._s.flink_market_data_endpoint)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.metrics.upstream_connected.set(0)
+            self.metrics.upstream_disconnects.inc()
+            log.warning(
+                "pipeline connection %s lost; reconnecting (subscriptions are resent)",
+                self._s.flink_market_data_endpoint,
+            )
+
+    def _on_market_event(self, frames: list[bytes], now: float) -> None:
+        event = sockets.monitor_event(frames)
+        if event == zmq.EVENT_ACCEPTED:
+            self._market_connections += 1
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._market_connections = max(0, self._market_connections - 1)
+        self.metrics.market_data_connections.set(self._market_connections)
+
+    def _bad_frame(self, socket: str, exc: ProtocolError, now: float) -> None:
+        self.metrics.bad_frames.labels(socket, exc.code).inc()
+        suffix = self._throttle(f"bad:{socket}:{exc.code}", now)
+        if suffix is not None:
+            log.warning(
+                "bad frames on the %s socket: %s: %s%s", socket, exc.code, exc.reason, suffix
+            )
+
+
+def _refusal(message: Message | None, code: str, reason: str) -> Message:
+    """A refusal in the reply type the client's request expects."""
+    if isinstance(message, SubmitHistoricalRequest):
+        return SubmitResponse(
+            request_id=message.request_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    if isinstance(message, CEPTriggerRequest):
+        return CEPTriggerAck(
+            trigger_id=message.trigger_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    request_id = message.request_id if isinstance(message, OHLCRequest) else ""
+    return _legacy_refusal(request_id, code, reason)
+
+
+def _legacy_refusal(request_id: str, code: str, reason: str) -> Response:
+    return Response(request_id=request_id, status=Status.REJECTED, reason=reason, error_code=code)

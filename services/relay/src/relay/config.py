@@ -1,0 +1,153 @@
+"""Relay configuration: YAML file at CONFIG_PATH, then RELAY_* environment overrides.
+
+The spec's relay config file (shared/spec/000: `bind_address`, the five ports,
+`flink_market_data_endpoint`, `request_timeout_secs`, `high_water_mark`) is a
+valid config as it stands; every other key has a default. Unknown keys are
+rejected so a typo is an error, not a silently ignored setting.
+
+Precedence: environment (`RELAY_<KEY>`, e.g. `RELAY_CLIENT_REQUEST_PORT=15559`)
+over the YAML file over the defaults below, which are also
+`services/relay/config.yaml`. A ZeroMQ port of 0 binds an ephemeral port (tests);
+a `metrics_port` of 0 disables the HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from mdproto import contracts
+from mdproto.envelope import DEFAULT_MAX_PAYLOAD
+
+DEFAULT_CONFIG_PATH = "/config/config.yaml"
+_EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class RelaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="forbid", frozen=True)
+
+    # --- the spec's keys (shared/spec/000) -------------------------------------
+    bind_address: str = "tcp://*"
+    client_request_port: Port = contracts.CLIENT_REQUEST_PORT
+    market_data_pub_port: Port = contracts.MARKET_DATA_PORT
+    ingestor_work_port: Port = contracts.INGESTOR_WORK_PORT
+    ingestor_response_port: Port = contracts.INGESTOR_RESPONSE_PORT
+    flink_market_data_endpoint: str = f"tcp://127.0.0.1:{contracts.PIPELINE_PUB_PORT}"
+    request_timeout_secs: float = Field(default=30.0, gt=0)  # legacy sync flow only
+    high_water_mark: int = Field(default=10_000, ge=0)  # SNDHWM/RCVHWM of every data socket
+
+    # --- additions --------------------------------------------------------------
+    ingestor_control_port: Port = contracts.INGESTOR_CONTROL_PORT  # spec said 5557: taken
+    known_exchanges: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["BINANCE"])
+    metrics_host: str = "0.0.0.0"
+    metrics_port: Port = 9560  # /metrics and /healthz; 0 disables
+    # Client ROUTER :5559. Frames above max_message_size make libzmq drop the
+    # connection (no reply possible); payloads above max_request_payload get a
+    # `too_large` error reply.
+    max_message_size: int = Field(default=1024 * 1024, ge=-1)
+    max_request_payload: int = Field(default=64 * 1024, ge=1)
+    # Ingestor ROUTER :5556 (legacy DataResponses carry candles).
+    ingestor_max_message_size: int = Field(default=2 * DEFAULT_MAX_PAYLOAD, ge=-1)
+    ingestor_max_payload: int = Field(default=DEFAULT_MAX_PAYLOAD, ge=1)
+    max_pending_requests: int = Field(default=10_000, ge=1)  # legacy pending map bound
+    # Live data: cancel a ticker this long after its last subscriber left, and
+    # re-announce active tickers this often (PUB loses messages to late joiners).
+    realtime_grace_secs: float = Field(default=30.0, ge=0)
+    realtime_refresh_secs: float = Field(default=10.0, gt=0)
+    # Per-client (ROUTER identity) token bucket on :5559; rate 0 disables it.
+    client_rate_limit: float = Field(default=500.0, ge=0)
+    client_rate_burst: int = Field(default=1000, ge=1)
+    max_tracked_clients: int = Field(default=10_000, ge=1)
+    # Historical request sanity limits.
+    max_candles_per_request: int = Field(default=10_000_000, ge=1)
+    max_future_ms: int = Field(default=24 * 3600 * 1000, ge=0)
+    # ZMTP heartbeats on every socket (0 disables); the XSUB also sends TTL so the
+    # pipeline's PUB drops a vanished relay.
+    heartbeat_ivl_ms: int = Field(default=1000, ge=0)
+    heartbeat_timeout_ms: int = Field(default=5000, ge=0)
+    heartbeat_ttl_ms: int = Field(default=10_000, ge=0)
+    # Upstream XSUB -> pipeline PUB.
+    upstream_reconnect_ivl_ms: int = Field(default=100, ge=0)
+    upstream_reconnect_ivl_max_ms: int = Field(default=2000, ge=0)
+    # SNDHWM of the XSUB: it bounds how many subscriptions libzmq resends after
+    # the upstream reconnects (libzmq #2258); the default of 1000 loses the rest.
+    upstream_subscription_hwm: int = Field(default=1_000_000, ge=0)
+    stats_interval_secs: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
+
+    @field_validator("known_exchanges", mode="before")
+    @classmethod
+    def _split_exchanges(cls, value: Any) -> Any:
+        """Accept a YAML list, a JSON list or `BINANCE,COINBASE` from the environment."""
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else text.split(",")
+        return value
+
+    @field_validator("known_exchanges")
+    @classmethod
+    def _exchange_names(cls, value: list[str]) -> list[str]:
+        names = [name.strip().upper().rstrip(":") for name in value if name.strip()]
+        bad = [name for name in names if not _EXCHANGE.match(name)]
+        if bad:
+            raise ValueError(f"exchange names must look like BINANCE: {bad}")
+        if not names:
+            raise ValueError("configure at least one known exchange")
+        return names
+
+    @field_validator("bind_address", "flink_market_data_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if "://" not in value:
+            raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs (load_settings); the environment wins.
+        return env_settings, init_settings
+
+    def endpoint(self, port: int) -> str:
+        """Bind endpoint for one of the relay's ports (0 = ephemeral)."""
+        return f"{self.bind_address}:{port or '*'}"
+
+
+def config_path_from_env() -> tuple[Path, bool]:
+    """(path, explicit): CONFIG_PATH if set, else the container default."""
+    value = os.environ.get("CONFIG_PATH")
+    return Path(value or DEFAULT_CONFIG_PATH), bool(value)
+
+
+def load_settings(path: Path | None = None, *, required: bool = True) -> RelaySettings:
+    """Settings from a YAML file plus environment overrides.
+
+    With `required=False` a missing file means the packaged defaults (the
+    container default path is optional; an explicit CONFIG_PATH is not).
+    """
+    data: dict[str, Any] = {}
+    if path is not None and (required or path.exists()):
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping of keys, got {type(loaded).__name__}")
+        data = loaded or {}
+    return RelaySettings(**data)

@@ -1,0 +1,213 @@
+"""Prometheus metrics and the HTTP endpoint serving them plus a health check.
+
+Each relay owns its registry (several relays can run in one test process).
+Forwarding counts come from libzmq's proxy (STATISTICS, polled every
+`stats_interval_secs`) because the data path never touches Python; they count
+frames, not messages. libzmq does not report PUB/XPUB high-water-mark drops;
+the only drops the relay can observe are replies refused by the client ROUTER
+(ROUTER_MANDATORY), counted in relay_reply_failures_total.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from relay.proxy import ProxyStats
+
+log = logging.getLogger(__name__)
+
+
+class _ProxyCollector(Collector):
+    """Exposes the latest STATISTICS snapshot as counters."""
+
+    def __init__(self) -> None:
+        self.stats = ProxyStats()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        frames = CounterMetricFamily(
+            "relay_proxy_frames",
+            "Frames forwarded by the market-data proxy (a data message is 3 frames)",
+            labels=["direction"],
+        )
+        size = CounterMetricFamily(
+            "relay_proxy_bytes", "Bytes forwarded by the market-data proxy", labels=["direction"]
+        )
+        stats = self.stats
+        frames.add_metric(["downstream"], stats.downstream_frames)
+        frames.add_metric(["upstream"], stats.upstream_frames)
+        size.add_metric(["downstream"], stats.downstream_bytes)
+        size.add_metric(["upstream"], stats.upstream_bytes)
+        yield frames
+        yield size
+
+
+class RelayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self._proxy = _ProxyCollector()
+        r.register(self._proxy)
+        self.requests = Counter(
+            "relay_requests", "Client requests by type and outcome", ["type", "outcome"], registry=r
+        )
+        self.rejections = Counter(
+            "relay_rejections",
+            "Rejected or failed client requests by type and error_code",
+            ["type", "error_code"],
+            registry=r,
+        )
+        self.bad_frames = Counter(
+            "relay_bad_frames",
+            "Frames that did not decode, by socket and error_code",
+            ["socket", "error_code"],
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "relay_rate_limited", "Client requests refused by the per-client rate limit", registry=r
+        )
+        self.reply_failures = Counter(
+            "relay_reply_failures",
+            "Replies the client ROUTER could not send (unreachable peer or HWM)",
+            ["reason"],
+            registry=r,
+        )
+        self.published = Counter(
+            "relay_published",
+            "Messages published to ingestors, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.unrouted = Counter(
+            "relay_unrouted_work",
+            "Work published while no ingestor was subscribed to its exchange prefix",
+            ["prefix"],
+            registry=r,
+        )
+        self.legacy_pending = Gauge(
+            "relay_legacy_pending", "Legacy requests waiting for an ingestor", registry=r
+        )
+        self.legacy_responses = Counter(
+            "relay_legacy_responses",
+            "Ingestor DataResponses by outcome (matched a waiting client or not)",
+            ["outcome"],
+            registry=r,
+        )
+        self.legacy_timeouts = Counter(
+            "relay_legacy_timeouts", "Legacy requests answered with TIMEOUT", registry=r
+        )
+        self.subscribed_topics = Gauge(
+            "relay_subscribed_topics", "Distinct topics clients subscribe to on :5558", registry=r
+        )
+        self.subscription_events = Counter(
+            "relay_subscription_events",
+            "Topic subscribe/unsubscribe edges seen on :5558",
+            ["event"],
+            registry=r,
+        )
+        self.live_tickers = Gauge(
+            "relay_live_tickers", "Tickers with live data requested (incl. grace)", registry=r
+        )
+        self.ingestor_subscriptions = Gauge(
+            "relay_ingestor_subscriptions",
+            "Distinct subscription prefixes of ingestors, by socket",
+            ["socket"],
+            registry=r,
+        )
+        self.upstream_connected = Gauge(
+            "relay_upstream_connected", "1 while the XSUB is connected to the pipeline", registry=r
+        )
+        self.upstream_disconnects = Counter(
+            "relay_upstream_disconnects", "Times the pipeline connection was lost", registry=r
+        )
+        self.market_data_connections = Gauge(
+            "relay_market_data_connections", "Client connections on :5558", registry=r
+        )
+        self.trigger_sink_errors = Counter(
+            "relay_trigger_sink_errors", "CEP triggers the sink could not store", registry=r
+        )
+
+    def set_proxy_stats(self, stats: ProxyStats) -> None:
+        self._proxy.stats = stats
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """Current value of one sample (0 when absent), for health output and tests."""
+        return self.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+@dataclass(slots=True)
+class Health:
+    ok: bool
+    details: dict[str, Any]
+
+
+class MetricsServer:
+    """GET /metrics (Prometheus text format) and GET /healthz (JSON; 503 when unhealthy)."""
+
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health]
+    ) -> None:
+        self._server = ThreadingHTTPServer((host, port), _handler(registry, health))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._serve, name="relay-metrics", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _serve(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        self._server.serve_forever(poll_interval=0.5)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def _handler(
+    registry: CollectorRegistry, health: Callable[[], Health]
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+            elif path in ("/healthz", "/health"):
+                state = health()
+                body = json.dumps({"status": "ok" if state.ok else "unhealthy", **state.details})
+                self._send(200 if state.ok else 503, "application/json", body.encode())
+            else:
+                self._send(404, "text/plain", b"not found: try /metrics or /healthz\n")
+
+        def _send(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    return Handler

@@ -1,0 +1,146 @@
+"""The relay's ZeroMQ sockets and their options, in one place.
+
+| port (default) | socket | peers |
+|---|---|---|
+| 5559 | ROUTER bind | clients (REQ or DEALER) |
+| 5555 | XPUB bind (verbose subs) | ingestors' SUB: work |
+| 5556 | ROUTER bind | ingestors' DEALER: legacy DataResponse |
+| 5560 | XPUB bind (verbose subs) | ingestors' SUB: control |
+| 5558 | XPUB bind | clients' SUB: market data fan-out |
+| 5557 | XSUB connect | pipeline PUB |
+
+The work and control sockets are XPUBs rather than plain PUBs (same wire
+behaviour for SUB peers) so the relay sees ingestors subscribe: it announces
+live tickers to a joining ingestor at once and exposes who is listening.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from dataclasses import dataclass
+
+import zmq
+
+from relay.config import RelaySettings
+
+Socket = zmq.Socket[bytes]
+Context = zmq.Context[Socket]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where the relay actually listens (ports resolved when configured as 0)."""
+
+    client_request: str
+    ingestor_work: str
+    ingestor_response: str
+    ingestor_control: str
+    market_data: str
+    upstream: str  # the pipeline PUB the XSUB connects to
+
+
+def _common(sock: Socket, s: RelaySettings) -> None:
+    sock.linger = 0
+    if s.heartbeat_ivl_ms:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, s.heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, s.heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, s.heartbeat_ttl_ms)
+
+
+def bind(sock: Socket, s: RelaySettings, port: int) -> str:
+    """Bind and return the resolved endpoint (an ephemeral port read back)."""
+    sock.bind(s.endpoint(port))
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    assert isinstance(endpoint, bytes)
+    return endpoint.decode()
+
+
+def client_router(ctx: Context, s: RelaySettings) -> Socket:
+    """:5559. ROUTER_MANDATORY turns an unroutable or full reply into an error we count."""
+    sock = ctx.socket(zmq.ROUTER)
+    _common(sock, s)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_size)
+    sock.sndhwm = s.high_water_mark
+    sock.rcvhwm = s.high_water_mark
+    return sock
+
+
+def response_router(ctx: Context, s: RelaySettings) -> Socket:
+    """:5556, legacy DataResponses from ingestor DEALERs."""
+    sock = ctx.socket(zmq.ROUTER)
+    _common(sock, s)
+    sock.setsockopt(zmq.MAXMSGSIZE, s.ingestor_max_message_size)
+    sock.rcvhwm = s.high_water_mark
+    return sock
+
+
+def ingestor_xpub(ctx: Context, s: RelaySettings) -> Socket:
+    """:5555 work / :5560 control. XPUB_VERBOSE: every ingestor's subscribe reaches us."""
+    sock = ctx.socket(zmq.XPUB)
+    _common(sock, s)
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+    sock.sndhwm = s.high_water_mark
+    return sock
+
+
+def market_xpub(ctx: Context, s: RelaySettings) -> Socket:
+    """:5558. Non-verbose on purpose: it passes up topic edges (first sub, last unsub)."""
+    sock = ctx.socket(zmq.XPUB)
+    _common(sock, s)
+    sock.sndhwm = s.high_water_mark
+    sock.rcvhwm = s.high_water_mark
+    return sock
+
+
+def upstream_xsub(ctx: Context, s: RelaySettings) -> Socket:
+    """XSUB -> pipeline PUB. Survives upstream restarts with all its subscriptions:
+    heartbeats notice a peer that vanished without FIN, reconnect options bound the
+    retry delay, and a large SNDHWM lets libzmq resend every subscription on
+    reconnect (it drops those beyond SNDHWM, libzmq #2258)."""
+    sock = ctx.socket(zmq.XSUB)
+    _common(sock, s)
+    sock.rcvhwm = s.high_water_mark
+    sock.sndhwm = s.upstream_subscription_hwm
+    sock.setsockopt(zmq.RECONNECT_IVL, s.upstream_reconnect_ivl_ms)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, s.upstream_reconnect_ivl_max_ms)
+    return sock  # the caller attaches its monitor, then connects
+
+
+def monitor_event(frames: list[bytes]) -> int | None:
+    """The event id of a socket-monitor message, None if it is malformed."""
+    if len(frames) != 2 or len(frames[0]) != 6:
+        return None
+    event_id, _value = struct.unpack("=Hi", frames[0])
+    return int(event_id)
+
+
+class WakeupSocket:
+    """A socketpair the loop polls, so other threads (and signal handlers) can wake it."""
+
+    def __init__(self) -> None:
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._r.fileno()
+
+    def write_fileno(self) -> int:
+        return self._w.fileno()
+
+    def wake(self) -> None:
+        # Full (a wakeup is pending anyway) or closed at shutdown: nothing to do.
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._w.send(b"\x00")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while self._r.recv(4096):
+                pass
+
+    def close(self) -> None:
+        self._r.close()
+        self._w.close()

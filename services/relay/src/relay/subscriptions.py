@@ -1,0 +1,153 @@
+"""Which tickers need live data, derived from the clients' subscriptions.
+
+The relay's XPUB (non-verbose) reports a topic's first subscription and its
+last unsubscription, whatever the number of clients, so this module sees topic
+*edges* and keeps a set, not counts. (XPUB_VERBOSER would report every
+subscribe but a SUB that subscribed twice unsubscribes once, so counts drift;
+see README "Design decisions".)
+
+A ticker is live while any of its market topics (`{ticker}|tick`,
+`{ticker}|ohlc:` or `{ticker}|ohlc:{period}`) has a subscriber. The first one
+starts it (`Announce`); when the last one leaves a `Cancel` follows after
+`grace` seconds unless a subscriber comes back. Every `refresh` seconds all
+live tickers are announced again, because PUB/SUB loses messages to ingestors
+that (re)connect late; ingestors treat announcements as idempotent start/lease
+refresh. Pure: the caller passes `now` (monotonic seconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mdproto import topics
+
+
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """Publish `DataRequest{REALTIME, ticker}` on the work socket."""
+
+    ticker: str
+    request_id: str
+    why: Literal["start", "refresh", "ingestor joined"]
+
+    @property
+    def prefix(self) -> str:
+        return topics.exchange_prefix(self.ticker)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Publish `IngestorControl{CANCEL_REALTIME, ticker}` on the control socket."""
+
+    ticker: str
+    request_id: str
+
+    @property
+    def prefix(self) -> str:
+        return topics.exchange_prefix(self.ticker)
+
+
+Action = Announce | Cancel
+
+
+@dataclass(slots=True)
+class _Stream:
+    request_id: str
+    topics: set[str] = field(default_factory=set)
+    cancel_at: float | None = None  # set while in the grace period
+
+
+class LiveSubscriptions:
+    def __init__(
+        self,
+        *,
+        grace: float,
+        refresh: float,
+        known_exchanges: Iterable[str],
+        new_id: Callable[[], str],
+        now: float,
+    ) -> None:
+        self._grace = grace
+        self._refresh = refresh
+        self._exchanges = frozenset(known_exchanges)
+        self._new_id = new_id
+        self._topics: set[str] = set()
+        self._streams: dict[str, _Stream] = {}
+        self._next_refresh = now + refresh
+
+    @property
+    def topic_count(self) -> int:
+        """Distinct topics with at least one subscriber (market data or not)."""
+        return len(self._topics)
+
+    @property
+    def live_tickers(self) -> list[str]:
+        """Tickers being streamed, including those in their grace period."""
+        return sorted(self._streams)
+
+    def subscribed(self, topic: str, now: float) -> list[Action]:
+        self._topics.add(topic)
+        ticker = self._ticker_of(topic)
+        if ticker is None:
+            return []
+        stream = self._streams.get(ticker)
+        if stream is None:
+            stream = self._streams[ticker] = _Stream(self._new_id())
+            stream.topics.add(topic)
+            return [Announce(ticker, stream.request_id, "start")]
+        stream.topics.add(topic)
+        stream.cancel_at = None  # back within the grace period: keep streaming
+        return []
+
+    def unsubscribed(self, topic: str, now: float) -> list[Action]:
+        self._topics.discard(topic)
+        ticker = self._ticker_of(topic)
+        stream = self._streams.get(ticker) if ticker else None
+        if stream is None or topic not in stream.topics:
+            return []
+        stream.topics.discard(topic)
+        if not stream.topics:
+            stream.cancel_at = now + self._grace
+        return []
+
+    def due(self, now: float) -> list[Action]:
+        """Cancels whose grace period is over, then the periodic re-announcement."""
+        actions: list[Action] = []
+        for ticker, stream in list(self._streams.items()):
+            if stream.cancel_at is not None and stream.cancel_at <= now:
+                del self._streams[ticker]
+                actions.append(Cancel(ticker, stream.request_id))
+        if now >= self._next_refresh:
+            self._next_refresh = now + self._refresh
+            actions.extend(
+                Announce(ticker, stream.request_id, "refresh")
+                for ticker, stream in sorted(self._streams.items())
+            )
+        return actions
+
+    def ingestor_joined(self, subscription: str) -> list[Action]:
+        """Announce at once what a newly subscribed ingestor would receive.
+
+        `subscription` is the prefix an ingestor subscribed to on the work socket
+        (normally `BINANCE:`); ZeroMQ delivers a topic to every subscription that
+        is a prefix of it.
+        """
+        return [
+            Announce(ticker, stream.request_id, "ingestor joined")
+            for ticker, stream in sorted(self._streams.items())
+            if topics.exchange_prefix(ticker).startswith(subscription)
+        ]
+
+    def next_deadline(self) -> float:
+        cancels = [s.cancel_at for s in self._streams.values() if s.cancel_at is not None]
+        return min([self._next_refresh, *cancels])
+
+    def _ticker_of(self, topic: str) -> str | None:
+        market = topics.parse_market_topic(topic)
+        if market is None:
+            return None
+        if topics.parse_ticker(market.ticker).exchange not in self._exchanges:
+            return None
+        return market.ticker

@@ -1,0 +1,95 @@
+"""Config loading: the spec's exact file, the packaged defaults, env overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from relay.config import RelaySettings, load_settings
+
+HERE = Path(__file__).parent
+# shared/spec/000, "Configuration", verbatim.
+SPEC_CONFIG = """\
+bind_address: "tcp://*"
+client_request_port: 5559
+market_data_pub_port: 5558
+ingestor_work_port: 5555
+ingestor_response_port: 5556
+flink_market_data_endpoint: "tcp://flink-jobmanager:5557"
+request_timeout_secs: 30
+high_water_mark: 10000
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONFIG_PATH", raising=False)
+    for key in list(RelaySettings.model_fields):
+        monkeypatch.delenv(f"RELAY_{key.upper()}", raising=False)
+
+
+def test_spec_config_file_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(SPEC_CONFIG)
+    s = load_settings(path)
+    assert s.bind_address == "tcp://*"
+    assert (s.client_request_port, s.market_data_pub_port) == (5559, 5558)
+    assert (s.ingestor_work_port, s.ingestor_response_port) == (5555, 5556)
+    assert s.flink_market_data_endpoint == "tcp://flink-jobmanager:5557"
+    assert s.request_timeout_secs == 30
+    assert s.high_water_mark == 10000
+    assert s.ingestor_control_port == 5560  # additions keep their defaults
+    assert s.endpoint(s.client_request_port) == "tcp://*:5559"
+
+
+def test_packaged_config_file_equals_the_code_defaults() -> None:
+    """services/relay/config.yaml documents the defaults: it must not drift from them."""
+    data = yaml.safe_load((HERE.parent / "config.yaml").read_text())
+    assert set(data) == set(RelaySettings.model_fields)
+    assert RelaySettings(**data) == RelaySettings()
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(SPEC_CONFIG)
+    monkeypatch.setenv("RELAY_CLIENT_REQUEST_PORT", "15559")
+    monkeypatch.setenv("RELAY_KNOWN_EXCHANGES", "binance, COINBASE")
+    s = load_settings(path)
+    assert s.client_request_port == 15559
+    assert s.market_data_pub_port == 5558
+    assert s.known_exchanges == ["BINANCE", "COINBASE"]
+    monkeypatch.setenv("RELAY_KNOWN_EXCHANGES", '["KRAKEN"]')
+    assert load_settings(path).known_exchanges == ["KRAKEN"]
+
+
+def test_missing_default_file_means_defaults(tmp_path: Path) -> None:
+    assert load_settings(tmp_path / "absent.yaml", required=False) == RelaySettings()
+    with pytest.raises(FileNotFoundError):
+        load_settings(tmp_path / "absent.yaml", required=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "client_request_prot: 5559\n",  # typo: unknown keys are errors
+        "client_request_port: 70000\n",
+        "request_timeout_secs: 0\n",
+        "known_exchanges: ['bin ance']\n",
+        "flink_market_data_endpoint: localhost:5557\n",
+    ],
+)
+def test_bad_config_is_an_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ValidationError):
+        load_settings(path)
+
+
+def test_non_mapping_file_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_settings(path)

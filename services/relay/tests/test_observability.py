@@ -1,0 +1,68 @@
+"""Prometheus metrics and the health endpoint over HTTP."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING
+
+from mdproto.messages import Status, SubmitHistoricalRequest, SubmitResponse
+
+if TYPE_CHECKING:
+    from conftest import FakePipeline, RelayFactory
+
+VALID = SubmitHistoricalRequest(
+    request_id="r1",
+    client_id="c1",
+    ticker="BINANCE:BTC/USDT",
+    period_seconds=60,
+    start_time_ms=0,
+    end_time_ms=3_600_000,
+)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_metrics_and_health_over_http(
+    make_relay: RelayFactory, pipeline: FakePipeline, free_tcp_port: int
+) -> None:
+    relay = make_relay(metrics_host="127.0.0.1", metrics_port=free_tcp_port)
+    base = f"http://127.0.0.1:{relay.relay.metrics_port}"
+    client = relay.client()
+    assert relay.request(client, VALID, SubmitResponse).status == Status.OK
+    bad = SubmitHistoricalRequest(request_id="r2", ticker="KRAKEN:BTC/USD", period_seconds=60)
+    assert relay.request(client, bad, SubmitResponse).error_code == "unknown_exchange"
+    relay.subscriber("BINANCE:BTC/USDT|tick")
+    pipeline.wait_subscribed("BINANCE:BTC/USDT|tick")
+    relay.wait_until(lambda: relay.sample("relay_live_tickers") == 1)
+
+    status, text = get(f"{base}/metrics")
+    assert status == 200
+    assert 'relay_requests_total{outcome="accepted",type="submit"} 1.0' in text
+    assert 'relay_rejections_total{error_code="unknown_exchange",type="submit"} 1.0' in text
+    assert "relay_subscribed_topics 1.0" in text
+    assert "relay_live_tickers 1.0" in text
+    assert 'relay_proxy_frames_total{direction="downstream"}' in text
+    assert "relay_legacy_pending 0.0" in text
+
+    relay.wait_until(lambda: relay.sample("relay_upstream_connected") == 1)
+    status, text = get(f"{base}/healthz")
+    assert status == 200
+    health = json.loads(text)
+    assert health["status"] == "ok"
+    assert health["proxy_alive"] is True
+    assert health["upstream_connected"] is True
+    assert health["live_tickers"] == 1
+    assert get(f"{base}/nope")[0] == 404
+
+
+def test_metrics_port_zero_disables_http(make_relay: RelayFactory) -> None:
+    relay = make_relay(metrics_port=0)
+    assert relay.relay.metrics_port == 0

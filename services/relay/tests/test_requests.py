@@ -1,0 +1,200 @@
+"""Client request channel (:5559) against a running relay on real sockets."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import zmq
+
+from mdproto import envelope
+from mdproto.messages import (
+    CEPCondition,
+    CEPTriggerAck,
+    CEPTriggerRequest,
+    DataRequest,
+    NotifyPattern,
+    Response,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+    Tick,
+)
+from relay.triggers import TriggerSinkError
+
+if TYPE_CHECKING:
+    from conftest import RelayFactory, RunningRelay
+
+HOUR = 3_600_000
+
+
+def submit(**fields: object) -> SubmitHistoricalRequest:
+    values: dict[str, object] = {
+        "request_id": "r1",
+        "client_id": "c1",
+        "ticker": "BINANCE:BTC/USDT",
+        "period_seconds": 60,
+        "start_time_ms": 1_700_000_000_000,
+        "end_time_ms": 1_700_000_000_000 + HOUR,
+    }
+    values.update(fields)
+    return SubmitHistoricalRequest(**values)  # type: ignore[arg-type]
+
+
+def test_submit_is_acknowledged_and_published_to_the_exchange_prefix(
+    relay: RunningRelay,
+) -> None:
+    ingestor = relay.ingestor()
+    reply = relay.request(relay.client(), submit(), SubmitResponse)
+    assert reply.status == Status.OK
+    assert reply.request_id == "r1"
+    assert reply.notification_topic == "RESPONSE:c1"
+    topic, work = ingestor.recv_work()
+    assert topic == "BINANCE:"
+    assert work.kind == DataRequest.HISTORICAL
+    assert (work.request_id, work.client_id, work.ticker) == ("r1", "c1", "BINANCE:BTC/USDT")
+    assert work.notification_topic == "RESPONSE:c1"
+    assert not work.legacy_sync
+    assert relay.sample("relay_requests_total", type="submit", outcome="accepted") == 1
+    assert relay.sample("relay_published_total", kind="historical") == 1
+
+
+def test_dealer_clients_work_with_and_without_a_delimiter(relay: RunningRelay) -> None:
+    dealer = relay.socket(zmq.DEALER)
+    dealer.send_multipart([b"", *envelope.encode(submit(request_id="d1"))])
+    frames = relay.recv(dealer)
+    assert frames[0] == b""
+    assert envelope.decode(frames[1:], SubmitResponse).request_id == "d1"
+    dealer.send_multipart(envelope.encode(submit(request_id="d2")))
+    assert envelope.decode(relay.recv(dealer), SubmitResponse).request_id == "d2"
+
+
+def test_relay_generates_the_request_id_when_only_client_id_is_set(relay: RunningRelay) -> None:
+    ingestor = relay.ingestor()
+    reply = relay.request(relay.client(), submit(request_id=""), SubmitResponse)
+    assert reply.status == Status.OK
+    assert reply.request_id
+    _, work = ingestor.recv_work()
+    assert work.request_id == reply.request_id
+
+
+def test_per_request_notification_topic(relay: RunningRelay) -> None:
+    req = submit(client_id="", notify=NotifyPattern.NOTIFY_PER_REQUEST)
+    reply = relay.request(relay.client(), req, SubmitResponse)
+    assert reply.notification_topic == "HISTORY_READY:r1"
+
+
+def test_invalid_submit_is_rejected_and_not_published(relay: RunningRelay) -> None:
+    ingestor = relay.ingestor()
+    client = relay.client()
+    for bad, code in [
+        (submit(request_id="", client_id=""), "missing_id"),
+        (submit(ticker="KRAKEN:BTC/USD"), "unknown_exchange"),
+        (submit(period_seconds=0), "bad_period"),
+        (submit(end_time_ms=1), "bad_time_range"),
+        (submit(ticker="BTCUSDT"), "bad_ticker"),
+    ]:
+        reply = relay.request(client, bad, SubmitResponse)
+        assert (reply.status, reply.error_code) == (Status.REJECTED, code)
+        assert reply.reason
+    relay.request(client, submit(request_id="after"), SubmitResponse)
+    _, work = ingestor.recv_work()
+    assert work.request_id == "after"  # none of the rejected ones was published
+    assert relay.sample("relay_rejections_total", type="submit", error_code="bad_period") == 1
+    assert relay.sample("relay_requests_total", type="submit", outcome="rejected") == 5
+
+
+class RecordingSink:
+    def __init__(self, fail: bool = False) -> None:
+        self.received: list[CEPTriggerRequest] = []
+        self.fail = fail
+
+    def submit(self, request: CEPTriggerRequest) -> None:
+        if self.fail:
+            raise TriggerSinkError("trigger store unavailable")
+        self.received.append(request)
+
+    def close(self) -> None:
+        pass
+
+
+def trigger(**fields: object) -> CEPTriggerRequest:
+    values: dict[str, object] = {
+        "trigger_id": "t1",
+        "client_id": "c1",
+        "action": CEPTriggerRequest.REGISTER,
+        "ticker": "BINANCE:BTC/USDT",
+        "conditions": [CEPCondition(kind=CEPCondition.PRICE_ABOVE, threshold=50_000.0)],
+    }
+    values.update(fields)
+    return CEPTriggerRequest(**values)  # type: ignore[arg-type]
+
+
+def test_cep_trigger_is_acknowledged_and_handed_to_the_sink(make_relay: RelayFactory) -> None:
+    sink = RecordingSink()
+    relay = make_relay(sink=sink)
+    client = relay.client()
+    ack = relay.request(client, trigger(), CEPTriggerAck)
+    assert (ack.status, ack.trigger_id, ack.event_topic) == (Status.OK, "t1", "RESPONSE:c1")
+    assert [t.trigger_id for t in sink.received] == ["t1"]
+    rejected = relay.request(client, trigger(trigger_id="t2", conditions=[]), CEPTriggerAck)
+    assert (rejected.status, rejected.error_code) == (Status.REJECTED, "bad_condition")
+    rejected = relay.request(client, trigger(trigger_id="t3", ticker="KRAKEN:A/B"), CEPTriggerAck)
+    assert (rejected.status, rejected.error_code) == (Status.REJECTED, "unknown_exchange")
+    assert [t.trigger_id for t in sink.received] == ["t1"]  # rejected ones never reach it
+
+
+def test_cep_sink_failure_is_an_error_ack(make_relay: RelayFactory) -> None:
+    relay = make_relay(sink=RecordingSink(fail=True))
+    ack = relay.request(relay.client(), trigger(), CEPTriggerAck)
+    assert (ack.status, ack.error_code) == (Status.ERROR, "sink_error")
+    assert "unavailable" in ack.reason
+
+
+def test_undecodable_frames_get_an_error_response(relay: RunningRelay) -> None:
+    client = relay.client()
+    cases = [
+        ([b"\x02", b"\x10"], "bad_version"),
+        ([b"\x01", b"\x7f"], "unknown_type"),
+        ([b"\x01", b"\x10\xff\xff\xff"], "bad_payload"),
+        ([b"\x01"], "frame_count"),
+        ([b"\x01", b""], "empty_frame"),
+        (envelope.encode(Tick(ticker="BINANCE:BTC/USDT")), "unexpected_type"),
+    ]
+    for frames, code in cases:
+        client.send_multipart(frames)
+        reply = envelope.decode(relay.recv(client), Response)
+        assert (reply.status, reply.error_code) == (Status.ERROR, code)
+        assert reply.reason
+    assert relay.sample("relay_bad_frames_total", socket="client", error_code="bad_version") == 1
+    assert relay.request(client, submit(), SubmitResponse).status == Status.OK
+
+
+def test_oversized_requests(make_relay: RelayFactory) -> None:
+    relay = make_relay(max_request_payload=1000, max_message_size=100_000)
+    client = relay.client()
+    # Above the payload cap but below ZMQ_MAXMSGSIZE: answered with too_large.
+    too_big = submit(client_id="x" * 2000)
+    client.send_multipart(envelope.encode(too_big))
+    reply = envelope.decode(relay.recv(client), Response)
+    assert (reply.status, reply.error_code) == (Status.ERROR, "too_large")
+    # Above ZMQ_MAXMSGSIZE: libzmq drops the connection; nobody else notices.
+    huge = relay.socket(zmq.DEALER)
+    huge.send_multipart([b"", b"\x01", b"\x10" + b"x" * 200_000])
+    assert relay.request(relay.client(), submit(), SubmitResponse).status == Status.OK
+    assert not huge.poll(100)
+
+
+def test_flooding_client_is_refused_while_others_are_served(make_relay: RelayFactory) -> None:
+    relay = make_relay(client_rate_limit=1, client_rate_burst=20)
+    flood = relay.socket(zmq.DEALER)
+    frames = envelope.encode(submit())
+    for _ in range(300):
+        flood.send_multipart([b"", *frames])
+    polite = relay.client()
+    assert relay.request(polite, submit(request_id="polite"), SubmitResponse).status == Status.OK
+    replies = [envelope.decode(relay.recv(flood)[1:], SubmitResponse) for _ in range(300)]
+    refused = [r for r in replies if r.status == Status.REJECTED]
+    assert all(r.error_code == "rate_limited" for r in refused)
+    assert 250 <= len(refused) <= 280  # every request answered; about the burst got through
+    assert relay.sample("relay_rate_limited_total") == len(refused)
+    assert relay.request(polite, submit(request_id="again"), SubmitResponse).status == Status.OK

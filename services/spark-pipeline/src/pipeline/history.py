@@ -1,0 +1,175 @@
+"""History path: ``market.ohlc.batches`` -> Iceberg ``ohlc`` -> HistoryReadyNotification.
+
+Per micro-batch, on the driver (foreachBatch):
+
+1. decode the OHLCBatch records (rows, final markers, rejects);
+2. MERGE the rows into ``ohlc`` (one commit);
+3. for the final markers: look up ``requests``, record the new ones (second
+   commit), then publish their notifications on the PUB.
+
+A request's records share a Kafka key, hence a partition, so when its final
+marker is processed every row it announced is in this or an earlier (already
+committed) micro-batch. If the driver dies anywhere, Spark replays the batch:
+step 2 is idempotent, step 3 re-publishes only what this same batch recorded
+(see `notifications.plan`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mdproto.messages import Status
+from pipeline import faults, notifications, records
+from pipeline.config import Settings
+from pipeline.lake import Lake
+from pipeline.notify import Publisher
+from pipeline.records import log_rejects
+from pipeline.streams import QueryIdentity, kafka_source, start_query
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+QUERY_NAME = "history"
+KAFKA_COLUMNS = ("key", "value", "partition", "offset", "timestamp")
+
+
+class HistorySink:
+    """The foreachBatch function of the history query."""
+
+    def __init__(self, lake: Lake, publisher: Publisher, identity: QueryIdentity) -> None:
+        self._lake = lake
+        self._publisher = publisher
+        self._identity = identity
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        laps = Laps()
+        session = batch_df.sparkSession
+        kafka = batch_df.select(*KAFKA_COLUMNS).toArrow()
+        if kafka.num_rows == 0:
+            return
+        laps.lap("fetch")
+        decoded = records.decode_history(kafka, now_ms=_now_ms())
+        log_rejects(f"history batch {batch_id}", decoded.rejects)
+        laps.lap("decode")
+        how = self._lake.write_history(session, decoded.candles)
+        faults.crash_point("history-after-ohlc-commit")
+        laps.lap(how)
+        plan = notifications.Plan()
+        if decoded.finals:
+            plan = self._complete(session, decoded.finals, batch_id, laps)
+        log.info(
+            "history batch %d: %d records, %d candles (%d duplicates), %d final markers -> "
+            "%d notified (%d again after a restart, %d duplicates skipped); %s; "
+            "%s since the newest record reached Kafka",
+            batch_id,
+            decoded.records,
+            decoded.candles.num_rows,
+            decoded.duplicate_rows,
+            len(decoded.finals),
+            len(plan.publish),
+            len(plan.republished),
+            len(plan.duplicates),
+            laps,
+            _age(kafka),
+        )
+
+    def _complete(
+        self,
+        session: SparkSession,
+        finals: list[records.FinalMarker],
+        batch_id: int,
+        laps: Laps,
+    ) -> notifications.Plan:
+        names = self._lake.names
+        ids = sorted({m.request_id for m in finals})
+        existing = self._lake.find_requests(session, ids)
+        laps.lap("lookup")
+        plan = notifications.plan(
+            finals,
+            existing,
+            iceberg_table=names.ohlc_for_clients,
+            snapshot_id=self._lake.snapshot_id(names.ohlc),
+            completed_at_ms=_now_ms(),
+            query_id=self._identity.get(),
+            batch_id=batch_id,
+        )
+        laps.lap("plan")
+        to_count = [r for r in plan.record if notifications.needs_count(r)]
+        if to_count:
+            snapshot = to_count[0].snapshot_id
+            found = self._lake.count_request_rows(session, snapshot, to_count)
+            plan = notifications.apply_counts(plan, found)
+            laps.lap("count")
+        self._lake.record_requests(session, plan.record)
+        faults.crash_point("history-after-requests-commit")
+        laps.lap("record")
+        self._publisher.publish_many((r.notification_topic, r.notification()) for r in plan.publish)
+        faults.crash_point("history-after-publish")
+        laps.lap("publish")
+        for request in plan.publish:
+            log.info(
+                "notified %s on %s: %s, %d rows, snapshot %d",
+                request.request_id,
+                request.notification_topic,
+                Status.Name(request.status),  # type: ignore[arg-type]
+                request.row_count,
+                request.snapshot_id,
+            )
+        for request_id in plan.duplicates:
+            log.info("request %s was already notified: skipped", request_id)
+        return plan
+
+
+class Laps:
+    """Step durations of one micro-batch, for the progress line."""
+
+    def __init__(self) -> None:
+        self._start = self._last = time.monotonic()
+        self._laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self._laps.append((name, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        steps = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in self._laps)
+        return f"{steps}, total {(self._last - self._start) * 1000:.0f} ms"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _age(kafka: pa.Table) -> str:
+    newest = pc.max(kafka["timestamp"]).as_py()
+    if newest is None:
+        return "?"
+    return f"{time.time() - newest.timestamp():.2f} s"
+
+
+def start(
+    spark: SparkSession, settings: Settings, lake: Lake, publisher: Publisher
+) -> StreamingQuery:
+    source = kafka_source(
+        spark,
+        settings,
+        settings.kafka.ohlc_batches_topic,
+        settings.history.max_offsets_per_trigger,
+    )
+    identity = QueryIdentity()
+    return start_query(
+        source,
+        name=QUERY_NAME,
+        settings=settings,
+        function=HistorySink(lake, publisher, identity),
+        trigger_s=settings.history.trigger_s,
+        identity=identity,
+    )

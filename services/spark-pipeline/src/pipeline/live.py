@@ -1,0 +1,285 @@
+"""Live path: ``market.ticks`` -> PUB ticks, Iceberg ``ticks``, candles (PUB + ``ohlc``).
+
+Four queries over the same topic, so the fast one never waits for a slow one:
+
+- ``ticks-publish`` (trigger 0: back to back): decode on the driver, publish
+  every Tick on ``{ticker}|tick``. Stateless, no Iceberg.
+- ``ticks-persist`` (slow trigger): decode on executors, MERGE into ``ticks``.
+- ``candles-update`` (update mode): deduplicated ticks -> event-time windows per
+  period -> changed candles published with ``closed=false``.
+- ``candles-close`` (append mode): the same aggregation; a window is emitted
+  once, when the watermark passes its end -> MERGE into ``ohlc`` (source
+  ``live``), then published with ``closed=true``.
+
+Candle open/close come from ``min_by``/``max_by`` over (trade_time, trade id),
+so they follow trade time whatever order ticks arrive in (`candles` is the
+reference definition).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mdproto import topics
+from mdproto.messages import OHLC
+from pipeline import faults, records
+from pipeline.config import Settings
+from pipeline.lake import Lake
+from pipeline.notify import Publisher
+from pipeline.streams import kafka_source, start_query
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+CANDLE_COLUMNS = (
+    "ticker",
+    "exchange",
+    "symbol",
+    "period_seconds",
+    "open_time",
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "trade_count",
+)
+
+
+def decoded_ticks(kafka: DataFrame) -> DataFrame:
+    """Kafka rows -> valid tick rows (``records.TICK_SCHEMA``), decoded in Python workers."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return kafka.select("value", "timestamp").mapInArrow(
+        records.kafka_ticks_to_rows, from_arrow_schema(records.TICK_SCHEMA)
+    )
+
+
+def candles(ticks: DataFrame, periods: Sequence[int], watermark_s: float) -> DataFrame:
+    """Streaming candles for every period, one row per (ticker, period, window)."""
+    from pyspark.sql import functions as sf
+
+    watermarked = ticks.withWatermark(
+        "trade_time", f"{round(watermark_s * 1000)} milliseconds"
+    ).dropDuplicatesWithinWatermark(["ticker", "trade_id"])
+    order = sf.struct("trade_time", sf.length("trade_id"), "trade_id")
+    frames = []
+    for period in periods:
+        frames.append(
+            watermarked.groupBy(
+                "ticker", "exchange", "symbol", sf.window("trade_time", f"{period} seconds")
+            )
+            .agg(
+                sf.min_by("price", order).alias("open"),
+                sf.max("price").alias("high"),
+                sf.min("price").alias("low"),
+                sf.max_by("price", order).alias("close"),
+                sf.sum("amount").alias("volume"),
+                sf.count(sf.lit(1)).alias("trade_count"),
+            )
+            .select(
+                "ticker",
+                "exchange",
+                "symbol",
+                sf.lit(period).cast("int").alias("period_seconds"),
+                sf.col("window.start").alias("open_time"),
+                "open",
+                "high",
+                "low",
+                "close",
+                "volume",
+                "trade_count",
+            )
+        )
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result
+
+
+def ohlc_messages(rows: pa.Table, *, closed: bool) -> list[tuple[str, OHLC]]:
+    """(topic, OHLC) for candle rows with an ``open_time_ms`` column."""
+    out: list[tuple[str, OHLC]] = []
+    cols: dict[str, list[Any]] = {name: rows.column(name).to_pylist() for name in rows.schema.names}
+    for i in range(rows.num_rows):
+        ticker = cols["ticker"][i]
+        period = cols["period_seconds"][i]
+        out.append(
+            (
+                topics.ohlc_topic(ticker, period),
+                OHLC(
+                    ticker=ticker,
+                    period_seconds=period,
+                    open_time_ms=cols["open_time_ms"][i],
+                    open=cols["open"][i],
+                    high=cols["high"][i],
+                    low=cols["low"][i],
+                    close=cols["close"][i],
+                    volume=cols["volume"][i],
+                    trade_count=cols["trade_count"][i],
+                    closed=closed,
+                ),
+            )
+        )
+    return out
+
+
+def _with_open_time_ms(candle_rows: pa.Table) -> pa.Table:
+    ms = pc.cast(candle_rows["open_time"], pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+    return candle_rows.append_column("open_time_ms", ms)
+
+
+class TickPublisher:
+    """ticks-publish: decode on the driver and publish; nothing else on this path."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+        self.published = 0
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        kafka = batch_df.select("value", "partition", "offset").toArrow()
+        decoded = records.decode_ticks(kafka)
+        records.log_rejects(f"ticks batch {batch_id}", decoded.rejects)
+        self.published += self._publisher.publish_many(
+            (topics.tick_topic(t.ticker), t) for t in decoded.ticks
+        )
+
+
+class TickPersister:
+    """ticks-persist: decode on executors, MERGE new (ticker, trade_id) into ``ticks``."""
+
+    def __init__(self, lake: Lake) -> None:
+        self._lake = lake
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as sf
+
+        started = time.monotonic()
+        ticks = decoded_ticks(batch_df).dropDuplicates(["ticker", "trade_id"]).persist()
+        try:
+            stats = ticks.agg(
+                sf.count(sf.lit(1)).alias("n"),
+                sf.unix_millis(sf.min("trade_time")).alias("lo"),
+                sf.unix_millis(sf.max("trade_time")).alias("hi"),
+            ).toArrow()
+            n = stats["n"][0].as_py()
+            if not n:
+                return
+            self._lake.merge_ticks(ticks, stats["lo"][0].as_py(), stats["hi"][0].as_py())
+            faults.crash_point("live-after-ticks-commit")
+        finally:
+            ticks.unpersist()
+        log.info(
+            "ticks-persist batch %d: %d unique ticks merged in %.0f ms",
+            batch_id,
+            n,
+            (time.monotonic() - started) * 1000,
+        )
+
+
+class CandleUpdatePublisher:
+    """candles-update: publish every changed window as ``OHLC(closed=false)``."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        rows = _collect_candles(batch_df)
+        if rows.num_rows:
+            self._publisher.publish_many(ohlc_messages(rows, closed=False))
+
+
+class CandleCloser:
+    """candles-close: MERGE closed windows into ``ohlc``, then publish ``closed=true``."""
+
+    def __init__(self, lake: Lake, publisher: Publisher) -> None:
+        self._lake = lake
+        self._publisher = publisher
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        rows = _collect_candles(batch_df)
+        if rows.num_rows == 0:
+            return
+        table = _live_ohlc_rows(rows)
+        session = batch_df.sparkSession
+        bounds = pc.min_max(rows["open_time_ms"])
+        frame = session.createDataFrame(table)
+        self._lake.merge_live_candles(frame, bounds["min"].as_py(), bounds["max"].as_py())
+        faults.crash_point("live-after-candles-commit")
+        self._publisher.publish_many(ohlc_messages(rows, closed=True))
+        log.info(
+            "candles-close batch %d: %d closed candles committed and published in %.0f ms",
+            batch_id,
+            rows.num_rows,
+            (time.monotonic() - started) * 1000,
+        )
+
+
+def _collect_candles(batch_df: DataFrame) -> pa.Table:
+    return _with_open_time_ms(batch_df.select(*CANDLE_COLUMNS).toArrow())
+
+
+def _live_ohlc_rows(rows: pa.Table) -> pa.Table:
+    n = rows.num_rows
+    now_us = time.time_ns() // 1000
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {name: rows[name] for name in CANDLE_COLUMNS}
+    columns["source"] = pa.array([records.SOURCE_LIVE] * n, pa.string())
+    columns["request_id"] = pa.nulls(n, pa.string())
+    columns["ingested_at"] = pa.array([now_us] * n, pa.int64()).cast(records.UTC_US)
+    table = pa.table(columns)
+    return table.select(records.OHLC_SCHEMA.names).cast(records.OHLC_SCHEMA)
+
+
+def start(
+    spark: SparkSession, settings: Settings, lake: Lake, publisher: Publisher
+) -> list[StreamingQuery]:
+    live = settings.live
+
+    def source() -> DataFrame:
+        return kafka_source(
+            spark, settings, settings.kafka.ticks_topic, live.max_offsets_per_trigger
+        )
+
+    started = [
+        start_query(
+            source(),
+            name="ticks-publish",
+            settings=settings,
+            function=TickPublisher(publisher),
+            trigger_s=live.publish_trigger_s,
+        ),
+        start_query(
+            source(),
+            name="ticks-persist",
+            settings=settings,
+            function=TickPersister(lake),
+            trigger_s=live.persist_trigger_s,
+        ),
+        start_query(
+            candles(decoded_ticks(source()), live.periods, live.watermark_s),
+            name="candles-update",
+            settings=settings,
+            function=CandleUpdatePublisher(publisher),
+            trigger_s=live.candle_update_trigger_s,
+            output_mode="update",
+        ),
+        start_query(
+            candles(decoded_ticks(source()), live.periods, live.watermark_s),
+            name="candles-close",
+            settings=settings,
+            function=CandleCloser(lake, publisher),
+            trigger_s=live.candle_close_trigger_s,
+            output_mode="append",
+        ),
+    ]
+    return started

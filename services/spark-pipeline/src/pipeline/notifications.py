@@ -1,0 +1,314 @@
+"""Final markers -> completed requests -> HistoryReadyNotifications (pure).
+
+A request is notified once. `plan` decides, for the final markers of one
+micro-batch and the rows already in the ``requests`` table, which requests are
+new (record, then publish), which were recorded by this very micro-batch before
+a crash (publish the stored notification again, unchanged), and which are
+duplicates (a second ingestor, or a replay of an older batch: skip).
+
+The notification is always rebuilt from the stored `CompletedRequest`, so a
+re-publication after a crash carries exactly the bytes of the first one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mdproto import topics
+from mdproto.messages import BatchMetadata, HistoryReadyNotification, NotifyPattern, Status
+from pipeline.records import UTC_US, FinalMarker
+
+_RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
+
+#: Row layout of Iceberg ``market.requests`` (one row per notified request).
+REQUESTS_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("client_id", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("error_code", pa.string()),
+        pa.field("ticker", pa.string()),
+        pa.field("period_seconds", pa.int32()),
+        # Client-supplied range, kept as given (epoch ms): any int64 is storable.
+        pa.field("start_time_ms", pa.int64()),
+        pa.field("end_time_ms", pa.int64()),
+        pa.field("row_count", pa.int64()),
+        pa.field("iceberg_table", pa.string()),
+        pa.field("snapshot_id", pa.int64()),
+        pa.field("notification_topic", pa.string()),
+        pa.field("ingestor_id", pa.string()),
+        pa.field("completed_at", UTC_US),
+        pa.field("query_id", pa.string()),
+        pa.field("batch_id", pa.int64()),
+        pa.field("kafka_partition", pa.int32()),
+        pa.field("kafka_offset", pa.int64()),
+    ]
+)
+_TIME_FIELDS = {"completed_at": "completed_at_ms"}
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedRequest:
+    """One row of the ``requests`` table: what was (or will be) notified for a request."""
+
+    request_id: str
+    client_id: str
+    status: int
+    reason: str
+    error_code: str
+    ticker: str
+    period_seconds: int
+    start_time_ms: int
+    end_time_ms: int
+    row_count: int
+    iceberg_table: str
+    snapshot_id: int
+    notification_topic: str
+    ingestor_id: str
+    completed_at_ms: int
+    query_id: str
+    batch_id: int
+    kafka_partition: int
+    kafka_offset: int
+
+    def notification(self) -> HistoryReadyNotification:
+        return HistoryReadyNotification(
+            request_id=self.request_id,
+            client_id=self.client_id,
+            status=self.status,  # type: ignore[arg-type]
+            reason=self.reason,
+            error_code=self.error_code,
+            ticker=self.ticker,
+            period_seconds=self.period_seconds,
+            start_time_ms=self.start_time_ms,
+            end_time_ms=self.end_time_ms,
+            row_count=self.row_count,
+            iceberg_table=self.iceberg_table,
+            snapshot_id=self.snapshot_id,
+            completed_at_ms=self.completed_at_ms,
+        )
+
+
+@dataclass(slots=True)
+class Plan:
+    record: list[CompletedRequest] = field(default_factory=list)
+    publish: list[CompletedRequest] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    republished: list[str] = field(default_factory=list)
+
+
+def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
+    """(status, reason, error_code, row_count) announced for a final marker."""
+    if meta is None:
+        return Status.ERROR, "final marker carries no metadata", "bad_marker", 0
+    if meta.status == Status.OK:
+        if meta.total_rows == 0:
+            return Status.NOT_FOUND, meta.reason or "no candles in the range", "", 0
+        return Status.OK, meta.reason, "", meta.total_rows
+    if meta.status == Status.NOT_FOUND:
+        return Status.NOT_FOUND, meta.reason or "no candles in the range", meta.error_code, 0
+    if meta.status == Status.ERROR:
+        return (
+            Status.ERROR,
+            meta.reason or "the ingestor reported an error",
+            meta.error_code or "ingestor_error",
+            0,
+        )
+    name = Status.Name(meta.status) if meta.status in Status.values() else str(meta.status)
+    return Status.ERROR, f"final marker has status {name}", "bad_marker", 0
+
+
+def topic_for(request_id: str, meta: BatchMetadata | None) -> str:
+    """The marker's notification topic if it is one, else the one the client computed."""
+    if meta is not None and meta.notification_topic.startswith(
+        (topics.RESPONSE_PREFIX, topics.HISTORY_READY_PREFIX)
+    ):
+        return meta.notification_topic
+    client_id = meta.client_id if meta is not None else ""
+    return topics.notification_topic(NotifyPattern.NOTIFY_AUTO, request_id, client_id)
+
+
+def choose(markers: Iterable[FinalMarker]) -> list[FinalMarker]:
+    """One marker per request: the best status (OK > NOT_FOUND > ERROR), first in Kafka order."""
+    best: dict[str, FinalMarker] = {}
+    for marker in markers:
+        current = best.get(marker.request_id)
+        if current is None or _rank(marker) < _rank(current):
+            best[marker.request_id] = marker
+    return sorted(best.values(), key=lambda m: (m.partition, m.offset))
+
+
+def _rank(marker: FinalMarker) -> int:
+    return _RANK.get(outcome(marker.metadata)[0], 3)
+
+
+def complete(
+    marker: FinalMarker,
+    *,
+    iceberg_table: str,
+    snapshot_id: int,
+    completed_at_ms: int,
+    query_id: str,
+    batch_id: int,
+) -> CompletedRequest:
+    meta = marker.metadata
+    status, reason, error_code, row_count = outcome(meta)
+    return CompletedRequest(
+        request_id=marker.request_id,
+        client_id=meta.client_id if meta else "",
+        status=status,
+        reason=reason,
+        error_code=error_code,
+        ticker=meta.ticker if meta else "",
+        period_seconds=meta.period_seconds if meta else 0,
+        start_time_ms=meta.start_time_ms if meta else 0,
+        end_time_ms=meta.end_time_ms if meta else 0,
+        row_count=row_count,
+        iceberg_table=iceberg_table,
+        snapshot_id=snapshot_id if status == Status.OK else 0,
+        notification_topic=topic_for(marker.request_id, meta),
+        ingestor_id=meta.ingestor_id if meta else "",
+        completed_at_ms=completed_at_ms,
+        query_id=query_id,
+        batch_id=batch_id,
+        kafka_partition=marker.partition,
+        kafka_offset=marker.offset,
+    )
+
+
+def plan(
+    markers: Sequence[FinalMarker],
+    existing: Mapping[str, CompletedRequest],
+    *,
+    iceberg_table: str,
+    snapshot_id: int,
+    completed_at_ms: int,
+    query_id: str,
+    batch_id: int,
+) -> Plan:
+    result = Plan()
+    for marker in choose(markers):
+        done = existing.get(marker.request_id)
+        if done is None:
+            request = complete(
+                marker,
+                iceberg_table=iceberg_table,
+                snapshot_id=snapshot_id,
+                completed_at_ms=completed_at_ms,
+                query_id=query_id,
+                batch_id=batch_id,
+            )
+            result.record.append(request)
+            result.publish.append(request)
+        elif done.query_id == query_id and done.batch_id == batch_id:
+            # Recorded by this micro-batch before a crash: it may not have gone out.
+            result.publish.append(done)
+            result.republished.append(done.request_id)
+        else:
+            result.duplicates.append(marker.request_id)
+    return result
+
+
+def needs_count(request: CompletedRequest) -> bool:
+    """OK requests with a range: their row count is checked against Iceberg."""
+    return request.status == Status.OK and request.end_time_ms > request.start_time_ms
+
+
+def reconcile(request: CompletedRequest, found: int) -> CompletedRequest:
+    """Announce what the client will actually read.
+
+    ``found`` is the number of candles in the request's range at the notified
+    snapshot. Fewer than the ingestor sent means rows were dropped as invalid:
+    the request failed (``incomplete``). More (overlapping requests, live
+    candles) is fine: the client reads them all.
+    """
+    if not needs_count(request):
+        return request
+    announced = request.row_count
+    if found < announced:
+        return replace(
+            request,
+            status=Status.ERROR,
+            reason=(
+                f"only {found} of the {announced} candles sent by the ingestor are in "
+                f"{request.iceberg_table}: invalid rows were dropped (see the pipeline log)"
+            ),
+            error_code="incomplete",
+            row_count=found,
+        )
+    return replace(request, row_count=found)
+
+
+def apply_counts(plan: Plan, found: Mapping[str, int]) -> Plan:
+    """`reconcile` every new request of ``plan`` that was counted."""
+    fixed = {
+        r.request_id: reconcile(r, found[r.request_id])
+        for r in plan.record
+        if r.request_id in found
+    }
+    return Plan(
+        record=[fixed.get(r.request_id, r) for r in plan.record],
+        publish=[fixed.get(r.request_id, r) for r in plan.publish],
+        duplicates=plan.duplicates,
+        republished=plan.republished,
+    )
+
+
+def to_table(requests: Sequence[CompletedRequest]) -> pa.Table:
+    columns: dict[str, list[Any]] = {name: [] for name in REQUESTS_SCHEMA.names}
+    for request in requests:
+        row = asdict(request)
+        row["status"] = Status.Name(request.status)  # type: ignore[arg-type]
+        for column, ms in _TIME_FIELDS.items():
+            row[column] = row.pop(ms) * 1000
+        for name in REQUESTS_SCHEMA.names:
+            columns[name].append(row[name])
+    arrays = []
+    for f in REQUESTS_SCHEMA:
+        if pa.types.is_timestamp(f.type):
+            arrays.append(pa.array(columns[f.name], pa.int64()).cast(f.type))
+        else:
+            arrays.append(pa.array(columns[f.name], f.type))
+    return pa.Table.from_arrays(arrays, schema=REQUESTS_SCHEMA)
+
+
+def from_table(table: pa.Table) -> dict[str, CompletedRequest]:
+    """``requests`` rows (e.g. from ``DataFrame.toArrow()``) keyed by request_id."""
+    if table.num_rows == 0:
+        return {}
+    cols: dict[str, list[Any]] = {}
+    for name in REQUESTS_SCHEMA.names:
+        col = table.column(name)
+        if pa.types.is_timestamp(col.type):
+            col = pc.cast(col, pa.timestamp("us", tz="UTC")).cast(pa.int64())
+            cols[_TIME_FIELDS[name]] = [(v or 0) // 1000 for v in col.to_pylist()]
+        else:
+            cols[name] = col.to_pylist()
+    out: dict[str, CompletedRequest] = {}
+    for i in range(table.num_rows):
+        row = {k: v[i] for k, v in cols.items()}
+        row["status"] = Status.Value(row["status"]) if row["status"] else Status.ERROR
+        for key in ("client_id", "reason", "error_code", "ticker", "notification_topic"):
+            row[key] = row[key] or ""
+        for key in ("iceberg_table", "ingestor_id", "query_id"):
+            row[key] = row[key] or ""
+        for key in (
+            "period_seconds",
+            "start_time_ms",
+            "end_time_ms",
+            "row_count",
+            "snapshot_id",
+            "batch_id",
+        ):
+            row[key] = row[key] or 0
+        for key in ("kafka_partition", "kafka_offset"):
+            row[key] = row[key] if row[key] is not None else -1
+        request = CompletedRequest(**row)
+        out[request.request_id] = request
+    return out

@@ -1,0 +1,431 @@
+"""Kafka records -> rows: pure decoding of mdproto records into Arrow tables.
+
+Input is what Spark's Kafka source yields (``key``, ``value``, ``partition``,
+``offset``, ``timestamp`` columns) as an Arrow table or record batch, so these
+functions run unchanged on the driver (``DataFrame.toArrow()``) and on executors
+(``mapInArrow``), and in unit tests without Spark.
+
+Bad input never raises: an undecodable record or an invalid row is dropped and
+reported as a `Reject` with its Kafka coordinates, so the caller can log it (the
+record itself stays in Kafka).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mdproto import ProtocolError, envelope, topics
+from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, TakerSide, Tick
+
+log = logging.getLogger(__name__)
+UTC_US = pa.timestamp("us", tz="UTC")
+
+#: Row layout of Iceberg ``market.ohlc`` (docs/protocol.md).
+OHLC_SCHEMA = pa.schema(
+    [
+        pa.field("ticker", pa.string(), nullable=False),
+        pa.field("exchange", pa.string()),
+        pa.field("symbol", pa.string()),
+        pa.field("period_seconds", pa.int32(), nullable=False),
+        pa.field("open_time", UTC_US, nullable=False),
+        pa.field("open", pa.float64()),
+        pa.field("high", pa.float64()),
+        pa.field("low", pa.float64()),
+        pa.field("close", pa.float64()),
+        pa.field("volume", pa.float64()),
+        pa.field("trade_count", pa.int64()),
+        pa.field("source", pa.string()),
+        pa.field("request_id", pa.string()),
+        pa.field("ingested_at", UTC_US),
+    ]
+)
+
+#: Row layout of Iceberg ``market.ticks`` and of the candle aggregation's input.
+TICK_SCHEMA = pa.schema(
+    [
+        pa.field("ticker", pa.string(), nullable=False),
+        pa.field("exchange", pa.string()),
+        pa.field("symbol", pa.string()),
+        pa.field("trade_id", pa.string(), nullable=False),
+        pa.field("price", pa.float64()),
+        pa.field("amount", pa.float64()),
+        pa.field("side", pa.string()),
+        pa.field("trade_time", UTC_US, nullable=False),
+        pa.field("ingested_at", UTC_US),
+    ]
+)
+
+OHLC_KEY = ("ticker", "period_seconds", "open_time")
+#: Times Spark and Iceberg can hold: [1970-01-01, 9999-12-31]; anything else is bad input.
+MAX_TIME_MS = 253_402_300_799_999
+MAX_PERIOD_SECONDS = 2**31 - 1  # period_seconds is an Iceberg int
+TICK_KEY = ("ticker", "trade_id")
+SOURCE_HISTORY = "history"
+SOURCE_LIVE = "live"
+_SIDES = {TakerSide.BUY: "BUY", TakerSide.SELL: "SELL"}
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A record (or some of its rows) that was dropped, and why."""
+
+    partition: int
+    offset: int
+    code: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"partition {self.partition} offset {self.offset}: {self.code}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class FinalMarker:
+    """The end-of-request record of one request (``OHLCBatch.is_final``)."""
+
+    request_id: str
+    metadata: BatchMetadata | None
+    partition: int
+    offset: int
+
+
+@dataclass(slots=True)
+class HistoryBatch:
+    """What one micro-batch of ``market.ohlc.batches`` holds."""
+
+    candles: pa.Table
+    finals: list[FinalMarker] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    records: int = 0
+    duplicate_rows: int = 0
+
+
+@dataclass(slots=True)
+class TickBatch:
+    ticks: list[Tick] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+
+
+def log_rejects(context: str, rejects: Sequence[Reject], *, first: int = 5) -> None:
+    """One ERROR line per reject for the first few, then a count (a poison topic must
+    not flood the log)."""
+    for reject in rejects[:first]:
+        log.error("%s: dropped %s", context, reject)
+    if len(rejects) > first:
+        log.error("%s: dropped %d more records/rows like these", context, len(rejects) - first)
+
+
+@functools.lru_cache(maxsize=4096)
+def _split_ticker(ticker: str) -> tuple[str, str] | None:
+    """(exchange, symbol) of a valid ticker, None otherwise (cached: few distinct tickers)."""
+    try:
+        parsed = topics.parse_ticker(ticker)
+    except ProtocolError:
+        return None
+    return parsed.exchange, parsed.symbol
+
+
+def _column(table: pa.Table | pa.RecordBatch, name: str) -> list[Any]:
+    values: list[Any] = table.column(name).to_pylist()
+    return values
+
+
+def _coordinates(table: pa.Table | pa.RecordBatch) -> tuple[list[int], list[int]]:
+    n = table.num_rows
+    names = table.schema.names
+    partitions = _column(table, "partition") if "partition" in names else [0] * n
+    offsets = _column(table, "offset") if "offset" in names else list(range(n))
+    return partitions, offsets
+
+
+def _timestamps_ms(table: pa.Table | pa.RecordBatch, n: int, default_ms: int) -> list[int]:
+    """Kafka record timestamps in ms (a deterministic ``ingested_at`` on replays)."""
+    if "timestamp" not in table.schema.names:
+        return [default_ms] * n
+    col = table.column("timestamp")
+    if pa.types.is_timestamp(col.type):
+        col = pc.cast(col, pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
+    return [default_ms if v is None else int(v) for v in col.to_pylist()]
+
+
+class _CandleColumns:
+    """OHLC rows gathered column by column.
+
+    One list comprehension per column and record, numpy for the numbers and
+    per-record values repeated with numpy: ~3x faster than appending row by row
+    (525,600 candles decode in ~1 s).
+    """
+
+    NUMERIC = ("open", "high", "low", "close", "volume")
+
+    def __init__(self) -> None:
+        self.ticker: list[str] = []
+        self.period: list[int] = []
+        self.open_time: list[int] = []
+        self.numbers: dict[str, list[float]] = {c: [] for c in self.NUMERIC}
+        self.trade_count: list[int] = []
+        # One entry per record with rows:
+        self.counts: list[int] = []
+        self.default_ticker: list[str] = []
+        self.default_period: list[int] = []
+        self.request_id: list[str] = []
+        self.ingested_at: list[int] = []
+        self.order: list[int] = []
+
+    def add_record(
+        self,
+        rows: Sequence[OHLC],
+        *,
+        default_ticker: str,
+        default_period: int,
+        request_id: str,
+        ingested_at_ms: int,
+        order: int,
+    ) -> None:
+        if not rows:
+            return
+        self.ticker.extend([r.ticker for r in rows])
+        self.period.extend([r.period_seconds for r in rows])
+        self.open_time.extend([r.open_time_ms for r in rows])
+        self.numbers["open"].extend([r.open for r in rows])
+        self.numbers["high"].extend([r.high for r in rows])
+        self.numbers["low"].extend([r.low for r in rows])
+        self.numbers["close"].extend([r.close for r in rows])
+        self.numbers["volume"].extend([r.volume for r in rows])
+        self.trade_count.extend([r.trade_count for r in rows])
+        self.counts.append(len(rows))
+        self.default_ticker.append(default_ticker)
+        self.default_period.append(default_period)
+        self.request_id.append(request_id)
+        self.ingested_at.append(ingested_at_ms)
+        self.order.append(order)
+
+    def to_table(self, source: str) -> tuple[pa.Table, dict[int, int]]:
+        """Valid rows as ``OHLC_SCHEMA``, and {record order: rows dropped}."""
+        record_of_row = np.repeat(np.arange(len(self.counts)), self.counts)
+        take = pa.array(record_of_row)
+        ticker = pa.array(self.ticker, pa.string())
+        ticker = pc.if_else(
+            pc.equal(ticker, ""), pa.array(self.default_ticker, pa.string()).take(take), ticker
+        )
+        period = np.array(self.period, dtype=np.int64)
+        period = np.where(period == 0, np.array(self.default_period)[record_of_row], period)
+        open_time = np.array(self.open_time, dtype=np.int64)
+        trade_count = np.array(self.trade_count, dtype=np.uint64)
+        numbers = {c: np.array(v, dtype=np.float64) for c, v in self.numbers.items()}
+
+        encoded = _flat(pc.dictionary_encode(ticker))
+        splits = [_split_ticker(t) for t in encoded.dictionary.to_pylist()]
+        ticker_ok = np.array([x is not None for x in splits], dtype=bool)
+        index = encoded.indices.to_numpy(zero_copy_only=False)
+        ok = ticker_ok[index] if len(index) else np.zeros(0, dtype=bool)
+        ok &= (period > 0) & (period <= MAX_PERIOD_SECONDS)
+        ok &= (open_time >= 0) & (open_time <= MAX_TIME_MS)
+        ok &= trade_count <= np.uint64(2**63 - 1)
+        for values in numbers.values():
+            ok &= np.isfinite(values)
+        dropped = np.bincount(record_of_row[~ok], minlength=len(self.counts))
+        bad = {self.order[i]: int(n) for i, n in enumerate(dropped) if n}
+
+        exchange = pa.array([x[0] if x else "" for x in splits], pa.string())
+        symbol = pa.array([x[1] if x else "" for x in splits], pa.string())
+        keep = pa.array(np.flatnonzero(ok))
+        rec = pa.array(record_of_row).take(keep)
+        table = pa.table(
+            {
+                "ticker": ticker.take(keep),
+                "exchange": exchange.take(encoded.indices.take(keep)),
+                "symbol": symbol.take(encoded.indices.take(keep)),
+                "period_seconds": pa.array(period[ok].astype(np.int32)),
+                "open_time": pa.array(open_time[ok] * 1000).cast(UTC_US),
+                **{c: pa.array(v[ok]) for c, v in numbers.items()},
+                "trade_count": pa.array(trade_count[ok].astype(np.int64)),
+                "source": pa.array([source] * len(rec), pa.string()),
+                "request_id": pa.array(self.request_id, pa.string()).take(rec),
+                "ingested_at": pa.array(np.array(self.ingested_at, dtype=np.int64) * 1000)
+                .take(rec)
+                .cast(UTC_US),
+            }
+        )
+        return table, bad
+
+
+def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _ms_to_timestamp(values: Sequence[int]) -> pa.Array:
+    return pc.multiply(pa.array(values, pa.int64()), 1000).cast(UTC_US)
+
+
+def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> HistoryBatch:
+    """Decode ``OHLCBatch`` records into candle rows, final markers and rejects.
+
+    Rows are deduplicated on the natural key (ticker, period, open_time), the
+    last occurrence in Kafka order winning: a MERGE source must not hold a key
+    twice, and two ingestors may deliver the same request in one micro-batch.
+    """
+    values = _column(kafka, "value")
+    keys: list[bytes | None] = (
+        _column(kafka, "key") if "key" in kafka.schema.names else [None] * len(values)
+    )
+    partitions, offsets = _coordinates(kafka)
+    stamps = _timestamps_ms(kafka, len(values), now_ms)
+    cols = _CandleColumns()
+    batch = HistoryBatch(candles=OHLC_SCHEMA.empty_table(), records=len(values))
+    for i, value in enumerate(values):
+        partition, offset = partitions[i], offsets[i]
+        try:
+            record = envelope.decode_record(value or b"", OHLCBatch)
+        except ProtocolError as exc:
+            batch.rejects.append(Reject(partition, offset, exc.code, exc.reason))
+            continue
+        meta = record.metadata if record.HasField("metadata") else None
+        request_id = record.request_id or (meta.request_id if meta else "")
+        if not topics.is_valid_id(request_id):
+            batch.rejects.append(
+                Reject(partition, offset, "bad_request_id", f"request_id {request_id!r} is invalid")
+            )
+            continue
+        key = keys[i]
+        key_ticker = key.decode("utf-8", "replace") if key else ""
+        cols.add_record(
+            record.rows,
+            default_ticker=(meta.ticker if meta and meta.ticker else key_ticker),
+            default_period=meta.period_seconds if meta else 0,
+            request_id=request_id,
+            ingested_at_ms=stamps[i],
+            order=i,
+        )
+        if record.is_final:
+            batch.finals.append(FinalMarker(request_id, meta, partition, offset))
+    table, bad = cols.to_table(SOURCE_HISTORY)
+    for order, count in bad.items():
+        batch.rejects.append(
+            Reject(
+                partitions[order],
+                offsets[order],
+                "bad_row",
+                f"{count} row(s) without a valid ticker or period, with an open_time outside "
+                "1970..9999, a non-finite price or volume, or a trade_count beyond int64",
+            )
+        )
+    deduped = dedupe_last(table, OHLC_KEY)
+    batch.duplicate_rows = table.num_rows - deduped.num_rows
+    batch.candles = deduped.cast(OHLC_SCHEMA)
+    return batch
+
+
+def dedupe_last(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Keep one row per key, the last one (rows are in Kafka order); keeps row order."""
+    n = table.num_rows
+    if n < 2:
+        return table
+    columns = []
+    for name in key:
+        col = table[name]
+        if pa.types.is_string(col.type):
+            col = _flat(pc.dictionary_encode(col)).indices
+        elif pa.types.is_timestamp(col.type):
+            col = col.cast(pa.int64())
+        columns.append(np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64))
+    rows = np.arange(n)
+    order = np.lexsort((rows, *reversed(columns)))
+    sorted_keys = [c[order] for c in columns]
+    same_as_next = np.ones(n - 1, dtype=bool)
+    for c in sorted_keys:
+        same_as_next &= c[1:] == c[:-1]
+    if not same_as_next.any():
+        return table
+    last_of_run = np.append(~same_as_next, True)
+    return table.take(pa.array(np.sort(order[last_of_run])))
+
+
+def decode_ticks(kafka: pa.Table | pa.RecordBatch) -> TickBatch:
+    """Decode and validate ``Tick`` records (the publisher re-publishes these messages)."""
+    values = _column(kafka, "value")
+    partitions, offsets = _coordinates(kafka)
+    out = TickBatch()
+    for i, value in enumerate(values):
+        try:
+            tick = envelope.decode_record(value or b"", Tick)
+        except ProtocolError as exc:
+            out.rejects.append(Reject(partitions[i], offsets[i], exc.code, exc.reason))
+            continue
+        problem = tick_problem(tick)
+        if problem:
+            out.rejects.append(Reject(partitions[i], offsets[i], "bad_tick", problem))
+            continue
+        out.ticks.append(tick)
+    return out
+
+
+def tick_problem(tick: Tick) -> str:
+    """Why a decoded tick cannot be used, or '' if it can."""
+    if _split_ticker(tick.ticker) is None:
+        return f"ticker {tick.ticker!r} is not EXCHANGE:BASE/QUOTE"
+    if not tick.trade_id:
+        return "tick has no trade_id"
+    if not 0 < tick.timestamp_ms <= MAX_TIME_MS:
+        return f"tick timestamp_ms {tick.timestamp_ms} is not in 1970..9999"
+    if not (tick.price > 0 and tick.price != float("inf")):
+        return f"tick price {tick.price} is not a positive number"
+    if not (tick.amount >= 0 and tick.amount != float("inf")):
+        return f"tick amount {tick.amount} is not a non-negative number"
+    return ""
+
+
+def ticks_to_table(ticks: Sequence[Tick], ingested_fallback_ms: Sequence[int]) -> pa.Table:
+    """Tick messages -> ``TICK_SCHEMA`` rows; ``ingested_at`` falls back to the Kafka time."""
+    exchange: list[str] = []
+    symbol: list[str] = []
+    for t in ticks:
+        split = _split_ticker(t.ticker)
+        assert split is not None, "ticks_to_table takes validated ticks"
+        exchange.append(split[0])
+        symbol.append(split[1])
+    return pa.table(
+        {
+            "ticker": pa.array([t.ticker for t in ticks], pa.string()),
+            "exchange": pa.array(exchange, pa.string()),
+            "symbol": pa.array(symbol, pa.string()),
+            "trade_id": pa.array([t.trade_id for t in ticks], pa.string()),
+            "price": pa.array([t.price for t in ticks], pa.float64()),
+            "amount": pa.array([t.amount for t in ticks], pa.float64()),
+            "side": pa.array([_SIDES.get(t.side) for t in ticks], pa.string()),
+            "trade_time": _ms_to_timestamp([t.timestamp_ms for t in ticks]),
+            "ingested_at": _ms_to_timestamp(
+                [
+                    t.ingested_at_ms if 0 < t.ingested_at_ms <= MAX_TIME_MS else f
+                    for t, f in zip(ticks, ingested_fallback_ms, strict=True)
+                ]
+            ),
+        },
+        schema=TICK_SCHEMA,
+    )
+
+
+def kafka_ticks_to_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: Kafka rows -> valid tick rows (rejects are logged by the publisher)."""
+    for kafka in batches:
+        values = _column(kafka, "value")
+        stamps = _timestamps_ms(kafka, len(values), 0)
+        ticks: list[Tick] = []
+        fallback: list[int] = []
+        for value, stamp in zip(values, stamps, strict=True):
+            try:
+                tick = envelope.decode_record(value or b"", Tick)
+            except ProtocolError:
+                continue
+            if tick_problem(tick):
+                continue
+            ticks.append(tick)
+            fallback.append(stamp)
+        yield from ticks_to_table(ticks, fallback).to_batches()

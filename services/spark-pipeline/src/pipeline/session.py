@@ -1,0 +1,150 @@
+"""SparkSession from the pipeline config: jars, Iceberg REST catalog, small-machine defaults."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+ICEBERG_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
+S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+REQUIRED_JARS = ("spark-sql-kafka-0-10", "iceberg-spark-runtime", "iceberg-aws-bundle")
+LOOPBACK = "127.0.0.1"
+
+
+class SessionConfigError(RuntimeError):
+    """The config cannot give a working SparkSession (e.g. the jars are missing)."""
+
+
+def under_spark_submit() -> bool:
+    """spark-submit starts the JVM first and hands Python its gateway port."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def resolve_jars(settings: Settings) -> list[str]:
+    jars = [str(Path(j).expanduser()) for j in settings.spark.jars]
+    if settings.spark.jars_dir:
+        directory = Path(settings.spark.jars_dir).expanduser()
+        if not directory.is_dir():
+            raise SessionConfigError(
+                f"spark.jars_dir {directory} is not a directory "
+                "(resolve the jars with `python -m infra.artifacts`)"
+            )
+        jars += sorted(str(p) for p in directory.glob("*.jar"))
+    missing_files = [j for j in jars if not Path(j).is_file()]
+    if missing_files:
+        raise SessionConfigError(f"spark.jars lists files that do not exist: {missing_files}")
+    names = " ".join(Path(j).name for j in jars)
+    absent = [r for r in REQUIRED_JARS if r not in names]
+    if absent:
+        raise SessionConfigError(
+            f"no {', '.join(absent)} jar in spark.jars / spark.jars_dir ({jars or 'empty'}): "
+            "the Kafka source and Iceberg runtime are Maven artifacts "
+            "(`python -m infra.artifacts` puts them in .cache/spark)"
+        )
+    return jars
+
+
+def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, str]:
+    """Every Spark setting the pipeline needs.
+
+    ``include_launch`` adds what only applies when we start the JVM (master, jars,
+    driver memory); under spark-submit those come from its command line.
+    """
+    c = settings.catalog
+    prefix = f"spark.sql.catalog.{c.name}"
+    conf = {
+        "spark.app.name": settings.spark.app_name,
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
+        prefix: ICEBERG_CATALOG,
+        f"{prefix}.type": "rest",
+        f"{prefix}.uri": c.uri,
+        f"{prefix}.warehouse": c.warehouse,
+        f"{prefix}.io-impl": S3_FILE_IO,
+        f"{prefix}.s3.endpoint": c.s3_endpoint,
+        f"{prefix}.s3.path-style-access": "true",
+        f"{prefix}.s3.access-key-id": c.s3_access_key,
+        f"{prefix}.s3.secret-access-key": c.s3_secret_key,
+        f"{prefix}.client.region": c.s3_region,
+        # Read table metadata fresh: notifications carry the snapshot just committed.
+        f"{prefix}.cache-enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.spark.shuffle_partitions),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    }
+    if include_launch:
+        conf["spark.master"] = settings.spark.master
+        conf["spark.driver.memory"] = settings.spark.driver_memory
+        jars = resolve_jars(settings)
+        conf["spark.jars"] = ",".join(jars)
+        if settings.spark.master.startswith("local"):
+            conf["spark.driver.host"] = LOOPBACK
+            conf["spark.driver.bindAddress"] = LOOPBACK
+    conf.update(settings.spark.conf)
+    return conf
+
+
+def build_session(settings: Settings) -> SparkSession:
+    """Start (or, under spark-submit, attach to) Spark with the pipeline's settings."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    launching = not under_spark_submit()
+    if launching:
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        if settings.spark.master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings, include_launch=launching).items():
+        builder = builder.config(key, value)
+    spark: SparkSession = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    master = spark.sparkContext.master or ""
+    if not master.startswith("local"):
+        ship_python_packages(spark)
+    log.info("Spark %s up, master %s", spark.version, master)
+    return spark
+
+
+def ship_python_packages(spark: SparkSession) -> Path:
+    """Zip `pipeline` and `mdproto` for executors on other hosts (their Python workers
+    import `pipeline.records` for mapInArrow); protobuf and pyarrow must be installed there.
+    """
+    import mdproto
+    import pipeline
+
+    target = Path(tempfile.mkdtemp(prefix="pipeline-pyfiles-")) / "pipeline-packages.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in (pipeline, mdproto):
+            assert package.__file__ is not None
+            root = Path(package.__file__).resolve().parent
+            for path in root.rglob("*.py"):
+                archive.write(path, Path(root.name) / path.relative_to(root))
+    spark.sparkContext.addPyFile(str(target))
+    log.info("shipped pipeline + mdproto to executors as %s", target)
+    return target
+
+
+def jvm_pid(spark: SparkSession) -> int | None:
+    """The driver JVM's pid (None if it cannot be read)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        return int(jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:
+        return None

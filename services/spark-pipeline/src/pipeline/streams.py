@@ -1,0 +1,83 @@
+"""Kafka sources and query start-up shared by the history and live paths."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pipeline.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+BatchFunction = Callable[["DataFrame", int], None]
+
+
+def kafka_source(
+    spark: SparkSession, settings: Settings, topic: str, max_offsets: int | None
+) -> DataFrame:
+    """Spark's Kafka source on one topic: rows of key, value, partition, offset, timestamp."""
+    k = settings.kafka
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", k.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", k.starting_offsets)
+        .option("failOnDataLoss", str(k.fail_on_data_loss).lower())
+    )
+    if max_offsets is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
+    for key, value in k.options.items():
+        reader = reader.option(key if key.startswith("kafka.") else f"kafka.{key}", value)
+    return reader.load()
+
+
+def trigger_interval(seconds: float) -> str:
+    """Spark processingTime string; 0 runs micro-batches back to back."""
+    return f"{round(seconds * 1000)} milliseconds"
+
+
+class QueryIdentity:
+    """The id of the query a foreachBatch function belongs to, known only after start().
+
+    The id is stored in the checkpoint, so it is stable across restarts; the
+    first batch may run before start() returns, hence the event.
+    """
+
+    def __init__(self) -> None:
+        self._id = ""
+        self._ready = threading.Event()
+
+    def set(self, query_id: str) -> None:
+        self._id = query_id
+        self._ready.set()
+
+    def get(self, timeout_s: float = 60.0) -> str:
+        if not self._ready.wait(timeout_s):
+            raise RuntimeError("query id not known: the query did not start")
+        return self._id
+
+
+def start_query(
+    frame: DataFrame,
+    *,
+    name: str,
+    settings: Settings,
+    function: BatchFunction,
+    trigger_s: float,
+    output_mode: str = "append",
+    identity: QueryIdentity | None = None,
+) -> StreamingQuery:
+    query = (
+        frame.writeStream.queryName(name)
+        .outputMode(output_mode)
+        .foreachBatch(function)
+        .option("checkpointLocation", settings.checkpoint_for(name))
+        .trigger(processingTime=trigger_interval(trigger_s))
+        .start()
+    )
+    if identity is not None:
+        identity.set(str(query.id))
+    return query

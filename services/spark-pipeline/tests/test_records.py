@@ -1,0 +1,178 @@
+"""Record decoding: Kafka rows -> candle/tick rows, markers and rejects (no Spark)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+
+from mdproto import envelope
+from mdproto.messages import OHLC, OHLCBatch, Tick
+from pipeline import records
+
+
+def test_request_becomes_candle_rows_and_one_final_marker(build: Any) -> None:
+    rows = [build.candle(i) for i in range(2500)]
+    values = build.request_records("req-1", rows, per_record=1000)
+
+    batch = records.decode_history(build.kafka_table(values, first_offset=40))
+
+    assert batch.records == 4  # 3 data records + marker
+    assert batch.candles.num_rows == 2500
+    assert batch.candles.schema == records.OHLC_SCHEMA
+    assert batch.rejects == []
+    first = batch.candles.slice(0, 1).to_pylist()[0]
+    assert first["ticker"] == build.TICKER
+    assert (first["exchange"], first["symbol"]) == ("BINANCE", "BTC/USDT")
+    assert first["period_seconds"] == 60
+    assert int(first["open_time"].timestamp() * 1000) == build.T0
+    assert (first["open"], first["high"], first["low"], first["close"]) == (100, 110, 90, 105)
+    assert (first["volume"], first["trade_count"]) == (1.5, 7)
+    assert (first["source"], first["request_id"]) == ("history", "req-1")
+    [marker] = batch.finals
+    assert (marker.request_id, marker.partition, marker.offset) == ("req-1", 0, 43)
+    assert marker.metadata is not None and marker.metadata.total_rows == 2500
+
+
+def test_duplicate_delivery_in_one_batch_keeps_one_row_per_key_the_last(build: Any) -> None:
+    first = build.request_records("req-1", [build.candle(i) for i in range(3)])
+    second = build.request_records("req-1", [build.candle(i, close=1.0) for i in range(3)])
+
+    batch = records.decode_history(build.kafka_table(first + second))
+
+    assert batch.candles.num_rows == 3
+    assert batch.duplicate_rows == 3
+    assert batch.candles["close"].to_pylist() == [1.0, 1.0, 1.0]  # the later copy wins
+    assert [m.request_id for m in batch.finals] == ["req-1", "req-1"]
+
+
+def test_rows_inherit_ticker_and_period_from_metadata_or_key(build: Any) -> None:
+    bare = OHLC(open_time_ms=build.T0, open=1, high=1, low=1, close=1)
+    with_meta = OHLCBatch(request_id="r", sequence=0, metadata=build.metadata("r"), rows=[bare])
+    key_only = OHLCBatch(request_id="r", sequence=1, rows=[bare])
+
+    batch = records.decode_history(
+        build.kafka_table([envelope.encode_record(with_meta), envelope.encode_record(key_only)])
+    )
+
+    # The first row gets ticker and period from metadata; the second has a ticker
+    # (the Kafka key) but no period anywhere, so it is dropped and reported.
+    assert batch.candles["ticker"].to_pylist() == [build.TICKER]
+    assert batch.candles["period_seconds"].to_pylist() == [60]
+    [reject] = batch.rejects
+    assert (reject.offset, reject.code) == (1, "bad_row")
+
+
+def test_undecodable_records_are_rejected_with_their_coordinates(build: Any) -> None:
+    good = build.request_records("ok-1", [build.candle(0)])
+    tick_record = envelope.encode_record(Tick(ticker=build.TICKER, trade_id="1"))
+    values = [b"\x02garbage", tick_record, None, *good]
+
+    batch = records.decode_history(build.kafka_table(values, partition=2, first_offset=10))
+
+    assert [(r.partition, r.offset, r.code) for r in batch.rejects] == [
+        (2, 10, "bad_version"),
+        (2, 11, "unexpected_type"),
+        (2, 12, "empty_frame"),
+    ]
+    assert batch.candles.num_rows == 1
+    assert [m.request_id for m in batch.finals] == ["ok-1"]
+
+
+def test_invalid_request_id_is_rejected(build: Any) -> None:
+    values = build.request_records("bad id!", [build.candle(0)])
+
+    batch = records.decode_history(build.kafka_table(values))
+
+    assert batch.candles.num_rows == 0
+    assert batch.finals == []
+    assert {r.code for r in batch.rejects} == {"bad_request_id"}
+
+
+def test_rows_iceberg_cannot_hold_are_dropped_not_fatal(build: Any) -> None:
+    rows = [
+        build.candle(0),
+        build.candle(1, open=math.nan),
+        build.candle(2, high=math.inf),
+        OHLC(ticker=build.TICKER, period_seconds=60, open_time_ms=10**17, open=1),  # year > 9999
+        OHLC(ticker=build.TICKER, period_seconds=60, open_time_ms=-60_000, open=1),
+        OHLC(ticker="btcusdt", period_seconds=60, open_time_ms=build.T0, open=1),
+        OHLC(ticker=build.TICKER, period_seconds=2**31, open_time_ms=build.T0, open=1),
+        OHLC(ticker=build.TICKER, period_seconds=60, open_time_ms=build.T0, trade_count=2**63),
+        build.candle(3),
+    ]
+    values = build.request_records("req-1", rows)
+
+    batch = records.decode_history(build.kafka_table(values))
+
+    assert batch.candles.num_rows == 2
+    assert batch.candles["open"].to_pylist() == [100.0, 103.0]
+    [reject] = batch.rejects
+    assert reject.code == "bad_row" and reject.reason.startswith("7 row(s)")
+    assert [m.request_id for m in batch.finals] == ["req-1"]
+
+
+def test_empty_batch_gives_an_empty_typed_table(build: Any) -> None:
+    batch = records.decode_history(build.kafka_table([]))
+
+    assert batch.candles.num_rows == 0
+    assert batch.candles.schema == records.OHLC_SCHEMA
+
+
+def test_error_marker_alone_is_a_final_marker_without_rows(build: Any) -> None:
+    values = build.request_records("req-e", [], status=3, reason="boom", error_code="exchange_down")
+
+    batch = records.decode_history(build.kafka_table(values))
+
+    assert batch.candles.num_rows == 0
+    [marker] = batch.finals
+    assert marker.metadata is not None
+    assert (marker.metadata.reason, marker.metadata.error_code) == ("boom", "exchange_down")
+
+
+def test_dedupe_last_keeps_order_and_last_copy() -> None:
+    table = pa.table({"k": ["a", "b", "a", "c", "b"], "n": [1, 2, 3, 4, 5], "v": [0, 1, 2, 3, 4]})
+
+    out = records.dedupe_last(table, ["k", "n"])
+    assert out.equals(table)  # no duplicate keys: untouched
+
+    out = records.dedupe_last(table, ["k"])
+    assert out["v"].to_pylist() == [2, 3, 4]
+
+
+def test_ticks_decode_validate_and_reject(build: Any) -> None:
+    good = build.tick(1, 100.0, build.T0, ingested_at_ms=build.T0 + 5)
+    values = [
+        envelope.encode_record(good),
+        envelope.encode_record(build.tick("", 100.0, build.T0)),
+        envelope.encode_record(build.tick(2, -1.0, build.T0)),
+        envelope.encode_record(build.tick(3, 100.0, 0)),
+        envelope.encode_record(build.tick(4, 100.0, build.T0, ticker="nope")),
+        b"\x01\x7f",
+    ]
+
+    decoded = records.decode_ticks(build.kafka_table(values))
+
+    assert decoded.ticks == [good]
+    assert [r.code for r in decoded.rejects] == ["bad_tick"] * 4 + ["unknown_type"]
+
+
+def test_ticks_to_rows_for_spark_workers(build: Any) -> None:
+    values = [
+        envelope.encode_record(build.tick(1, 100.0, build.T0, ingested_at_ms=build.T0 + 7)),
+        envelope.encode_record(build.tick(2, 101.0, build.T0 + 1)),  # no ingested_at: Kafka time
+        b"junk",
+    ]
+    kafka = build.kafka_table(values, timestamp_ms=build.T0 + 9)
+
+    out = pa.Table.from_batches(list(records.kafka_ticks_to_rows(kafka.to_batches())))
+
+    assert out.schema == records.TICK_SCHEMA
+    rows = out.to_pylist()
+    assert [r["trade_id"] for r in rows] == ["1", "2"]
+    assert [int(r["ingested_at"].timestamp() * 1000) for r in rows] == [
+        build.T0 + 7,
+        build.T0 + 9,
+    ]
+    assert rows[0]["side"] == "BUY" and rows[0]["symbol"] == "BTC/USDT"

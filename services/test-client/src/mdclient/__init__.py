@@ -1,0 +1,48 @@
+"""mdclient: history, live and legacy client of the market-data platform.
+
+Importing this package is cheap: pyarrow, pandas and pyiceberg are imported
+only when rows are read.
+"""
+
+from mdclient.client import Client, new_client_id, new_request_id
+from mdclient.config import ClientSettings, load_settings
+from mdclient.errors import (
+    ConfigError,
+    HistoryFailed,
+    HistoryTimeout,
+    InvalidRequest,
+    MdClientError,
+    MdTimeout,
+    ProtocolMismatch,
+    RelayUnavailable,
+    RequestTimeout,
+    StorageError,
+    SubmitRejected,
+)
+from mdclient.history import HistoryOutcome, HistoryQuery, ProgressEvent
+from mdclient.live import LiveStream
+from mdclient.results import HistoryResult
+
+__all__ = [
+    "Client",
+    "ClientSettings",
+    "ConfigError",
+    "HistoryFailed",
+    "HistoryOutcome",
+    "HistoryQuery",
+    "HistoryResult",
+    "HistoryTimeout",
+    "InvalidRequest",
+    "LiveStream",
+    "MdClientError",
+    "MdTimeout",
+    "ProgressEvent",
+    "ProtocolMismatch",
+    "RelayUnavailable",
+    "RequestTimeout",
+    "StorageError",
+    "SubmitRejected",
+    "load_settings",
+    "new_client_id",
+    "new_request_id",
+]

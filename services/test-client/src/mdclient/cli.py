@@ -1,0 +1,404 @@
+"""`mdclient` command line: history, live and legacy calls against the platform.
+
+Flow of `mdclient history`:
+
+    parse args -> settings (YAML < env < flags) -> check output paths
+      -> Client (connect, per-client subscribe) -> history (spinner on stderr)
+      -> table on stdout / CSV / Parquet / chart PNG -> exit code
+
+Exit codes (README "Exit codes"): see EXIT_* below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mdclient import errors, timeparse
+from mdclient.config import ClientSettings, load_settings
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from mdclient.client import Client
+    from mdclient.history import ProgressEvent
+    from mdclient.results import HistoryResult
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1  # a bug: unexpected exception (traceback with -v)
+EXIT_USAGE = 2  # bad arguments, time/period/ticker format, config, output path
+EXIT_REJECTED = 3  # the relay refused the request (SubmitResponse REJECTED)
+EXIT_FAILED = 4  # ERROR notification / legacy ERROR: the platform gave up
+EXIT_TIMEOUT = 5  # no ack or no notification in time, after every attempt
+EXIT_NOT_FOUND = 6  # answered, but no candles in the range (NOT_FOUND or 0 rows)
+EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
+EXIT_STORAGE = 8  # Iceberg catalog / S3 read failed
+EXIT_PROTOCOL = 9  # the relay spoke something this client does not understand
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (errors.ConfigError, EXIT_USAGE),
+    (errors.InvalidRequest, EXIT_USAGE),
+    (errors.SubmitRejected, EXIT_REJECTED),
+    (errors.HistoryFailed, EXIT_FAILED),
+    (errors.MdTimeout, EXIT_TIMEOUT),
+    (errors.RelayUnavailable, EXIT_UNAVAILABLE),
+    (errors.StorageError, EXIT_STORAGE),
+    (errors.ProtocolMismatch, EXIT_PROTOCOL),
+)
+
+log = logging.getLogger("mdclient")
+
+
+class UsageError(Exception):
+    """Bad command-line input discovered after argparse (exit 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    conn = common.add_argument_group("connection (override config file and MDCLIENT_* env)")
+    conn.add_argument("--config", type=Path, help="YAML config file (default: $CONFIG_PATH)")
+    conn.add_argument("--relay-host", help="relay host (ports 5559/5558 unless overridden)")
+    conn.add_argument("--request-endpoint", help="e.g. tcp://host:5559")
+    conn.add_argument("--market-data-endpoint", help="e.g. tcp://host:5558")
+    conn.add_argument("--client-id", help="client id (default: random per run)")
+    conn.add_argument("--catalog-uri", help="Iceberg REST catalog URI")
+    conn.add_argument("--warehouse", help="Iceberg warehouse")
+    conn.add_argument("--s3-endpoint", help="S3 endpoint URL")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    range_args = argparse.ArgumentParser(add_help=False)
+    range_args.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
+    range_args.add_argument("--period", default="1m", help="60, 1m, 5m, 1h, 1d (default 1m)")
+    range_args.add_argument(
+        "--start", default="-24h", help="now, -24h, 2026-11-20, 2026-11-20T10:00, epoch ms"
+    )
+    range_args.add_argument("--end", default="now", help="same formats; range is [start, end)")
+    range_args.add_argument("--timeout", type=float, help="seconds to wait per attempt")
+    range_args.add_argument("--attempts", type=int, help="attempts, each with a new request_id")
+    out = range_args.add_argument_group("output")
+    out.add_argument("--rows", type=int, default=20, help="table rows: head+tail (0 = all)")
+    out.add_argument("--no-table", action="store_true", help="print no table")
+    out.add_argument("--csv", type=Path, metavar="FILE", help="write the candles as CSV")
+    out.add_argument("--parquet", type=Path, metavar="FILE", help="write the candles as Parquet")
+    out.add_argument("--chart", type=Path, metavar="PNG", help="candlestick + volume chart")
+
+    parser = argparse.ArgumentParser(
+        prog="mdclient",
+        description="History, live and legacy client of the market-data platform.",
+        epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data, "
+        "7 relay unreachable, 8 storage, 9 protocol, 130 Ctrl-C.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    history = sub.add_parser(
+        "history",
+        parents=[common, range_args],
+        help="request history, wait for the notification, read Iceberg",
+    )
+    history.add_argument(
+        "--notify",
+        choices=["per_client", "per_request"],
+        help="notification pattern: RESPONSE:{client_id} or HISTORY_READY:{request_id}",
+    )
+    history.add_argument(
+        "--no-pin", action="store_true", help="read the current snapshot, not the notified one"
+    )
+
+    legacy = sub.add_parser(
+        "legacy", parents=[common, range_args], help="deprecated synchronous OHLCRequest"
+    )
+    legacy.add_argument("--limit", type=int, default=0, help="max candles (0 = no limit)")
+
+    live = sub.add_parser("live", parents=[common], help="stream ticks and/or candles")
+    live.add_argument("ticker", help="EXCHANGE:BASE/QUOTE")
+    live.add_argument("--ticks", action="store_true", help="stream trades (default if no --ohlc)")
+    live.add_argument(
+        "--ohlc", action="append", default=[], metavar="PERIOD", help="stream candles (repeatable)"
+    )
+    live.add_argument("--count", type=int, help="stop after N messages (exit 0)")
+    live.add_argument("--duration", type=float, help="stop after N seconds (exit 0)")
+    return parser
+
+
+def join_relative_times(argv: Sequence[str]) -> list[str]:
+    """`--start -24h` -> `--start=-24h`: argparse would take `-24h` for an option."""
+    out: list[str] = []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        following = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if token in ("--start", "--end") and following[:1] == "-" and following[1:2].isdigit():
+            out.append(f"{token}={following}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
+def settings_from_args(args: argparse.Namespace) -> ClientSettings:
+    overrides: dict[str, Any] = {
+        "relay_host": args.relay_host,
+        "request_endpoint": args.request_endpoint,
+        "market_data_endpoint": args.market_data_endpoint,
+        "client_id": args.client_id,
+        "catalog_uri": args.catalog_uri,
+        "warehouse": args.warehouse,
+        "s3_endpoint": args.s3_endpoint,
+    }
+    if getattr(args, "notify", None):
+        overrides["notify"] = args.notify
+    return load_settings(args.config, **overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(join_relative_times(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # argparse: --help is 0, bad usage is 2
+        return int(exc.code or 0)
+    _setup_logging(args.verbose)
+    from rich.console import Console
+
+    err = Console(stderr=True, quiet=False)
+    try:
+        command: Callable[[argparse.Namespace, Console], int] = COMMANDS[args.command]
+        return command(args, err)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return EXIT_INTERRUPTED
+    except UsageError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return EXIT_USAGE
+    except errors.MdClientError as exc:
+        err.print(f"[red]{type(exc).__name__}:[/] {exc}", highlight=False, markup=True)
+        return exit_code_for(exc)
+    except Exception as exc:
+        log.debug("unexpected error", exc_info=True)
+        err.print(f"[red]internal error:[/] {type(exc).__name__}: {exc} (run with -v)")
+        return EXIT_INTERNAL
+
+
+def exit_code_for(exc: BaseException) -> int:
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return EXIT_INTERNAL
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+# --- commands ---
+
+
+def cmd_history(args: argparse.Namespace, err: Console) -> int:
+    return _fetch(args, err, legacy=False)
+
+
+def cmd_legacy(args: argparse.Namespace, err: Console) -> int:
+    return _fetch(args, err, legacy=True)
+
+
+def _fetch(args: argparse.Namespace, err: Console, *, legacy: bool) -> int:
+    ticker, period, start_ms, end_ms = parse_range_args(args)
+    for path in (args.csv, args.parquet, args.chart):
+        if path is not None:
+            try:
+                from mdclient.output import check_writable
+
+                check_writable(path)
+            except OSError as exc:
+                raise UsageError(str(exc)) from None
+    settings = settings_from_args(args)
+    what = describe(ticker, period, start_ms, end_ms)
+    with _client(settings) as client, _Progress(err, what, quiet=args.quiet) as progress:
+        if legacy:
+            progress.note("legacy request (synchronous)")
+            result = client.fetch_ohlc_sync(
+                ticker, period, start_ms, end_ms,
+                limit=args.limit, timeout_s=args.timeout, attempts=args.attempts,
+            )  # fmt: skip
+        else:
+            result = client.history(
+                ticker, period, start_ms, end_ms,
+                timeout_s=args.timeout, attempts=args.attempts,
+                progress=progress.update, pin_snapshot=False if args.no_pin else None,
+            )  # fmt: skip
+    return _emit(args, err, result, what, period)
+
+
+def _emit(
+    args: argparse.Namespace, err: Console, result: HistoryResult, what: str, period: int
+) -> int:
+    from rich.console import Console
+
+    from mdclient import output
+
+    snapshot = f", snapshot {result.snapshot_id}" if result.snapshot_id else ""
+    if not args.quiet:
+        err.print(
+            f"{result.status}: {len(result)} rows, request {result.request_id}{snapshot}, "
+            f"{result.attempts} attempt(s), {result.elapsed_s:.1f}s",
+            highlight=False,
+        )
+    if args.csv:
+        output.write_csv(result.table, args.csv)
+    if args.parquet:
+        output.write_parquet(result.table, args.parquet)
+    if result.empty:
+        err.print(f"no candles for {what}", highlight=False)
+        return EXIT_NOT_FOUND
+    if args.chart:
+        from mdclient.chart import candlestick_png
+
+        candlestick_png(result.table, args.chart, title=what, period_seconds=period)
+    if not args.no_table:
+        out = Console()
+        if not out.is_terminal:  # piped: never squeeze numbers into an 80-column guess
+            out = Console(width=max(out.width, 160))
+        out.print(output.candle_table(result.table, title=what, max_rows=args.rows))
+    return EXIT_OK
+
+
+def cmd_live(args: argparse.Namespace, err: Console) -> int:
+    from rich.console import Console
+
+    from mdclient.output import live_line
+
+    ticker = _ticker(args.ticker)
+    try:
+        periods = [timeparse.parse_period(p) for p in args.ohlc]
+    except timeparse.TimeFormatError as exc:
+        raise UsageError(str(exc)) from None
+    want_ticks = args.ticks or not periods
+    settings = settings_from_args(args)
+    out = Console(highlight=False, soft_wrap=True)
+    deadline = time.monotonic() + args.duration if args.duration else None
+    shown = 0
+    with _client(settings) as client, client.live(ticker, ticks=want_ticks, ohlc=periods) as s:
+        if not args.quiet:
+            err.print(f"streaming {', '.join(s.topics)} (Ctrl-C to stop)", highlight=False)
+        while args.count is None or shown < args.count:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            message = s.get(timeout_s=remaining)
+            if message is None:
+                continue
+            out.print(live_line(message), markup=False)
+            shown += 1
+        if s.dropped and not args.quiet:
+            err.print(f"{s.dropped} messages dropped (terminal too slow)")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
+    "history": cmd_history,
+    "legacy": cmd_legacy,
+    "live": cmd_live,
+}
+
+
+# --- helpers ---
+
+
+def parse_range_args(args: argparse.Namespace) -> tuple[str, int, int, int]:
+    """(ticker, period_seconds, start_ms, end_ms) from the command line, or UsageError."""
+    ticker = _ticker(args.ticker)
+    try:
+        period = timeparse.parse_period(args.period)
+        start_ms, end_ms = timeparse.parse_range(
+            args.start, args.end, now_ms=int(time.time() * 1000)
+        )
+    except timeparse.TimeFormatError as exc:
+        raise UsageError(str(exc)) from None
+    if args.attempts is not None and args.attempts < 1:
+        raise UsageError("--attempts must be at least 1")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    return ticker, period, start_ms, end_ms
+
+
+def describe(ticker: str, period: int, start_ms: int, end_ms: int) -> str:
+    """`BINANCE:BTC/USDT 1m [2026-11-20T00:00:00Z, 2026-11-21T00:00:00Z)`"""
+    start, end = timeparse.format_ms(start_ms), timeparse.format_ms(end_ms)
+    return f"{ticker} {timeparse.format_period(period)} [{start}, {end})"
+
+
+def _ticker(text: str) -> str:
+    from mdproto import ProtocolError, topics
+
+    ticker = text.strip().upper()
+    try:
+        topics.parse_ticker(ticker)
+    except ProtocolError as exc:
+        raise UsageError(exc.reason) from None
+    return ticker
+
+
+def _client(settings: ClientSettings) -> Client:
+    from mdclient.client import Client
+
+    return Client(settings=settings)
+
+
+class _Progress:
+    """Spinner with elapsed time and attempt on stderr (silent when not a terminal)."""
+
+    def __init__(self, console: Console, what: str, *, quiet: bool) -> None:
+        self._console = console
+        self._what = what
+        self._enabled = not quiet
+        self._started = time.monotonic()
+        self._status: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self._enabled:
+            self._status = self._console.status(f"connecting for {self._what}")
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+    def note(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(f"{text}: {self._what}")
+
+    def update(self, event: ProgressEvent) -> None:
+        if self._status is None:
+            return
+        attempt = f"attempt {event.attempt}/{event.attempts}"
+        text = {
+            "subscribing": "subscribing",
+            "submitting": "submitting",
+            "waiting": "waiting for the pipeline",
+            "retrying": "no answer, retrying",
+            "reading": "reading Iceberg",
+            "done": "done",
+        }[event.phase]
+        self._status.update(
+            f"{text} {self._what} - {event.elapsed_s:.1f}s, {attempt}", spinner="dots"
+        )
+
+
+def _setup_logging(verbose: bool) -> None:
+    level = "DEBUG" if verbose else os.environ.get("LOG_LEVEL", "WARNING").upper()
+    logging.basicConfig(
+        level=level if level in logging.getLevelNamesMapping() else "WARNING",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

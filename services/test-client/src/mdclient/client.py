@@ -1,0 +1,383 @@
+"""`Client`: the SDK facade wiring transport, dispatcher, flows and the Iceberg reader.
+
+Example::
+
+    with Client("relay-host") as client:
+        result = client.history("BINANCE:BTC/USDT", "1m", "-24h", "now")
+        df = result.to_pandas()
+        for message in client.live("BINANCE:BTC/USDT", ohlc=["1m"]):
+            ...
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from mdclient import timeparse
+from mdclient.config import ClientSettings, NotifyName, load_settings
+from mdclient.dispatch import Dispatcher
+from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable
+from mdclient.history import (
+    PATTERNS,
+    HistoryOutcome,
+    HistoryQuery,
+    ProgressCallback,
+    ProgressEvent,
+    RetryPolicy,
+    wait_for_history,
+)
+from mdclient.legacy import fetch_sync
+from mdclient.live import LiveCallback, LiveStream, live_topics
+from mdclient.results import HistoryResult
+from mdclient.transport import Transport
+from mdproto import topics
+from mdproto.messages import Status
+
+if TYPE_CHECKING:
+    from mdclient.iceberg_reader import IcebergReader
+
+log = logging.getLogger(__name__)
+
+TimeLike = int | datetime | str
+PeriodLike = int | str
+
+
+def new_request_id() -> str:
+    """32 hex chars: equal length means no id is a prefix of another (topic prefixes)."""
+    return uuid.uuid4().hex
+
+
+def new_client_id() -> str:
+    return f"mdc-{uuid.uuid4().hex[:16]}"
+
+
+class Client:
+    """History (async, both notification patterns), live and legacy calls over one relay.
+
+    Connecting waits until the market-data SUB has completed its handshake
+    with the relay (RelayUnavailable otherwise) and, for the per-client
+    pattern, subscribes `RESPONSE:{client_id}` once for the client's lifetime.
+    Methods may be called from several threads.
+    """
+
+    def __init__(
+        self,
+        relay_host: str | None = None,
+        *,
+        request_endpoint: str | None = None,
+        market_data_endpoint: str | None = None,
+        client_id: str | None = None,
+        notify: NotifyName | None = None,
+        settings: ClientSettings | None = None,
+        reader: IcebergReader | None = None,
+    ) -> None:
+        base = settings if settings is not None else load_settings()
+        updates = {
+            key: value
+            for key, value in {
+                "relay_host": relay_host,
+                "request_endpoint": request_endpoint,
+                "market_data_endpoint": market_data_endpoint,
+                "client_id": client_id,
+                "notify": notify,
+            }.items()
+            if value is not None
+        }
+        self.settings = base.model_copy(update=updates)
+        self.client_id = self.settings.client_id or new_client_id()
+        if not topics.is_valid_id(self.client_id):
+            raise ConfigError(
+                f"client_id {self.client_id!r} must be 1-128 characters of [A-Za-z0-9_.-]"
+            )
+        if self.settings.notify not in PATTERNS:
+            raise ConfigError(f"notify must be one of {sorted(PATTERNS)}")
+        self._reader = reader
+        self._reader_lock = threading.Lock()
+        self._streams: set[LiveStream] = set()
+        self._streams_lock = threading.Lock()
+        self._dispatcher = Dispatcher()
+        self._transport = Transport(
+            self.settings.request_address,
+            self.settings.market_data_address,
+            self._dispatcher.handle,
+            settle_s=self.settings.subscribe_settle_ms / 1000,
+        )
+        self._closed = False
+        try:
+            self._connect()
+        except BaseException:
+            self._transport.close()
+            raise
+
+    # --- lifecycle ---
+
+    def _connect(self) -> None:
+        timeout = self.settings.connect_timeout_s
+        if not self._transport.subscriber.wait_connected(timeout):
+            raise RelayUnavailable(
+                f"relay market-data socket {self.settings.market_data_address} not reachable "
+                f"within {timeout:g}s",
+                error_code="relay_unavailable",
+            )
+        if self.settings.notify == "per_client":
+            # Pattern 1: one subscription for the client's lifetime.
+            self.subscribe(topics.response_topic(self.client_id))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._streams_lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.close()
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def dispatch_stats(self) -> dict[str, int]:
+        """Counters of what the SUB socket received (received, unclaimed_notification, ...)."""
+        return dict(self._dispatcher.stats)
+
+    # --- HistoryPorts (used by the flows) ---
+
+    def request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]:
+        return self._transport.requests.request(frames, timeout_s)
+
+    def subscribe(self, topic: str) -> None:
+        """Reference-counted subscribe that returns once the subscription is live."""
+        self._transport.subscriber.subscribe(topic, self.settings.connect_timeout_s)
+
+    def unsubscribe(self, topic: str) -> None:
+        """Best effort: runs in cleanup paths, where raising would hide the real error."""
+        try:
+            self._transport.subscriber.unsubscribe(topic)
+        except RelayUnavailable as exc:
+            log.debug("unsubscribe %s skipped: %s", topic, exc)
+
+    # --- history ---
+
+    def query(
+        self, ticker: str, period: PeriodLike, start: TimeLike, end: TimeLike = "now"
+    ) -> HistoryQuery:
+        """Validate and normalise arguments (human times, `1m` periods) into a query."""
+        now_ms = int(time.time() * 1000)
+        try:
+            return HistoryQuery(
+                ticker=ticker,
+                period_seconds=timeparse.parse_period(period),
+                start_ms=timeparse.to_ms(start, now_ms=now_ms),
+                end_ms=timeparse.to_ms(end, now_ms=now_ms),
+            )
+        except timeparse.TimeFormatError as exc:
+            raise InvalidRequest(str(exc), error_code="bad_time") from None
+
+    def wait_history(
+        self,
+        query: HistoryQuery,
+        *,
+        notify: NotifyName | None = None,
+        timeout_s: float | None = None,
+        attempts: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> HistoryOutcome:
+        """Subscribe, submit, wait (with retries): the notification, without reading rows."""
+        pattern_name = notify or self.settings.notify
+        if pattern_name not in PATTERNS:
+            raise InvalidRequest(f"notify must be one of {sorted(PATTERNS)}")
+        policy = RetryPolicy(
+            attempts=attempts or self.settings.attempts,
+            submit_timeout_s=self.settings.submit_timeout_s,
+            history_timeout_s=timeout_s or self.settings.history_timeout_s,
+            progress_interval_s=self.settings.progress_interval_s,
+        )
+        return wait_for_history(
+            self,
+            self._dispatcher,
+            query,
+            client_id=self.client_id,
+            pattern=PATTERNS[pattern_name],
+            policy=policy,
+            new_request_id=new_request_id,
+            progress=progress,
+        )
+
+    def history(
+        self,
+        ticker: str,
+        period: PeriodLike,
+        start: TimeLike,
+        end: TimeLike = "now",
+        *,
+        notify: NotifyName | None = None,
+        timeout_s: float | None = None,
+        attempts: int | None = None,
+        progress: ProgressCallback | None = None,
+        pin_snapshot: bool | None = None,
+    ) -> HistoryResult:
+        """Candles of [start, end): request, wait for the notification, read Iceberg."""
+        query = self.query(ticker, period, start, end)
+        outcome = self.wait_history(
+            query, notify=notify, timeout_s=timeout_s, attempts=attempts, progress=progress
+        )
+        note = outcome.notification
+        snapshot = note.snapshot_id or None
+        if note.status == Status.NOT_FOUND:
+            from mdclient.frames import empty_candles
+
+            table = empty_candles()
+        else:
+            if progress is not None:
+                progress(
+                    ProgressEvent(
+                        "reading", outcome.attempts, outcome.attempts, note.request_id,
+                        outcome.elapsed_s, note.iceberg_table,
+                    )
+                )  # fmt: skip
+            pin = self.settings.pin_snapshot if pin_snapshot is None else pin_snapshot
+            table = self.reader().read_ohlc(
+                note.iceberg_table or self.settings.ohlc_table,
+                query.ticker,
+                query.period_seconds,
+                query.start_ms,
+                query.end_ms,
+                snapshot_id=snapshot if pin else None,
+            )
+        return HistoryResult(
+            table=table,
+            status=Status.Name(note.status),
+            request_id=note.request_id,
+            attempts=outcome.attempts,
+            elapsed_s=outcome.elapsed_s,
+            snapshot_id=snapshot,
+            reported_rows=note.row_count,
+            notification=note,
+        )
+
+    def reader(self) -> IcebergReader:
+        """The Iceberg reader (pyiceberg is imported on first use only)."""
+        with self._reader_lock:
+            if self._reader is None:
+                from mdclient.iceberg_reader import IcebergReader
+
+                self._reader = IcebergReader(
+                    self.settings.catalog_properties(), catalog_name=self.settings.catalog_name
+                )
+            return self._reader
+
+    # --- legacy ---
+
+    def fetch_ohlc_sync(
+        self,
+        ticker: str,
+        period: PeriodLike,
+        start: TimeLike,
+        end: TimeLike = "now",
+        *,
+        limit: int = 0,
+        timeout_s: float | None = None,
+        attempts: int | None = None,
+    ) -> HistoryResult:
+        """Deprecated OHLCRequest -> Response: candles come back in the reply itself."""
+        from mdclient.frames import candles_from_ohlc
+
+        query = self.query(ticker, period, start, end)
+        outcome = fetch_sync(
+            self,
+            query,
+            client_id=self.client_id,
+            limit=limit,
+            timeout_s=timeout_s or self.settings.legacy_timeout_s,
+            attempts=attempts or self.settings.legacy_attempts,
+            new_request_id=new_request_id,
+        )
+        return HistoryResult(
+            table=candles_from_ohlc(outcome.response.candles),
+            status=Status.Name(outcome.response.status),
+            request_id=outcome.request_id,
+            attempts=outcome.attempts,
+            elapsed_s=outcome.elapsed_s,
+            reported_rows=len(outcome.response.candles),
+        )
+
+    # --- live ---
+
+    def live(
+        self,
+        ticker: str,
+        *,
+        ticks: bool | None = None,
+        ohlc: Iterable[PeriodLike] = (),
+        callback: LiveCallback | None = None,
+    ) -> LiveStream:
+        """Subscribe to `{ticker}|tick` and/or `{ticker}|ohlc:{period}`.
+
+        Without `callback`, iterate the returned stream; with one, it is called
+        on the receiving thread. `ticks` defaults to True when no period is given.
+        Close the stream (or use it as a context manager) to unsubscribe.
+        """
+        try:
+            topics.parse_ticker(ticker)
+            periods = tuple(timeparse.parse_period(p) for p in ohlc)
+        except (ValueError, timeparse.TimeFormatError) as exc:
+            raise InvalidRequest(str(exc)) from None
+        want_ticks = not periods if ticks is None else ticks
+        try:
+            topic_list = live_topics(ticker, ticks=want_ticks, ohlc_periods=periods)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        stream = LiveStream(
+            topic_list,
+            self._close_stream,
+            maxsize=self.settings.live_queue_size,
+            callback=callback,
+        )
+        with self._streams_lock:
+            self._streams.add(stream)
+        for topic in topic_list:
+            self._dispatcher.add_sink(topic, stream.deliver)
+        try:
+            for topic in dict.fromkeys(topic_list):
+                self.subscribe(topic)
+                stream.subscribed.append(topic)
+        except BaseException:
+            stream.close()  # unsubscribes only what was subscribed
+            raise
+        return stream
+
+    def on_live(
+        self,
+        ticker: str,
+        callback: LiveCallback,
+        *,
+        ticks: bool | None = None,
+        ohlc: Iterable[PeriodLike] = (),
+    ) -> LiveStream:
+        """Callback form of `live`; returns the handle to `close()`."""
+        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback)
+
+    def _close_stream(self, stream: LiveStream) -> None:
+        with self._streams_lock:
+            self._streams.discard(stream)
+        for topic in stream.topics:
+            self._dispatcher.remove_sink(topic, stream.deliver)
+        if not self._closed:
+            for topic in stream.subscribed:
+                self.unsubscribe(topic)

@@ -1,0 +1,138 @@
+"""Client settings: defaults < YAML file < environment (MDCLIENT_*) < explicit overrides.
+
+The YAML file is the one named by `--config` (or `config_path`), else the
+`CONFIG_PATH` environment variable, else none. Unknown keys are an error so a
+typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from mdclient.errors import ConfigError
+from mdproto import contracts
+
+NotifyName = Literal["per_client", "per_request"]
+
+
+class ClientSettings(BaseSettings):
+    """Every knob of the SDK and CLI; README "Configuration" lists them with defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="MDCLIENT_", extra="forbid")
+
+    # Relay (ZeroMQ). An explicit endpoint wins over host + port.
+    relay_host: str = "127.0.0.1"
+    request_port: int = Field(default=contracts.CLIENT_REQUEST_PORT, gt=0, lt=65536)
+    market_data_port: int = Field(default=contracts.MARKET_DATA_PORT, gt=0, lt=65536)
+    request_endpoint: str = ""
+    market_data_endpoint: str = ""
+
+    # Identity and notification pattern.
+    client_id: str = ""  # empty: a fresh random id per Client
+    notify: NotifyName = "per_client"
+
+    # Timeouts and retries.
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    submit_timeout_s: float = Field(default=30.0, gt=0)  # spec: REQ/REP 30 s
+    history_timeout_s: float = Field(default=120.0, gt=0)  # per attempt
+    attempts: int = Field(default=3, ge=1)
+    subscribe_settle_ms: int = Field(default=25, ge=0)
+    legacy_timeout_s: float = Field(default=35.0, gt=0)  # relay waits 30 s for ingestors
+    legacy_attempts: int = Field(default=1, ge=1)
+    progress_interval_s: float = Field(default=0.2, gt=0)
+    live_queue_size: int = Field(default=10_000, ge=1)
+
+    # Iceberg (REST catalog + S3).
+    catalog_name: str = "rest"
+    catalog_uri: str = "http://127.0.0.1:8181"
+    warehouse: str = ""
+    s3_endpoint: str = "http://127.0.0.1:8333"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    s3_region: str = "us-east-1"
+    ohlc_table: str = contracts.ICEBERG_OHLC
+    pin_snapshot: bool = True
+
+    @property
+    def request_address(self) -> str:
+        return self.request_endpoint or f"tcp://{self.relay_host}:{self.request_port}"
+
+    @property
+    def market_data_address(self) -> str:
+        return self.market_data_endpoint or f"tcp://{self.relay_host}:{self.market_data_port}"
+
+    def catalog_properties(self) -> dict[str, str]:
+        """Properties for pyiceberg `load_catalog` (REST catalog, S3 FileIO)."""
+        props = {
+            "type": "rest",
+            "uri": self.catalog_uri,
+            "s3.endpoint": self.s3_endpoint,
+            "s3.region": self.s3_region,
+            "s3.path-style-access": "true",
+        }
+        if self.warehouse:
+            props["warehouse"] = self.warehouse
+        if self.s3_access_key_id:
+            props["s3.access-key-id"] = self.s3_access_key_id
+        if self.s3_secret_access_key:
+            props["s3.secret-access-key"] = self.s3_secret_access_key
+        return props
+
+
+def load_settings(config_path: str | Path | None = None, **overrides: Any) -> ClientSettings:
+    """Settings from the YAML file, the environment and `overrides` (None values skipped)."""
+    path = config_path if config_path is not None else os.environ.get("CONFIG_PATH") or None
+    file_values = _read_yaml(Path(path)) if path else {}
+    given = {key: value for key, value in overrides.items() if value is not None}
+
+    class _WithFile(ClientSettings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
+
+    try:
+        return _WithFile(**given)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of keys, not {type(data).__name__}"
+        )
+    return data
+
+
+def _describe(exc: ValidationError, path: str | Path | None) -> str:
+    where = f" (file {path}, env MDCLIENT_*, or flags)" if path else " (env MDCLIENT_* or flags)"
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
+    )
+    return f"invalid configuration{where}: {problems}"

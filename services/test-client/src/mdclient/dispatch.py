@@ -1,0 +1,106 @@
+"""Routes what arrives on the SUB socket to whoever waits for it (no sockets here).
+
+ZeroMQ subscriptions are *prefix* matches: a SUB subscribed to
+`RESPONSE:alice` also receives `RESPONSE:alice2`, and `...|ohlc:60` also
+receives `...|ohlc:600`. So nothing is delivered on the subscription alone:
+a notification must arrive on exactly the topic its waiter subscribed to and
+carry a request_id that waiter registered; market data must arrive on exactly
+the topic a live stream asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from google.protobuf.message import Message
+
+from mdproto import ProtocolError, envelope
+from mdproto.messages import OHLC, HistoryReadyNotification, Tick
+
+log = logging.getLogger(__name__)
+
+MarketSink = Callable[[Message], None]
+
+
+class NotificationWaiter:
+    """Notifications for one history call, from any of its attempts."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[HistoryReadyNotification] = queue.SimpleQueue()
+
+    def put(self, notification: HistoryReadyNotification) -> None:
+        self._queue.put(notification)
+
+    def wait(self, timeout_s: float) -> HistoryReadyNotification | None:
+        try:
+            return self._queue.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+
+
+class Dispatcher:
+    """Thread-safe routing table; `handle` runs on the subscriber thread."""
+
+    def __init__(self, *, max_payload: int = envelope.DEFAULT_MAX_PAYLOAD) -> None:
+        self._max_payload = max_payload
+        self._lock = threading.Lock()
+        self._waiters: dict[str, tuple[str, NotificationWaiter]] = {}
+        self._sinks: dict[str, list[MarketSink]] = {}
+        #: received, bad_frames, unclaimed_notification, unrouted_market, ignored
+        self.stats: Counter[str] = Counter()
+
+    def expect(self, request_id: str, topic: str, waiter: NotificationWaiter) -> None:
+        """Deliver `request_id`'s notification, if it arrives on `topic`, to `waiter`."""
+        with self._lock:
+            self._waiters[request_id] = (topic, waiter)
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._waiters.pop(request_id, None)
+
+    def add_sink(self, topic: str, sink: MarketSink) -> None:
+        with self._lock:
+            self._sinks.setdefault(topic, []).append(sink)
+
+    def remove_sink(self, topic: str, sink: MarketSink) -> None:
+        with self._lock:
+            sinks = self._sinks.get(topic, [])
+            if sink in sinks:
+                sinks.remove(sink)
+            if not sinks:
+                self._sinks.pop(topic, None)
+
+    def handle(self, frames: Sequence[bytes]) -> None:
+        self.stats["received"] += 1
+        try:
+            topic, message = envelope.decode_sub(frames, max_payload=self._max_payload)
+        except ProtocolError as exc:
+            self.stats["bad_frames"] += 1
+            log.warning("dropped undecodable message: %s", exc)
+            return
+        if isinstance(message, HistoryReadyNotification):
+            self._notify(topic, message)
+        elif isinstance(message, Tick | OHLC):
+            with self._lock:
+                sinks = list(self._sinks.get(topic, ()))
+            if not sinks:
+                self.stats["unrouted_market"] += 1
+            for sink in sinks:
+                sink(message)
+        else:
+            self.stats["ignored"] += 1
+            log.debug("ignored %s on %s", message.DESCRIPTOR.name, topic)
+
+    def _notify(self, topic: str, notification: HistoryReadyNotification) -> None:
+        with self._lock:
+            entry = self._waiters.get(notification.request_id)
+        if entry is None or entry[0] != topic:
+            # Late (call already finished) or someone else's (prefix-matched topic).
+            self.stats["unclaimed_notification"] += 1
+            log.debug("unclaimed notification %s on %s", notification.request_id, topic)
+            return
+        entry[1].put(notification)

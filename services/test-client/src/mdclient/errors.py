@@ -1,0 +1,74 @@
+"""Typed errors of the SDK; each carries the server's reason where there is one.
+
+The CLI maps every class to one exit code (see `EXIT_CODES` in cli.py and the
+README), so scripts can tell "the relay refused" from "the exchange failed"
+from "nobody answered".
+"""
+
+from __future__ import annotations
+
+
+class MdClientError(Exception):
+    """Base class. `reason` is human-readable, `error_code` machine-readable."""
+
+    def __init__(self, reason: str, *, error_code: str = "", request_id: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error_code = error_code
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        code = f" [{self.error_code}]" if self.error_code else ""
+        rid = f" (request {self.request_id})" if self.request_id else ""
+        return f"{self.reason}{code}{rid}"
+
+
+class ConfigError(MdClientError):
+    """The YAML file, an environment override or a flag is invalid."""
+
+
+class InvalidRequest(MdClientError):  # noqa: N818 (public API names)
+    """The request is invalid before anything is sent (bad ticker, period or range)."""
+
+
+class RelayUnavailable(MdClientError):  # noqa: N818 (public API names)
+    """The relay's sockets could not be reached within the connect timeout."""
+
+
+class ProtocolMismatch(MdClientError):  # noqa: N818 (public API names)
+    """The relay answered with frames or a message this client does not expect."""
+
+
+class SubmitRejected(MdClientError):  # noqa: N818 (public API names)
+    """The relay refused the request (SubmitResponse/Response REJECTED)."""
+
+
+class HistoryFailed(MdClientError):  # noqa: N818 (public API names)
+    """The platform gave up on the request (ERROR notification or legacy ERROR)."""
+
+
+class MdTimeout(MdClientError):  # noqa: N818 (public API names)
+    """Base of the two timeouts: nobody answered in time."""
+
+
+class RequestTimeout(MdTimeout):
+    """The relay did not answer a request on :5559 (after every attempt)."""
+
+
+class HistoryTimeout(MdTimeout):
+    """No HistoryReadyNotification arrived for any attempt (or legacy TIMEOUT)."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        error_code: str = "",
+        request_id: str = "",
+        request_ids: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(reason, error_code=error_code, request_id=request_id)
+        self.request_ids = request_ids
+
+
+class StorageError(MdClientError):
+    """Reading the rows from Iceberg (REST catalog or S3) failed."""

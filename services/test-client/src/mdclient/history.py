@@ -1,0 +1,275 @@
+"""The asynchronous history flow of spec 001, minus the Iceberg read.
+
+Per attempt (each with a NEW request_id):
+
+    topic = notification_topic(pattern, request_id, client_id)
+    register waiter(request_id, topic)      -> nothing can slip past us
+    subscribe(topic), confirmed live         -> BEFORE the request leaves
+    SubmitHistoricalRequest  -> SubmitResponse (REJECTED: raise, no retry)
+    wait for HistoryReadyNotification up to history_timeout_s
+      OK / NOT_FOUND -> done; ERROR -> raise HistoryFailed (no retry)
+      nothing        -> next attempt; a late notification for an earlier
+                        attempt still completes the call (same query)
+
+Subscriptions are reference-counted by the transport, so the per-client
+topic subscribed at connect stays subscribed after a call ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from mdclient.dispatch import Dispatcher, NotificationWaiter
+from mdclient.errors import (
+    HistoryFailed,
+    HistoryTimeout,
+    InvalidRequest,
+    ProtocolMismatch,
+    RequestTimeout,
+    SubmitRejected,
+)
+from mdproto import ProtocolError, envelope, topics
+from mdproto.messages import (
+    HistoryReadyNotification,
+    NotifyPattern,
+    Response,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+)
+
+Phase = Literal["subscribing", "submitting", "waiting", "retrying", "reading", "done"]
+PATTERNS: dict[str, int] = {
+    "per_client": NotifyPattern.NOTIFY_PER_CLIENT,
+    "per_request": NotifyPattern.NOTIFY_PER_REQUEST,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryQuery:
+    """[start_ms, end_ms) of `period_seconds` candles of `ticker`."""
+
+    ticker: str
+    period_seconds: int
+    start_ms: int
+    end_ms: int
+
+    def __post_init__(self) -> None:
+        try:
+            topics.parse_ticker(self.ticker)
+        except ProtocolError as exc:
+            raise InvalidRequest(exc.reason, error_code="bad_ticker") from None
+        if self.period_seconds <= 0:
+            raise InvalidRequest(f"period must be positive, got {self.period_seconds}")
+        if self.start_ms >= self.end_ms:
+            raise InvalidRequest(f"start {self.start_ms} is not before end {self.end_ms}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressEvent:
+    """What a long wait is doing; handed to the progress callback."""
+
+    phase: Phase
+    attempt: int
+    attempts: int
+    request_id: str
+    elapsed_s: float
+    detail: str = ""
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 3
+    submit_timeout_s: float = 30.0
+    history_timeout_s: float = 120.0
+    progress_interval_s: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryOutcome:
+    notification: HistoryReadyNotification
+    request_ids: tuple[str, ...]  # every attempt's id, in order
+    attempts: int
+    elapsed_s: float
+
+
+class HistoryPorts(Protocol):
+    """What the flow needs from the transport."""
+
+    def request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]: ...
+    def subscribe(self, topic: str) -> None: ...
+    def unsubscribe(self, topic: str) -> None: ...
+
+
+@dataclass
+class _Call:
+    started: float
+    request_ids: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    accepted: int = 0
+
+
+def wait_for_history(
+    ports: HistoryPorts,
+    dispatcher: Dispatcher,
+    query: HistoryQuery,
+    *,
+    client_id: str,
+    pattern: int,
+    policy: RetryPolicy,
+    new_request_id: Callable[[], str],
+    progress: ProgressCallback | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> HistoryOutcome:
+    """Run the flow above; raises SubmitRejected, HistoryFailed or a timeout."""
+    call = _Call(started=clock())
+    waiter = NotificationWaiter()
+
+    def report(phase: Phase, attempt: int, request_id: str, detail: str = "") -> None:
+        if progress is not None:
+            elapsed = clock() - call.started
+            progress(ProgressEvent(phase, attempt, policy.attempts, request_id, elapsed, detail))
+
+    try:
+        for attempt in range(1, policy.attempts + 1):
+            request_id = new_request_id()
+            topic = topics.notification_topic(pattern, request_id, client_id)
+            call.request_ids.append(request_id)
+            dispatcher.expect(request_id, topic, waiter)
+            report("subscribing", attempt, request_id, topic)
+            ports.subscribe(topic)
+            call.topics.append(topic)
+            report("submitting", attempt, request_id)
+            request = SubmitHistoricalRequest(
+                request_id=request_id,
+                client_id=client_id,
+                ticker=query.ticker,
+                period_seconds=query.period_seconds,
+                start_time_ms=query.start_ms,
+                end_time_ms=query.end_ms,
+                notify=pattern,  # type: ignore[arg-type]
+            )
+            try:
+                reply = ports.request(envelope.encode(request), policy.submit_timeout_s)
+            except RequestTimeout as exc:
+                report("retrying", attempt, request_id, str(exc))
+                continue
+            check_submit_reply(reply, request_id, topic)
+            call.accepted += 1
+            notification = _wait(waiter, policy, attempt, request_id, report, clock)
+            if notification is not None:
+                raise_for_status(notification)
+                report("done", attempt, notification.request_id)
+                return HistoryOutcome(
+                    notification, tuple(call.request_ids), attempt, clock() - call.started
+                )
+            report("retrying", attempt, request_id, "no notification")
+        raise _timeout(call, policy)
+    finally:
+        for request_id in call.request_ids:
+            dispatcher.forget(request_id)
+        for topic in call.topics:
+            ports.unsubscribe(topic)
+
+
+def check_submit_reply(frames: Sequence[bytes], request_id: str, topic: str) -> SubmitResponse:
+    """The relay's answer to a submit, or SubmitRejected / ProtocolMismatch."""
+    try:
+        message = envelope.decode(frames)
+    except ProtocolError as exc:
+        raise ProtocolMismatch(
+            f"relay reply does not decode: {exc.reason}", error_code=exc.code
+        ) from None
+    if isinstance(message, Response):
+        # The relay's generic reply to a request it could not handle.
+        raise SubmitRejected(
+            message.reason or f"relay answered {Status.Name(message.status)}",
+            error_code=message.error_code,
+            request_id=request_id,
+        )
+    if not isinstance(message, SubmitResponse):
+        raise ProtocolMismatch(
+            f"expected SubmitResponse, got {message.DESCRIPTOR.name}", error_code="unexpected_type"
+        )
+    if message.status == Status.REJECTED:
+        raise SubmitRejected(
+            message.reason or "rejected without a reason",
+            error_code=message.error_code,
+            request_id=request_id,
+        )
+    if message.status != Status.OK:
+        raise ProtocolMismatch(
+            f"SubmitResponse status {Status.Name(message.status)} is neither OK nor REJECTED",
+            error_code="unexpected_status",
+            request_id=request_id,
+        )
+    if message.request_id and message.request_id != request_id:
+        raise ProtocolMismatch(
+            f"SubmitResponse is for request {message.request_id!r}, sent {request_id!r}",
+            error_code="request_id_mismatch",
+            request_id=request_id,
+        )
+    if message.notification_topic and message.notification_topic != topic:
+        # We would wait on a topic nobody publishes to: a contract bug, retries won't help.
+        raise ProtocolMismatch(
+            f"relay announces notification topic {message.notification_topic!r}, "
+            f"client subscribed to {topic!r}",
+            error_code="topic_mismatch",
+            request_id=request_id,
+        )
+    return message
+
+
+def raise_for_status(notification: HistoryReadyNotification) -> None:
+    """OK and NOT_FOUND are answers; ERROR (or anything else) raises HistoryFailed."""
+    if notification.status in (Status.OK, Status.NOT_FOUND):
+        return
+    name = Status.Name(notification.status)
+    raise HistoryFailed(
+        notification.reason or f"history request ended with status {name}",
+        error_code=notification.error_code or name.lower(),
+        request_id=notification.request_id,
+    )
+
+
+def _wait(
+    waiter: NotificationWaiter,
+    policy: RetryPolicy,
+    attempt: int,
+    request_id: str,
+    report: Callable[[Phase, int, str, str], None],
+    clock: Callable[[], float],
+) -> HistoryReadyNotification | None:
+    deadline = clock() + policy.history_timeout_s
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            return None
+        notification = waiter.wait(min(remaining, policy.progress_interval_s))
+        if notification is not None:
+            return notification
+        report("waiting", attempt, request_id, "")
+
+
+def _timeout(call: _Call, policy: RetryPolicy) -> Exception:
+    ids = tuple(call.request_ids)
+    if call.accepted == 0:
+        return RequestTimeout(
+            f"relay did not acknowledge any of {policy.attempts} submit attempt(s) "
+            f"within {policy.submit_timeout_s:g}s each",
+            error_code="submit_timeout",
+            request_id=ids[-1] if ids else "",
+        )
+    return HistoryTimeout(
+        f"no HistoryReadyNotification within {policy.history_timeout_s:g}s for any of "
+        f"{len(ids)} attempt(s)",
+        error_code="history_timeout",
+        request_id=ids[-1],
+        request_ids=ids,
+    )

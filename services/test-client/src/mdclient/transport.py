@@ -1,0 +1,302 @@
+"""ZeroMQ adapter: the only module that imports zmq.
+
+Two channels to the relay:
+
+- `RequestChannel`: a REQ socket to :5559 used with the *lazy pirate* pattern.
+  A REQ socket that lost a reply is stuck (it refuses to send again), so on a
+  timeout - or any interruption - the socket is closed with linger 0 and a new
+  one is made for the next request. Chosen over DEALER because a fresh REQ can
+  never deliver a stale reply of an abandoned request (no reply matching
+  needed), queued retries are dropped with the old socket instead of reaching
+  the relay late, and it is the socket type the spec names for clients.
+- `Subscriber`: a SUB socket to :5558 owned by one background thread, which
+  also watches a socket monitor (connection up/down) and applies subscribe and
+  unsubscribe commands sent to it over an inproc pipe. Every message received
+  is handed to `on_message(frames)` on that thread.
+
+Subscription handshake (ZeroMQ has no subscription ack): `subscribe()` returns
+only after (1) the thread has applied the subscription, (2) the monitor has
+reported a completed ZMTP handshake with the relay (so the subscription is on
+a live connection, not queued for a future one), and (3) `settle_s` has
+passed for the subscription frame to cross loopback/LAN into the relay's XPUB
+and on to the pipeline's PUB. The residual race and how retries cover it are
+described in the README ("Slow joiners").
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from mdclient.errors import RelayUnavailable, RequestTimeout
+
+log = logging.getLogger(__name__)
+
+_MONITOR_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_MONITOR_STOPPED
+)
+_HEARTBEAT_IVL_MS = 5_000
+_HEARTBEAT_TIMEOUT_MS = 15_000
+_SUB_RCVHWM = 100_000
+_pipe_ids = itertools.count()
+
+
+class RequestChannel:
+    """REQ socket to the relay with lazy-pirate recovery; one request at a time."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+        self._context = context
+        self._address = address
+        self._socket: zmq.Socket[bytes] | None = None
+        self._lock = threading.Lock()
+        self.resets = 0  # sockets discarded after a lost reply (for tests and logs)
+
+    def request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]:
+        """Send `frames`, return the reply frames; RequestTimeout after `timeout_s`."""
+        with self._lock:
+            sock = self._socket if self._socket is not None else self._open()
+            try:
+                sock.send_multipart(list(frames))
+                if sock.poll(max(1, int(timeout_s * 1000)), zmq.POLLIN) == 0:
+                    raise RequestTimeout(
+                        f"relay at {self._address} did not answer within {timeout_s:g}s",
+                        error_code="request_timeout",
+                    )
+                return sock.recv_multipart()
+            except zmq.Again:
+                self._discard()
+                raise RequestTimeout(
+                    f"could not send to relay at {self._address} within {timeout_s:g}s",
+                    error_code="send_timeout",
+                ) from None
+            except BaseException:
+                # Lost reply, Ctrl-C or a socket error: this REQ is stuck mid-cycle.
+                self._discard()
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close(linger=0)
+                self._socket = None
+
+    def _open(self) -> zmq.Socket[bytes]:
+        sock = self._context.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, 5_000)
+        sock.connect(self._address)
+        self._socket = sock
+        return sock
+
+    def _discard(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+            self.resets += 1
+            log.debug("discarded REQ socket to %s (lazy pirate)", self._address)
+
+
+@dataclass
+class _Command:
+    action: str  # "sub", "unsub" or "stop"
+    topic: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
+    newly: bool = False  # set by the thread: this changed the socket's subscriptions
+
+
+class Subscriber:
+    """SUB socket on a background thread; see the module docstring."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        on_message: Callable[[list[bytes]], None],
+        *,
+        settle_s: float = 0.025,
+    ) -> None:
+        self._context = context
+        self._address = address
+        self._on_message = on_message
+        self._settle_s = settle_s
+        self._pipe_address = f"inproc://mdclient-sub-{next(_pipe_ids)}"
+        self._pipe = context.socket(zmq.PAIR)
+        self._pipe.setsockopt(zmq.LINGER, 0)
+        self._pipe.bind(self._pipe_address)
+        self._pipe_lock = threading.Lock()
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._connected = threading.Event()
+        self._started = threading.Event()
+        self._counts: dict[str, int] = {}
+        self.handshakes = 0  # completed ZMTP handshakes (1 + reconnects)
+        self._thread = threading.Thread(target=self._run, name="mdclient-sub", daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """True once the SUB has a live, handshaken connection to the relay's XPUB."""
+        return self._connected.wait(timeout_s)
+
+    def subscribe(self, topic: str, timeout_s: float) -> None:
+        """Subscribe and return once the subscription is live (handshake above).
+
+        All or nothing: on RelayUnavailable the subscription is taken back, so
+        callers only unsubscribe what `subscribe` returned from normally.
+        """
+        command = self._send(_Command("sub", topic), timeout_s)
+        if not self._connected.wait(timeout_s):
+            self._send(_Command("unsub", topic), timeout_s)
+            raise RelayUnavailable(
+                f"no connection to the relay's market-data socket {self._address} "
+                f"within {timeout_s:g}s",
+                error_code="relay_unavailable",
+            )
+        if command.newly and self._settle_s > 0:
+            # No ack exists in ZeroMQ: give the frame time to reach the XPUB.
+            time.sleep(self._settle_s)
+
+    def unsubscribe(self, topic: str, timeout_s: float = 5.0) -> None:
+        self._send(_Command("unsub", topic), timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self._thread.is_alive():
+            try:
+                self._send(_Command("stop"), timeout_s)
+            except RelayUnavailable:
+                log.warning("subscriber thread did not stop within %ss", timeout_s)
+            self._thread.join(timeout_s)
+        self._pipe.close(linger=0)
+
+    def _send(self, command: _Command, timeout_s: float) -> _Command:
+        if not self._thread.is_alive():
+            raise RelayUnavailable("the subscriber thread is not running", error_code="closed")
+        self._commands.put(command)
+        with self._pipe_lock:
+            self._pipe.send(b"!")
+        if not command.done.wait(timeout_s):
+            raise RelayUnavailable(
+                f"subscriber thread did not apply {command.action} {command.topic!r}",
+                error_code="subscriber_stuck",
+            )
+        return command
+
+    # --- everything below runs on the subscriber thread ---
+
+    def _run(self) -> None:
+        pipe = self._context.socket(zmq.PAIR)
+        pipe.connect(self._pipe_address)
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, _SUB_RCVHWM)
+        sub.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
+        sub.connect(self._address)
+        poller = zmq.Poller()
+        for sock in (pipe, monitor, sub):
+            poller.register(sock, zmq.POLLIN)
+        self._started.set()
+        try:
+            while True:
+                ready = dict(poller.poll())
+                if monitor in ready:
+                    self._on_monitor(monitor)
+                if sub in ready:
+                    self._drain(sub)
+                if pipe in ready and not self._apply_commands(pipe, sub):
+                    return
+        except zmq.ContextTerminated:
+            return
+        finally:
+            sub.disable_monitor()
+            for sock in (monitor, sub, pipe):
+                sock.close(linger=0)
+            self._connected.clear()
+
+    def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+        while monitor.poll(0, zmq.POLLIN):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshakes += 1
+                self._connected.set()
+                log.debug("connected to %s", self._address)
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self._connected.clear()
+                log.info("lost connection to %s; ZeroMQ reconnects", self._address)
+
+    def _drain(self, sub: zmq.Socket[bytes]) -> None:
+        for _ in range(1000):  # bounded so commands are never starved
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._on_message(frames)
+            except Exception:
+                log.exception("message handler failed; message dropped")
+
+    def _apply_commands(self, pipe: zmq.Socket[bytes], sub: zmq.Socket[bytes]) -> bool:
+        while pipe.poll(0, zmq.POLLIN):
+            pipe.recv()
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if command.action == "stop":
+                command.done.set()
+                return False
+            count = self._counts.get(command.topic, 0)
+            if command.action == "sub":
+                self._counts[command.topic] = count + 1
+                if count == 0:
+                    sub.setsockopt(zmq.SUBSCRIBE, command.topic.encode())
+                    command.newly = True
+            elif count > 0:
+                if count == 1:
+                    del self._counts[command.topic]
+                    sub.setsockopt(zmq.UNSUBSCRIBE, command.topic.encode())
+                    command.newly = True
+                else:
+                    self._counts[command.topic] = count - 1
+            command.done.set()
+
+
+class Transport:
+    """Context plus both channels: what the rest of the SDK talks to."""
+
+    def __init__(
+        self,
+        request_address: str,
+        market_data_address: str,
+        on_message: Callable[[list[bytes]], None],
+        *,
+        settle_s: float,
+    ) -> None:
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.requests = RequestChannel(self._context, request_address)
+        self.subscriber = Subscriber(
+            self._context, market_data_address, on_message, settle_s=settle_s
+        )
+
+    def close(self) -> None:
+        self.subscriber.close()
+        self.requests.close()
+        self._context.term()

@@ -1,0 +1,227 @@
+"""The mdclient CLI: parsing, exit codes, outputs, live, Ctrl-C (fake relay, no stack)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdclient import cli
+from mdclient.cli import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    build_parser,
+    main,
+    parse_range_args,
+)
+from mdproto import topics
+from mdproto.messages import OHLC, Response, Status, SubmitResponse, Tick
+
+TICKER = "BINANCE:BTC/USDT"
+RANGE = ["--start", "2026-11-20T00:00", "--end", "2026-11-20T01:00"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CONFIG_PATH", raising=False)
+
+
+def _relay_args(relay: Any) -> list[str]:
+    return [
+        "--request-endpoint", relay.request_endpoint,
+        "--market-data-endpoint", relay.market_data_endpoint,
+    ]  # fmt: skip
+
+
+def _run(relay: Any, *args: str, env: dict[str, str] | None = None) -> int:
+    return main([*args, *_relay_args(relay)])
+
+
+def test_parse_range_args_normalises_ticker_period_and_times() -> None:
+    args = build_parser().parse_args(["history", "binance:eth/usdt", "--period", "5m", *RANGE])
+    assert parse_range_args(args) == ("BINANCE:ETH/USDT", 300, 1_795_132_800_000, 1_795_136_400_000)
+    relative = build_parser().parse_args(
+        cli.join_relative_times(["history", TICKER, "--start", "-2h", "--end", "-1h30m"])
+    )
+    _, _, start, end = parse_range_args(relative)
+    assert end - start == 30 * 60_000
+    defaults = build_parser().parse_args(["history", TICKER])
+    _, period, start, end = parse_range_args(defaults)
+    assert (period, end - start) == (60, 86_400_000)  # 1m over the last 24 h
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["history"],
+        ["history", "BTCUSDT"],
+        ["history", TICKER, "--period", "1y"],
+        ["history", TICKER, "--start", "now", "--end", "-1h"],
+        ["history", TICKER, "--start", "1795132800"],
+        ["history", TICKER, "--attempts", "0"],
+        ["history", TICKER, "--timeout", "abc"],
+        ["history", TICKER, "--csv", "/no/such/folder/x.csv"],
+        ["live", TICKER, "--ohlc", "fortnight"],
+        ["bogus"],
+    ],
+)
+def test_usage_errors_exit_2_before_any_network(argv: list[str], capsys: Any) -> None:
+    # Relay endpoints point nowhere: reaching the network would give 7, not 2.
+    code = main([*argv, "--request-endpoint", "tcp://127.0.0.1:9"] if len(argv) > 1 else argv)
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err  # says why
+
+
+def test_help_exits_0(capsys: Any) -> None:
+    assert main(["--help"]) == EXIT_OK
+    assert "Exit codes" in capsys.readouterr().out
+
+
+def test_bad_config_file_exits_2(tmp_path: Path, capsys: Any) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("relay_hots: x\n")
+    assert main(["history", TICKER, "--config", str(config)]) == EXIT_USAGE
+    assert "relay_hots" in capsys.readouterr().err
+
+
+def test_rejected_exits_3_with_reason(fake_relay: Any, kit: Any, capsys: Any) -> None:
+    fake_relay.handler = lambda m: kit.Action(
+        SubmitResponse(request_id=m.request_id, status=Status.REJECTED, reason="range too long")
+    )
+    assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_REJECTED
+    assert "range too long" in capsys.readouterr().err
+
+
+def test_error_notification_exits_4(fake_relay: Any, kit: Any, capsys: Any) -> None:
+    fake_relay.handler = kit.accept_and_notify(status=Status.ERROR, reason="exchange down")
+    assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_FAILED
+    assert "exchange down" in capsys.readouterr().err
+
+
+def test_timeout_exits_5_after_all_attempts(fake_relay: Any, kit: Any, capsys: Any) -> None:
+    good = kit.accept_and_notify()
+
+    def silent(message: Any) -> Any:
+        action = good(message)
+        action.publish = []
+        return action
+
+    fake_relay.handler = silent
+    code = _run(fake_relay, "history", TICKER, *RANGE, "--timeout", "0.2", "--attempts", "2")
+    assert code == EXIT_TIMEOUT
+    assert len(fake_relay.requests) == 2
+    assert "HistoryTimeout" in capsys.readouterr().err
+
+
+def test_not_found_exits_6_and_still_writes_an_empty_csv(
+    fake_relay: Any, kit: Any, tmp_path: Path
+) -> None:
+    fake_relay.handler = kit.accept_and_notify(status=Status.NOT_FOUND, row_count=0)
+    csv = tmp_path / "empty.csv"
+    assert _run(fake_relay, "history", TICKER, *RANGE, "--csv", str(csv)) == EXIT_NOT_FOUND
+    assert csv.read_text().startswith("ticker,period_seconds,open_time,open_time_ms,")
+    assert len(csv.read_text().splitlines()) == 1
+
+
+def test_unreachable_relay_exits_7(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MDCLIENT_CONNECT_TIMEOUT_S", "0.3")
+    code = main(
+        ["history", TICKER, *RANGE, "--request-endpoint", "tcp://127.0.0.1:9",
+         "--market-data-endpoint", "tcp://127.0.0.1:9"]
+    )  # fmt: skip
+    assert code == EXIT_UNAVAILABLE
+
+
+def test_legacy_writes_table_csv_parquet_and_chart(
+    fake_relay: Any, kit: Any, tmp_path: Path, capsys: Any
+) -> None:
+    import pyarrow.parquet as pq
+
+    fake_relay.handler = kit.legacy_ok
+    out = [str(tmp_path / n) for n in ("l.csv", "l.parquet", "l.png")]
+    code = _run(
+        fake_relay, "legacy", TICKER, *RANGE, "--limit", "3",
+        "--csv", out[0], "--parquet", out[1], "--chart", out[2],
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == EXIT_OK, captured.err
+    assert "2026-11-20 00:02:00" in captured.out and "102.0000" in captured.out
+    assert "OK: 3 rows" in captured.err
+    assert len(Path(out[0]).read_text().splitlines()) == 4
+    assert pq.read_table(out[1]).num_rows == 3
+    assert Path(out[2]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_live_streams_until_count(fake_relay: Any, kit: Any, capsys: Any) -> None:
+    ohlc_topic = topics.ohlc_topic(TICKER, 60)
+    tick_topic = topics.tick_topic(TICKER)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(
+            _run(fake_relay, "live", TICKER, "--ticks", "--ohlc", "1m", "--count", "2")
+        )
+    )
+    thread.start()
+    fake_relay.wait_for(lambda ev: ("sub", ohlc_topic) in ev and ("sub", tick_topic) in ev)
+    fake_relay.publish(tick_topic, Tick(ticker=TICKER, trade_id="77", price=101.5, amount=0.25))
+    fake_relay.publish(ohlc_topic, OHLC(ticker=TICKER, period_seconds=60, open=1, close=2))
+    thread.join(10)
+    assert codes == [EXIT_OK]
+    lines = capsys.readouterr().out.splitlines()
+    assert "tick" in lines[0] and "101.5 x 0.25" in lines[0] and "#77" in lines[0]
+    assert "ohlc: 1m" in lines[1]
+
+
+def test_live_duration_ends_with_0(fake_relay: Any) -> None:
+    assert _run(fake_relay, "live", TICKER, "--duration", "0.3", "-q") == EXIT_OK
+
+
+def test_unexpected_exception_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    def boom(args: Any, err: Any) -> int:
+        raise RuntimeError("bug")
+
+    monkeypatch.setitem(cli.COMMANDS, "history", boom)
+    assert main(["history", TICKER]) == cli.EXIT_INTERNAL
+    assert "RuntimeError: bug" in capsys.readouterr().err
+
+
+def test_ctrl_c_exits_130_in_a_real_process(fake_relay: Any) -> None:
+    """SIGINT while `mdclient live` streams: exit code 130, sockets closed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("CONFIG_PATH", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mdclient", "live", TICKER, *_relay_args(fake_relay)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        fake_relay.wait_for(lambda ev: ("sub", topics.tick_topic(TICKER)) in ev, timeout=20)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == EXIT_INTERRUPTED
+        # Closed cleanly: the relay saw the unsubscribe or the disconnect, no traceback.
+        assert b"Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_legacy_relay_timeout_status_exits_5(fake_relay: Any, kit: Any) -> None:
+    fake_relay.handler = lambda m: kit.Action(
+        Response(request_id=m.request_id, status=Status.TIMEOUT, reason="no ingestor answered")
+    )
+    assert _run(fake_relay, "legacy", TICKER, *RANGE) == EXIT_TIMEOUT

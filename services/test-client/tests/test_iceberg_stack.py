@@ -1,0 +1,207 @@
+"""Reading market.ohlc-shaped tables through the REAL REST catalog + S3 (local_stack)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog import load_catalog
+
+from mdclient import Client, StorageError
+from mdclient.cli import EXIT_OK, main
+from mdclient.config import ClientSettings
+from mdclient.frames import SCHEMA
+from mdclient.iceberg_reader import IcebergReader
+
+pytestmark = pytest.mark.stack
+
+BTC = "BINANCE:BTC/USDT"
+ETH = "BINANCE:ETH/USDT"
+T0 = 1_795_132_800_000  # 2026-11-20T00:00Z
+MINUTE = 60_000
+
+# market.ohlc as in docs/protocol.md
+OHLC_SCHEMA = pa.schema(
+    [
+        pa.field("ticker", pa.string()),
+        pa.field("exchange", pa.string()),
+        pa.field("symbol", pa.string()),
+        pa.field("period_seconds", pa.int32()),
+        pa.field("open_time", pa.timestamp("us", tz="UTC")),
+        pa.field("open", pa.float64()),
+        pa.field("high", pa.float64()),
+        pa.field("low", pa.float64()),
+        pa.field("close", pa.float64()),
+        pa.field("volume", pa.float64()),
+        pa.field("trade_count", pa.int64()),
+        pa.field("source", pa.string()),
+        pa.field("request_id", pa.string()),
+        pa.field("ingested_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _rows(ticker: str, period: int, start_ms: int, count: int, base: float) -> pa.Table:
+    step = period * 1000
+    opens = [base + (i % 7) - 3 for i in range(count)]
+    closes = [o + (2 if i % 3 else -2) for i, o in enumerate(opens)]
+    return pa.table(
+        {
+            "ticker": [ticker] * count,
+            "exchange": ["BINANCE"] * count,
+            "symbol": [ticker.split(":")[1]] * count,
+            "period_seconds": [period] * count,
+            "open_time": [(start_ms + i * step) * 1000 for i in range(count)],
+            "open": opens,
+            "high": [max(o, c) + 1.5 for o, c in zip(opens, closes, strict=True)],
+            "low": [min(o, c) - 1.5 for o, c in zip(opens, closes, strict=True)],
+            "close": closes,
+            "volume": [10.0 + (i * 37) % 50 for i in range(count)],
+            "trade_count": [100 + i for i in range(count)],
+            "source": ["history"] * count,
+            "request_id": ["seed"] * count,
+            "ingested_at": [datetime.now(UTC)] * count,
+        },
+        schema=OHLC_SCHEMA,
+    )
+
+
+@pytest.fixture(scope="module")
+def seeded(local_stack: Any) -> dict[str, Any]:
+    """A fresh namespace's ohlc table: two appends, so two snapshots."""
+    endpoints = local_stack.endpoints
+    props = endpoints.pyiceberg_catalog_properties()
+    catalog = load_catalog(endpoints.catalog_name, **props)
+    namespace = f"mdclient_{uuid.uuid4().hex[:8]}"
+    catalog.create_namespace(namespace)
+    table = catalog.create_table(f"{namespace}.ohlc", schema=OHLC_SCHEMA)
+    table.append(
+        pa.concat_tables(
+            [
+                _rows(BTC, 60, T0, 90, 100.0),  # 00:00 .. 01:29
+                _rows(ETH, 60, T0, 90, 10.0),
+                _rows(BTC, 300, T0, 12, 100.0),
+            ]
+        )
+    )
+    first = table.current_snapshot()
+    table.append(_rows(BTC, 60, T0 + 90 * MINUTE, 30, 100.0))  # 01:30 .. 01:59
+    table = catalog.load_table(f"{namespace}.ohlc")
+    return {
+        "props": props,
+        "catalog_name": endpoints.catalog_name,
+        "table": f"{namespace}.ohlc",
+        "first_snapshot": first.snapshot_id,
+        "endpoints": endpoints,
+    }
+
+
+def test_filtered_scan_returns_only_the_range_of_one_ticker_and_period(seeded: Any) -> None:
+    reader = IcebergReader(seeded["props"], catalog_name=seeded["catalog_name"])
+    start, end = T0 + 10 * MINUTE, T0 + 100 * MINUTE
+    table = reader.read_ohlc(seeded["table"], BTC, 60, start, end)
+    assert table.schema == SCHEMA
+    times = [t.value // 1000 for t in table.column("open_time")]
+    assert times == list(range(start, end, MINUTE))  # [start, end): 90 rows, sorted
+    assert set(table.column("ticker").to_pylist()) == {BTC}
+    assert set(table.column("period_seconds").to_pylist()) == {60}
+
+
+def test_scan_pinned_to_the_notified_snapshot_ignores_later_commits(seeded: Any) -> None:
+    reader = IcebergReader(seeded["props"], catalog_name=seeded["catalog_name"])
+    pinned = reader.read_ohlc(
+        seeded["table"], BTC, 60, T0, T0 + 120 * MINUTE, snapshot_id=seeded["first_snapshot"]
+    )
+    current = reader.read_ohlc(seeded["table"], BTC, 60, T0, T0 + 120 * MINUTE)
+    assert (pinned.num_rows, current.num_rows) == (90, 120)
+    gone = reader.read_ohlc(seeded["table"], BTC, 60, T0, T0 + 120 * MINUTE, snapshot_id=123)
+    assert gone.num_rows == 120  # unknown snapshot: falls back to current, with a warning
+
+
+def test_missing_table_is_a_storage_error(seeded: Any) -> None:
+    reader = IcebergReader(seeded["props"], catalog_name=seeded["catalog_name"])
+    with pytest.raises(StorageError) as info:
+        reader.read_ohlc("nope_ns.ohlc", BTC, 60, T0, T0 + MINUTE)
+    assert info.value.error_code == "no_table"
+
+
+def _stack_settings(relay: Any, seeded: Any, **extra: Any) -> ClientSettings:
+    e = seeded["endpoints"]
+    return ClientSettings(
+        request_endpoint=relay.request_endpoint,
+        market_data_endpoint=relay.market_data_endpoint,
+        catalog_name=e.catalog_name,
+        catalog_uri=e.catalog_uri,
+        warehouse=e.warehouse,
+        s3_endpoint=e.s3_endpoint,
+        s3_access_key_id=e.s3_access_key,
+        s3_secret_access_key=e.s3_secret_key,
+        s3_region=e.s3_region,
+        history_timeout_s=5,
+        **extra,
+    )
+
+
+def _notify_with(kit: Any, seeded: Any, snapshot_id: int) -> Any:
+    base = kit.accept_and_notify(snapshot_id=snapshot_id)
+
+    def handle(message: Any) -> Any:
+        action = base(message)
+        for _topic, note in action.publish:
+            note.iceberg_table = seeded["table"]
+        return action
+
+    return handle
+
+
+def test_sdk_history_reads_the_notified_snapshot(fake_relay: Any, kit: Any, seeded: Any) -> None:
+    fake_relay.handler = _notify_with(kit, seeded, seeded["first_snapshot"])
+    with Client(settings=_stack_settings(fake_relay, seeded)) as client:
+        result = client.history(BTC, "1m", T0, T0 + 120 * MINUTE)
+        unpinned = client.history(BTC, "1m", T0, T0 + 120 * MINUTE, pin_snapshot=False)
+    assert (result.status, len(result), result.snapshot_id) == ("OK", 90, seeded["first_snapshot"])
+    frame = result.to_pandas()
+    assert frame["open_time"].is_monotonic_increasing
+    assert str(frame["open_time"].dt.tz) == "UTC"
+    assert len(unpinned) == 120
+
+
+def test_cli_history_writes_csv_parquet_and_chart(
+    fake_relay: Any, kit: Any, seeded: Any, tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    e = seeded["endpoints"]
+    fake_relay.handler = _notify_with(kit, seeded, 0)
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY_ID", e.s3_access_key)  # env layer
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_ACCESS_KEY", e.s3_secret_key)
+    config = tmp_path / "client.yaml"
+    config.write_text(
+        f"catalog_name: {e.catalog_name}\nwarehouse: {e.warehouse}\n"
+        f"s3_region: {e.s3_region}\nhistory_timeout_s: 5\n"
+    )
+    csv, parquet, chart = tmp_path / "c.csv", tmp_path / "c.parquet", tmp_path / "chart.png"
+    code = main(
+        [
+            "history", "binance:btc/usdt", "--period", "1m",
+            "--start", "2026-11-20T00:30", "--end", "2026-11-20T02:00",
+            "--config", str(config),
+            "--request-endpoint", fake_relay.request_endpoint,
+            "--market-data-endpoint", fake_relay.market_data_endpoint,
+            "--catalog-uri", e.catalog_uri, "--s3-endpoint", e.s3_endpoint,
+            "--csv", str(csv), "--parquet", str(parquet), "--chart", str(chart),
+            "--rows", "6",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr()
+    assert code == EXIT_OK, out.err
+    assert "… 84 more rows" in out.out and "2026-11-20 01:59:00" in out.out
+    lines = csv.read_text().splitlines()
+    assert lines[0].split(",")[:4] == ["ticker", "period_seconds", "open_time", "open_time_ms"]
+    assert len(lines) == 91
+    assert lines[1].split(",")[2:4] == ["2026-11-20T00:30:00Z", str(T0 + 30 * MINUTE)]
+    assert pq.read_table(parquet).num_rows == 90
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20_000
