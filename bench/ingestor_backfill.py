@@ -12,6 +12,7 @@ Stages are measured side by side, each against the same simulator:
 
 - `http_baseline`: aiohttp GET of the same kline pages + json.loads (the floor
   set by the simulator and HTTP);
+- `ccxt_parse`: ccxt's `parse_ohlcvs` of the same raw pages (CPU only);
 - `ccxt_fetch`: the ingestor's page loop through ccxt, no Kafka;
 - `batch_encode`: OHLCBatch building + envelope encoding only (CPU);
 - `kafka_produce`: producing the pre-encoded records, until delivered;
@@ -95,16 +96,21 @@ def history_request(now_ms: int, candles: int) -> DataRequest:
     )
 
 
-async def timed(fn: Callable[[], Awaitable[int]], repeat: int) -> tuple[float, int]:
-    """Median seconds over `repeat` runs (after one warm-up) and the item count."""
+async def timed(fn: Callable[[], Awaitable[int]], repeat: int) -> tuple[float, int, float]:
+    """Median wall seconds over `repeat` runs (after a warm-up), item count, median CPU seconds.
+
+    CPU is this process's (the ingestor side's) CPU time: the simulator runs in
+    its own process, so wall minus CPU is mostly waiting for the exchange.
+    """
     print(f"bench: {getattr(fn, '__name__', fn)}", file=sys.stderr, flush=True)
     count = await fn()
-    runs = []
+    runs, cpus = [], []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         count = await fn()
         runs.append(time.perf_counter() - started)
-    return statistics.median(runs), count
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(runs), count, statistics.median(cpus)
 
 
 async def backfill(
@@ -145,6 +151,34 @@ async def backfill(
             return n
 
         results["http_baseline"] = await timed(http_baseline, repeat)
+
+        # The same pages' raw rows, parsed by ccxt alone (CPU only, no I/O).
+        raw_pages: list[list[Any]] = []
+        since = plan.start_ms
+        while since < plan.end_ms:
+            params = {
+                "symbol": "BTCUSDT",
+                "interval": "1m",
+                "startTime": str(since),
+                "endTime": str(plan.until_ms),
+                "limit": "1000",
+            }
+            async with session.get(f"{base_url}/api/v3/klines", params=params) as resp:
+                page = json.loads(await resp.text())
+            if not page:
+                break
+            raw_pages.append(page)
+            since = page[-1][0] + MIN
+        exchange: Any = adapter._exchange
+        market = exchange.market(SYMBOL)
+
+        async def ccxt_parse() -> int:
+            n = 0
+            for page in raw_pages:
+                n += len(exchange.parse_ohlcvs(page, market, "1m", None, None))
+            return n
+
+        results["ccxt_parse"] = await timed(ccxt_parse, repeat)
 
     async def ccxt_fetch() -> int:
         n = 0
@@ -203,41 +237,52 @@ async def backfill(
 
 
 def library_shares(profiler: Any) -> dict[str, float]:
-    """Fraction of sampled time per library, by where each frame's own time was spent."""
+    """Share of the sampled CPU (waits excluded) per library.
+
+    A frame without a file of its own (C builtins, dataclass __init__) counts
+    for the library that called it, except protobuf's C containers.
+    """
     buckets: dict[str, float] = defaultdict(float)
     rules = [
         ("ccxt", "ccxt"),
         ("google/protobuf", "protobuf"),
         ("mdproto", "protobuf"),
         ("confluent_kafka", "kafka client"),
-        ("aiohttp", "aiohttp (HTTP)"),
-        ("yarl", "aiohttp (HTTP)"),
-        ("multidict", "aiohttp (HTTP)"),
+        ("aiohttp", "aiohttp (HTTP/ws)"),
+        ("yarl", "aiohttp (HTTP/ws)"),
+        ("multidict", "aiohttp (HTTP/ws)"),
         ("/json/", "json"),
         ("/ingestor/", "ingestor"),
         ("asyncio", "asyncio loop"),
     ]
     root = profiler.last_session.root_frame()
 
-    def walk(frame: Any) -> None:
+    def label_of(frame: Any, inherited: str) -> str:
+        ident = frame.identifier or ""
+        if "Container" in ident or "SerializeToString" in ident or "FromString" in ident:
+            return "protobuf"
         path = frame.file_path or ""
-        name = "other"
         for needle, label in rules:
             if needle in path:
-                name = label
-                break
-        if frame.identifier.startswith("[await]") or frame.identifier.startswith("[self]"):
-            name = "idle/await" if "await" in frame.identifier else name
-        buckets[name] += frame.total_self_time
-        for child in frame.children:
-            walk(child)
+                return label
+        return inherited
 
-    walk(root)
+    def walk(frame: Any, inherited: str) -> None:
+        ident = frame.identifier or ""
+        label = label_of(frame, inherited)
+        if ident.startswith("[await]") or ident.startswith("[out-of-context]"):
+            label = "waiting"
+        buckets[label] += frame.total_self_time
+        for child in frame.children:
+            walk(child, label)
+
+    walk(root, "other")
+    buckets.pop("waiting", None)
     total = sum(buckets.values()) or 1.0
     return {k: v / total for k, v in sorted(buckets.items(), key=lambda kv: -kv[1])}
 
 
-async def ticks(base_url: str, bootstrap: str, count: int) -> dict[str, Any]:
+async def ticks(base_url: str, bootstrap: str, count: int, profile: bool) -> dict[str, Any]:
     """Push `count` trades through the simulator's stream; time them to a counter and to Kafka."""
     ws_url = base_url.replace("http://", "ws://") + "/stream/ws"
     results: dict[str, Any] = {}
@@ -272,7 +317,7 @@ async def ticks(base_url: str, bootstrap: str, count: int) -> dict[str, Any]:
 
         for cache in (10_000, 1000):  # ours, then ccxt's default tradesLimit
             results[f"feed_cache_{cache}"] = await feed_run(
-                session, inject, base_url, bootstrap, count, cache
+                session, inject, base_url, bootstrap, count, cache, profile and cache == 10_000
             )
     return results
 
@@ -284,8 +329,9 @@ async def feed_run(
     bootstrap: str,
     count: int,
     trades_cache: int,
-) -> tuple[float, int, int]:
-    """(seconds until every tick is delivered or the stream went quiet, ticks, id gaps)."""
+    profile: bool = False,
+) -> dict[str, Any]:
+    """Seconds until every tick is delivered (or the stream went quiet), ticks, id gaps, CPU."""
     adapter = ExchangeAdapter(
         "binance",
         ExchangeSettings(
@@ -309,7 +355,13 @@ async def feed_run(
     ) as resp:
         resp.raise_for_status()
     delivered0 = sink.stats.delivered
-    started = time.perf_counter()
+    profiler = None
+    if profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.0005, async_mode="enabled")
+        profiler.start()
+    started, cpu = time.perf_counter(), time.process_time()
     await inject(session, count)
     # Counters advance in librdkafka delivery callbacks: poll them. Stop when all
     # ticks arrived, or when nothing moved for a second (trades were lost).
@@ -322,17 +374,26 @@ async def feed_run(
             break
         await asyncio.sleep(0.005)
     elapsed = last_change if sink.stats.delivered - delivered0 < count else time.perf_counter()
+    result: dict[str, Any] = {
+        "seconds": elapsed - started,
+        "ticks": stats.ticks,
+        "gaps": stats.id_gaps,
+        "cpu": time.process_time() - cpu,
+    }
+    if profiler is not None:
+        profiler.stop()
+        result["profile"] = library_shares(profiler)
     feed.cancel()
     await asyncio.gather(feed, return_exceptions=True)
     await sink.close()
     await adapter.close()
-    return elapsed - started, stats.ticks, stats.id_gaps
+    return result
 
 
 def report(name: str, seconds: float, items: int, baseline: float | None, unit: str) -> str:
     rate = items / seconds if seconds else float("inf")
     ratio = f"{baseline / seconds:6.2f}" if baseline else "  1.00"
-    return f"| {name:<14} | {items:>7} | {seconds:8.3f} | {rate:>12,.0f} {unit}/s | {ratio} |"
+    return f"| {name:<14} | {items:>7} | {seconds:8.3f} | {rate:>9,.0f} {unit}/s | {ratio} |"
 
 
 def main() -> int:
@@ -363,7 +424,7 @@ def main() -> int:
             hist = asyncio.run(
                 backfill(base_url, bootstrap, args.candles, args.repeat, args.profile)
             )
-            live = asyncio.run(ticks(base_url, bootstrap, args.ticks))
+            live = asyncio.run(ticks(base_url, bootstrap, args.ticks, args.profile))
         finally:
             sim.terminate()
             sim.wait(10)
@@ -372,24 +433,33 @@ def main() -> int:
 
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, median of {args.repeat}")
     print("\nBackfill (candles; ratio = stage rate / http_baseline rate)")
-    print("| stage          | candles |  seconds |         rate      | ratio |")
-    base_s, _ = hist["http_baseline"]
-    for stage in ("http_baseline", "ccxt_fetch", "batch_encode", "kafka_produce", "end_to_end"):
-        seconds, items = hist[stage]
-        print(
-            report(stage, seconds, items, None if stage == "http_baseline" else base_s, "candles")
-        )
+    print("| stage | candles | seconds | rate | ratio | CPU us/candle |")
+    print("|---|---:|---:|---:|---:|---:|")
+    base_s = hist["http_baseline"][0]
+    stages = ("http_baseline", "ccxt_parse", "ccxt_fetch", "batch_encode", "kafka_produce")
+    for stage in (*stages, "end_to_end"):
+        seconds, items, cpu = hist[stage]
+        baseline = None if stage == "http_baseline" else base_s
+        print(f"{report(stage, seconds, items, baseline, 'candles')} {cpu / items * 1e6:13.1f} |")
     print("\nTicks (ratio = stage rate / ws_baseline rate)")
-    print("| stage          |   ticks |  seconds |         rate      | ratio | id gaps |")
+    print("| stage | ticks | seconds | rate | ratio | CPU us/tick | id gaps |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     ws_s, ws_n = live["ws_baseline"]
-    print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "       0 |")
+    print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "             |       0 |")
     for cache in (10_000, 1000):
-        seconds, n, gaps = live[f"feed_cache_{cache}"]
-        print(report(f"feed tl={cache}", seconds, n, ws_s * n / ws_n, "ticks") + f" {gaps:7} |")
+        r = live[f"feed_cache_{cache}"]
+        line = report(
+            f"feed tl={cache}", r["seconds"], r["ticks"], ws_s * r["ticks"] / ws_n, "ticks"
+        )
+        print(f"{line} {r['cpu'] / max(r['ticks'], 1) * 1e6:11.1f} | {r['gaps']:7} |")
+    if "profile" in live["feed_cache_10000"]:
+        print("\nLive feed profile (tl=10000): share of sampled CPU by library")
+        for name, share in live["feed_cache_10000"]["profile"].items():
+            print(f"  {name:<18} {share:6.1%}")
     if "profile" in hist:
-        print("\nEnd-to-end backfill profile: share of sampled time by library")
+        print("\nEnd-to-end backfill profile: share of sampled CPU by library")
         for name, share in hist["profile"].items():
-            print(f"  {name:<16} {share:6.1%}")
+            print(f"  {name:<18} {share:6.1%}")
         print("\n" + hist["profile_text"])
     return 0
 

@@ -26,9 +26,13 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from infra.localstack.endpoints import StackEndpoints
+    from infra.platform.supervisor import PlatformEndpoints
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = "docker-compose.yml"
@@ -40,6 +44,7 @@ DOCKER_TIMEOUT_S = 20.0
 S3_ACCESS_KEY = "localstack"
 S3_SECRET_KEY = "localstack-secret"
 S3_REGION = "us-east-1"
+S3_BUCKET = "warehouse"
 WAREHOUSE = "s3://warehouse/lake"
 
 # ComposeEndpoints field -> the docker-compose.yml variable that publishes it.
@@ -116,6 +121,34 @@ class ComposeEndpoints:
             "s3_secret_access_key": self.s3_secret_key,
             "s3_region": self.s3_region,
         }
+
+    def stack_endpoints(self) -> StackEndpoints:
+        """The same addresses as the local stack's ``StackEndpoints`` (same consumers)."""
+        from infra.localstack.endpoints import StackEndpoints
+
+        return StackEndpoints(
+            kafka_bootstrap=self.kafka_bootstrap,
+            s3_endpoint=self.s3_endpoint,
+            s3_access_key=self.s3_access_key,
+            s3_secret_key=self.s3_secret_key,
+            s3_region=self.s3_region,
+            s3_bucket=S3_BUCKET,
+            warehouse=self.warehouse,
+            catalog_uri=self.catalog_uri,
+            catalog_name="lake",
+        )
+
+    def platform_endpoints(self) -> PlatformEndpoints:
+        """As ``infra.platform``'s ``PlatformEndpoints``: the e2e ``endpoints`` fixture's type."""
+        from infra.platform.supervisor import PlatformEndpoints
+
+        return PlatformEndpoints(
+            request=f"tcp://{self.relay_host}:{self.request_port}",
+            market_data=f"tcp://{self.relay_host}:{self.market_data_port}",
+            relay_metrics=f"http://{self.relay_host}:{self.relay_metrics_port}",
+            exchange_url=self.exchange_sim_url,
+            stack=self.stack_endpoints(),
+        )
 
     def pyiceberg_catalog_properties(self) -> dict[str, str]:
         """Properties for ``pyiceberg.catalog.load_catalog(name, **props)``."""

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from infra.exchange_sim.control import SimulatorControl
 from infra.localstack import Ports, StackConfig
 from infra.platform import Platform, PlatformConfig, ServicePorts
 from infra.platform.supervisor import PlatformEndpoints
+from mdclient import ClientSettings
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +34,16 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 @pytest.fixture(scope="session")
 def endpoints(platform: Platform) -> PlatformEndpoints:
     return platform.endpoints
+
+
+@pytest.fixture(scope="session")
+def client_settings(endpoints: PlatformEndpoints) -> ClientSettings:
+    env = endpoints.client_env()
+    fields = {key.removeprefix("MDCLIENT_").lower(): value for key, value in env.items()}
+    return ClientSettings.model_validate({**fields, "history_timeout_s": 90.0, "attempts": 1})
+
+
+@pytest.fixture(scope="session")
+def sim(endpoints: PlatformEndpoints) -> SimulatorControl:
+    assert endpoints.exchange_url is not None
+    return SimulatorControl(endpoints.exchange_url)

@@ -12,6 +12,9 @@ stops what `make run` started.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import urllib.request
 from collections.abc import Callable
@@ -21,6 +24,7 @@ from infra.localstack import LocalStack, StackConfig
 from infra.localstack.components import Component
 from infra.localstack.config import LOOPBACK
 from infra.localstack.endpoints import StackEndpoints
+from infra.localstack.process import ExitWatcher, PidFile, StackError
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import PlatformConfig
 from infra.platform.services import ExchangeSimulator, Ingestor, Pipeline, Relay
@@ -143,6 +147,26 @@ class Platform:
                 phase.down()
             raise
         return self.endpoints
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
+        """Signal a component's whole process group (a crash, for recovery tests).
+
+        `up()` afterwards restarts it (and only it). Returns the killed pid.
+        """
+        for phase in self.phases:
+            for component in phase.components:
+                if component.name == name:
+                    record = PidFile(phase.run_dir / f"{name}.pid").read()
+                    if record is None or not record.alive:
+                        raise StackError(f"{name} is not running")
+                    watcher = ExitWatcher(record.pid)
+                    os.killpg(record.pid, sig)
+                    watcher.wait(timeout_s=30)
+                    watcher.close()
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(record.pid, os.WNOHANG)  # ours when this process started it
+                    return record.pid
+        raise StackError(f"no component named {name}")
 
     def down(self) -> None:
         for phase in reversed(self.phases):

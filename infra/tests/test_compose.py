@@ -775,6 +775,79 @@ def test_configs_wire_the_services_together() -> None:
         assert client.warehouse == pipe.catalog.warehouse
 
 
+# Keys the local platform (infra/platform/services.py) sets that the compose stack
+# deliberately sets elsewhere, with the reason.
+LOCAL_ONLY_KEYS: dict[str, dict[str, str]] = {
+    "ingestor": {"ingestor_id": "defaults to <hostname>-<pid>: the container id"},
+    "spark-pipeline": {
+        "spark.jars": "the image bakes the jars; the compose config names spark.jars_dir",
+        "ready_file": "the image sets PIPELINE_READY_FILE for its HEALTHCHECK",
+    },
+}
+
+
+def _local_platform_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, str]]:
+    """The config overrides `make run` gives each service (no process is started)."""
+    from infra import artifacts
+    from infra.platform import services
+    from infra.platform.config import PlatformConfig
+
+    # The pipeline's command lists the cached jars; which jars is not the point here.
+    monkeypatch.setattr(artifacts, "spark_jars", lambda *a, **k: [])
+    config = StackConfig()
+    endpoints = endpoints_for(config)
+    platform = PlatformConfig()
+    relay = services.Relay(config, endpoints, platform)
+    pipeline = services.Pipeline(config, endpoints, platform)
+    ingestor = services.Ingestor(config, endpoints, platform, "http://127.0.0.1:8765")
+    return {
+        "relay": relay.command()[1],
+        "spark-pipeline": pipeline.command()[1],
+        "ingestor": ingestor.command()[1],
+    }
+
+
+def _yaml_has(data: Any, path: list[str]) -> bool:
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return False
+        data = data[key]
+    return True
+
+
+@pytest.mark.usefixtures("clean_config_env")
+def test_compose_configs_set_every_key_the_local_platform_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Same config keys as `make run`: whatever the local platform has to point
+    somewhere (addresses, ports, credentials), the compose config points too."""
+    files = {
+        "relay": ["relay/config.yaml"],
+        "ingestor": ["ingestor/config.yaml", "ingestor/config.offline.yaml"],
+        "spark-pipeline": ["spark-pipeline/config.yaml"],
+    }
+    for svc, env in _local_platform_env(monkeypatch).items():
+        prefix = SERVICE_ENV_PREFIX[svc]
+        keys = [k.removeprefix(prefix).lower().split("__") for k in env if k.startswith(prefix)]
+        assert keys, f"the local platform sets no {prefix}* keys: has it changed?"
+        for rel in files[svc]:
+            data = yaml.safe_load((COMPOSE_DIR / rel).read_text())
+            for path in keys:
+                dotted = ".".join(path)
+                if dotted in LOCAL_ONLY_KEYS.get(svc, {}):
+                    continue
+                assert _yaml_has(data, path), f"{rel} does not set {dotted} (make run does)"
+
+
+def test_service_ports_match_the_local_platform() -> None:
+    from infra.platform.config import PlatformConfig
+
+    ports = PlatformConfig().ports
+    assert published("relay")[9560] == ports.relay_metrics
+    assert published("exchange-sim")[8765] == ports.exchange_sim
+    assert published("spark-pipeline")[contracts.PIPELINE_PUB_PORT] == ports.pipeline_pub
+
+
 # ------------------------------------------------------------------ Dockerfiles
 
 
@@ -835,6 +908,30 @@ def test_dockerfile_rules(dockerfile: str) -> None:
     final_runs = " ".join(i.args for i in final.instructions if i.keyword == "RUN")
     for tool in ("pip install", "gcc", "build-essential", "grpcio-tools", "mvn", "-venv"):
         assert tool not in final_runs, f"final stage installs {tool}"
+
+
+def test_exchange_sim_image_has_every_import_it_needs() -> None:
+    """The simulator image holds only infra/exchange_sim and aiohttp (not all of infra)."""
+    import ast
+
+    allowed = set(sys.stdlib_module_names) | {"aiohttp"}
+    for path in sorted((REPO / "infra" / "exchange_sim").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            for root in roots:
+                assert root in allowed or root == "__future__", f"{path.name} imports {root}"
+    runs = " ".join(
+        i.args
+        for s in parse_dockerfile("infra/exchange_sim/Dockerfile").stages
+        for i in s.instructions
+        if i.keyword == "RUN"
+    )
+    assert "install -c constraints.txt aiohttp" in runs
 
 
 def test_spark_image_runs_python_311_on_driver_and_executors() -> None:
@@ -1104,6 +1201,13 @@ def test_compose_environment_publishes_every_endpoint(compose_stack_module: Modu
     assert f"EXTERNAL://{endpoints.kafka_bootstrap}" in kafka_env
     assert endpoints.client_settings()["request_port"] == ports["request_port"]
     assert endpoints.exchange_sim_url == f"http://127.0.0.1:{ports['exchange_sim_port']}"
+    # The e2e suite's `endpoints` fixture type, so the same tests run on either stack.
+    platform = endpoints.platform_endpoints()
+    assert platform.request == f"tcp://127.0.0.1:{ports['request_port']}"
+    assert platform.exchange_url == endpoints.exchange_sim_url
+    client_env = platform.client_env()
+    assert client_env["MDCLIENT_S3_ENDPOINT"] == f"http://127.0.0.1:{ports['s3_port']}"
+    assert client_env["MDCLIENT_CATALOG_URI"] == f"http://127.0.0.1:{ports['catalog_port']}"
     with pytest.raises(ValueError, match="no host port"):
         mod.endpoints_for("p", {"request_port": 1}, offline=True)
 

@@ -23,13 +23,22 @@ echo "submit-pipeline: spark-submit --master ${master} --deploy-mode client ... 
 # stops the streaming queries and the SparkContext, then the JVM exits on its
 # own. Signalling the JVM as well would stop the SparkContext under the queries.
 # PID 1 is the container's init (compose `init: true`), which reaps and forwards.
-"${SPARK_HOME}/bin/spark-submit" --master "${master}" --deploy-mode client "$@" "${app}" run &
-submit_pid=$!
-
+# The trap is set before the launch; a signal that arrives before the pid is
+# known is remembered and forwarded as soon as it is.
+submit_pid=""
+stop_requested=0
 forward() {
-    pkill -TERM -P "${submit_pid}" 2>/dev/null || kill -TERM "${submit_pid}" 2>/dev/null || true
+    stop_requested=1
+    if [[ -n "${submit_pid}" ]]; then
+        pkill -TERM -P "${submit_pid}" 2>/dev/null || kill -TERM "${submit_pid}" 2>/dev/null || true
+    fi
 }
 trap forward TERM INT
+"${SPARK_HOME}/bin/spark-submit" --master "${master}" --deploy-mode client "$@" "${app}" run &
+submit_pid=$!
+if ((stop_requested)); then
+    forward
+fi
 
 status=0
 wait "${submit_pid}" || status=$?

@@ -40,3 +40,10 @@ def test_ban_time_is_read_from_the_message() -> None:
     now = 1_700_000_000_000
     fault = fault_from(e.DDoSProtection(f"binance 418 IP banned until {now + 5000}."), now_ms=now)
     assert fault.retry_after_s == 5.0
+
+
+def test_rows_with_missing_values_convert_safely() -> None:
+    from ingestor.exchanges import _candle
+    from ingestor.model import Candle
+
+    assert _candle([60_000, None, "2", 3, 4.5]) == Candle(60_000, 0.0, 2.0, 3.0, 4.5, 0.0)

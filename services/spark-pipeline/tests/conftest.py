@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
+from google.protobuf.message import Message
 
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, Tick
@@ -144,3 +158,338 @@ class Builders:
 @pytest.fixture
 def build() -> type[Builders]:
     return Builders
+
+
+# --------------------------------------------------------------------------------------
+# Stack tests: the pipeline as a real subprocess (`python -m pipeline`), Kafka producer,
+# a SUB collecting everything the PUB sends, and pyiceberg as an independent reader.
+# --------------------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    from infra.localstack import StackEndpoints
+
+WAIT_S = 240.0  # first micro-batches of a cold JVM on a loaded 2-core machine are slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PipelineRun:
+    """One pipeline configuration (names, checkpoint, PUB port) and its processes."""
+
+    endpoints: StackEndpoints
+    workdir: Path
+    namespace: str
+    batches_topic: str
+    ticks_topic: str
+    pub_port: int
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def pub_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.pub_port}"
+
+    @property
+    def ready_file(self) -> Path:
+        return self.workdir / "ready.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"pipeline-{self.starts}.log"
+
+    def env(self, crash_at: str | None = None) -> dict[str, str]:
+        from infra.artifacts import spark_jars
+
+        e = self.endpoints
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+        env.update(
+            {
+                "PYSPARK_PYTHON": sys.executable,
+                "LOG_LEVEL": "INFO",
+                "PIPELINE_KAFKA__BOOTSTRAP": e.kafka_bootstrap,
+                "PIPELINE_KAFKA__OHLC_BATCHES_TOPIC": self.batches_topic,
+                "PIPELINE_KAFKA__TICKS_TOPIC": self.ticks_topic,
+                "PIPELINE_CATALOG__NAME": e.catalog_name,
+                "PIPELINE_CATALOG__URI": e.catalog_uri,
+                "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,
+                "PIPELINE_CATALOG__NAMESPACE": self.namespace,
+                "PIPELINE_CATALOG__S3_ENDPOINT": e.s3_endpoint,
+                "PIPELINE_CATALOG__S3_ACCESS_KEY": e.s3_access_key,
+                "PIPELINE_CATALOG__S3_SECRET_KEY": e.s3_secret_key,
+                "PIPELINE_CATALOG__S3_REGION": e.s3_region,
+                "PIPELINE_SPARK__MASTER": "local[2]",
+                "PIPELINE_SPARK__DRIVER_MEMORY": "1g",
+                "PIPELINE_SPARK__JARS": json.dumps([str(j) for j in spark_jars()]),
+                "PIPELINE_CHECKPOINT_DIR": str(self.workdir / "checkpoints"),
+                "PIPELINE_PUB_ENDPOINT": self.pub_endpoint,
+                "PIPELINE_READY_FILE": str(self.ready_file),
+                "PIPELINE_HISTORY__TRIGGER_S": "0.5",
+                "PIPELINE_LIVE__PERIODS": "[60, 300]",
+                "PIPELINE_LIVE__WATERMARK_S": "5",
+                "PIPELINE_LIVE__PERSIST_TRIGGER_S": "2",
+                "PIPELINE_LIVE__CANDLE_CLOSE_TRIGGER_S": "2",
+            }
+        )
+        env.update(self.extra_env)
+        if crash_at:
+            env["PIPELINE_CRASH_AT"] = crash_at
+        return env
+
+    def start(self, crash_at: str | None = None) -> None:
+        """Start `python -m pipeline` in its own process group (Python driver + Spark JVM)."""
+        assert self.process is None or self.process.poll() is not None, "already running"
+        self.ready_file.unlink(missing_ok=True)
+        self.starts += 1
+        with self.log_file.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pipeline"],
+                env=self.env(crash_at),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout_s: float = WAIT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"pipeline exited {self.process.returncode}:\n{self.tail()}")
+            if self.ready_file.exists():
+                return dict(json.loads(self.ready_file.read_text()))
+            time.sleep(0.2)
+        raise AssertionError(f"pipeline not ready in {timeout_s} s:\n{self.tail()}")
+
+    def wait_exit(self, timeout_s: float = WAIT_S) -> int:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"pipeline still running after {timeout_s} s") from None
+
+    def kill9(self) -> None:
+        """kill -9 of the driver: Python and its Spark JVM, no shutdown hooks."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+        self._reap_group()
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self._reap_group()
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        self._reap_group()
+
+    def _reap_group(self) -> None:
+        """The JVM outlives a SIGKILLed Python for a moment: kill what is left of our group."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        return "\n".join(
+            (self.workdir / f"pipeline-{i}.log").read_text(errors="replace")
+            for i in range(1, self.starts + 1)
+        )
+
+
+@dataclass(frozen=True)
+class Received:
+    at: float
+    topic: str
+    message: Message
+
+
+class Subscriber:
+    """A SUB on the pipeline's PUB that records every message (subscribed to everything)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        self._socket = zmq.Context.instance().socket(zmq.SUB)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.RCVTIMEO, 200)
+        self._socket.connect(endpoint)
+        self._messages: list[Received] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        from mdproto import envelope
+
+        while not self._stop.is_set():
+            try:
+                frames = self._socket.recv_multipart()
+            except zmq.Again:
+                continue
+            topic, message = envelope.decode_sub(frames)
+            with self._cond:
+                self._messages.append(Received(time.time(), topic, message))
+                self._cond.notify_all()
+
+    def matching(self, predicate: Callable[[Received], bool]) -> list[Received]:
+        with self._cond:
+            return [m for m in self._messages if predicate(m)]
+
+    def wait_for(
+        self, predicate: Callable[[Received], bool], count: int = 1, timeout_s: float = WAIT_S
+    ) -> list[Received]:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                found = [m for m in self._messages if predicate(m)]
+                if len(found) >= count:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    topics = sorted({m.topic for m in self._messages})
+                    raise AssertionError(
+                        f"{len(found)}/{count} matching messages in {timeout_s} s; topics seen: "
+                        f"{topics[:20]}"
+                    )
+                self._cond.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._socket.close(0)
+
+
+class Kafka:
+    """Produces record values to a topic, keyed like the ingestors (by ticker)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from confluent_kafka import Producer
+
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+    def send(self, topic: str, values: Sequence[bytes], key: str = TICKER) -> None:
+        for value in values:
+            self._producer.produce(topic, key=key.encode(), value=value)
+        if self._producer.flush(30) != 0:
+            raise AssertionError("Kafka did not acknowledge every record")
+
+
+class Lake:
+    """pyiceberg view of the pipeline's tables: an independent reader."""
+
+    def __init__(self, endpoints: StackEndpoints, namespace: str) -> None:
+        from pyiceberg.catalog import load_catalog
+
+        self._catalog = load_catalog(
+            endpoints.catalog_name, **endpoints.pyiceberg_catalog_properties()
+        )
+        self.namespace = namespace
+
+    def rows(
+        self, table: str, row_filter: str = "", snapshot_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        from pyiceberg.expressions import AlwaysTrue
+
+        t = self._catalog.load_table(f"{self.namespace}.{table}")
+        scan = t.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot_id)
+        return list(scan.to_arrow().to_pylist())
+
+
+def is_notification(request_id: str) -> Callable[[Received], bool]:
+    def check(m: Received) -> bool:
+        return getattr(m.message, "request_id", None) == request_id and m.topic.startswith(
+            ("RESPONSE:", "HISTORY_READY:")
+        )
+
+    return check
+
+
+def confirm_subscription(sub: Subscriber, kafka: Kafka, ticks_topic: str) -> None:
+    """Prove the SUB is connected: publish probe ticks until one comes back."""
+    from mdproto import envelope
+
+    probe = "PROBE:SUB/SCRIBED"
+    for attempt in range(1, 200):
+        trade_id = f"probe-{uuid.uuid4().hex[:8]}"
+        value = envelope.encode_record(tick(trade_id, 1.0, 1_600_000_000_000, ticker=probe))
+        kafka.send(ticks_topic, [value], key=probe)
+        try:
+            sub.wait_for(
+                lambda m, t=trade_id: getattr(m.message, "trade_id", "") == t,
+                timeout_s=2 if attempt > 1 else WAIT_S,
+            )
+            return
+        except AssertionError:
+            continue
+    raise AssertionError("the SUB never received a probe tick")
+
+
+@pytest.fixture(scope="module")
+def make_run(
+    local_stack: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., PipelineRun]]:
+    """Factory of isolated pipeline runs (own namespace, topics, checkpoints, PUB port)."""
+    runs: list[PipelineRun] = []
+
+    def make(**extra_env: str) -> PipelineRun:
+        tag = uuid.uuid4().hex[:8]
+        run = PipelineRun(
+            endpoints=local_stack.endpoints,
+            workdir=tmp_path_factory.mktemp(f"pipeline-{tag}"),
+            namespace=f"pt_{tag}",
+            batches_topic=f"pt-{tag}.ohlc.batches",
+            ticks_topic=f"pt-{tag}.ticks",
+            pub_port=free_port(),
+            extra_env=dict(extra_env),
+        )
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.stop()
+
+
+@dataclass
+class Harness:
+    """A running pipeline and the clients around it."""
+
+    run: PipelineRun
+    sub: Subscriber
+    kafka: Kafka
+    lake: Lake
+
+
+class StackTools:
+    """Stack helpers for tests (conftest is not importable in importlib mode)."""
+
+    WAIT_S = WAIT_S
+    Subscriber = Subscriber
+    Kafka = Kafka
+    Lake = Lake
+    Harness = Harness
+    is_notification = staticmethod(is_notification)
+    confirm_subscription = staticmethod(confirm_subscription)
+
+
+@pytest.fixture(scope="session")
+def tools() -> type[StackTools]:
+    return StackTools

@@ -9,6 +9,7 @@ ROUTER. What it answers is decided by `handler(message) -> Action`.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -136,6 +137,7 @@ class FakeRelay:
         self._changed = threading.Condition()
         self.handler: Handler = accept_and_notify()
         self._stop = threading.Event()
+        self.crashed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="fake-relay", daemon=True)
         self._thread.start()
 
@@ -170,12 +172,16 @@ class FakeRelay:
     def close(self) -> None:
         if self._stop.is_set():
             return
-        self._stop.set()
-        with self._pipe_lock:
-            self._pipe_in.send(b"!")
-        self._thread.join(5)
+        self._stop.set()  # the thread also sees this within its 1 s poll
+        with self._pipe_lock, contextlib.suppress(zmq.Again):
+            self._pipe_in.send(b"!", zmq.NOBLOCK)
+        self._thread.join(10)
         self._pipe_in.close(linger=0)
+        if self._thread.is_alive():
+            raise AssertionError("fake relay thread did not stop")
         self._context.term()
+        if self.crashed is not None:
+            raise AssertionError(f"fake relay thread crashed: {self.crashed!r}")
 
     # --- relay thread ---
 
@@ -191,27 +197,33 @@ class FakeRelay:
         for sock in (self._router, self._xpub, pipe):
             poller.register(sock, zmq.POLLIN)
         try:
-            while not self._stop.is_set():
-                ready = dict(poller.poll(1000))
-                if self._xpub in ready:
-                    while self._xpub.poll(0):
-                        frame = self._xpub.recv()
-                        if frame[:1] in (b"\x00", b"\x01"):
-                            kind = "sub" if frame[0] == 1 else "unsub"
-                            self._record(kind, frame[1:].decode())
-                if self._router in ready:
-                    while self._router.poll(0):
-                        self._serve(self._router.recv_multipart())
-                if pipe in ready:
-                    while pipe.poll(0):
-                        pipe.recv()
-                    while not self._outbox.empty():
-                        topic, message = self._outbox.get()
-                        self._xpub.send_multipart(envelope.encode_pub(topic, message))
+            self._loop(pipe, poller)
+        except BaseException as exc:
+            self.crashed = exc
+            raise
         finally:
             pipe.close(linger=0)
             self._router.close(linger=0)
             self._xpub.close(linger=0)
+
+    def _loop(self, pipe: zmq.Socket[bytes], poller: zmq.Poller) -> None:
+        while not self._stop.is_set():
+            ready = dict(poller.poll(1000))
+            if self._xpub in ready:
+                while self._xpub.poll(0):
+                    frame = self._xpub.recv()
+                    if frame[:1] in (b"\x00", b"\x01"):
+                        kind = "sub" if frame[0] == 1 else "unsub"
+                        self._record(kind, frame[1:].decode())
+            if self._router in ready:
+                while self._router.poll(0):
+                    self._serve(self._router.recv_multipart())
+            if pipe in ready:
+                while pipe.poll(0):
+                    pipe.recv()
+                while not self._outbox.empty():
+                    topic, message = self._outbox.get()
+                    self._xpub.send_multipart(envelope.encode_pub(topic, message))
 
     def _serve(self, frames: list[bytes]) -> None:
         route, body = envelope.split_routed(frames)

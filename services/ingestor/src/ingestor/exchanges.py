@@ -106,6 +106,11 @@ def _float(value: Any) -> float:
         return 0.0
 
 
+def _candle(row: list[Any]) -> Candle:
+    values = [_float(row[i]) if i < len(row) else 0.0 for i in range(1, 6)]
+    return Candle(int(row[0]), values[0], values[1], values[2], values[3], values[4])
+
+
 def _tick_size(value: Any, mode: Any) -> float:
     """ccxt precision as a step size, whatever the exchange's precisionMode."""
     number = _float(value)
@@ -199,11 +204,13 @@ class ExchangeAdapter:
             )
         except Exception as exc:
             raise fault_from(exc) from exc
-        return [
-            Candle(int(r[0]), _float(r[1]), _float(r[2]), _float(r[3]), _float(r[4]), _float(r[5]))
-            for r in rows
-            if r and r[0] is not None
-        ]
+        try:  # fast path: ccxt hands out floats already
+            return [
+                Candle(int(r[0]), r[1] + 0.0, r[2] + 0.0, r[3] + 0.0, r[4] + 0.0, r[5] + 0.0)
+                for r in rows
+            ]
+        except (TypeError, IndexError):  # a None or short row somewhere: convert carefully
+            return [_candle(r) for r in rows if r and r[0] is not None]
 
     async def watch_trades(self, symbol: str) -> list[Trade]:
         """Trades received since the previous call; reconnects after a drop."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -138,19 +139,41 @@ def _with_open_time_ms(candle_rows: pa.Table) -> pa.Table:
     return candle_rows.append_column("open_time_ms", ms)
 
 
+class RecentKeys:
+    """The last ``capacity`` keys seen: drops re-deliveries of a trade before publication.
+
+    In memory only (a restart may re-publish a few ticks); Iceberg and the
+    candles deduplicate on their own, with checkpointed state.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._keys: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def first_time(self, key: tuple[str, str]) -> bool:
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self._capacity:
+            self._keys.popitem(last=False)
+        return True
+
+
 class TickPublisher:
     """ticks-publish: decode on the driver and publish; nothing else on this path."""
 
-    def __init__(self, publisher: Publisher) -> None:
+    def __init__(self, publisher: Publisher, recent: int = 200_000) -> None:
         self._publisher = publisher
+        self._recent = RecentKeys(recent)
         self.published = 0
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         kafka = batch_df.select("value", "partition", "offset").toArrow()
         decoded = records.decode_ticks(kafka)
         records.log_rejects(f"ticks batch {batch_id}", decoded.rejects)
+        fresh = [t for t in decoded.ticks if self._recent.first_time((t.ticker, t.trade_id))]
         self.published += self._publisher.publish_many(
-            (topics.tick_topic(t.ticker), t) for t in decoded.ticks
+            (topics.tick_topic(t.ticker), t) for t in fresh
         )
 
 

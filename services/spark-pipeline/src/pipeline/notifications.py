@@ -137,7 +137,7 @@ def topic_for(request_id: str, meta: BatchMetadata | None) -> str:
 def choose(markers: Iterable[FinalMarker]) -> list[FinalMarker]:
     """One marker per request: the best status (OK > NOT_FOUND > ERROR), first in Kafka order."""
     best: dict[str, FinalMarker] = {}
-    for marker in markers:
+    for marker in sorted(markers, key=lambda m: (m.partition, m.offset)):
         current = best.get(marker.request_id)
         if current is None or _rank(marker) < _rank(current):
             best[marker.request_id] = marker

@@ -1,0 +1,140 @@
+"""History requests end to end: client -> relay -> ingestor -> Kafka -> Spark -> Iceberg -> client.
+
+Every test talks to the real platform (the `platform` fixture) and compares
+what comes back with the exchange simulator's deterministic candles.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from infra.exchange_sim import expected_klines
+from infra.exchange_sim.control import SimulatorControl
+from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
+from mdproto.messages import Status
+
+pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+def past_range(days_ago: float, hours: int) -> tuple[int, int]:
+    """A whole-hour range in the past, so every candle in it is closed."""
+    now = int(time.time() * 1000)
+    start = (now - int(days_ago * DAY_MS)) // HOUR_MS * HOUR_MS
+    return start, start + hours * HOUR_MS
+
+
+def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
+    """The candles the simulator serves for [start, end), as ccxt reports them."""
+    return [
+        tuple(float(v) for v in k.ohlcv())
+        for k in expected_klines(symbol, "1m", start, end)
+        if k.open_time < end
+    ]
+
+
+def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
+    t = result.table
+    times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
+    columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
+    return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
+
+
+def test_per_client_topic_answers_with_the_exchange_candles(
+    client_settings: ClientSettings,
+) -> None:
+    start, end = past_range(days_ago=3, hours=6)
+    with Client(settings=client_settings, client_id="e2e-per-client") as client:
+        result = client.history("BINANCE:BTC/USDT", "1m", start, end)
+    assert result.status == "OK"
+    assert result.notification is not None
+    assert result.notification.client_id == "e2e-per-client"
+    assert result_rows(result) == exchange_rows("BTC/USDT", start, end)
+    assert len(result) == result.reported_rows == 360
+
+
+def test_per_request_topic_answers_with_the_exchange_candles(
+    client_settings: ClientSettings,
+) -> None:
+    start, end = past_range(days_ago=4, hours=3)
+    with Client(settings=client_settings, notify="per_request") as client:
+        result = client.history("BINANCE:ETH/USDT", "1m", start, end)
+    assert result.status == "OK"
+    assert result_rows(result) == exchange_rows("ETH/USDT", start, end)
+
+
+def test_sparse_market_gaps_are_not_errors(client_settings: ClientSettings) -> None:
+    start, end = past_range(days_ago=5, hours=4)
+    with Client(settings=client_settings) as client:
+        result = client.history("BINANCE:XYZ/USDT", "1m", start, end)
+    expected = exchange_rows("XYZ/USDT", start, end)
+    assert 0 < len(expected) < 240, "the illiquid symbol should have minutes without trades"
+    assert result.status == "OK"
+    assert result_rows(result) == expected
+
+
+def test_unknown_symbol_reaches_the_client_as_an_error_notification(
+    client_settings: ClientSettings,
+) -> None:
+    start, end = past_range(days_ago=1, hours=1)
+    with Client(settings=client_settings) as client, pytest.raises(HistoryFailed) as info:
+        client.history("BINANCE:NOPE/USDT", "1m", start, end)
+    assert "symbol" in info.value.reason.lower()
+
+
+def test_a_lost_attempt_is_retried_with_a_new_request_id(
+    client_settings: ClientSettings, sim: SimulatorControl
+) -> None:
+    start, end = past_range(days_ago=6, hours=2)
+    # The first klines call hangs longer than the client waits for its notification.
+    sim.add_fault("slow", delay=20, path="/api/v3/klines", count=1)
+    try:
+        with Client(settings=client_settings) as client:
+            result = client.history("BINANCE:SOL/USDT", "1m", start, end, timeout_s=8, attempts=3)
+    finally:
+        sim.clear_faults()
+    assert result.attempts >= 2
+    assert result_rows(result) == exchange_rows("SOL/USDT", start, end)
+
+
+def test_two_clients_on_one_ticker_get_only_their_own_notifications(
+    client_settings: ClientSettings,
+) -> None:
+    # "e2e-twin" is a prefix of "e2e-twin2": ZeroMQ delivers RESPONSE:e2e-twin2 to the
+    # subscriber of RESPONSE:e2e-twin too, and the client must not take it for its own.
+    start, end = past_range(days_ago=2, hours=2)
+    results: dict[str, HistoryResult] = {}
+    errors: list[BaseException] = []
+
+    def ask(client_id: str) -> None:
+        try:
+            with Client(settings=client_settings, client_id=client_id) as client:
+                results[client_id] = client.history("BINANCE:BTC/USDT", "1m", start, end)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(cid,)) for cid in ("e2e-twin", "e2e-twin2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    a, b = results["e2e-twin"], results["e2e-twin2"]
+    assert a.notification is not None and b.notification is not None
+    assert a.notification.client_id == "e2e-twin"
+    assert b.notification.client_id == "e2e-twin2"
+    assert a.request_id != b.request_id
+    assert result_rows(a) == result_rows(b) == exchange_rows("BTC/USDT", start, end)
+
+
+def test_legacy_synchronous_request(client_settings: ClientSettings) -> None:
+    start, end = past_range(days_ago=7, hours=1)
+    with Client(settings=client_settings) as client:
+        result = client.fetch_ohlc_sync("BINANCE:BTC/USDT", "1m", start, end)
+    assert result.status == Status.Name(Status.OK)
+    assert result_rows(result) == exchange_rows("BTC/USDT", start, end)

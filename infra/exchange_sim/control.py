@@ -1,0 +1,54 @@
+"""HTTP client for the simulator's control API, for a simulator in another process.
+
+`make run` and the e2e tests run the simulator as its own process; this is the
+synchronous counterpart of the in-process methods on `ThreadedSimulator`.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from typing import Any
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class SimulatorControl:
+    def __init__(self, base_url: str, timeout_s: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: object | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.base_url}/_sim/{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        with _NO_PROXY.open(request, timeout=self.timeout_s) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def add_fault(self, kind: str, **options: object) -> None:
+        """Arm a fault (see README "Faults"), e.g. `add_fault("slow", delay=5, count=1)`."""
+        self._call("POST", "faults", {"kind": kind, **options})
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "faults")
+
+    def wait_for_subscribers(self, symbol: str, count: int = 1, timeout_s: float = 60) -> None:
+        """Block until exactly `count` stream connections watch `symbol`'s trades."""
+        query = urllib.parse.urlencode({"symbol": symbol, "wait": count, "timeout": timeout_s})
+        self._call("GET", f"subscribers?{query}")
+
+    def inject_trades(self, symbol: str, trades: list[dict[str, object]]) -> list[dict[str, Any]]:
+        """Push trades to the symbol's subscribers now; returns them with ids and times."""
+        answer = self._call("POST", "trades", {"symbol": symbol, "trades": trades})
+        return list(answer["trades"])
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._call("GET", "stats?log=0"))
+
+    def now_ms(self) -> int:
+        return int(self._call("GET", "health")["now_ms"])

@@ -1,0 +1,78 @@
+"""Config: defaults, YAML file, env overrides, validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.config import Settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PIPELINE_") or name == "CONFIG_PATH":
+            monkeypatch.delenv(name)
+
+
+def test_defaults_follow_the_contracts() -> None:
+    s = load_settings()
+    assert s.kafka.ohlc_batches_topic == "market.ohlc.batches"
+    assert s.kafka.ticks_topic == "market.ticks"
+    assert s.pub_endpoint == "tcp://*:5557"
+    assert s.catalog.namespace == "market"
+    assert s.live.periods == [60, 300, 3600]
+    assert s.table("ohlc") == "lake.market.ohlc"
+    assert s.enabled_queries == [
+        "history",
+        "ticks-publish",
+        "ticks-persist",
+        "candles-update",
+        "candles-close",
+    ]
+
+
+def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "kafka:\n  bootstrap: k1:9092\ncheckpoint_dir: s3a://b/ck/\n"
+        "live:\n  periods: [300, 60]\n  watermark_s: 5\n"
+    )
+    monkeypatch.setenv("CONFIG_PATH", str(path))
+    monkeypatch.setenv("PIPELINE_KAFKA__BOOTSTRAP", "k2:9092")
+    monkeypatch.setenv("PIPELINE_HISTORY__TRIGGER_S", "0.25")
+
+    s = load_settings()
+
+    assert s.kafka.bootstrap == "k2:9092"  # env beats the file
+    assert s.history.trigger_s == 0.25
+    assert s.live.periods == [60, 300]  # sorted
+    assert s.live.watermark_s == 5
+    assert s.checkpoint_for("history") == "s3a://b/ck/history"
+
+
+def test_a_named_file_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="pipeline config file not found"):
+        load_settings(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("periods", [[], [0, 60], [60, 60]])
+def test_bad_periods_are_rejected(periods: list[int]) -> None:
+    with pytest.raises(ValidationError, match="periods"):
+        Settings.model_validate({"live": {"periods": periods}})
+
+
+def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("kafka:\n  bootstrapp: typo:9092\n")
+    with pytest.raises(ValidationError, match="bootstrapp"):
+        load_settings(path)
+
+
+def test_disabled_paths_drop_their_queries() -> None:
+    s = Settings.model_validate({"live": {"enabled": False}})
+    assert s.enabled_queries == ["history"]

@@ -1,0 +1,187 @@
+"""Final markers -> notifications: status mapping, topic, dedupe plan, table round trip."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mdproto.messages import BatchMetadata, Status
+from pipeline import notifications
+from pipeline.notifications import CompletedRequest
+from pipeline.records import FinalMarker
+
+TABLE = "market.ohlc"
+
+
+def marker(
+    build: Any, request_id: str, status: int = Status.OK, rows: int = 10, **kw: Any
+) -> FinalMarker:
+    meta = build.metadata(request_id, **kw)
+    meta.status = status
+    meta.total_rows = rows
+    return FinalMarker(request_id, meta, partition=kw.get("partition", 0), offset=rows)
+
+
+def complete(m: FinalMarker, **kw: Any) -> CompletedRequest:
+    args = {
+        "iceberg_table": TABLE,
+        "snapshot_id": 77,
+        "completed_at_ms": 5,
+        "query_id": "q1",
+        "batch_id": 3,
+    }
+    args.update(kw)
+    return notifications.complete(m, **args)
+
+
+def test_ok_marker_becomes_ok_notification_on_the_client_topic(build: Any) -> None:
+    request = complete(marker(build, "r1", rows=43_200, client_id="c9"))
+
+    n = request.notification()
+    assert request.notification_topic == "RESPONSE:c9"
+    assert (n.request_id, n.client_id, n.status) == ("r1", "c9", Status.OK)
+    assert (n.row_count, n.iceberg_table, n.snapshot_id) == (43_200, TABLE, 77)
+    assert (n.ticker, n.period_seconds) == (build.TICKER, 60)
+    assert (n.start_time_ms, n.end_time_ms) == (build.T0, build.T0 + 10 * build.MINUTE)
+    assert n.completed_at_ms == 5
+
+
+def test_per_request_topic_when_there_is_no_client(build: Any) -> None:
+    request = complete(marker(build, "r1", client_id="", topic=""))
+    assert request.notification_topic == "HISTORY_READY:r1"
+
+
+def test_marker_topic_that_is_not_a_notification_topic_is_not_trusted(build: Any) -> None:
+    request = complete(marker(build, "r1", client_id="c1", topic="BINANCE:BTC/USDT|tick"))
+    assert request.notification_topic == "RESPONSE:c1"
+
+
+@pytest.mark.parametrize(
+    ("status", "rows", "reason", "code", "expected"),
+    [
+        (Status.OK, 0, "", "", (Status.NOT_FOUND, "no candles in the range", "", 0, 0)),
+        (Status.NOT_FOUND, 0, "", "", (Status.NOT_FOUND, "no candles in the range", "", 0, 0)),
+        (
+            Status.ERROR,
+            0,
+            "",
+            "",
+            (Status.ERROR, "the ingestor reported an error", "ingestor_error", 0, 0),
+        ),
+        (Status.ERROR, 5, "429", "rate_limited", (Status.ERROR, "429", "rate_limited", 0, 0)),
+        (
+            Status.REJECTED,
+            5,
+            "",
+            "",
+            (Status.ERROR, "final marker has status REJECTED", "bad_marker", 0, 0),
+        ),
+    ],
+)
+def test_status_mapping(
+    build: Any, status: int, rows: int, reason: str, code: str, expected: tuple[Any, ...]
+) -> None:
+    m = marker(build, "r1", status=status, rows=rows)
+    assert m.metadata is not None
+    m.metadata.reason, m.metadata.error_code = reason, code
+
+    r = complete(m)
+
+    assert (r.status, r.reason, r.error_code, r.row_count, r.snapshot_id) == expected
+
+
+def test_marker_without_metadata_is_an_error_on_the_request_topic() -> None:
+    r = complete(FinalMarker("r1", None, 0, 0))
+    assert (r.status, r.error_code, r.notification_topic) == (
+        Status.ERROR,
+        "bad_marker",
+        "HISTORY_READY:r1",
+    )
+
+
+def test_choose_prefers_ok_then_kafka_order(build: Any) -> None:
+    err = marker(build, "r1", status=Status.ERROR, rows=1)
+    ok_late = FinalMarker("r1", marker(build, "r1").metadata, 0, 99)
+    ok_early = FinalMarker("r1", marker(build, "r1").metadata, 0, 50)
+    other = marker(build, "r2")
+
+    chosen = notifications.choose([err, ok_late, other, ok_early])
+
+    assert [(m.request_id, m.offset) for m in chosen] == [("r2", 10), ("r1", 50)]
+
+
+def test_plan_records_new_republishes_own_batch_and_skips_duplicates(build: Any) -> None:
+    markers = [marker(build, "new"), marker(build, "mine"), marker(build, "older")]
+    existing = {
+        "mine": complete(marker(build, "mine"), batch_id=3, completed_at_ms=1),
+        "older": complete(marker(build, "older"), batch_id=2),
+    }
+
+    plan = notifications.plan(
+        markers,
+        existing,
+        iceberg_table=TABLE,
+        snapshot_id=9,
+        completed_at_ms=8,
+        query_id="q1",
+        batch_id=3,
+    )
+
+    assert [r.request_id for r in plan.record] == ["new"]
+    assert [r.request_id for r in plan.publish] == ["new", "mine"]
+    assert plan.publish[1] is existing["mine"]  # re-published byte for byte
+    assert plan.republished == ["mine"]
+    assert plan.duplicates == ["older"]
+
+
+def test_same_batch_id_of_another_query_is_a_duplicate(build: Any) -> None:
+    existing = {"r1": complete(marker(build, "r1"), query_id="old-checkpoint", batch_id=3)}
+
+    plan = notifications.plan(
+        [marker(build, "r1")],
+        existing,
+        iceberg_table=TABLE,
+        snapshot_id=9,
+        completed_at_ms=8,
+        query_id="q1",
+        batch_id=3,
+    )
+
+    assert plan.publish == [] and plan.duplicates == ["r1"]
+
+
+def test_reconcile_reports_what_the_client_will_read(build: Any) -> None:
+    request = complete(marker(build, "r1", rows=100))
+
+    assert notifications.reconcile(request, 100).row_count == 100
+    assert notifications.reconcile(request, 130).row_count == 130  # overlapping data
+    short = notifications.reconcile(request, 97)
+    assert (short.status, short.error_code, short.row_count) == (Status.ERROR, "incomplete", 97)
+    assert "97 of the 100" in short.reason
+    failed = complete(marker(build, "r2", status=Status.ERROR))
+    assert notifications.reconcile(failed, 0) is failed
+
+
+def test_requests_table_round_trip(build: Any) -> None:
+    requests = [
+        complete(marker(build, "r1", rows=5)),
+        complete(FinalMarker("r2", None, 1, 2), snapshot_id=0),
+        complete(marker(build, "r3", start=-5, end=2**62)),
+    ]
+
+    table = notifications.to_table(requests)
+    assert table.schema == notifications.REQUESTS_SCHEMA
+
+    back = notifications.from_table(table)
+    assert back == {r.request_id: r for r in requests}
+    assert back["r1"].notification() == requests[0].notification()
+
+
+def test_status_names_are_stored_readably(build: Any) -> None:
+    table = notifications.to_table([complete(marker(build, "r1"))])
+    assert table["status"].to_pylist() == ["OK"]
+
+
+def test_metadata_type_is_the_protocol_one() -> None:
+    assert notifications.outcome(BatchMetadata(status=Status.OK, total_rows=3))[0] == Status.OK

@@ -1,0 +1,248 @@
+"""The pipeline on the real local stack: Kafka -> Spark -> Iceberg + PUB.
+
+One pipeline process (history and live paths) serves every test in this
+module: Spark needs ~10 s and ~1.5 GB to start on this 2-core machine. Each test
+uses its own request ids and tickers, so the tests do not depend on each other.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from mdproto import envelope
+from mdproto.messages import OHLC, HistoryReadyNotification, Status, Tick
+from pipeline.candles import aggregate
+
+pytestmark = [pytest.mark.stack, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def pipeline(make_run: Any, tools: Any) -> Iterator[Any]:
+    run = make_run()
+    sub = tools.Subscriber(run.pub_endpoint)  # connected before the PUB even binds
+    run.start()
+    run.wait_ready()
+    kafka = tools.Kafka(run.endpoints.kafka_bootstrap)
+    tools.confirm_subscription(sub, kafka, run.ticks_topic)
+    yield tools.Harness(run, sub, kafka, tools.Lake(run.endpoints, run.namespace))
+    sub.close()
+    run.stop()
+
+
+def _notification(
+    pipeline: Any, tools: Any, request_id: str
+) -> tuple[str, HistoryReadyNotification]:
+    [got] = pipeline.sub.wait_for(tools.is_notification(request_id))
+    assert isinstance(got.message, HistoryReadyNotification)
+    return got.topic, got.message
+
+
+def _range_filter(build: Any, start: int, end: int, ticker: str | None = None) -> str:
+    from datetime import UTC, datetime
+
+    def iso(ms: int) -> str:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+
+    return (
+        f"ticker = '{ticker or build.TICKER}' and period_seconds = 60 "
+        f"and open_time >= '{iso(start)}' and open_time < '{iso(end)}'"
+    )
+
+
+def test_request_batches_become_iceberg_rows_and_one_ok_notification(
+    pipeline: Any, tools: Any, build: Any
+) -> None:
+    t0 = build.T0
+    rows = [build.candle(i, t0=t0) for i in range(2500)]
+    meta = build.metadata(
+        "hist-ok-1", client_id="client-ok", start=t0, end=t0 + 2500 * build.MINUTE
+    )
+    pipeline.kafka.send(
+        pipeline.run.batches_topic, build.request_records("hist-ok-1", rows, meta=meta)
+    )
+
+    topic, n = _notification(pipeline, tools, "hist-ok-1")
+
+    assert topic == "RESPONSE:client-ok"
+    assert (n.status, n.row_count, n.client_id) == (Status.OK, 2500, "client-ok")
+    assert n.iceberg_table == f"{pipeline.run.namespace}.ohlc"
+    assert (n.ticker, n.period_seconds, n.start_time_ms, n.end_time_ms) == (
+        build.TICKER,
+        60,
+        t0,
+        t0 + 2500 * build.MINUTE,
+    )
+    assert n.snapshot_id != 0
+    stored = pipeline.lake.rows("ohlc", _range_filter(build, t0, n.end_time_ms), n.snapshot_id)
+    got = sorted((int(r["open_time"].timestamp() * 1000), r["open"], r["close"]) for r in stored)
+    assert got == [(c.open_time_ms, c.open, c.close) for c in rows]
+    assert {r["source"] for r in stored} == {"history"}
+    assert {r["request_id"] for r in stored} == {"hist-ok-1"}
+
+
+def test_error_marker_and_bad_rows_become_error_notifications(
+    pipeline: Any, tools: Any, build: Any
+) -> None:
+    failed = build.request_records(
+        "hist-err-1",
+        [],
+        status=Status.ERROR,
+        reason="exchange answered 503",
+        error_code="exchange_unavailable",
+        meta=build.metadata("hist-err-1", client_id=""),
+    )
+    t0 = build.T0 + 10**9  # a range no other test writes
+    rows = [build.candle(i, t0=t0) for i in range(10)]
+    rows[4] = build.candle(4, t0=t0, open=math.nan)  # Iceberg cannot be asked to keep this
+    bad = build.request_records(
+        "hist-bad-1", rows, meta=build.metadata("hist-bad-1", start=t0, end=t0 + 10 * build.MINUTE)
+    )
+    garbage = [b"not a record", envelope.encode_record(Tick(ticker=build.TICKER))]
+    pipeline.kafka.send(pipeline.run.batches_topic, [*garbage, *failed, *bad])
+
+    topic, n = _notification(pipeline, tools, "hist-err-1")
+    assert topic == "HISTORY_READY:hist-err-1"
+    assert (n.status, n.reason, n.error_code) == (
+        Status.ERROR,
+        "exchange answered 503",
+        "exchange_unavailable",
+    )
+    assert (n.row_count, n.snapshot_id) == (0, 0)
+
+    _, n = _notification(pipeline, tools, "hist-bad-1")
+    assert (n.status, n.error_code, n.row_count) == (Status.ERROR, "incomplete", 9)
+    assert "9 of the 10" in n.reason
+    log = pipeline.run.log_text()
+    assert "dropped partition" in log and "bad_version" in log  # the garbage was reported
+
+
+def test_duplicate_deliveries_add_no_rows_and_no_second_notification(
+    pipeline: Any, tools: Any, build: Any
+) -> None:
+    t0 = build.T0 + 2 * 10**9
+    rows = [build.candle(i, t0=t0) for i in range(1500)]
+    meta = build.metadata("hist-dup-1", start=t0, end=t0 + 1500 * build.MINUTE)
+    records = build.request_records("hist-dup-1", rows, meta=meta)
+    # Two ingestors deliver the same request back to back (usually one micro-batch).
+    pipeline.kafka.send(pipeline.run.batches_topic, records + records)
+    _, first = _notification(pipeline, tools, "hist-dup-1")
+    # A replay of the whole range later (another micro-batch), then a sentinel
+    # request on the same partition: once it is notified, the replay is processed.
+    pipeline.kafka.send(pipeline.run.batches_topic, records)
+    sentinel = build.request_records("hist-dup-sentinel", [build.candle(0, t0=t0 - 10**8)])
+    pipeline.kafka.send(pipeline.run.batches_topic, sentinel)
+    _notification(pipeline, tools, "hist-dup-sentinel")
+
+    assert len(pipeline.sub.matching(tools.is_notification("hist-dup-1"))) == 1
+    assert (first.status, first.row_count) == (Status.OK, 1500)
+    stored = pipeline.lake.rows("ohlc", _range_filter(build, t0, meta.end_time_ms))
+    keys = [r["open_time"] for r in stored]
+    assert len(keys) == 1500 and len(set(keys)) == 1500
+
+
+def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, build: Any) -> None:
+    ticker = "BINANCE:ETH/USDT"
+    b = 1_704_067_200_000  # 2024-01-01T00:00:00Z: 1- and 5-minute aligned
+
+    def t(trade_id: int, price: float, at_s: int, amount: float = 1.0) -> Tick:
+        return build.tick(trade_id, price, b + at_s * 1000, amount=amount, ticker=ticker)
+
+    def send(*ticks: Tick) -> None:
+        values = [envelope.encode_record(x) for x in ticks]
+        pipeline.kafka.send(pipeline.run.ticks_topic, values, key=ticker)
+
+    # Arrival order is not trade-time order: the earliest trade of minute 0 (id 1)
+    # and the next-to-last (id 5) arrive late, at most 4 s behind the newest trade,
+    # inside the 5 s watermark. first()/last() would give open 101 and close 103.
+    minute0 = [
+        t(2, 101.0, 10, 0.5),
+        t(1, 100.0, 7),
+        t(3, 104.0, 30, 2.0),
+        t(4, 98.0, 40),
+        t(6, 102.0, 59, 1.5),
+        t(5, 103.0, 56, 0.25),
+        t(3, 104.0, 30, 2.0),  # re-delivered trade: counts once
+    ]
+    minute1 = [t(7, 110.0, 62, 3.0), t(8, 90.0, 75), t(9, 95.0, 71)]
+    advance = t(10, 96.0, 370)  # event time 00:06:10: closes minutes 0-1 and 00:00-00:05
+    send(*minute0)
+    send(*minute1)
+    send(advance)
+
+    def closed(period: int, open_s: int) -> Any:
+        def check(m: Any) -> bool:
+            msg = m.message
+            return (
+                isinstance(msg, OHLC)
+                and msg.closed
+                and msg.ticker == ticker
+                and (msg.period_seconds, msg.open_time_ms) == (period, b + open_s * 1000)
+            )
+
+        return check
+
+    def values(msg: OHLC) -> tuple[float, ...]:
+        return (msg.open, msg.high, msg.low, msg.close, msg.volume, msg.trade_count)
+
+    [m0] = [x.message for x in pipeline.sub.wait_for(closed(60, 0))]
+    [m1] = [x.message for x in pipeline.sub.wait_for(closed(60, 60))]
+    [f0] = [x.message for x in pipeline.sub.wait_for(closed(300, 0))]
+    # Minute 0 by trade time: 7 s 100, 10 s 101, 30 s 104, 40 s 98, 56 s 103, 59 s 102.
+    assert values(m0) == (100.0, 104.0, 98.0, 102.0, 6.25, 6)
+    # Minute 1: 62 s 110, 71 s 95, 75 s 90.
+    assert values(m1) == (110.0, 110.0, 90.0, 90.0, 5.0, 3)
+    # 00:00-00:05 holds trades 1-9.
+    assert values(f0) == (100.0, 110.0, 90.0, 90.0, 11.25, 9)
+    reference = {
+        (c.period_seconds, c.open_time_ms): c
+        for c in aggregate([*minute0, *minute1, advance], [60, 300])
+    }
+    for msg in (m0, m1, f0):
+        ref = reference[(msg.period_seconds, msg.open_time_ms)]
+        assert values(msg) == (ref.open, ref.high, ref.low, ref.close, ref.volume, ref.trade_count)
+
+    # Updating candles (closed=false) were published for the same windows.
+    updates = pipeline.sub.matching(
+        lambda m: (
+            isinstance(m.message, OHLC) and not m.message.closed and m.message.ticker == ticker
+        )
+    )
+    assert {(u.message.period_seconds, u.message.open_time_ms) for u in updates} >= {
+        (60, b),
+        (60, b + 60_000),
+        (300, b),
+    }
+    # Every distinct trade was published once on the tick topic.
+    published = pipeline.sub.wait_for(lambda m: m.topic == f"{ticker}|tick", count=10)
+    assert sorted(int(m.message.trade_id) for m in published) == list(range(1, 11))
+
+    # A trade later than the watermark misses its (closed) candle but is kept as a tick.
+    send(t(11, 500.0, 12))
+    send(t(12, 97.0, 700))  # closes minute 6; processed after trade 11 (same partition)
+    pipeline.sub.wait_for(closed(60, 360))
+    assert len(pipeline.sub.matching(closed(60, 0))) == 1
+
+    stored = {
+        (r["period_seconds"], int(r["open_time"].timestamp() * 1000)): r
+        for r in pipeline.lake.rows("ohlc", f"ticker = '{ticker}'")
+    }
+    for msg in (m0, m1, f0):
+        row = stored[(msg.period_seconds, msg.open_time_ms)]
+        assert row["source"] == "live"
+        assert (row["open"], row["high"], row["low"], row["close"]) == values(msg)[:4]
+        assert (row["volume"], row["trade_count"]) == values(msg)[4:]
+
+    def stored_trades() -> list[int]:
+        return sorted(
+            int(r["trade_id"]) for r in pipeline.lake.rows("ticks", f"ticker = '{ticker}'")
+        )
+
+    deadline = time.monotonic() + tools.WAIT_S
+    while stored_trades() != list(range(1, 13)) and time.monotonic() < deadline:
+        time.sleep(1)  # poll: ticks-persist commits every 2 s
+    assert stored_trades() == list(range(1, 13))  # each trade once, the late one too

@@ -1,0 +1,64 @@
+"""Spark settings derived from the config (no JVM started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import Settings
+from pipeline.session import SessionConfigError, resolve_jars, spark_conf
+
+JARS = (
+    "spark-sql-kafka-0-10_2.13-4.0.4.jar",
+    "iceberg-spark-runtime-4.0_2.13-1.10.1.jar",
+    "iceberg-aws-bundle-1.10.1.jar",
+)
+
+
+@pytest.fixture
+def jars_dir(tmp_path: Path) -> Path:
+    for name in JARS:
+        (tmp_path / name).write_bytes(b"")
+    return tmp_path
+
+
+def test_catalog_and_launch_settings(jars_dir: Path) -> None:
+    settings = Settings.model_validate(
+        {
+            "spark": {
+                "jars_dir": str(jars_dir),
+                "master": "local[2]",
+                "conf": {"spark.ui.enabled": "true"},
+            },
+            "catalog": {"uri": "http://cat:1", "s3_endpoint": "http://s3:2"},
+        }
+    )
+
+    conf = spark_conf(settings)
+
+    assert conf["spark.sql.catalog.lake"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.sql.catalog.lake.uri"] == "http://cat:1"
+    assert conf["spark.sql.catalog.lake.s3.endpoint"] == "http://s3:2"
+    assert conf["spark.sql.catalog.lake.cache-enabled"] == "false"
+    assert conf["spark.master"] == "local[2]"
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert sorted(Path(j).name for j in conf["spark.jars"].split(",")) == sorted(JARS)
+    assert conf["spark.ui.enabled"] == "true"  # spark.conf wins
+
+
+def test_under_spark_submit_launch_settings_are_left_to_it(jars_dir: Path) -> None:
+    settings = Settings.model_validate({"spark": {"master": "spark://m:7077"}})
+    conf = spark_conf(settings, include_launch=False)
+    assert "spark.master" not in conf and "spark.jars" not in conf
+
+
+def test_missing_jars_are_explained(tmp_path: Path) -> None:
+    (tmp_path / JARS[0]).write_bytes(b"")
+    settings = Settings.model_validate({"spark": {"jars_dir": str(tmp_path)}})
+    with pytest.raises(SessionConfigError, match="iceberg-spark-runtime, iceberg-aws-bundle"):
+        resolve_jars(settings)
+    with pytest.raises(SessionConfigError, match="not a directory"):
+        resolve_jars(Settings.model_validate({"spark": {"jars_dir": str(tmp_path / "nope")}}))
+    with pytest.raises(SessionConfigError, match="do not exist"):
+        resolve_jars(Settings.model_validate({"spark": {"jars": [str(tmp_path / "x.jar")]}}))

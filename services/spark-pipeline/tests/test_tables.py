@@ -1,0 +1,68 @@
+"""Iceberg SQL text: keys, partitioning, pruning bounds, literal safety."""
+
+from __future__ import annotations
+
+import pytest
+
+from mdproto import ProtocolError
+from pipeline import tables
+from pipeline.tables import SeriesRange, TableNames
+
+NAMES = TableNames("lake", "market")
+
+
+def test_table_names() -> None:
+    assert NAMES.ohlc == "lake.market.ohlc"
+    assert NAMES.requests == "lake.market.requests"
+    assert NAMES.ohlc_for_clients == "market.ohlc"
+
+
+def test_ddl_partitions_for_client_queries() -> None:
+    ohlc = tables.create_ohlc(NAMES)
+    assert "PARTITIONED BY (ticker, period_seconds, months(open_time))" in ohlc
+    assert "open_time TIMESTAMP NOT NULL" in ohlc
+    assert "PARTITIONED BY (ticker, days(trade_time))" in tables.create_ticks(NAMES)
+    assert "PARTITIONED BY (bucket(16, request_id))" in tables.create_requests(NAMES)
+    assert all("IF NOT EXISTS" in statement for statement in tables.ddl(NAMES))
+
+
+def test_timestamp_literal_is_utc_with_microseconds() -> None:
+    assert tables.timestamp_literal(1_700_000_040_123) == (
+        "TIMESTAMP '2023-11-14 22:14:00.123000+00:00'"
+    )
+
+
+def test_history_merge_matches_the_natural_key_and_updates_only_changes() -> None:
+    sql = tables.merge_history_candles("lake.market.ohlc", "src", 0, 60_000)
+    assert "t.ticker = s.ticker AND t.period_seconds = s.period_seconds" in sql
+    assert "AND t.open_time = s.open_time" in sql
+    assert "t.open_time >= TIMESTAMP '1970-01-01 00:00:00.000000+00:00'" in sql
+    assert "WHEN MATCHED AND (NOT (t.open <=> s.open) OR" in sql
+    assert "WHEN NOT MATCHED THEN INSERT *" in sql
+
+
+def test_live_and_tick_merges_only_insert() -> None:
+    live = tables.merge_live_candles("lake.market.ohlc", "src", 0, 1)
+    ticks = tables.merge_ticks("lake.market.ticks", "src", 0, 1)
+    for sql in (live, ticks):
+        assert "WHEN MATCHED" not in sql
+        assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
+    assert "t.ticker = s.ticker AND t.trade_id = s.trade_id" in ticks
+
+
+def test_range_probe_and_count_queries() -> None:
+    r = SeriesRange("BINANCE:BTC/USDT", 60, 0, 120_000)
+    probe = tables.select_any_ohlc("lake.market.ohlc", [r, r])
+    assert probe.count("ticker = 'BINANCE:BTC/USDT' AND period_seconds = 60") == 2
+    assert probe.endswith("LIMIT 1")
+    count = tables.count_request_rows("lake.market.ohlc", 42, [("r1", r), ("r2", r)])
+    assert "VERSION AS OF 42" in count
+    assert "open_time < TIMESTAMP '1970-01-01 00:02:00.000000+00:00'" in count  # half-open
+    assert count.count("UNION ALL") == 1
+
+
+def test_values_that_would_break_the_sql_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a valid id"):
+        tables.select_requests("t", ["x' OR '1'='1"])
+    with pytest.raises(ProtocolError):
+        tables.select_any_ohlc("t", [SeriesRange("X:A/B' --", 60, 0, 1)])
