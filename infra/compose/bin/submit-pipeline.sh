@@ -26,9 +26,9 @@ echo "submit-pipeline: spark-submit --master ${master} --deploy-mode client ... 
 # The trap is set before the launch; a signal that arrives before the pid is
 # known is remembered and forwarded as soon as it is.
 submit_pid=""
-stop_requested=0
+signals=0
 forward() {
-    stop_requested=1
+    signals=$((signals + 1))
     if [[ -n "${submit_pid}" ]]; then
         pkill -TERM -P "${submit_pid}" 2>/dev/null || kill -TERM "${submit_pid}" 2>/dev/null || true
     fi
@@ -36,15 +36,18 @@ forward() {
 trap forward TERM INT
 "${SPARK_HOME}/bin/spark-submit" --master "${master}" --deploy-mode client "$@" "${app}" run &
 submit_pid=$!
-if ((stop_requested)); then
+if ((signals > 0)); then
     forward
 fi
 
-status=0
-wait "${submit_pid}" || status=$?
-# A trapped signal interrupts `wait`: keep waiting until spark-submit has exited.
-while kill -0 "${submit_pid}" 2>/dev/null; do
+# A `wait` cut short by the trap returns >128 before spark-submit has exited (its
+# status is still to come): wait again. Exit with spark-submit's own status.
+while :; do
+    seen=${signals}
     status=0
     wait "${submit_pid}" || status=$?
+    if ((status > 128 && signals != seen)); then
+        continue
+    fi
+    exit "${status}"
 done
-exit "${status}"

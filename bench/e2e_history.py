@@ -1,0 +1,150 @@
+"""End-to-end history benchmark: submit -> rows in hand, with a stage breakdown.
+
+Starts the whole platform locally (like `make run`, on free ports, with the
+exchange simulator and its rate limiter off), then asks for 1, 30 and 365 days
+of 1-minute candles and splits each request's wall time into stages, using
+timestamps the platform records anyway:
+
+    ingest        submit ack -> last OHLCBatch record in Kafka (Kafka record timestamp)
+    spark commit  last record in Kafka -> Iceberg snapshot holding the rows (snapshot timestamp)
+    notification  snapshot -> HistoryReadyNotification received by the client
+    iceberg read  notification -> rows in hand (pyiceberg filtered scan)
+
+    .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--out docs/e2e-benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from infra.localstack import Ports, StackConfig
+from infra.platform import Platform, PlatformConfig, ServicePorts
+from mdclient import Client, ClientSettings
+from mdproto import contracts, envelope
+from mdproto.messages import OHLCBatch
+
+DAY_MS = 86_400_000
+
+
+@dataclass
+class Stages:
+    days: int
+    rows: int
+    submit_ms: int
+    last_record_ms: int
+    snapshot_ms: int
+    notified_ms: int
+    rows_ms: int
+
+    @property
+    def total_s(self) -> float:
+        return (self.rows_ms - self.submit_ms) / 1000
+
+    def row(self) -> str:
+        ingest = (self.last_record_ms - self.submit_ms) / 1000
+        commit = (self.snapshot_ms - self.last_record_ms) / 1000
+        notify = (self.notified_ms - self.snapshot_ms) / 1000
+        read = (self.rows_ms - self.notified_ms) / 1000
+        rate = self.rows / self.total_s if self.total_s else 0.0
+        return (
+            f"| {self.days} | {self.rows:,} | {ingest:.1f} | {commit:.1f} | {notify:.2f} "
+            f"| {read:.1f} | **{self.total_s:.1f}** | {rate:,.0f} |"
+        )
+
+
+def last_record_time(bootstrap: str, request_id: str) -> int:
+    """Kafka timestamp of the request's final OHLCBatch marker."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{request_id}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(contracts.KAFKA_OHLC_BATCHES, timeout=10)
+        partitions = meta.topics[contracts.KAFKA_OHLC_BATCHES].partitions
+        consumer.assign([TopicPartition(contracts.KAFKA_OHLC_BATCHES, p, 0) for p in partitions])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                value = msg.value()
+                if msg.error() or value is None:
+                    continue
+                batch = envelope.decode_record(value, OHLCBatch)
+                if batch.request_id == request_id and batch.is_final:
+                    return int(msg.timestamp()[1])
+        raise RuntimeError(f"final marker of {request_id} not found in Kafka")
+    finally:
+        consumer.close()
+
+
+def run_one(client: Client, bootstrap: str, days: int) -> Stages:
+    now = int(time.time() * 1000)
+    end = now // DAY_MS * DAY_MS - DAY_MS  # whole days, all closed, none cached before
+    start = end - days * DAY_MS
+    query = client.query("BINANCE:BTC/USDT", "1m", start, end)
+    submit_ms = int(time.time() * 1000)
+    outcome = client.wait_history(query, timeout_s=1800, attempts=1)
+    notified_ms = int(time.time() * 1000)
+    note = outcome.notification
+    table = client.reader().read_ohlc(
+        note.iceberg_table, query.ticker, 60, start, end, snapshot_id=note.snapshot_id
+    )
+    rows_ms = int(time.time() * 1000)
+    snapshot = (
+        client.reader().catalog().load_table(note.iceberg_table).snapshot_by_id(note.snapshot_id)
+    )
+    return Stages(
+        days=days,
+        rows=table.num_rows,
+        submit_ms=submit_ms,
+        last_record_ms=last_record_time(bootstrap, note.request_id),
+        snapshot_ms=int(snapshot.timestamp_ms) if snapshot else notified_ms,
+        notified_ms=notified_ms,
+        rows_ms=rows_ms,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--days", type=int, nargs="+", default=[1, 30, 365])
+    parser.add_argument("--out", type=Path, default=None, help="append the table here")
+    args = parser.parse_args()
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    config = PlatformConfig(
+        data_dir=data_dir,
+        ports=ServicePorts.free(),
+        service_env={"INGESTOR_EXCHANGES__BINANCE__ENABLE_RATE_LIMIT": "false"},
+    )
+    stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
+    with Platform(config, stack_config=stack_config, use_simulator=True) as platform:
+        env = platform.endpoints.client_env()
+        settings = ClientSettings.model_validate(
+            {k.removeprefix("MDCLIENT_").lower(): v for k, v in env.items()}
+        )
+        lines = [
+            "| days | rows | ingest s | spark commit s | notify s | iceberg read s "
+            "| total s | rows/s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        with Client(settings=settings) as client:
+            for days in args.days:
+                stages = run_one(client, platform.endpoints.stack.kafka_bootstrap, days)
+                lines.append(stages.row())
+                print(lines[-1], flush=True)
+    table = "\n".join(lines)
+    print(table)
+    if args.out is not None:
+        with args.out.open("a") as fh:
+            fh.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
