@@ -17,6 +17,7 @@ help:
 	@echo "make test     lint and run every test (sets up .venv and jars on first use)"
 	@echo "make stop     stop everything make run started"
 	@echo "make up-local / down-local / status   the infrastructure stack alone"
+	@echo "make up / down / logs / e2e   the platform as Docker containers (docs/docker.md)"
 
 venv: $(INSTALLED)
 
@@ -62,3 +63,5 @@ stop:
 
 clean:
 	rm -rf $(VENV) proto/src/mdproto/gen/marketdata_pb2.py* .mypy_cache .ruff_cache .pytest_cache
+
+include infra/compose/compose.mk

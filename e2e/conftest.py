@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from infra.compose_platform import STACK_ENV, STACK_NAME, ComposeEndpoints
+from infra.compose_platform import compose_stack as compose_stack  # the fixture
 from infra.exchange_sim.control import SimulatorControl
 from infra.localstack import Ports, StackConfig
 from infra.platform import Platform, PlatformConfig, ServicePorts
@@ -16,6 +19,8 @@ from mdclient import ClientSettings
 
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    if os.environ.get(STACK_ENV) == STACK_NAME:
+        pytest.skip("needs the local platform's processes (not the compose stack)")
     data_dir: Path = tmp_path_factory.mktemp("platform")
     config = PlatformConfig(
         data_dir=data_dir,
@@ -32,7 +37,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 
 
 @pytest.fixture(scope="session")
-def endpoints(platform: Platform) -> PlatformEndpoints:
+def endpoints(request: pytest.FixtureRequest) -> PlatformEndpoints:
+    """The local platform, or the Docker Compose one with MDP_E2E_STACK=compose (`make e2e`)."""
+    if os.environ.get(STACK_ENV) == STACK_NAME:
+        stack: ComposeEndpoints = request.getfixturevalue("compose_stack")
+        return stack.platform_endpoints()
+    platform: Platform = request.getfixturevalue("platform")
     return platform.endpoints
 
 

@@ -1157,7 +1157,7 @@ def test_compose_makefile_fragment_has_the_targets() -> None:
 
 @pytest.fixture(scope="module")
 def compose_stack_module() -> ModuleType:
-    return _load("e2e/compose_stack.py", "mdp_e2e_compose_stack")
+    return importlib.import_module("infra.compose_platform")
 
 
 def test_docker_probe_gives_a_one_line_reason_without_an_engine(

@@ -147,3 +147,30 @@ def test_rows_plus_gaps_equal_the_slots_in_range(
     rows = accept_page(plan, [candle(t) for t in opens], None)
     gaps = expected_gaps(plan, len(rows), rows[0].open_time_ms if rows else None)
     assert len(rows) + gaps == length
+
+
+def test_bounded_pages_ask_for_one_window_and_skip_empty_ones() -> None:
+    plan = plan_fetch(0, 1000 * MIN, 60, "1m", 10**12, 300, bounded=True)
+    assert plan.page_until(0) == 300 * MIN - 1
+    assert plan.page_until(900 * MIN) == 1000 * MIN - 1  # never past the range
+    assert next_since(plan, [], 0) == 300 * MIN  # empty window: go on after it
+    assert next_since(plan, [], 900 * MIN) is None
+    assert next_since(plan, [candle(100 * MIN)], 0) == 101 * MIN
+    unbounded = plan_fetch(0, 1000 * MIN, 60, "1m", 10**12, 300)
+    assert unbounded.page_until(0) == 1000 * MIN - 1
+    assert next_since(unbounded, [], 0) is None
+
+
+def test_bounded_pagination_crosses_a_long_gap() -> None:
+    plan = plan_fetch(0, 2000 * MIN, 60, "1m", 10**12, 300, bounded=True)
+    data = [t * MIN for t in range(2000) if not 100 <= t < 1500]  # 1400 minutes without trades
+    since: int | None = 0
+    rows: list[Candle] = []
+    calls = 0
+    while since is not None:
+        window = [candle(t) for t in data if since <= t <= plan.page_until(since)][:300]
+        rows += accept_page(plan, window, rows[-1].open_time_ms if rows else None)
+        since = next_since(plan, window, since)
+        calls += 1
+    assert [c.open_time_ms for c in rows] == data
+    assert calls <= 10

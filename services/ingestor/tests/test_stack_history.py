@@ -247,3 +247,25 @@ def test_markets_are_published_at_start_and_on_config_update(
     assert not old.active  # delisted (status BREAK)
     assert ingestor.stats.markets_published == len(markets) >= 10
     assert ingestor._batch_size == 9
+
+
+def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> None:
+    """Coinbase Exchange: 300 candles per call and bounded windows, same records."""
+    sim = harness.sim
+    start = past_start(sim, 1000)
+    request = history_request("hist-coinbase", start, 700, ticker="COINBASE:BTC/USDT")
+    coinbase = {
+        "prefix": "COINBASE",
+        "api_base_url": sim.base_url,
+        "enable_rate_limit": False,
+        "bounded_pages": True,
+        "live": False,
+    }
+    _, ingestor, results = asyncio.run(
+        serve(harness, run_ingestor, [request], exchanges={"coinbaseexchange": coinbase})
+    )
+    expected = expected_klines("BTC/USDT", "1m", start, start + 700 * MIN - 1, model=sim.model)
+    assert rows_of(results["hist-coinbase"]) == [tuple(k.ohlcv()) for k in expected]
+    assert results["hist-coinbase"][-1].metadata.status == Status.OK
+    adapter = ingestor.adapter("COINBASE:")
+    assert adapter.page_limit == 300 and adapter.rest_calls == 3

@@ -321,7 +321,11 @@ class Ingestor:
     # --- helpers ----------------------------------------------------------
 
     def _env(self, adapter: ExchangeAdapter) -> FetchEnv:
-        return FetchEnv(policy=self.settings.retry.policy(), page_limit=adapter.settings.page_limit)
+        return FetchEnv(
+            policy=self.settings.retry.policy(),
+            page_limit=adapter.page_limit,
+            bounded_pages=adapter.settings.bounded_pages,
+        )
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

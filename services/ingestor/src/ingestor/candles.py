@@ -73,6 +73,7 @@ class FetchPlan:
     period_ms: int
     timeframe: str
     page_limit: int
+    bounded: bool = False  # each page asks for at most page_limit periods (Coinbase needs it)
 
     @property
     def empty(self) -> bool:
@@ -83,6 +84,18 @@ class FetchPlan:
         """Inclusive upper bound for the exchange's endTime/until parameter."""
         return self.end_ms - 1
 
+    def page_until(self, since_ms: int) -> int:
+        """`until` for the page starting at `since_ms`.
+
+        Unbounded (Binance): the range's end; the exchange returns the first
+        `limit` candles from `since`, skipping empty stretches in one call.
+        Bounded: at most `page_limit` periods, for exchanges that reject a
+        window holding more candles than the limit.
+        """
+        if not self.bounded:
+            return self.until_ms
+        return min(self.until_ms, since_ms + self.page_limit * self.period_ms - 1)
+
 
 def plan_fetch(
     start_ms: int,
@@ -91,6 +104,7 @@ def plan_fetch(
     timeframe: str,
     now_ms: int,
     page_limit: int,
+    bounded: bool = False,
 ) -> FetchPlan:
     if period_seconds <= 0:
         raise ValueError(f"period must be positive, got {period_seconds}")
@@ -100,7 +114,8 @@ def plan_fetch(
         raise ValueError(f"range [{start_ms}, {end_ms}) is empty or negative")
     period_ms = period_seconds * 1000
     closed_end = now_ms - period_ms + 1  # open < closed_end  <=>  open + period <= now
-    return FetchPlan(start_ms, min(end_ms, closed_end), period_ms, timeframe, page_limit)
+    end = min(end_ms, closed_end)
+    return FetchPlan(start_ms, end, period_ms, timeframe, page_limit, bounded)
 
 
 def accept_page(plan: FetchPlan, page: Sequence[Candle], after_ms: int | None) -> list[Candle]:
@@ -124,11 +139,15 @@ def accept_page(plan: FetchPlan, page: Sequence[Candle], after_ms: int | None) -
 def next_since(plan: FetchPlan, page: Sequence[Candle], since_ms: int) -> int | None:
     """Where the next page starts (last open + period), or None when done.
 
-    Done when the page is empty (the exchange has nothing at or after `since`),
-    when the next page would start at or past the end, or when the exchange
-    made no progress (a guard against looping forever on a misbehaving API).
+    Done when the page is empty (the exchange has nothing at or after `since`;
+    with bounded pages: nothing in the window, so go on after it), when the
+    next page would start at or past the end, or when the exchange made no
+    progress (a guard against looping forever on a misbehaving API).
     """
     if not page:
+        if plan.bounded:
+            following = plan.page_until(since_ms) + 1
+            return following if following < plan.end_ms else None
         return None
     following = max(c.open_time_ms for c in page) + plan.period_ms
     if following >= plan.end_ms or following <= since_ms:

@@ -53,7 +53,8 @@ class ExchangeSettings(_Section):
     enable_rate_limit: bool = True
     rate_limit_ms: int | None = None  # ccxt rateLimit override (ms between calls)
     timeout_ms: int = 10_000
-    page_limit: int = 1000  # candles per REST call
+    page_limit: int = 1000  # candles per REST call (capped by what ccxt says the exchange allows)
+    bounded_pages: bool = False  # ask for at most page_limit periods per call (coinbaseexchange)
     markets: list[str] = Field(default_factory=list)  # BASE/QUOTE to publish; empty = all
     live: bool = True  # accept REALTIME requests
     # ccxt.pro keeps this many trades per symbol between two watch_trades calls;

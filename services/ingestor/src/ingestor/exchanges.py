@@ -151,6 +151,9 @@ class ExchangeAdapter:
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
+        features = (self._exchange.features or {}).get("spot") or {}
+        exchange_limit = (features.get("fetchOHLCV") or {}).get("limit")
+        self.page_limit = min(settings.page_limit, exchange_limit or settings.page_limit)
 
     async def load_markets(self, reload: bool = False) -> None:
         try:

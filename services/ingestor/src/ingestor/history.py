@@ -76,6 +76,7 @@ class FetchEnv:
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     page_limit: int = 1000
+    bounded_pages: bool = False
     now_ms: Callable[[], int] = wall_clock_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rand: Callable[[], float] = random.random
@@ -119,6 +120,7 @@ def plan_request(
         timeframe,
         env.now_ms(),
         env.page_limit,
+        env.bounded_pages,
     )
     return symbol, plan
 
@@ -155,7 +157,7 @@ async def iter_pages(
 
         async def fetch(page_since: int = page_since) -> list[Candle]:
             return await source.fetch_candles(
-                symbol, plan.timeframe, page_since, plan.until_ms, plan.page_limit
+                symbol, plan.timeframe, page_since, plan.page_until(page_since), plan.page_limit
             )
 
         page = await call_with_retry(fetch, env, f"{symbol} {plan.timeframe} page at {since}")

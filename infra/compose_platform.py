@@ -11,7 +11,8 @@ Without a Docker engine (these machines have only the docker CLI) it skips the
 calling test with a one-line reason instead of failing: ``docker_unavailable_reason()``.
 
 The e2e suite picks its stack with ``MDP_E2E_STACK`` (``compose`` here; see
-``STACK_ENV``); ``compose_stack`` is a session fixture around ``compose_platform()``.
+``STACK_ENV``); ``compose_stack``, used by e2e/conftest.py, is a session fixture
+around ``compose_platform()``.
 """
 
 from __future__ import annotations
