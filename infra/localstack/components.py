@@ -213,8 +213,8 @@ class Kafka(Component):
             *self.config.jvm_options,
             "kafka.tools.StorageTool",
             "format",
-            "--cluster-id",
-            cluster_id,
+            # One token: an id starting with "-" would otherwise parse as an option.
+            f"--cluster-id={cluster_id}",
             "--config",
             str(self.properties_file),
         ]

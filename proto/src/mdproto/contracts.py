@@ -20,6 +20,7 @@ INGESTOR_CONTROL_PORT: Final = 5560  # relay PUB -> ingestor SUB (spec said 5557
 KAFKA_OHLC_BATCHES: Final = "market.ohlc.batches"  # OHLCBatch, key = ticker
 KAFKA_TICKS: Final = "market.ticks"  # Tick, key = ticker
 KAFKA_MARKETS: Final = "market.markets"  # Market, key = ticker (compacted)
+KAFKA_INGEST_CLAIMS: Final = "ingest.claims"  # claim records, key = request_id (1 partition)
 KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_id (compacted)
 
 # Iceberg tables (namespace.table) in the REST catalog.

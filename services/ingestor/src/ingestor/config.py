@@ -31,7 +31,7 @@ from ingestor.retry import RetryPolicy
 from mdproto import contracts
 
 #: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
-KAFKA_INGEST_CLAIMS = "ingest.claims"
+KAFKA_INGEST_CLAIMS = contracts.KAFKA_INGEST_CLAIMS
 
 _PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
