@@ -172,13 +172,21 @@ class FakeRelay:
     def close(self) -> None:
         if self._stop.is_set():
             return
-        self._stop.set()  # the thread also sees this within its 1 s poll
+        self._stop.set()
+        # Wake the thread. NOBLOCK: having seen _stop after a poll timeout, the
+        # thread may already be gone, and a blocking send to a PAIR without a
+        # peer would wait forever.
         with self._pipe_lock, contextlib.suppress(zmq.Again):
             self._pipe_in.send(b"!", zmq.NOBLOCK)
         self._thread.join(10)
         self._pipe_in.close(linger=0)
         if self._thread.is_alive():
-            raise AssertionError("fake relay thread did not stop")
+            import sys
+            import traceback
+
+            frame = sys._current_frames().get(self._thread.ident or 0)
+            stack = "".join(traceback.format_stack(frame)) if frame else "?"
+            raise AssertionError(f"fake relay thread did not stop:\n{stack}")
         self._context.term()
         if self.crashed is not None:
             raise AssertionError(f"fake relay thread crashed: {self.crashed!r}")

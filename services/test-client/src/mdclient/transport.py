@@ -25,6 +25,7 @@ described in the README ("Slow joiners").
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -143,8 +144,19 @@ class Subscriber:
         self._counts: dict[str, int] = {}
         self.handshakes = 0  # completed ZMTP handshakes (1 + reconnects)
         self._thread = threading.Thread(target=self._run, name="mdclient-sub", daemon=True)
+        self._failure: BaseException | None = None
         self._thread.start()
         self._started.wait()
+        if self._failure is not None:
+            self._pipe.close(linger=0)
+            raise RelayUnavailable(
+                f"cannot open the market-data socket {address}: {self._failure}",
+                error_code="socket_error",
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def connected(self) -> bool:
@@ -189,7 +201,13 @@ class Subscriber:
             raise RelayUnavailable("the subscriber thread is not running", error_code="closed")
         self._commands.put(command)
         with self._pipe_lock:
-            self._pipe.send(b"!")
+            try:
+                # Never block: a full or peerless pipe means the thread is gone.
+                self._pipe.send(b"!", zmq.NOBLOCK)
+            except zmq.Again:
+                raise RelayUnavailable(
+                    "the subscriber thread does not take commands", error_code="closed"
+                ) from None
         if not command.done.wait(timeout_s):
             raise RelayUnavailable(
                 f"subscriber thread did not apply {command.action} {command.topic!r}",
@@ -200,19 +218,31 @@ class Subscriber:
     # --- everything below runs on the subscriber thread ---
 
     def _run(self) -> None:
-        pipe = self._context.socket(zmq.PAIR)
-        pipe.connect(self._pipe_address)
-        sub = self._context.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, _SUB_RCVHWM)
-        sub.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
-        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
-        monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
-        sub.connect(self._address)
+        sockets: list[zmq.Socket[bytes]] = []
+        try:
+            pipe = self._context.socket(zmq.PAIR)
+            sockets.append(pipe)
+            pipe.setsockopt(zmq.LINGER, 0)
+            pipe.connect(self._pipe_address)
+            sub = self._context.socket(zmq.SUB)
+            sockets.append(sub)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, _SUB_RCVHWM)
+            sub.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
+            sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+            monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
+            sockets.append(monitor)
+            sub.connect(self._address)
+        except Exception as exc:
+            self._failure = exc
+            for sock in sockets:
+                sock.close(linger=0)
+            return
+        finally:
+            self._started.set()
         poller = zmq.Poller()
         for sock in (pipe, monitor, sub):
             poller.register(sock, zmq.POLLIN)
-        self._started.set()
         try:
             while True:
                 ready = dict(poller.poll())
@@ -224,11 +254,15 @@ class Subscriber:
                     return
         except zmq.ContextTerminated:
             return
+        except Exception:
+            # Callers then get RelayUnavailable instead of waiting forever.
+            log.exception("subscriber thread failed; no more market data or notifications")
         finally:
-            sub.disable_monitor()
+            self._connected.clear()
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
             for sock in (monitor, sub, pipe):
                 sock.close(linger=0)
-            self._connected.clear()
 
     def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
         while monitor.poll(0, zmq.POLLIN):
@@ -299,4 +333,8 @@ class Transport:
     def close(self) -> None:
         self.subscriber.close()
         self.requests.close()
+        if self.subscriber.alive:
+            # term() would wait for the thread's sockets forever: leak rather than hang.
+            log.warning("subscriber thread still running; leaving its ZeroMQ context open")
+            return
         self._context.term()
