@@ -62,3 +62,19 @@ def test_ids_must_be_plain() -> None:
     assert not topics.is_valid_id("")
     assert not topics.is_valid_id("a b")
     assert not topics.is_valid_id("x" * 129)
+
+
+def test_cep_event_topic_follows_notify() -> None:
+    auto, client, request = (
+        NotifyPattern.NOTIFY_AUTO,
+        NotifyPattern.NOTIFY_PER_CLIENT,
+        NotifyPattern.NOTIFY_PER_REQUEST,
+    )
+    assert topics.cep_event_topic(auto, "t1", "alice") == "RESPONSE:alice"
+    assert topics.cep_event_topic(auto, "t1", "") == "CEP:t1"
+    assert topics.cep_event_topic(client, "t1", "alice") == "RESPONSE:alice"
+    assert topics.cep_event_topic(request, "t1", "alice") == "CEP:t1"
+    with pytest.raises(ProtocolError):
+        topics.cep_event_topic(client, "t1", "")
+    with pytest.raises(ProtocolError):
+        topics.cep_event_topic(request, "", "alice")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -81,20 +82,37 @@ def cep_topic(trigger_id: str) -> str:
 
 
 def notification_topic(pattern: int, request_id: str, client_id: str) -> str:
-    """The deterministic topic a client subscribes to before it submits.
+    """The deterministic topic a client subscribes to before it submits a history request.
 
-    NOTIFY_AUTO picks the per-client topic when there is a client_id.
+    NOTIFY_AUTO picks the per-client topic `RESPONSE:{client_id}` when there is a
+    client_id, else the per-request topic `HISTORY_READY:{request_id}`.
     """
+    return _route(pattern, client_id, request_id, history_ready_topic, "request_id")
+
+
+def cep_event_topic(pattern: int, trigger_id: str, client_id: str) -> str:
+    """Where a trigger's CEPTriggerEvents are published (the relay's ack says the same).
+
+    Same rule as `notification_topic`, with `CEP:{trigger_id}` as the per-trigger topic.
+    """
+    return _route(pattern, client_id, trigger_id, cep_topic, "trigger_id")
+
+
+def _route(
+    pattern: int, client_id: str, own_id: str, own_topic: Callable[[str], str], own_name: str
+) -> str:
     per_client = pattern == NotifyPattern.NOTIFY_PER_CLIENT or (
         pattern == NotifyPattern.NOTIFY_AUTO and bool(client_id)
     )
     if per_client:
         if not client_id:
-            raise ProtocolError("bad_topic", "per-client notifications need a client_id")
+            raise ProtocolError("bad_topic", "per-client topics need a client_id")
         return response_topic(client_id)
-    if not request_id:
-        raise ProtocolError("bad_topic", "per-request notifications need a request_id")
-    return history_ready_topic(request_id)
+    if not own_id:
+        raise ProtocolError(
+            "bad_topic", f"per-{own_name.removesuffix('_id')} topics need a {own_name}"
+        )
+    return own_topic(own_id)
 
 
 @dataclass(frozen=True, slots=True)
