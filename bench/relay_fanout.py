@@ -23,16 +23,22 @@ Run: .venv/bin/python bench/relay_fanout.py [--reps 3] [--messages 100000]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing as mp
+import re
 import socket
 import statistics
 import struct
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -150,10 +156,9 @@ class BareProxy:
         self.thread.start()
 
     def _run(self) -> None:
-        try:
+        # The context is destroyed under it: that is how this host stops.
+        with contextlib.suppress(zmq.ZMQError):
             zmq.proxy(self.xsub, self.xpub)
-        except zmq.ZMQError:
-            pass  # the context was destroyed under it: that is how this host stops
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
@@ -240,6 +245,7 @@ def capacity_run(mode: str, subs: int, size: int, count: int) -> tuple[float, fl
     """
     from relay.proxy import MarketDataProxy, ProxyStats
 
+    assert mode in ("bare", "relay", "capture")
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
     pub.sndhwm = 0
@@ -268,21 +274,39 @@ def capacity_run(mode: str, subs: int, size: int, count: int) -> tuple[float, fl
     target = 3 * count
     wall0 = time.perf_counter()
     if mode == "relay":
-        proxy = MarketDataProxy(ctx, xsub, xpub)  # the relay's own proxy, capture included
+        proxy = MarketDataProxy(ctx, xsub, xpub)  # the relay's own proxy and subscription tap
         control = proxy.control
         proxy.start()
-        thread = proxy._thread
+        thread_id = proxy.thread_id
+        stop: Callable[[], None] = proxy.stop
     else:
         control = ctx.socket(zmq.PAIR)
         steer = ctx.socket(zmq.PAIR)
         steer.bind("inproc://steer")
         control.connect("inproc://steer")
+        capture = None
+        if mode == "capture":  # the issue's suggested design, for comparison
+            capture = ctx.socket(zmq.PUB)
+            capture.sndhwm = 0
+            capture.bind("inproc://capture")
+            events = ctx.socket(zmq.SUB)
+            events.rcvhwm = 0
+            events.connect("inproc://capture")
+            events.subscribe(b"\x00")
+            events.subscribe(b"\x01")
         thread = threading.Thread(
-            target=zmq.proxy_steerable, args=(xsub, xpub, None, steer), daemon=True
+            target=zmq.proxy_steerable, args=(xsub, xpub, capture, steer), daemon=True
         )
         thread.start()
-    assert thread.ident is not None
-    clock = time.pthread_getcpuclockid(thread.ident)
+        thread_id = thread.ident
+
+        def stop() -> None:
+            control.send(b"TERMINATE")
+            control.recv()  # libzmq 4.3.5 answers every steering command (b"" but STATISTICS)
+            thread.join(10)
+
+    assert thread_id is not None
+    clock = time.pthread_getcpuclockid(thread_id)
 
     def forwarded() -> int:
         control.send(b"STATISTICS")
@@ -293,37 +317,108 @@ def capacity_run(mode: str, subs: int, size: int, count: int) -> tuple[float, fl
     while forwarded() < target:
         time.sleep(0.001)
     cpu, wall = time.clock_gettime(clock), time.perf_counter() - wall0
-    control.send(b"TERMINATE")
-    thread.join(10)
+    stop()
     ctx.destroy(linger=0)
     return count / cpu, count / wall
 
 
+def proxy_instructions(mode: str, subs: int, size: int, count: int) -> int:
+    """Instructions the proxy thread executed in one capacity run, counted by callgrind.
+
+    Deterministic, unlike CPU time on a shared machine. The thread is found by
+    the libzmq entry point it runs (zmq_proxy_steerable).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--separate-threads=yes",
+                f"--callgrind-out-file={tmp}/cg.%p",
+                sys.executable,
+                __file__,
+                "--one",
+                mode,
+                str(subs),
+                str(size),
+                str(count),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        for path in Path(tmp).glob("cg.*-*"):
+            text = path.read_text(errors="replace")
+            if "zmq_proxy_steerable" in text:
+                match = re.search(r"^summary: (\d+)", text, re.MULTILINE)
+                assert match is not None
+                return int(match.group(1))
+    raise RuntimeError("no proxy thread in the callgrind output")
+
+
+def instructions_table(small: int, large: int) -> None:
+    """Instructions per forwarded message: the difference between two run sizes
+    cancels the thread's start-up and shut-down."""
+    print("Proxy thread instructions per message (callgrind, deterministic):\n")
+    print("| payload | subs | bare | relay (tap) | ratio | capture design | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for size in (64, 1024):
+        for subs in (1, 10):
+            per: dict[str, float] = {}
+            for mode in ("bare", "relay", "capture"):
+                low = proxy_instructions(mode, subs, size, small)
+                high = proxy_instructions(mode, subs, size, large)
+                per[mode] = (high - low) / (large - small)
+            print(
+                f"| {size} B | {subs} | {per['bare']:,.0f} | {per['relay']:,.0f} "
+                f"| {per['relay'] / per['bare']:.3f} | {per['capture']:,.0f} "
+                f"| {per['capture'] / per['bare']:.3f} |",
+                flush=True,
+            )
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--one", nargs=4, metavar=("MODE", "SUBS", "SIZE", "COUNT"))
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions with valgrind"
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--messages", type=int, default=100_000, help="per run, 1 subscriber")
     parser.add_argument("--latency-rate", type=float, default=2000.0)
     parser.add_argument("--latency-messages", type=int, default=2000)
-    parser.add_argument("--capacity-reps", type=int, default=5)
-    parser.add_argument("--capacity-messages", type=int, default=100_000)
+    parser.add_argument("--capacity-reps", type=int, default=7)
+    parser.add_argument("--capacity-messages", type=int, default=200_000)
     parser.add_argument("--capacity-only", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.one:  # one capacity run (used under valgrind by --instructions)
+        mode, subs, size, count = args.one
+        print(capacity_run(mode, int(subs), int(size), int(count)))
+        return
+    if args.instructions:
+        instructions_table(2000, 10000)
     print("Proxy capacity (backlog drained by the proxy thread, in-process, inproc):\n")
-    print("| payload | subs | bare msg/CPU-s | relay msg/CPU-s | ratio | bare wall msg/s | relay wall msg/s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| payload | subs | bare msg/CPU-s | relay (tap) | ratio | capture design | ratio "
+        "| wall msg/s bare / relay / capture |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    modes = ("bare", "relay", "capture")
     for size in (64, 1024):
         for subs in (1, 10):
-            cap: dict[str, list[tuple[float, float]]] = {"bare": [], "relay": []}
+            cap: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
             for _ in range(args.capacity_reps):
-                for mode in ("bare", "relay"):
-                    cap[mode].append(capacity_run(mode, subs, size, args.capacity_messages))
-            cpu = {m: statistics.median(r[0] for r in cap[m]) for m in cap}
-            wall = {m: statistics.median(r[1] for r in cap[m]) for m in cap}
+                for mode in modes:
+                    n = args.capacity_messages // (1 if subs == 1 else 2)  # bounded memory
+                    cap[mode].append(capacity_run(mode, subs, size, n))
+            cpu = {m: statistics.median(r[0] for r in cap[m]) for m in modes}
+            wall = {m: statistics.median(r[1] for r in cap[m]) for m in modes}
             print(
                 f"| {size} B | {subs} | {cpu['bare']:,.0f} | {cpu['relay']:,.0f} "
-                f"| {cpu['relay'] / cpu['bare']:.2f} | {wall['bare']:,.0f} | {wall['relay']:,.0f} |",
+                f"| {cpu['relay'] / cpu['bare']:.2f} | {cpu['capture']:,.0f} "
+                f"| {cpu['capture'] / cpu['bare']:.2f} "
+                f"| {wall['bare']:,.0f} / {wall['relay']:,.0f} / {wall['capture']:,.0f} |",
                 flush=True,
             )
     if args.capacity_only:
@@ -344,8 +439,8 @@ def main() -> None:
                     lat = one_run(mode, subs, size, args.latency_messages, args.latency_rate)
                     runs[mode].append(Run(thr.rate, thr.cpu_us, lat.p50_us, lat.p99_us))
 
-            def med(mode: str, field: str) -> float:
-                return statistics.median(getattr(r, field) for r in runs[mode])
+            def med(mode: str, field: str, runs: dict[str, list[Run]] = runs) -> float:
+                return float(statistics.median(getattr(r, field) for r in runs[mode]))
 
             print(
                 f"| {size} B | {subs} | {med('bare', 'rate'):,.0f} | {med('relay', 'rate'):,.0f} "

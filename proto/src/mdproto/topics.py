@@ -18,6 +18,9 @@ OHLC = "ohlc"
 RESPONSE_PREFIX = "RESPONSE:"
 HISTORY_READY_PREFIX = "HISTORY_READY:"
 CEP_PREFIX = "CEP:"
+# Plain ints: protobuf enum attribute lookups cost microseconds on the relay's hot path.
+_AUTO = int(NotifyPattern.NOTIFY_AUTO)
+_PER_CLIENT = int(NotifyPattern.NOTIFY_PER_CLIENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +104,7 @@ def cep_event_topic(pattern: int, trigger_id: str, client_id: str) -> str:
 def _route(
     pattern: int, client_id: str, own_id: str, own_topic: Callable[[str], str], own_name: str
 ) -> str:
-    per_client = pattern == NotifyPattern.NOTIFY_PER_CLIENT or (
-        pattern == NotifyPattern.NOTIFY_AUTO and bool(client_id)
-    )
+    per_client = pattern == _PER_CLIENT or (pattern == _AUTO and bool(client_id))
     if per_client:
         if not client_id:
             raise ProtocolError("bad_topic", "per-client topics need a client_id")

@@ -54,6 +54,9 @@ def test_proxy_statistics_become_metrics(make_relay: RelayFactory, pipeline: Fak
     assert relay.sample("relay_proxy_bytes_total", direction="downstream") >= 10 * len(TICK)
     assert relay.sample("relay_proxy_frames_total", direction="upstream") >= 1  # the subscription
     assert relay.sample("relay_upstream_connected") == 1
+    # Data never reaches the relay's loop as subscription events (the tap sees no data).
+    assert relay.sample("relay_subscription_events_total", event="subscribe") == 1
+    assert relay.sample("relay_subscription_events_total", event="unsubscribe") == 0
 
 
 def test_upstream_restart_keeps_subscriptions(relay: RunningRelay, pipeline: FakePipeline) -> None:

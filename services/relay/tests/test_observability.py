@@ -42,6 +42,7 @@ def test_metrics_and_health_over_http(
     relay.subscriber("BINANCE:BTC/USDT|tick")
     pipeline.wait_subscribed("BINANCE:BTC/USDT|tick")
     relay.wait_until(lambda: relay.sample("relay_live_tickers") == 1)
+    relay.wait_until(lambda: relay.sample("relay_market_data_connections") == 1)
 
     status, text = get(f"{base}/metrics")
     assert status == 200

@@ -2,11 +2,12 @@
 
     clients REQ/DEALER -> ROUTER :5559 -> validation -> SubmitResponse / CEPTriggerAck
         |-> DataRequest{HISTORICAL}, topic "BINANCE:" -> XPUB :5555 -> ingestors
-        |-> CEPTriggerRequest -> TriggerSink
+        |-> CEPTriggerRequest -> TriggerSink (Kafka cep.triggers; LIST answered from it)
+        |       '-> tickers with triggers stay live (LiveSubscriptions.pin)
         '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
     ingestors DEALER -> ROUTER :5556 -> DataResponse -> pending map -> Response to the client
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
-        '-> capture: subscription edges only -> LiveSubscriptions
+        '-> subscription tap (inproc XPUB the XSUB also feeds) -> LiveSubscriptions
             |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
             '-> IngestorControl{CANCEL_REALTIME} -> XPUB :5560 (after the grace period)
 
@@ -96,8 +97,15 @@ class Relay:
         self._clock = clock
         self._wall_ms = wall_ms
         self._new_id = new_id
-        self._sink: TriggerSink = trigger_sink or LoggingTriggerSink()
-        self.metrics = RelayMetrics()
+        self.metrics = m = RelayMetrics()
+        self._sink: TriggerSink = trigger_sink or _default_sink(s, m)
+        self._pinned: set[str] = set()  # tickers kept live because they have triggers
+        # Label lookups cost more than the increment: bind the hot ones once.
+        self._accepted = {k: m.requests.labels(k, "accepted") for k in ("submit", "legacy", "cep")}
+        self._published = {
+            k: m.published.labels(k)
+            for k in ("historical", "legacy", "realtime_start", "realtime_refresh", "realtime_join")
+        }
         self._policy = Policy.of(s.known_exchanges, s.max_candles_per_request, s.max_future_ms)
         self._pending = PendingRequests(s.max_pending_requests, s.request_timeout_secs)
         self._buckets = TokenBuckets(
@@ -150,9 +158,12 @@ class Relay:
                 market_data=sockets.bind(self._market, s, s.market_data_pub_port),
                 upstream=s.flink_market_data_endpoint,
             )
-            self._upstream.connect(s.flink_market_data_endpoint)
             self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
+            self._upstream.connect(s.flink_market_data_endpoint)
             self._proxy.start()
+            start_sink = getattr(self._sink, "start", None)
+            if start_sink is not None:
+                start_sink()
             if s.metrics_port:
                 self._http = MetricsServer(
                     s.metrics_host, s.metrics_port, self.metrics.registry, self.health
@@ -245,6 +256,8 @@ class Relay:
             now = self._clock()
             self._expire_legacy(now)
             self._apply(self._live.due(now))
+            if now >= next_stats:
+                self._sync_trigger_tickers(now)
             if now >= next_stats and self._proxy.alive:
                 self._proxy.request_stats()
                 next_stats = now + self._s.stats_interval_secs
@@ -258,14 +271,15 @@ class Relay:
 
     def _drain(self, sock: Socket, handler: Handler) -> None:
         for _ in range(_BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            frames = sockets.recv_frames(sock)
+            if frames is None:
                 return
             try:
                 handler(frames, self._clock())
             except Exception:  # a bug must not take the relay down; it is logged in full
                 log.exception("unexpected error handling a message; continuing")
+            if not sockets.readable(sock):
+                return
 
     # --- client requests (:5559) ---------------------------------------------
 
@@ -321,7 +335,7 @@ class Relay:
                 "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
             )
             return outcome.reply
-        self.metrics.requests.labels("submit", "accepted").inc()
+        self._accepted["submit"].inc()
         self._publish_work(outcome.work.topic, outcome.work.request, "historical", now)
         return outcome.reply
 
@@ -333,10 +347,14 @@ class Relay:
             )
             return outcome.reply
         try:
-            self._sink.submit(req)
+            if req.action == CEPTriggerRequest.LIST:
+                listed = self._sink.list(req.client_id, self._wall_ms())
+            else:
+                self._sink.submit(req)
         except TriggerSinkError as exc:
-            self.metrics.trigger_sink_errors.inc()
-            log.error("CEP trigger %s not stored: %s", req.trigger_id, exc)
+            if req.action != CEPTriggerRequest.LIST:  # the metric counts records not stored
+                self.metrics.trigger_sink_errors.inc()
+            log.error("CEP trigger %s not handled: %s", req.trigger_id or req.client_id, exc)
             self.metrics.rejections.labels("cep", SINK_ERROR).inc()
             return CEPTriggerAck(
                 trigger_id=req.trigger_id,
@@ -344,8 +362,27 @@ class Relay:
                 reason=str(exc),
                 error_code=SINK_ERROR,
             )
-        self.metrics.requests.labels("cep", "accepted").inc()
+        self._accepted["cep"].inc()
+        if req.action == CEPTriggerRequest.LIST:
+            outcome.reply.triggers.extend(listed)
+        elif req.action == CEPTriggerRequest.REGISTER:
+            self._sync_trigger_tickers(now)  # start its live data now, not at the next sync
         return outcome.reply
+
+    def _sync_trigger_tickers(self, now: float) -> None:
+        """Keep tickers with triggers live (the ingestor must stream them for the pipeline
+        to evaluate), and let them go once their last trigger is gone."""
+        tickers = getattr(self._sink, "tickers", None)
+        if tickers is None:
+            return
+        wanted: set[str] = tickers()
+        if wanted == self._pinned:
+            return
+        for ticker in sorted(wanted - self._pinned):
+            self._apply(self._live.pin(ticker, now))
+        for ticker in sorted(self._pinned - wanted):
+            self._apply(self._live.unpin(ticker, now))
+        self._pinned = wanted
 
     def _rejected(self, kind: str, request_id: str, code: str, reason: str, now: float) -> None:
         self.metrics.requests.labels(kind, "rejected").inc()
@@ -372,7 +409,7 @@ class Relay:
             )
             self._rejected("legacy", request_id, admission.value, reason, now)
             return _legacy_refusal(request_id, admission.value, reason)
-        self.metrics.requests.labels("legacy", "accepted").inc()
+        self._accepted["legacy"].inc()
         self.metrics.legacy_pending.set(len(self._pending))
         self._publish_work(checked.topic, checked.request, "legacy", now)
         return None
@@ -403,6 +440,8 @@ class Relay:
 
     def _expire_legacy(self, now: float) -> None:
         expired = self._pending.expire(now)
+        if expired:
+            self.metrics.legacy_pending.set(len(self._pending))
         for pending in expired:
             self.metrics.legacy_timeouts.inc()
             log.warning(
@@ -411,14 +450,12 @@ class Relay:
                 len(self._pending),
             )
             self._reply(pending.route, timeout_response(pending, self._s.request_timeout_secs), now)
-        if expired:
-            self.metrics.legacy_pending.set(len(self._pending))
 
     # --- replies and work ---------------------------------------------------------
 
     def _reply(self, route: list[bytes], message: Message, now: float) -> bool:
         try:
-            self._client.send_multipart(envelope.encode_routed(route, message), zmq.NOBLOCK)
+            sockets.send_frames(self._client, envelope.encode_routed(route, message))
             return True
         except zmq.Again:
             reason = "hwm"
@@ -431,10 +468,10 @@ class Relay:
         return False
 
     def _publish_work(self, topic: str, request: DataRequest, kind: str, now: float) -> None:
-        self._work.send_multipart(envelope.encode_pub(topic, request), zmq.NOBLOCK)
-        self.metrics.published.labels(kind).inc()
+        sockets.send_frames(self._work, envelope.encode_pub(topic, request))
+        self._published[kind].inc()
         if not any(topic.startswith(p) for p in self._ingestor_subs["work"]):
-            self.metrics.unrouted.labels(topic).inc()
+            self.metrics.unrouted.labels(topic).inc()  # rare: no ingestor at all
             suffix = self._throttle(f"unrouted:{topic}", now)
             if suffix is not None:
                 log.warning("no ingestor is subscribed to %s: request lost%s", topic, suffix)
@@ -555,6 +592,21 @@ class Relay:
             log.warning(
                 "bad frames on the %s socket: %s: %s%s", socket, exc.code, exc.reason, suffix
             )
+
+
+def _default_sink(settings: RelaySettings, metrics: RelayMetrics) -> TriggerSink:
+    """Kafka when configured (delivery failures counted), else the logging sink."""
+    if not settings.trigger_kafka_bootstrap:
+        return LoggingTriggerSink()
+    from relay.trigger_kafka import KafkaTriggerSink
+
+    return KafkaTriggerSink(
+        settings.trigger_kafka_bootstrap,
+        settings.trigger_topic,
+        on_error=metrics.trigger_sink_errors.inc,
+        partitions=settings.trigger_topic_partitions,
+        replication=settings.trigger_topic_replication,
+    )
 
 
 def _refusal(message: Message | None, code: str, reason: str) -> Message:

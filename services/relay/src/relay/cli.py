@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from types import FrameType
+from typing import IO
 
 from pydantic import ValidationError
 
@@ -16,11 +17,21 @@ from relay.config import config_path_from_env, load_settings
 log = logging.getLogger("relay")
 
 
-def main() -> int:
+def configure_logging(level: str | int, stream: IO[str] | None = None) -> None:
+    """Plain lines on stderr; the format needs no thread/process info, so skip collecting it
+    (the relay logs one line per forwarded request: it adds up)."""
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
+        level=level.upper() if isinstance(level, str) else level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=stream,
     )
+
+
+def main() -> int:
+    configure_logging(os.environ.get("LOG_LEVEL", "INFO"))
     path, explicit = config_path_from_env()
     try:
         settings = load_settings(path, required=explicit)

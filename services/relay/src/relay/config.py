@@ -87,6 +87,12 @@ class RelaySettings(BaseSettings):
     # the upstream reconnects (libzmq #2258); the default of 1000 loses the rest.
     upstream_subscription_hwm: int = Field(default=1_000_000, ge=0)
     stats_interval_secs: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
+    # CEP triggers: the compacted Kafka topic they are stored in. An empty bootstrap
+    # keeps the logging sink (triggers are acknowledged but never evaluated).
+    trigger_kafka_bootstrap: str = ""
+    trigger_topic: str = contracts.KAFKA_CEP_TRIGGERS
+    trigger_topic_partitions: int = Field(default=3, ge=1)
+    trigger_topic_replication: int = Field(default=1, ge=1)
 
     @field_validator("known_exchanges", mode="before")
     @classmethod

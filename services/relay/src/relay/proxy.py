@@ -2,12 +2,18 @@
 
 Data (pipeline -> clients) and subscriptions (clients -> pipeline) never pass
 through Python. The relay still has to see subscriptions (live data starts on
-a ticker's first subscriber), so the proxy gets a *capture* socket: an inproc
-PUB that libzmq copies every forwarded frame to. Its only reader is a SUB
-subscribed to b"\\x00" and b"\\x01", the first bytes of unsubscribe/subscribe
-messages; data frames start with a topic ("BINANCE:...", "RESPONSE:...") and
-are dropped by the capture PUB's own filter, inside libzmq. Python therefore
-wakes up for subscription events only.
+a ticker's first subscriber). It does so with a *subscription tap*: besides
+the pipeline, the XSUB also connects to an inproc XPUB owned by the relay's
+loop. An XSUB sends every subscription to all of its peers and data only ever
+flows from publishers to it, so the tap receives exactly the subscription
+edges the pipeline receives and no data at all.
+
+The issue's suggested alternative, a capture socket on the proxy (an inproc
+PUB read by a SUB subscribed to b"\\x00"/b"\\x01"), works too, but libzmq copies
+every forwarded frame into the capture before the filter drops it: +35 % (one
+subscriber) to +17 % (ten) proxy-thread instructions per message, measured
+with callgrind (docs/relay-benchmarks.md). The tap costs nothing on the data
+path: the same instruction count as a bare zmq.proxy.
 
 A steerable proxy also answers STATISTICS (frames and bytes each way, the
 relay's forwarding metrics) and TERMINATE (clean shutdown) on its control
@@ -50,6 +56,7 @@ class ProxyStats:
 
     @classmethod
     def parse(cls, frames: list[bytes]) -> ProxyStats | None:
+        """None for anything but a STATISTICS reply (PAUSE/RESUME answer b"")."""
         if len(frames) != 8 or any(len(f) != 8 for f in frames):
             return None
         values = [struct.unpack("=Q", f)[0] for f in frames]
@@ -58,10 +65,10 @@ class ProxyStats:
 
 
 def parse_subscription(frames: list[bytes]) -> tuple[bool, str] | None:
-    """(subscribe?, topic) of a captured subscription event, else None.
+    """(subscribe?, topic) of a subscription message, else None.
 
-    Subscription events are single frames; a multi-frame capture is data whose
-    topic happens to start with 0x00/0x01 and is ignored.
+    Subscription messages are single frames starting with 0x01 (subscribe) or
+    0x00 (unsubscribe); anything else is ignored.
     """
     if len(frames) != 1 or not frames[0]:
         return None
@@ -72,20 +79,21 @@ def parse_subscription(frames: list[bytes]) -> tuple[bool, str] | None:
 
 
 class MarketDataProxy:
+    """Owns the proxy thread; `events` (the tap) and `control` belong to the caller's thread.
+
+    Construct it in the thread that created `xsub` and `xpub`, before either is
+    connected to a peer with subscriptions, so the tap sees them all.
+    """
+
     def __init__(self, ctx: Context, xsub: Socket, xpub: Socket) -> None:
         self._xsub = xsub
         self._xpub = xpub
         n = next(_ids)
-        self._capture = ctx.socket(zmq.PUB)
-        self._capture.linger = 0
-        self._capture.sndhwm = 0  # never drop a subscription event: data is filtered out
-        self._capture.bind(f"inproc://relay-capture-{n}")
-        self.events: Socket = ctx.socket(zmq.SUB)
+        self.events: Socket = ctx.socket(zmq.XPUB)
         self.events.linger = 0
-        self.events.rcvhwm = 0
-        self.events.connect(f"inproc://relay-capture-{n}")
-        self.events.subscribe(SUBSCRIBE)
-        self.events.subscribe(UNSUBSCRIBE)
+        self.events.rcvhwm = 0  # never drop a subscription event
+        self.events.bind(f"inproc://relay-subscriptions-{n}")
+        xsub.connect(f"inproc://relay-subscriptions-{n}")
         self._steer = ctx.socket(zmq.PAIR)  # proxy side
         self._steer.linger = 0
         self._steer.bind(f"inproc://relay-control-{n}")
@@ -102,11 +110,15 @@ class MarketDataProxy:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.ident
+
     def _run(self) -> None:
         # Signals belong to the main thread, whose poll they must interrupt.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
-            zmq.proxy_steerable(self._xsub, self._xpub, self._capture, self._steer)
+            zmq.proxy_steerable(self._xsub, self._xpub, None, self._steer)
         except zmq.ContextTerminated:
             pass
         except Exception as exc:  # the loop reports it through health and logs
@@ -122,8 +134,3 @@ class MarketDataProxy:
             self._thread.join(timeout)
         if self.alive:
             log.error("market-data proxy did not stop within %.1f s", timeout)
-
-    def close(self) -> None:
-        """Close the proxy's sockets (after stop: the thread must be gone)."""
-        for sock in (self._capture, self.events, self._steer, self.control):
-            sock.close()

@@ -9,7 +9,8 @@ see README "Design decisions".)
 A ticker is live while any of its market topics (`{ticker}|tick`,
 `{ticker}|ohlc:` or `{ticker}|ohlc:{period}`) has a subscriber. The first one
 starts it (`Announce`); when the last one leaves a `Cancel` follows after
-`grace` seconds unless a subscriber comes back. Every `refresh` seconds all
+`grace` seconds unless a subscriber comes back. A ticker with CEP triggers is
+`pin`ned: it stays live as if it had a subscriber until `unpin`. Every `refresh` seconds all
 live tickers are announced again, because PUB/SUB loses messages to ingestors
 that (re)connect late; ingestors treat announcements as idempotent start/lease
 refresh. Pure: the caller passes `now` (monotonic seconds).
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mdproto import topics
+from mdproto.errors import ProtocolError
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,9 @@ class Cancel:
 
 
 Action = Announce | Cancel
+
+#: What holds a pinned ticker in `_Stream.topics`: never a market topic, so never a clash.
+PINNED = "<cep triggers>"
 
 
 @dataclass(slots=True)
@@ -92,22 +97,38 @@ class LiveSubscriptions:
         ticker = self._ticker_of(topic)
         if ticker is None:
             return []
-        stream = self._streams.get(ticker)
-        if stream is None:
-            stream = self._streams[ticker] = _Stream(self._new_id())
-            stream.topics.add(topic)
-            return [Announce(ticker, stream.request_id, "start")]
-        stream.topics.add(topic)
-        stream.cancel_at = None  # back within the grace period: keep streaming
-        return []
+        return self._hold(ticker, topic)
 
     def unsubscribed(self, topic: str, now: float) -> list[Action]:
         self._topics.discard(topic)
         ticker = self._ticker_of(topic)
-        stream = self._streams.get(ticker) if ticker else None
-        if stream is None or topic not in stream.topics:
+        return self._release(ticker, topic, now) if ticker else []
+
+    def pin(self, ticker: str, now: float) -> list[Action]:
+        """Keep `ticker` live without any subscriber: it has CEP triggers to evaluate."""
+        if not self._known(ticker):
             return []
-        stream.topics.discard(topic)
+        return self._hold(ticker, PINNED)
+
+    def unpin(self, ticker: str, now: float) -> list[Action]:
+        """Its last trigger is gone: the ticker now lives by its subscribers alone."""
+        return self._release(ticker, PINNED, now)
+
+    def _hold(self, ticker: str, reason: str) -> list[Action]:
+        stream = self._streams.get(ticker)
+        if stream is None:
+            stream = self._streams[ticker] = _Stream(self._new_id())
+            stream.topics.add(reason)
+            return [Announce(ticker, stream.request_id, "start")]
+        stream.topics.add(reason)
+        stream.cancel_at = None  # back within the grace period: keep streaming
+        return []
+
+    def _release(self, ticker: str, reason: str, now: float) -> list[Action]:
+        stream = self._streams.get(ticker)
+        if stream is None or reason not in stream.topics:
+            return []
+        stream.topics.discard(reason)
         if not stream.topics:
             stream.cancel_at = now + self._grace
         return []
@@ -146,8 +167,12 @@ class LiveSubscriptions:
 
     def _ticker_of(self, topic: str) -> str | None:
         market = topics.parse_market_topic(topic)
-        if market is None:
-            return None
-        if topics.parse_ticker(market.ticker).exchange not in self._exchanges:
+        if market is None or not self._known(market.ticker):
             return None
         return market.ticker
+
+    def _known(self, ticker: str) -> bool:
+        try:
+            return topics.parse_ticker(ticker).exchange in self._exchanges
+        except ProtocolError:
+            return False

@@ -1,9 +1,10 @@
 """Where validated CEP trigger requests go.
 
-A later issue stores them in the compacted Kafka topic `cep.triggers` (key
-trigger_id, so a CANCEL replaces its REGISTER) for the pipeline to evaluate.
-Until then the relay validates and acknowledges triggers and hands them to a
-`TriggerSink`; the default one only logs.
+`relay.trigger_kafka.KafkaTriggerSink` stores them in the compacted Kafka topic
+`cep.triggers` (key trigger_id, so a CANCEL replaces its REGISTER) for the
+pipeline to evaluate, and answers LIST from that topic; it is used when
+`trigger_kafka_bootstrap` is configured. Without it the default sink only logs
+(nothing is evaluated) and LIST is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ class TriggerSink(Protocol):
         """Store one validated trigger request. Must not block the relay's loop for long;
         raise TriggerSinkError when the request cannot be stored."""
 
+    def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
+        """The client's registered, unexpired triggers; TriggerSinkError if unknown."""
+
+    def tickers(self) -> set[str]:
+        """Tickers with registered triggers (the relay keeps their live data flowing)."""
+
     def close(self) -> None: ...
 
 
@@ -39,6 +46,12 @@ class LoggingTriggerSink:
             request.ticker,
             len(request.conditions),
         )
+
+    def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
+        raise TriggerSinkError("no trigger store configured: triggers cannot be listed")
+
+    def tickers(self) -> set[str]:
+        return set()
 
     def close(self) -> None:
         return None

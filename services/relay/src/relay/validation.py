@@ -38,6 +38,12 @@ BAD_ACTION = "bad_action"
 BAD_CONDITION = "bad_condition"
 EXPIRED = "expired"
 
+# Enum values looked up once: protobuf's module-level enum access costs ~1 us a time.
+_OK = Status.OK
+_REJECTED = Status.REJECTED
+_HISTORICAL = DataRequest.HISTORICAL
+_PER_CLIENT = NotifyPattern.NOTIFY_PER_CLIENT
+_AUTO = NotifyPattern.NOTIFY_AUTO
 _WINDOWED = (CEPCondition.PCT_MOVE, CEPCondition.VOLUME_OVER)
 _NOTIFY_PATTERNS = frozenset(NotifyPattern.values())
 _CONDITION_KINDS = frozenset(CEPCondition.Kind.values()) - {CEPCondition.KIND_UNSPECIFIED}
@@ -106,7 +112,7 @@ def check_submit(
         return SubmitOutcome(
             SubmitResponse(
                 request_id=req.request_id,
-                status=Status.REJECTED,
+                status=_REJECTED,
                 reason=rejection.reason,
                 error_code=rejection.error_code,
             ),
@@ -115,7 +121,7 @@ def check_submit(
     work = DataRequest(
         request_id=request_id,
         client_id=req.client_id,
-        kind=DataRequest.HISTORICAL,
+        kind=_HISTORICAL,
         ticker=req.ticker,
         period_seconds=req.period_seconds,
         start_time_ms=req.start_time_ms,
@@ -123,7 +129,7 @@ def check_submit(
         notification_topic=topic,
         submitted_at_ms=now_ms,
     )
-    reply = SubmitResponse(request_id=request_id, status=Status.OK, notification_topic=topic)
+    reply = SubmitResponse(request_id=request_id, status=_OK, notification_topic=topic)
     return SubmitOutcome(reply, Work(prefix, work))
 
 
@@ -143,7 +149,7 @@ def check_legacy(
         DataRequest(
             request_id=request_id,
             client_id=req.client_id,
-            kind=DataRequest.HISTORICAL,
+            kind=_HISTORICAL,
             ticker=req.ticker,
             period_seconds=req.period_seconds,
             start_time_ms=req.start_time_ms,
@@ -156,12 +162,19 @@ def check_legacy(
 
 
 def check_trigger(req: CEPTriggerRequest, policy: Policy, now_ms: int) -> TriggerOutcome:
-    """Validate a `CEPTriggerRequest` (REGISTER or CANCEL) and build its ack.
+    """Validate a `CEPTriggerRequest` (REGISTER, CANCEL or LIST) and build its ack.
 
     `event_topic` follows `notify`: RESPONSE:{client_id} per client (AUTO with a
-    client_id), else CEP:{trigger_id}.
+    client_id), else CEP:{trigger_id}. CANCEL needs only the trigger_id, LIST only
+    the client_id (the relay fills `triggers` in from its trigger store).
     """
     try:
+        if req.action == CEPTriggerRequest.LIST:
+            if not req.client_id:
+                raise _Invalid(MISSING_ID, "LIST needs the client_id whose triggers to list")
+            _check_ids(client_id=req.client_id)
+            ack = CEPTriggerAck(trigger_id=req.trigger_id, status=_OK)
+            return TriggerOutcome(ack, True)
         if not req.trigger_id:
             raise _Invalid(MISSING_ID, "trigger_id is required")
         _check_ids(trigger_id=req.trigger_id, client_id=req.client_id)
@@ -176,17 +189,17 @@ def check_trigger(req: CEPTriggerRequest, policy: Policy, now_ms: int) -> Trigge
                 raise _Invalid(EXPIRED, f"expires_at_ms {req.expires_at_ms} is in the past")
             event_topic = _event_topic(req.notify, req.trigger_id, req.client_id)
         else:
-            raise _Invalid(BAD_ACTION, f"action must be REGISTER or CANCEL, got {req.action}")
+            raise _Invalid(BAD_ACTION, f"action must be REGISTER, CANCEL or LIST, got {req.action}")
     except _Invalid as invalid:
         rejection = invalid.rejection
         ack = CEPTriggerAck(
             trigger_id=req.trigger_id,
-            status=Status.REJECTED,
+            status=_REJECTED,
             reason=rejection.reason,
             error_code=rejection.error_code,
         )
         return TriggerOutcome(ack, False)
-    ack = CEPTriggerAck(trigger_id=req.trigger_id, status=Status.OK, event_topic=event_topic)
+    ack = CEPTriggerAck(trigger_id=req.trigger_id, status=_OK, event_topic=event_topic)
     return TriggerOutcome(ack, True)
 
 
@@ -246,9 +259,7 @@ def _notification_topic(notify: int, request_id: str, client_id: str) -> str:
 def _event_topic(notify: int, trigger_id: str, client_id: str) -> str:
     if notify not in _NOTIFY_PATTERNS:
         raise _Invalid(BAD_NOTIFY, f"unknown notify pattern {notify}")
-    per_client = notify == NotifyPattern.NOTIFY_PER_CLIENT or (
-        notify == NotifyPattern.NOTIFY_AUTO and bool(client_id)
-    )
+    per_client = notify == _PER_CLIENT or (notify == _AUTO and bool(client_id))
     if not per_client:
         return topics.cep_topic(trigger_id)
     if not client_id:

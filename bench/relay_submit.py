@@ -1,0 +1,369 @@
+"""SubmitHistoricalRequest -> SubmitResponse round trips: the relay vs a bare Python ROUTER echo.
+
+    client processes (1, 10 or 100 REQ sockets, each: send, wait, send again)
+        -> server process: the Relay (validate, publish DataRequest, answer)
+                           or a ROUTER that sends every message straight back (baseline)
+
+Each run lasts `--seconds` after a short warm-up; round trips per second and
+p50/p99 latency are taken over that window. Modes alternate, `--reps` times,
+and medians are compared. The relay runs with its production logging (INFO,
+one "Forwarded request" line per request, written to a file) and with logging
+at WARNING; its rate limit is set high enough never to refuse (the token
+bucket is still consulted). With `--with-ingestor` an ingestor SUB in the
+first client process drains the relay's work socket, so the DataRequests
+really travel over TCP (and the client process does that extra work too);
+without it the relay publishes to nobody, as the echo does.
+
+Run: .venv/bin/python bench/relay_submit.py [--reps 3] [--seconds 2] [--with-ingestor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any, Protocol
+
+import zmq
+
+from mdproto import envelope
+from mdproto.messages import SubmitHistoricalRequest
+
+WARMUP = 0.3
+
+
+Announce = Callable[[dict[str, str]], None]
+
+
+class Stop(Protocol):
+    def is_set(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def echo_server(announce: Announce, stop: Stop) -> None:
+    """The baseline: a ROUTER in a Python loop that returns every message unchanged."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    announce({"client_request": f"tcp://127.0.0.1:{port}", "ingestor_work": ""})
+    while not stop.is_set():
+        if router.poll(100):
+            for _ in range(256):
+                try:
+                    frames = router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                router.send_multipart(frames)
+    ctx.destroy(linger=0)
+
+
+def relay_server(announce: Announce, stop: Stop, log_level: int) -> None:
+    from relay import Relay, RelaySettings
+    from relay.cli import configure_logging
+
+    with tempfile.NamedTemporaryFile("w", suffix=".log") as log_file:
+        configure_logging(log_level, stream=log_file)  # as the `relay` script does, into a file
+        settings = RelaySettings(
+            bind_address="tcp://127.0.0.1",
+            client_request_port=0,
+            market_data_pub_port=0,
+            ingestor_work_port=0,
+            ingestor_response_port=0,
+            ingestor_control_port=0,
+            metrics_port=0,
+            flink_market_data_endpoint="tcp://127.0.0.1:1",  # nothing upstream: not measured here
+            client_rate_limit=1e9,
+        )
+        relay = Relay(settings)
+        ep = relay.start()
+        announce({"client_request": ep.client_request, "ingestor_work": ep.ingestor_work})
+
+        def stopper() -> None:
+            stop.wait()
+            relay.stop()
+
+        threading.Thread(target=stopper, daemon=True).start()
+        relay.run()
+        relay.close()
+
+
+def serve(mode: str, announce: Announce, stop: Stop) -> None:
+    if mode == "echo":
+        echo_server(announce, stop)
+    else:
+        relay_server(announce, stop, logging.INFO if mode == "relay" else logging.WARNING)
+
+
+def serve_in_process(mode: str, endpoints: Queue[Any], stop: Event) -> None:
+    """multiprocessing target."""
+    serve(mode, endpoints.put, stop)
+
+
+def clients(
+    endpoint: str, work: str, n: int, start_at: float, seconds: float, results: Queue[Any]
+) -> None:
+    """`n` REQ sockets in one process, each in a closed loop; counts the measured window."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    poller = zmq.Poller()
+    socks = []
+    for _ in range(n):
+        sock = ctx.socket(zmq.REQ)
+        sock.connect(endpoint)
+        poller.register(sock, zmq.POLLIN)
+        socks.append(sock)
+    ingestor = None
+    if work:
+        ingestor = ctx.socket(zmq.SUB)
+        ingestor.rcvhwm = 0
+        ingestor.connect(work)
+        ingestor.subscribe(b"BINANCE:")
+        poller.register(ingestor, zmq.POLLIN)
+    request = SubmitHistoricalRequest(
+        client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
+    )
+    sent_at: dict[zmq.Socket[bytes], float] = {}
+    counter = 0
+
+    def send(sock: zmq.Socket[bytes]) -> None:
+        nonlocal counter
+        counter += 1
+        request.request_id = f"b{id(sock)}-{counter}"
+        sent_at[sock] = time.monotonic()
+        sock.send_multipart(envelope.encode(request))
+
+    while time.monotonic() < start_at:
+        time.sleep(0.001)
+    for sock in socks:
+        send(sock)
+    begin, end = start_at + WARMUP, start_at + WARMUP + seconds
+    latencies: list[float] = []
+    done = 0
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            break
+        for sock, _ in poller.poll(100):
+            if sock is ingestor:
+                while True:
+                    try:
+                        ingestor.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                continue
+            reply = sock.recv_multipart()
+            now = time.monotonic()
+            if now >= begin and now < end:
+                done += 1
+                latencies.append(now - sent_at[sock])
+            envelope.decode(reply)  # parse it as a client would (the echo returns the request)
+            send(sock)
+    results.put((done, latencies))
+    ctx.destroy(linger=0)
+
+
+@dataclass
+class Result:
+    rate: float
+    p50_ms: float
+    p99_ms: float
+
+
+def one_run(mode: str, n_clients: int, seconds: float, with_ingestor: bool) -> Result:
+    spawn = mp.get_context("spawn")
+    endpoints: Queue[Any] = spawn.Queue()
+    results: Queue[Any] = spawn.Queue()
+    stop = spawn.Event()
+    server = spawn.Process(target=serve_in_process, args=(mode, endpoints, stop))
+    server.start()
+    ep = endpoints.get(timeout=30)
+    procs = min(2, n_clients)
+    start_at = time.monotonic() + 2.0
+    workers = [
+        spawn.Process(
+            target=clients,
+            args=(
+                ep["client_request"],
+                ep["ingestor_work"] if i == 0 and with_ingestor else "",
+                n_clients // procs,
+                start_at,
+                seconds,
+                results,
+            ),
+        )
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    parts = [results.get(timeout=60) for _ in workers]
+    for w in workers:
+        w.join(10)
+    stop.set()
+    server.join(10)
+    done = sum(p[0] for p in parts)
+    lat = sorted(x for p in parts for x in p[1])
+    return Result(done / seconds, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000)
+
+
+def serve_cli(mode: str, endpoint_file: str) -> None:
+    """`--serve MODE FILE`: serve until SIGTERM, endpoints in FILE (for --instructions)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+
+    def announce(endpoints: dict[str, str]) -> None:
+        Path(endpoint_file).write_text(json.dumps(endpoints))
+
+    serve(mode, announce, stop)
+
+
+def drive(endpoint: str, work: str, sockets: int, total: int) -> None:
+    """Exactly `total` round trips over `sockets` REQ sockets (plus an ingestor SUB)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    poller = zmq.Poller()
+    if work:
+        ingestor = ctx.socket(zmq.SUB)
+        ingestor.connect(work)
+        ingestor.subscribe(b"BINANCE:")
+        poller.register(ingestor, zmq.POLLIN)
+    request = SubmitHistoricalRequest(
+        client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
+    )
+    socks = []
+    for _ in range(sockets):
+        sock = ctx.socket(zmq.REQ)
+        sock.connect(endpoint)
+        poller.register(sock, zmq.POLLIN)
+        socks.append(sock)
+    sent = done = 0
+    for sock in socks[:total]:
+        sent += 1
+        request.request_id = f"r{sent}"
+        sock.send_multipart(envelope.encode(request))
+    while done < total:
+        for sock, _ in poller.poll(60_000):
+            if sock not in socks:
+                sock.recv_multipart()
+                continue
+            envelope.decode(sock.recv_multipart())
+            done += 1
+            if sent < total:
+                sent += 1
+                request.request_id = f"r{sent}"
+                sock.send_multipart(envelope.encode(request))
+    ctx.destroy(linger=0)
+
+
+def server_instructions(mode: str, total: int) -> int:
+    """Instructions the server process (all threads) executed, counted by callgrind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ep_file = Path(tmp) / "endpoints.json"
+        proc = subprocess.Popen(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/callgrind.out",
+                sys.executable,
+                __file__,
+                "--serve",
+                mode,
+                str(ep_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not ep_file.exists() or not ep_file.read_text():
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{mode} server did not start under valgrind")
+                time.sleep(0.1)
+            ep = json.loads(ep_file.read_text())
+            drive(ep["client_request"], ep["ingestor_work"], 10, total)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        text = (Path(tmp) / "callgrind.out").read_text(errors="replace")
+        match = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+        assert match is not None
+        return int(match.group(1))
+
+
+def instructions_table(small: int, large: int) -> None:
+    """Server instructions per round trip (differences cancel start-up and shut-down)."""
+    print("Server instructions per round trip (callgrind, 10 REQ clients, ingestor connected):\n")
+    per = {}
+    for mode in ("echo", "relay", "relay-quiet"):
+        low = server_instructions(mode, small)
+        high = server_instructions(mode, large)
+        per[mode] = (high - low) / (large - small)
+    print("| echo | relay (INFO logs) | echo/relay | relay (WARNING) | echo/relay |")
+    print("|---|---|---|---|---|")
+    print(
+        f"| {per['echo']:,.0f} | {per['relay']:,.0f} | {per['echo'] / per['relay']:.2f} "
+        f"| {per['relay-quiet']:,.0f} | {per['echo'] / per['relay-quiet']:.2f} |\n",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument(
+        "--with-ingestor", action="store_true", help="drain the relay's work socket from a client"
+    )
+    parser.add_argument("--serve", nargs=2, metavar=("MODE", "ENDPOINT_FILE"))
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions with valgrind"
+    )
+    args = parser.parse_args()
+    if args.serve:
+        serve_cli(*args.serve)
+        return
+    if args.instructions:
+        instructions_table(500, 2500)
+    modes = ("echo", "relay", "relay-quiet")
+    print(
+        "| clients | echo rt/s | relay rt/s (INFO logs) | ratio | relay rt/s (WARNING) | ratio "
+        "| p50/p99 ms echo | relay | relay-quiet |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in (1, 10, 100):
+        runs: dict[str, list[Result]] = {m: [] for m in modes}
+        for _ in range(args.reps):
+            for mode in modes:
+                runs[mode].append(one_run(mode, n, args.seconds, args.with_ingestor))
+        med = {
+            m: Result(
+                *(statistics.median(getattr(r, f) for r in runs[m]) for f in Result.__annotations__)
+            )
+            for m in modes
+        }
+        print(
+            f"| {n} | {med['echo'].rate:,.0f} | {med['relay'].rate:,.0f} "
+            f"| {med['relay'].rate / med['echo'].rate:.2f} | {med['relay-quiet'].rate:,.0f} "
+            f"| {med['relay-quiet'].rate / med['echo'].rate:.2f} "
+            f"| {med['echo'].p50_ms:.2f}/{med['echo'].p99_ms:.2f} "
+            f"| {med['relay'].p50_ms:.2f}/{med['relay'].p99_ms:.2f} "
+            f"| {med['relay-quiet'].p50_ms:.2f}/{med['relay-quiet'].p99_ms:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

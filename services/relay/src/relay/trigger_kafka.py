@@ -1,0 +1,296 @@
+"""Kafka-backed `TriggerSink`: validated trigger requests -> compacted topic `cep.triggers`.
+
+    submit(REGISTER/CANCEL) -> produce(key=trigger_id, value=CEPTriggerRequest record)
+        (async: the relay's loop never waits for the broker; a poll thread runs the
+         delivery callbacks, failures call `on_error` -> relay_trigger_sink_errors_total)
+    consumer thread: cep.triggers from the beginning -> TriggerDirectory -> LIST answers
+
+The producer is idempotent with acks=all, so retries never duplicate or
+reorder a trigger's records. Compaction keeps the last record per trigger_id:
+a CANCEL (or the pipeline's tombstone for a finished trigger) replaces the
+REGISTER. The directory is a cache of that topic, rebuilt on every start, so
+the relay keeps no state of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from mdproto import ProtocolError, envelope
+from mdproto.messages import CEPTriggerRequest
+from relay.triggers import TriggerSinkError
+
+log = logging.getLogger(__name__)
+
+COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}
+
+
+def _quiet(name: str) -> logging.Logger:
+    logger = logging.getLogger(f"relay.librdkafka.{name}")
+    logger.setLevel(logging.CRITICAL)
+    return logger
+
+
+class TriggerDirectory:
+    """The registered triggers as the compacted topic says (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._triggers: dict[str, CEPTriggerRequest] = {}
+        self._per_ticker: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._triggers)
+
+    def apply(self, trigger_id: str, request: CEPTriggerRequest | None) -> None:
+        """A record for `trigger_id`: a REGISTER (re)places it, anything else removes it."""
+        with self._lock:
+            old = self._triggers.pop(trigger_id, None)
+            if old is not None:
+                self._per_ticker[old.ticker] -= 1
+                if not self._per_ticker[old.ticker]:
+                    del self._per_ticker[old.ticker]
+            if request is not None and request.action == CEPTriggerRequest.REGISTER:
+                self._triggers[trigger_id] = request
+                self._per_ticker[request.ticker] += 1
+
+    def tickers(self) -> set[str]:
+        """Tickers with at least one registered trigger."""
+        with self._lock:
+            return set(self._per_ticker)
+
+    def apply_record(self, key: bytes | None, value: bytes | None) -> bool:
+        """A raw Kafka record; False (and ignored) if it does not decode."""
+        trigger_id = key.decode("utf-8", "replace") if key else ""
+        request: CEPTriggerRequest | None = None
+        if value is not None:
+            try:
+                request = envelope.decode_record(value, CEPTriggerRequest)
+            except ProtocolError as exc:
+                log.warning("cep.triggers: undecodable record for %r: %s", trigger_id, exc)
+                return False
+            trigger_id = request.trigger_id or trigger_id
+        if not trigger_id:
+            return False
+        self.apply(trigger_id, request)
+        return True
+
+    def get(self, trigger_id: str) -> CEPTriggerRequest | None:
+        with self._lock:
+            return self._triggers.get(trigger_id)
+
+    def for_client(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
+        """The client's triggers that have not expired, by trigger_id."""
+        with self._lock:
+            found = [
+                r
+                for r in self._triggers.values()
+                if r.client_id == client_id and not (r.expires_at_ms and r.expires_at_ms <= now_ms)
+            ]
+        return sorted(found, key=lambda r: r.trigger_id)
+
+
+def ensure_topic(
+    bootstrap: str, topic: str, *, partitions: int, replication: int, timeout_s: float
+) -> None:
+    """Create the compacted topic unless it exists (the broker would auto-create it
+    uncompacted on the first produce)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet("admin")}
+    admin = AdminClient(conf)
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=COMPACT)
+    try:
+        admin.create_topics([new], operation_timeout=timeout_s)[topic].result(timeout=timeout_s)
+        log.info("created compacted Kafka topic %s", topic)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise TriggerSinkError(f"cannot create Kafka topic {topic}: {exc}") from None
+
+
+class KafkaTriggerSink:
+    """Stores triggers in Kafka without blocking the caller; answers LIST from the topic."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        on_error: Callable[[], None] = lambda: None,
+        producer_options: dict[str, Any] | None = None,
+        partitions: int = 3,
+        replication: int = 1,
+        timeout_s: float = 10.0,
+        directory: TriggerDirectory | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._on_error = on_error
+        self._producer_options = producer_options or {}
+        self._partitions = partitions
+        self._replication = replication
+        self._timeout_s = timeout_s
+        self.directory = directory or TriggerDirectory()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._fatal: str | None = None
+        self._producer: Any = None
+        self._caught_up = threading.Event()
+        self.produced = 0
+        self.delivered = 0
+        self.failed = 0
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> KafkaTriggerSink:
+        """Create the topic if needed, then start the producer and the directory reader."""
+        from confluent_kafka import Producer
+
+        try:
+            ensure_topic(
+                self.bootstrap,
+                self.topic,
+                partitions=self._partitions,
+                replication=self._replication,
+                timeout_s=self._timeout_s,
+            )
+        except TriggerSinkError as exc:  # the producer still queues; the pipeline retries
+            log.error("%s; continuing (records wait in the producer)", exc)
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "error_cb": self._on_kafka_error,
+            "logger": _quiet("producer"),
+            **self._producer_options,
+        }
+        self._producer = Producer(conf)
+        for name, target in (("poll", self._poll_loop), ("directory", self._read_loop)):
+            thread = threading.Thread(target=target, name=f"cep-sink-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("CEP triggers go to Kafka topic %s at %s", self.topic, self.bootstrap)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self._producer is not None:
+            left = self._producer.flush(5.0)
+            if left:
+                log.error("%d CEP trigger record(s) not delivered at shutdown", left)
+                self._failed(left)
+            self._producer = None
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """True once the directory has read the topic to where it ended at start."""
+        return self._caught_up.wait(timeout_s)
+
+    # --- TriggerSink -------------------------------------------------------------------
+
+    def submit(self, request: CEPTriggerRequest) -> None:
+        if self._producer is None:
+            raise TriggerSinkError("the trigger store is not started")
+        if self._fatal is not None:
+            raise TriggerSinkError(f"the trigger store failed: {self._fatal}")
+        try:
+            self._producer.produce(
+                self.topic,
+                key=request.trigger_id.encode(),
+                value=envelope.encode_record(request),
+                on_delivery=self._delivered,
+            )
+        except BufferError:
+            raise TriggerSinkError("the trigger store is overloaded; retry later") from None
+        except Exception as exc:  # KafkaException: e.g. a fatal producer state
+            raise TriggerSinkError(f"the trigger store refused the record: {exc}") from None
+        self.produced += 1
+        # Read your writes: LIST right after REGISTER must show it.
+        self.directory.apply(request.trigger_id, request)
+
+    def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
+        return self.directory.for_client(client_id, now_ms)
+
+    def tickers(self) -> set[str]:
+        return self.directory.tickers()
+
+    # --- threads -------------------------------------------------------------------------
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+            return
+        log.error("CEP trigger record %r not stored in %s: %s", msg.key(), self.topic, err)
+        self._failed(1)
+
+    def _failed(self, count: int) -> None:
+        self.failed += count
+        for _ in range(count):
+            self._on_error()
+
+    def _on_kafka_error(self, err: Any) -> None:
+        if err.fatal():
+            self._fatal = err.str()
+            log.error("CEP trigger producer failed for good: %s", err.str())
+        else:
+            log.debug("CEP trigger producer: %s", err.str())
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            producer = self._producer
+            if producer is None:
+                return
+            producer.poll(0.1)
+
+    def _read_loop(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "relay-cep-directory",
+                "enable.auto.commit": False,
+                "logger": _quiet("consumer"),
+            }
+        )
+        try:
+            ends: dict[int, int] = {}
+            while not self._stop.is_set() and not ends:
+                try:
+                    meta = consumer.list_topics(self.topic, timeout=2.0).topics.get(self.topic)
+                    if meta is not None and meta.error is None and meta.partitions:
+                        parts = [TopicPartition(self.topic, p) for p in meta.partitions]
+                        ends = {
+                            tp.partition: consumer.get_watermark_offsets(tp, timeout=2.0)[1]
+                            for tp in parts
+                        }
+                except Exception as exc:  # broker not there yet: keep trying
+                    log.debug("CEP directory waiting for %s: %s", self.topic, exc)
+                    time.sleep(0.5)
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in ends])
+            pending = {p for p, end in ends.items() if end > 0}
+            if not pending:
+                self._caught_up.set()
+            while not self._stop.is_set():
+                msg = consumer.poll(0.2)
+                if msg is None or msg.error() is not None:
+                    continue
+                self.directory.apply_record(msg.key(), msg.value())
+                partition, offset = msg.partition() or 0, msg.offset() or 0
+                if partition in pending and offset + 1 >= ends[partition]:
+                    pending.discard(partition)
+                    if not pending:
+                        self._caught_up.set()
+                        log.info("CEP directory loaded: %d trigger(s)", len(self.directory))
+        finally:
+            consumer.close()

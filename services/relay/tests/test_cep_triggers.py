@@ -1,0 +1,176 @@
+"""CEP triggers at the relay: clear rejections, LIST, and live data for triggered tickers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from mdproto.messages import (
+    CEPCondition,
+    CEPTriggerAck,
+    CEPTriggerRequest,
+    DataRequest,
+    IngestorControl,
+    NotifyPattern,
+    Status,
+)
+from relay import validation as v
+from relay.config import RelaySettings
+from relay.trigger_kafka import TriggerDirectory
+from relay.triggers import LoggingTriggerSink, TriggerSinkError
+
+if TYPE_CHECKING:
+    from conftest import RelayFactory
+
+NOW = 1_700_000_000_000
+POLICY = v.Policy.of(["BINANCE"], 10_000_000, 86_400_000)
+TICKER = "BINANCE:BTC/USDT"
+ABOVE, PCT = CEPCondition.PRICE_ABOVE, CEPCondition.PCT_MOVE
+
+
+def trigger(**fields: Any) -> CEPTriggerRequest:
+    values: dict[str, Any] = {
+        "trigger_id": "t1",
+        "client_id": "c1",
+        "action": CEPTriggerRequest.REGISTER,
+        "ticker": TICKER,
+        "conditions": [CEPCondition(kind=ABOVE, threshold=50_000.0)],
+    }
+    values.update(fields)
+    return CEPTriggerRequest(**values)
+
+
+# --- validation: every invalid trigger gets a reason that names the problem -------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "needle"),
+    [
+        ({"trigger_id": ""}, v.MISSING_ID, "trigger_id"),
+        ({"trigger_id": "no spaces"}, v.BAD_ID, "trigger_id"),
+        ({"ticker": "BTCUSDT"}, v.BAD_TICKER, "EXCHANGE:BASE/QUOTE"),
+        ({"ticker": "KRAKEN:BTC/USD"}, v.UNKNOWN_EXCHANGE, "KRAKEN"),
+        ({"conditions": []}, v.BAD_CONDITION, "got 0"),
+        ({"conditions": [CEPCondition(kind=ABOVE, threshold=1)] * 3}, v.BAD_CONDITION, "got 3"),
+        ({"conditions": [CEPCondition(kind=0, threshold=1)]}, v.BAD_CONDITION, "unknown kind"),
+        ({"conditions": [CEPCondition(kind=ABOVE, threshold=-1)]}, v.BAD_CONDITION, "> 0"),
+        ({"conditions": [CEPCondition(kind=PCT, threshold=5)]}, v.BAD_CONDITION, "window"),
+        (
+            {"conditions": [CEPCondition(kind=ABOVE, threshold=1)] * 2},
+            v.BAD_CONDITION,
+            "within_seconds",
+        ),
+        ({"expires_at_ms": NOW - 1}, v.EXPIRED, "in the past"),
+        ({"notify": 7}, v.BAD_NOTIFY, "notify"),
+        (
+            {"notify": NotifyPattern.NOTIFY_PER_CLIENT, "client_id": ""},
+            v.BAD_NOTIFY,
+            "client_id",
+        ),
+        (
+            {"action": CEPTriggerRequest.ACTION_UNSPECIFIED},
+            v.BAD_ACTION,
+            "REGISTER, CANCEL or LIST",
+        ),
+    ],
+)
+def test_invalid_triggers_are_rejected_with_a_clear_reason(
+    fields: dict[str, Any], code: str, needle: str
+) -> None:
+    outcome = v.check_trigger(trigger(**fields), POLICY, NOW)
+    assert not outcome.accepted
+    assert (outcome.reply.status, outcome.reply.error_code) == (Status.REJECTED, code)
+    assert needle in outcome.reply.reason
+
+
+def test_list_needs_only_a_valid_client_id() -> None:
+    listing = CEPTriggerRequest(action=CEPTriggerRequest.LIST, client_id="c1")
+    assert v.check_trigger(listing, POLICY, NOW).accepted
+    for client_id, code in (("", v.MISSING_ID), ("bad id", v.BAD_ID)):
+        listing.client_id = client_id
+        outcome = v.check_trigger(listing, POLICY, NOW)
+        assert (outcome.accepted, outcome.reply.error_code) == (False, code)
+
+
+def test_the_logging_sink_cannot_list() -> None:
+    with pytest.raises(TriggerSinkError, match="no trigger store"):
+        LoggingTriggerSink().list("c1", NOW)
+    assert LoggingTriggerSink().tickers() == set()
+
+
+def test_trigger_store_settings_default_to_the_logging_sink() -> None:
+    settings = RelaySettings()
+    assert settings.trigger_kafka_bootstrap == ""
+    assert settings.trigger_topic == "cep.triggers"
+
+
+# --- the relay with a directory-backed sink ---------------------------------------------
+
+
+class DirectorySink:
+    """What KafkaTriggerSink does minus Kafka: the directory of what was submitted."""
+
+    def __init__(self) -> None:
+        self.directory = TriggerDirectory()
+
+    def submit(self, request: CEPTriggerRequest) -> None:
+        self.directory.apply(request.trigger_id, request)
+
+    def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
+        return self.directory.for_client(client_id, now_ms)
+
+    def tickers(self) -> set[str]:
+        return self.directory.tickers()
+
+    def close(self) -> None:
+        pass
+
+
+def test_list_answers_the_clients_triggers(make_relay: RelayFactory) -> None:
+    relay = make_relay(sink=DirectorySink())
+    client = relay.client()
+    for trigger_id, client_id in (("a", "c1"), ("b", "c1"), ("x", "c2")):
+        ack = relay.request(
+            client, trigger(trigger_id=trigger_id, client_id=client_id), CEPTriggerAck
+        )
+        assert ack.status == Status.OK
+    cancel = CEPTriggerRequest(trigger_id="a", action=CEPTriggerRequest.CANCEL)
+    assert relay.request(client, cancel, CEPTriggerAck).status == Status.OK
+    listing = CEPTriggerRequest(action=CEPTriggerRequest.LIST, client_id="c1")
+    ack = relay.request(client, listing, CEPTriggerAck)
+    assert ack.status == Status.OK
+    assert [(t.trigger_id, t.ticker) for t in ack.triggers] == [("b", TICKER)]
+
+
+def test_list_without_a_store_is_an_error_ack(make_relay: RelayFactory) -> None:
+    relay = make_relay(sink=LoggingTriggerSink())
+    listing = CEPTriggerRequest(action=CEPTriggerRequest.LIST, client_id="c1")
+    ack = relay.request(relay.client(), listing, CEPTriggerAck)
+    assert (ack.status, ack.error_code) == (Status.ERROR, "sink_error")
+    assert relay.sample("relay_trigger_sink_errors_total") == 0  # nothing failed to store
+
+
+def test_a_triggered_ticker_is_live_until_its_last_trigger_goes(make_relay: RelayFactory) -> None:
+    relay = make_relay(
+        sink=DirectorySink(),
+        realtime_grace_secs=0.2,
+        realtime_refresh_secs=600,
+        stats_interval_secs=0.05,
+    )
+    ingestor = relay.ingestor()
+    client = relay.client()
+    relay.request(client, trigger(trigger_id="a"), CEPTriggerAck)
+    topic, start = ingestor.next_work(DataRequest.REALTIME)  # no subscriber: the trigger did it
+    assert (topic, start.ticker) == ("BINANCE:", TICKER)
+    relay.request(client, trigger(trigger_id="b"), CEPTriggerAck)
+    relay.request(
+        client, CEPTriggerRequest(trigger_id="a", action=CEPTriggerRequest.CANCEL), CEPTriggerAck
+    )
+    assert not ingestor.control.poll(400)  # "b" still needs the ticker
+    relay.request(
+        client, CEPTriggerRequest(trigger_id="b", action=CEPTriggerRequest.CANCEL), CEPTriggerAck
+    )
+    _, cancel = ingestor.recv_control()
+    assert (cancel.action, cancel.ticker) == (IngestorControl.CANCEL_REALTIME, TICKER)
+    assert cancel.request_id == start.request_id
