@@ -114,6 +114,7 @@ class Relay(Service):
             RELAY_FLINK_MARKET_DATA_ENDPOINT=f"tcp://{LOOPBACK}:{p.pipeline_pub}",
             RELAY_METRICS_HOST=LOOPBACK,
             RELAY_METRICS_PORT=str(p.relay_metrics),
+            RELAY_TRIGGER_KAFKA_BOOTSTRAP=self.endpoints.kafka_bootstrap,
         )
         return [str(BIN / "relay")], env
 

@@ -29,11 +29,12 @@ def test_defaults_follow_the_contracts() -> None:
     assert s.table("ohlc") == "lake.market.ohlc"
     assert s.enabled_queries == [
         "history",
-        "ticks-publish",
         "ticks-persist",
         "candles-update",
         "candles-close",
+        "cep",
     ]
+    assert s.cep.trigger_topic == "cep.triggers"
 
 
 def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,5 +75,7 @@ def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
 
 
 def test_disabled_paths_drop_their_queries() -> None:
-    s = Settings.model_validate({"live": {"enabled": False}})
+    s = Settings.model_validate({"live": {"enabled": False}, "cep": {"enabled": False}})
     assert s.enabled_queries == ["history"]
+    s = Settings.model_validate({"live": {"enabled": False}})
+    assert s.enabled_queries == ["history", "cep"]

@@ -1,8 +1,13 @@
-"""The PUB adapter against a real SUB on a free port."""
+"""The PUB server process and the driver's Publisher, against a real SUB on a free port."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -10,23 +15,31 @@ import zmq
 
 from mdproto import envelope
 from mdproto.messages import HistoryReadyNotification, Tick
-from pipeline.notify import Publisher
+from pipeline.config import Settings
+from pipeline.notify import Publisher, PubServer
+
+
+def _settings(endpoint: str = "tcp://127.0.0.1:*") -> Settings:
+    return Settings.model_validate({"pub_endpoint": endpoint, "live": {"enabled": False}})
 
 
 @pytest.fixture
-def publisher() -> Iterator[Publisher]:
-    pub = Publisher("tcp://127.0.0.1:*", sndhwm=10_000)
-    yield pub
-    pub.close()
+def server() -> Iterator[tuple[PubServer, Publisher]]:
+    pub_server = PubServer(_settings())
+    endpoint = pub_server.start()
+    publisher = Publisher(pub_server.pull_endpoint, endpoint)
+    yield pub_server, publisher
+    publisher.close()
+    pub_server.stop()
 
 
-def _subscriber(endpoint: str, publisher: Publisher, topic: bytes = b"") -> zmq.Socket[bytes]:
-    """A SUB whose subscription has provably reached the publisher (probe until one arrives)."""
+def _subscriber(publisher: Publisher, topic: bytes = b"") -> zmq.Socket[bytes]:
+    """A SUB whose subscription has provably reached the PUB (probe until one arrives)."""
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, topic)
     sub.setsockopt(zmq.SUBSCRIBE, b"probe")
     sub.setsockopt(zmq.RCVTIMEO, 100)
-    sub.connect(endpoint)
+    sub.connect(publisher.endpoint)
     for _ in range(100):
         publisher.publish("probe", Tick(trade_id="probe"))
         try:
@@ -45,13 +58,16 @@ def _subscriber(endpoint: str, publisher: Publisher, topic: bytes = b"") -> zmq.
             return sub
 
 
-def test_binds_a_free_port_and_reports_it(publisher: Publisher) -> None:
+def test_binds_a_free_port_and_reports_it(server: tuple[PubServer, Publisher]) -> None:
+    pub_server, publisher = server
+    assert pub_server.alive
     assert publisher.endpoint.startswith("tcp://127.0.0.1:")
     assert not publisher.endpoint.endswith(":*")
 
 
-def test_messages_arrive_as_mdproto_envelopes(publisher: Publisher) -> None:
-    sub = _subscriber(publisher.endpoint, publisher, b"RESPONSE:")
+def test_messages_arrive_as_mdproto_envelopes(server: tuple[PubServer, Publisher]) -> None:
+    _, publisher = server
+    sub = _subscriber(publisher, b"RESPONSE:")
     n = HistoryReadyNotification(request_id="r1", row_count=3)
 
     publisher.publish("RESPONSE:c1", n)
@@ -61,8 +77,9 @@ def test_messages_arrive_as_mdproto_envelopes(publisher: Publisher) -> None:
     sub.close(0)
 
 
-def test_concurrent_publishers_never_interleave_frames(publisher: Publisher) -> None:
-    sub = _subscriber(publisher.endpoint, publisher, b"T")
+def test_concurrent_publishers_never_interleave_frames(server: tuple[PubServer, Publisher]) -> None:
+    _, publisher = server
+    sub = _subscriber(publisher, b"T")
 
     def burst(k: int) -> None:
         publisher.publish_many((f"T{k}", Tick(trade_id=f"{k}-{i}")) for i in range(500))
@@ -82,6 +99,46 @@ def test_concurrent_publishers_never_interleave_frames(publisher: Publisher) -> 
     sub.close(0)
 
 
-def test_a_taken_port_is_a_clear_error(publisher: Publisher) -> None:
+def test_a_taken_port_is_a_clear_error(server: tuple[PubServer, Publisher]) -> None:
+    _, publisher = server
+    second = PubServer(_settings(publisher.endpoint))
     with pytest.raises(RuntimeError, match=f"cannot bind the pipeline PUB on {publisher.endpoint}"):
-        Publisher(publisher.endpoint)
+        second.start()
+    second.stop()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_server_dies_with_a_killed_driver_and_frees_the_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    driver = textwrap.dedent(
+        f"""
+        import os, signal
+        from pipeline.config import Settings
+        from pipeline.notify import PubServer
+        settings = Settings.model_validate(
+            {{"pub_endpoint": "tcp://127.0.0.1:{port}", "live": {{"enabled": False}}}}
+        )
+        PubServer(settings).start()
+        print("bound", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "bound" in proc.stdout, proc.stderr
+    assert proc.returncode == -9
+    deadline = time.monotonic() + 10
+    while not _port_free(port):
+        assert time.monotonic() < deadline, f"port {port} still bound after the driver died"
+        time.sleep(0.1)

@@ -1,13 +1,15 @@
 """Wiring, in the order of the README's flow diagram.
 
-preflight (Kafka, catalog, S3 reachable?)  ->  bind PUB :5557
+preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, tick relay
 -> SparkSession (jars, Iceberg REST catalog)  ->  create namespace/tables
--> history query:  market.ohlc.batches -> MERGE ohlc -> requests -> PUB notification
--> live queries:   market.ticks -> PUB tick
-                                -> MERGE ticks
-                                -> candles (update) -> PUB OHLC closed=false
-                                -> candles (append) -> MERGE ohlc -> PUB OHLC closed=true
--> run until SIGTERM/SIGINT or a query fails
+-> history query: market.ohlc.batches -> write ohlc -> record requests -> PUB notification
+-> live: market.ticks  -> tick relay (in the PUB process)   -> PUB Tick
+                       -> ticks-persist query  -> MERGE ticks
+                       -> candles-update query -> PUB OHLC closed=false
+         Iceberg ticks -> candles-close query  -> MERGE ohlc -> PUB OHLC closed=true
+-> cep query: cep.triggers + market.ticks -> engine (driver) -> PUB CEPTriggerEvent
+                                                             -> tombstones -> cep.triggers
+-> run until SIGTERM/SIGINT, or a query or the PUB process fails
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from typing import TYPE_CHECKING
 from pipeline import faults, history, live, preflight, session
 from pipeline.config import Settings
 from pipeline.lake import Lake
-from pipeline.notify import Publisher
+from pipeline.notify import Publisher, PubServer
 from pipeline.progress import ProgressLogger
 from pipeline.tables import TableNames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from pipeline.cep.query import CepQuery
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +48,17 @@ class Pipeline:
         self.spark: SparkSession | None = None
         self.lake: Lake | None = None
         self.queries: dict[str, StreamingQuery] = {}
+        self.pub_server: PubServer | None = None
+        self.cep: CepQuery | None = None
 
     def start(self) -> None:
         settings = self.settings
         preflight.check_all(settings)
-        self.publisher = Publisher(settings.pub_endpoint, sndhwm=settings.pub_sndhwm)
-        log.info("PUB bound on %s", self.publisher.endpoint)
+        # The PUB (and the tick relay) live in their own process: up before Spark.
+        self.pub_server = PubServer(settings)
+        endpoint = self.pub_server.start()
+        self.publisher = Publisher(self.pub_server.pull_endpoint, endpoint)
+        log.info("PUB bound on %s", endpoint)
         self.spark = session.build_session(settings)
         faults.set_jvm_pid(session.jvm_pid(self.spark))
         self.spark.streams.addListener(ProgressLogger(summarise={"ticks-publish": 10.0}))
@@ -61,6 +70,11 @@ class Pipeline:
         if settings.live.enabled:
             for q in live.start(self.spark, settings, self.lake, self.publisher):
                 self.queries[str(q.name)] = q
+        if settings.cep.enabled:
+            from pipeline.cep import query as cep
+
+            self.cep = cep.start(self.spark, settings, self.publisher)
+            self.queries[cep.QUERY_NAME] = self.cep.query
         self._write_ready_file()
         log.info("pipeline running: %s", ", ".join(self.queries))
 
@@ -73,6 +87,9 @@ class Pipeline:
                     error = query.exception()
                     log.error("query %s terminated: %s", name, error)
                     return 1
+            if self.pub_server is not None and not self.pub_server.alive:
+                log.error("the PUB server process exited (%s)", self.pub_server.exitcode)
+                return 1
             stop.wait(1.0)
         return 0
 
@@ -83,9 +100,15 @@ class Pipeline:
             except Exception as exc:  # keep stopping the others
                 log.warning("stopping query %s: %s", name, exc)
         self.queries.clear()
+        if self.cep is not None:
+            self.cep.stop()  # after its query: no batch can publish or retire any more
+            self.cep = None
         if self.publisher is not None:
             self.publisher.close()
             self.publisher = None
+        if self.pub_server is not None:
+            self.pub_server.stop()
+            self.pub_server = None
         if self.spark is not None:
             self.spark.stop()
             self.spark = None

@@ -22,7 +22,6 @@ from mdproto import contracts
 
 ENV_PREFIX = "PIPELINE_"
 CONFIG_PATH_ENV = "CONFIG_PATH"
-QUERY_NAMES = ("history", "ticks-publish", "ticks-persist", "candles-update", "candles-close")
 
 
 class _Section(BaseModel):
@@ -65,7 +64,7 @@ class CatalogConfig(_Section):
 
 class HistoryConfig(_Section):
     enabled: bool = True
-    trigger_s: float = Field(default=1.0, ge=0)
+    trigger_s: float = Field(default=0.5, ge=0)
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
 
 
@@ -74,6 +73,12 @@ class LiveConfig(_Section):
     periods: list[int] = Field(default_factory=lambda: [60, 300, 3600])
     #: Event-time lateness accepted by the candle aggregation; later ticks miss their candle.
     watermark_s: float = Field(default=10.0, ge=0)
+    #: Who publishes ticks: "kafka" (a consumer thread on the driver, see relay.py) or
+    #: "spark" (a micro-batch query, trigger publish_trigger_s; seconds behind under load).
+    publisher: Literal["kafka", "spark"] = "kafka"
+    #: Nice value of the PUB server process (tick relay, forwarding): negative = ahead
+    #: of Spark for the CPU; needs CAP_SYS_NICE, else a warning. 0 leaves it alone.
+    relay_niceness: int = Field(default=-10, ge=-20, le=19)
     #: 0 starts the next micro-batch as soon as the previous one ends, but then an idle
     #: query polls Kafka in a busy loop; 0.1 s costs ~50 ms of latency on average.
     publish_trigger_s: float = Field(default=0.1, ge=0)
@@ -92,6 +97,28 @@ class LiveConfig(_Section):
         if len(set(v)) != len(v):
             raise ValueError(f"live.periods has duplicates: {v}")
         return sorted(v)
+
+
+class CepConfig(_Section):
+    """CEP triggers (docs/cep.md): one query over the trigger topic and the ticks."""
+
+    enabled: bool = True
+    #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
+    trigger_topic: str = contracts.KAFKA_CEP_TRIGGERS
+    #: Micro-batch interval; 0.1 s keeps an idle query from polling Kafka in a busy loop.
+    trigger_s: float = Field(default=0.1, ge=0)
+    #: Where the ticks source starts on a NEW checkpoint: "latest" never evaluates old
+    #: ticks against triggers (trigger records are always read from the beginning).
+    ticks_starting_offsets: Literal["earliest", "latest"] = "latest"
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    #: Expiries and idle candles are checked this often between micro-batches.
+    timer_s: float = Field(default=1.0, gt=0)
+    #: A candle with no later tick closes this long after its end (processing time).
+    candle_grace_s: float = Field(default=2.0, ge=0)
+    #: Trade ids remembered per watched ticker to drop Kafka re-deliveries.
+    dedupe_capacity: int = Field(default=10_000, ge=1)
+    #: Engine snapshots kept in the query's checkpoint directory (needs a local path).
+    snapshots_kept: int = Field(default=3, ge=2)
 
 
 class SparkConfig(_Section):
@@ -124,6 +151,7 @@ class Settings(BaseSettings):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     history: HistoryConfig = Field(default_factory=HistoryConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
+    cep: CepConfig = Field(default_factory=CepConfig)
     #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.
@@ -149,7 +177,11 @@ class Settings(BaseSettings):
         if self.history.enabled:
             names.append("history")
         if self.live.enabled:
-            names += ["ticks-publish", "ticks-persist", "candles-update", "candles-close"]
+            if self.live.publisher == "spark":
+                names.append("ticks-publish")
+            names += ["ticks-persist", "candles-update", "candles-close"]
+        if self.cep.enabled:
+            names.append("cep")
         return names
 
     def checkpoint_for(self, query: str) -> str:

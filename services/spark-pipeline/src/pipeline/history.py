@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -47,6 +48,7 @@ class HistorySink:
         self._lake = lake
         self._publisher = publisher
         self._identity = identity
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-lookup")
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         laps = Laps()
@@ -58,12 +60,17 @@ class HistorySink:
         decoded = records.decode_history(kafka, now_ms=_now_ms())
         log_rejects(f"history batch {batch_id}", decoded.rejects)
         laps.lap("decode")
+        # The requests lookup does not depend on the candle write: overlap the two.
+        ids = sorted({m.request_id for m in decoded.finals})
+        lookup = self._pool.submit(self._lake.find_requests, session, ids) if ids else None
         how = self._lake.write_history(session, decoded.candles)
         faults.crash_point("history-after-ohlc-commit")
         laps.lap(how)
         plan = notifications.Plan()
-        if decoded.finals:
-            plan = self._complete(session, decoded.finals, batch_id, laps)
+        if lookup is not None:
+            existing = lookup.result()
+            laps.lap("lookup")
+            plan = self._complete(session, decoded.finals, existing, batch_id, laps)
         log.info(
             "history batch %d: %d records, %d candles (%d duplicates), %d final markers -> "
             "%d notified (%d again after a restart, %d duplicates skipped); %s; "
@@ -84,13 +91,11 @@ class HistorySink:
         self,
         session: SparkSession,
         finals: list[records.FinalMarker],
+        existing: dict[str, notifications.CompletedRequest],
         batch_id: int,
         laps: Laps,
     ) -> notifications.Plan:
         names = self._lake.names
-        ids = sorted({m.request_id for m in finals})
-        existing = self._lake.find_requests(session, ids)
-        laps.lap("lookup")
         plan = notifications.plan(
             finals,
             existing,

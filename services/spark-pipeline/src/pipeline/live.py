@@ -1,15 +1,19 @@
-"""Live path: ``market.ticks`` -> PUB ticks, Iceberg ``ticks``, candles (PUB + ``ohlc``).
+"""Live path in Spark: ``market.ticks`` -> Iceberg ``ticks`` and candles (PUB + ``ohlc``).
 
-Four queries over the same topic, so the fast one never waits for a slow one:
+Separate queries, so none waits for another's commits:
 
-- ``ticks-publish`` (trigger 0: back to back): decode on the driver, publish
-  every Tick on ``{ticker}|tick``. Stateless, no Iceberg.
-- ``ticks-persist`` (slow trigger): decode on executors, MERGE into ``ticks``.
-- ``candles-update`` (update mode): deduplicated ticks -> event-time windows per
-  period -> changed candles published with ``closed=false``.
-- ``candles-close`` (append mode): the same aggregation; a window is emitted
-  once, when the watermark passes its end -> MERGE into ``ohlc`` (source
-  ``live``), then published with ``closed=true``.
+- ``ticks-persist`` (Kafka source, slow trigger): decode on executors, MERGE new
+  (ticker, trade_id) into ``ticks``. This table is the deduplicated record of
+  trades.
+- ``candles-update`` (Kafka source, update mode): ticks -> event-time windows of
+  every period -> changed candles published with ``closed=false``. A preview: a
+  trade delivered twice is counted twice here until its window closes.
+- ``candles-close`` (Iceberg source on ``ticks``, append mode): the same windows
+  over the deduplicated trades; a window is emitted once, when the watermark
+  passes its end -> MERGE into ``ohlc`` (source ``live``), then published with
+  ``closed=true``.
+- ``ticks-publish`` (only with ``live.publisher: spark``): the Spark alternative
+  to `relay.TickRelay` for tick publication (seconds slower under load).
 
 Candle open/close come from ``min_by``/``max_by`` over (trade_time, trade id),
 so they follow trade time whatever order ticks arrive in (`candles` is the
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,8 @@ from pipeline import faults, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
 from pipeline.notify import Publisher
+from pipeline.relay import RecentKeys
+from pipeline.session import FAST_POOL
 from pipeline.streams import kafka_source, start_query
 
 if TYPE_CHECKING:
@@ -66,12 +71,16 @@ def decoded_ticks(kafka: DataFrame) -> DataFrame:
 
 
 def candles(ticks: DataFrame, periods: Sequence[int], watermark_s: float) -> DataFrame:
-    """Streaming candles for every period, one row per (ticker, period, window)."""
+    """Streaming candles, one row per (ticker, period, window), for every period.
+
+    One aggregation per period, unioned. No deduplication operator here: in
+    Spark 4.0.4 a union of aggregations behind a stateful deduplication never
+    evicts (nor, in append mode, emits) the longer windows, so the closing query
+    reads trades that are already unique (the ``ticks`` table).
+    """
     from pyspark.sql import functions as sf
 
-    watermarked = ticks.withWatermark(
-        "trade_time", f"{round(watermark_s * 1000)} milliseconds"
-    ).dropDuplicatesWithinWatermark(["ticker", "trade_id"])
+    watermarked = ticks.withWatermark("trade_time", f"{round(watermark_s * 1000)} milliseconds")
     order = sf.struct("trade_time", sf.length("trade_id"), "trade_id")
     frames = []
     for period in periods:
@@ -139,28 +148,8 @@ def _with_open_time_ms(candle_rows: pa.Table) -> pa.Table:
     return candle_rows.append_column("open_time_ms", ms)
 
 
-class RecentKeys:
-    """The last ``capacity`` keys seen: drops re-deliveries of a trade before publication.
-
-    In memory only (a restart may re-publish a few ticks); Iceberg and the
-    candles deduplicate on their own, with checkpointed state.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._keys: OrderedDict[tuple[str, str], None] = OrderedDict()
-
-    def first_time(self, key: tuple[str, str]) -> bool:
-        if key in self._keys:
-            return False
-        self._keys[key] = None
-        if len(self._keys) > self._capacity:
-            self._keys.popitem(last=False)
-        return True
-
-
 class TickPublisher:
-    """ticks-publish: decode on the driver and publish; nothing else on this path."""
+    """ticks-publish (``live.publisher: spark``): decode on the driver and publish."""
 
     def __init__(self, publisher: Publisher, recent: int = 200_000) -> None:
         self._publisher = publisher
@@ -263,33 +252,52 @@ def _live_ohlc_rows(rows: pa.Table) -> pa.Table:
     return table.select(records.OHLC_SCHEMA.names).cast(records.OHLC_SCHEMA)
 
 
+def iceberg_ticks(spark: SparkSession, table: str) -> DataFrame:
+    """The ``ticks`` table as a stream of appended trades (MERGE inserts are appends).
+
+    Snapshots that delete or overwrite (retention, maintenance) are skipped, not
+    fatal; compactions ("replace") are always skipped by Iceberg.
+    """
+    return (
+        spark.readStream.format("iceberg")
+        .option("streaming-skip-delete-snapshots", "true")
+        .option("streaming-skip-overwrite-snapshots", "true")
+        .load(table)
+        .select("ticker", "exchange", "symbol", "trade_id", "price", "amount", "trade_time")
+    )
+
+
 def start(
     spark: SparkSession, settings: Settings, lake: Lake, publisher: Publisher
 ) -> list[StreamingQuery]:
     live = settings.live
 
-    def source() -> DataFrame:
-        return kafka_source(
-            spark, settings, settings.kafka.ticks_topic, live.max_offsets_per_trigger
-        )
+    def kafka() -> DataFrame:
+        topic = settings.kafka.ticks_topic
+        return kafka_source(spark, settings, topic, live.max_offsets_per_trigger)
 
-    started = [
+    started = []
+    if live.publisher == "spark":
+        started.append(
+            start_query(
+                kafka(),
+                name="ticks-publish",
+                settings=settings,
+                function=TickPublisher(publisher),
+                trigger_s=live.publish_trigger_s,
+                pool=FAST_POOL,
+            )
+        )
+    started += [
         start_query(
-            source(),
-            name="ticks-publish",
-            settings=settings,
-            function=TickPublisher(publisher),
-            trigger_s=live.publish_trigger_s,
-        ),
-        start_query(
-            source(),
+            kafka(),
             name="ticks-persist",
             settings=settings,
             function=TickPersister(lake),
             trigger_s=live.persist_trigger_s,
         ),
         start_query(
-            candles(decoded_ticks(source()), live.periods, live.watermark_s),
+            candles(decoded_ticks(kafka()), live.periods, live.watermark_s),
             name="candles-update",
             settings=settings,
             function=CandleUpdatePublisher(publisher),
@@ -297,7 +305,7 @@ def start(
             output_mode="update",
         ),
         start_query(
-            candles(decoded_ticks(source()), live.periods, live.watermark_s),
+            candles(iceberg_ticks(spark, lake.names.ticks), live.periods, live.watermark_s),
             name="candles-close",
             settings=settings,
             function=CandleCloser(lake, publisher),

@@ -112,7 +112,7 @@ def check_all(settings: Settings) -> None:
     wanted = []
     if settings.history.enabled:
         wanted.append(settings.kafka.ohlc_batches_topic)
-    if settings.live.enabled:
+    if settings.live.enabled or settings.cep.enabled:  # the CEP query reads ticks too
         wanted.append(settings.kafka.ticks_topic)
     k = settings.kafka
     missing = check_kafka(k.bootstrap, k.connect_timeout_s, wanted)

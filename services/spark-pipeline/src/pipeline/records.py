@@ -350,8 +350,14 @@ def dedupe_last(table: pa.Table, key: Sequence[str]) -> pa.Table:
 
 def decode_ticks(kafka: pa.Table | pa.RecordBatch) -> TickBatch:
     """Decode and validate ``Tick`` records (the publisher re-publishes these messages)."""
-    values = _column(kafka, "value")
     partitions, offsets = _coordinates(kafka)
+    return decode_tick_values(_column(kafka, "value"), partitions, offsets)
+
+
+def decode_tick_values(
+    values: Sequence[bytes | None], partitions: Sequence[int], offsets: Sequence[int]
+) -> TickBatch:
+    """`decode_ticks` over plain lists (what a Kafka consumer hands over)."""
     out = TickBatch()
     for i, value in enumerate(values):
         try:

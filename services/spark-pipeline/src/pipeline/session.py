@@ -19,7 +19,11 @@ log = logging.getLogger(__name__)
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 ICEBERG_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
-S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
+# Dispatches by scheme: S3FileIO for the warehouse (s3://), HadoopFileIO for file:
+# paths. Iceberg 1.10's streaming source writes its initial offset into the
+# checkpoint through the table's FileIO (apache/iceberg#14762, fixed after 1.10.1);
+# plain S3FileIO fails on a local checkpoint with "Invalid S3 URI".
+RESOLVING_FILE_IO = "org.apache.iceberg.io.ResolvingFileIO"
 REQUIRED_JARS = ("spark-sql-kafka-0-10", "iceberg-spark-runtime", "iceberg-aws-bundle")
 LOOPBACK = "127.0.0.1"
 
@@ -72,7 +76,7 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
         f"{prefix}.type": "rest",
         f"{prefix}.uri": c.uri,
         f"{prefix}.warehouse": c.warehouse,
-        f"{prefix}.io-impl": S3_FILE_IO,
+        f"{prefix}.io-impl": RESOLVING_FILE_IO,
         f"{prefix}.s3.endpoint": c.s3_endpoint,
         f"{prefix}.s3.path-style-access": "true",
         f"{prefix}.s3.access-key-id": c.s3_access_key,
@@ -86,8 +90,10 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        "spark.scheduler.mode": "FAIR",
     }
     if include_launch:
+        conf["spark.scheduler.allocation.file"] = str(scheduler_pools_file())
         conf["spark.master"] = settings.spark.master
         conf["spark.driver.memory"] = settings.spark.driver_memory
         jars = resolve_jars(settings)
@@ -97,6 +103,26 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
             conf["spark.driver.bindAddress"] = LOOPBACK
     conf.update(settings.spark.conf)
     return conf
+
+
+FAST_POOL = "fast"
+_POOLS = f"""<?xml version="1.0"?>
+<allocations>
+  <pool name="{FAST_POOL}">
+    <schedulingMode>FIFO</schedulingMode><weight>100</weight><minShare>2</minShare>
+  </pool>
+  <pool name="default">
+    <schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare>
+  </pool>
+</allocations>
+"""
+
+
+def scheduler_pools_file() -> Path:
+    """FAIR pools: the latency-critical query's tasks go first when slots free up."""
+    path = Path(tempfile.mkdtemp(prefix="pipeline-pools-")) / "fairscheduler.xml"
+    path.write_text(_POOLS)
+    return path
 
 
 def build_session(settings: Settings) -> SparkSession:

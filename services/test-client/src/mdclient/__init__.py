@@ -1,4 +1,4 @@
-"""mdclient: history, live and legacy client of the market-data platform.
+"""mdclient: history, live, legacy and CEP-trigger client of the market-data platform.
 
 Importing this package is cheap: pyarrow, pandas and pyiceberg are imported
 only when rows are read.
@@ -22,6 +22,7 @@ from mdclient.errors import (
 from mdclient.history import HistoryOutcome, HistoryQuery, ProgressEvent
 from mdclient.live import LiveStream
 from mdclient.results import HistoryResult
+from mdclient.triggers import TriggerEvents, TriggerRejected
 
 __all__ = [
     "Client",
@@ -42,6 +43,8 @@ __all__ = [
     "RequestTimeout",
     "StorageError",
     "SubmitRejected",
+    "TriggerEvents",
+    "TriggerRejected",
     "load_settings",
     "new_client_id",
     "new_request_id",

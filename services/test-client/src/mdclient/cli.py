@@ -1,4 +1,4 @@
-"""`mdclient` command line: history, live and legacy calls against the platform.
+"""`mdclient` command line: history, live, legacy and CEP trigger calls against the platform.
 
 Flow of `mdclient history`:
 
@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     live.add_argument("--count", type=int, help="stop after N messages (exit 0)")
     live.add_argument("--duration", type=float, help="stop after N seconds (exit 0)")
+
+    from mdclient import trigger_cli
+
+    trigger_cli.add_parser(sub, common)
     return parser
 
 
@@ -304,10 +308,18 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_trigger(args: argparse.Namespace, err: Console) -> int:
+    from mdclient import trigger_cli
+
+    with _client(settings_from_args(args)) as client:
+        return trigger_cli.run(args, err, client)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "history": cmd_history,
     "legacy": cmd_legacy,
     "live": cmd_live,
+    "trigger": cmd_trigger,
 }
 
 

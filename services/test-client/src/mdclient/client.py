@@ -37,8 +37,15 @@ from mdclient.legacy import fetch_sync
 from mdclient.live import LiveCallback, LiveStream, live_topics
 from mdclient.results import HistoryResult
 from mdclient.transport import Transport
-from mdproto import topics
-from mdproto.messages import Status
+from mdclient.triggers import (
+    TriggerEvents,
+    build_register,
+    check_ack,
+    event_topic,
+    parse_condition,
+)
+from mdproto import envelope, topics
+from mdproto.messages import CEPCondition, CEPTriggerAck, CEPTriggerRequest, NotifyPattern, Status
 
 if TYPE_CHECKING:
     from mdclient.iceberg_reader import IcebergReader
@@ -101,6 +108,7 @@ class Client:
         self._reader = reader
         self._reader_lock = threading.Lock()
         self._streams: set[LiveStream] = set()
+        self._event_streams: set[TriggerEvents] = set()
         self._streams_lock = threading.Lock()
         self._dispatcher = Dispatcher()
         self._transport = Transport(
@@ -135,7 +143,7 @@ class Client:
             return
         self._closed = True
         with self._streams_lock:
-            streams = list(self._streams)
+            streams: list[LiveStream | TriggerEvents] = [*self._streams, *self._event_streams]
         for stream in streams:
             stream.close()
         self._transport.close()
@@ -378,6 +386,153 @@ class Client:
             self._streams.discard(stream)
         for topic in stream.topics:
             self._dispatcher.remove_sink(topic, stream.deliver)
+        if not self._closed:
+            for topic in stream.subscribed:
+                self.unsubscribe(topic)
+
+    # --- CEP triggers ---
+
+    def register_trigger(
+        self,
+        ticker: str,
+        conditions: Sequence[str | CEPCondition],
+        *,
+        trigger_id: str | None = None,
+        period: PeriodLike = 0,
+        within: PeriodLike = 0,
+        repeating: bool = False,
+        expires: TimeLike | None = None,
+        per_trigger: bool | None = None,
+        check: bool = True,
+    ) -> TriggerEvents:
+        """Subscribe to the trigger's event topic, then register it; iterate the result.
+
+        Conditions are CEPConditions or `KIND:THRESHOLD[@WINDOW]` strings (`above:100`,
+        `pct:5@60s`); two of them are a sequence, the second at most `within` after the
+        first. The stream yields ARMED (the pipeline evaluates the trigger), FIRED ...
+        and ends after the trigger's final event. Closing it does not cancel the trigger.
+        `check=False` skips the client-side checks (the relay still validates).
+        Raises TriggerRejected (with the relay's reason) or InvalidRequest.
+        """
+        request = self._trigger_request(
+            ticker, conditions, trigger_id, period, within, repeating, expires, per_trigger, check
+        )
+        stream = self._open_events([event_topic(request)], [request.trigger_id], until_final=True)
+        try:
+            stream.ack = self._trigger_call(request)  # subscribed first: no event can slip by
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def add_trigger(
+        self,
+        ticker: str,
+        conditions: Sequence[str | CEPCondition],
+        *,
+        trigger_id: str | None = None,
+        period: PeriodLike = 0,
+        within: PeriodLike = 0,
+        repeating: bool = False,
+        expires: TimeLike | None = None,
+        per_trigger: bool | None = None,
+        check: bool = True,
+    ) -> CEPTriggerAck:
+        """Register without subscribing (bulk registration; watch with `trigger_events`)."""
+        request = self._trigger_request(
+            ticker, conditions, trigger_id, period, within, repeating, expires, per_trigger, check
+        )
+        return self._trigger_call(request)
+
+    def cancel_trigger(self, trigger_id: str) -> CEPTriggerAck:
+        """Cancel by id; the trigger's stream then gets a final CANCELLED event."""
+        request = CEPTriggerRequest(
+            trigger_id=trigger_id, client_id=self.client_id, action=CEPTriggerRequest.CANCEL
+        )
+        return self._trigger_call(request)
+
+    def list_triggers(self) -> list[CEPTriggerRequest]:
+        """This client id's registered, unexpired triggers (as the relay's store has them)."""
+        request = CEPTriggerRequest(client_id=self.client_id, action=CEPTriggerRequest.LIST)
+        return list(self._trigger_call(request).triggers)
+
+    def trigger_events(
+        self, trigger_ids: Iterable[str] | None = None, *, until_final: bool = False
+    ) -> TriggerEvents:
+        """Events of this client's triggers (RESPONSE:{client_id}), or of the given ids
+        (also on their CEP:{trigger_id} topics); `until_final` ends after each id's final."""
+        ids = list(trigger_ids) if trigger_ids is not None else None
+        topic_list = [topics.response_topic(self.client_id)]
+        topic_list += [topics.cep_topic(t) for t in ids or ()]
+        return self._open_events(topic_list, ids, until_final=until_final)
+
+    def _trigger_request(
+        self,
+        ticker: str,
+        conditions: Sequence[str | CEPCondition],
+        trigger_id: str | None,
+        period: PeriodLike,
+        within: PeriodLike,
+        repeating: bool,
+        expires: TimeLike | None,
+        per_trigger: bool | None,
+        check: bool,
+    ) -> CEPTriggerRequest:
+        try:
+            period_s = 0 if period in (0, "0") else timeparse.parse_period(period)
+            within_s = 0 if within in (0, "0") else timeparse.parse_period(within)
+            expires_ms = 0
+            if expires not in (None, 0):
+                assert expires is not None
+                expires_ms = timeparse.to_ms(expires, now_ms=int(time.time() * 1000))
+        except timeparse.TimeFormatError as exc:
+            raise InvalidRequest(str(exc), error_code="bad_time") from None
+        parsed = [parse_condition(c) if isinstance(c, str) else c for c in conditions]
+        if per_trigger is None:
+            per_trigger = self.settings.notify == "per_request"
+        fields = {
+            "trigger_id": trigger_id or new_request_id(),
+            "client_id": self.client_id,
+            "ticker": ticker,
+            "conditions": parsed,
+            "period_seconds": period_s,
+            "within_seconds": within_s,
+            "repeating": repeating,
+            "expires_at_ms": expires_ms,
+        }
+        if check:
+            return build_register(**fields, per_client=not per_trigger)  # type: ignore[arg-type]
+        notify = (
+            NotifyPattern.NOTIFY_PER_REQUEST if per_trigger else NotifyPattern.NOTIFY_PER_CLIENT
+        )
+        return CEPTriggerRequest(**fields, action=CEPTriggerRequest.REGISTER, notify=notify)  # type: ignore[arg-type]
+
+    def _trigger_call(self, request: CEPTriggerRequest) -> CEPTriggerAck:
+        frames = self.request(envelope.encode(request), self.settings.submit_timeout_s)
+        return check_ack(frames, request.trigger_id)
+
+    def _open_events(
+        self, topic_list: list[str], trigger_ids: list[str] | None, *, until_final: bool
+    ) -> TriggerEvents:
+        stream = TriggerEvents(topic_list, trigger_ids, self._close_events, until_final=until_final)
+        with self._streams_lock:
+            self._event_streams.add(stream)
+        for topic in stream.topics:
+            self._dispatcher.add_event_sink(topic, stream.deliver)
+        try:
+            for topic in stream.topics:
+                self.subscribe(topic)
+                stream.subscribed.append(topic)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _close_events(self, stream: TriggerEvents) -> None:
+        with self._streams_lock:
+            self._event_streams.discard(stream)
+        for topic in stream.topics:
+            self._dispatcher.remove_event_sink(topic, stream.deliver)
         if not self._closed:
             for topic in stream.subscribed:
                 self.unsubscribe(topic)

@@ -5,7 +5,8 @@ ZeroMQ subscriptions are *prefix* matches: a SUB subscribed to
 receives `...|ohlc:600`. So nothing is delivered on the subscription alone:
 a notification must arrive on exactly the topic its waiter subscribed to and
 carry a request_id that waiter registered; market data must arrive on exactly
-the topic a live stream asked for.
+the topic a live stream asked for; a CEP trigger event on exactly a topic a
+trigger stream watches (which then checks the trigger id).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from collections.abc import Callable, Sequence
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope
-from mdproto.messages import OHLC, HistoryReadyNotification, Tick
+from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Tick
 
 log = logging.getLogger(__name__)
 
 MarketSink = Callable[[Message], None]
+EventSink = Callable[[str, CEPTriggerEvent], None]
 
 
 class NotificationWaiter:
@@ -50,6 +52,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._waiters: dict[str, tuple[str, NotificationWaiter]] = {}
         self._sinks: dict[str, list[MarketSink]] = {}
+        self._event_sinks: dict[str, list[EventSink]] = {}
         #: received, bad_frames, unclaimed_notification, unrouted_market, ignored
         self.stats: Counter[str] = Counter()
 
@@ -74,6 +77,19 @@ class Dispatcher:
             if not sinks:
                 self._sinks.pop(topic, None)
 
+    def add_event_sink(self, topic: str, sink: EventSink) -> None:
+        """CEPTriggerEvents arriving on exactly `topic` go to `sink` (which filters ids)."""
+        with self._lock:
+            self._event_sinks.setdefault(topic, []).append(sink)
+
+    def remove_event_sink(self, topic: str, sink: EventSink) -> None:
+        with self._lock:
+            sinks = self._event_sinks.get(topic, [])
+            if sink in sinks:
+                sinks.remove(sink)
+            if not sinks:
+                self._event_sinks.pop(topic, None)
+
     def handle(self, frames: Sequence[bytes]) -> None:
         self.stats["received"] += 1
         try:
@@ -91,6 +107,11 @@ class Dispatcher:
                 self.stats["unrouted_market"] += 1
             for sink in sinks:
                 sink(message)
+        elif isinstance(message, CEPTriggerEvent) and topic in self._event_sinks:
+            with self._lock:
+                event_sinks = list(self._event_sinks.get(topic, ()))
+            for event_sink in event_sinks:
+                event_sink(topic, message)
         else:
             self.stats["ignored"] += 1
             log.debug("ignored %s on %s", message.DESCRIPTOR.name, topic)

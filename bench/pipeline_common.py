@@ -1,0 +1,215 @@
+"""Shared pieces of the pipeline benchmarks: a stack, the pipeline process, a SUB.
+
+The pipeline runs as `python -m pipeline` (the production entry point) in its own
+process group, configured through PIPELINE_* variables like `make run` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from infra.artifacts import spark_jars
+from infra.localstack import StackEndpoints, start_on_free_ports
+from mdproto import envelope
+
+WAIT_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def stack(stack_dir: Path | None) -> Iterator[StackEndpoints]:
+    """A running stack: the one in ``stack_dir`` (started by the CLI) or a fresh one."""
+    if stack_dir is not None:
+        yield StackEndpoints.load(stack_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="pipeline-bench-stack-") as tmp:
+        local = start_on_free_ports(Path(tmp))
+        try:
+            yield local.endpoints
+        finally:
+            local.down()
+
+
+@contextlib.contextmanager
+def workdir(keep: Path | None) -> Iterator[str]:
+    """``keep`` (created) if given, else a temporary directory removed afterwards."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield str(keep)
+        return
+    with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
+        yield tmp
+
+
+@dataclass
+class PipelineProcess:
+    """`python -m pipeline` on a private namespace, topics, checkpoint dir and PUB port."""
+
+    endpoints: StackEndpoints
+    workdir: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    pub_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def namespace(self) -> str:
+        return f"bench_{self.tag}"
+
+    @property
+    def batches_topic(self) -> str:
+        return f"bench-{self.tag}.ohlc.batches"
+
+    @property
+    def ticks_topic(self) -> str:
+        return f"bench-{self.tag}.ticks"
+
+    @property
+    def pub_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.pub_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"pipeline-{self.tag}.log"
+
+    def start(self) -> None:
+        e = self.endpoints
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+        env.update(
+            {
+                "PYSPARK_PYTHON": sys.executable,
+                "PIPELINE_KAFKA__BOOTSTRAP": e.kafka_bootstrap,
+                "PIPELINE_KAFKA__OHLC_BATCHES_TOPIC": self.batches_topic,
+                "PIPELINE_KAFKA__TICKS_TOPIC": self.ticks_topic,
+                "PIPELINE_CATALOG__NAME": e.catalog_name,
+                "PIPELINE_CATALOG__URI": e.catalog_uri,
+                "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,
+                "PIPELINE_CATALOG__NAMESPACE": self.namespace,
+                "PIPELINE_CATALOG__S3_ENDPOINT": e.s3_endpoint,
+                "PIPELINE_CATALOG__S3_ACCESS_KEY": e.s3_access_key,
+                "PIPELINE_CATALOG__S3_SECRET_KEY": e.s3_secret_key,
+                "PIPELINE_CATALOG__S3_REGION": e.s3_region,
+                "PIPELINE_SPARK__MASTER": "local[2]",
+                "PIPELINE_SPARK__JARS": json.dumps([str(j) for j in spark_jars()]),
+                "PIPELINE_CHECKPOINT_DIR": str(self.workdir / f"checkpoints-{self.tag}"),
+                "PIPELINE_PUB_ENDPOINT": self.pub_endpoint,
+                "PIPELINE_READY_FILE": str(self.workdir / f"ready-{self.tag}.json"),
+            }
+        )
+        env.update(self.env_overrides)
+        with self.log_file.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pipeline"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        ready = self.workdir / f"ready-{self.tag}.json"
+        deadline = time.monotonic() + WAIT_S
+        while not ready.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(self.log_file.read_text(errors="replace").splitlines()[-40:])
+                self.stop()
+                raise RuntimeError(f"pipeline did not start:\n{tail}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process = None
+
+    def log_lines(self, needle: str) -> list[str]:
+        return [
+            line
+            for line in self.log_file.read_text(errors="replace").splitlines()
+            if needle in line
+        ]
+
+
+class Collector:
+    """A SUB recording (receive time, topic, message) for the given prefixes."""
+
+    def __init__(self, endpoint: str, prefixes: list[bytes]) -> None:
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._socket = self._ctx.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.RCVTIMEO, 200)
+        for prefix in prefixes:
+            self._socket.setsockopt(zmq.SUBSCRIBE, prefix)
+        self._socket.connect(endpoint)
+        self.received: list[tuple[float, str, Any]] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frames = self._socket.recv_multipart()
+            except zmq.Again:
+                continue
+            now = time.time()
+            topic, message = envelope.decode_sub(frames)
+            with self._cond:
+                self.received.append((now, topic, message))
+                self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[str, Any], bool], timeout_s: float = WAIT_S) -> float:
+        """Receive time of the first message matching ``predicate``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for at, topic, message in self.received:
+                    if predicate(topic, message):
+                        return at
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no matching message")
+                self._cond.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._ctx.destroy(linger=0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,249 @@
+"""Live path: tick produced to Kafka -> Tick received on a SUB of the pipeline's PUB.
+
+A producer process writes Tick records at a fixed rate (100 and 10,000 ticks/s
+by default) over four tickers, stamping `ingested_at_ms` with the wall clock at
+produce time; a subscriber process takes `receive time - ingested_at_ms` for
+every tick after a warm-up. The pipeline runs with its whole live path
+(publication, tick persistence, candle update and close queries) and the
+history query off.
+
+Baseline, side by side: a bare Python bridge (confluent-kafka consumer ->
+mdproto decode -> PUB), the same hops without Spark. Rates alternate between
+pipeline and baseline `--reps` times; p50/p99 are medians over reps.
+
+    .venv/bin/python bench/pipeline_ticks.py [--rates 100 10000] [--seconds 20]
+        [--reps 2] [--publish-trigger 0.1] [--stack-dir .data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+import uuid
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import zmq
+from pipeline_common import PipelineProcess, free_port, median, percentile, stack, workdir
+
+from mdproto import envelope, topics
+from mdproto.messages import TakerSide, Tick
+
+TICKERS = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:SOL/USDT", "BINANCE:XRP/USDT"]
+
+
+def producer(bootstrap: str, topic: str, rate: int, seconds: float, done: Queue[int]) -> None:
+    """Produce `rate` ticks/s for `seconds`, in 10 ms slices; report the count."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
+    run = uuid.uuid4().hex[:6]
+    sent = 0
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        due = int(elapsed * rate) + 1
+        while sent < due:
+            now = time.time_ns() // 1_000_000
+            ticker = TICKERS[sent % len(TICKERS)]
+            tick = Tick(
+                ticker=ticker,
+                trade_id=f"{run}-{sent}",
+                price=100.0 + sent % 17,
+                amount=0.5,
+                timestamp_ms=now,
+                side=TakerSide.BUY,
+                ingested_at_ms=now,
+            )
+            p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
+            sent += 1
+        p.poll(0)
+        time.sleep(0.005)
+    p.flush(30)
+    done.put(sent)
+
+
+def subscriber(endpoint: str, ready: Event, stop: Event, out: Queue[list[float]]) -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    for ticker in TICKERS:
+        sub.setsockopt(zmq.SUBSCRIBE, topics.tick_topic(ticker).encode())
+    sub.connect(endpoint)
+    ready.set()
+    latencies: list[float] = []
+    # After `stop`, keep reading until the stream has been quiet for 3 s (the tail).
+    while not stop.is_set() or sub.poll(3000):
+        if not sub.poll(100):
+            continue
+        frames = sub.recv_multipart()
+        now = time.time_ns() / 1e6
+        _, tick = envelope.decode_sub(frames)
+        assert isinstance(tick, Tick)
+        latencies.append(now - tick.ingested_at_ms)
+    out.put(latencies)
+    ctx.destroy(linger=0)
+
+
+def bridge(bootstrap: str, topic: str, endpoint: str, stop: Event) -> None:
+    """Baseline: Kafka consumer -> decode -> PUB, nothing else."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "latest",
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer.subscribe([topic])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 100_000)
+    pub.bind(endpoint)
+    while not stop.is_set():
+        for message in consumer.consume(1000, 0.05):
+            value = message.value()
+            if message.error() or value is None:
+                continue
+            tick = envelope.decode_record(value, Tick)
+            pub.send_multipart(envelope.encode_pub(topics.tick_topic(tick.ticker), tick))
+    consumer.close()
+    ctx.destroy(linger=0)
+
+
+def measure(
+    bootstrap: str, topic: str, endpoint: str, rate: int, seconds: float, warmup: float
+) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    out: Queue[list[float]] = ctx.Queue()
+    done: Queue[int] = ctx.Queue()
+    sub = ctx.Process(target=subscriber, args=(endpoint, ready, stop, out))
+    sub.start()
+    ready.wait(30)
+    # Warm-up traffic (not measured) so the first batches of a cold query do not count.
+    warm = ctx.Process(target=producer, args=(bootstrap, topic, rate, warmup, done))
+    warm.start()
+    warm.join()
+    done.get()
+    stop.set()  # the subscriber drains the warm-up before it returns
+    out.get(timeout=60)
+    sub.join()
+    ready, stop = ctx.Event(), ctx.Event()
+    sub = ctx.Process(target=subscriber, args=(endpoint, ready, stop, out))
+    sub.start()
+    ready.wait(30)
+    time.sleep(0.5)  # the SUB's subscription must reach the PUB before ticks flow
+    prod = ctx.Process(target=producer, args=(bootstrap, topic, rate, seconds, done))
+    prod.start()
+    prod.join()
+    sent = done.get()
+    stop.set()
+    latencies = out.get(timeout=120)
+    sub.join()
+    return {
+        "sent": float(sent),
+        "received": float(len(latencies)),
+        "p50": percentile(latencies, 50),
+        "p99": percentile(latencies, 99),
+        "max": max(latencies) if latencies else float("nan"),
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    with stack(args.stack_dir) as endpoints, workdir(args.workdir) as tmp:
+        pipeline = PipelineProcess(
+            endpoints,
+            Path(tmp),
+            {
+                "PIPELINE_HISTORY__ENABLED": "false",
+                "PIPELINE_LIVE__PUBLISH_TRIGGER_S": str(args.publish_trigger),
+                "PIPELINE_KAFKA__STARTING_OFFSETS": "latest",
+                **dict(kv.split("=", 1) for kv in args.env),
+            },
+        )
+        started = time.perf_counter()
+        pipeline.start()
+        print(f"pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)
+        bridge_endpoint = f"tcp://127.0.0.1:{free_port()}"
+        bridge_topic = f"{pipeline.ticks_topic}.baseline"
+        ctx = mp.get_context("spawn")
+        results: dict[str, list[dict[str, float]]] = {}
+        for _ in range(args.reps):
+            for rate in args.rates:
+                r = measure(
+                    endpoints.kafka_bootstrap,
+                    pipeline.ticks_topic,
+                    pipeline.pub_endpoint,
+                    rate,
+                    args.seconds,
+                    args.warmup,
+                )
+                results.setdefault(f"pipeline {rate}/s", []).append(r)
+                print(f"  pipeline {rate}/s: {fmt(r)}", flush=True)
+                stop = ctx.Event()
+                b = ctx.Process(
+                    target=bridge,
+                    args=(endpoints.kafka_bootstrap, bridge_topic, bridge_endpoint, stop),
+                )
+                b.start()
+                time.sleep(2.0)  # consumer group join
+                r = measure(
+                    endpoints.kafka_bootstrap,
+                    bridge_topic,
+                    bridge_endpoint,
+                    rate,
+                    args.seconds,
+                    args.warmup,
+                )
+                stop.set()
+                b.join(30)
+                results.setdefault(f"baseline {rate}/s", []).append(r)
+                print(f"  baseline {rate}/s: {fmt(r)}", flush=True)
+        print()
+        print(
+            f"{'case':<22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}"
+        )
+        for rate in args.rates:
+            base = median([r["p99"] for r in results[f"baseline {rate}/s"]])
+            for case in (f"pipeline {rate}/s", f"baseline {rate}/s"):
+                rs = results[case]
+                p99 = median([r["p99"] for r in rs])
+                print(
+                    f"{case:<22} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
+                    f"{median([r['max'] for r in rs]):8.1f} "
+                    f"{sum(r['received'] for r in rs) / sum(r['sent'] for r in rs):10.4f} "
+                    f"{p99 / base:6.1f}"
+                )
+        print()
+        for line in pipeline.log_lines("ticks-publish:")[-5:]:
+            print("  " + line.split("pipeline.progress: ", 1)[-1])
+        pipeline.stop()
+
+
+def fmt(r: dict[str, Any]) -> str:
+    return (
+        f"p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, max {r['max']:.1f} ms, "
+        f"{int(r['received'])}/{int(r['sent'])} received"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rates", type=int, nargs="+", default=[100, 10_000])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--publish-trigger", type=float, default=0.1)
+    parser.add_argument("--env", nargs="*", default=[], help="extra PIPELINE_X=Y settings")
+    parser.add_argument("--stack-dir", type=Path, help="use the stack started with this dir")
+    parser.add_argument("--workdir", type=Path, help="keep the pipeline's logs here")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

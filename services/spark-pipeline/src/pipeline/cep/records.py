@@ -1,0 +1,108 @@
+"""One micro-batch of the CEP query's two Kafka topics -> engine inputs in order.
+
+The query reads `cep.triggers` and `market.ticks` together. Records are put in
+Kafka-timestamp order (a trigger before a tick of the same millisecond), so a
+trigger sees exactly the ticks written after its REGISTER record, whichever
+micro-batch they land in. Bad records never raise: they are returned as
+`Reject`s with their coordinates (the records stay in Kafka).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mdproto import ProtocolError, envelope, topics
+from mdproto.messages import CEPTriggerRequest, Tick
+from pipeline.records import Reject, tick_problem
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerRecord:
+    """A record of the trigger topic: a request, or a tombstone (request None)."""
+
+    trigger_id: str
+    request: CEPTriggerRequest | None
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TickRecord:
+    tick: Tick
+    time_ms: int
+
+
+@dataclass(slots=True)
+class CepBatch:
+    inputs: list[TriggerRecord | TickRecord] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    triggers: int = 0
+    ticks: int = 0
+
+
+def decode_batch(kafka: pa.Table, trigger_topic: str, *, now_ms: int = 0) -> CepBatch:
+    """Kafka rows (topic, key, value, timestamp, partition, offset) -> ordered inputs."""
+    n = kafka.num_rows
+    names = kafka.schema.names
+    topic_col = kafka.column("topic").to_pylist() if "topic" in names else [""] * n
+    keys = kafka.column("key").to_pylist() if "key" in names else [None] * n
+    values = kafka.column("value").to_pylist()
+    partitions = kafka.column("partition").to_pylist() if "partition" in names else [0] * n
+    offsets = kafka.column("offset").to_pylist() if "offset" in names else list(range(n))
+    stamps = _millis(kafka, n, now_ms)
+    keyed: list[tuple[tuple[int, int, str, int, int], TriggerRecord | TickRecord]] = []
+    out = CepBatch()
+    for i in range(n):
+        partition, offset, stamp = partitions[i], offsets[i], stamps[i]
+        order = (stamp, 0, topic_col[i], partition, offset)
+        if topic_col[i] == trigger_topic:
+            record = _trigger(keys[i], values[i], stamp)
+            if isinstance(record, str):
+                out.rejects.append(Reject(partition, offset, "bad_trigger", record))
+                continue
+            out.triggers += 1
+            keyed.append((order, record))
+            continue
+        try:
+            tick = envelope.decode_record(values[i] or b"", Tick)
+        except ProtocolError as exc:
+            out.rejects.append(Reject(partition, offset, exc.code, exc.reason))
+            continue
+        problem = tick_problem(tick)
+        if problem:
+            out.rejects.append(Reject(partition, offset, "bad_tick", problem))
+            continue
+        out.ticks += 1
+        keyed.append(((stamp, 1, *order[2:]), TickRecord(tick, stamp)))
+    keyed.sort(key=lambda item: item[0])
+    out.inputs = [record for _, record in keyed]
+    return out
+
+
+def _trigger(key: bytes | None, value: bytes | None, stamp: int) -> TriggerRecord | str:
+    key_id = key.decode("utf-8", "replace") if key else ""
+    if value is None:  # tombstone: the trigger is gone
+        if not topics.is_valid_id(key_id):
+            return f"tombstone with key {key_id!r}: not a trigger id"
+        return TriggerRecord(key_id, None, stamp)
+    try:
+        request = envelope.decode_record(value, CEPTriggerRequest)
+    except ProtocolError as exc:
+        return f"{exc.code}: {exc.reason}"
+    trigger_id = request.trigger_id or key_id
+    if not topics.is_valid_id(trigger_id):
+        return f"trigger_id {trigger_id!r} is not a valid id"
+    if key_id and key_id != trigger_id:
+        return f"record key {key_id!r} differs from trigger_id {trigger_id!r}"
+    return TriggerRecord(trigger_id, request, stamp)
+
+
+def _millis(table: pa.Table, n: int, default_ms: int) -> list[int]:
+    if "timestamp" not in table.schema.names:
+        return [default_ms] * n
+    col = table.column("timestamp")
+    if pa.types.is_timestamp(col.type):
+        col = pc.cast(col, pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
+    return [default_ms if v is None else int(v) for v in col.to_pylist()]
