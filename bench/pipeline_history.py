@@ -23,6 +23,7 @@ record) are printed from its log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,7 +134,11 @@ def baseline_append(endpoints: StackEndpoints, namespace: str, rows: pa.Table) -
 
 
 def run(args: argparse.Namespace) -> None:
-    with stack(args.stack_dir) as endpoints, workdir(args.workdir) as tmp:
+    with (
+        stack(args.stack_dir) as endpoints,
+        workdir(args.workdir) as tmp,
+        contextlib.ExitStack() as cleanup,
+    ):
         pipeline = PipelineProcess(
             endpoints,
             Path(tmp),
@@ -144,6 +149,7 @@ def run(args: argparse.Namespace) -> None:
             },
         )
         collector = Collector(pipeline.pub_endpoint, [topics.response_topic(CLIENT).encode()])
+        cleanup.callback(pipeline.stop)  # also when a measurement fails
         started = time.perf_counter()
         pipeline.start()
         print(f"pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)

@@ -18,6 +18,7 @@ pipeline and baseline `--reps` times; p50/p99 are medians over reps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import time
 import uuid
@@ -155,7 +156,11 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> None:
-    with stack(args.stack_dir) as endpoints, workdir(args.workdir) as tmp:
+    with (
+        stack(args.stack_dir) as endpoints,
+        workdir(args.workdir) as tmp,
+        contextlib.ExitStack() as cleanup,
+    ):
         pipeline = PipelineProcess(
             endpoints,
             Path(tmp),
@@ -166,6 +171,7 @@ def run(args: argparse.Namespace) -> None:
                 **dict(kv.split("=", 1) for kv in args.env),
             },
         )
+        cleanup.callback(pipeline.stop)  # also when a measurement fails
         started = time.perf_counter()
         pipeline.start()
         print(f"pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)

@@ -158,6 +158,8 @@ class Pipeline(Service):
             PIPELINE_CATALOG__S3_REGION=e.s3_region,
             PIPELINE_SPARK__MASTER=self.platform.spark_master,
             PIPELINE_SPARK__JARS=json.dumps([str(j) for j in jars]),
+            # config.yaml's relative `.cache/spark` would not resolve in the data dir.
+            PIPELINE_SPARK__JARS_DIR="",
             PIPELINE_CHECKPOINT_DIR=str(self.data_dir / "checkpoints"),
             PIPELINE_PUB_ENDPOINT=f"tcp://{LOOPBACK}:{self.service_ports.pipeline_pub}",
             PIPELINE_READY_FILE=str(self.ready_file),

@@ -79,3 +79,15 @@ def test_disabled_paths_drop_their_queries() -> None:
     assert s.enabled_queries == ["history"]
     s = Settings.model_validate({"live": {"enabled": False}})
     assert s.enabled_queries == ["history", "cep"]
+
+
+def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:
+    """The PUB server process receives the settings by pickle."""
+    import pickle
+
+    path = tmp_path / "c.yaml"
+    path.write_text("kafka:\n  bootstrap: k1:9092\n")
+    s = load_settings(path)
+    assert type(s) is Settings
+    assert pickle.loads(pickle.dumps(s)) == s
+    assert s.kafka.bootstrap == "k1:9092"

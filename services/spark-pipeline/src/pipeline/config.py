@@ -212,4 +212,6 @@ def load_settings(config_path: str | Path | None = None, **overrides: Any) -> Se
         (Settings,),
         {"model_config": SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})},
     )
-    return cast(Settings, sub(**overrides))
+    loaded = cast(Settings, sub(**overrides))
+    # A plain Settings again (the throwaway class cannot be pickled to a child process).
+    return Settings.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))

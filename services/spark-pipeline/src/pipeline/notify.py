@@ -75,6 +75,7 @@ class PubServer:
         )
         self._conn: Connection | None = None
         self._process: Any = None
+        self._started = False
         self.endpoint = ""
 
     @property
@@ -88,6 +89,7 @@ class PubServer:
             target=_serve, args=(self._config, child), name="pipeline-pub", daemon=True
         )
         self._process.start()
+        self._started = True
         child.close()
         self._conn = parent
         bound = self._receive(timeout_s)
@@ -120,7 +122,7 @@ class PubServer:
         if self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.send("stop")
-        if self._process is not None:
+        if self._process is not None and self._started:
             self._process.join(15)
             if self._process.is_alive():
                 self._process.kill()
