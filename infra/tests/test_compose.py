@@ -65,6 +65,13 @@ PYTHON_DOCKERFILES = [
     "infra/exchange_sim/Dockerfile",
 ]
 ALL_DOCKERFILES = sorted(set(BUILT_SERVICES.values()))
+# The offline image set (infra/images): look-alikes of the third-party images.
+OFFLINE_IMAGES_DIR = REPO / "infra" / "images"
+OFFLINE_OVERRIDE = OFFLINE_IMAGES_DIR / "compose.yml"
+OFFLINE_DOCKERFILES = sorted(
+    str(p.relative_to(REPO)) for p in OFFLINE_IMAGES_DIR.glob("*/Dockerfile")
+)
+CA_FOLDER = "infra/ca-certificates/"
 # One-shot images: they exit when done, so HEALTHCHECK NONE is their honest answer.
 ONE_SHOT_IMAGES = {"services/test-client/Dockerfile"}
 ONE_SHOT_SERVICES = {"minio-init", "test-client"}
@@ -851,7 +858,7 @@ def test_service_ports_match_the_local_platform() -> None:
 # ------------------------------------------------------------------ Dockerfiles
 
 
-@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES)
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES + OFFLINE_DOCKERFILES)
 def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
     result = subprocess.run(
         [
@@ -1213,6 +1220,7 @@ def test_compose_environment_publishes_every_endpoint(compose_stack_module: Modu
 
 
 @pytest.mark.e2e
+@pytest.mark.compose
 @pytest.mark.timeout(3600)
 def test_compose_platform_end_to_end(compose_stack_module: ModuleType) -> None:
     """Start the real stack (skips without a Docker engine) and ask it for history.
@@ -1229,3 +1237,113 @@ def test_compose_platform_end_to_end(compose_stack_module: ModuleType) -> None:
             result = client.history("BINANCE:BTC/USDT", "1m", "-30m", "now")
         assert result.status == "OK"
         assert len(result) > 0
+
+
+# ----------------------------------------------------------------------------- images without Docker Hub
+
+
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES + OFFLINE_DOCKERFILES)
+def test_dockerfiles_build_without_registry_frontends_or_buildkit_only_flags(
+    dockerfile: str,
+) -> None:
+    """A `# syntax=` line fetches a frontend from Docker Hub; cache mounts and
+    `--chmod` need BuildKit, which the classic builder (Compose without buildx) lacks."""
+    text = (REPO / dockerfile).read_text()
+    assert not re.search(r"^#\s*syntax=", text, re.MULTILINE)
+    assert "--mount=" not in text and "--chmod" not in text
+
+
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES + OFFLINE_DOCKERFILES)
+def test_extra_ca_certificates_reach_builder_stages_only(dockerfile: str) -> None:
+    parsed = parse_dockerfile(dockerfile)
+    final_copies = [i.args for i in parsed.final.instructions if i.keyword == "COPY"]
+    assert not any(CA_FOLDER in c for c in final_copies), "a published image holds the CA"
+    for stage in parsed.stages[:-1]:
+        runs = " ".join(i.args for i in stage.instructions if i.keyword == "RUN")
+        if re.search(r"\b(pip|mvn)\b", runs):
+            copies = [i.args for i in stage.instructions if i.keyword == "COPY"]
+            assert any(CA_FOLDER in c for c in copies), f"stage {stage.name} downloads untrusted"
+
+
+def test_every_base_image_is_a_build_argument() -> None:
+    """Air-gapped sites and registry mirrors swap bases without editing Dockerfiles."""
+    for dockerfile in ALL_DOCKERFILES + OFFLINE_DOCKERFILES:
+        parsed = parse_dockerfile(dockerfile)
+        stage_names = {s.name for s in parsed.stages if s.name}
+        for stage in parsed.stages:
+            if stage.base not in stage_names:
+                assert re.fullmatch(r"\$\{\w+_IMAGE\}", stage.base), (dockerfile, stage.base)
+
+
+def test_project_images_are_never_pulled_by_name() -> None:
+    for name, svc in raw_compose()["services"].items():
+        if str(svc.get("image", "")).startswith("mdp/"):
+            assert svc.get("pull_policy") == "never", name
+
+
+def test_third_party_images_exist_publicly_and_are_pinned() -> None:
+    """MinIO left Docker Hub in September 2026; its frozen images live on quay.io."""
+    third_party = {
+        name: svc["image"]
+        for name, svc in raw_compose()["services"].items()
+        if not str(svc["image"]).startswith("mdp/")
+    }
+    assert third_party["minio"].startswith("quay.io/minio/minio:RELEASE.")
+    assert third_party["minio-init"].startswith("quay.io/minio/mc:RELEASE.")
+    for image in third_party.values():
+        assert not image.startswith(("minio/", "docker.io/minio/")), image
+        assert re.search(r":[\w.-]*\d", image), f"unpinned {image}"
+
+
+def test_offline_override_swaps_every_third_party_image_for_a_project_name() -> None:
+    override = yaml.safe_load(OFFLINE_OVERRIDE.read_text())["services"]
+    base = raw_compose()["services"]
+    build_script = (OFFLINE_IMAGES_DIR / "build.sh").read_text()
+    v = load_versions()
+    for name, svc in base.items():
+        if "build" in svc or svc["image"].startswith("mdp/"):
+            continue
+        image = override[name]["image"]
+        # Never an upstream name: a Docker cache must not hold a look-alike under it.
+        assert image.startswith("mdp-offline/"), image
+        assert override[name]["pull_policy"] == "never"
+        repo = image.split(":")[0].removeprefix("mdp-offline/")
+        assert f"mdp-offline/{repo}:" in build_script, f"build.sh does not build {image}"
+    assert override["kafka"]["image"] == f"mdp-offline/kafka:{v.kafka}"
+    assert override["iceberg-rest"]["image"] == f"mdp-offline/iceberg-rest-fixture:{v.iceberg}"
+    assert override["spark-pipeline"]["build"]["args"]["SPARK_IMAGE"] == (
+        f"mdp-offline/spark:{v.spark}"
+    )
+    for svc in BUILT_SERVICES:
+        if BUILT_SERVICES[svc] in PYTHON_DOCKERFILES:
+            assert override[svc]["build"]["args"]["PYTHON_IMAGE"].startswith("mdp-offline/")
+    # MinIO and mc are the modules build.sh compiles, under their module versions.
+    for module, svc in (("MINIO", "minio"), ("MC", "minio-init")):
+        version = re.search(rf"^{module}_MODULE_VERSION=(\S+)$", build_script, re.MULTILINE)
+        assert version and override[svc]["image"].endswith(f":{version[1]}")
+
+
+def test_docker_compose_accepts_the_offline_override() -> None:
+    result = subprocess.run(
+        [
+            str(BIN / "docker-compose"),
+            "-f",
+            str(COMPOSE_FILE),
+            "-f",
+            str(OFFLINE_OVERRIDE),
+            "--profile",
+            "offline",
+            "--profile",
+            "client",
+            "config",
+            "--images",
+        ],
+        cwd=REPO,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    images = set(result.stdout.split())
+    assert images and all(i.startswith(("mdp/", "mdp-offline/")) for i in images), images
