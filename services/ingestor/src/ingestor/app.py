@@ -98,7 +98,7 @@ class Ingestor:
             self.feeds = LiveFeeds(
                 {a.prefix + ":": a for a in self._adapters.values() if a.settings.live},
                 self.sink,
-                lease_s=s.live.realtime_lease_secs,
+                lease_s=s.live.realtime_lease_s,
                 dedupe_capacity=s.live.dedupe_capacity,
                 reconnect=RetryPolicy(
                     base_delay_s=s.live.reconnect_base_s, max_delay_s=s.live.reconnect_max_s
@@ -302,12 +302,16 @@ class Ingestor:
             log.warning("control action %d unknown; ignored", control.action)
 
     def _apply_config(self, config: dict[str, str]) -> None:
-        """Runtime keys: batch_size, realtime_lease_secs, log_level. Others are logged."""
+        """Runtime keys: batch_size, realtime_lease_s (or its old name _secs), log_level."""
         for key, value in config.items():
             try:
                 if key == "batch_size" and int(value) > 0:
                     self._batch_size = int(value)
-                elif key == "realtime_lease_secs" and float(value) > 0 and self.feeds:
+                elif (
+                    key in ("realtime_lease_s", "realtime_lease_secs")
+                    and float(value) > 0
+                    and self.feeds
+                ):
                     self.feeds.set_lease(float(value))
                 elif key == "log_level":
                     logging.getLogger().setLevel(value.upper())

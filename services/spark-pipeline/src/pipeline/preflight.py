@@ -42,10 +42,10 @@ def check_kafka(bootstrap: str, timeout_s: float, wanted_topics: list[str]) -> l
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise StartupError(
-            f"Kafka is unreachable at {bootstrap} (kafka.bootstrap): {exc.args[0]}"
+            f"Kafka is unreachable at {bootstrap} (kafka.bootstrap_servers): {exc.args[0]}"
         ) from None
     if not metadata.brokers:
-        raise StartupError(f"Kafka at {bootstrap} (kafka.bootstrap) reports no brokers")
+        raise StartupError(f"Kafka at {bootstrap} (kafka.bootstrap_servers) reports no brokers")
     return [t for t in wanted_topics if t not in metadata.topics]
 
 
@@ -111,22 +111,30 @@ def check_s3(endpoint: str, timeout_s: float) -> None:
 def check_all(settings: Settings) -> None:
     wanted = []
     if settings.history.enabled:
-        wanted.append(settings.kafka.ohlc_batches_topic)
+        wanted.append(settings.kafka.topic_ohlc_batches)
     if settings.live.enabled or settings.cep.enabled:  # the CEP query reads ticks too
-        wanted.append(settings.kafka.ticks_topic)
+        wanted.append(settings.kafka.topic_ticks)
     k = settings.kafka
-    missing = check_kafka(k.bootstrap, k.connect_timeout_s, wanted)
-    if missing and k.create_topics:
+    missing = check_kafka(k.bootstrap_servers, k.connect_timeout_s, wanted)
+    if missing and k.ensure_topics:
         create_topics(
-            k.bootstrap, k.connect_timeout_s, missing, k.topic_partitions, k.topic_replication
+            k.bootstrap_servers,
+            k.connect_timeout_s,
+            missing,
+            k.topic_partitions,
+            k.replication_factor,
         )
     elif missing:
         raise StartupError(
-            f"Kafka topics {missing} do not exist at {k.bootstrap} and kafka.create_topics is off"
+            f"Kafka topics {missing} do not exist at {k.bootstrap_servers} "
+            "and kafka.ensure_topics is off"
         )
     c = settings.catalog
     check_catalog(c.uri, c.warehouse, c.connect_timeout_s)
     check_s3(c.s3_endpoint, c.connect_timeout_s)
     log.info(
-        "preflight ok: Kafka %s, catalog %s, S3 %s", settings.kafka.bootstrap, c.uri, c.s3_endpoint
+        "preflight ok: Kafka %s, catalog %s, S3 %s",
+        settings.kafka.bootstrap_servers,
+        c.uri,
+        c.s3_endpoint,
     )
