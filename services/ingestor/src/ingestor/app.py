@@ -34,8 +34,9 @@ from ingestor.live import LiveFeeds, RecentIds
 from ingestor.markets import market_records
 from ingestor.retry import RetryPolicy
 from ingestor.work import LegacyResponder, WorkIntake, new_context
-from mdproto import ProtocolError
+from mdproto import ProtocolError, contracts
 from mdproto.messages import DataRequest, IngestorControl
+from mdproto.runtime.kafka import TopicSpec, spec
 from mdproto.topics import is_valid_id, parse_ticker
 
 log = logging.getLogger(__name__)
@@ -145,14 +146,13 @@ class Ingestor:
                 )
         self._by_prefix = {a.prefix + ":": a for a in self._adapters.values()}
 
-    def _topics_to_ensure(self) -> list[tuple[str, int, dict[str, str]]]:
+    def _topics_to_ensure(self) -> list[TopicSpec]:
         k = self.settings.kafka
-        parts = k.topic_partitions
         return [
-            (k.topic_ohlc_batches, parts, {}),
-            (k.topic_ticks, parts, {}),
-            (k.topic_markets, parts, {"cleanup.policy": "compact"}),
-            (k.topic_claims, 1, {"retention.ms": str(24 * 3600 * 1000)}),
+            spec(contracts.KAFKA_OHLC_BATCHES, k.topic_ohlc_batches),
+            spec(contracts.KAFKA_TICKS, k.topic_ticks),
+            spec(contracts.KAFKA_MARKETS, k.topic_markets),
+            spec(contracts.KAFKA_INGEST_CLAIMS, k.topic_claims),
         ]
 
     async def _start_claims(self) -> None:

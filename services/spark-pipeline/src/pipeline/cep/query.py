@@ -19,6 +19,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from mdproto import contracts
+from mdproto.runtime.kafka import ensure_topics, spec
 from pipeline.cep import kafka
 from pipeline.cep.engine import Engine
 from pipeline.cep.runner import CepRunner
@@ -97,9 +99,9 @@ class CepQuery:
 def start(spark: SparkSession, settings: Settings, publisher: Publisher) -> CepQuery:
     cep = settings.cep
     k = settings.kafka
-    kafka.ensure_topic(
+    ensure_topics(
         k.bootstrap_servers,
-        k.topic_cep_triggers,
+        [spec(contracts.KAFKA_CEP_TRIGGERS, k.topic_cep_triggers)],
         partitions=k.topic_partitions,
         replication=k.replication_factor,
         timeout_s=k.connect_timeout_s,
