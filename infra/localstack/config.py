@@ -7,18 +7,14 @@ file named by ``INFRA_STACK_CONFIG`` (or ``--config``), then the defaults below.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
+
+from mdproto.runtime import settings as runtime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_PREFIX = "INFRA_STACK_"
@@ -96,7 +92,7 @@ class KafkaSettings(BaseModel):
     extra_properties: dict[str, str] = Field(default_factory=dict)
 
 
-class StackConfig(BaseSettings):
+class StackConfig(runtime.FileSettings):
     """Where the stack keeps its data, which ports it uses, and component knobs."""
 
     model_config = SettingsConfigDict(
@@ -132,30 +128,6 @@ class StackConfig(BaseSettings):
         return None if v is None else v.expanduser().resolve()
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
-
-    @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> StackConfig:
         """Build a config from the optional YAML file (or ``$INFRA_STACK_CONFIG``)."""
-        env_file = os.environ.get(CONFIG_FILE_ENV)
-        path = config_file or (Path(env_file) if env_file else None)
-        if path is None:
-            return cls(**overrides)
-        if not path.is_file():
-            raise FileNotFoundError(f"stack config file not found: {path}")
-        # The YAML source reads model_config["yaml_file"]; a throwaway subclass
-        # carries the path so the class-level config stays untouched.
-        sub = type(
-            cls.__name__,
-            (cls,),
-            {"model_config": SettingsConfigDict(**{**cls.model_config, "yaml_file": path})},
-        )
-        return cast(StackConfig, sub(**overrides))
+        return runtime.load_settings(cls, config_file, path_env=CONFIG_FILE_ENV, **overrides)

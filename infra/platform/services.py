@@ -114,7 +114,7 @@ class Relay(Service):
             RELAY_FLINK_MARKET_DATA_ENDPOINT=f"tcp://{LOOPBACK}:{p.pipeline_pub}",
             RELAY_METRICS_HOST=LOOPBACK,
             RELAY_METRICS_PORT=str(p.relay_metrics),
-            RELAY_TRIGGER_KAFKA_BOOTSTRAP=self.endpoints.kafka_bootstrap,
+            RELAY_KAFKA__BOOTSTRAP_SERVERS=self.endpoints.kafka_bootstrap,
         )
         return [str(BIN / "relay")], env
 
@@ -148,7 +148,7 @@ class Pipeline(Service):
         jars = artifacts.spark_jars(self.config.cache_dir)
         env = self.env(
             PYSPARK_PYTHON=sys.executable,
-            PIPELINE_KAFKA__BOOTSTRAP=e.kafka_bootstrap,
+            PIPELINE_KAFKA__BOOTSTRAP_SERVERS=e.kafka_bootstrap,
             PIPELINE_CATALOG__NAME=e.catalog_name,
             PIPELINE_CATALOG__URI=e.catalog_uri,
             PIPELINE_CATALOG__WAREHOUSE=e.warehouse,

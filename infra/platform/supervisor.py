@@ -57,8 +57,8 @@ class PlatformEndpoints:
             "MDCLIENT_CATALOG_URI": s.catalog_uri,
             "MDCLIENT_WAREHOUSE": s.warehouse,
             "MDCLIENT_S3_ENDPOINT": s.s3_endpoint,
-            "MDCLIENT_S3_ACCESS_KEY_ID": s.s3_access_key,
-            "MDCLIENT_S3_SECRET_ACCESS_KEY": s.s3_secret_key,
+            "MDCLIENT_S3_ACCESS_KEY": s.s3_access_key,
+            "MDCLIENT_S3_SECRET_KEY": s.s3_secret_key,
             "MDCLIENT_S3_REGION": s.s3_region,
         }
 

@@ -596,12 +596,12 @@ def load_relay_settings(path: Path) -> Any:
 
 
 def load_ingestor_settings(path: Path) -> Any:
-    from ingestor.config import Settings
+    from ingestor.config import load_settings
 
     old = os.environ.get("CONFIG_PATH")
     os.environ["CONFIG_PATH"] = str(path)
     try:
-        return Settings()
+        return load_settings()
     finally:
         if old is None:
             del os.environ["CONFIG_PATH"]
@@ -742,7 +742,7 @@ def test_configs_wire_the_services_together() -> None:
 
     pipe = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline/config.yaml")
     config = StackConfig()
-    assert pipe.kafka.bootstrap == "kafka:9092"
+    assert pipe.kafka.bootstrap_servers == "kafka:9092"
     assert pipe.catalog.uri == "http://iceberg-rest:8181"
     assert pipe.catalog.s3_endpoint == "http://minio:9000"
     assert (pipe.catalog.s3_access_key, pipe.catalog.s3_secret_key) == (
@@ -775,7 +775,7 @@ def test_configs_wire_the_services_together() -> None:
         assert client.request_port == contracts.CLIENT_REQUEST_PORT
         assert client.market_data_port == contracts.MARKET_DATA_PORT
         assert client.s3_endpoint == s3
-        assert (client.s3_access_key_id, client.s3_secret_access_key) == (
+        assert (client.s3_access_key, client.s3_secret_key) == (
             config.s3_access_key,
             config.s3_secret_key,
         )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ingestor.config import Settings, credentials_for
+from ingestor.config import credentials_for, load_settings
 from mdproto import contracts
 
 CONFIG_YAML = Path(__file__).resolve().parents[1] / "config.yaml"
@@ -23,7 +23,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_defaults_come_from_the_contracts() -> None:
-    s = Settings()
+    s = load_settings()
     assert s.kafka.topic_ohlc_batches == contracts.KAFKA_OHLC_BATCHES
     assert s.kafka.topic_ticks == contracts.KAFKA_TICKS
     assert s.kafka.topic_markets == contracts.KAFKA_MARKETS
@@ -36,9 +36,9 @@ def test_defaults_come_from_the_contracts() -> None:
 
 def test_shipped_config_yaml_matches_the_code_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONFIG_PATH", str(CONFIG_YAML))
-    from_yaml = Settings().model_dump(exclude={"ingestor_id"})
+    from_yaml = load_settings().model_dump(exclude={"ingestor_id"})
     monkeypatch.delenv("CONFIG_PATH")
-    assert from_yaml == Settings().model_dump(exclude={"ingestor_id"})
+    assert from_yaml == load_settings().model_dump(exclude={"ingestor_id"})
 
 
 def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +51,7 @@ def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CONFIG_PATH", str(path))
     monkeypatch.setenv("INGESTOR_KAFKA__BOOTSTRAP_SERVERS", "env:2")
     monkeypatch.setenv("INGESTOR_HISTORY__BATCH_SIZE", "77")
-    s = Settings()
+    s = load_settings()
     assert s.ingestor_id == "from-yaml"
     assert s.kafka.bootstrap_servers == "env:2"  # env wins
     assert s.kafka.topic_ticks == "t.yaml"  # the rest of the section stays
@@ -62,7 +62,7 @@ def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_missing_config_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CONFIG_PATH", "/nonexistent/ingestor.yaml")
     with pytest.raises(FileNotFoundError, match="CONFIG_PATH"):
-        Settings()
+        load_settings()
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_bad_config_is_rejected(
     path.write_text(yaml_text)
     monkeypatch.setenv("CONFIG_PATH", str(path))
     with pytest.raises(ValidationError):
-        Settings()
+        load_settings()
 
 
 def test_api_keys_come_from_the_environment_and_are_never_printed(
@@ -91,7 +91,7 @@ def test_api_keys_come_from_the_environment_and_are_never_printed(
 ) -> None:
     monkeypatch.setenv("INGESTOR_BINANCE_API_KEY", "k-123")
     monkeypatch.setenv("INGESTOR_BINANCE_SECRET", "s-456")
-    Settings()  # unrelated INGESTOR_* variables do not break the settings
+    load_settings()  # unrelated INGESTOR_* variables do not break the settings
     creds = credentials_for("binance")
     assert creds.ccxt_config() == {"apiKey": "k-123", "secret": "s-456"}
     assert "k-123" not in repr(creds) and "s-456" not in str(creds)

@@ -129,9 +129,7 @@ def test_feed_without_lease_refresh_stops(harness: Any, run_ingestor: Any, quiet
 
     async def scenario() -> None:
         relay = harness.FakeRelay()
-        settings = harness.settings(
-            relay, live={"realtime_lease_secs": 1.5, "sweep_interval_s": 0.2}
-        )
+        settings = harness.settings(relay, live={"realtime_lease_s": 1.5, "sweep_interval_s": 0.2})
         ingestor = Ingestor(settings)
         task = await run_ingestor(ingestor)
         try:

@@ -101,8 +101,8 @@ def test_the_logging_sink_cannot_list() -> None:
 
 def test_trigger_store_settings_default_to_the_logging_sink() -> None:
     settings = RelaySettings()
-    assert settings.trigger_kafka_bootstrap == ""
-    assert settings.trigger_topic == "cep.triggers"
+    assert settings.kafka.bootstrap_servers == ""
+    assert settings.kafka.topic_cep_triggers == "cep.triggers"
 
 
 # --- the relay with a directory-backed sink ---------------------------------------------
@@ -154,9 +154,9 @@ def test_list_without_a_store_is_an_error_ack(make_relay: RelayFactory) -> None:
 def test_a_triggered_ticker_is_live_until_its_last_trigger_goes(make_relay: RelayFactory) -> None:
     relay = make_relay(
         sink=DirectorySink(),
-        realtime_grace_secs=0.2,
-        realtime_refresh_secs=600,
-        stats_interval_secs=0.05,
+        realtime_grace_s=0.2,
+        realtime_refresh_s=600,
+        stats_interval_s=0.05,
     )
     ingestor = relay.ingestor()
     client = relay.client()

@@ -27,6 +27,7 @@ high_water_mark: 10000
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CONFIG_PATH", raising=False)
+    monkeypatch.delenv("RELAY_REALTIME_GRACE_SECS", raising=False)
     for key in list(RelaySettings.model_fields):
         monkeypatch.delenv(f"RELAY_{key.upper()}", raising=False)
 
@@ -39,7 +40,7 @@ def test_spec_config_file_is_valid(tmp_path: Path) -> None:
     assert (s.client_request_port, s.market_data_pub_port) == (5559, 5558)
     assert (s.ingestor_work_port, s.ingestor_response_port) == (5555, 5556)
     assert s.flink_market_data_endpoint == "tcp://flink-jobmanager:5557"
-    assert s.request_timeout_secs == 30
+    assert s.request_timeout_s == 30
     assert s.high_water_mark == 10000
     assert s.ingestor_control_port == 5560  # additions keep their defaults
     assert s.endpoint(s.client_request_port) == "tcp://*:5559"
@@ -93,3 +94,12 @@ def test_non_mapping_file_is_an_error(tmp_path: Path) -> None:
     path.write_text("- a\n- b\n")
     with pytest.raises(ValueError, match="mapping"):
         load_settings(path)
+
+
+def test_old_key_names_still_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("trigger_kafka_bootstrap: k:9092\nrealtime_refresh_secs: 3\n")
+    monkeypatch.setenv("RELAY_REALTIME_GRACE_SECS", "5")
+    with pytest.warns(DeprecationWarning, match="kafka.bootstrap_servers"):
+        s = load_settings(path)
+    assert (s.kafka.bootstrap_servers, s.realtime_refresh_s, s.realtime_grace_s) == ("k:9092", 3, 5)

@@ -45,7 +45,7 @@ typed_frames = st.builds(
 
 
 def test_random_frames_always_get_one_reply(make_relay: RelayFactory) -> None:
-    relay = make_relay(client_rate_limit=0, request_timeout_secs=0.2)
+    relay = make_relay(client_rate_limit=0, request_timeout_s=0.2)
     dealer = relay.socket(zmq.DEALER)
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -79,7 +79,7 @@ def test_responses_are_matched_by_request_id_across_clients(relay: RunningRelay)
 
 
 def test_unanswered_request_times_out(make_relay: RelayFactory) -> None:
-    relay = make_relay(request_timeout_secs=0.3)
+    relay = make_relay(request_timeout_s=0.3)
     client = relay.client()
     client.send_multipart(envelope.encode(ohlc_request("slow")))
     response = envelope.decode(relay.recv(client, timeout=5), Response)

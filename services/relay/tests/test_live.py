@@ -18,7 +18,7 @@ TICKER = "BINANCE:BTC/USDT"
 def test_first_subscriber_starts_and_last_one_leaving_cancels_after_grace(
     make_relay: RelayFactory, pipeline: FakePipeline
 ) -> None:
-    relay = make_relay(realtime_grace_secs=0.3, realtime_refresh_secs=600)
+    relay = make_relay(realtime_grace_s=0.3, realtime_refresh_s=600)
     ingestor = relay.ingestor()
     first = relay.subscriber(TICK)
     topic, start = ingestor.next_work(DataRequest.REALTIME)
@@ -44,7 +44,7 @@ def test_first_subscriber_starts_and_last_one_leaving_cancels_after_grace(
 def test_resubscribing_within_the_grace_period_keeps_live_data(
     make_relay: RelayFactory, pipeline: FakePipeline
 ) -> None:
-    relay = make_relay(realtime_grace_secs=0.5, realtime_refresh_secs=0.1)
+    relay = make_relay(realtime_grace_s=0.5, realtime_refresh_s=0.1)
     ingestor = relay.ingestor()
     first = relay.subscriber(TICK)
     _, start = ingestor.next_work(DataRequest.REALTIME)
@@ -62,7 +62,7 @@ def test_resubscribing_within_the_grace_period_keeps_live_data(
 
 
 def test_duplicate_subscriptions_from_one_client_do_not_leak(make_relay: RelayFactory) -> None:
-    relay = make_relay(realtime_grace_secs=0.0, realtime_refresh_secs=600)
+    relay = make_relay(realtime_grace_s=0.0, realtime_refresh_s=600)
     ingestor = relay.ingestor()
     sub = relay.subscriber(TICK, TICK)  # a SUB sends both subscribes upstream
     ingestor.next_work(DataRequest.REALTIME)
@@ -73,7 +73,7 @@ def test_duplicate_subscriptions_from_one_client_do_not_leak(make_relay: RelayFa
 
 
 def test_ingestor_joining_late_is_told_at_once(make_relay: RelayFactory) -> None:
-    relay = make_relay(realtime_refresh_secs=600)
+    relay = make_relay(realtime_refresh_s=600)
     relay.subscriber(TICK)
     relay.wait_until(lambda: relay.sample("relay_live_tickers") == 1)
     ingestor = relay.ingestor()  # connects after the start was published
@@ -83,7 +83,7 @@ def test_ingestor_joining_late_is_told_at_once(make_relay: RelayFactory) -> None
 
 
 def test_periodic_refresh_reaches_ingestors(make_relay: RelayFactory) -> None:
-    relay = make_relay(realtime_refresh_secs=0.1)
+    relay = make_relay(realtime_refresh_s=0.1)
     ingestor = relay.ingestor()
     relay.subscriber(TICK, "BINANCE:ETH/USDT|ohlc:")
     seen: dict[str, int] = {}

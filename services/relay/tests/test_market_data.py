@@ -39,7 +39,7 @@ def test_data_and_notifications_fan_out_to_subscribers(
 
 
 def test_proxy_statistics_become_metrics(make_relay: RelayFactory, pipeline: FakePipeline) -> None:
-    relay = make_relay(stats_interval_secs=0.05)
+    relay = make_relay(stats_interval_s=0.05)
     sub = relay.subscriber(TICK)
     pipeline.wait_subscribed(TICK)
     tick = Tick(ticker="BINANCE:BTC/USDT", trade_id="1")

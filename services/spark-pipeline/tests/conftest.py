@@ -212,9 +212,9 @@ class PipelineRun:
             {
                 "PYSPARK_PYTHON": sys.executable,
                 "LOG_LEVEL": "INFO",
-                "PIPELINE_KAFKA__BOOTSTRAP": e.kafka_bootstrap,
-                "PIPELINE_KAFKA__OHLC_BATCHES_TOPIC": self.batches_topic,
-                "PIPELINE_KAFKA__TICKS_TOPIC": self.ticks_topic,
+                "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": e.kafka_bootstrap,
+                "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": self.batches_topic,
+                "PIPELINE_KAFKA__TOPIC_TICKS": self.ticks_topic,
                 "PIPELINE_CATALOG__NAME": e.catalog_name,
                 "PIPELINE_CATALOG__URI": e.catalog_uri,
                 "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,

@@ -79,7 +79,9 @@ def tombstoned(bootstrap: str, topic: str, trigger_id: str, timeout_s: float = 6
 
 def test_triggers_fire_tombstone_and_survive_a_crash(make_run: Any, tools: Any) -> None:
     trigger_topic = f"pt-{uuid.uuid4().hex[:8]}.cep"
-    run = make_run(PIPELINE_CEP__TRIGGER_TOPIC=trigger_topic, PIPELINE_HISTORY__ENABLED="false")
+    run = make_run(
+        PIPELINE_KAFKA__TOPIC_CEP_TRIGGERS=trigger_topic, PIPELINE_HISTORY__ENABLED="false"
+    )
     sub = tools.Subscriber(run.pub_endpoint)
     run.start()
     run.wait_ready()

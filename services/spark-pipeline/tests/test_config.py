@@ -21,8 +21,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults_follow_the_contracts() -> None:
     s = load_settings()
-    assert s.kafka.ohlc_batches_topic == "market.ohlc.batches"
-    assert s.kafka.ticks_topic == "market.ticks"
+    assert s.kafka.topic_ohlc_batches == "market.ohlc.batches"
+    assert s.kafka.topic_ticks == "market.ticks"
     assert s.pub_endpoint == "tcp://*:5557"
     assert s.catalog.namespace == "market"
     assert s.live.periods == [60, 300, 3600]
@@ -34,7 +34,7 @@ def test_defaults_follow_the_contracts() -> None:
         "candles-close",
         "cep",
     ]
-    assert s.cep.trigger_topic == "cep.triggers"
+    assert s.kafka.topic_cep_triggers == "cep.triggers"
 
 
 def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,12 +44,12 @@ def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         "live:\n  periods: [300, 60]\n  watermark_s: 5\n"
     )
     monkeypatch.setenv("CONFIG_PATH", str(path))
-    monkeypatch.setenv("PIPELINE_KAFKA__BOOTSTRAP", "k2:9092")
+    monkeypatch.setenv("PIPELINE_KAFKA__BOOTSTRAP_SERVERS", "k2:9092")
     monkeypatch.setenv("PIPELINE_HISTORY__TRIGGER_S", "0.25")
 
     s = load_settings()
 
-    assert s.kafka.bootstrap == "k2:9092"  # env beats the file
+    assert s.kafka.bootstrap_servers == "k2:9092"  # env beats the file
     assert s.history.trigger_s == 0.25
     assert s.live.periods == [60, 300]  # sorted
     assert s.live.watermark_s == 5
@@ -90,4 +90,4 @@ def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:
     s = load_settings(path)
     assert type(s) is Settings
     assert pickle.loads(pickle.dumps(s)) == s
-    assert s.kafka.bootstrap == "k1:9092"
+    assert s.kafka.bootstrap_servers == "k1:9092"

@@ -46,7 +46,7 @@ def test_settings_precedence_defaults_yaml_env_flags(
 
 def test_explicit_endpoint_beats_host_and_catalog_properties() -> None:
     s = load_settings(
-        relay_host="h", request_endpoint="tcp://x:1", s3_access_key_id="k", warehouse="s3://w"
+        relay_host="h", request_endpoint="tcp://x:1", s3_access_key="k", warehouse="s3://w"
     )
     assert (s.request_address, s.market_data_address) == ("tcp://x:1", "tcp://h:5558")
     props = s.catalog_properties()

@@ -139,8 +139,8 @@ def _stack_settings(relay: Any, seeded: Any, **extra: Any) -> ClientSettings:
         catalog_uri=e.catalog_uri,
         warehouse=e.warehouse,
         s3_endpoint=e.s3_endpoint,
-        s3_access_key_id=e.s3_access_key,
-        s3_secret_access_key=e.s3_secret_key,
+        s3_access_key=e.s3_access_key,
+        s3_secret_key=e.s3_secret_key,
         s3_region=e.s3_region,
         history_timeout_s=5,
         **extra,
@@ -176,8 +176,8 @@ def test_cli_history_writes_csv_parquet_and_chart(
 ) -> None:
     e = seeded["endpoints"]
     fake_relay.handler = _notify_with(kit, seeded, 0)
-    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY_ID", e.s3_access_key)  # env layer
-    monkeypatch.setenv("MDCLIENT_S3_SECRET_ACCESS_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)  # env layer
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
     config = tmp_path / "client.yaml"
     config.write_text(
         f"catalog_name: {e.catalog_name}\nwarehouse: {e.warehouse}\n"

@@ -11,7 +11,7 @@ import sys
 from pydantic import ValidationError
 
 from ingestor.app import Ingestor
-from ingestor.config import Settings
+from ingestor.config import Settings, load_settings
 
 
 def _setup_logging(level: str) -> None:
@@ -34,7 +34,7 @@ async def _serve(settings: Settings) -> None:
 
 def main() -> int:
     try:
-        settings = Settings()
+        settings = load_settings()
     except (ValidationError, FileNotFoundError) as exc:
         print(f"ingestor: bad configuration: {exc}", file=sys.stderr)
         return 2

@@ -34,8 +34,9 @@ from ingestor.live import LiveFeeds, RecentIds
 from ingestor.markets import market_records
 from ingestor.retry import RetryPolicy
 from ingestor.work import LegacyResponder, WorkIntake, new_context
-from mdproto import ProtocolError
+from mdproto import ProtocolError, contracts
 from mdproto.messages import DataRequest, IngestorControl
+from mdproto.runtime.kafka import TopicSpec, spec
 from mdproto.topics import is_valid_id, parse_ticker
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class Ingestor:
             self.feeds = LiveFeeds(
                 {a.prefix + ":": a for a in self._adapters.values() if a.settings.live},
                 self.sink,
-                lease_s=s.live.realtime_lease_secs,
+                lease_s=s.live.realtime_lease_s,
                 dedupe_capacity=s.live.dedupe_capacity,
                 reconnect=RetryPolicy(
                     base_delay_s=s.live.reconnect_base_s, max_delay_s=s.live.reconnect_max_s
@@ -145,14 +146,13 @@ class Ingestor:
                 )
         self._by_prefix = {a.prefix + ":": a for a in self._adapters.values()}
 
-    def _topics_to_ensure(self) -> list[tuple[str, int, dict[str, str]]]:
+    def _topics_to_ensure(self) -> list[TopicSpec]:
         k = self.settings.kafka
-        parts = k.topic_partitions
         return [
-            (k.topic_ohlc_batches, parts, {}),
-            (k.topic_ticks, parts, {}),
-            (k.topic_markets, parts, {"cleanup.policy": "compact"}),
-            (k.topic_claims, 1, {"retention.ms": str(24 * 3600 * 1000)}),
+            spec(contracts.KAFKA_OHLC_BATCHES, k.topic_ohlc_batches),
+            spec(contracts.KAFKA_TICKS, k.topic_ticks),
+            spec(contracts.KAFKA_MARKETS, k.topic_markets),
+            spec(contracts.KAFKA_INGEST_CLAIMS, k.topic_claims),
         ]
 
     async def _start_claims(self) -> None:
@@ -302,12 +302,16 @@ class Ingestor:
             log.warning("control action %d unknown; ignored", control.action)
 
     def _apply_config(self, config: dict[str, str]) -> None:
-        """Runtime keys: batch_size, realtime_lease_secs, log_level. Others are logged."""
+        """Runtime keys: batch_size, realtime_lease_s (or its old name _secs), log_level."""
         for key, value in config.items():
             try:
                 if key == "batch_size" and int(value) > 0:
                     self._batch_size = int(value)
-                elif key == "realtime_lease_secs" and float(value) > 0 and self.feeds:
+                elif (
+                    key in ("realtime_lease_s", "realtime_lease_secs")
+                    and float(value) > 0
+                    and self.feeds
+                ):
                     self.feeds.set_lease(float(value))
                 elif key == "log_level":
                     logging.getLogger().setLevel(value.upper())

@@ -16,19 +16,14 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
 
 from ingestor.retry import RetryPolicy
 from mdproto import contracts
+from mdproto.runtime import settings as runtime
 
 #: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
 KAFKA_INGEST_CLAIMS = contracts.KAFKA_INGEST_CLAIMS
@@ -117,7 +112,7 @@ class RetrySettings(_Section):
 
 
 class LiveSettings(_Section):
-    realtime_lease_secs: float = Field(
+    realtime_lease_s: float = Field(
         default=30.0, gt=0
     )  # stop a feed not re-announced for this long
     sweep_interval_s: float = Field(default=1.0, gt=0)
@@ -142,13 +137,14 @@ def _default_exchanges() -> dict[str, ExchangeSettings]:
     return {"binance": ExchangeSettings(prefix="BINANCE")}
 
 
-class Settings(BaseSettings):
+class Settings(runtime.FileSettings):
     model_config = SettingsConfigDict(
         env_prefix="INGESTOR_",
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
     )
+    renamed = {"live.realtime_lease_secs": "live.realtime_lease_s"}
 
     ingestor_id: str = Field(default_factory=_default_ingestor_id)
     log_level: str = "INFO"  # the LOG_LEVEL variable, when set, wins
@@ -175,22 +171,10 @@ class Settings(BaseSettings):
             raise ValueError(f"two exchanges share a prefix: {prefixes}")
         return value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get("CONFIG_PATH")
-        if path:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"CONFIG_PATH={path} is not a file")
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
-        return tuple(sources)
+
+def load_settings(**overrides: Any) -> Settings:
+    """The YAML file at CONFIG_PATH (if set), then INGESTOR_* variables, then `overrides`."""
+    return runtime.load_settings(Settings, **overrides)
 
 
 class Credentials(BaseModel):

@@ -20,13 +20,12 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as _TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from google.protobuf.message import Message
 
 from ingestor.config import KafkaSettings
 from mdproto import envelope
 from mdproto.messages import OHLCBatch
+from mdproto.runtime.kafka import TopicSpec, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +62,16 @@ class KafkaSink:
         self.stats = SinkStats()
         self._last_error_log = 0.0
 
-    async def start(self, ensure_topics: Sequence[tuple[str, int, dict[str, str]]] = ()) -> None:
+    async def start(self, topics: Sequence[TopicSpec] = ()) -> None:
         """Start serving delivery callbacks; create missing topics first if asked."""
-        if ensure_topics:
-            await create_missing_topics(
-                self.settings.bootstrap_servers,
+        if topics:
+            await asyncio.to_thread(
                 ensure_topics,
-                self.settings.replication_factor,
+                self.settings.bootstrap_servers,
+                topics,
+                partitions=self.settings.topic_partitions,
+                replication=self.settings.replication_factor,
+                timeout_s=15.0,
             )
         if self._poller is None:
             self._poller = asyncio.create_task(self._poll_loop(), name="kafka-poll")
@@ -178,35 +180,6 @@ class KafkaSink:
             self._poller = None
         self._closed = True
         await asyncio.to_thread(self._producer.close)
-
-
-async def create_missing_topics(
-    bootstrap: str,
-    topics: Sequence[tuple[str, int, dict[str, str]]],
-    replication_factor: int,
-    timeout_s: float = 15.0,
-) -> None:
-    """Create the (name, partitions, config) topics that do not exist yet."""
-
-    def work() -> None:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        existing = set(admin.list_topics(timeout=timeout_s).topics)
-        missing = [
-            NewTopic(name, num_partitions=parts, replication_factor=replication_factor, config=cfg)
-            for name, parts, cfg in topics
-            if name not in existing
-        ]
-        if not missing:
-            return
-        for name, future in admin.create_topics(missing, request_timeout=timeout_s).items():
-            try:
-                future.result(timeout=timeout_s)
-                log.info("created Kafka topic %s", name)
-            except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
-
-    await asyncio.to_thread(work)
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,14 +107,14 @@ class Relay:
             for k in ("historical", "legacy", "realtime_start", "realtime_refresh", "realtime_join")
         }
         self._policy = Policy.of(s.known_exchanges, s.max_candles_per_request, s.max_future_ms)
-        self._pending = PendingRequests(s.max_pending_requests, s.request_timeout_secs)
+        self._pending = PendingRequests(s.max_pending_requests, s.request_timeout_s)
         self._buckets = TokenBuckets(
             s.client_rate_limit, s.client_rate_burst, s.max_tracked_clients
         )
         now = clock()
         self._live = LiveSubscriptions(
-            grace=s.realtime_grace_secs,
-            refresh=s.realtime_refresh_secs,
+            grace=s.realtime_grace_s,
+            refresh=s.realtime_refresh_s,
             known_exchanges=s.known_exchanges,
             new_id=new_id,
             now=now,
@@ -223,7 +223,7 @@ class Relay:
             "live_tickers": int(m.sample("relay_live_tickers")),
             "legacy_pending": int(m.sample("relay_legacy_pending")),
         }
-        return Health(proxy_alive and loop_age < 5.0 + self._s.stats_interval_secs, details)
+        return Health(proxy_alive and loop_age < 5.0 + self._s.stats_interval_s, details)
 
     # --- the loop ---------------------------------------------------------------
 
@@ -260,7 +260,7 @@ class Relay:
                 self._sync_trigger_tickers(now)
             if now >= next_stats and self._proxy.alive:
                 self._proxy.request_stats()
-                next_stats = now + self._s.stats_interval_secs
+                next_stats = now + self._s.stats_interval_s
             self._loop_beat = now
         log.info("relay loop finished")
 
@@ -449,7 +449,7 @@ class Relay:
                 pending.request_id,
                 len(self._pending),
             )
-            self._reply(pending.route, timeout_response(pending, self._s.request_timeout_secs), now)
+            self._reply(pending.route, timeout_response(pending, self._s.request_timeout_s), now)
 
     # --- replies and work ---------------------------------------------------------
 
@@ -596,16 +596,17 @@ class Relay:
 
 def _default_sink(settings: RelaySettings, metrics: RelayMetrics) -> TriggerSink:
     """Kafka when configured (delivery failures counted), else the logging sink."""
-    if not settings.trigger_kafka_bootstrap:
+    k = settings.kafka
+    if not k.bootstrap_servers:
         return LoggingTriggerSink()
     from relay.trigger_kafka import KafkaTriggerSink
 
     return KafkaTriggerSink(
-        settings.trigger_kafka_bootstrap,
-        settings.trigger_topic,
+        k.bootstrap_servers,
+        k.topic_cep_triggers,
         on_error=metrics.trigger_sink_errors.inc,
-        partitions=settings.trigger_topic_partitions,
-        replication=settings.trigger_topic_replication,
+        partitions=k.topic_partitions,
+        replication=k.replication_factor,
     )
 
 

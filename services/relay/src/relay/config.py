@@ -2,11 +2,13 @@
 
 The spec's relay config file (shared/spec/000: `bind_address`, the five ports,
 `flink_market_data_endpoint`, `request_timeout_secs`, `high_water_mark`) is a
-valid config as it stands; every other key has a default. Unknown keys are
-rejected so a typo is an error, not a silently ignored setting.
+valid config as it stands (its `_secs` key is read as `request_timeout_s`, with a
+warning); every other key has a default. Unknown keys are rejected so a typo is
+an error, not a silently ignored setting.
 
-Precedence: environment (`RELAY_<KEY>`, e.g. `RELAY_CLIENT_REQUEST_PORT=15559`)
-over the YAML file over the defaults below, which are also
+Precedence: environment (`RELAY_<KEY>`, e.g. `RELAY_CLIENT_REQUEST_PORT=15559`,
+nested with `__`: `RELAY_KAFKA__BOOTSTRAP_SERVERS`) over the YAML file over the
+defaults below, which are also
 `services/relay/config.yaml`. A ZeroMQ port of 0 binds an ephemeral port (tests);
 a `metrics_port` of 0 disables the HTTP endpoint.
 """
@@ -19,17 +21,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
-from pydantic import Field, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from mdproto import contracts
 from mdproto.envelope import DEFAULT_MAX_PAYLOAD
+from mdproto.runtime import settings as runtime
 
 DEFAULT_CONFIG_PATH = "/config/config.yaml"
 _EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -37,8 +34,32 @@ _EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 Port = Annotated[int, Field(ge=0, le=65535)]
 
 
-class RelaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="forbid", frozen=True)
+class KafkaSettings(BaseModel):
+    """CEP triggers live in a compacted topic. An empty bootstrap keeps the logging
+    sink (triggers are acknowledged but never evaluated)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = ""
+    topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
+    topic_partitions: int = Field(default=3, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+
+
+class RelaySettings(runtime.FileSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+    renamed = {
+        "request_timeout_secs": "request_timeout_s",
+        "realtime_grace_secs": "realtime_grace_s",
+        "realtime_refresh_secs": "realtime_refresh_s",
+        "stats_interval_secs": "stats_interval_s",
+        "trigger_kafka_bootstrap": "kafka.bootstrap_servers",
+        "trigger_topic": "kafka.topic_cep_triggers",
+        "trigger_topic_partitions": "kafka.topic_partitions",
+        "trigger_topic_replication": "kafka.replication_factor",
+    }
 
     # --- the spec's keys (shared/spec/000) -------------------------------------
     bind_address: str = "tcp://*"
@@ -47,7 +68,7 @@ class RelaySettings(BaseSettings):
     ingestor_work_port: Port = contracts.INGESTOR_WORK_PORT
     ingestor_response_port: Port = contracts.INGESTOR_RESPONSE_PORT
     flink_market_data_endpoint: str = f"tcp://127.0.0.1:{contracts.PIPELINE_PUB_PORT}"
-    request_timeout_secs: float = Field(default=30.0, gt=0)  # legacy sync flow only
+    request_timeout_s: float = Field(default=30.0, gt=0)  # legacy sync flow only
     high_water_mark: int = Field(default=10_000, ge=0)  # SNDHWM/RCVHWM of every data socket
 
     # --- additions --------------------------------------------------------------
@@ -66,8 +87,8 @@ class RelaySettings(BaseSettings):
     max_pending_requests: int = Field(default=10_000, ge=1)  # legacy pending map bound
     # Live data: cancel a ticker this long after its last subscriber left, and
     # re-announce active tickers this often (PUB loses messages to late joiners).
-    realtime_grace_secs: float = Field(default=30.0, ge=0)
-    realtime_refresh_secs: float = Field(default=10.0, gt=0)
+    realtime_grace_s: float = Field(default=30.0, ge=0)
+    realtime_refresh_s: float = Field(default=10.0, gt=0)
     # Per-client (ROUTER identity) token bucket on :5559; rate 0 disables it.
     client_rate_limit: float = Field(default=500.0, ge=0)
     client_rate_burst: int = Field(default=1000, ge=1)
@@ -86,13 +107,8 @@ class RelaySettings(BaseSettings):
     # SNDHWM of the XSUB: it bounds how many subscriptions libzmq resends after
     # the upstream reconnects (libzmq #2258); the default of 1000 loses the rest.
     upstream_subscription_hwm: int = Field(default=1_000_000, ge=0)
-    stats_interval_secs: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
-    # CEP triggers: the compacted Kafka topic they are stored in. An empty bootstrap
-    # keeps the logging sink (triggers are acknowledged but never evaluated).
-    trigger_kafka_bootstrap: str = ""
-    trigger_topic: str = contracts.KAFKA_CEP_TRIGGERS
-    trigger_topic_partitions: int = Field(default=3, ge=1)
-    trigger_topic_replication: int = Field(default=1, ge=1)
+    stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
     @field_validator("known_exchanges", mode="before")
     @classmethod
@@ -121,18 +137,6 @@ class RelaySettings(BaseSettings):
             raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
         return value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file arrives as init kwargs (load_settings); the environment wins.
-        return env_settings, init_settings
-
     def endpoint(self, port: int) -> str:
         """Bind endpoint for one of the relay's ports (0 = ephemeral)."""
         return f"{self.bind_address}:{port or '*'}"
@@ -150,10 +154,4 @@ def load_settings(path: Path | None = None, *, required: bool = True) -> RelaySe
     With `required=False` a missing file means the packaged defaults (the
     container default path is optional; an explicit CONFIG_PATH is not).
     """
-    data: dict[str, Any] = {}
-    if path is not None and (required or path.exists()):
-        loaded = yaml.safe_load(path.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path}: expected a mapping of keys, got {type(loaded).__name__}")
-        data = loaded or {}
-    return RelaySettings(**data)
+    return runtime.load_settings(RelaySettings, path, required=required)

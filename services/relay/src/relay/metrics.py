@@ -2,7 +2,7 @@
 
 Each relay owns its registry (several relays can run in one test process).
 Forwarding counts come from libzmq's proxy (STATISTICS, polled every
-`stats_interval_secs`) because the data path never touches Python; they count
+`stats_interval_s`) because the data path never touches Python; they count
 frames, not messages. libzmq does not report PUB/XPUB high-water-mark drops;
 the only drops the relay can observe are replies refused by the client ROUTER
 (ROUTER_MANDATORY), counted in relay_reply_failures_total.

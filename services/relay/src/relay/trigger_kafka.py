@@ -16,24 +16,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from mdproto import ProtocolError, envelope
+from mdproto import ProtocolError, contracts, envelope
 from mdproto.messages import CEPTriggerRequest
+from mdproto.runtime import kafka
 from relay.triggers import TriggerSinkError
 
 log = logging.getLogger(__name__)
-
-COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}
-
-
-def _quiet(name: str) -> logging.Logger:
-    logger = logging.getLogger(f"relay.librdkafka.{name}")
-    logger.setLevel(logging.CRITICAL)
-    return logger
 
 
 class TriggerDirectory:
@@ -96,26 +88,6 @@ class TriggerDirectory:
         return sorted(found, key=lambda r: r.trigger_id)
 
 
-def ensure_topic(
-    bootstrap: str, topic: str, *, partitions: int, replication: int, timeout_s: float
-) -> None:
-    """Create the compacted topic unless it exists (the broker would auto-create it
-    uncompacted on the first produce)."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
-
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet("admin")}
-    admin = AdminClient(conf)
-    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=COMPACT)
-    try:
-        admin.create_topics([new], operation_timeout=timeout_s)[topic].result(timeout=timeout_s)
-        log.info("created compacted Kafka topic %s", topic)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise TriggerSinkError(f"cannot create Kafka topic {topic}: {exc}") from None
-
-
 class KafkaTriggerSink:
     """Stores triggers in Kafka without blocking the caller; answers LIST from the topic."""
 
@@ -155,22 +127,22 @@ class KafkaTriggerSink:
         from confluent_kafka import Producer
 
         try:
-            ensure_topic(
+            kafka.ensure_topics(
                 self.bootstrap,
-                self.topic,
+                [kafka.spec(contracts.KAFKA_CEP_TRIGGERS, self.topic)],
                 partitions=self._partitions,
                 replication=self._replication,
                 timeout_s=self._timeout_s,
             )
-        except TriggerSinkError as exc:  # the producer still queues; the pipeline retries
-            log.error("%s; continuing (records wait in the producer)", exc)
+        except Exception as exc:  # the producer still queues; the pipeline retries
+            log.error("cannot create Kafka topic %s: %s; continuing", self.topic, exc)
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap,
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 2,
             "error_cb": self._on_kafka_error,
-            "logger": _quiet("producer"),
+            "logger": kafka.quiet_logger("producer"),
             **self._producer_options,
         }
         self._producer = Producer(conf)
@@ -253,44 +225,35 @@ class KafkaTriggerSink:
             producer.poll(0.1)
 
     def _read_loop(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka import Consumer
 
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
                 "group.id": "relay-cep-directory",
                 "enable.auto.commit": False,
-                "logger": _quiet("consumer"),
+                "logger": kafka.quiet_logger("consumer"),
             }
         )
         try:
-            ends: dict[int, int] = {}
-            while not self._stop.is_set() and not ends:
+            ends: dict[int, int] | None = None
+            while ends is None and not self._stop.is_set():
                 try:
-                    meta = consumer.list_topics(self.topic, timeout=2.0).topics.get(self.topic)
-                    if meta is not None and meta.error is None and meta.partitions:
-                        parts = [TopicPartition(self.topic, p) for p in meta.partitions]
-                        ends = {
-                            tp.partition: consumer.get_watermark_offsets(tp, timeout=2.0)[1]
-                            for tp in parts
-                        }
+                    ends = kafka.end_offsets(consumer, self.topic, timeout_s=2.0)
                 except Exception as exc:  # broker not there yet: keep trying
                     log.debug("CEP directory waiting for %s: %s", self.topic, exc)
-                    time.sleep(0.5)
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in ends])
-            pending = {p for p, end in ends.items() if end > 0}
-            if not pending:
-                self._caught_up.set()
+                if ends is None:
+                    self._stop.wait(0.5)
+            for msg in kafka.read_to_end(consumer, self.topic, ends or {}):
+                if self._stop.is_set():
+                    return
+                if msg is not None:
+                    self.directory.apply_record(msg.key(), msg.value())
+            self._caught_up.set()
+            log.info("CEP directory loaded: %d trigger(s)", len(self.directory))
             while not self._stop.is_set():
                 msg = consumer.poll(0.2)
-                if msg is None or msg.error() is not None:
-                    continue
-                self.directory.apply_record(msg.key(), msg.value())
-                partition, offset = msg.partition() or 0, msg.offset() or 0
-                if partition in pending and offset + 1 >= ends[partition]:
-                    pending.discard(partition)
-                    if not pending:
-                        self._caught_up.set()
-                        log.info("CEP directory loaded: %d trigger(s)", len(self.directory))
+                if msg is not None and msg.error() is None:
+                    self.directory.apply_record(msg.key(), msg.value())
         finally:
             consumer.close()

@@ -3,7 +3,7 @@
 `relay.trigger_kafka.KafkaTriggerSink` stores them in the compacted Kafka topic
 `cep.triggers` (key trigger_id, so a CANCEL replaces its REGISTER) for the
 pipeline to evaluate, and answers LIST from that topic; it is used when
-`trigger_kafka_bootstrap` is configured. Without it the default sink only logs
+`kafka.bootstrap_servers` is configured. Without it the default sink only logs
 (nothing is evaluated) and LIST is refused.
 """
 

@@ -1,27 +1,21 @@
 """Pipeline configuration: defaults < YAML file (``CONFIG_PATH``) < ``PIPELINE_*`` env vars.
 
-Nested keys use ``__`` in the environment, e.g. ``PIPELINE_KAFKA__BOOTSTRAP=host:9092``
+Nested keys use ``__`` in the environment, e.g. ``PIPELINE_KAFKA__BOOTSTRAP_SERVERS=host:9092``
 or ``PIPELINE_LIVE__PERIODS='[60, 300]'``. Every default is listed in the README.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import SettingsConfigDict
 
 from mdproto import contracts
+from mdproto.runtime import settings as runtime
 
 ENV_PREFIX = "PIPELINE_"
-CONFIG_PATH_ENV = "CONFIG_PATH"
 
 
 class _Section(BaseModel):
@@ -29,17 +23,19 @@ class _Section(BaseModel):
 
 
 class KafkaConfig(_Section):
-    bootstrap: str = "127.0.0.1:9092"
-    ohlc_batches_topic: str = contracts.KAFKA_OHLC_BATCHES
-    ticks_topic: str = contracts.KAFKA_TICKS
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_ohlc_batches: str = contracts.KAFKA_OHLC_BATCHES
+    topic_ticks: str = contracts.KAFKA_TICKS
+    #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
+    topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
     #: Where a query starts when its checkpoint is new; later runs resume from the checkpoint.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: Spark's failOnDataLoss: stop (rather than skip) when retention deleted unread records.
     fail_on_data_loss: bool = True
     #: Create missing topics at startup (Spark's Kafka source fails on a missing topic).
-    create_topics: bool = True
+    ensure_topics: bool = True
     topic_partitions: int = Field(default=3, ge=1)
-    topic_replication: int = Field(default=1, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
     #: Checked before Spark starts, so a dead broker is a one-line error, not a stack trace.
     connect_timeout_s: float = Field(default=5.0, gt=0)
     #: Extra ``kafka.*`` consumer options for the Spark source.
@@ -103,8 +99,6 @@ class CepConfig(_Section):
     """CEP triggers (docs/cep.md): one query over the trigger topic and the ticks."""
 
     enabled: bool = True
-    #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
-    trigger_topic: str = contracts.KAFKA_CEP_TRIGGERS
     #: Micro-batch interval; 0.1 s keeps an idle query from polling Kafka in a busy loop.
     trigger_s: float = Field(default=0.1, ge=0)
     #: Where the ticks source starts on a NEW checkpoint: "latest" never evaluates old
@@ -136,7 +130,7 @@ class SparkConfig(_Section):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
-class Settings(BaseSettings):
+class Settings(runtime.FileSettings):
     """Everything the pipeline reads at startup."""
 
     model_config = SettingsConfigDict(
@@ -145,6 +139,14 @@ class Settings(BaseSettings):
         frozen=True,
         extra="forbid",
     )
+    renamed = {
+        "kafka.bootstrap": "kafka.bootstrap_servers",
+        "kafka.ohlc_batches_topic": "kafka.topic_ohlc_batches",
+        "kafka.ticks_topic": "kafka.topic_ticks",
+        "kafka.create_topics": "kafka.ensure_topics",
+        "kafka.topic_replication": "kafka.replication_factor",
+        "cep.trigger_topic": "kafka.topic_cep_triggers",
+    }
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
@@ -159,17 +161,6 @@ class Settings(BaseSettings):
     pub_sndhwm: int = Field(default=100_000, ge=0)
     #: If set, a JSON file written once every query runs (bound PUB endpoint, query ids).
     ready_file: str | None = None
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
 
     @property
     def enabled_queries(self) -> list[str]:
@@ -193,25 +184,5 @@ class Settings(BaseSettings):
 
 
 def load_settings(config_path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Settings from the YAML at ``config_path`` (or ``$CONFIG_PATH``), env and overrides.
-
-    A named file that does not exist is an error: a typo must not silently fall back
-    to defaults that point at another Kafka.
-    """
-    if config_path is None:
-        env_path = os.environ.get(CONFIG_PATH_ENV)
-        config_path = Path(env_path) if env_path else None
-    if config_path is None:
-        return Settings(**overrides)
-    path = Path(config_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"pipeline config file not found: {path}")
-    # The YAML source reads model_config["yaml_file"]; a throwaway subclass carries it.
-    sub = type(
-        Settings.__name__,
-        (Settings,),
-        {"model_config": SettingsConfigDict(**{**Settings.model_config, "yaml_file": path})},
-    )
-    loaded = cast(Settings, sub(**overrides))
-    # A plain Settings again (the throwaway class cannot be pickled to a child process).
-    return Settings.model_construct(_fields_set=loaded.model_fields_set, **dict(loaded))
+    """Settings from the YAML at ``config_path`` (or ``$CONFIG_PATH``), env and overrides."""
+    return runtime.load_settings(Settings, config_path, **overrides)

@@ -166,7 +166,7 @@ def start(
     source = kafka_source(
         spark,
         settings,
-        settings.kafka.ohlc_batches_topic,
+        settings.kafka.topic_ohlc_batches,
         settings.history.max_offsets_per_trigger,
     )
     identity = QueryIdentity()

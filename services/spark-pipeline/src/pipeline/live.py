@@ -273,7 +273,7 @@ def start(
     live = settings.live
 
     def kafka() -> DataFrame:
-        topic = settings.kafka.ticks_topic
+        topic = settings.kafka.topic_ticks
         return kafka_source(spark, settings, topic, live.max_offsets_per_trigger)
 
     started = []

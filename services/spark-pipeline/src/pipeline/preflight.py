@@ -11,6 +11,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from mdproto import contracts
+from mdproto.runtime.kafka import ensure_topics, quiet_logger, spec
 from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
@@ -23,12 +25,10 @@ class StartupError(RuntimeError):
 def _admin(bootstrap: str, timeout_s: float) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    quiet = logging.getLogger("pipeline.preflight.librdkafka")
-    quiet.setLevel(logging.CRITICAL)
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "socket.timeout.ms": int(timeout_s * 1000),
-        "logger": quiet,
+        "logger": quiet_logger("preflight"),
     }
     return AdminClient(conf)
 
@@ -42,34 +42,11 @@ def check_kafka(bootstrap: str, timeout_s: float, wanted_topics: list[str]) -> l
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise StartupError(
-            f"Kafka is unreachable at {bootstrap} (kafka.bootstrap): {exc.args[0]}"
+            f"Kafka is unreachable at {bootstrap} (kafka.bootstrap_servers): {exc.args[0]}"
         ) from None
     if not metadata.brokers:
-        raise StartupError(f"Kafka at {bootstrap} (kafka.bootstrap) reports no brokers")
+        raise StartupError(f"Kafka at {bootstrap} (kafka.bootstrap_servers) reports no brokers")
     return [t for t in wanted_topics if t not in metadata.topics]
-
-
-def create_topics(
-    bootstrap: str, timeout_s: float, names: list[str], partitions: int, replication: int
-) -> None:
-    """Create topics (a topic another process created meanwhile is fine)."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.cimpl import NewTopic
-
-    admin = _admin(bootstrap, timeout_s)
-    futures = admin.create_topics(
-        [NewTopic(n, num_partitions=partitions, replication_factor=replication) for n in names],
-        operation_timeout=timeout_s,
-    )
-    for name, future in futures.items():
-        try:
-            future.result(timeout=timeout_s)
-            log.info("created Kafka topic %s (%d partitions)", name, partitions)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise StartupError(
-                    f"cannot create Kafka topic {name} at {bootstrap}: {exc}"
-                ) from None
 
 
 def _http_get(url: str, timeout_s: float) -> int:
@@ -109,24 +86,35 @@ def check_s3(endpoint: str, timeout_s: float) -> None:
 
 
 def check_all(settings: Settings) -> None:
+    k = settings.kafka
     wanted = []
     if settings.history.enabled:
-        wanted.append(settings.kafka.ohlc_batches_topic)
+        wanted.append(spec(contracts.KAFKA_OHLC_BATCHES, k.topic_ohlc_batches))
     if settings.live.enabled or settings.cep.enabled:  # the CEP query reads ticks too
-        wanted.append(settings.kafka.ticks_topic)
-    k = settings.kafka
-    missing = check_kafka(k.bootstrap, k.connect_timeout_s, wanted)
-    if missing and k.create_topics:
-        create_topics(
-            k.bootstrap, k.connect_timeout_s, missing, k.topic_partitions, k.topic_replication
-        )
+        wanted.append(spec(contracts.KAFKA_TICKS, k.topic_ticks))
+    missing = check_kafka(k.bootstrap_servers, k.connect_timeout_s, [t.name for t in wanted])
+    if missing and k.ensure_topics:
+        try:
+            ensure_topics(
+                k.bootstrap_servers,
+                [t for t in wanted if t.name in missing],
+                partitions=k.topic_partitions,
+                replication=k.replication_factor,
+                timeout_s=k.connect_timeout_s,
+            )
+        except Exception as exc:
+            raise StartupError(f"cannot create Kafka topics {missing}: {exc}") from None
     elif missing:
         raise StartupError(
-            f"Kafka topics {missing} do not exist at {k.bootstrap} and kafka.create_topics is off"
+            f"Kafka topics {missing} do not exist at {k.bootstrap_servers} "
+            "and kafka.ensure_topics is off"
         )
     c = settings.catalog
     check_catalog(c.uri, c.warehouse, c.connect_timeout_s)
     check_s3(c.s3_endpoint, c.connect_timeout_s)
     log.info(
-        "preflight ok: Kafka %s, catalog %s, S3 %s", settings.kafka.bootstrap, c.uri, c.s3_endpoint
+        "preflight ok: Kafka %s, catalog %s, S3 %s",
+        settings.kafka.bootstrap_servers,
+        c.uri,
+        c.s3_endpoint,
     )

@@ -59,13 +59,13 @@ class TickRelay:
     def __init__(self, settings: Settings, send_many: SendMany, recent: int = 200_000) -> None:
         k = settings.kafka
         self._conf: dict[str, Any] = {
-            "bootstrap.servers": k.bootstrap,
+            "bootstrap.servers": k.bootstrap_servers,
             "group.id": f"{settings.spark.app_name}-tick-relay-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "latest",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 10,
         }
-        self._topic = k.ticks_topic
+        self._topic = k.topic_ticks
         self._send_many = send_many
         self._recent = RecentKeys(recent)
         self._stop = threading.Event()

@@ -22,7 +22,7 @@ def kafka_source(
     k = settings.kafka
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", k.bootstrap)
+        .option("kafka.bootstrap.servers", k.bootstrap_servers)
         .option("subscribe", topic)
         .option("startingOffsets", k.starting_offsets)
         .option("failOnDataLoss", str(k.fail_on_data_loss).lower())

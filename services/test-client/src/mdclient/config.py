@@ -7,29 +7,24 @@ typo never silently falls back to a default.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError
-from pydantic_settings import (
-    BaseSettings,
-    InitSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import SettingsConfigDict
 
 from mdclient.errors import ConfigError
 from mdproto import contracts
+from mdproto.runtime import settings as runtime
 
 NotifyName = Literal["per_client", "per_request"]
 
 
-class ClientSettings(BaseSettings):
+class ClientSettings(runtime.FileSettings):
     """Every knob of the SDK and CLI; README "Configuration" lists them with defaults."""
 
     model_config = SettingsConfigDict(env_prefix="MDCLIENT_", extra="forbid")
+    renamed = {"s3_access_key_id": "s3_access_key", "s3_secret_access_key": "s3_secret_key"}
 
     # Relay (ZeroMQ). An explicit endpoint wins over host + port.
     relay_host: str = "127.0.0.1"
@@ -58,8 +53,8 @@ class ClientSettings(BaseSettings):
     catalog_uri: str = "http://127.0.0.1:8181"
     warehouse: str = ""
     s3_endpoint: str = "http://127.0.0.1:8333"
-    s3_access_key_id: str = ""
-    s3_secret_access_key: str = ""
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
     s3_region: str = "us-east-1"
     ohlc_table: str = contracts.ICEBERG_OHLC
     pin_snapshot: bool = True
@@ -83,51 +78,24 @@ class ClientSettings(BaseSettings):
         }
         if self.warehouse:
             props["warehouse"] = self.warehouse
-        if self.s3_access_key_id:
-            props["s3.access-key-id"] = self.s3_access_key_id
-        if self.s3_secret_access_key:
-            props["s3.secret-access-key"] = self.s3_secret_access_key
+        if self.s3_access_key:
+            props["s3.access-key-id"] = self.s3_access_key
+        if self.s3_secret_key:
+            props["s3.secret-access-key"] = self.s3_secret_key
         return props
 
 
 def load_settings(config_path: str | Path | None = None, **overrides: Any) -> ClientSettings:
     """Settings from the YAML file, the environment and `overrides` (None values skipped)."""
-    path = config_path if config_path is not None else os.environ.get("CONFIG_PATH") or None
-    file_values = _read_yaml(Path(path)) if path else {}
     given = {key: value for key, value in overrides.items() if value is not None}
-
-    class _WithFile(ClientSettings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
-
     try:
-        return _WithFile(**given)
+        return runtime.load_settings(ClientSettings, config_path, **given)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"cannot read config file: {exc}") from None
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from None
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping of keys, not {type(data).__name__}"
-        )
-    return data
+        raise ConfigError(_describe(exc, config_path)) from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _describe(exc: ValidationError, path: str | Path | None) -> str:

@@ -1,8 +1,5 @@
 """The compacted trigger topic seen from the pipeline (confluent-kafka, driver only).
 
-- `ensure_topic`: create `cep.triggers` with cleanup.policy=compact before
-  anything writes to it (the broker would otherwise auto-create it
-  uncompacted);
 - `TombstoneWriter`: when the engine finishes a trigger (one-shot fired,
   expired), a tombstone (key trigger_id, no value) removes its REGISTER from
   the compacted topic, so a rebuild from the topic never revives it and the
@@ -17,54 +14,10 @@ import logging
 import time
 from typing import Any
 
+from mdproto.runtime.kafka import end_offsets, quiet_logger, read_to_end
 from pipeline.cep.records import TriggerRecord, decode_batch
 
 log = logging.getLogger(__name__)
-
-COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1"}
-
-
-def _quiet(name: str) -> logging.Logger:
-    logger = logging.getLogger(f"pipeline.cep.librdkafka.{name}")
-    logger.setLevel(logging.CRITICAL)
-    return logger
-
-
-def ensure_topic(
-    bootstrap: str, topic: str, *, partitions: int, replication: int, timeout_s: float
-) -> bool:
-    """Create the compacted trigger topic if missing; True if this call created it."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.admin._config import ConfigResource
-    from confluent_kafka.cimpl import NewTopic
-
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _quiet("admin")}
-    admin = AdminClient(conf)
-    new = NewTopic(topic, num_partitions=partitions, replication_factor=replication, config=COMPACT)
-    future = admin.create_topics([new], operation_timeout=timeout_s)[topic]
-    try:
-        future.result(timeout=timeout_s)
-        log.info("created compacted Kafka topic %s (%d partitions)", topic, partitions)
-        return True
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    try:
-        configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
-        policy = configs["cleanup.policy"].value
-    except Exception as exc:  # informational only
-        log.debug("cannot read %s's config: %s", topic, exc)
-        return False
-    if "compact" not in str(policy):
-        log.warning(
-            "Kafka topic %s has cleanup.policy=%s, not compact: cancelled triggers are never "
-            "removed and old registrations expire with retention",
-            topic,
-            policy,
-        )
-    return False
 
 
 class TombstoneWriter:
@@ -78,7 +31,7 @@ class TombstoneWriter:
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
-            "logger": _quiet("producer"),
+            "logger": quiet_logger("producer"),
             **(options or {}),
         }
         self._producer = Producer(conf)
@@ -112,45 +65,35 @@ class TombstoneWriter:
 def read_all(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[TriggerRecord]:
     """The topic from the beginning to its current end, decoded in Kafka order."""
     import pyarrow as pa
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": "spark-pipeline-cep-bootstrap",
             "enable.auto.commit": False,
-            "logger": _quiet("consumer"),
+            "logger": quiet_logger("consumer"),
         }
     )
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
+        ends = end_offsets(consumer, topic, timeout_s)
+        if ends is None:
             return []
-        parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
-        ends = {
-            tp.partition: consumer.get_watermark_offsets(tp, timeout=timeout_s)[1] for tp in parts
-        }
-        consumer.assign(parts)
-        todo = {p for p, end in ends.items() if end > 0}
         rows: dict[str, list[Any]] = {
             k: [] for k in ("topic", "key", "value", "timestamp", "partition", "offset")
         }
         deadline = time.monotonic() + timeout_s
-        while todo and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
+        for msg in read_to_end(consumer, topic, ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to its end within {timeout_s:g}s")
+            if msg is None:
                 continue
-            partition, offset = msg.partition() or 0, msg.offset() or 0
             rows["topic"].append(topic)
             rows["key"].append(msg.key())
             rows["value"].append(msg.value())
             rows["timestamp"].append(msg.timestamp()[1])
-            rows["partition"].append(partition)
-            rows["offset"].append(offset)
-            if offset + 1 >= ends[partition]:
-                todo.discard(partition)
-        if todo:
-            raise TimeoutError(f"could not read {topic} to its end within {timeout_s:g}s")
+            rows["partition"].append(msg.partition() or 0)
+            rows["offset"].append(msg.offset() or 0)
     finally:
         consumer.close()
     table = pa.table(

@@ -19,6 +19,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from mdproto import contracts
+from mdproto.runtime.kafka import ensure_topics, spec
 from pipeline.cep import kafka
 from pipeline.cep.engine import Engine
 from pipeline.cep.runner import CepRunner
@@ -50,7 +52,7 @@ def _source(
     k = settings.kafka
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", k.bootstrap)
+        .option("kafka.bootstrap.servers", k.bootstrap_servers)
         .option("subscribe", topic)
         .option("startingOffsets", starting_offsets)
         .option("failOnDataLoss", str(fail_on_data_loss).lower())
@@ -97,17 +99,17 @@ class CepQuery:
 def start(spark: SparkSession, settings: Settings, publisher: Publisher) -> CepQuery:
     cep = settings.cep
     k = settings.kafka
-    kafka.ensure_topic(
-        k.bootstrap,
-        cep.trigger_topic,
+    ensure_topics(
+        k.bootstrap_servers,
+        [spec(contracts.KAFKA_CEP_TRIGGERS, k.topic_cep_triggers)],
         partitions=k.topic_partitions,
-        replication=k.topic_replication,
+        replication=k.replication_factor,
         timeout_s=k.connect_timeout_s,
     )
     store = SnapshotStore(
         local_path(settings.checkpoint_for(QUERY_NAME)) / "engine", keep=cep.snapshots_kept
     )
-    writer = kafka.TombstoneWriter(k.bootstrap, cep.trigger_topic)
+    writer = kafka.TombstoneWriter(k.bootstrap_servers, k.topic_cep_triggers)
 
     def new_engine() -> Engine:
         return Engine(
@@ -116,16 +118,16 @@ def start(spark: SparkSession, settings: Settings, publisher: Publisher) -> CepQ
 
     runner = CepRunner(
         store=store,
-        trigger_topic=cep.trigger_topic,
+        trigger_topic=k.topic_cep_triggers,
         publish=publisher.publish_many,
         retire=writer.retire,
-        bootstrap=lambda: kafka.read_all(k.bootstrap, cep.trigger_topic),
+        bootstrap=lambda: kafka.read_all(k.bootstrap_servers, k.topic_cep_triggers),
         new_engine=new_engine,
     )
     triggers = _source(
         spark,
         settings,
-        cep.trigger_topic,
+        k.topic_cep_triggers,
         starting_offsets="earliest",  # every registration, whatever the checkpoint's age
         fail_on_data_loss=False,  # compaction removes offsets by design
         max_offsets=None,
@@ -133,7 +135,7 @@ def start(spark: SparkSession, settings: Settings, publisher: Publisher) -> CepQ
     ticks = _source(
         spark,
         settings,
-        k.ticks_topic,
+        k.topic_ticks,
         starting_offsets=cep.ticks_starting_offsets,
         fail_on_data_loss=k.fail_on_data_loss,
         max_offsets=cep.max_offsets_per_trigger,
