@@ -1239,7 +1239,7 @@ def test_compose_platform_end_to_end(compose_stack_module: ModuleType) -> None:
         assert len(result) > 0
 
 
-# ----------------------------------------------------------------------------- images without Docker Hub
+# ------------------------------------------------------------------ images without Docker Hub
 
 
 @pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES + OFFLINE_DOCKERFILES)
