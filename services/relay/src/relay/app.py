@@ -43,10 +43,11 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
+from mdproto.runtime.metrics_http import Health, MetricsServer
 from relay import sockets
 from relay.config import RelaySettings
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
-from relay.metrics import Health, MetricsServer, RelayMetrics
+from relay.metrics import RelayMetrics
 from relay.proxy import MarketDataProxy, ProxyStats, parse_subscription
 from relay.ratelimit import TokenBuckets
 from relay.sockets import Endpoints, Socket, WakeupSocket
@@ -166,7 +167,11 @@ class Relay:
                 start_sink()
             if s.metrics_port:
                 self._http = MetricsServer(
-                    s.metrics_host, s.metrics_port, self.metrics.registry, self.health
+                    s.metrics_host,
+                    s.metrics_port,
+                    self.metrics.registry,
+                    self.health,
+                    name="relay-metrics",
                 )
                 self._http.start()
         except BaseException:

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the HTTP endpoint serving them plus a health check.
+"""The relay's Prometheus metrics (served by mdproto.runtime.metrics_http).
 
 Each relay owns its registry (several relays can run in one test process).
 Forwarding counts come from libzmq's proxy (STATISTICS, polled every
@@ -10,23 +10,10 @@ the only drops the relay can observe are replies refused by the client ROUTER
 
 from __future__ import annotations
 
-import json
 import logging
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Iterator
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -150,64 +137,3 @@ class RelayMetrics:
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Current value of one sample (0 when absent), for health output and tests."""
         return self.registry.get_sample_value(name, labels or {}) or 0.0
-
-
-@dataclass(slots=True)
-class Health:
-    ok: bool
-    details: dict[str, Any]
-
-
-class MetricsServer:
-    """GET /metrics (Prometheus text format) and GET /healthz (JSON; 503 when unhealthy)."""
-
-    def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health]
-    ) -> None:
-        self._server = ThreadingHTTPServer((host, port), _handler(registry, health))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._serve, name="relay-metrics", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _serve(self) -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        self._server.serve_forever(poll_interval=0.5)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
-
-
-def _handler(
-    registry: CollectorRegistry, health: Callable[[], Health]
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-            elif path in ("/healthz", "/health"):
-                state = health()
-                body = json.dumps({"status": "ok" if state.ok else "unhealthy", **state.details})
-                self._send(200 if state.ok else 503, "application/json", body.encode())
-            else:
-                self._send(404, "text/plain", b"not found: try /metrics or /healthz\n")
-
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    return Handler
