@@ -269,3 +269,50 @@ def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> Non
     assert results["hist-coinbase"][-1].metadata.status == Status.OK
     adapter = ingestor.adapter("COINBASE:")
     assert adapter.page_limit == 300 and adapter.rest_calls == 3
+
+
+def test_metrics_count_outcomes_rows_and_kafka_deliveries(harness: Any, run_ingestor: Any) -> None:
+    """/metrics reads the same counters the fetch path keeps (scraped over real HTTP)."""
+    import urllib.request
+
+    from ingestor import metrics
+    from mdproto.runtime.metrics_http import MetricsServer
+
+    sim = harness.sim
+    start = past_start(sim, 200)
+    good = history_request("metrics-ok", start, 120)
+    bad = history_request("metrics-bad", start, 10, ticker="BINANCE:NOPE/USDT")
+    scraped: dict[str, str] = {}
+
+    async def scenario() -> None:
+        relay = harness.FakeRelay()
+        settings = harness.settings(relay)
+        ingestor = Ingestor(settings)
+        http = MetricsServer(
+            "127.0.0.1", 0, metrics.registry_for(ingestor), lambda: metrics.health(ingestor)
+        )
+        http.start()
+        task = await run_ingestor(ingestor)
+        try:
+            await relay.wait_subscribed()
+            for request in (good, bad):
+                await relay.publish(request)
+                await asyncio.to_thread(harness.batches_until_final, settings, request.request_id)
+            base = f"http://127.0.0.1:{http.port}"
+            for path in ("/metrics", "/healthz"):
+                with urllib.request.urlopen(base + path, timeout=5) as response:
+                    scraped[path] = response.read().decode()
+        finally:
+            await ingestor.stop()
+            await task
+            http.close()
+            relay.close()
+
+    asyncio.run(scenario())
+    text = scraped["/metrics"]
+    assert 'ingestor_history_outcomes_total{error_code="",status="OK"} 1.0' in text
+    assert 'ingestor_history_outcomes_total{error_code="bad_symbol",status="ERROR"} 1.0' in text
+    assert "ingestor_history_rows_total 120.0" in text
+    assert 'ingestor_requests_total{kind="history"} 2.0' in text
+    assert 'ingestor_kafka_records_total{state="failed"} 0.0' in text
+    assert '"status": "ok"' in scraped["/healthz"]

@@ -10,8 +10,10 @@ import sys
 
 from pydantic import ValidationError
 
+from ingestor import metrics
 from ingestor.app import Ingestor
 from ingestor.config import Settings, load_settings
+from mdproto.runtime.metrics_http import MetricsServer
 
 
 def _setup_logging(level: str) -> None:
@@ -29,7 +31,21 @@ async def _serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(ingestor.stop()))
-    await ingestor.run()
+    http: MetricsServer | None = None
+    if settings.metrics_port:
+        http = MetricsServer(
+            settings.metrics_host,
+            settings.metrics_port,
+            metrics.registry_for(ingestor),
+            lambda: metrics.health(ingestor),
+            name="ingestor-metrics",
+        )
+        http.start()
+    try:
+        await ingestor.run()
+    finally:
+        if http is not None:
+            http.close()
 
 
 def main() -> int:

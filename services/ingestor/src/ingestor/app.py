@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ingestor.claims import Claims
@@ -22,7 +23,6 @@ from ingestor.config import Settings, credentials_for
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import (
     FetchEnv,
-    JobOutcome,
     RequestFailedError,
     call_with_retry,
     run_history_job,
@@ -35,7 +35,7 @@ from ingestor.markets import market_records
 from ingestor.retry import RetryPolicy
 from ingestor.work import LegacyResponder, WorkIntake, new_context
 from mdproto import ProtocolError, contracts
-from mdproto.messages import DataRequest, IngestorControl
+from mdproto.messages import DataRequest, IngestorControl, Status
 from mdproto.runtime.kafka import TopicSpec, spec
 from mdproto.topics import is_valid_id, parse_ticker
 
@@ -51,6 +51,9 @@ class IngestorStats:
     skipped_claimed: int = 0  # another ingestor claimed them first
     skipped_repeat: int = 0  # already seen by this ingestor
     markets_published: int = 0
+    rows: int = 0  # candles written for history requests
+    # Finished history requests by (status name, error_code): bounded, unlike a per-request log.
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 class Ingestor:
@@ -62,7 +65,6 @@ class Ingestor:
         self.settings = settings
         self.ingestor_id = settings.ingestor_id
         self.stats = IngestorStats()
-        self.outcomes: dict[str, JobOutcome] = {}  # last outcomes, for tests and logs
         self._adapters: dict[str, ExchangeAdapter] = dict(adapters or {})
         self._by_prefix: dict[str, ExchangeAdapter] = {}
         self._batch_size = settings.history.batch_size
@@ -82,6 +84,18 @@ class Ingestor:
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def prefixes(self) -> list[str]:
+        return list(self._by_prefix)
 
     def adapter(self, prefix: str) -> ExchangeAdapter:
         return self._by_prefix[prefix]
@@ -262,7 +276,9 @@ class Ingestor:
                 batch_size=self._batch_size,
                 env=env,
             )
-            self.outcomes[request.request_id] = outcome
+            self.stats.rows += outcome.rows
+            status = Status.Name(Status.ValueType(outcome.status))
+            self.stats.outcomes[(status, outcome.error_code)] += 1
             log.info(
                 "request %s %s: %d rows in %d batches, %d gaps%s",
                 request.request_id,

@@ -153,6 +153,8 @@ class Settings(runtime.FileSettings):
     relay_response_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_RESPONSE_PORT}"
     zmq_heartbeat_ivl_ms: int = 5000  # notice a vanished relay and reconnect
     max_payload_bytes: int = 1024 * 1024  # larger work messages are malformed
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # GET /metrics and /healthz; 0 = off (compose: 9561)
     exchanges: dict[str, ExchangeSettings] = Field(default_factory=_default_exchanges)
     kafka: KafkaSettings = Field(default_factory=lambda: KafkaSettings())
     history: HistorySettings = Field(default_factory=lambda: HistorySettings())

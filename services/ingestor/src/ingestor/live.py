@@ -204,6 +204,10 @@ class LiveFeeds:
         feed = self._feeds.get(ticker)
         return None if feed is None else feed.stats
 
+    def snapshot(self) -> dict[str, tuple[bool, FeedStats]]:
+        """ticker -> (still running, its stats); safe to call from another thread."""
+        return {t: (not f.task.done(), f.stats) for t, f in self._feeds.copy().items()}
+
     def active(self) -> list[str]:
         return sorted(t for t, f in self._feeds.items() if not f.task.done())
 

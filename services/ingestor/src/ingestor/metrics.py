@@ -1,0 +1,118 @@
+"""Prometheus view of the ingestor's own counters, read at scrape time.
+
+The fetch and feed paths keep plain integer stats (IngestorStats, SinkStats,
+IntakeStats, FeedStats); this collector turns them into metric families when
+Prometheus asks, so observing costs the hot paths nothing and no second set of
+counters can drift from the first. Served by mdproto.runtime.metrics_http.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mdproto.runtime.metrics_http import Health
+
+if TYPE_CHECKING:
+    from ingestor.app import Ingestor
+
+
+class IngestorCollector(Collector):
+    def __init__(self, ingestor: Ingestor) -> None:
+        self._ingestor = ingestor
+
+    def collect(self) -> Iterator[Metric]:
+        ing = self._ingestor
+        stats = ing.stats
+        jobs = CounterMetricFamily(
+            "ingestor_requests", "Requests this ingestor fetched, by kind", labels=["kind"]
+        )
+        jobs.add_metric(["history"], stats.history_jobs)
+        jobs.add_metric(["legacy"], stats.legacy_jobs)
+        yield jobs
+        skipped = CounterMetricFamily(
+            "ingestor_requests_skipped", "Requests not fetched here, by reason", labels=["reason"]
+        )
+        skipped.add_metric(["claimed_elsewhere"], stats.skipped_claimed)
+        skipped.add_metric(["repeat"], stats.skipped_repeat)
+        yield skipped
+        outcomes = CounterMetricFamily(
+            "ingestor_history_outcomes",
+            "Finished history requests by status and error_code",
+            labels=["status", "error_code"],
+        )
+        for (status, code), count in stats.outcomes.copy().items():
+            outcomes.add_metric([status, code], count)
+        yield outcomes
+        yield CounterMetricFamily(
+            "ingestor_history_rows", "Candles written for history requests", value=stats.rows
+        )
+        yield CounterMetricFamily(
+            "ingestor_markets_published",
+            "Market metadata records written",
+            value=stats.markets_published,
+        )
+        if ing.sink is not None:
+            records = CounterMetricFamily(
+                "ingestor_kafka_records", "Kafka records by delivery state", labels=["state"]
+            )
+            records.add_metric(["produced"], ing.sink.stats.produced)
+            records.add_metric(["delivered"], ing.sink.stats.delivered)
+            records.add_metric(["failed"], ing.sink.stats.failed)
+            yield records
+        if ing.intake is not None:
+            work = CounterMetricFamily(
+                "ingestor_work_messages", "Messages from the relay, by kind", labels=["kind"]
+            )
+            work.add_metric(["request"], ing.intake.stats.requests)
+            work.add_metric(["control"], ing.intake.stats.controls)
+            work.add_metric(["malformed"], ing.intake.stats.malformed)
+            yield work
+        yield from self._feeds()
+
+    def _feeds(self) -> Iterator[Metric]:
+        feeds = self._ingestor.feeds
+        if feeds is None:
+            return
+        up = GaugeMetricFamily(
+            "ingestor_feed_up", "1 while a live feed runs, 0 once it failed", labels=["ticker"]
+        )
+        ticks = CounterMetricFamily("ingestor_feed_ticks", "Trades forwarded", labels=["ticker"])
+        reconnects = CounterMetricFamily(
+            "ingestor_feed_reconnects", "Websocket reconnects", labels=["ticker"]
+        )
+        gaps = CounterMetricFamily(
+            "ingestor_feed_id_gaps", "Trades missing between consecutive ids", labels=["ticker"]
+        )
+        for ticker, (running, s) in feeds.snapshot().items():
+            up.add_metric([ticker], 1 if running else 0)
+            ticks.add_metric([ticker], s.ticks)
+            reconnects.add_metric([ticker], s.reconnects)
+            gaps.add_metric([ticker], s.id_gaps)
+        yield from (up, ticks, reconnects, gaps)
+
+
+def registry_for(ingestor: Ingestor) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    registry.register(IngestorCollector(ingestor))
+    return registry
+
+
+def health(ingestor: Ingestor) -> Health:
+    """Healthy once every part started (Kafka producer, relay sockets) and until stop."""
+    feeds = ingestor.feeds.snapshot() if ingestor.feeds is not None else {}
+    failed = sorted(t for t, (running, s) in feeds.items() if not running and s.failed)
+    return Health(
+        ingestor.ready and not ingestor.stopping,
+        {
+            "ingestor_id": ingestor.ingestor_id,
+            "exchanges": sorted(ingestor.prefixes),
+            "live_feeds": len(feeds),
+            "failed_feeds": failed,
+        },
+    )
