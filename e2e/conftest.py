@@ -1,4 +1,9 @@
-"""The whole platform, started once per test session on free loopback ports."""
+"""The whole platform, started once per test session on free loopback ports.
+
+Local processes by default; the Docker Compose platform with MDP_E2E_STACK=compose
+(`make e2e`). Tests ask for `endpoints`/`client_settings` to talk to it and for
+`faults` to break a service; neither cares which stack runs.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from infra.compose_platform import STACK_ENV, STACK_NAME, ComposeEndpoints
+from infra.compose_platform import STACK_ENV, STACK_NAME, ComposePlatform
 from infra.compose_platform import compose_stack as compose_stack  # the fixture
 from infra.exchange_sim.control import SimulatorControl
 from infra.localstack import Ports, StackConfig
 from infra.platform import Platform, PlatformConfig, ServicePorts
+from infra.platform.faults import Faults, LocalFaults
 from infra.platform.supervisor import PlatformEndpoints
 from mdclient import ClientSettings
 
 
+def on_compose() -> bool:
+    return os.environ.get(STACK_ENV) == STACK_NAME
+
+
 @pytest.fixture(scope="session")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    if os.environ.get(STACK_ENV) == STACK_NAME:
+    """The local platform's processes (not under MDP_E2E_STACK=compose: use `faults`)."""
+    if on_compose():
         pytest.skip("needs the local platform's processes (not the compose stack)")
     data_dir: Path = tmp_path_factory.mktemp("platform")
     config = PlatformConfig(
@@ -27,7 +38,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         ports=ServicePorts.free(),
         service_env={
             # Short grace periods and watermark keep live tests quick.
-            "RELAY_REALTIME_GRACE_SECS": "5",
+            "RELAY_REALTIME_GRACE_S": "5",
             "PIPELINE_LIVE__WATERMARK_S": "2",
         },
     )
@@ -39,11 +50,29 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 @pytest.fixture(scope="session")
 def endpoints(request: pytest.FixtureRequest) -> PlatformEndpoints:
     """The local platform, or the Docker Compose one with MDP_E2E_STACK=compose (`make e2e`)."""
-    if os.environ.get(STACK_ENV) == STACK_NAME:
-        stack: ComposeEndpoints = request.getfixturevalue("compose_stack")
-        return stack.platform_endpoints()
+    if on_compose():
+        stack: ComposePlatform = request.getfixturevalue("compose_stack")
+        return stack.endpoints.platform_endpoints()
     platform: Platform = request.getfixturevalue("platform")
     return platform.endpoints
+
+
+@pytest.fixture(scope="session")
+def faults(request: pytest.FixtureRequest) -> Faults:
+    """Kill/restart/crash a service of whichever stack runs (infra.platform.faults)."""
+    if on_compose():
+        stack: ComposePlatform = request.getfixturevalue("compose_stack")
+        return stack
+    return LocalFaults(request.getfixturevalue("platform"))
+
+
+@pytest.fixture(scope="session")
+def compose(request: pytest.FixtureRequest) -> ComposePlatform:
+    """The compose platform itself (tests of containers); skips on the local stack."""
+    if not on_compose():
+        pytest.skip("runs containers: only on the compose stack (MDP_E2E_STACK=compose)")
+    stack: ComposePlatform = request.getfixturevalue("compose_stack")
+    return stack
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from infra.exchange_sim.control import SimulatorControl
-from infra.platform import Platform
+from infra.platform.faults import Faults
 from mdclient import Client, ClientSettings
 from mdclient.triggers import TriggerEvents, TriggerRejected
 from mdproto.messages import CEPTriggerEvent
@@ -189,13 +189,13 @@ def test_invalid_trigger_is_rejected_with_a_reason(client: Client) -> None:
 
 
 def test_triggers_survive_a_pipeline_restart(
-    platform: Platform, client: Client, sim: SimulatorControl
+    faults: Faults, client: Client, sim: SimulatorControl
 ) -> None:
     with armed(client, "above:40", repeating=True) as events:
         listed = [r.trigger_id for r in client.list_triggers()]
         assert events.trigger_id in listed
-        platform.kill("spark-pipeline")
-        platform.up()  # restarts only what is down; waits until its queries run
+        faults.kill("spark-pipeline")
+        faults.start("spark-pipeline")  # waits until its queries run
         wait_for_data_path(client, sim)
         trade(sim, 5.0)
         crossing = trade(sim, 41.0)

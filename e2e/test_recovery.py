@@ -10,7 +10,7 @@ import zmq
 
 from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
-from infra.platform import Platform
+from infra.platform.faults import Faults
 from infra.platform.supervisor import PlatformEndpoints
 from mdclient import Client, ClientSettings, HistoryResult
 from mdproto import envelope, topics
@@ -22,7 +22,7 @@ HOUR_MS = 3_600_000
 
 
 def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
-    platform: Platform,
+    faults: Faults,
     endpoints: PlatformEndpoints,
     client_settings: ClientSettings,
     sim: SimulatorControl,
@@ -65,8 +65,8 @@ def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
             time.sleep(0.5)
         else:
             pytest.fail("the pipeline never committed a part of the request")
-        platform.kill("spark-pipeline")
-        platform.up()  # restarts only what is down
+        faults.kill("spark-pipeline")  # SIGKILL: a process, or the whole container
+        faults.start("spark-pipeline")  # returns once its streaming queries run again
         worker.join(timeout=400)
     finally:
         sim.clear_faults()

@@ -1,28 +1,41 @@
 """The platform as Docker Compose containers, for the end-to-end tests (`make e2e`).
 
-``compose_platform()`` starts ``docker-compose.yml`` (with the ``offline`` profile:
-the exchange simulator stands in for Binance) through testcontainers'
-``DockerCompose``, waits until every container is healthy, and yields a
-``ComposeEndpoints`` saying where the host reaches it. Host ports are free ports
-picked at start (``MDP_PORT_*``) and the compose project has its own name, so it
-never collides with a ``make up`` stack, the local stack, or another run.
+``compose_session()`` starts the compose files named by ``MDP_COMPOSE_FILES``
+(colon-separated, relative to the repository; default ``docker-compose.yml``,
+e.g. ``docker-compose.yml:infra/images/compose.yml`` for the offline image set)
+with the ``offline`` profile (the exchange simulator stands in for Binance)
+through testcontainers' ``DockerCompose``, waits until every container is
+healthy, and yields a ``ComposePlatform``: its ``endpoints`` (where the host
+reaches it) and the container faults of ``infra.platform.faults.Faults``
+(kill, restart, crash, wait until ready) plus ``run()`` for one-shot services
+such as the test-client. ``compose_platform()`` yields just the endpoints.
+Host ports are free ports picked at start (``MDP_PORT_*``) and the compose
+project has its own name, so it never collides with a ``make up`` stack, the
+local stack, or another run. One stack per process: while one runs, another
+``compose_platform()`` without an explicit project reuses it (two stacks at
+once would starve a 2-core machine).
 
-Without a Docker engine (these machines have only the docker CLI) it skips the
-calling test with a one-line reason instead of failing: ``docker_unavailable_reason()``.
+Without a Docker engine it skips the calling test with a one-line reason
+(``docker_unavailable_reason()``); with ``CI=true`` it fails with that reason
+instead: in CI a missing engine is a broken machine, not a reason to pass.
 
 The e2e suite picks its stack with ``MDP_E2E_STACK`` (``compose`` here; see
 ``STACK_ENV``); ``compose_stack``, used by e2e/conftest.py, is a session fixture
-around ``compose_platform()``.
+around ``compose_session()``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +50,10 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = "docker-compose.yml"
+#: Colon-separated compose files (relative to the repository), e.g.
+#: ``docker-compose.yml:infra/images/compose.yml``; default ``COMPOSE_FILE``.
+COMPOSE_FILES_ENV = "MDP_COMPOSE_FILES"
+PROFILES_OFFLINE = ("offline",)
 STACK_ENV = "MDP_E2E_STACK"
 STACK_NAME = "compose"
 DOCKER_TIMEOUT_S = 20.0
@@ -118,8 +135,8 @@ class ComposeEndpoints:
             "catalog_uri": self.catalog_uri,
             "warehouse": self.warehouse,
             "s3_endpoint": self.s3_endpoint,
-            "s3_access_key_id": self.s3_access_key,
-            "s3_secret_access_key": self.s3_secret_key,
+            "s3_access_key": self.s3_access_key,
+            "s3_secret_key": self.s3_secret_key,
             "s3_region": self.s3_region,
         }
 
@@ -227,6 +244,32 @@ def docker_unavailable_reason(docker: str | None = None) -> str | None:
     return None
 
 
+def compose_files(value: str | None = None) -> list[str]:
+    """The compose files to use: ``value`` or ``$MDP_COMPOSE_FILES`` (colon-separated)."""
+    raw = os.environ.get(COMPOSE_FILES_ENV, "") if value is None else value
+    files = [part.strip() for part in raw.split(":") if part.strip()]
+    files = files or [COMPOSE_FILE]
+    missing = [f for f in files if not (REPO_ROOT / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{COMPOSE_FILES_ENV}: no such compose file {missing}")
+    return files
+
+
+def in_ci() -> bool:
+    """``CI`` is set to a true value (GitHub Actions, GitLab, .ci/run: ``CI=true``)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def require_docker() -> None:
+    """Skip the calling test without a Docker engine; fail instead when ``CI`` is true."""
+    reason = docker_unavailable_reason()
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def free_ports(count: int, host: str = HOST) -> list[int]:
     """Distinct free TCP ports (all held open until every one is chosen)."""
     socks: list[socket.socket] = []
@@ -271,6 +314,243 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
+class ComposeError(RuntimeError):
+    """A docker compose command failed (the message has the end of its output)."""
+
+
+class ComposePlatform:
+    """A running compose project: its endpoints and the faults tests inject into it.
+
+    Every command uses the same files, profiles, project name and environment
+    (published ports) as the ``up`` that started the project. Implements
+    ``infra.platform.faults.Faults``.
+    """
+
+    stack = "compose"
+
+    def __init__(
+        self,
+        endpoints: ComposeEndpoints,
+        files: list[str],
+        env: Mapping[str, str],
+        profiles: tuple[str, ...],
+        docker: str = "docker",
+    ) -> None:
+        self.endpoints = endpoints
+        self.files = files
+        self.env = dict(env)
+        self.profiles = profiles
+        self.docker = docker
+
+    @property
+    def project(self) -> str:
+        return self.endpoints.project
+
+    def command(self, *args: str, profiles: tuple[str, ...] = ()) -> list[str]:
+        cmd = [self.docker, "compose", "--project-name", self.project]
+        for file in self.files:
+            cmd += ["--file", str(REPO_ROOT / file)]
+        for profile in (*self.profiles, *profiles):
+            cmd += ["--profile", profile]
+        return [*cmd, *args]
+
+    def compose(
+        self,
+        *args: str,
+        profiles: tuple[str, ...] = (),
+        timeout_s: float = 300.0,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``docker compose <args>`` on this project; ``ComposeError`` if it fails."""
+        cmd = self.command(*args, profiles=profiles)
+        try:
+            done = subprocess.run(
+                cmd,
+                cwd=REPO_ROOT,
+                env={**os.environ, **self.env},
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ComposeError(
+                f"`docker compose {' '.join(args)}` timed out ({timeout_s:g}s)"
+            ) from exc
+        if check and done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+            raise ComposeError(
+                f"`docker compose {' '.join(args)}` exited {done.returncode}:\n{tail}"
+            )
+        return done
+
+    # ------------------------------------------------------------ Faults
+
+    def kill(self, service: str) -> None:
+        """SIGKILL the container; ``docker kill`` counts as a manual stop, so the
+        restart policy leaves it down until ``start``."""
+        self.compose("kill", "--signal", "KILL", service, timeout_s=60)
+
+    def start(self, service: str) -> None:
+        self.wait_ready(service)
+
+    def restart(self, service: str) -> None:
+        """``docker compose restart`` (SIGTERM, then start), then wait until healthy."""
+        self.compose("restart", service, timeout_s=120)
+        self.wait_ready(service)
+
+    def crash(self, service: str) -> None:
+        """SIGKILL the service's process inside the container (the child of the
+        container's init, ``init: true``): the container exits 137 and its restart
+        policy restarts it, as after a real crash. Returns at once."""
+        kill_children = (
+            'set -e; pids=$(cat /proc/1/task/1/children); test -n "$pids"; kill -KILL $pids'
+        )
+        self.compose("exec", "-T", "--user", "0", service, "sh", "-c", kill_children, timeout_s=60)
+
+    def wait_ready(self, service: str, timeout_s: float = 300.0) -> None:
+        """Start the service if it is down, then wait until a healthcheck has passed
+        *since its latest start* (Docker keeps the health status of the previous run
+        across a restart, so ``up --wait`` may see a stale one)."""
+        self.compose("up", "--detach", "--no-deps", service, timeout_s=120)
+        deadline = time.monotonic() + timeout_s
+        last = "no container"
+        while time.monotonic() < deadline:
+            state = self._state(service)
+            if state is not None:
+                last = _describe_state(state)
+                if _ready_since_start(state):
+                    return
+            time.sleep(1.0)
+        logs = "\n".join(self.logs(service, tail=60).splitlines()[-60:])
+        raise ComposeError(f"{service} not ready within {timeout_s:g}s ({last}); logs:\n{logs}")
+
+    def _state(self, service: str) -> dict[str, Any] | None:
+        ids = self.compose("ps", "--all", "--quiet", service, timeout_s=60).stdout.split()
+        if not ids:
+            return None
+        done = subprocess.run(
+            [self.docker, "inspect", "--format", "{{json .State}}", ids[0]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0:
+            return None
+        state: dict[str, Any] = json.loads(done.stdout)
+        return state
+
+    # ------------------------------------------------------------ one-shot services
+
+    def run(
+        self,
+        service: str,
+        *args: str,
+        profiles: tuple[str, ...] = ("client",),
+        timeout_s: float = 300.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """``docker compose run --rm -T <service> <args>`` inside the network (no check)."""
+        return self.compose(
+            "run", "--rm", "-T", service, *args, profiles=profiles, timeout_s=timeout_s, check=False
+        )
+
+    def logs(self, *services: str, tail: int = 200) -> str:
+        done = self.compose("logs", "--no-color", "--tail", str(tail), *services, check=False)
+        return done.stdout + done.stderr
+
+
+def _timestamp(text: str) -> datetime.datetime:
+    """Docker's RFC 3339 times with nanoseconds, to a datetime (microseconds)."""
+    match = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
+    if match is None:
+        raise ValueError(f"not a Docker timestamp: {text!r}")
+    base, fraction, zone = match.groups()
+    micro = (fraction or ".0")[1:7].ljust(6, "0")
+    zone = "+00:00" if zone == "Z" else zone
+    return datetime.datetime.fromisoformat(f"{base}.{micro}{zone}")
+
+
+def _ready_since_start(state: Mapping[str, Any]) -> bool:
+    """Running, and (with a healthcheck) one probe passed after the latest start."""
+    if state.get("Status") != "running":
+        return False
+    health = state.get("Health")
+    if not health:
+        return True
+    started = _timestamp(str(state["StartedAt"]))
+    return any(
+        entry.get("ExitCode") == 0 and _timestamp(str(entry["Start"])) >= started
+        for entry in health.get("Log") or []
+    )
+
+
+def _describe_state(state: Mapping[str, Any]) -> str:
+    health = state.get("Health") or {}
+    return f"status {state.get('Status')}, health {health.get('Status', 'none')}"
+
+
+_ACTIVE: list[ComposePlatform] = []
+
+
+@contextlib.contextmanager
+def compose_session(
+    *,
+    offline: bool = True,
+    build: bool = True,
+    project: str | None = None,
+    image_tag: str | None = None,
+    files: list[str] | None = None,
+) -> Iterator[ComposePlatform]:
+    """Start the compose platform, yield it, tear it down (volumes too).
+
+    Skips the calling test (``pytest.skip``) when no Docker engine is reachable,
+    or fails it when ``CI`` is true. ``offline`` adds the exchange simulator (no
+    internet needed); ``build`` runs ``up --build`` (cached layers make it cheap
+    after ``make e2e``'s build step). ``files`` defaults to ``compose_files()``.
+    Without ``project``, a stack this process already runs is reused.
+    """
+    if project is None and _ACTIVE:
+        yield _ACTIVE[-1]
+        return
+    require_docker()
+    from testcontainers.compose import DockerCompose
+
+    chosen = files or compose_files()
+    profiles = PROFILES_OFFLINE if offline else ()
+    name = project or f"mdp-e2e-{uuid.uuid4().hex[:8]}"
+    ports = dict(zip(PORT_VARIABLES, free_ports(len(PORT_VARIABLES)), strict=True))
+    endpoints = endpoints_for(name, ports, offline=offline)
+    env = compose_environment(ports, name, image_tag)
+    compose = DockerCompose(
+        context=str(REPO_ROOT),
+        compose_file_name=chosen,
+        build=build,
+        wait=True,
+        profiles=list(profiles) or None,
+    )
+    running = ComposePlatform(
+        endpoints, chosen, env, profiles, docker=shutil.which("docker") or "docker"
+    )
+    with _environ(env):
+        if build and offline:
+            # One-shot services are in the `client` profile, which `up` leaves out:
+            # build them too, or `run` would use a stale image.
+            running.compose("build", "test-client", profiles=("client",), timeout_s=1800)
+        try:
+            compose.start()
+        except subprocess.CalledProcessError:
+            _print_logs(compose)
+            compose.stop(down=True)
+            raise
+        _ACTIVE.append(running)
+        try:
+            yield running
+        finally:
+            _ACTIVE.remove(running)
+            compose.stop(down=True)
+
+
 @contextlib.contextmanager
 def compose_platform(
     *,
@@ -279,38 +559,11 @@ def compose_platform(
     project: str | None = None,
     image_tag: str | None = None,
 ) -> Iterator[ComposeEndpoints]:
-    """Start the compose platform, yield its endpoints, tear it down (volumes too).
-
-    Skips the calling test (``pytest.skip``) when no Docker engine is reachable.
-    ``offline`` adds the exchange simulator (no internet needed); ``build`` runs
-    ``up --build`` (cached layers make it cheap after ``make e2e``'s build step).
-    """
-    reason = docker_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    from testcontainers.compose import DockerCompose
-
-    name = project or f"mdp-e2e-{uuid.uuid4().hex[:8]}"
-    ports = dict(zip(PORT_VARIABLES, free_ports(len(PORT_VARIABLES)), strict=True))
-    endpoints = endpoints_for(name, ports, offline=offline)
-    compose = DockerCompose(
-        context=str(REPO_ROOT),
-        compose_file_name=COMPOSE_FILE,
-        build=build,
-        wait=True,
-        profiles=["offline"] if offline else None,
-    )
-    with _environ(compose_environment(ports, name, image_tag)):
-        try:
-            compose.start()
-        except subprocess.CalledProcessError:
-            _print_logs(compose)
-            compose.stop(down=True)
-            raise
-        try:
-            yield endpoints
-        finally:
-            compose.stop(down=True)
+    """``compose_session()``, yielding only the endpoints."""
+    with compose_session(
+        offline=offline, build=build, project=project, image_tag=image_tag
+    ) as running:
+        yield running.endpoints
 
 
 def _print_logs(compose: Any) -> None:
@@ -324,7 +577,8 @@ def _print_logs(compose: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def compose_stack() -> Iterator[ComposeEndpoints]:
-    """The compose platform for the whole session (skips without a Docker engine)."""
-    with compose_platform() as endpoints:
-        yield endpoints
+def compose_stack() -> Iterator[ComposePlatform]:
+    """The compose platform for the whole session (skips without a Docker engine,
+    fails without one when ``CI`` is true)."""
+    with compose_session() as running:
+        yield running

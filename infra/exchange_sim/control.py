@@ -47,8 +47,9 @@ class SimulatorControl:
         answer = self._call("POST", "trades", {"symbol": symbol, "trades": trades})
         return list(answer["trades"])
 
-    def stats(self) -> dict[str, Any]:
-        return dict(self._call("GET", "stats?log=0"))
+    def stats(self, *, include_log: bool = False) -> dict[str, Any]:
+        """Request counters; with `include_log`, every request served (path, query)."""
+        return dict(self._call("GET", f"stats?log={int(include_log)}"))
 
     def now_ms(self) -> int:
         return int(self._call("GET", "health")["now_ms"])

@@ -1347,3 +1347,23 @@ def test_docker_compose_accepts_the_offline_override() -> None:
     assert result.returncode == 0, result.stderr
     images = set(result.stdout.split())
     assert images and all(i.startswith(("mdp/", "mdp-offline/")) for i in images), images
+
+
+def test_missing_engine_skips_locally_and_fails_under_ci(
+    compose_stack_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Docker"):
+        compose_stack_module.require_docker()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no Docker engine"):
+        compose_stack_module.require_docker()
+
+
+def test_compose_files_come_from_the_environment(compose_stack_module: ModuleType) -> None:
+    files = compose_stack_module.compose_files("docker-compose.yml:infra/images/compose.yml")
+    assert files == ["docker-compose.yml", "infra/images/compose.yml"]
+    assert compose_stack_module.compose_files("") == ["docker-compose.yml"]
+    with pytest.raises(FileNotFoundError, match=r"no-such\.yml"):
+        compose_stack_module.compose_files("docker-compose.yml:no-such.yml")

@@ -284,6 +284,10 @@ def test_metrics_count_outcomes_rows_and_kafka_deliveries(harness: Any, run_inge
     bad = history_request("metrics-bad", start, 10, ticker="BINANCE:NOPE/USDT")
     scraped: dict[str, str] = {}
 
+    def get(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+
     async def scenario() -> None:
         relay = harness.FakeRelay()
         settings = harness.settings(relay)
@@ -298,10 +302,8 @@ def test_metrics_count_outcomes_rows_and_kafka_deliveries(harness: Any, run_inge
             for request in (good, bad):
                 await relay.publish(request)
                 await asyncio.to_thread(harness.batches_until_final, settings, request.request_id)
-            base = f"http://127.0.0.1:{http.port}"
             for path in ("/metrics", "/healthz"):
-                with urllib.request.urlopen(base + path, timeout=5) as response:
-                    scraped[path] = response.read().decode()
+                scraped[path] = await asyncio.to_thread(get, f"http://127.0.0.1:{http.port}{path}")
         finally:
             await ingestor.stop()
             await task

@@ -43,7 +43,7 @@ def main() -> int:
     try:
         relay.start()
     except Exception as exc:
-        log.error("relay failed to start: %s", exc)
+        log.error("relay failed to start: %r", exc)
         return 1
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -1,0 +1,257 @@
+"""Faults on running services: Kafka restarted, the relay restarted, an ingestor crashed,
+and the platform driven from inside the compose network by service names.
+
+Each fault is injected while the work it could spoil is in flight: the exchange
+simulator serves slow pages, and the fault waits until the pipeline has committed
+part of the request (a readiness check, not a sleep). Through the `faults` fixture
+(infra.platform.faults) the same tests run on the local processes and on the
+compose containers. They are marked `compose`: `make e2e` runs them on the
+containers (the faults they stand for: a container restarted or crashed);
+`make test` leaves them out, and the local stack keeps its own pipeline
+kill -9 test (e2e/test_recovery.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from infra.compose_platform import ComposePlatform
+from infra.exchange_sim import expected_klines
+from infra.exchange_sim.control import SimulatorControl
+from infra.platform.faults import Faults
+from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
+from mdproto.messages import Tick
+
+pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+WAIT_S = 120.0
+
+
+def past_range(days_ago: int, days: int) -> tuple[int, int]:
+    """Whole days in the past (every candle closed), far from other tests' ranges."""
+    now = int(time.time() * 1000)
+    start = (now - days_ago * DAY_MS) // HOUR_MS * HOUR_MS
+    return start, start + days * DAY_MS
+
+
+def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
+    """The simulator's candles for [start, end) as (open_time, o, h, l, c, v)."""
+    return [
+        tuple(float(v) for v in k.ohlcv())
+        for k in expected_klines(symbol, "1m", start, end)
+        if k.open_time < end
+    ]
+
+
+def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
+    t = result.table
+    times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
+    columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
+    return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
+
+
+class InFlight:
+    """A history request running in a thread; `outcome()` after `join`."""
+
+    def __init__(self, call: Callable[[], HistoryResult]) -> None:
+        self.results: list[HistoryResult] = []
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], HistoryResult]) -> None:
+        try:
+            self.results.append(call())
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout=timeout_s)
+        assert not self._thread.is_alive(), f"no outcome within {timeout_s:g}s: silence"
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
+def wait_until_partly_committed(
+    settings: ClientSettings, ticker: str, start: int, end: int, total: int, request: InFlight
+) -> int:
+    """Until the pipeline has committed some but not all rows of the range."""
+    reader = Client(settings=settings).reader()
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and not request.done:
+        rows: int = reader.read_ohlc("market.ohlc", ticker, 60, start, end).num_rows
+        if 0 < rows < total:
+            return rows
+        time.sleep(0.5)
+    pytest.fail(f"the request was not in flight with part committed (done={request.done})")
+
+
+def pages_served(sim: SimulatorControl, symbol: str, start: int, end: int) -> int:
+    """Klines pages of [start, end) the simulator has answered so far (a slow page that
+    is still being served is not counted)."""
+    log = sim.stats(include_log=True)["log"]
+    return sum(
+        1
+        for entry in log
+        if entry["path"].endswith("/klines")
+        and entry["query"].get("symbol") == symbol.replace("/", "")
+        and start <= int(entry["query"].get("startTime", -1)) < end
+    )
+
+
+@pytest.fixture
+def slow_pages(sim: SimulatorControl) -> Iterator[Callable[[float, int], None]]:
+    """Arm slow klines pages; cleared after the test whatever happens."""
+
+    def arm(delay: float, count: int) -> None:
+        sim.add_fault("slow", delay=delay, path="/api/v3/klines", count=count)
+
+    sim.clear_faults()
+    yield arm
+    sim.clear_faults()
+
+
+@pytest.mark.compose
+def test_kafka_restart_while_ingesting_loses_no_acknowledged_record(
+    faults: Faults,
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
+    slow_pages: Callable[[float, int], None],
+) -> None:
+    """Kafka restarted between two pages of one request: the request completes, with one
+    attempt, and every candle the exchange served is in the answer exactly once."""
+    ticker, symbol = "BINANCE:SOL/USDT", "SOL/USDT"
+    start, end = past_range(days_ago=45, days=5)  # 7,200 candles: 8 exchange pages
+    expected = exchange_rows(symbol, start, end)
+    slow_pages(3.0, 8)
+
+    def ask() -> HistoryResult:
+        with Client(settings=client_settings, client_id=f"e2e-kafka-{uuid.uuid4().hex[:6]}") as c:
+            return c.history(ticker, "1m", start, end, timeout_s=400, attempts=1)
+
+    request = InFlight(ask)
+    wait_until_partly_committed(client_settings, ticker, start, end, len(expected), request)
+    served = pages_served(sim, symbol, start, end)
+    assert served < 8, "the fetch was over before the fault: nothing was in flight"
+    faults.restart("kafka")  # graceful stop + start; returns once the broker is healthy
+    request.join(timeout_s=460)
+    assert not request.errors, request.errors
+    [result] = request.results
+    assert result.status == "OK" and result.attempts == 1
+    assert result_rows(result) == expected  # nothing lost, nothing twice
+    assert result.reported_rows == len(expected)
+
+
+@pytest.mark.compose
+def test_relay_restart_brings_back_subscriptions_and_live_feed(
+    faults: Faults, client_settings: ClientSettings, sim: SimulatorControl
+) -> None:
+    """A client subscribed to ticks keeps its stream across a relay restart: without any
+    call of its own, trades injected after the restart reach it again."""
+    ticker, symbol = "BINANCE:ETH/USDT", "ETH/USDT"
+
+    def next_probe(stream_get: Callable[[float], object], price: str) -> bool:
+        [probe] = sim.inject_trades(symbol, [{"price": price, "qty": "1"}])
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            message = stream_get(0.5)
+            if isinstance(message, Tick) and message.trade_id == str(probe["id"]):
+                return True
+        return False
+
+    def probe_until_delivered(stream_get: Callable[[float], object], price: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            if next_probe(stream_get, price):
+                return
+        pytest.fail(f"no injected trade reached the subscriber within {WAIT_S:g}s")
+
+    with (
+        Client(settings=client_settings) as client,
+        client.live(ticker, ticks=True) as stream,
+    ):
+        sim.wait_for_subscribers(symbol, count=1, timeout_s=WAIT_S)
+        probe_until_delivered(stream.get, "2001.5")  # live before the fault
+        faults.restart("relay")
+        # The client does nothing: ZeroMQ reconnects its SUB and resends the
+        # subscription, the relay sees it and (re)starts the exchange feed.
+        probe_until_delivered(stream.get, "2002.5")
+        sim.wait_for_subscribers(symbol, count=1, timeout_s=WAIT_S)
+
+
+@pytest.mark.compose
+def test_ingestor_crash_mid_fetch_ends_in_rows_or_an_error_never_silence(
+    faults: Faults,
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
+    slow_pages: Callable[[float, int], None],
+) -> None:
+    """The ingestor fetching a request dies (SIGKILL) and its supervisor restarts it. The
+    claim died with it, so the client's retry (a new request_id) must get the rows, or the
+    client an ERROR notification: within a bounded time, never silence."""
+    ticker, symbol = "BINANCE:ETH/USDT", "ETH/USDT"
+    start, end = past_range(days_ago=55, days=3)  # 4,320 candles: 5 exchange pages
+    expected = exchange_rows(symbol, start, end)
+    slow_pages(4.0, 5)  # every page slow: the fetch lasts at least 20 s
+    attempt_s, attempts = 60.0, 3
+
+    def ask() -> HistoryResult:
+        with Client(settings=client_settings, client_id=f"e2e-crash-{uuid.uuid4().hex[:6]}") as c:
+            return c.history(ticker, "1m", start, end, timeout_s=attempt_s, attempts=attempts)
+
+    request = InFlight(ask)
+    try:
+        wait_until_partly_committed(client_settings, ticker, start, end, len(expected), request)
+        served = pages_served(sim, symbol, start, end)
+        assert served < 5, "the fetch was over before the crash: nothing was in flight"
+        faults.crash("ingestor")
+        request.join(timeout_s=attempt_s * attempts + 60)
+    finally:
+        faults.wait_ready("ingestor")  # back (restarted by its supervisor) for later tests
+    if request.errors:
+        [error] = request.errors
+        assert isinstance(error, HistoryFailed), f"not rows, not an ERROR notification: {error!r}"
+        print(f"ingestor crash after {served}/5 pages: ERROR notification ({error})")
+        return
+    [result] = request.results
+    print(f"ingestor crash after {served}/5 pages: rows after {result.attempts} attempt(s)")
+    assert result.status == "OK"
+    assert result_rows(result) == expected
+
+
+@pytest.mark.compose
+def test_test_client_container_answers_by_service_names(compose: ComposePlatform) -> None:
+    """`docker compose run test-client history ...` inside the network (relay, iceberg-rest,
+    minio by name): exit code 0 and the exchange's candles on stdout; a bad symbol exits
+    non-zero with the relay's reason."""
+    start, end = past_range(days_ago=65, days=1)
+    expected = exchange_rows("BTC/USDT", start, end)
+    done = compose.run(
+        "test-client",
+        *("history", "BINANCE:BTC/USDT", "--period", "1m"),
+        *("--start", str(start), "--end", str(end)),
+        *("--no-table", "--quiet", "--csv", "/dev/stdout"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    got = [
+        tuple(float(r[k]) for k in ("open_time_ms", "open", "high", "low", "close", "volume"))
+        for r in rows
+    ]
+    assert got == expected
+    assert {r["ticker"] for r in rows} == {"BINANCE:BTC/USDT"}
+
+    bad = compose.run("test-client", "history", "BINANCE:NOPE/USDT", "--start", "-1h", "--quiet")
+    assert bad.returncode != 0
+    assert "symbol" in (bad.stdout + bad.stderr).lower(), bad.stderr[-2000:]
