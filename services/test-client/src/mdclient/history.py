@@ -31,7 +31,7 @@ from mdclient.errors import (
     RequestTimeout,
     SubmitRejected,
 )
-from mdproto import ProtocolError, envelope, topics
+from mdproto import ProtocolError, envelope, rules, topics
 from mdproto.messages import (
     HistoryReadyNotification,
     NotifyPattern,
@@ -59,13 +59,10 @@ class HistoryQuery:
 
     def __post_init__(self) -> None:
         try:
-            topics.parse_ticker(self.ticker)
-        except ProtocolError as exc:
-            raise InvalidRequest(exc.reason, error_code="bad_ticker") from None
-        if self.period_seconds <= 0:
-            raise InvalidRequest(f"period must be positive, got {self.period_seconds}")
-        if self.start_ms >= self.end_ms:
-            raise InvalidRequest(f"start {self.start_ms} is not before end {self.end_ms}")
+            rules.ticker(self.ticker)
+            rules.history_range(self.period_seconds, self.start_ms, self.end_ms)
+        except rules.RuleViolation as bad:
+            raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ so it is unit-tested without a relay.
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,7 +22,7 @@ from types import TracebackType
 
 from mdclient import timeparse
 from mdclient.errors import InvalidRequest, ProtocolMismatch, SubmitRejected
-from mdproto import ProtocolError, envelope, topics
+from mdproto import ProtocolError, envelope, rules, topics
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
@@ -33,6 +32,7 @@ from mdproto.messages import (
     Response,
     Status,
 )
+from mdproto.rules import RuleViolation
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ KINDS: dict[str, int] = {
     "volume": CEPCondition.VOLUME_OVER,
 }
 _NAMES = {value: name for name, value in KINDS.items()}
-_WINDOWED = (CEPCondition.PCT_MOVE, CEPCondition.VOLUME_OVER)
 EVENT_KINDS = {value: name.lower() for name, value in CEPTriggerEvent.Kind.items()}
 
 
@@ -81,24 +80,10 @@ def parse_condition(text: str) -> CEPCondition:
 
 
 def check_condition(condition: CEPCondition, index: int = 0) -> None:
-    name = _NAMES.get(condition.kind, str(condition.kind))
-    if condition.kind not in _NAMES:
-        raise InvalidRequest(f"condition {index}: unknown kind {name}", error_code="bad_condition")
-    if not math.isfinite(condition.threshold) or condition.threshold <= 0:
-        raise InvalidRequest(
-            f"condition {index} ({name}): threshold must be a positive number",
-            error_code="bad_condition",
-        )
-    if condition.kind in _WINDOWED and condition.window_seconds <= 0:
-        raise InvalidRequest(
-            f"condition {index} ({name}): needs a window, e.g. {name}:{condition.threshold:g}@60s",
-            error_code="bad_condition",
-        )
-    if condition.kind not in _WINDOWED and condition.window_seconds:
-        raise InvalidRequest(
-            f"condition {index} ({name}): a price crossing takes no window",
-            error_code="bad_condition",
-        )
+    try:
+        rules.condition(condition, index)
+    except RuleViolation as bad:
+        raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
 
 
 def describe_condition(condition: CEPCondition) -> str:
@@ -122,31 +107,11 @@ def build_register(
     expires_at_ms: int = 0,
     per_client: bool = True,
 ) -> CEPTriggerRequest:
-    """A REGISTER request, checked the way the relay checks it (fail before sending)."""
-    try:
-        topics.parse_ticker(ticker)
-    except ProtocolError as exc:
-        raise InvalidRequest(exc.reason, error_code="bad_ticker") from None
-    for name, value in (("trigger_id", trigger_id), ("client_id", client_id)):
-        if not topics.is_valid_id(value):
-            raise InvalidRequest(
-                f"{name} must be 1-128 characters of [A-Za-z0-9_.-]", error_code="bad_id"
-            )
-    if len(conditions) not in (1, 2):
-        raise InvalidRequest(
-            f"need one condition or a sequence of two, got {len(conditions)}",
-            error_code="bad_condition",
-        )
-    for i, condition in enumerate(conditions):
-        check_condition(condition, i)
-    if len(conditions) == 2 and within_seconds <= 0:
-        raise InvalidRequest(
-            "a sequence of two conditions needs a time bound (within)", error_code="bad_condition"
-        )
-    if period_seconds < 0 or within_seconds < 0 or expires_at_ms < 0:
-        raise InvalidRequest("period, within and expiry cannot be negative")
+    """A REGISTER request, checked by the relay's rules (fail before sending)."""
+    if period_seconds < 0 or within_seconds < 0:  # uint32 on the wire
+        raise InvalidRequest("period and within cannot be negative", error_code="bad_condition")
     notify = NotifyPattern.NOTIFY_PER_CLIENT if per_client else NotifyPattern.NOTIFY_PER_REQUEST
-    return CEPTriggerRequest(
+    request = CEPTriggerRequest(
         trigger_id=trigger_id,
         client_id=client_id,
         action=CEPTriggerRequest.REGISTER,
@@ -158,6 +123,11 @@ def build_register(
         expires_at_ms=expires_at_ms,
         notify=notify,
     )
+    try:
+        rules.register(request)
+    except RuleViolation as bad:
+        raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
+    return request
 
 
 def event_topic(request: CEPTriggerRequest) -> str:
