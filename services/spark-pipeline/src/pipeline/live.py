@@ -13,7 +13,7 @@ Separate queries, so none waits for another's commits:
   passes its end -> MERGE into ``ohlc`` (source ``live``), then published with
   ``closed=true``.
 - ``ticks-publish`` (only with ``live.publisher: spark``): the Spark alternative
-  to `relay.TickRelay` for tick publication (seconds slower under load).
+  to `tick_publisher.TickPublisher` for tick publication (seconds slower under load).
 
 Candle open/close come from ``min_by``/``max_by`` over (trade_time, trade id),
 so they follow trade time whatever order ticks arrive in (`candles` is the
@@ -35,10 +35,10 @@ from mdproto.messages import OHLC
 from pipeline import faults, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
-from pipeline.notify import Publisher
-from pipeline.relay import RecentKeys
+from pipeline.pub_server import Publisher
 from pipeline.session import FAST_POOL
 from pipeline.streams import kafka_source, start_query
+from pipeline.tick_publisher import RecentKeys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.cep.candles import Candle, CandleBuilder
+from pipeline.cep.candles import ArrivalCandle, CandleBuilder
 from pipeline.cep.model import Condition, Kind, Notice, NoticeKind, TriggerSpec
 from pipeline.cep.thresholds import Member, ThresholdIndex
 from pipeline.cep.windows import ExtremaWindow, VolumeWindow
@@ -174,7 +174,7 @@ class RecentIds:
         return True
 
 
-@dataclass  # no slots: see Candle
+@dataclass  # no slots: see ArrivalCandle
 class _Pending:
     """The first condition of a sequence happened: when, on which point, with what values."""
 
@@ -183,7 +183,7 @@ class _Pending:
     values: dict[str, float]
 
 
-@dataclass  # no slots: see Candle
+@dataclass  # no slots: see ArrivalCandle
 class _Trigger:
     spec: TriggerSpec
     serial: int
@@ -371,7 +371,9 @@ class Engine:
                     self._candle(series, candle, now_ms, notices)
         return notices
 
-    def _candle(self, series: Series, candle: Candle, now_ms: int, notices: list[Notice]) -> None:
+    def _candle(
+        self, series: Series, candle: ArrivalCandle, now_ms: int, notices: list[Notice]
+    ) -> None:
         assert series.candles is not None
         close_time = series.candles.close_time(candle)
         hits = series.point(close_time, candle.close, candle.volume)

@@ -1,6 +1,6 @@
 """Tick publication: ``market.ticks`` -> ``{ticker}|tick``, outside Spark.
 
-A Kafka consumer thread in the PUB server process (notify.py) decodes each tick
+A Kafka consumer thread in the PUB server process (pub_server.py) decodes each tick
 and hands it to the PUB at once. Publication is the latency-critical, stateless
 part of the live path: as a Spark micro-batch query it shares two cores' worth
 of task slots with the persisting and aggregating queries and waits seconds
@@ -52,7 +52,7 @@ class RecentKeys:
         return True
 
 
-class TickRelay:
+class TickPublisher:
     """The consumer thread. `start`, then `wait_assigned` before producers are told
     the pipeline is ready (earlier ticks are behind the starting offset)."""
 

@@ -217,12 +217,12 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
     forwarder.start()
     relay = None
     if config.relay_settings is not None:
-        from pipeline.relay import TickRelay
+        from pipeline.tick_publisher import TickPublisher
 
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect("inproc://ticks")
-        relay = TickRelay(config.relay_settings, _sender(push))
+        relay = TickPublisher(config.relay_settings, _sender(push))
         relay.start()
         try:
             relay.wait_assigned()
