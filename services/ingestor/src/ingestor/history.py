@@ -172,7 +172,8 @@ async def _settle(deliveries: list[Awaitable[object]]) -> str | None:
 
 async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
     try:
-        await (await sink.send_batch(key, final))
+        delivery = await sink.send_batch(key, final)
+        await delivery
     except Exception as exc:
         meta = final.metadata
         log.error(
