@@ -15,21 +15,19 @@ so it is unit-tested without a relay.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
+from collections.abc import Callable, Iterable, Sequence
 
 from mdclient import timeparse
 from mdclient.errors import InvalidRequest, ProtocolMismatch, SubmitRejected
-from mdproto import ProtocolError, envelope, rules, topics
+from mdclient.history import decode_reply
+from mdclient.streams import QueueStream
+from mdproto import rules, topics
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
     CEPTriggerEvent,
     CEPTriggerRequest,
     NotifyPattern,
-    Response,
     Status,
 )
 from mdproto.rules import RuleViolation
@@ -136,22 +134,7 @@ def event_topic(request: CEPTriggerRequest) -> str:
 
 def check_ack(frames: Sequence[bytes], trigger_id: str) -> CEPTriggerAck:
     """The relay's ack, or TriggerRejected / ProtocolMismatch."""
-    try:
-        message = envelope.decode(frames)
-    except ProtocolError as exc:
-        raise ProtocolMismatch(
-            f"relay reply does not decode: {exc.reason}", error_code=exc.code
-        ) from None
-    if isinstance(message, Response):
-        raise TriggerRejected(
-            message.reason or f"relay answered {Status.Name(message.status)}",
-            error_code=message.error_code,
-            request_id=trigger_id,
-        )
-    if not isinstance(message, CEPTriggerAck):
-        raise ProtocolMismatch(
-            f"expected CEPTriggerAck, got {message.DESCRIPTOR.name}", error_code="unexpected_type"
-        )
+    message = decode_reply(frames, CEPTriggerAck, trigger_id, TriggerRejected)
     if message.status != Status.OK:
         raise TriggerRejected(
             message.reason or Status.Name(message.status),
@@ -195,7 +178,7 @@ def event_line(event: CEPTriggerEvent) -> str:
     return "  ".join(p for p in parts if p)
 
 
-class TriggerEvents(Iterator[CEPTriggerEvent]):
+class TriggerEvents(QueueStream[CEPTriggerEvent]):
     """Events of some triggers (or every trigger on the watched topics), as they arrive.
 
     Delivery is filtered on the exact topic (subscriptions are prefix matches)
@@ -212,24 +195,14 @@ class TriggerEvents(Iterator[CEPTriggerEvent]):
         *,
         until_final: bool = False,
     ) -> None:
-        self.topics = tuple(dict.fromkeys(topic_list))
+        super().__init__(topic_list, closer)
         self.trigger_ids = frozenset(trigger_ids) if trigger_ids is not None else None
-        self.subscribed: list[str] = []
-        self._closer = closer
         self._until_final = until_final and self.trigger_ids is not None
         self._open = set(self.trigger_ids or ())
-        self._queue: queue.SimpleQueue[CEPTriggerEvent] = queue.SimpleQueue()
-        self._closed = threading.Event()
-        self._close_lock = threading.Lock()
-        self.received = 0
         #: Set by `Client.register_trigger`: the trigger this stream was opened for.
         ids = sorted(self.trigger_ids or ())
         self.trigger_id = ids[0] if len(ids) == 1 else ""
         self.ack: CEPTriggerAck | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
     @property
     def finished(self) -> bool:
@@ -252,21 +225,10 @@ class TriggerEvents(Iterator[CEPTriggerEvent]):
         """Next event, or None after `timeout_s` (or when finished and drained)."""
         if self.finished and self._queue.empty():
             return None
-        step = 0.25 if timeout_s is None else min(timeout_s, 0.25)
-        waited = 0.0
-        while True:
-            try:
-                event = self._queue.get(timeout=step)
-            except queue.Empty:
-                if self._closed.is_set():
-                    return None
-                waited += step
-                if timeout_s is not None and waited >= timeout_s:
-                    return None
-                continue
-            if event.final:
-                self._open.discard(event.trigger_id)
-            return event
+        event = super().get(timeout_s)
+        if event is not None and event.final:
+            self._open.discard(event.trigger_id)
+        return event
 
     def wait_for(
         self, kind: int, timeout_s: float, trigger_id: str | None = None
@@ -289,31 +251,3 @@ class TriggerEvents(Iterator[CEPTriggerEvent]):
                 continue
             if event.kind == kind and trigger_id in (None, event.trigger_id):
                 return event
-
-    def __iter__(self) -> TriggerEvents:
-        return self
-
-    def __next__(self) -> CEPTriggerEvent:
-        event = self.get()
-        if event is None:
-            raise StopIteration
-        return event
-
-    def close(self) -> None:
-        """Stop receiving (unsubscribes); what is queued can still be read."""
-        with self._close_lock:
-            if self._closed.is_set():
-                return
-            self._closed.set()
-        self._closer(self)
-
-    def __enter__(self) -> TriggerEvents:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
