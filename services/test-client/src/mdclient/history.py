@@ -1,4 +1,4 @@
-"""The asynchronous history flow of spec 001, minus the Iceberg read.
+"""The asynchronous history flow (docs/protocol.md), minus the Iceberg read.
 
 Per attempt (each with a NEW request_id):
 
