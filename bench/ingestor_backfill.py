@@ -205,7 +205,7 @@ async def backfill(
     encoded = encode_all()
 
     async def kafka_produce() -> int:
-        futures = [await sink.produce(topic, TICKER, value) for value in encoded]
+        futures = [await sink.enqueue(topic, TICKER, value) for value in encoded]
         await asyncio.gather(*futures)
         return len(rows)
 
@@ -345,7 +345,7 @@ async def feed_run(
     topic = f"bench.ticks.{uuid.uuid4().hex[:6]}"
     sink = KafkaSink(KafkaSettings(bootstrap_servers=bootstrap, topic_ticks=topic), "bench")
     await sink.start()
-    await (await sink.produce(topic, TICKER, b"warm-up"))  # topic created, connection up
+    await sink.deliver(topic, TICKER, b"warm-up")  # topic created, connection up
     stats = FeedStats()
     feed = asyncio.create_task(
         run_feed(TICKER, adapter, sink, stats, dedupe=RecentIds(50_000), reconnect=RetryPolicy())

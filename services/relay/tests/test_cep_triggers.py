@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from mdproto import rules
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
@@ -47,30 +48,30 @@ def trigger(**fields: Any) -> CEPTriggerRequest:
 @pytest.mark.parametrize(
     ("fields", "code", "needle"),
     [
-        ({"trigger_id": ""}, v.MISSING_ID, "trigger_id"),
-        ({"trigger_id": "no spaces"}, v.BAD_ID, "trigger_id"),
-        ({"ticker": "BTCUSDT"}, v.BAD_TICKER, "EXCHANGE:BASE/QUOTE"),
-        ({"ticker": "KRAKEN:BTC/USD"}, v.UNKNOWN_EXCHANGE, "KRAKEN"),
-        ({"conditions": []}, v.BAD_CONDITION, "got 0"),
-        ({"conditions": [CEPCondition(kind=ABOVE, threshold=1)] * 3}, v.BAD_CONDITION, "got 3"),
-        ({"conditions": [CEPCondition(kind=0, threshold=1)]}, v.BAD_CONDITION, "unknown kind"),
-        ({"conditions": [CEPCondition(kind=ABOVE, threshold=-1)]}, v.BAD_CONDITION, "> 0"),
-        ({"conditions": [CEPCondition(kind=PCT, threshold=5)]}, v.BAD_CONDITION, "window"),
+        ({"trigger_id": ""}, rules.MISSING_ID, "trigger_id"),
+        ({"trigger_id": "no spaces"}, rules.BAD_ID, "trigger_id"),
+        ({"ticker": "BTCUSDT"}, rules.BAD_TICKER, "EXCHANGE:BASE/QUOTE"),
+        ({"ticker": "KRAKEN:BTC/USD"}, rules.UNKNOWN_EXCHANGE, "KRAKEN"),
+        ({"conditions": []}, rules.BAD_CONDITION, "got 0"),
+        ({"conditions": [CEPCondition(kind=ABOVE, threshold=1)] * 3}, rules.BAD_CONDITION, "got 3"),
+        ({"conditions": [CEPCondition(kind=0, threshold=1)]}, rules.BAD_CONDITION, "unknown kind"),
+        ({"conditions": [CEPCondition(kind=ABOVE, threshold=-1)]}, rules.BAD_CONDITION, "> 0"),
+        ({"conditions": [CEPCondition(kind=PCT, threshold=5)]}, rules.BAD_CONDITION, "window"),
         (
             {"conditions": [CEPCondition(kind=ABOVE, threshold=1)] * 2},
-            v.BAD_CONDITION,
+            rules.BAD_CONDITION,
             "within_seconds",
         ),
-        ({"expires_at_ms": NOW - 1}, v.EXPIRED, "in the past"),
-        ({"notify": 7}, v.BAD_NOTIFY, "notify"),
+        ({"expires_at_ms": NOW - 1}, rules.EXPIRED, "in the past"),
+        ({"notify": 7}, rules.BAD_NOTIFY, "notify"),
         (
             {"notify": NotifyPattern.NOTIFY_PER_CLIENT, "client_id": ""},
-            v.BAD_NOTIFY,
+            rules.BAD_NOTIFY,
             "client_id",
         ),
         (
             {"action": CEPTriggerRequest.ACTION_UNSPECIFIED},
-            v.BAD_ACTION,
+            rules.BAD_ACTION,
             "REGISTER, CANCEL or LIST",
         ),
     ],
@@ -87,7 +88,7 @@ def test_invalid_triggers_are_rejected_with_a_clear_reason(
 def test_list_needs_only_a_valid_client_id() -> None:
     listing = CEPTriggerRequest(action=CEPTriggerRequest.LIST, client_id="c1")
     assert v.check_trigger(listing, POLICY, NOW).accepted
-    for client_id, code in (("", v.MISSING_ID), ("bad id", v.BAD_ID)):
+    for client_id, code in (("", rules.MISSING_ID), ("bad id", rules.BAD_ID)):
         listing.client_id = client_id
         outcome = v.check_trigger(listing, POLICY, NOW)
         assert (outcome.accepted, outcome.reply.error_code) == (False, code)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mdproto import rules
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerRequest,
@@ -79,20 +80,20 @@ def test_per_request_topic_without_client_id() -> None:
 @pytest.mark.parametrize(
     ("fields", "code"),
     [
-        ({"request_id": "", "client_id": ""}, v.MISSING_ID),
-        ({"request_id": "has space"}, v.BAD_ID),
-        ({"client_id": "x" * 129}, v.BAD_ID),
-        ({"ticker": "BTC/USDT"}, v.BAD_TICKER),
-        ({"ticker": "binance:BTC/USDT"}, v.BAD_TICKER),
-        ({"ticker": "KRAKEN:BTC/USD"}, v.UNKNOWN_EXCHANGE),
-        ({"period_seconds": 0}, v.BAD_PERIOD),
-        ({"end_time_ms": NOW - HOUR}, v.BAD_TIME_RANGE),
-        ({"start_time_ms": -1}, v.BAD_TIME_RANGE),
-        ({"start_time_ms": 0, "end_time_ms": 0}, v.BAD_TIME_RANGE),
-        ({"end_time_ms": NOW + 61_000}, v.BAD_TIME_RANGE),
-        ({"start_time_ms": 0, "period_seconds": 1}, v.RANGE_TOO_LARGE),
-        ({"client_id": "", "notify": NotifyPattern.NOTIFY_PER_CLIENT}, v.BAD_NOTIFY),
-        ({"notify": 7}, v.BAD_NOTIFY),
+        ({"request_id": "", "client_id": ""}, rules.MISSING_ID),
+        ({"request_id": "has space"}, rules.BAD_ID),
+        ({"client_id": "x" * 129}, rules.BAD_ID),
+        ({"ticker": "BTC/USDT"}, rules.BAD_TICKER),
+        ({"ticker": "binance:BTC/USDT"}, rules.BAD_TICKER),
+        ({"ticker": "KRAKEN:BTC/USD"}, rules.UNKNOWN_EXCHANGE),
+        ({"period_seconds": 0}, rules.BAD_PERIOD),
+        ({"end_time_ms": NOW - HOUR}, rules.BAD_TIME_RANGE),
+        ({"start_time_ms": -1}, rules.BAD_TIME_RANGE),
+        ({"start_time_ms": 0, "end_time_ms": 0}, rules.BAD_TIME_RANGE),
+        ({"end_time_ms": NOW + 61_000}, rules.BAD_TIME_RANGE),
+        ({"start_time_ms": 0, "period_seconds": 1}, rules.RANGE_TOO_LARGE),
+        ({"client_id": "", "notify": NotifyPattern.NOTIFY_PER_CLIENT}, rules.BAD_NOTIFY),
+        ({"notify": 7}, rules.BAD_NOTIFY),
     ],
 )
 def test_invalid_submit_is_rejected_with_a_code(fields: dict[str, Any], code: str) -> None:
@@ -154,7 +155,7 @@ def test_invalid_legacy_request_is_a_rejection() -> None:
     req = OHLCRequest(request_id="r", ticker="KRAKEN:BTC/USD", period_seconds=60, end_time_ms=1)
     rejection = v.check_legacy(req, POLICY, NOW, new_id)
     assert isinstance(rejection, v.Rejection)
-    assert rejection.error_code == v.UNKNOWN_EXCHANGE
+    assert rejection.error_code == rules.UNKNOWN_EXCHANGE
 
 
 def trigger(**fields: Any) -> v.TriggerOutcome:
@@ -185,7 +186,7 @@ def test_sequence_of_two_windowed_conditions() -> None:
         CEPCondition(kind=CEPCondition.VOLUME_OVER, threshold=10.0, window_seconds=60),
     ]
     assert trigger(conditions=conditions, within_seconds=300).accepted
-    assert trigger(conditions=conditions).reply.error_code == v.BAD_CONDITION
+    assert trigger(conditions=conditions).reply.error_code == rules.BAD_CONDITION
 
 
 def test_cancel_needs_only_the_trigger_id() -> None:
@@ -197,26 +198,26 @@ def test_cancel_needs_only_the_trigger_id() -> None:
 @pytest.mark.parametrize(
     ("fields", "code"),
     [
-        ({"trigger_id": ""}, v.MISSING_ID),
-        ({"trigger_id": "a/b"}, v.BAD_ID),
-        ({"action": CEPTriggerRequest.ACTION_UNSPECIFIED}, v.BAD_ACTION),
-        ({"ticker": "nope"}, v.BAD_TICKER),
-        ({"ticker": "KRAKEN:BTC/USD"}, v.UNKNOWN_EXCHANGE),
-        ({"conditions": []}, v.BAD_CONDITION),
+        ({"trigger_id": ""}, rules.MISSING_ID),
+        ({"trigger_id": "a/b"}, rules.BAD_ID),
+        ({"action": CEPTriggerRequest.ACTION_UNSPECIFIED}, rules.BAD_ACTION),
+        ({"ticker": "nope"}, rules.BAD_TICKER),
+        ({"ticker": "KRAKEN:BTC/USD"}, rules.UNKNOWN_EXCHANGE),
+        ({"conditions": []}, rules.BAD_CONDITION),
         ({"conditions": [CEPCondition(kind=CEPCondition.KIND_UNSPECIFIED, threshold=1)]}, None),
         (
             {"conditions": [CEPCondition(kind=CEPCondition.PRICE_BELOW, threshold=float("nan"))]},
             None,
         ),
         ({"conditions": [CEPCondition(kind=CEPCondition.PCT_MOVE, threshold=1.0)]}, None),
-        ({"expires_at_ms": NOW - 1}, v.EXPIRED),
-        ({"client_id": "", "notify": NotifyPattern.NOTIFY_PER_CLIENT}, v.BAD_NOTIFY),
-        ({"action": CEPTriggerRequest.CANCEL, "ticker": "KRAKEN:X/Y"}, v.UNKNOWN_EXCHANGE),
+        ({"expires_at_ms": NOW - 1}, rules.EXPIRED),
+        ({"client_id": "", "notify": NotifyPattern.NOTIFY_PER_CLIENT}, rules.BAD_NOTIFY),
+        ({"action": CEPTriggerRequest.CANCEL, "ticker": "KRAKEN:X/Y"}, rules.UNKNOWN_EXCHANGE),
     ],
 )
 def test_invalid_trigger_is_rejected(fields: dict[str, Any], code: str | None) -> None:
     outcome = trigger(**fields)
     assert not outcome.accepted
     assert outcome.reply.status == Status.REJECTED
-    assert outcome.reply.error_code == (code or v.BAD_CONDITION)
+    assert outcome.reply.error_code == (code or rules.BAD_CONDITION)
     assert outcome.reply.reason

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from candle_oracle import Candle, aggregate, trade_order, window_start_ms
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from pipeline.candles import Candle, aggregate, trade_order, window_start_ms
 
 
 def test_window_start_is_epoch_aligned() -> None:

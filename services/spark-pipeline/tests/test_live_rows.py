@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from mdproto.messages import OHLC
-from pipeline import live, records, relay
+from pipeline import live, records, tick_publisher
 
 
 def _candle_rows(build: Any) -> pa.Table:
@@ -63,7 +63,7 @@ def test_closed_candles_become_live_ohlc_rows(build: Any) -> None:
 
 
 def test_recent_keys_drop_redeliveries_within_capacity() -> None:
-    recent = relay.RecentKeys(capacity=2)
+    recent = tick_publisher.RecentKeys(capacity=2)
     assert recent.first_time(("T", "1"))
     assert not recent.first_time(("T", "1"))
     assert recent.first_time(("T", "2"))

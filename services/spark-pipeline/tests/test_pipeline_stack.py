@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from candle_oracle import aggregate
 
 from mdproto import envelope
 from mdproto.messages import OHLC, HistoryReadyNotification, Status, Tick
-from pipeline.candles import aggregate
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 

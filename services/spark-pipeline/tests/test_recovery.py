@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 import pytest
+from candle_oracle import aggregate
 
 from mdproto import envelope
 from mdproto.messages import OHLC, HistoryReadyNotification, Status
-from pipeline.candles import aggregate
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 

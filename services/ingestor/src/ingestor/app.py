@@ -174,8 +174,7 @@ class Ingestor:
         sink, topic = self.sink, self.settings.kafka.topic_claims
 
         async def publish(request_id: str, ingestor_id: str) -> int:
-            future = await sink.produce(topic, request_id, ingestor_id.encode(), partition=0)
-            return await future
+            return await sink.deliver(topic, request_id, ingestor_id.encode(), partition=0)
 
         self._claims = Claims(self.ingestor_id, publish, self.settings.claims.wait_timeout_s)
         self._tail = PartitionTail(

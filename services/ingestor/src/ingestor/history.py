@@ -27,9 +27,8 @@ from ingestor.candles import (
 )
 from ingestor.model import Candle, ExchangeCallError
 from ingestor.retry import GiveUp, RetryPolicy, decide
-from mdproto import ProtocolError
+from mdproto import rules
 from mdproto.messages import DataRequest, OHLCBatch, Status
-from mdproto.topics import parse_ticker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,16 +98,10 @@ def plan_request(
 ) -> tuple[str, FetchPlan]:
     """(ccxt symbol, plan) for a request, or RequestFailedError for bad parameters."""
     try:
-        symbol = parse_ticker(request.ticker).symbol
-    except ProtocolError as exc:
-        raise RequestFailedError(INVALID_REQUEST, exc.reason) from None
-    if request.period_seconds <= 0:
-        raise RequestFailedError(INVALID_REQUEST, "period_seconds must be positive")
-    if request.end_time_ms <= request.start_time_ms or request.start_time_ms < 0:
-        raise RequestFailedError(
-            INVALID_REQUEST,
-            f"range [{request.start_time_ms}, {request.end_time_ms}) is empty or negative",
-        )
+        symbol = rules.ticker(request.ticker).symbol
+        rules.history_range(request.period_seconds, request.start_time_ms, request.end_time_ms)
+    except rules.RuleViolation as bad:
+        raise RequestFailedError(INVALID_REQUEST, bad.reason) from None
     try:
         timeframe = timeframe_for(request.period_seconds, source.timeframes())
     except UnsupportedPeriodError as exc:
@@ -179,7 +172,8 @@ async def _settle(deliveries: list[Awaitable[object]]) -> str | None:
 
 async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
     try:
-        await (await sink.send_batch(key, final))
+        delivery = await sink.send_batch(key, final)
+        await delivery
     except Exception as exc:
         meta = final.metadata
         log.error(

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -82,60 +83,64 @@ class KafkaSink:
             self._producer.poll(0)
             await asyncio.sleep(interval)
 
-    async def produce(
+    async def enqueue(
+        self, topic: str, key: str, value: bytes, *, partition: int | None = None
+    ) -> asyncio.Future[int]:
+        """Queue one record; returns its delivery future (the offset, or DeliveryError).
+
+        Two awaits, two meanings: this one is back-pressure (it waits, without
+        blocking the loop, while librdkafka's queue is full), the future is the
+        delivery, so callers can keep many records in flight.
+        """
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            self._count(err)
+            if future.done():  # the caller cancelled it
+                return
+            if err is not None:
+                future.set_exception(DeliveryError(f"{topic}: {err}"))
+            else:
+                future.set_result(msg.offset())
+
+        try:
+            await self._queue(topic, key, value, on_delivery, partition)
+        except KafkaException as exc:
+            future.set_exception(DeliveryError(f"{topic}: {exc}"))
+        return future
+
+    async def deliver(
+        self, topic: str, key: str, value: bytes, *, partition: int | None = None
+    ) -> int:
+        """Queue one record and wait for its offset."""
+        delivery = await self.enqueue(topic, key, value, partition=partition)
+        return await delivery
+
+    async def _queue(
         self,
         topic: str,
         key: str,
         value: bytes,
-        *,
-        partition: int | None = None,
-        track: bool = True,
-    ) -> asyncio.Future[int]:
-        """Queue one record; the future resolves to its offset or raises DeliveryError.
-
-        Untracked records (ticks) only count failures. Waits (without blocking
-        the loop) while librdkafka's queue is full.
-        """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[int] = loop.create_future()
-        if track:
-
-            def on_delivery(err: Any, msg: Any) -> None:
-                self._count(err)
-                if future.done():
-                    return
-                if err is not None:
-                    future.set_exception(DeliveryError(f"{topic}: {err}"))
-                else:
-                    future.set_result(msg.offset())
-
-        else:
-            future.set_result(-1)
-
-            def on_delivery(err: Any, msg: Any) -> None:
-                self._count(err)
-
+        on_delivery: Callable[[Any, Any], None],
+        partition: int | None,
+    ) -> None:
         kwargs: dict[str, Any] = {"key": key.encode(), "value": value, "on_delivery": on_delivery}
         if partition is not None:
             kwargs["partition"] = partition
         while True:
             try:
                 self._producer.produce(topic, **kwargs)
-                break
             except BufferError:
                 self._producer.poll(0)
                 await asyncio.sleep(0.005)
-            except KafkaException as exc:
+            except KafkaException:
                 self.stats.failed += 1
-                if not future.done():
-                    future.set_exception(DeliveryError(f"{topic}: {exc}"))
-                elif track:
-                    raise DeliveryError(f"{topic}: {exc}") from exc
-                return future
-        self.stats.produced += 1
-        return future
+                raise
+            else:
+                self.stats.produced += 1
+                return
 
-    def _count(self, err: Any) -> None:
+    def _count(self, err: Any, _msg: Any = None) -> None:
         if err is None:
             self.stats.delivered += 1
             return
@@ -146,17 +151,18 @@ class KafkaSink:
             log.error("Kafka delivery failed (%d so far): %s", self.stats.failed, err)
 
     async def send_batch(self, key: str, record: OHLCBatch) -> asyncio.Future[int]:
-        return await self.produce(
+        return await self.enqueue(
             self.settings.topic_ohlc_batches, key, envelope.encode_record(record)
         )
 
     async def send_tick(self, key: str, record: Message) -> None:
-        await self.produce(
-            self.settings.topic_ticks, key, envelope.encode_record(record), track=False
-        )
+        """Ticks are not tracked: a failure is only counted (stats, a log line per 5 s)."""
+        value = envelope.encode_record(record)
+        with contextlib.suppress(KafkaException):  # counted in _queue
+            await self._queue(self.settings.topic_ticks, key, value, self._count, None)
 
     async def send_market(self, key: str, record: Message) -> asyncio.Future[int]:
-        return await self.produce(self.settings.topic_markets, key, envelope.encode_record(record))
+        return await self.enqueue(self.settings.topic_markets, key, envelope.encode_record(record))
 
     async def drain(self, timeout_s: float) -> int:
         """Deliver what is queued (serving callbacks on the loop); records left after timeout."""

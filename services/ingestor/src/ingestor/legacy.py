@@ -1,4 +1,4 @@
-"""Legacy synchronous flow (spec 000): `DataRequest{legacy_sync}` -> inline `DataResponse`.
+"""Legacy synchronous flow: `DataRequest{legacy_sync}` -> inline `DataResponse`.
 
 The candles travel in the response, sent through a DEALER to the relay's
 ROUTER :5556 (`work.LegacyResponder`), not through Kafka. `limit` caps the

@@ -126,17 +126,10 @@ class Relay:
         self._wakeup = WakeupSocket()
         self._stopping = False
         self._loop_beat = now
-        self._ctx: sockets.Context | None = None
         self._http: MetricsServer | None = None
         self.endpoints: Endpoints | None = None
-
-    # --- lifecycle ------------------------------------------------------------
-
-    def start(self) -> Endpoints:
-        """Bind everything and start the proxy thread; raises if a port is taken."""
-        s = self._s
         ctx = self._ctx = zmq.Context()
-        try:
+        try:  # sockets exist from here on, so close() needs no guards; start() binds them
             self._client = sockets.client_router(ctx, s)
             self._work = sockets.ingestor_xpub(ctx, s)
             self._responses = sockets.response_router(ctx, s)
@@ -151,6 +144,17 @@ class Relay:
             self._upstream_monitor: Socket = self._upstream.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
             )
+            self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
+        except BaseException:
+            ctx.destroy(linger=0)
+            raise
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def start(self) -> Endpoints:
+        """Bind everything and start the proxy thread; raises if a port is taken."""
+        s = self._s
+        try:
             self.endpoints = Endpoints(
                 client_request=sockets.bind(self._client, s, s.client_request_port),
                 ingestor_work=sockets.bind(self._work, s, s.ingestor_work_port),
@@ -159,7 +163,6 @@ class Relay:
                 market_data=sockets.bind(self._market, s, s.market_data_pub_port),
                 upstream=s.flink_market_data_endpoint,
             )
-            self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
             self._upstream.connect(s.flink_market_data_endpoint)
             self._proxy.start()
             start_sink = getattr(self._sink, "start", None)
@@ -202,12 +205,9 @@ class Relay:
 
     def close(self) -> None:
         """Stop the proxy thread, close every socket, stop the HTTP server."""
-        proxy: MarketDataProxy | None = getattr(self, "_proxy", None)
-        if proxy is not None:
-            proxy.stop()
-        if self._ctx is not None:
+        self._proxy.stop()
+        if not self._ctx.closed:
             self._ctx.destroy(linger=0)
-            self._ctx = None
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -218,7 +218,7 @@ class Relay:
     def health(self) -> Health:
         """Healthy while the proxy thread runs and the loop turns (called from HTTP threads)."""
         loop_age = self._clock() - self._loop_beat
-        proxy_alive = bool(getattr(self, "_proxy", None) and self._proxy.alive)
+        proxy_alive = self._proxy.alive
         m = self.metrics
         details = {
             "proxy_alive": proxy_alive,

@@ -1,6 +1,6 @@
 """Relay configuration: YAML file at CONFIG_PATH, then RELAY_* environment overrides.
 
-The spec's relay config file (shared/spec/000: `bind_address`, the five ports,
+The protocol's relay config file (docs/adr/0005: `bind_address`, the five ports,
 `flink_market_data_endpoint`, `request_timeout_secs`, `high_water_mark`) is a
 valid config as it stands (its `_secs` key is read as `request_timeout_s`, with a
 warning); every other key has a default. Unknown keys are rejected so a typo is
@@ -61,7 +61,7 @@ class RelaySettings(runtime.FileSettings):
         "trigger_topic_replication": "kafka.replication_factor",
     }
 
-    # --- the spec's keys (shared/spec/000) -------------------------------------
+    # --- the protocol's keys (docs/adr/0005) -----------------------------------
     bind_address: str = "tcp://*"
     client_request_port: Port = contracts.CLIENT_REQUEST_PORT
     market_data_pub_port: Port = contracts.MARKET_DATA_PORT

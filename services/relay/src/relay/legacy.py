@@ -1,4 +1,4 @@
-"""Pending map of the legacy synchronous flow (spec 000): the relay's only per-request state.
+"""Pending map of the legacy synchronous flow: the relay's only per-request state.
 
 `OHLCRequest` -> `DataRequest{legacy_sync}` -> an ingestor's `DataResponse`
 -> `Response` to the client that is still waiting on its REQ socket. The map

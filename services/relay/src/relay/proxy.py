@@ -1,23 +1,9 @@
 """Market-data fan-out: XSUB <-> XPUB forwarded by libzmq's proxy on its own thread.
 
-Data (pipeline -> clients) and subscriptions (clients -> pipeline) never pass
-through Python. The relay still has to see subscriptions (live data starts on
-a ticker's first subscriber). It does so with a *subscription tap*: besides
-the pipeline, the XSUB also connects to an inproc XPUB owned by the relay's
-loop. An XSUB sends every subscription to all of its peers and data only ever
-flows from publishers to it, so the tap receives exactly the subscription
-edges the pipeline receives and no data at all.
-
-The issue's suggested alternative, a capture socket on the proxy (an inproc
-PUB read by a SUB subscribed to b"\\x00"/b"\\x01"), works too, but libzmq copies
-every forwarded frame into the capture before the filter drops it: +35 % (one
-subscriber) to +17 % (ten) proxy-thread instructions per message, measured
-with callgrind (docs/relay-benchmarks.md). The tap costs nothing on the data
-path: the same instruction count as a bare zmq.proxy.
-
-A steerable proxy also answers STATISTICS (frames and bytes each way, the
-relay's forwarding metrics) and TERMINATE (clean shutdown) on its control
-socket.
+Data and subscriptions never pass through Python; the relay sees subscription
+edges through a *tap*, an inproc XPUB the XSUB also connects to (it receives
+every subscription and no data). A steerable proxy answers STATISTICS and
+TERMINATE. Why a tap and not a capture socket: docs/adr/0001.
 """
 
 from __future__ import annotations

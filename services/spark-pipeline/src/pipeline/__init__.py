@@ -1,1 +1,1 @@
-"""Spark pipeline: Kafka -> Iceberg + ZeroMQ PUB (the spec's Flink). See README.md."""
+"""Spark pipeline: Kafka -> Iceberg + ZeroMQ PUB (the protocol's "Flink"). See README.md."""

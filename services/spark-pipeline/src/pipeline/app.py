@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from pipeline import faults, history, live, preflight, session
 from pipeline.config import Settings
 from pipeline.lake import Lake
-from pipeline.notify import Publisher, PubServer
 from pipeline.progress import ProgressLogger
+from pipeline.pub_server import Publisher, PubServer
 from pipeline.tables import TableNames
 
 if TYPE_CHECKING:

@@ -69,7 +69,7 @@ class LiveConfig(_Section):
     periods: list[int] = Field(default_factory=lambda: [60, 300, 3600])
     #: Event-time lateness accepted by the candle aggregation; later ticks miss their candle.
     watermark_s: float = Field(default=10.0, ge=0)
-    #: Who publishes ticks: "kafka" (a consumer thread on the driver, see relay.py) or
+    #: Who publishes ticks: "kafka" (a consumer thread on the driver, see tick_publisher.py) or
     #: "spark" (a micro-batch query, trigger publish_trigger_s; seconds behind under load).
     publisher: Literal["kafka", "spark"] = "kafka"
     #: Nice value of the PUB server process (tick relay, forwarding): negative = ahead

@@ -11,7 +11,7 @@ A request's records share a Kafka key, hence a partition, so when its final
 marker is processed every row it announced is in this or an earlier (already
 committed) micro-batch. If the driver dies anywhere, Spark replays the batch:
 step 2 is idempotent, step 3 re-publishes only what this same batch recorded
-(see `notifications.plan`).
+(see `history_notices.plan`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto.messages import Status
-from pipeline import faults, notifications, records
+from pipeline import faults, history_notices, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
-from pipeline.notify import Publisher
+from pipeline.pub_server import Publisher
 from pipeline.records import log_rejects
 from pipeline.streams import QueryIdentity, kafka_source, start_query
 
@@ -66,7 +66,7 @@ class HistorySink:
         how = self._lake.write_history(session, decoded.candles)
         faults.crash_point("history-after-ohlc-commit")
         laps.lap(how)
-        plan = notifications.Plan()
+        plan = history_notices.Plan()
         if lookup is not None:
             existing = lookup.result()
             laps.lap("lookup")
@@ -91,12 +91,12 @@ class HistorySink:
         self,
         session: SparkSession,
         finals: list[records.FinalMarker],
-        existing: dict[str, notifications.CompletedRequest],
+        existing: dict[str, history_notices.CompletedRequest],
         batch_id: int,
         laps: Laps,
-    ) -> notifications.Plan:
+    ) -> history_notices.Plan:
         names = self._lake.names
-        plan = notifications.plan(
+        plan = history_notices.plan(
             finals,
             existing,
             iceberg_table=names.ohlc_for_clients,
@@ -106,11 +106,11 @@ class HistorySink:
             batch_id=batch_id,
         )
         laps.lap("plan")
-        to_count = [r for r in plan.record if notifications.needs_count(r)]
+        to_count = [r for r in plan.record if history_notices.needs_count(r)]
         if to_count:
             snapshot = to_count[0].snapshot_id
             found = self._lake.count_request_rows(session, snapshot, to_count)
-            plan = notifications.apply_counts(plan, found)
+            plan = history_notices.apply_counts(plan, found)
             laps.lap("count")
         self._lake.record_requests(session, plan.record)
         faults.crash_point("history-after-requests-commit")

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import notifications, tables
-from pipeline.notifications import CompletedRequest
+from pipeline import history_notices, tables
+from pipeline.history_notices import CompletedRequest
 from pipeline.records import OHLC_SCHEMA, TICK_SCHEMA
 from pipeline.tables import TableNames
 
@@ -60,7 +60,7 @@ class Lake:
         expected = {
             self.names.ohlc: OHLC_SCHEMA.names,
             self.names.ticks: TICK_SCHEMA.names,
-            self.names.requests: notifications.REQUESTS_SCHEMA.names,
+            self.names.requests: history_notices.REQUESTS_SCHEMA.names,
         }
         for table, columns in expected.items():
             have = set(self._spark.table(table).columns)
@@ -126,7 +126,7 @@ class Lake:
         """
         if not requests:
             return
-        session.createDataFrame(notifications.to_table(requests)).writeTo(
+        session.createDataFrame(history_notices.to_table(requests)).writeTo(
             self.names.requests
         ).append()
 
@@ -138,7 +138,7 @@ class Lake:
         if not request_ids:
             return {}
         rows = session.sql(tables.select_requests(self.names.requests, request_ids)).toArrow()
-        return notifications.from_table(rows)
+        return history_notices.from_table(rows)
 
     def count_request_rows(
         self, session: SparkSession, snapshot_id: int, requests: Sequence[CompletedRequest]

@@ -1,23 +1,11 @@
 """Live path in Spark: ``market.ticks`` -> Iceberg ``ticks`` and candles (PUB + ``ohlc``).
 
-Separate queries, so none waits for another's commits:
-
-- ``ticks-persist`` (Kafka source, slow trigger): decode on executors, MERGE new
-  (ticker, trade_id) into ``ticks``. This table is the deduplicated record of
-  trades.
-- ``candles-update`` (Kafka source, update mode): ticks -> event-time windows of
-  every period -> changed candles published with ``closed=false``. A preview: a
-  trade delivered twice is counted twice here until its window closes.
-- ``candles-close`` (Iceberg source on ``ticks``, append mode): the same windows
-  over the deduplicated trades; a window is emitted once, when the watermark
-  passes its end -> MERGE into ``ohlc`` (source ``live``), then published with
-  ``closed=true``.
-- ``ticks-publish`` (only with ``live.publisher: spark``): the Spark alternative
-  to `relay.TickRelay` for tick publication (seconds slower under load).
-
-Candle open/close come from ``min_by``/``max_by`` over (trade_time, trade id),
-so they follow trade time whatever order ticks arrive in (`candles` is the
-reference definition).
+Separate queries, so none waits for another's commits: ``ticks-persist`` (MERGE
+into ``ticks``, the deduplicated trades), ``candles-update`` (changed candles
+published with ``closed=false``, a preview), ``candles-close`` (over ``ticks``:
+each window once, after the watermark -> ``ohlc`` and ``closed=true``), and
+``ticks-publish`` only with ``live.publisher: spark``. Open/close by trade time
+via ``min_by``/``max_by`` (oracle: tests/oracles/candle_oracle.py).
 """
 
 from __future__ import annotations
@@ -35,10 +23,10 @@ from mdproto.messages import OHLC
 from pipeline import faults, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
-from pipeline.notify import Publisher
-from pipeline.relay import RecentKeys
+from pipeline.pub_server import Publisher
 from pipeline.session import FAST_POOL
 from pipeline.streams import kafka_source, start_query
+from pipeline.tick_publisher import RecentKeys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -1,22 +1,8 @@
 """Iceberg DDL and MERGE statements (pure SQL text; `lake.py` runs them).
 
-Partitioning (see README "Tables"):
-
-- ``ohlc``: identity(ticker), identity(period_seconds), months(open_time). Clients
-  ask for one ticker, one period and a time range, so a query touches one
-  (ticker, period) pair and the months of its range: a 30-day 1-minute request
-  reads at most 2 partitions of ~43k rows each, a year 13. Finer (days) gives
-  1,440-row files for 1-minute data and 24-row files for hourly data; coarser
-  (years) makes every MERGE rewrite up to 525k rows per touched file.
-- ``ticks``: identity(ticker), days(trade_time): tick queries are per ticker and
-  time range, and a day of a busy ticker is already millions of rows.
-- ``requests``: bucket(16, request_id): the only access is a lookup by request id
-  before notifying, which prunes to the buckets of the ids in question.
-
-Every write is a MERGE on the natural key, so re-running a micro-batch (after a
-crash, or a duplicate delivery) never adds a row. The ON clause also bounds the
-target's time column by the source's range: that lets Iceberg prune files
-before the join instead of scanning the whole table.
+Every write is a MERGE on the natural key, so a re-run micro-batch never adds a
+row; the ON clause bounds the target's time column so Iceberg prunes files
+before the join. Partitioning and its reasons: docs/adr/0004.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from mdclient import timeparse
@@ -36,6 +35,7 @@ from mdclient.history import (
 from mdclient.legacy import fetch_sync
 from mdclient.live import LiveCallback, LiveStream, live_topics
 from mdclient.results import HistoryResult
+from mdclient.streams import Closeable
 from mdclient.transport import Transport
 from mdclient.triggers import (
     TriggerEvents,
@@ -65,7 +65,7 @@ def new_client_id() -> str:
     return f"mdc-{uuid.uuid4().hex[:16]}"
 
 
-class Client:
+class Client(Closeable):
     """History (async, both notification patterns), live and legacy calls over one relay.
 
     Connecting waits until the market-data SUB has completed its handshake
@@ -147,17 +147,6 @@ class Client:
         for stream in streams:
             stream.close()
         self._transport.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def dispatch_stats(self) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The asynchronous history flow of spec 001, minus the Iceberg read.
+"""The asynchronous history flow (docs/protocol.md), minus the Iceberg read.
 
 Per attempt (each with a NEW request_id):
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import (
@@ -31,8 +31,9 @@ from mdclient.errors import (
     RequestTimeout,
     SubmitRejected,
 )
-from mdproto import ProtocolError, envelope, topics
+from mdproto import ProtocolError, envelope, rules, topics
 from mdproto.messages import (
+    CEPTriggerAck,
     HistoryReadyNotification,
     NotifyPattern,
     Response,
@@ -59,13 +60,10 @@ class HistoryQuery:
 
     def __post_init__(self) -> None:
         try:
-            topics.parse_ticker(self.ticker)
-        except ProtocolError as exc:
-            raise InvalidRequest(exc.reason, error_code="bad_ticker") from None
-        if self.period_seconds <= 0:
-            raise InvalidRequest(f"period must be positive, got {self.period_seconds}")
-        if self.start_ms >= self.end_ms:
-            raise InvalidRequest(f"start {self.start_ms} is not before end {self.end_ms}")
+            rules.ticker(self.ticker)
+            rules.history_range(self.period_seconds, self.start_ms, self.end_ms)
+        except rules.RuleViolation as bad:
+            raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +176,16 @@ def wait_for_history(
             ports.unsubscribe(topic)
 
 
-def check_submit_reply(frames: Sequence[bytes], request_id: str, topic: str) -> SubmitResponse:
-    """The relay's answer to a submit, or SubmitRejected / ProtocolMismatch."""
+M = TypeVar("M", SubmitResponse, CEPTriggerAck)
+
+
+def decode_reply(
+    frames: Sequence[bytes], expected: type[M], request_id: str, rejected: type[SubmitRejected]
+) -> M:
+    """The relay's reply of type `expected`, or ProtocolMismatch / `rejected`.
+
+    A `Response` is the relay's generic answer to a request it could not handle.
+    """
     try:
         message = envelope.decode(frames)
     except ProtocolError as exc:
@@ -187,16 +193,22 @@ def check_submit_reply(frames: Sequence[bytes], request_id: str, topic: str) -> 
             f"relay reply does not decode: {exc.reason}", error_code=exc.code
         ) from None
     if isinstance(message, Response):
-        # The relay's generic reply to a request it could not handle.
-        raise SubmitRejected(
+        raise rejected(
             message.reason or f"relay answered {Status.Name(message.status)}",
             error_code=message.error_code,
             request_id=request_id,
         )
-    if not isinstance(message, SubmitResponse):
+    if not isinstance(message, expected):
         raise ProtocolMismatch(
-            f"expected SubmitResponse, got {message.DESCRIPTOR.name}", error_code="unexpected_type"
+            f"expected {expected.DESCRIPTOR.name}, got {message.DESCRIPTOR.name}",
+            error_code="unexpected_type",
         )
+    return message
+
+
+def check_submit_reply(frames: Sequence[bytes], request_id: str, topic: str) -> SubmitResponse:
+    """The relay's answer to a submit, or SubmitRejected / ProtocolMismatch."""
+    message = decode_reply(frames, SubmitResponse, request_id, SubmitRejected)
     if message.status == Status.REJECTED:
         raise SubmitRejected(
             message.reason or "rejected without a reason",

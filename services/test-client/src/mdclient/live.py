@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
-from collections.abc import Callable, Iterator
-from types import TracebackType
+from collections.abc import Callable
 
 from google.protobuf.message import Message
 
+from mdclient.streams import QueueStream
 from mdproto import topics
 from mdproto.messages import OHLC, Tick
 
@@ -36,7 +35,7 @@ def live_topics(ticker: str, *, ticks: bool, ohlc_periods: tuple[int, ...]) -> l
     return result
 
 
-class LiveStream(Iterator[LiveMessage]):
+class LiveStream(QueueStream[LiveMessage]):
     """`for message in stream:` yields Tick and OHLC messages until `close()`."""
 
     def __init__(
@@ -47,19 +46,9 @@ class LiveStream(Iterator[LiveMessage]):
         maxsize: int = 10_000,
         callback: LiveCallback | None = None,
     ) -> None:
-        self.topics = tuple(topic_list)
-        self.subscribed: list[str] = []  # filled by the client as subscriptions go live
-        self._closer = closer
+        super().__init__(topic_list, closer, maxsize)
         self._callback = callback
-        self._queue: queue.Queue[LiveMessage] = queue.Queue(maxsize)
-        self._closed = threading.Event()
-        self._close_lock = threading.Lock()
         self.dropped = 0
-        self.received = 0
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
     def deliver(self, message: Message) -> None:
         """Sink for the dispatcher (subscriber thread)."""
@@ -82,45 +71,3 @@ class LiveStream(Iterator[LiveMessage]):
                     self.dropped += 1
                 except queue.Empty:
                     pass
-
-    def get(self, timeout_s: float | None = None) -> LiveMessage | None:
-        """Next message, or None after `timeout_s` (or once closed and drained)."""
-        step = 0.25 if timeout_s is None else min(timeout_s, 0.25)
-        waited = 0.0
-        while True:
-            try:
-                return self._queue.get(timeout=step)
-            except queue.Empty:
-                if self._closed.is_set():
-                    return None
-                waited += step
-                if timeout_s is not None and waited >= timeout_s:
-                    return None
-
-    def __iter__(self) -> LiveStream:
-        return self
-
-    def __next__(self) -> LiveMessage:
-        message = self.get()
-        if message is None:
-            raise StopIteration
-        return message
-
-    def close(self) -> None:
-        """Unsubscribe; the iterator ends after what is already queued."""
-        with self._close_lock:
-            if self._closed.is_set():
-                return
-            self._closed.set()
-        self._closer(self)
-
-    def __enter__(self) -> LiveStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

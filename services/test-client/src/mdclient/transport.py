@@ -1,26 +1,10 @@
 """ZeroMQ adapter: the only module that imports zmq.
 
-Two channels to the relay:
-
-- `RequestChannel`: a REQ socket to :5559 used with the *lazy pirate* pattern.
-  A REQ socket that lost a reply is stuck (it refuses to send again), so on a
-  timeout - or any interruption - the socket is closed with linger 0 and a new
-  one is made for the next request. Chosen over DEALER because a fresh REQ can
-  never deliver a stale reply of an abandoned request (no reply matching
-  needed), queued retries are dropped with the old socket instead of reaching
-  the relay late, and it is the socket type the spec names for clients.
-- `Subscriber`: a SUB socket to :5558 owned by one background thread, which
-  also watches a socket monitor (connection up/down) and applies subscribe and
-  unsubscribe commands sent to it over an inproc pipe. Every message received
-  is handed to `on_message(frames)` on that thread.
-
-Subscription handshake (ZeroMQ has no subscription ack): `subscribe()` returns
-only after (1) the thread has applied the subscription, (2) the monitor has
-reported a completed ZMTP handshake with the relay (so the subscription is on
-a live connection, not queued for a future one), and (3) `settle_s` has
-passed for the subscription frame to cross loopback/LAN into the relay's XPUB
-and on to the pipeline's PUB. The residual race and how retries cover it are
-described in the README ("Slow joiners").
+`RequestChannel`: a REQ to :5559 as a *lazy pirate* (a timed-out socket is
+closed and replaced, so no stale reply or late retry). `Subscriber`: a SUB to
+:5558 owned by one thread that applies (un)subscribe commands and hands every
+message to `on_message`; `subscribe()` returns once the subscription is on a
+live connection and has had `settle_s` to reach the pipeline. Why: docs/adr/0003.
 """
 
 from __future__ import annotations

@@ -15,24 +15,22 @@ so it is unit-tested without a relay.
 from __future__ import annotations
 
 import logging
-import math
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
+from collections.abc import Callable, Iterable, Sequence
 
 from mdclient import timeparse
 from mdclient.errors import InvalidRequest, ProtocolMismatch, SubmitRejected
-from mdproto import ProtocolError, envelope, topics
+from mdclient.history import decode_reply
+from mdclient.streams import QueueStream
+from mdproto import rules, topics
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
     CEPTriggerEvent,
     CEPTriggerRequest,
     NotifyPattern,
-    Response,
     Status,
 )
+from mdproto.rules import RuleViolation
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +41,6 @@ KINDS: dict[str, int] = {
     "volume": CEPCondition.VOLUME_OVER,
 }
 _NAMES = {value: name for name, value in KINDS.items()}
-_WINDOWED = (CEPCondition.PCT_MOVE, CEPCondition.VOLUME_OVER)
 EVENT_KINDS = {value: name.lower() for name, value in CEPTriggerEvent.Kind.items()}
 
 
@@ -81,24 +78,10 @@ def parse_condition(text: str) -> CEPCondition:
 
 
 def check_condition(condition: CEPCondition, index: int = 0) -> None:
-    name = _NAMES.get(condition.kind, str(condition.kind))
-    if condition.kind not in _NAMES:
-        raise InvalidRequest(f"condition {index}: unknown kind {name}", error_code="bad_condition")
-    if not math.isfinite(condition.threshold) or condition.threshold <= 0:
-        raise InvalidRequest(
-            f"condition {index} ({name}): threshold must be a positive number",
-            error_code="bad_condition",
-        )
-    if condition.kind in _WINDOWED and condition.window_seconds <= 0:
-        raise InvalidRequest(
-            f"condition {index} ({name}): needs a window, e.g. {name}:{condition.threshold:g}@60s",
-            error_code="bad_condition",
-        )
-    if condition.kind not in _WINDOWED and condition.window_seconds:
-        raise InvalidRequest(
-            f"condition {index} ({name}): a price crossing takes no window",
-            error_code="bad_condition",
-        )
+    try:
+        rules.condition(condition, index)
+    except RuleViolation as bad:
+        raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
 
 
 def describe_condition(condition: CEPCondition) -> str:
@@ -122,31 +105,11 @@ def build_register(
     expires_at_ms: int = 0,
     per_client: bool = True,
 ) -> CEPTriggerRequest:
-    """A REGISTER request, checked the way the relay checks it (fail before sending)."""
-    try:
-        topics.parse_ticker(ticker)
-    except ProtocolError as exc:
-        raise InvalidRequest(exc.reason, error_code="bad_ticker") from None
-    for name, value in (("trigger_id", trigger_id), ("client_id", client_id)):
-        if not topics.is_valid_id(value):
-            raise InvalidRequest(
-                f"{name} must be 1-128 characters of [A-Za-z0-9_.-]", error_code="bad_id"
-            )
-    if len(conditions) not in (1, 2):
-        raise InvalidRequest(
-            f"need one condition or a sequence of two, got {len(conditions)}",
-            error_code="bad_condition",
-        )
-    for i, condition in enumerate(conditions):
-        check_condition(condition, i)
-    if len(conditions) == 2 and within_seconds <= 0:
-        raise InvalidRequest(
-            "a sequence of two conditions needs a time bound (within)", error_code="bad_condition"
-        )
-    if period_seconds < 0 or within_seconds < 0 or expires_at_ms < 0:
-        raise InvalidRequest("period, within and expiry cannot be negative")
+    """A REGISTER request, checked by the relay's rules (fail before sending)."""
+    if period_seconds < 0 or within_seconds < 0:  # uint32 on the wire
+        raise InvalidRequest("period and within cannot be negative", error_code="bad_condition")
     notify = NotifyPattern.NOTIFY_PER_CLIENT if per_client else NotifyPattern.NOTIFY_PER_REQUEST
-    return CEPTriggerRequest(
+    request = CEPTriggerRequest(
         trigger_id=trigger_id,
         client_id=client_id,
         action=CEPTriggerRequest.REGISTER,
@@ -158,6 +121,11 @@ def build_register(
         expires_at_ms=expires_at_ms,
         notify=notify,
     )
+    try:
+        rules.register(request)
+    except RuleViolation as bad:
+        raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
+    return request
 
 
 def event_topic(request: CEPTriggerRequest) -> str:
@@ -166,22 +134,7 @@ def event_topic(request: CEPTriggerRequest) -> str:
 
 def check_ack(frames: Sequence[bytes], trigger_id: str) -> CEPTriggerAck:
     """The relay's ack, or TriggerRejected / ProtocolMismatch."""
-    try:
-        message = envelope.decode(frames)
-    except ProtocolError as exc:
-        raise ProtocolMismatch(
-            f"relay reply does not decode: {exc.reason}", error_code=exc.code
-        ) from None
-    if isinstance(message, Response):
-        raise TriggerRejected(
-            message.reason or f"relay answered {Status.Name(message.status)}",
-            error_code=message.error_code,
-            request_id=trigger_id,
-        )
-    if not isinstance(message, CEPTriggerAck):
-        raise ProtocolMismatch(
-            f"expected CEPTriggerAck, got {message.DESCRIPTOR.name}", error_code="unexpected_type"
-        )
+    message = decode_reply(frames, CEPTriggerAck, trigger_id, TriggerRejected)
     if message.status != Status.OK:
         raise TriggerRejected(
             message.reason or Status.Name(message.status),
@@ -225,7 +178,7 @@ def event_line(event: CEPTriggerEvent) -> str:
     return "  ".join(p for p in parts if p)
 
 
-class TriggerEvents(Iterator[CEPTriggerEvent]):
+class TriggerEvents(QueueStream[CEPTriggerEvent]):
     """Events of some triggers (or every trigger on the watched topics), as they arrive.
 
     Delivery is filtered on the exact topic (subscriptions are prefix matches)
@@ -242,24 +195,14 @@ class TriggerEvents(Iterator[CEPTriggerEvent]):
         *,
         until_final: bool = False,
     ) -> None:
-        self.topics = tuple(dict.fromkeys(topic_list))
+        super().__init__(topic_list, closer)
         self.trigger_ids = frozenset(trigger_ids) if trigger_ids is not None else None
-        self.subscribed: list[str] = []
-        self._closer = closer
         self._until_final = until_final and self.trigger_ids is not None
         self._open = set(self.trigger_ids or ())
-        self._queue: queue.SimpleQueue[CEPTriggerEvent] = queue.SimpleQueue()
-        self._closed = threading.Event()
-        self._close_lock = threading.Lock()
-        self.received = 0
         #: Set by `Client.register_trigger`: the trigger this stream was opened for.
         ids = sorted(self.trigger_ids or ())
         self.trigger_id = ids[0] if len(ids) == 1 else ""
         self.ack: CEPTriggerAck | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
 
     @property
     def finished(self) -> bool:
@@ -282,21 +225,10 @@ class TriggerEvents(Iterator[CEPTriggerEvent]):
         """Next event, or None after `timeout_s` (or when finished and drained)."""
         if self.finished and self._queue.empty():
             return None
-        step = 0.25 if timeout_s is None else min(timeout_s, 0.25)
-        waited = 0.0
-        while True:
-            try:
-                event = self._queue.get(timeout=step)
-            except queue.Empty:
-                if self._closed.is_set():
-                    return None
-                waited += step
-                if timeout_s is not None and waited >= timeout_s:
-                    return None
-                continue
-            if event.final:
-                self._open.discard(event.trigger_id)
-            return event
+        event = super().get(timeout_s)
+        if event is not None and event.final:
+            self._open.discard(event.trigger_id)
+        return event
 
     def wait_for(
         self, kind: int, timeout_s: float, trigger_id: str | None = None
@@ -319,31 +251,3 @@ class TriggerEvents(Iterator[CEPTriggerEvent]):
                 continue
             if event.kind == kind and trigger_id in (None, event.trigger_id):
                 return event
-
-    def __iter__(self) -> TriggerEvents:
-        return self
-
-    def __next__(self) -> CEPTriggerEvent:
-        event = self.get()
-        if event is None:
-            raise StopIteration
-        return event
-
-    def close(self) -> None:
-        """Stop receiving (unsubscribes); what is queued can still be read."""
-        with self._close_lock:
-            if self._closed.is_set():
-                return
-            self._closed.set()
-        self._closer(self)
-
-    def __enter__(self) -> TriggerEvents:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

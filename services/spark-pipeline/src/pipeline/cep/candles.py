@@ -1,9 +1,10 @@
-"""Closed candles of one period from ticks, for triggers on a candle period.
+"""Arrival-order candles of one period, for triggers on a candle period.
 
-A candle closes when a tick of a later candle arrives, or when processing time
-passes its end plus a grace period (`flush`), so an idle market still closes
-it. Ticks of a candle that is already closed are late and ignored (`late`
-counts them). The first candle after a trigger's registration may be partial.
+Open/close are the first and last tick *seen*; a candle closes when a tick of a
+later candle arrives or, for an idle market, when processing time passes its end
+plus a grace (`flush`), so a trigger never waits for a watermark. Later ticks of
+a closed candle are ignored (`late`). The stored `ohlc` candle is event-time and
+can differ (docs/cep.md, "Two candles, two meanings").
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 
 @dataclass  # no slots: pickled in every snapshot, __dict__ is the fast path
-class Candle:
+class ArrivalCandle:
     open_time_ms: int
     open: float
     high: float
@@ -22,16 +23,19 @@ class Candle:
     trades: int = 1
 
 
+Candle = ArrivalCandle  # the name pickled in snapshots written before the rename
+
+
 class CandleBuilder:
     __slots__ = ("_closed_until", "_current", "late", "period_ms")
 
     def __init__(self, period_seconds: int) -> None:
         self.period_ms = period_seconds * 1000
-        self._current: Candle | None = None
+        self._current: ArrivalCandle | None = None
         self._closed_until = 0  # ticks before this belong to closed candles
         self.late = 0
 
-    def add(self, time_ms: int, price: float, amount: float) -> list[Candle]:
+    def add(self, time_ms: int, price: float, amount: float) -> list[ArrivalCandle]:
         """Fold in one tick; returns the candle it closed, if any."""
         if time_ms < self._closed_until:
             self.late += 1
@@ -45,26 +49,26 @@ class CandleBuilder:
             current.volume += amount
             current.trades += 1
             return []
-        closed: list[Candle] = []
+        closed: list[ArrivalCandle] = []
         if current is not None:
             if open_time < current.open_time_ms:  # earlier candle, never closed: late too
                 self.late += 1
                 return []
             closed.append(self._close(current))
-        self._current = Candle(open_time, price, price, price, price, amount)
+        self._current = ArrivalCandle(open_time, price, price, price, price, amount)
         return closed
 
-    def flush(self, now_ms: int, grace_ms: int) -> list[Candle]:
+    def flush(self, now_ms: int, grace_ms: int) -> list[ArrivalCandle]:
         """Close the open candle once processing time is past its end plus grace."""
         current = self._current
         if current is None or now_ms < current.open_time_ms + self.period_ms + grace_ms:
             return []
         return [self._close(current)]
 
-    def close_time(self, candle: Candle) -> int:
+    def close_time(self, candle: ArrivalCandle) -> int:
         return candle.open_time_ms + self.period_ms
 
-    def _close(self, candle: Candle) -> Candle:
+    def _close(self, candle: ArrivalCandle) -> ArrivalCandle:
         self._current = None
         self._closed_until = candle.open_time_ms + self.period_ms
         return candle

@@ -1,32 +1,11 @@
 """The CEP engine: every registered trigger, evaluated tick by tick. Pure, single-threaded.
 
-Semantics (docs/cep.md has the long form):
-
-- A trigger watches one *series*: a ticker's raw ticks (period 0) or its
-  closed candles of one period (a candle is a point at its close time with
-  price = close and amount = volume).
-- Every condition is an edge, sampled just before and just after each point:
-  PRICE_ABOVE fires when the previous price <= threshold < the new price,
-  PRICE_BELOW when the previous price >= threshold > the new price (the
-  first point of a series has no previous price: no crossing);
-  VOLUME_OVER fires when the window's volume goes from < threshold to >=
-  threshold as the point is added (points older than the window are dropped
-  first); PCT_MOVE likewise for the move of the price against the window's
-  low (up) or high (down), in percent.
-  So a condition that stays true does not fire again until it was false.
-- A sequence (two conditions) fires when the second condition's edge comes on
-  a later point than the first's, at most `within` after it (the latest first
-  edge counts).
-- One-shot triggers are done after their first fire (`final`); repeating ones
-  fire on every edge until cancelled or expired. Expiry is processing time
-  (`now_ms` >= expires_at_ms).
-- Ticks are deduplicated per ticker by trade id; a tick older than the
-  series' last point is evaluated at the last point's time (event-time order
-  within a micro-batch is the caller's job).
-
-Thresholds are indexed (`thresholds`) and windows shared per (series, window),
-so the cost of a tick grows with the triggers it crosses and the number of
-distinct windows, not with the number of triggers.
+A trigger watches one series (raw ticks, or closed candles of one period).
+Conditions fire on edges (false -> true between consecutive points), a sequence
+when the second edge follows the first within `within`; one-shot triggers are
+done after their first fire, expiry is processing time. Semantics in full:
+docs/cep.md. Thresholds are indexed and windows shared per (series, window), so
+a tick costs in the triggers it crosses, not the triggers registered.
 """
 
 from __future__ import annotations
@@ -39,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.cep.candles import Candle, CandleBuilder
+from pipeline.cep.candles import ArrivalCandle, CandleBuilder
 from pipeline.cep.model import Condition, Kind, Notice, NoticeKind, TriggerSpec
 from pipeline.cep.thresholds import Member, ThresholdIndex
 from pipeline.cep.windows import ExtremaWindow, VolumeWindow
@@ -174,7 +153,7 @@ class RecentIds:
         return True
 
 
-@dataclass  # no slots: see Candle
+@dataclass  # no slots: see ArrivalCandle
 class _Pending:
     """The first condition of a sequence happened: when, on which point, with what values."""
 
@@ -183,7 +162,7 @@ class _Pending:
     values: dict[str, float]
 
 
-@dataclass  # no slots: see Candle
+@dataclass  # no slots: see ArrivalCandle
 class _Trigger:
     spec: TriggerSpec
     serial: int
@@ -371,7 +350,9 @@ class Engine:
                     self._candle(series, candle, now_ms, notices)
         return notices
 
-    def _candle(self, series: Series, candle: Candle, now_ms: int, notices: list[Notice]) -> None:
+    def _candle(
+        self, series: Series, candle: ArrivalCandle, now_ms: int, notices: list[Notice]
+    ) -> None:
         assert series.candles is not None
         close_time = series.candles.close_time(candle)
         hits = series.point(close_time, candle.close, candle.volume)

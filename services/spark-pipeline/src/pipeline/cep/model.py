@@ -1,19 +1,18 @@
 """Trigger specs and notices: the engine's input and output vocabulary.
 
-A `TriggerSpec` is a validated `CEPTriggerRequest{REGISTER}` (the relay checks
-the same rules; records reach Kafka from elsewhere too, so the pipeline checks
-again and never trusts a record). A `Notice` is what the engine has to tell a
+A `TriggerSpec` is a `CEPTriggerRequest{REGISTER}` that passed `mdproto.rules`
+(the relay checks the same rules; records reach Kafka from elsewhere too, so the
+pipeline checks again and never trusts a record). A `Notice` is what the engine has to tell a
 client; `to_message` turns it into the `CEPTriggerEvent` published on the
 trigger's topic.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from mdproto import ProtocolError, topics
+from mdproto import rules
 from mdproto.messages import CEPCondition, CEPTriggerEvent, CEPTriggerRequest
 
 
@@ -73,23 +72,13 @@ def spec_from_request(request: CEPTriggerRequest, registered_ms: int = 0) -> Tri
     """Validate a REGISTER request; raises InvalidTrigger with the reason."""
     if request.action != CEPTriggerRequest.REGISTER:
         raise InvalidTrigger(f"action {request.action} is not REGISTER")
-    if not topics.is_valid_id(request.trigger_id):
-        raise InvalidTrigger(f"trigger_id {request.trigger_id!r} is not a valid id")
-    if request.client_id and not topics.is_valid_id(request.client_id):
-        raise InvalidTrigger(f"client_id {request.client_id!r} is not a valid id")
     try:
-        topics.parse_ticker(request.ticker)
-        topic = topics.cep_event_topic(request.notify, request.trigger_id, request.client_id)
-    except ProtocolError as exc:
-        raise InvalidTrigger(exc.reason) from None
-    count = len(request.conditions)
-    if count not in (1, 2):
-        raise InvalidTrigger(f"need one condition or a sequence of two, got {count}")
-    conditions = tuple(_condition(i, c) for i, c in enumerate(request.conditions))
-    if count == 2 and request.within_seconds == 0:
-        raise InvalidTrigger("a sequence of two conditions needs within_seconds > 0")
-    if request.expires_at_ms < 0:
-        raise InvalidTrigger(f"expires_at_ms {request.expires_at_ms} is negative")
+        topic = rules.register(request)  # expiry: the engine's clock, not the relay's
+    except rules.RuleViolation as bad:
+        raise InvalidTrigger(bad.reason) from None
+    conditions = tuple(
+        Condition(Kind(c.kind), c.threshold, c.window_seconds * 1000) for c in request.conditions
+    )
     return TriggerSpec(
         trigger_id=request.trigger_id,
         client_id=request.client_id,
@@ -102,19 +91,6 @@ def spec_from_request(request: CEPTriggerRequest, registered_ms: int = 0) -> Tri
         topic=topic,
         registered_ms=registered_ms,
     )
-
-
-def _condition(index: int, cond: CEPCondition) -> Condition:
-    try:
-        kind = Kind(cond.kind)
-    except ValueError:
-        raise InvalidTrigger(f"condition {index}: unknown kind {cond.kind}") from None
-    if not math.isfinite(cond.threshold) or cond.threshold <= 0:
-        raise InvalidTrigger(f"condition {index}: threshold must be finite and > 0")
-    if kind.windowed and cond.window_seconds == 0:
-        raise InvalidTrigger(f"condition {index}: window_seconds must be > 0")
-    window_ms = cond.window_seconds * 1000 if kind.windowed else 0
-    return Condition(kind, cond.threshold, window_ms)
 
 
 class NoticeKind(Enum):

@@ -26,7 +26,7 @@ from pipeline.cep.engine import Engine
 from pipeline.cep.runner import CepRunner
 from pipeline.cep.state import SnapshotStore, local_path
 from pipeline.config import Settings
-from pipeline.notify import Publisher
+from pipeline.pub_server import Publisher
 from pipeline.session import FAST_POOL
 from pipeline.streams import start_query
 

@@ -1,4 +1,4 @@
-"""Candle math: the reference definition the Spark aggregation must match.
+"""The stored (event-time) candle, the oracle the Spark aggregation must match.
 
 A candle of period P covers trade times [open_time, open_time + P) with
 open_time = floor(trade_time / P) * P (epoch-aligned, UTC). Ticks are ordered by
@@ -6,8 +6,9 @@ open_time = floor(trade_time / P) * P (epoch-aligned, UTC). Ticks are ordered by
 price of the latest, ties broken by trade id (numeric ids compare numerically).
 Duplicate ticks (same ticker and trade id) count once.
 
-`live.py` builds the same definition out of Spark's min_by/max_by; the tests
-check both against hand-computed values.
+`pipeline/live.py` builds the same definition out of Spark's min_by/max_by; the
+tests check both against hand-computed values. CEP's `ArrivalCandle` differs on
+purpose (docs/cep.md).
 """
 
 from __future__ import annotations

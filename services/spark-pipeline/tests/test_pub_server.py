@@ -16,7 +16,7 @@ import zmq
 from mdproto import envelope
 from mdproto.messages import HistoryReadyNotification, Tick
 from pipeline.config import Settings
-from pipeline.notify import Publisher, PubServer
+from pipeline.pub_server import Publisher, PubServer
 
 
 def _settings(endpoint: str = "tcp://127.0.0.1:*") -> Settings:
@@ -124,7 +124,7 @@ def test_the_server_dies_with_a_killed_driver_and_frees_the_port() -> None:
         f"""
         import os, signal
         from pipeline.config import Settings
-        from pipeline.notify import PubServer
+        from pipeline.pub_server import PubServer
         settings = Settings.model_validate(
             {{"pub_endpoint": "tcp://127.0.0.1:{port}", "live": {{"enabled": False}}}}
         )

@@ -1,20 +1,10 @@
 """The pipeline's ZeroMQ PUB (port 5557), in a process of its own: the only zmq module.
 
-    driver threads (history, candles, CEP)          PUB server process (nice -10)
-      Publisher.publish*  --PUSH--ipc-->  PULL --zmq.proxy (C)--> PUB :5557 --> relay XSUB
-                                          ^
-                        tick relay thread --PUSH--inproc (Kafka market.ticks -> Tick)
-
-Why a process: the live tick path must not wait for the driver's Python. In
-the driver it shares the GIL with Spark's foreachBatch callbacks (history decode,
-CEP engine); a GIL holder descheduled on a loaded 2-core machine stalled tick
-publication for up to 1.2 s (docs/pipeline-benchmarks.md). Here the relay and
-the forwarding loop (C, no Python per message) run alone, at a higher CPU
-priority than Spark.
-
-A PUB never blocks: past its high-water mark ZeroMQ drops silently, hence a
-large ``sndhwm``. The driver's PUSH blocks instead (up to 10 s, then raises, which
-fails the query and the pipeline): a notification is never dropped on our side.
+Driver threads PUSH over ipc to this process, whose C proxy forwards to the PUB;
+the tick publisher thread PUSHes over inproc. A process, so tick publication
+never waits for the driver's GIL (docs/adr/0002). The PUB drops past its HWM,
+hence a large ``sndhwm``; the driver's PUSH blocks instead (up to 10 s, then
+raises): a notification is never dropped on our side.
 """
 
 from __future__ import annotations
@@ -217,12 +207,12 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
     forwarder.start()
     relay = None
     if config.relay_settings is not None:
-        from pipeline.relay import TickRelay
+        from pipeline.tick_publisher import TickPublisher
 
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.SNDHWM, 0)
         push.connect("inproc://ticks")
-        relay = TickRelay(config.relay_settings, _sender(push))
+        relay = TickPublisher(config.relay_settings, _sender(push))
         relay.start()
         try:
             relay.wait_assigned()

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from mdproto.messages import BatchMetadata, Status
-from pipeline import notifications
-from pipeline.notifications import CompletedRequest
+from pipeline import history_notices
+from pipeline.history_notices import CompletedRequest
 from pipeline.records import FinalMarker
 
 TABLE = "market.ohlc"
@@ -32,7 +32,7 @@ def complete(m: FinalMarker, **kw: Any) -> CompletedRequest:
         "batch_id": 3,
     }
     args.update(kw)
-    return notifications.complete(m, **args)
+    return history_notices.complete(m, **args)
 
 
 def test_ok_marker_becomes_ok_notification_on_the_client_topic(build: Any) -> None:
@@ -106,7 +106,7 @@ def test_choose_prefers_ok_then_kafka_order(build: Any) -> None:
     ok_early = FinalMarker("r1", marker(build, "r1").metadata, 0, 50)
     other = marker(build, "r2")
 
-    chosen = notifications.choose([err, ok_late, other, ok_early])
+    chosen = history_notices.choose([err, ok_late, other, ok_early])
 
     assert [(m.request_id, m.offset) for m in chosen] == [("r2", 10), ("r1", 50)]
 
@@ -118,7 +118,7 @@ def test_plan_records_new_republishes_own_batch_and_skips_duplicates(build: Any)
         "older": complete(marker(build, "older"), batch_id=2),
     }
 
-    plan = notifications.plan(
+    plan = history_notices.plan(
         markers,
         existing,
         iceberg_table=TABLE,
@@ -138,7 +138,7 @@ def test_plan_records_new_republishes_own_batch_and_skips_duplicates(build: Any)
 def test_same_batch_id_of_another_query_is_a_duplicate(build: Any) -> None:
     existing = {"r1": complete(marker(build, "r1"), query_id="old-checkpoint", batch_id=3)}
 
-    plan = notifications.plan(
+    plan = history_notices.plan(
         [marker(build, "r1")],
         existing,
         iceberg_table=TABLE,
@@ -154,13 +154,13 @@ def test_same_batch_id_of_another_query_is_a_duplicate(build: Any) -> None:
 def test_reconcile_reports_what_the_client_will_read(build: Any) -> None:
     request = complete(marker(build, "r1", rows=100))
 
-    assert notifications.reconcile(request, 100).row_count == 100
-    assert notifications.reconcile(request, 130).row_count == 130  # overlapping data
-    short = notifications.reconcile(request, 97)
+    assert history_notices.reconcile(request, 100).row_count == 100
+    assert history_notices.reconcile(request, 130).row_count == 130  # overlapping data
+    short = history_notices.reconcile(request, 97)
     assert (short.status, short.error_code, short.row_count) == (Status.ERROR, "incomplete", 97)
     assert "97 of the 100" in short.reason
     failed = complete(marker(build, "r2", status=Status.ERROR))
-    assert notifications.reconcile(failed, 0) is failed
+    assert history_notices.reconcile(failed, 0) is failed
 
 
 def test_requests_table_round_trip(build: Any) -> None:
@@ -170,18 +170,18 @@ def test_requests_table_round_trip(build: Any) -> None:
         complete(marker(build, "r3", start=-5, end=2**62)),
     ]
 
-    table = notifications.to_table(requests)
-    assert table.schema == notifications.REQUESTS_SCHEMA
+    table = history_notices.to_table(requests)
+    assert table.schema == history_notices.REQUESTS_SCHEMA
 
-    back = notifications.from_table(table)
+    back = history_notices.from_table(table)
     assert back == {r.request_id: r for r in requests}
     assert back["r1"].notification() == requests[0].notification()
 
 
 def test_status_names_are_stored_readably(build: Any) -> None:
-    table = notifications.to_table([complete(marker(build, "r1"))])
+    table = history_notices.to_table([complete(marker(build, "r1"))])
     assert table["status"].to_pylist() == ["OK"]
 
 
 def test_metadata_type_is_the_protocol_one() -> None:
-    assert notifications.outcome(BatchMetadata(status=Status.OK, total_rows=3))[0] == Status.OK
+    assert history_notices.outcome(BatchMetadata(status=Status.OK, total_rows=3))[0] == Status.OK

@@ -1,16 +1,9 @@
 """Tick publication: ``market.ticks`` -> ``{ticker}|tick``, outside Spark.
 
-A Kafka consumer thread in the PUB server process (notify.py) decodes each tick
-and hands it to the PUB at once. Publication is the latency-critical, stateless
-part of the live path: as a Spark micro-batch query it shares two cores' worth
-of task slots with the persisting and aggregating queries and waits seconds
-behind their tasks; in the driver it waits for the GIL (docs/pipeline-benchmarks.md).
-
-Publication is live, not durable: the consumer starts at the end of the topic
-(fresh consumer group, no committed offsets), so ticks produced while the
-pipeline was down are not published (they are still persisted and aggregated
-by the Spark queries, which resume from their checkpoints). A trade delivered
-twice is published once if its first copy is among the last 200,000 seen.
+A Kafka consumer thread in the PUB server process decodes each tick and hands
+it to the PUB at once (why not Spark or the driver: docs/adr/0002). Live, not
+durable: it starts at the end of the topic; a trade delivered twice is
+published once if its first copy is among the last 200,000 seen.
 """
 
 from __future__ import annotations
@@ -52,7 +45,7 @@ class RecentKeys:
         return True
 
 
-class TickRelay:
+class TickPublisher:
     """The consumer thread. `start`, then `wait_assigned` before producers are told
     the pipeline is ready (earlier ticks are behind the starting offset)."""
 

@@ -1,0 +1,85 @@
+"""One base for the SDK's subscription streams (live data, trigger events).
+
+The subscriber thread `put`s into a queue; the caller iterates or `get`s with a
+timeout, and a `close()` from any thread ends a blocked `get` within one poll
+step (0.25 s), so no stream needs its own wake-up socket.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+T = TypeVar("T")
+_STEP_S = 0.25
+
+
+class Closeable:
+    """`with` support for anything with a `close()`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class QueueStream(Closeable, Iterator[T]):
+    """Messages of some topics, queued by the subscriber thread, until `close()`."""
+
+    def __init__(
+        self, topic_list: Iterable[str], closer: Callable[[Self], None], maxsize: int = 0
+    ) -> None:
+        self.topics = tuple(dict.fromkeys(topic_list))
+        self.subscribed: list[str] = []  # filled by the client as subscriptions go live
+        self._closer: Callable[[Any], None] = closer
+        self._queue: queue.Queue[T] = queue.Queue(maxsize)  # 0: unbounded
+        self._closed = threading.Event()
+        self._close_lock = threading.Lock()
+        self.received = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def get(self, timeout_s: float | None = None) -> T | None:
+        """Next message, or None after `timeout_s` (or once closed and drained)."""
+        step = _STEP_S if timeout_s is None else min(timeout_s, _STEP_S)
+        waited = 0.0
+        while True:
+            try:
+                return self._queue.get(timeout=step)
+            except queue.Empty:
+                if self._closed.is_set():
+                    return None
+                waited += step
+                if timeout_s is not None and waited >= timeout_s:
+                    return None
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> T:
+        message = self.get()
+        if message is None:
+            raise StopIteration
+        return message
+
+    def close(self) -> None:
+        """Unsubscribe (once); what is already queued can still be read."""
+        with self._close_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+        self._closer(self)
