@@ -188,6 +188,7 @@ class PipelineRun:
     ticks_topic: str
     pub_port: int
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = field(default_factory=lambda: free_port())
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -229,6 +230,7 @@ class PipelineRun:
                 "PIPELINE_CHECKPOINT_DIR": str(self.workdir / "checkpoints"),
                 "PIPELINE_PUB_ENDPOINT": self.pub_endpoint,
                 "PIPELINE_READY_FILE": str(self.ready_file),
+                "PIPELINE_METRICS_PORT": str(self.metrics_port),
                 "PIPELINE_HISTORY__TRIGGER_S": "0.5",
                 "PIPELINE_LIVE__PERIODS": "[60, 300]",
                 "PIPELINE_LIVE__WATERMARK_S": "5",

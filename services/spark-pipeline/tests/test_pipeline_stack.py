@@ -85,6 +85,51 @@ def test_request_batches_become_iceberg_rows_and_one_ok_notification(
     assert {r["request_id"] for r in stored} == {"hist-ok-1"}
 
 
+def test_metrics_and_health_follow_the_streaming_queries(
+    pipeline: Any, tools: Any, build: Any
+) -> None:
+    """/metrics counts the history batch that produced a notification; /healthz lists
+    every query as running."""
+    import json
+    import urllib.request
+
+    t0 = build.T0 + 10_000 * build.MINUTE
+    rows = [build.candle(i, t0=t0) for i in range(30)]
+    end = t0 + 30 * build.MINUTE
+    meta = build.metadata("hist-metrics", client_id="client-m", start=t0, end=end)
+    pipeline.kafka.send(
+        pipeline.run.batches_topic,
+        build.request_records("hist-metrics", rows, meta=meta, per_record=10),
+    )
+    _notification(pipeline, tools, "hist-metrics")
+    base = f"http://127.0.0.1:{pipeline.run.metrics_port}"
+    with urllib.request.urlopen(base + "/healthz", timeout=10) as response:
+        health = json.loads(response.read())
+    assert health["status"] == "ok" and health["stopped_queries"] == []
+    assert "history" in health["queries"]
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
+
+    # The batch's progress event follows its notification (published inside the batch).
+    deadline = time.monotonic() + 60
+    samples = scrape()
+    # Input rows are Kafka records: 3 batches of 10 candles and the final marker.
+    while samples.get('pipeline_input_rows_total{query="history"}', 0) < 4:
+        assert time.monotonic() < deadline, "no progress event for the history batch"
+        time.sleep(0.5)
+        samples = scrape()
+    assert samples['pipeline_batches_total{query="history"}'] >= 1
+    assert samples['pipeline_query_active{query="history"}'] == 1.0
+    assert samples["pipeline_pub_server_up"] == 1.0
+
+
 def test_error_marker_and_bad_rows_become_error_notifications(
     pipeline: Any, tools: Any, build: Any
 ) -> None:

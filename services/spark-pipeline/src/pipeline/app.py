@@ -21,7 +21,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import faults, history, live, preflight, session
+from prometheus_client import CollectorRegistry
+
+from mdproto.runtime.metrics_http import MetricsServer
+from pipeline import faults, history, live, metrics, preflight, session
 from pipeline.config import Settings
 from pipeline.lake import Lake
 from pipeline.progress import ProgressLogger
@@ -50,6 +53,7 @@ class Pipeline:
         self.queries: dict[str, StreamingQuery] = {}
         self.pub_server: PubServer | None = None
         self.cep: CepQuery | None = None
+        self.metrics_server: MetricsServer | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -62,6 +66,7 @@ class Pipeline:
         self.spark = session.build_session(settings)
         faults.set_jvm_pid(session.jvm_pid(self.spark))
         self.spark.streams.addListener(ProgressLogger(summarise={"ticks-publish": 10.0}))
+        self._serve_metrics()
         self.lake = Lake(self.spark, self.names)
         self.lake.ensure_tables()
         if settings.history.enabled:
@@ -77,6 +82,29 @@ class Pipeline:
             self.queries[cep.QUERY_NAME] = self.cep.query
         self._write_ready_file()
         log.info("pipeline running: %s", ", ".join(self.queries))
+
+    def _serve_metrics(self) -> None:
+        """/metrics and /healthz: batch progress from Spark's listener, liveness at scrape."""
+        s = self.settings
+        if not s.metrics_port or self.spark is None:
+            return
+        registry = CollectorRegistry()
+        self.spark.streams.addListener(metrics.QueryMetrics(registry))
+        registry.register(metrics.LivenessCollector(self._queries_active, self._pub_alive))
+        self.metrics_server = MetricsServer(
+            s.metrics_host,
+            s.metrics_port,
+            registry,
+            lambda: metrics.health(self._queries_active(), self._pub_alive()),
+            name="pipeline-metrics",
+        )
+        self.metrics_server.start()
+
+    def _queries_active(self) -> dict[str, bool]:
+        return {name: bool(q.isActive) for name, q in dict(self.queries).items()}
+
+    def _pub_alive(self) -> bool:
+        return self.pub_server is not None and self.pub_server.alive
 
     def wait(self, stop: threading.Event) -> int:
         """Block until ``stop`` is set (0) or a query dies (1)."""
@@ -94,6 +122,9 @@ class Pipeline:
         return 0
 
     def stop(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         for name, query in self.queries.items():
             try:
                 query.stop()

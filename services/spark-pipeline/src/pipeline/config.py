@@ -161,6 +161,8 @@ class Settings(runtime.FileSettings):
     pub_sndhwm: int = Field(default=100_000, ge=0)
     #: If set, a JSON file written once every query runs (bound PUB endpoint, query ids).
     ready_file: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # GET /metrics and /healthz; 0 = off (compose: 9562)
 
     @property
     def enabled_queries(self) -> list[str]:

@@ -1,0 +1,98 @@
+"""Prometheus metrics of the streaming queries, fed by Spark's own progress events.
+
+A StreamingQueryListener sees every micro-batch (rows, duration, Kafka lag) on
+Spark's listener thread; it only updates metric objects, so the queries never
+wait on an HTTP scrape. Query liveness and the PUB process are read at scrape
+time. Served by mdproto.runtime.metrics_http, as on the relay and the ingestor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from mdproto.runtime.metrics_http import Health
+from pipeline.progress import kafka_lag
+
+# Micro-batch durations span a tick batch (tens of ms) to a year of candles (tens of s).
+_BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class QueryMetrics(StreamingQueryListener):
+    """Per-query batches, rows, batch durations and Kafka lag, from progress events."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.batches = Counter(
+            "pipeline_batches", "Micro-batches run, by query", ["query"], registry=registry
+        )
+        self.rows = Counter(
+            "pipeline_input_rows",
+            "Rows read by micro-batches, by query",
+            ["query"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "pipeline_batch_duration_seconds",
+            "Micro-batch duration (trigger execution), by query",
+            ["query"],
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "pipeline_kafka_lag_offsets",
+            "Offsets behind the latest, over the query's Kafka sources (last batch)",
+            ["query"],
+            registry=registry,
+        )
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark API)
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802 (Spark API)
+        p = event.progress
+        name = str(p.name)
+        self.batches.labels(name).inc()
+        self.rows.labels(name).inc(int(p.numInputRows))
+        self.duration.labels(name).observe(int(p.durationMs.get("triggerExecution", 0)) / 1000)
+        lag = kafka_lag(p)
+        if lag is not None:
+            self.lag.labels(name).set(lag)
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802 (Spark API)
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802 (Spark API)
+        pass
+
+
+class LivenessCollector(Collector):
+    """`pipeline_query_active{query}` and `pipeline_pub_server_up`, read at scrape time."""
+
+    def __init__(self, queries: Callable[[], Mapping[str, bool]], pub_alive: Callable[[], bool]):
+        self._queries = queries
+        self._pub_alive = pub_alive
+
+    def collect(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "pipeline_query_active", "1 while the streaming query runs", labels=["query"]
+        )
+        for name, running in self._queries().items():
+            active.add_metric([name], 1 if running else 0)
+        yield active
+        yield GaugeMetricFamily(
+            "pipeline_pub_server_up", "1 while the PUB process runs", value=int(self._pub_alive())
+        )
+
+
+def health(queries: Mapping[str, bool], pub_alive: bool) -> Health:
+    """Healthy while every streaming query and the PUB process run."""
+    stopped = sorted(name for name, running in queries.items() if not running)
+    return Health(
+        bool(queries) and not stopped and pub_alive,
+        {"queries": sorted(queries), "stopped_queries": stopped, "pub_server_up": pub_alive},
+    )
