@@ -267,3 +267,29 @@ def terminate(record: ProcessRecord, timeout_s: float) -> str:
         return outcome
     finally:
         watcher.close()
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Until no live process of the group is left: its children (the pipeline's PUB
+    process, the Spark JVM) may outlive the leader by a moment and still hold their
+    ports. Zombies count as gone: they hold no sockets, and their reaper may be slow."""
+    deadline = time.monotonic() + timeout_s
+    while live_group_members(pgid):
+        if time.monotonic() > deadline:
+            raise StackError(f"process group {pgid} still runs {timeout_s:g}s after the kill")
+        time.sleep(0.05)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the group's processes that are not zombies (Linux /proc; [] elsewhere)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # exited while we looked
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members

@@ -24,7 +24,7 @@ from infra.localstack import LocalStack, StackConfig
 from infra.localstack.components import Component
 from infra.localstack.config import LOOPBACK
 from infra.localstack.endpoints import StackEndpoints
-from infra.localstack.process import ExitWatcher, PidFile, StackError
+from infra.localstack.process import ExitWatcher, PidFile, StackError, wait_group_gone
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import PlatformConfig
 from infra.platform.services import ExchangeSimulator, Ingestor, Pipeline, Relay
@@ -165,6 +165,7 @@ class Platform:
                     watcher.close()
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(record.pid, os.WNOHANG)  # ours when this process started it
+                    wait_group_gone(record.pid, timeout_s=30)
                     return record.pid
         raise StackError(f"no component named {name}")
 

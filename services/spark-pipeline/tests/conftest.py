@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from google.protobuf.message import Message
 
+from infra.localstack.process import wait_group_gone
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, Tick
 
@@ -281,6 +282,8 @@ class PipelineRun:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(30)
         self._reap_group()
+        # The PUB process and the JVM may outlive the driver by a moment, holding ports.
+        wait_group_gone(self.process.pid, timeout_s=30)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
