@@ -53,7 +53,8 @@ COMPOSE_FILE = "docker-compose.yml"
 #: Colon-separated compose files (relative to the repository), e.g.
 #: ``docker-compose.yml:infra/images/compose.yml``; default ``COMPOSE_FILE``.
 COMPOSE_FILES_ENV = "MDP_COMPOSE_FILES"
-PROFILES_OFFLINE = ("offline",)
+#: The e2e stack: the exchange simulator and Prometheus watching every service.
+PROFILES_OFFLINE = ("offline", "monitoring")
 STACK_ENV = "MDP_E2E_STACK"
 STACK_NAME = "compose"
 DOCKER_TIMEOUT_S = 20.0
@@ -80,6 +81,7 @@ PORT_VARIABLES: dict[str, str] = {
     "catalog_port": "MDP_PORT_CATALOG",
     "spark_ui_port": "MDP_PORT_SPARK_UI",
     "exchange_sim_port": "MDP_PORT_EXCHANGE_SIM",
+    "prometheus_port": "MDP_PORT_PROMETHEUS",
 }
 HOST = "127.0.0.1"
 
@@ -103,6 +105,7 @@ class ComposeEndpoints:
     catalog_port: int
     spark_ui_port: int
     exchange_sim_port: int
+    prometheus_port: int
     offline: bool
     s3_access_key: str = S3_ACCESS_KEY
     s3_secret_key: str = S3_SECRET_KEY
@@ -120,6 +123,11 @@ class ComposeEndpoints:
     @property
     def s3_endpoint(self) -> str:
         return f"http://{self.relay_host}:{self.s3_port}"
+
+    @property
+    def prometheus_url(self) -> str:
+        """Prometheus of the `monitoring` profile (the e2e stack always runs it)."""
+        return f"http://{self.relay_host}:{self.prometheus_port}"
 
     @property
     def exchange_sim_url(self) -> str | None:
@@ -204,6 +212,7 @@ def endpoints_for(project: str, ports: Mapping[str, int], *, offline: bool) -> C
         catalog_port=ports["catalog_port"],
         spark_ui_port=ports["spark_ui_port"],
         exchange_sim_port=ports["exchange_sim_port"],
+        prometheus_port=ports["prometheus_port"],
     )
 
 

@@ -2,8 +2,9 @@
 # Included by the top-level Makefile (`include infra/compose/compose.mk`); it uses
 # that Makefile's $(BIN) and its `venv` and `proto` targets.
 #
-#   make up [OFFLINE=1]         build the images, start the platform, wait until healthy
-#                               (OFFLINE=1: exchange simulator instead of the real Binance)
+#   make up [OFFLINE=1] [MONITORING=1]  build the images, start the platform, wait until healthy
+#                               (OFFLINE=1: exchange simulator instead of the real Binance;
+#                               MONITORING=1: Prometheus on :9090 with the alert rules)
 #   make down [PURGE=1]         stop and remove the containers (PURGE=1: the volumes too)
 #   make logs [SERVICE=relay]   follow the logs of every (or one) service
 #   make e2e                    the whole end-to-end suite and the container fault tests
@@ -22,7 +23,7 @@ COMPOSE_FILES := docker-compose.yml$(if $(filter offline,$(IMAGES)),:infra/image
 # Read by docker compose itself and by the e2e fixture (infra/compose_platform.py).
 export COMPOSE_FILE := $(COMPOSE_FILES)
 export MDP_COMPOSE_FILES := $(COMPOSE_FILES)
-COMPOSE_UP_FLAGS := $(if $(OFFLINE),--profile offline)
+COMPOSE_UP_FLAGS := $(if $(OFFLINE),--profile offline) $(if $(MONITORING),--profile monitoring)
 E2E_ARGS ?=
 
 .PHONY: up down logs e2e images-offline compose-config docker-engine
@@ -31,13 +32,13 @@ up: $(if $(filter offline,$(IMAGES)),images-offline)
 	$(COMPOSE) $(COMPOSE_UP_FLAGS) up --detach --build --wait
 
 down:
-	$(COMPOSE) --profile offline --profile client down --remove-orphans $(if $(PURGE),--volumes)
+	$(COMPOSE) --profile offline --profile client --profile monitoring down --remove-orphans $(if $(PURGE),--volumes)
 
 logs:
 	$(COMPOSE) --profile offline logs --follow --tail=200 $(SERVICE)
 
 compose-config: venv
-	$(BIN)/docker-compose --profile offline --profile client config --quiet
+	$(BIN)/docker-compose --profile offline --profile client --profile monitoring config --quiet
 
 docker-engine: venv
 	infra/ci/docker-engine.sh

@@ -32,6 +32,8 @@ KAFKA=mdp-offline/kafka:${KAFKA_VERSION}
 ICEBERG_REST=mdp-offline/iceberg-rest-fixture:${ICEBERG_VERSION}
 MINIO=mdp-offline/minio:${MINIO_MODULE_VERSION}
 MC=mdp-offline/mc:${MC_MODULE_VERSION}
+# Debian bookworm's prometheus package; docker-compose.yml pins the same upstream release.
+PROMETHEUS=mdp-offline/prometheus:2.42.0
 
 phase() {
     local name=$1 start=$SECONDS
@@ -89,4 +91,5 @@ phase "iceberg-rest-fixture" build iceberg-rest "$ICEBERG_REST"
 phase "minio + mc (Go modules)" go_binaries
 phase "minio" build minio "$MINIO"
 phase "mc" build mc "$MC"
+phase "prometheus" build prometheus "$PROMETHEUS"
 printf '[images] offline image set ready in %ds\n' $((SECONDS - total))

@@ -48,7 +48,7 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE_DIR = REPO / "infra" / "compose"
 DOCKERIGNORE = REPO / ".dockerignore"
 BIN = Path(sys.executable).parent
-ALL_PROFILES = ("offline", "client")
+ALL_PROFILES = ("offline", "client", "monitoring")
 
 # Compose service -> (its Dockerfile, its config dir under infra/compose/).
 BUILT_SERVICES: dict[str, str] = {
@@ -391,6 +391,7 @@ def test_profiles() -> None:
     profiles = {name: svc.get("profiles", []) for name, svc in doc["services"].items()}
     assert profiles.pop("exchange-sim") == ["offline"]
     assert profiles.pop("test-client") == ["client"]
+    assert profiles.pop("prometheus") == ["monitoring"]
     assert all(p == [] for p in profiles.values()), profiles
 
 
@@ -1189,7 +1190,10 @@ def test_compose_environment_publishes_every_endpoint(compose_stack_module: Modu
     ports = dict(zip(mod.PORT_VARIABLES, mod.free_ports(len(mod.PORT_VARIABLES)), strict=True))
     env = mod.compose_environment(ports, "mdp-e2e-test")
     result = subprocess.run(
-        [_tool("docker-compose"), "--profile", "offline", "config", "--format", "json"],
+        [
+            *(_tool("docker-compose"), "--profile", "offline", "--profile", "monitoring"),
+            *("config", "--format", "json"),
+        ],
         cwd=REPO,
         env={**_clean_env(), **env},
         capture_output=True,
@@ -1367,3 +1371,38 @@ def test_compose_files_come_from_the_environment(compose_stack_module: ModuleTyp
     assert compose_stack_module.compose_files("") == ["docker-compose.yml"]
     with pytest.raises(FileNotFoundError, match=r"no-such\.yml"):
         compose_stack_module.compose_files("docker-compose.yml:no-such.yml")
+
+
+def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
+    """Each /metrics port a config file opens is a scrape target, and every alert rule
+    reads a metric some service exports."""
+    prom = yaml.safe_load((COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text())
+    targets = {
+        t for job in prom["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    }
+    relay = yaml.safe_load((COMPOSE_DIR / "relay" / "config.yaml").read_text())
+    pipeline = yaml.safe_load((COMPOSE_DIR / "spark-pipeline" / "config.yaml").read_text())
+    expected = {
+        f"relay:{relay.get('metrics_port', 9560)}",
+        f"spark-pipeline:{pipeline['metrics_port']}",
+    }
+    for name in ("config.yaml", "config.offline.yaml"):
+        ingestor = yaml.safe_load((COMPOSE_DIR / "ingestor" / name).read_text())
+        expected.add(f"ingestor:{ingestor['metrics_port']}")
+    assert targets == expected
+    rules = yaml.safe_load((COMPOSE_DIR / "prometheus" / "alerts.yml").read_text())
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert {"NoIngestorForExchange", "PipelineLag", "RelayDrops", "ServiceDown"} <= names
+    sources = "".join(
+        (REPO / f).read_text()
+        for f in (
+            "services/relay/src/relay/metrics.py",
+            "services/ingestor/src/ingestor/metrics.py",
+            "services/spark-pipeline/src/pipeline/metrics.py",
+        )
+    )
+    for rule in (r for g in rules["groups"] for r in g["rules"]):
+        for metric in re.findall(
+            r"\b((?:relay|ingestor|pipeline)_[a-z_]+?)(?:_total)?\b", rule["expr"]
+        ):
+            assert f'"{metric}"' in sources, f"{rule['alert']}: no service exports {metric}"

@@ -67,3 +67,20 @@ def test_metrics_and_health_over_http(
 def test_metrics_port_zero_disables_http(make_relay: RelayFactory) -> None:
     relay = make_relay(metrics_port=0)
     assert relay.relay.metrics_port == 0
+
+
+def test_exchange_served_follows_ingestor_subscriptions(make_relay: RelayFactory) -> None:
+    """The alert "no ingestor for an exchange" reads this: 0 from the start, 1 while an
+    ingestor subscribes to the exchange's work prefix, 0 again once the last one leaves."""
+    relay = make_relay()
+
+    def served() -> float | None:
+        return relay.relay.metrics.registry.get_sample_value(
+            "relay_exchange_served", {"prefix": "BINANCE:"}
+        )
+
+    assert served() == 0.0  # present before any ingestor: an alert can see the absence
+    ingestor = relay.ingestor()
+    relay.wait_until(lambda: served() == 1.0)
+    ingestor.work.close()  # the ingestor's process is gone: its subscription with it
+    relay.wait_until(lambda: served() == 0.0)

@@ -121,6 +121,8 @@ class Relay:
             now=now,
         )
         self._ingestor_subs: dict[str, set[str]] = {"work": set(), "control": set()}
+        for exchange in s.known_exchanges:  # 0 until an ingestor serves it: alertable
+            m.exchange_served.labels(f"{exchange}:").set(0)
         self._market_connections = 0
         self._throttle = _LogThrottle()
         self._wakeup = WakeupSocket()
@@ -560,6 +562,8 @@ class Relay:
             subs.discard(prefix)
         log.info("ingestor %s %s %r", "subscribed to" if subscribe else "left", socket, prefix)
         self.metrics.ingestor_subscriptions.labels(socket).set(len(subs))
+        if socket == "work":
+            self.metrics.exchange_served.labels(prefix).set(1 if subscribe else 0)
         return event
 
     # --- proxy statistics and socket monitors ------------------------------------------

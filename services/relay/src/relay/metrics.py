@@ -118,6 +118,12 @@ class RelayMetrics:
             ["socket"],
             registry=r,
         )
+        self.exchange_served = Gauge(
+            "relay_exchange_served",
+            "1 while at least one ingestor subscribes to the exchange's work prefix",
+            ["prefix"],
+            registry=r,
+        )
         self.upstream_connected = Gauge(
             "relay_upstream_connected", "1 while the XSUB is connected to the pipeline", registry=r
         )
