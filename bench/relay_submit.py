@@ -9,12 +9,12 @@ p50/p99 latency are taken over that window. Modes alternate, `--reps` times,
 and medians are compared. The relay runs with its production logging (INFO,
 one "Forwarded request" line per request, written to a file) and with logging
 at WARNING; its rate limit is set high enough never to refuse (the token
-bucket is still consulted). With `--with-ingestor` an ingestor SUB in the
-first client process drains the relay's work socket, so the DataRequests
-really travel over TCP (and the client process does that extra work too);
-without it the relay publishes to nobody, as the echo does.
+bucket is still consulted). An ingestor SUB in the first client process
+drains the relay's work socket (the relay refuses work no ingestor can take),
+so the DataRequests really travel over TCP, and the client process does that
+extra work too.
 
-Run: .venv/bin/python bench/relay_submit.py [--reps 3] [--seconds 2] [--with-ingestor]
+Run: .venv/bin/python bench/relay_submit.py [--reps 3] [--seconds 2]
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class Result:
     p99_ms: float
 
 
-def one_run(mode: str, n_clients: int, seconds: float, with_ingestor: bool) -> Result:
+def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     spawn = mp.get_context("spawn")
     endpoints: Queue[Any] = spawn.Queue()
     results: Queue[Any] = spawn.Queue()
@@ -197,7 +197,7 @@ def one_run(mode: str, n_clients: int, seconds: float, with_ingestor: bool) -> R
             target=clients,
             args=(
                 ep["client_request"],
-                ep["ingestor_work"] if i == 0 and with_ingestor else "",
+                ep["ingestor_work"] if i == 0 else "",
                 n_clients // procs,
                 start_at,
                 seconds,
@@ -324,9 +324,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument(
-        "--with-ingestor", action="store_true", help="drain the relay's work socket from a client"
-    )
     parser.add_argument("--serve", nargs=2, metavar=("MODE", "ENDPOINT_FILE"))
     parser.add_argument(
         "--instructions", action="store_true", help="also count instructions with valgrind"
@@ -347,7 +344,7 @@ def main() -> None:
         runs: dict[str, list[Result]] = {m: [] for m in modes}
         for _ in range(args.reps):
             for mode in modes:
-                runs[mode].append(one_run(mode, n, args.seconds, args.with_ingestor))
+                runs[mode].append(one_run(mode, n, args.seconds))
         med = {
             m: Result(
                 *(statistics.median(getattr(r, f) for r in runs[m]) for f in Result.__annotations__)

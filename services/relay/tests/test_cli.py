@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -108,9 +109,19 @@ def test_real_process_serves_and_shuts_down_cleanly(
         start_time_ms=0,
         end_time_ms=3_600_000,
     )
-    client.send_multipart(envelope.encode(request))  # queued until the relay has bound
-    assert client.poll(20_000), "relay did not answer"
-    reply = envelope.decode(client.recv_multipart(), SubmitResponse)
+    # An ingestor for BINANCE: without one the relay refuses the request (no_ingestor).
+    ingestor = ctx.socket(zmq.SUB)
+    ingestor.linger = 0
+    ingestor.connect(f"tcp://127.0.0.1:{relay_env['RELAY_INGESTOR_WORK_PORT']}")
+    ingestor.subscribe(b"BINANCE:")
+    deadline = time.monotonic() + 20
+    while True:  # until the relay has bound and seen the ingestor's subscription
+        client.send_multipart(envelope.encode(request))  # queued until the relay has bound
+        assert client.poll(20_000), "relay did not answer"
+        reply = envelope.decode(client.recv_multipart(), SubmitResponse)
+        if reply.error_code != "no_ingestor" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert (reply.status, reply.request_id) == (Status.OK, "cli-1")
     sub = ctx.socket(zmq.SUB)
     sub.linger = 0

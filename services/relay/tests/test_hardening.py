@@ -46,6 +46,7 @@ typed_frames = st.builds(
 
 def test_random_frames_always_get_one_reply(make_relay: RelayFactory) -> None:
     relay = make_relay(client_rate_limit=0, request_timeout_s=0.2)
+    relay.ingestor()  # served: valid requests are accepted, not refused as no_ingestor
     dealer = relay.socket(zmq.DEALER)
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -87,6 +88,7 @@ def test_random_frames_from_ingestors_are_ignored(make_relay: RelayFactory) -> N
 
 def test_non_zmtp_garbage_on_the_tcp_port(make_relay: RelayFactory) -> None:
     relay = make_relay()
+    relay.ingestor()
     url = urlparse(relay.endpoints.client_request)
     for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\xff" * 10 + b"\x7f" + b"\x00" * 100, b""):
         with socket.create_connection((url.hostname, url.port)) as raw:

@@ -80,6 +80,7 @@ def test_responses_are_matched_by_request_id_across_clients(relay: RunningRelay)
 
 def test_unanswered_request_times_out(make_relay: RelayFactory) -> None:
     relay = make_relay(request_timeout_s=0.3)
+    relay.ingestor()  # subscribed, never answers
     client = relay.client()
     client.send_multipart(envelope.encode(ohlc_request("slow")))
     response = envelope.decode(relay.recv(client, timeout=5), Response)
@@ -94,6 +95,7 @@ def test_unanswered_request_times_out(make_relay: RelayFactory) -> None:
 
 def test_pending_map_is_bounded(make_relay: RelayFactory) -> None:
     relay = make_relay(max_pending_requests=2)
+    relay.ingestor()
     clients = [relay.client() for _ in range(3)]
     for i, client in enumerate(clients[:2]):
         client.send_multipart(envelope.encode(ohlc_request(f"P{i}")))
@@ -103,6 +105,7 @@ def test_pending_map_is_bounded(make_relay: RelayFactory) -> None:
 
 
 def test_duplicate_and_invalid_legacy_requests_are_refused(relay: RunningRelay) -> None:
+    relay.ingestor()
     waiting = relay.client()
     waiting.send_multipart(envelope.encode(ohlc_request("D")))
     relay.wait_until(lambda: relay.sample("relay_legacy_pending") == 1)
@@ -131,3 +134,11 @@ def test_bad_frames_from_an_ingestor_are_counted_and_ignored(relay: RunningRelay
     ingestor.recv_work()
     ingestor.respond(DataResponse(request_id="ok", status=Status.OK))
     assert envelope.decode(relay.recv(client), Response).status == Status.OK
+
+
+def test_legacy_request_no_ingestor_can_serve_is_refused_at_once(relay: RunningRelay) -> None:
+    reply = relay.request(relay.client(), ohlc_request("lonely"), Response)
+    assert (reply.status, reply.error_code) == (Status.REJECTED, "no_ingestor")
+    assert "BINANCE" in reply.reason
+    assert relay.sample("relay_legacy_pending") == 0
+    assert relay.sample("relay_rejections_total", type="legacy", error_code="no_ingestor") == 1

@@ -34,6 +34,7 @@ def test_metrics_and_health_over_http(
     make_relay: RelayFactory, pipeline: FakePipeline, free_tcp_port: int
 ) -> None:
     relay = make_relay(metrics_host="127.0.0.1", metrics_port=free_tcp_port)
+    relay.ingestor()
     base = f"http://127.0.0.1:{relay.relay.metrics_port}"
     client = relay.client()
     assert relay.request(client, VALID, SubmitResponse).status == Status.OK

@@ -78,6 +78,7 @@ def test_relay_generates_the_request_id_when_only_client_id_is_set(relay: Runnin
 
 
 def test_per_request_notification_topic(relay: RunningRelay) -> None:
+    relay.ingestor()
     req = submit(client_id="", notify=NotifyPattern.NOTIFY_PER_REQUEST)
     reply = relay.request(relay.client(), req, SubmitResponse)
     assert reply.notification_topic == "HISTORY_READY:r1"
@@ -151,6 +152,7 @@ def test_cep_sink_failure_is_an_error_ack(make_relay: RelayFactory) -> None:
 
 
 def test_undecodable_frames_get_an_error_response(relay: RunningRelay) -> None:
+    relay.ingestor()
     client = relay.client()
     cases = [
         ([b"\x02", b"\x10"], "bad_version"),
@@ -171,6 +173,7 @@ def test_undecodable_frames_get_an_error_response(relay: RunningRelay) -> None:
 
 def test_oversized_requests(make_relay: RelayFactory) -> None:
     relay = make_relay(max_request_payload=1000, max_message_size=100_000)
+    relay.ingestor()
     client = relay.client()
     # Above the payload cap but below ZMQ_MAXMSGSIZE: answered with too_large.
     too_big = submit(client_id="x" * 2000)
@@ -186,6 +189,7 @@ def test_oversized_requests(make_relay: RelayFactory) -> None:
 
 def test_flooding_client_is_refused_while_others_are_served(make_relay: RelayFactory) -> None:
     relay = make_relay(client_rate_limit=1, client_rate_burst=20)
+    relay.ingestor()
     flood = relay.socket(zmq.DEALER)
     frames = envelope.encode(submit())
     for _ in range(300):
@@ -198,3 +202,22 @@ def test_flooding_client_is_refused_while_others_are_served(make_relay: RelayFac
     assert 250 <= len(refused) <= 280  # every request answered; about the burst got through
     assert relay.sample("relay_rate_limited_total") == len(refused)
     assert relay.request(polite, submit(request_id="again"), SubmitResponse).status == Status.OK
+
+
+def test_a_request_no_ingestor_can_serve_is_refused_at_once(relay: RunningRelay) -> None:
+    """No OK followed by minutes of silence: while no ingestor subscribes to the
+    exchange's work prefix, a submit is refused with the reason."""
+    client = relay.client()
+    reply = relay.request(client, submit(request_id="lonely"), SubmitResponse)
+    assert (reply.status, reply.error_code) == (Status.REJECTED, "no_ingestor")
+    assert "BINANCE" in reply.reason and reply.request_id == "lonely"
+    assert relay.sample("relay_rejections_total", type="submit", error_code="no_ingestor") == 1
+    assert relay.sample("relay_published_total", kind="historical") == 0
+
+    ingestor = relay.ingestor()
+    assert relay.request(client, submit(request_id="served"), SubmitResponse).status == Status.OK
+    assert ingestor.recv_work()[1].request_id == "served"
+    ingestor.work.close()  # its last subscription goes with it
+    relay.wait_until(lambda: relay.sample("relay_exchange_served", prefix="BINANCE:") == 0)
+    again = relay.request(client, submit(request_id="orphan"), SubmitResponse)
+    assert (again.status, again.error_code) == (Status.REJECTED, "no_ingestor")

@@ -58,6 +58,7 @@ from relay.validation import Policy, Rejection, check_legacy, check_submit, chec
 log = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
+NO_INGESTOR = "no_ingestor"
 INTERNAL = "internal"
 SINK_ERROR = "sink_error"
 UNEXPECTED_TYPE = "unexpected_type"
@@ -342,9 +343,27 @@ class Relay:
                 "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
             )
             return outcome.reply
+        unserved = self._unserved(outcome.work.topic)
+        if unserved is not None:  # refused now, not an OK followed by minutes of silence
+            self._rejected("submit", req.request_id, NO_INGESTOR, unserved, now)
+            return SubmitResponse(
+                request_id=outcome.reply.request_id,
+                status=Status.REJECTED,
+                reason=unserved,
+                error_code=NO_INGESTOR,
+            )
         self._accepted["submit"].inc()
         self._publish_work(outcome.work.topic, outcome.work.request, "historical", now)
         return outcome.reply
+
+    def _unserved(self, topic: str) -> str | None:
+        """Why no ingestor can take work published on `topic` now, or None if one can."""
+        if any(topic.startswith(p) for p in self._ingestor_subs["work"]):
+            return None
+        return (
+            f"no ingestor serves {topic.rstrip(':')} right now (none is subscribed to its "
+            "work queue); retry once one runs"
+        )
 
     def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
         outcome = check_trigger(req, self._policy, self._wall_ms())
@@ -407,6 +426,10 @@ class Relay:
             self._rejected("legacy", req.request_id, checked.error_code, checked.reason, now)
             return _legacy_refusal(req.request_id, checked.error_code, checked.reason)
         request_id = checked.request.request_id
+        unserved = self._unserved(checked.topic)
+        if unserved is not None:
+            self._rejected("legacy", request_id, NO_INGESTOR, unserved, now)
+            return _legacy_refusal(request_id, NO_INGESTOR, unserved)
         admission = self._pending.add(request_id, route, now)
         if admission is not Admission.ADDED:
             reason = (
