@@ -56,8 +56,12 @@ def test_limit_takes_the_first_candles_and_stops_fetching(fakes: Any) -> None:
 def test_no_limit_returns_everything_up_to_the_cap(fakes: Any) -> None:
     exchange = fakes.FakeExchange(fakes.make_candles(range(0, 3000 * MIN, MIN)))
     assert len(respond(exchange, req()).candles) == 3000
+    # More candles than a legacy response carries: an explicit error, not a short answer.
     capped = respond(exchange, req(), max_candles=100)
-    assert len(capped.candles) == 100 and "truncated" in capped.reason
+    assert capped.status == Status.ERROR and len(capped.candles) == 0
+    assert capped.reason.startswith("too_many_candles:") and "100" in capped.reason
+    # An explicit limit within the bound is an answer of that many candles.
+    assert len(respond(exchange, req(limit=100), max_candles=100).candles) == 100
 
 
 def test_errors_and_empty_ranges(fakes: Any) -> None:

@@ -3,7 +3,9 @@
 The candles travel in the response, sent through a DEALER to the relay's
 ROUTER :5556 (`work.LegacyResponder`), not through Kafka. `limit` caps the
 candles (the first `limit` from the start of the range); 0 means no limit,
-bounded by `history.legacy_max_candles` so a response stays a sane size.
+bounded by `history.legacy_max_candles` so a response stays a sane size. A
+range with more candles than that bound is an ERROR (`too_many_candles`), never
+a silently shortened answer.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from ingestor.history import (
 from mdproto.messages import DataRequest, DataResponse, Status
 
 log = logging.getLogger(__name__)
+
+TOO_MANY_CANDLES = "too_many_candles"
 
 
 async def legacy_response(
@@ -63,11 +67,17 @@ async def legacy_response(
         response.status = Status.ERROR
         response.reason = f"{INTERNAL}: {type(exc).__name__}: {exc}"
         return response
-    if not response.candles:
+    if truncated:
+        del response.candles[:]
+        response.status = Status.ERROR
+        response.reason = (
+            f"{TOO_MANY_CANDLES}: the range holds more than {max_candles} candles, more than "
+            "a legacy response carries; set a limit, ask for a shorter range, or use the "
+            "history flow (SubmitHistoricalRequest)"
+        )
+    elif not response.candles:
         response.status = Status.NOT_FOUND
         response.reason = "the exchange has no candles in the range"
     else:
         response.status = Status.OK
-        if truncated:
-            response.reason = f"truncated to {cap} candles (legacy_max_candles)"
     return response
