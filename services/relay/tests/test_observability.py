@@ -85,3 +85,39 @@ def test_exchange_served_follows_ingestor_subscriptions(make_relay: RelayFactory
     relay.wait_until(lambda: served() == 1.0)
     ingestor.work.close()  # the ingestor's process is gone: its subscription with it
     relay.wait_until(lambda: served() == 0.0)
+
+
+def post(url: str, body: bytes) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        is_json = exc.headers["Content-Type"] == "application/json"
+        return exc.code, json.loads(exc.read()) if is_json else {}
+
+
+def test_operator_config_update_reaches_the_exchange_ingestors(
+    make_relay: RelayFactory, free_tcp_port: int
+) -> None:
+    """CONFIG_UPDATE is sent from the operator's HTTP port, never from client sockets."""
+    from mdproto.messages import IngestorControl
+
+    relay = make_relay(metrics_host="127.0.0.1", metrics_port=free_tcp_port)
+    url = f"http://127.0.0.1:{relay.relay.metrics_port}/control/config-update"
+    code, answer = post(f"{url}?exchange=BINANCE", b'{"batch_size": "250"}')
+    assert code == 409 and "no ingestor of BINANCE" in str(answer["error"])
+
+    ingestor = relay.ingestor()
+    code, answer = post(f"{url}?exchange=binance", b'{"batch_size": "250"}')
+    assert (code, answer) == (202, {"exchange": "BINANCE", "keys": ["batch_size"]})
+    topic, control = ingestor.recv_control()
+    assert topic == "BINANCE:"
+    assert control.action == IngestorControl.CONFIG_UPDATE
+    assert dict(control.config) == {"batch_size": "250"}
+    assert relay.sample("relay_published_total", kind="config_update") == 1
+
+    assert post(f"{url}?exchange=BINANCE", b"not json")[0] == 400
+    assert post(f"{url}?exchange=BINANCE", b'{"batch_size": 250}')[0] == 409  # not a string
+    assert post(url, b'{"batch_size": "1"}')[0] == 409  # no exchange
+    assert post(url.replace("config-update", "nope"), b"{}")[0] == 404

@@ -1,8 +1,9 @@
 """The one observability convention: `GET /metrics` and `GET /healthz` on every service.
 
 Each service owns a Prometheus registry and a health callable; this serves both
-from a daemon thread, so a scrape never waits on the service's own loop. Needs
-the `metrics` extra (prometheus-client).
+from a daemon thread, so a scrape never waits on the service's own loop. The
+same operator-facing port can take `POST` commands (`commands`), never offered
+on a client-facing socket. Needs the `metrics` extra (prometheus-client).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import logging
 import signal
 import threading
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +21,10 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
+
+
+#: An operator command: (query parameters, request body) -> (HTTP status, JSON answer).
+Command = Callable[[dict[str, str], bytes], tuple[int, dict[str, Any]]]
 
 
 @dataclass(slots=True)
@@ -40,8 +46,9 @@ class MetricsServer:
         health: Callable[[], Health],
         *,
         name: str = "metrics-http",
+        commands: dict[str, Command] | None = None,
     ) -> None:
-        self._server = ThreadingHTTPServer((host, port), _handler(registry, health))
+        self._server = ThreadingHTTPServer((host, port), _handler(registry, health, commands or {}))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
@@ -64,9 +71,25 @@ class MetricsServer:
 
 
 def _handler(
-    registry: CollectorRegistry, health: Callable[[], Health]
+    registry: CollectorRegistry, health: Callable[[], Health], commands: dict[str, Command]
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            path, _, query = self.path.partition("?")
+            command = commands.get(path)
+            if command is None:
+                self._send(404, "text/plain", b"no such command\n")
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(min(length, 64 * 1024))
+            params = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+            try:
+                code, answer = command(params, body)
+            except Exception as exc:  # a bug in a command is a 500 with a reason, not a hang
+                log.exception("operator command %s failed", path)
+                code, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
+            self._send(code, "application/json", json.dumps(answer).encode())
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":

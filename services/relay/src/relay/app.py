@@ -19,12 +19,14 @@ counted and logged.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import math
+import queue
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import zmq
 from google.protobuf.message import Message
@@ -58,6 +60,7 @@ from relay.validation import Policy, Rejection, check_legacy, check_submit, chec
 log = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
+CONFIG_UPDATE_PATH = "/control/config-update"
 NO_INGESTOR = "no_ingestor"
 INTERNAL = "internal"
 SINK_ERROR = "sink_error"
@@ -127,6 +130,8 @@ class Relay:
         self._market_connections = 0
         self._throttle = _LogThrottle()
         self._wakeup = WakeupSocket()
+        # Operator commands arrive on HTTP threads; only the loop touches sockets.
+        self._operator: queue.SimpleQueue[tuple[str, IngestorControl]] = queue.SimpleQueue()
         self._stopping = False
         self._loop_beat = now
         self._http: MetricsServer | None = None
@@ -178,6 +183,7 @@ class Relay:
                     self.metrics.registry,
                     self.health,
                     name="relay-metrics",
+                    commands={CONFIG_UPDATE_PATH: self._config_update_command},
                 )
                 self._http.start()
         except BaseException:
@@ -261,6 +267,7 @@ class Relay:
                     self._drain(sock, handler)
             if self._wakeup.fileno() in ready:
                 self._wakeup.drain()
+                self._send_operator_controls()
             now = self._clock()
             self._expire_legacy(now)
             self._apply(self._live.due(now))
@@ -563,6 +570,47 @@ class Relay:
                 log.info("live data cancelled: %s (no subscriber left)", action.ticker)
         if actions:
             self.metrics.live_tickers.set(len(self._live.live_tickers))
+
+    # --- operator commands (HTTP, the metrics port; never a client socket) ----------
+
+    def config_update(self, exchange: str, config: dict[str, str]) -> str | None:
+        """Queue IngestorControl{CONFIG_UPDATE} for an exchange's ingestors (any thread).
+
+        Returns why it cannot be delivered, or None once it is queued for the loop.
+        """
+        prefix = f"{exchange.upper()}:"
+        if not config or not all(isinstance(v, str) for v in config.values()):
+            return "the body must be a non-empty JSON object of string values"
+        if prefix not in self._ingestor_subs["control"]:
+            return f"no ingestor of {prefix.rstrip(':')} listens for control messages"
+        control = IngestorControl(
+            action=IngestorControl.CONFIG_UPDATE, config=config, issued_at_ms=self._wall_ms()
+        )
+        self._operator.put((prefix, control))
+        self._wakeup.wake()
+        return None
+
+    def _config_update_command(
+        self, params: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        try:
+            config = json.loads(body or b"{}")
+        except ValueError as exc:
+            return 400, {"error": f"the body is not JSON: {exc}"}
+        if not isinstance(config, dict):
+            return 400, {"error": "the body must be a JSON object"}
+        exchange = params.get("exchange", "")
+        refused = self.config_update(exchange, config) if exchange else "?exchange= is missing"
+        if refused is not None:
+            return 409, {"error": refused}
+        return 202, {"exchange": exchange.upper(), "keys": sorted(config)}
+
+    def _send_operator_controls(self) -> None:
+        while not self._operator.empty():
+            prefix, control = self._operator.get_nowait()
+            self._control.send_multipart(envelope.encode_pub(prefix, control), zmq.NOBLOCK)
+            self.metrics.published.labels("config_update").inc()
+            log.info("CONFIG_UPDATE to %s ingestors: %s", prefix, dict(control.config))
 
     def _on_work_subscription(self, frames: list[bytes], now: float) -> None:
         event = self._ingestor_subscription("work", frames)
