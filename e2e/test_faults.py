@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from infra.compose_platform import ComposePlatform
-from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform.faults import Faults
+from infra.testing import exchange_rows, result_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult, SubmitRejected
 from mdproto.messages import Tick
 
@@ -41,22 +41,6 @@ def past_range(days_ago: int, days: int) -> tuple[int, int]:
     now = int(time.time() * 1000)
     start = (now - days_ago * DAY_MS) // HOUR_MS * HOUR_MS
     return start, start + days * DAY_MS
-
-
-def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
-    """The simulator's candles for [start, end) as (open_time, o, h, l, c, v)."""
-    return [
-        tuple(float(v) for v in k.ohlcv())
-        for k in expected_klines(symbol, "1m", start, end)
-        if k.open_time < end
-    ]
-
-
-def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
-    t = result.table
-    times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
-    columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
-    return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
 
 
 class InFlight:

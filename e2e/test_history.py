@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
+from infra.testing import exchange_rows, result_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
 from mdproto.messages import Status
 
@@ -27,22 +27,6 @@ def past_range(days_ago: float, hours: int) -> tuple[int, int]:
     now = int(time.time() * 1000)
     start = (now - int(days_ago * DAY_MS)) // HOUR_MS * HOUR_MS
     return start, start + hours * HOUR_MS
-
-
-def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
-    """The candles the simulator serves for [start, end), as ccxt reports them."""
-    return [
-        tuple(float(v) for v in k.ohlcv())
-        for k in expected_klines(symbol, "1m", start, end)
-        if k.open_time < end
-    ]
-
-
-def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
-    t = result.table
-    times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
-    columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
-    return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
 
 
 def test_per_client_topic_answers_with_the_exchange_candles(

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
 
+    from mdclient import HistoryResult
+
 
 def consume(consumer: Consumer, count: int, timeout_s: float = 60.0) -> list[Message]:
     """Poll until ``count`` messages arrived; fail with the count seen after ``timeout_s``.
@@ -31,3 +33,22 @@ def consume(consumer: Consumer, count: int, timeout_s: float = 60.0) -> list[Mes
             raise AssertionError(f"consumer error: {err}")
         got.append(msg)
     return got
+
+
+def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
+    """The simulator's 1-minute candles for [start, end) as (open_ms, o, h, l, c, v)."""
+    from infra.exchange_sim import expected_klines
+
+    return [
+        tuple(float(v) for v in k.ohlcv())
+        for k in expected_klines(symbol, "1m", start, end)
+        if k.open_time < end
+    ]
+
+
+def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
+    """A history answer's rows in the same shape as `exchange_rows`."""
+    t = result.table
+    times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
+    columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
+    return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
