@@ -21,13 +21,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from google.protobuf.message import Message
 
 from mdproto import envelope
 from pipeline.config import Settings
+
+if TYPE_CHECKING:
+    from pipeline.tick_publisher import TickPublisher
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +172,33 @@ class Publisher:
 
 
 def _serve(config: ServerConfig, conn: Connection) -> None:
-    """Entry point of the PUB server process (spawned: imports are fresh)."""
+    """Entry point of the PUB server process (spawned: imports are fresh).
+
+    Prepare the process, bind the PUB (report its endpoint, or the error and end),
+    bind the PULL, forward PULL -> PUB, start the tick publisher (report once it
+    has its partitions), wait for the driver's stop, shut down.
+    """
+    _prepare_process(config)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub = _pub_socket(ctx, config.sndhwm)
+    try:
+        pub.bind(config.pub_endpoint)
+    except zmq.ZMQError as exc:
+        conn.send({"error": f"cannot bind the pipeline PUB on {config.pub_endpoint}: {exc}"})
+        return
+    pull = _bind_pull(ctx, config.pull_endpoint)
+    conn.send({"endpoint": _last_endpoint(pub)})
+    forwarder = _start_forwarder(ctx, pull, pub)
+    ticks = None
+    if config.relay_settings is not None:
+        ticks = _start_tick_publisher(ctx, config.relay_settings)
+        conn.send(_assignment(ticks))
+    _wait_for_stop(conn, ticks)
+    _shut_down(ctx, forwarder, ticks)
+
+
+def _prepare_process(config: ServerConfig) -> None:
+    """Logging, death with the driver, SIGINT ignored (the driver decides), niceness."""
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -182,55 +211,84 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, config.niceness)
         except OSError as exc:
             log.warning("PUB server keeps normal priority (nice %d: %s)", config.niceness, exc)
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+
+
+def _pub_socket(ctx: zmq.Context[zmq.Socket[bytes]], sndhwm: int) -> zmq.Socket[bytes]:
     pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.SNDHWM, config.sndhwm)
+    pub.setsockopt(zmq.SNDHWM, sndhwm)
     pub.setsockopt(zmq.LINGER, 1000)
     # Notice vanished peers (no FIN) so their queues are freed.
     pub.setsockopt(zmq.HEARTBEAT_IVL, 5000)
     pub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 15000)
-    try:
-        pub.bind(config.pub_endpoint)
-    except zmq.ZMQError as exc:
-        conn.send({"error": f"cannot bind the pipeline PUB on {config.pub_endpoint}: {exc}"})
-        return
+    return pub
+
+
+def _bind_pull(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
+    """The driver's ipc endpoint and the tick publisher's inproc one, both unbounded."""
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.RCVHWM, 0)
-    pull.bind(config.pull_endpoint)
+    pull.bind(endpoint)
     pull.bind("inproc://ticks")
-    last = pub.getsockopt(zmq.LAST_ENDPOINT)
-    conn.send({"endpoint": last.decode() if isinstance(last, bytes) else str(last)})
+    return pull
 
+
+def _last_endpoint(socket: zmq.Socket[bytes]) -> str:
+    """The bound address (a ``*`` port resolved)."""
+    last = socket.getsockopt(zmq.LAST_ENDPOINT)
+    return last.decode() if isinstance(last, bytes) else str(last)
+
+
+def _start_forwarder(
+    ctx: zmq.Context[zmq.Socket[bytes]], pull: zmq.Socket[bytes], pub: zmq.Socket[bytes]
+) -> threading.Thread:
     forwarder = threading.Thread(
         target=_forward, args=(ctx, pull, pub), name="pub-forward", daemon=True
     )
     forwarder.start()
-    relay = None
-    if config.relay_settings is not None:
-        from pipeline.tick_publisher import TickPublisher
+    return forwarder
 
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, 0)
-        push.connect("inproc://ticks")
-        relay = TickPublisher(config.relay_settings, _sender(push))
-        relay.start()
-        try:
-            relay.wait_assigned()
-            conn.send({"assigned": True})
-        except RuntimeError as exc:
-            conn.send({"error": str(exc)})
+
+def _start_tick_publisher(ctx: zmq.Context[zmq.Socket[bytes]], settings: Settings) -> TickPublisher:
+    """Kafka ticks -> inproc PUSH -> the forwarder (imported here: Kafka only when used)."""
+    from pipeline.tick_publisher import TickPublisher
+
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 0)
+    push.connect("inproc://ticks")
+    ticks = TickPublisher(settings, _sender(push))
+    ticks.start()
+    return ticks
+
+
+def _assignment(ticks: TickPublisher) -> dict[str, Any]:
+    """The second report to the driver: the tick publisher has its partitions, or why not."""
+    try:
+        ticks.wait_assigned()
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"assigned": True}
+
+
+def _wait_for_stop(conn: Connection, ticks: TickPublisher | None) -> None:
+    """Until the driver says stop or goes away, or the tick publisher dies."""
     try:
         while True:
             if conn.poll(1.0):
                 conn.recv()
-                break
-            if relay is not None and not relay.alive:
-                log.error("tick relay stopped: %s", relay.error)
-                break
+                return
+            if ticks is not None and not ticks.alive:
+                log.error("tick relay stopped: %s", ticks.error)
+                return
     except (EOFError, OSError):
         pass  # the driver is gone
-    if relay is not None:
-        relay.stop()
+
+
+def _shut_down(
+    ctx: zmq.Context[zmq.Socket[bytes]], forwarder: threading.Thread, ticks: TickPublisher | None
+) -> None:
+    """Tick publisher first, then TERMINATE to the forwarder's proxy, then the sockets."""
+    if ticks is not None:
+        ticks.stop()
     control = ctx.socket(zmq.PAIR)
     control.connect("inproc://steer")
     control.send(b"TERMINATE")
