@@ -87,17 +87,7 @@ def check_submit(
         topic = rules.notification_topic(req.notify, request_id, req.client_id)
     except RuleViolation as bad:
         return SubmitOutcome(_rejected(SubmitResponse(request_id=req.request_id), bad), None)
-    work = DataRequest(
-        request_id=request_id,
-        client_id=req.client_id,
-        kind=_HISTORICAL,
-        ticker=req.ticker,
-        period_seconds=req.period_seconds,
-        start_time_ms=req.start_time_ms,
-        end_time_ms=req.end_time_ms,
-        notification_topic=topic,
-        submitted_at_ms=now_ms,
-    )
+    work = _historical(req, request_id, now_ms, notification_topic=topic)
     reply = SubmitResponse(request_id=request_id, status=_OK, notification_topic=topic)
     return SubmitOutcome(reply, Work(prefix, work))
 
@@ -113,20 +103,32 @@ def check_legacy(
         _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
     except RuleViolation as bad:
         return Rejection.of(bad)
-    return Work(
-        prefix,
-        DataRequest(
-            request_id=request_id,
-            client_id=req.client_id,
-            kind=_HISTORICAL,
-            ticker=req.ticker,
-            period_seconds=req.period_seconds,
-            start_time_ms=req.start_time_ms,
-            end_time_ms=req.end_time_ms,
-            legacy_sync=True,
-            submitted_at_ms=now_ms,
-            limit=req.limit,
-        ),
+    return Work(prefix, _historical(req, request_id, now_ms, legacy_sync=True, limit=req.limit))
+
+
+def _historical(
+    req: SubmitHistoricalRequest | OHLCRequest,
+    request_id: str,
+    now_ms: int,
+    *,
+    notification_topic: str = "",
+    legacy_sync: bool = False,
+    limit: int = 0,
+) -> DataRequest:
+    """The `DataRequest` of a validated history request, submitted or legacy (the
+    proto3 defaults of the flow-specific fields are what the other flow leaves unset)."""
+    return DataRequest(
+        request_id=request_id,
+        client_id=req.client_id,
+        kind=_HISTORICAL,
+        ticker=req.ticker,
+        period_seconds=req.period_seconds,
+        start_time_ms=req.start_time_ms,
+        end_time_ms=req.end_time_ms,
+        notification_topic=notification_topic,
+        legacy_sync=legacy_sync,
+        submitted_at_ms=now_ms,
+        limit=limit,
     )
 
 
