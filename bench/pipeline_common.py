@@ -7,10 +7,8 @@ process group, configured through PIPELINE_* variables like `make run` does.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,17 +23,11 @@ from typing import Any
 
 import zmq
 
-from infra.artifacts import spark_jars
 from infra.localstack import StackEndpoints, start_on_free_ports
+from infra.testing import free_port, pipeline_env
 from mdproto import envelope
 
 WAIT_S = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -95,28 +87,14 @@ class PipelineProcess:
         return self.workdir / f"pipeline-{self.tag}.log"
 
     def start(self) -> None:
-        e = self.endpoints
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-        env.update(
-            {
-                "PYSPARK_PYTHON": sys.executable,
-                "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": e.kafka_bootstrap,
-                "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": self.batches_topic,
-                "PIPELINE_KAFKA__TOPIC_TICKS": self.ticks_topic,
-                "PIPELINE_CATALOG__NAME": e.catalog_name,
-                "PIPELINE_CATALOG__URI": e.catalog_uri,
-                "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,
-                "PIPELINE_CATALOG__NAMESPACE": self.namespace,
-                "PIPELINE_CATALOG__S3_ENDPOINT": e.s3_endpoint,
-                "PIPELINE_CATALOG__S3_ACCESS_KEY": e.s3_access_key,
-                "PIPELINE_CATALOG__S3_SECRET_KEY": e.s3_secret_key,
-                "PIPELINE_CATALOG__S3_REGION": e.s3_region,
-                "PIPELINE_SPARK__MASTER": "local[2]",
-                "PIPELINE_SPARK__JARS": json.dumps([str(j) for j in spark_jars()]),
-                "PIPELINE_CHECKPOINT_DIR": str(self.workdir / f"checkpoints-{self.tag}"),
-                "PIPELINE_PUB_ENDPOINT": self.pub_endpoint,
-                "PIPELINE_READY_FILE": str(self.workdir / f"ready-{self.tag}.json"),
-            }
+        env = pipeline_env(
+            self.endpoints,
+            namespace=self.namespace,
+            batches_topic=self.batches_topic,
+            ticks_topic=self.ticks_topic,
+            checkpoint_dir=self.workdir / f"checkpoints-{self.tag}",
+            pub_endpoint=self.pub_endpoint,
+            ready_file=self.workdir / f"ready-{self.tag}.json",
         )
         env.update(self.env_overrides)
         with self.log_file.open("wb") as log:

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from pipeline_common import PipelineProcess, free_port, median, percentile, stack, workdir
+from pipeline_common import PipelineProcess, median, percentile, stack, workdir
 
+from infra.testing import free_port
 from mdproto import envelope, topics
 from mdproto.messages import TakerSide, Tick
 

@@ -1,14 +1,67 @@
-"""Small helpers for tests against the local stack (no sleeps: poll with deadlines)."""
+"""Small helpers for tests and benchmarks against the local stack (no sleeps: poll with
+deadlines)."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
 
+    from infra.localstack import StackEndpoints
     from mdclient import HistoryResult
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pipeline_env(
+    endpoints: StackEndpoints,
+    *,
+    namespace: str,
+    batches_topic: str,
+    ticks_topic: str,
+    checkpoint_dir: Path,
+    pub_endpoint: str,
+    ready_file: Path,
+) -> dict[str, str]:
+    """The environment of a `python -m pipeline` on the stack with its own namespace,
+    topics, checkpoints and PUB: this process's, without its PIPELINE_* variables."""
+    from infra.artifacts import spark_jars
+
+    e = endpoints
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env.update(
+        {
+            "PYSPARK_PYTHON": sys.executable,
+            "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": e.kafka_bootstrap,
+            "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": batches_topic,
+            "PIPELINE_KAFKA__TOPIC_TICKS": ticks_topic,
+            "PIPELINE_CATALOG__NAME": e.catalog_name,
+            "PIPELINE_CATALOG__URI": e.catalog_uri,
+            "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,
+            "PIPELINE_CATALOG__NAMESPACE": namespace,
+            "PIPELINE_CATALOG__S3_ENDPOINT": e.s3_endpoint,
+            "PIPELINE_CATALOG__S3_ACCESS_KEY": e.s3_access_key,
+            "PIPELINE_CATALOG__S3_SECRET_KEY": e.s3_secret_key,
+            "PIPELINE_CATALOG__S3_REGION": e.s3_region,
+            "PIPELINE_SPARK__MASTER": "local[2]",
+            "PIPELINE_SPARK__JARS": json.dumps([str(j) for j in spark_jars()]),
+            "PIPELINE_CHECKPOINT_DIR": str(checkpoint_dir),
+            "PIPELINE_PUB_ENDPOINT": pub_endpoint,
+            "PIPELINE_READY_FILE": str(ready_file),
+        }
+    )
+    return env
 
 
 def consume(consumer: Consumer, count: int, timeout_s: float = 60.0) -> list[Message]:

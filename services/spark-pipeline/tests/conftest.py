@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import pytest
 from google.protobuf.message import Message
 
 from infra.localstack.process import wait_group_gone
+from infra.testing import free_port, pipeline_env
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, Tick
 
@@ -172,12 +172,6 @@ if TYPE_CHECKING:
 WAIT_S = 240.0  # first micro-batches of a cold JVM on a loaded 2-core machine are slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class PipelineRun:
     """One pipeline configuration (names, checkpoint, PUB port) and its processes."""
@@ -206,31 +200,19 @@ class PipelineRun:
         return self.workdir / f"pipeline-{self.starts}.log"
 
     def env(self, crash_at: str | None = None) -> dict[str, str]:
-        from infra.artifacts import spark_jars
-
-        e = self.endpoints
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+        env = pipeline_env(
+            self.endpoints,
+            namespace=self.namespace,
+            batches_topic=self.batches_topic,
+            ticks_topic=self.ticks_topic,
+            checkpoint_dir=self.workdir / "checkpoints",
+            pub_endpoint=self.pub_endpoint,
+            ready_file=self.ready_file,
+        )
         env.update(
             {
-                "PYSPARK_PYTHON": sys.executable,
                 "LOG_LEVEL": "INFO",
-                "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": e.kafka_bootstrap,
-                "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": self.batches_topic,
-                "PIPELINE_KAFKA__TOPIC_TICKS": self.ticks_topic,
-                "PIPELINE_CATALOG__NAME": e.catalog_name,
-                "PIPELINE_CATALOG__URI": e.catalog_uri,
-                "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,
-                "PIPELINE_CATALOG__NAMESPACE": self.namespace,
-                "PIPELINE_CATALOG__S3_ENDPOINT": e.s3_endpoint,
-                "PIPELINE_CATALOG__S3_ACCESS_KEY": e.s3_access_key,
-                "PIPELINE_CATALOG__S3_SECRET_KEY": e.s3_secret_key,
-                "PIPELINE_CATALOG__S3_REGION": e.s3_region,
-                "PIPELINE_SPARK__MASTER": "local[2]",
                 "PIPELINE_SPARK__DRIVER_MEMORY": "1g",
-                "PIPELINE_SPARK__JARS": json.dumps([str(j) for j in spark_jars()]),
-                "PIPELINE_CHECKPOINT_DIR": str(self.workdir / "checkpoints"),
-                "PIPELINE_PUB_ENDPOINT": self.pub_endpoint,
-                "PIPELINE_READY_FILE": str(self.ready_file),
                 "PIPELINE_METRICS_PORT": str(self.metrics_port),
                 "PIPELINE_HISTORY__TRIGGER_S": "0.5",
                 "PIPELINE_LIVE__PERIODS": "[60, 300]",
