@@ -27,7 +27,6 @@ import contextlib
 import logging
 import multiprocessing as mp
 import re
-import socket
 import statistics
 import struct
 import subprocess
@@ -43,17 +42,13 @@ from typing import Any
 
 import zmq
 
+from infra.testing import free_port
+
 TOPIC = b"BINANCE:BTC/USDT|tick"
 VERSION = b"\x01"
 WARMUP = b"W"
 END = b"E"
 DATA = b"D"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- processes ---------------------------------------------------------------
@@ -206,7 +201,7 @@ class Run:
 
 def one_run(mode: str, subs: int, size: int, count: int, paced_rate: float) -> Run:
     spawn = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     host = HOSTS[mode](f"tcp://127.0.0.1:{port}")
     go, ready = spawn.Event(), spawn.Event()
     results = spawn.Queue()

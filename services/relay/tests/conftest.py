@@ -15,7 +15,6 @@ through the fixtures.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import pytest
 import zmq
 from google.protobuf.message import Message
 
+from infra.testing import free_port
 from mdproto import envelope
 from mdproto.messages import DataRequest, DataResponse, IngestorControl
 from relay import Relay, RelaySettings
@@ -34,12 +34,6 @@ from relay.triggers import TriggerSink
 
 M = TypeVar("M", bound=Message)
 TIMEOUT = 5.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT, what: str = "") -> None:
