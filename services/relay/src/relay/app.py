@@ -363,9 +363,13 @@ class Relay:
         self._publish_work(outcome.work.topic, outcome.work.request, "historical", now)
         return outcome.reply
 
+    def _served(self, topic: str) -> bool:
+        """An ingestor subscribes to a prefix of `topic` on the work socket right now."""
+        return any(topic.startswith(p) for p in self._ingestor_subs["work"])
+
     def _unserved(self, topic: str) -> str | None:
         """Why no ingestor can take work published on `topic` now, or None if one can."""
-        if any(topic.startswith(p) for p in self._ingestor_subs["work"]):
+        if self._served(topic):
             return None
         return (
             f"no ingestor serves {topic.rstrip(':')} right now (none is subscribed to its "
@@ -507,8 +511,8 @@ class Relay:
     def _publish_work(self, topic: str, request: DataRequest, kind: str, now: float) -> None:
         sockets.send_frames(self._work, envelope.encode_pub(topic, request))
         self._published[kind].inc()
-        if not any(topic.startswith(p) for p in self._ingestor_subs["work"]):
-            self.metrics.unrouted.labels(topic).inc()  # rare: no ingestor at all
+        if not self._served(topic):  # live announcements: history and legacy were refused
+            self.metrics.unrouted.labels(topic).inc()
             suffix = self._throttle(f"unrouted:{topic}", now)
             if suffix is not None:
                 log.warning("no ingestor is subscribed to %s: request lost%s", topic, suffix)
