@@ -73,12 +73,21 @@ SAMPLES: dict[MessageType, Message] = {
     MessageType.HISTORY_READY_NOTIFICATION: m.HistoryReadyNotification(
         request_id="r1", status=m.Status.OK, row_count=2, iceberg_table="market.ohlc"
     ),
+    MessageType.INGESTOR_STATUS: m.IngestorStatus(
+        ingestor_id="i1",
+        exchanges=[m.ExchangeHealth(exchange="BINANCE", healthy=True)],
+        interval_ms=2000,
+    ),
+    MessageType.FEED_STATUS: m.FeedStatus(
+        ticker="BINANCE:BTC/USDT", state=m.FeedStatus.FAILED, error_code="bad_symbol"
+    ),
 }
 
 
 def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
+        0x13, 0x14,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

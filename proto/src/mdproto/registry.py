@@ -25,6 +25,8 @@ class MessageType(IntEnum):
     SUBMIT_HISTORICAL_REQUEST = 0x10
     SUBMIT_RESPONSE = 0x11
     HISTORY_READY_NOTIFICATION = 0x12
+    INGESTOR_STATUS = 0x13
+    FEED_STATUS = 0x14
 
 
 CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
@@ -43,6 +45,8 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.SUBMIT_HISTORICAL_REQUEST: pb.SubmitHistoricalRequest,
     MessageType.SUBMIT_RESPONSE: pb.SubmitResponse,
     MessageType.HISTORY_READY_NOTIFICATION: pb.HistoryReadyNotification,
+    MessageType.INGESTOR_STATUS: pb.IngestorStatus,
+    MessageType.FEED_STATUS: pb.FeedStatus,
 }
 
 TYPE_BY_NAME: dict[str, MessageType] = {

@@ -15,6 +15,7 @@ _ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 TICK = "tick"
 OHLC = "ohlc"
+STATUS = "status"
 RESPONSE_PREFIX = "RESPONSE:"
 HISTORY_READY_PREFIX = "HISTORY_READY:"
 CEP_PREFIX = "CEP:"
@@ -70,6 +71,11 @@ def tick_topic(ticker: str) -> str:
 
 def ohlc_topic(ticker: str, period_seconds: int) -> str:
     return f"{ticker}|{OHLC}:{period_seconds}"
+
+
+def status_topic(ticker: str) -> str:
+    """Where the relay publishes a ticker's FeedStatus (live feed started, lost, failed...)."""
+    return f"{ticker}|{STATUS}"
 
 
 def response_topic(client_id: str) -> str:
