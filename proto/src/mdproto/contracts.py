@@ -27,3 +27,4 @@ KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_i
 ICEBERG_NAMESPACE: Final = "market"
 ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
+ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request

@@ -13,10 +13,12 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from mdclient import Client, StorageError
-from mdclient.cli import EXIT_OK, main
+from mdclient.cli import EXIT_FAILED, EXIT_OK, EXIT_PENDING, main
 from mdclient.config import ClientSettings
 from mdclient.frames import SCHEMA
 from mdclient.iceberg_reader import IcebergReader
+from mdproto.messages import Status
+from pipeline.history_notices import REQUESTS_SCHEMA  # the table as the pipeline writes it
 
 pytestmark = pytest.mark.stack
 
@@ -205,3 +207,75 @@ def test_cli_history_writes_csv_parquet_and_chart(
     assert lines[1].split(",")[2:4] == ["2026-11-20T00:30:00Z", str(T0 + 30 * MINUTE)]
     assert pq.read_table(parquet).num_rows == 90
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20_000
+
+
+DONE_AT = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def requests_table(seeded: dict[str, Any]) -> str:
+    catalog = load_catalog(seeded["catalog_name"], **seeded["props"])
+    name: str = seeded["table"].replace(".ohlc", ".requests")
+    table = catalog.create_table(name, schema=REQUESTS_SCHEMA)
+    rows = [
+        {"request_id": "r-ok", "status": "OK", "ticker": BTC, "period_seconds": 60,
+         "start_time_ms": T0, "end_time_ms": T0 + 90 * MINUTE, "row_count": 90,
+         "iceberg_table": seeded["table"], "snapshot_id": seeded["first_snapshot"],
+         "completed_at": DONE_AT},
+        {"request_id": "r-bad", "status": "ERROR", "error_code": "bad_symbol",
+         "reason": "binance does not have market symbol NOPE/USDT", "ticker": BTC,
+         "period_seconds": 60, "start_time_ms": T0, "end_time_ms": T0 + MINUTE, "row_count": 0,
+         "snapshot_id": 0, "completed_at": DONE_AT},
+    ]  # fmt: skip
+    table.append(pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA))
+    return name
+
+
+def test_status_reads_the_recorded_outcome_of_a_request(
+    fake_relay: Any, seeded: Any, requests_table: str
+) -> None:
+    settings = _stack_settings(fake_relay, seeded, requests_table=requests_table)
+    with Client(settings=settings) as client:
+        ok, bad, unknown = (client.status(r) for r in ("r-ok", "r-bad", "r-never"))
+    assert (ok.state, ok.done, bad.state, unknown.state) == ("OK", True, "ERROR", "PENDING")
+    assert ok.notification is not None and bad.notification is not None
+    assert (ok.notification.row_count, ok.notification.snapshot_id) == (
+        90,
+        seeded["first_snapshot"],
+    )
+    assert ok.notification.completed_at_ms == int(DONE_AT.timestamp() * 1000)
+    assert (bad.notification.error_code, bad.notification.status) == ("bad_symbol", Status.ERROR)
+    assert unknown.notification is None
+
+
+def test_status_of_a_platform_that_never_notified_is_pending(fake_relay: Any, seeded: Any) -> None:
+    settings = _stack_settings(fake_relay, seeded, requests_table="nope_ns.requests")
+    with Client(settings=settings) as client:
+        assert client.status("r-ok").state == "PENDING"
+
+
+@pytest.mark.parametrize(
+    ("request_id", "code", "shown"),
+    [
+        ("r-ok", EXIT_OK, "r-ok: OK, 90 rows, BINANCE:BTC/USDT 1m"),
+        ("r-bad", EXIT_FAILED, "ERROR, 0 rows"),
+        ("r-never", EXIT_PENDING, "r-never: PENDING"),
+    ],
+)
+def test_cli_status_prints_the_outcome_with_its_exit_code(
+    seeded: Any, requests_table: str, request_id: str, code: int, shown: str, capsys: Any,
+    monkeypatch: Any,
+) -> None:  # fmt: skip
+    e = seeded["endpoints"]
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_REQUESTS_TABLE", requests_table)
+    monkeypatch.setenv("MDCLIENT_CATALOG_NAME", e.catalog_name)
+    argv = ["status", request_id, "--catalog-uri", e.catalog_uri, "--s3-endpoint", e.s3_endpoint]
+    if e.warehouse:
+        argv += ["--warehouse", e.warehouse]
+    assert main(argv) == code  # no relay runs: status needs only the catalog
+    out = capsys.readouterr().out
+    assert shown in out
+    if request_id == "r-bad":
+        assert "bad_symbol: binance does not have market symbol NOPE/USDT" in out

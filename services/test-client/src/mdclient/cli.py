@@ -1,4 +1,4 @@
-"""`mdclient` command line: history, live, legacy and CEP trigger calls against the platform.
+"""`mdclient` command line: history, status, live, legacy and CEP trigger calls.
 
 Flow of `mdclient history`:
 
@@ -40,6 +40,7 @@ EXIT_NOT_FOUND = 6  # answered, but no candles in the range (NOT_FOUND or 0 rows
 EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
 EXIT_STORAGE = 8  # Iceberg catalog / S3 read failed
 EXIT_PROTOCOL = 9  # the relay spoke something this client does not understand
+EXIT_PENDING = 10  # `status`: no outcome recorded for the request yet
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mdclient",
         description="History, live and legacy client of the market-data platform.",
         epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data, "
-        "7 relay unreachable, 8 storage, 9 protocol, 130 Ctrl-C.",
+        "7 relay unreachable, 8 storage, 9 protocol, 10 pending (status), 130 Ctrl-C.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -125,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     live.add_argument("--count", type=int, help="stop after N messages (exit 0)")
     live.add_argument("--duration", type=float, help="stop after N seconds (exit 0)")
+
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="a history request's outcome from the requests table (needs no relay)",
+    )
+    status.add_argument("request_id", help="the request_id the submit was acknowledged with")
 
     from mdclient import trigger_cli
 
@@ -308,6 +316,30 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace, err: Console) -> int:
+    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.request_status import status_from_row
+
+    settings = settings_from_args(args)
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    status = status_from_row(
+        args.request_id, reader.read_request(settings.requests_table, args.request_id)
+    )
+    note = status.notification
+    if note is None:
+        print(f"{args.request_id}: PENDING (no outcome recorded in {settings.requests_table})")
+        return EXIT_PENDING
+    where = describe(note.ticker, note.period_seconds, note.start_time_ms, note.end_time_ms)
+    reason = f", {note.error_code or 'error'}: {note.reason}" if status.state == "ERROR" else ""
+    snapshot = f", {note.iceberg_table} snapshot {note.snapshot_id}" if note.snapshot_id else ""
+    done = timeparse.format_ms(note.completed_at_ms) if note.completed_at_ms else "?"
+    print(
+        f"{note.request_id}: {status.state}, {note.row_count} rows, {where}{snapshot}"
+        f"{reason}, completed {done}"
+    )
+    return {"OK": EXIT_OK, "NOT_FOUND": EXIT_NOT_FOUND}.get(status.state, EXIT_FAILED)
+
+
 def cmd_trigger(args: argparse.Namespace, err: Console) -> int:
     from mdclient import trigger_cli
 
@@ -319,6 +351,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "history": cmd_history,
     "legacy": cmd_legacy,
     "live": cmd_live,
+    "status": cmd_status,
     "trigger": cmd_trigger,
 }
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mdclient import timeparse
 from mdclient.config import ClientSettings, NotifyName, load_settings
 from mdclient.dispatch import Dispatcher
-from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable
+from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable, StorageError
 from mdclient.history import (
     PATTERNS,
     HistoryOutcome,
@@ -34,6 +34,7 @@ from mdclient.history import (
 )
 from mdclient.legacy import fetch_sync
 from mdclient.live import LiveCallback, LiveStream, live_topics
+from mdclient.request_status import RequestStatus, status_from_row
 from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
 from mdclient.transport import Transport
@@ -45,7 +46,14 @@ from mdclient.triggers import (
     parse_condition,
 )
 from mdproto import envelope, topics
-from mdproto.messages import CEPCondition, CEPTriggerAck, CEPTriggerRequest, NotifyPattern, Status
+from mdproto.messages import (
+    CEPCondition,
+    CEPTriggerAck,
+    CEPTriggerRequest,
+    HistoryReadyNotification,
+    NotifyPattern,
+    Status,
+)
 
 if TYPE_CHECKING:
     from mdclient.iceberg_reader import IcebergReader
@@ -214,7 +222,24 @@ class Client(Closeable):
             policy=policy,
             new_request_id=new_request_id,
             progress=progress,
+            recover=self._recorded_outcome if self.settings.recover_from_table else None,
         )
+
+    def status(self, request_id: str) -> RequestStatus:
+        """A history request's outcome from the requests table (PENDING while there is none).
+
+        Needs only the Iceberg catalog, not the relay: a client that lost its
+        notification, or its process, recovers with the request_id alone.
+        """
+        row = self.reader().read_request(self.settings.requests_table, request_id)
+        return status_from_row(request_id, row)
+
+    def _recorded_outcome(self, request_id: str) -> HistoryReadyNotification | None:
+        try:
+            return self.status(request_id).notification
+        except StorageError as exc:  # the wait already failed; do not hide that behind this
+            log.warning("cannot look up request %s in the requests table: %s", request_id, exc)
+            return None
 
     def history(
         self,

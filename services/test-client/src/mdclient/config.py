@@ -57,6 +57,8 @@ class ClientSettings(runtime.FileSettings):
     s3_secret_key: str = ""
     s3_region: str = "us-east-1"
     ohlc_table: str = contracts.ICEBERG_OHLC
+    requests_table: str = contracts.ICEBERG_REQUESTS
+    recover_from_table: bool = True  # after a wait times out, ask requests_table first
     pin_snapshot: bool = True
 
     @property
