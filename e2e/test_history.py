@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 
 from infra.exchange_sim.control import SimulatorControl
-from infra.testing import exchange_rows, result_rows
+from infra.testing import exchange_rows, result_rows, table_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
-from mdproto.messages import Status
+from mdproto import envelope
+from mdproto.messages import NotifyPattern, Status, SubmitHistoricalRequest, SubmitResponse
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -122,3 +124,30 @@ def test_legacy_synchronous_request(client_settings: ClientSettings) -> None:
         result = client.fetch_ohlc_sync("BINANCE:BTC/USDT", "1m", start, end)
     assert result.status == Status.Name(Status.OK)
     assert result_rows(result) == exchange_rows("BTC/USDT", start, end)
+
+
+def test_a_missed_notification_is_recovered_from_the_request_status(
+    client_settings: ClientSettings,
+) -> None:
+    """Submit without listening (as a client that crashed after its ack), then ask the status."""
+    start, end = past_range(days_ago=6, hours=2)
+    request_id = f"e2e-status-{uuid.uuid4().hex[:12]}"
+    submit = SubmitHistoricalRequest(
+        request_id=request_id, ticker="BINANCE:BTC/USDT", period_seconds=60,
+        start_time_ms=start, end_time_ms=end, notify=NotifyPattern.NOTIFY_PER_REQUEST,
+    )  # fmt: skip
+    with Client(settings=client_settings, notify="per_request") as client:
+        ack = envelope.decode(client.request(envelope.encode(submit), 10.0), SubmitResponse)
+        assert ack.status == Status.OK, ack.reason
+        assert client.status(request_id).state in ("PENDING", "OK")
+        deadline = time.monotonic() + 120
+        while (status := client.status(request_id)).state == "PENDING":
+            assert time.monotonic() < deadline, "no outcome recorded within 120 s"
+            time.sleep(0.5)
+        note = status.notification
+        assert status.state == "OK" and note is not None
+        assert (note.request_id, note.row_count, note.ticker) == (request_id, 120, submit.ticker)
+        table = client.reader().read_ohlc(
+            note.iceberg_table, submit.ticker, 60, start, end, snapshot_id=note.snapshot_id
+        )
+    assert table_rows(table) == exchange_rows("BTC/USDT", start, end)

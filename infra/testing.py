@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from confluent_kafka import Consumer, Message
 
     from infra.localstack import StackEndpoints
@@ -101,7 +102,11 @@ def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
 
 def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
     """A history answer's rows in the same shape as `exchange_rows`."""
-    t = result.table
+    return table_rows(result.table)
+
+
+def table_rows(t: pa.Table) -> list[tuple[float, ...]]:
+    """Candle frame rows (mdclient.frames) in the same shape as `exchange_rows`."""
     times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
     columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
     return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
