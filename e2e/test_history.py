@@ -16,7 +16,13 @@ from infra.exchange_sim.control import SimulatorControl
 from infra.testing import exchange_rows, result_rows, table_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
 from mdproto import envelope
-from mdproto.messages import NotifyPattern, Status, SubmitHistoricalRequest, SubmitResponse
+from mdproto.messages import (
+    HistorySource,
+    NotifyPattern,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -62,6 +68,28 @@ def test_sparse_market_gaps_are_not_errors(client_settings: ClientSettings) -> N
     assert 0 < len(expected) < 240, "the illiquid symbol should have minutes without trades"
     assert result.status == "OK"
     assert result_rows(result) == expected
+    note = result.notification
+    assert note is not None  # the integrity report tells exchange gaps from missing candles
+    assert (note.expected_candles, note.exchange_gaps) == (240, 240 - len(expected))
+    assert (note.missing_candles, note.source) == (0, HistorySource.SOURCE_EXCHANGE)
+
+
+def test_a_page_that_cannot_be_fetched_is_reported_as_missing_candles(
+    client_settings: ClientSettings, sim: SimulatorControl
+) -> None:
+    start, end = past_range(days_ago=9, hours=48)  # 2,880 candles: three exchange pages
+    # The second page fails with an error the ingestor does not retry (Binance's -1100).
+    bad_parameter = '{"code":-1100,"msg":"Illegal characters found in parameter \'startTime\'."}'
+    sim.add_fault("error", status=400, body=bad_parameter, path="/api/v3/klines", after=1)
+    try:
+        with Client(settings=client_settings) as client, pytest.raises(HistoryFailed) as info:
+            client.history("BINANCE:ETH/USDT", "1m", start, end)
+    finally:
+        sim.clear_faults()
+    note = info.value.notification
+    assert note is not None and note.status == Status.ERROR
+    assert note.expected_candles == 2880
+    assert 0 < note.missing_candles < 2880  # what the first page brought is not missing
 
 
 def test_unknown_symbol_reaches_the_client_as_an_error_notification(

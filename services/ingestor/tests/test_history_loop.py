@@ -94,8 +94,11 @@ def test_records_are_keyed_by_ticker_and_end_with_the_final_marker() -> None:
 def test_missing_candles_are_expected_gaps_not_errors() -> None:
     opens = [t * MIN for t in range(100) if t % 10 != 3]  # 10 minutes without trades
     exchange = FakeExchange(make_candles(opens))
-    outcome = job(exchange, FakeSink(), request(0, 100 * MIN), env())
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 100 * MIN), env())
     assert (outcome.status, outcome.rows, outcome.expected_gaps) == (Status.OK, 90, 10)
+    final = sink.batches[-1][1].metadata
+    assert (final.expected_candles, final.total_rows, final.expected_gaps) == (100, 90, 10)
 
 
 def test_still_open_candle_is_dropped() -> None:
@@ -171,6 +174,8 @@ def test_failure_mid_way_writes_error_marker_after_the_rows() -> None:
     assert outcome.status == Status.ERROR and outcome.rows == 2000
     assert [b.sequence for _, b in sink.batches] == [0, 1, 2]
     assert sink.batches[-1][1].metadata.total_batches == 2
+    # The integrity report's denominator is there for a failed fetch too: 1000 missing.
+    assert sink.batches[-1][1].metadata.expected_candles == 3000
 
 
 def test_unsupported_period_and_bad_requests_become_error_markers() -> None:

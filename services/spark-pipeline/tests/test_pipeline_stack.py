@@ -12,11 +12,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from candle_oracle import aggregate
 
 from mdproto import envelope
-from mdproto.messages import OHLC, HistoryReadyNotification, Status, Tick
+from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, Status, Tick
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -291,3 +292,44 @@ def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, bu
     while stored_trades() != list(range(1, 13)) and time.monotonic() < deadline:
         time.sleep(1)  # poll: ticks-persist commits every 2 s
     assert stored_trades() == list(range(1, 13))  # each trade once, the late one too
+
+
+def test_an_older_requests_table_gains_the_integrity_report(
+    make_run: Any, tools: Any, build: Any
+) -> None:
+    """A requests table from before the integrity report is migrated, not refused."""
+    from pyiceberg.catalog import load_catalog
+
+    from pipeline.history_notices import ADDED_COLUMNS, REQUESTS_SCHEMA
+
+    run = make_run()
+    e = run.endpoints
+    catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
+    catalog.create_namespace(run.namespace)
+    old = pa.schema([f for f in REQUESTS_SCHEMA if f.name not in ADDED_COLUMNS])
+    catalog.create_table(f"{run.namespace}.requests", schema=old)
+    sub = tools.Subscriber(run.pub_endpoint)
+    run.start()
+    try:
+        run.wait_ready()
+        kafka = tools.Kafka(e.kafka_bootstrap)
+        t0 = build.T0  # a namespace of its own: no other request overlaps
+        # 100 slots: 90 candles, 5 minutes without trades, 5 the ingestor could not fetch.
+        rows = [build.candle(i, t0=t0) for i in range(100) if i % 20 not in (3, 4)]
+        meta = build.metadata("hist-integrity", start=t0, end=t0 + 100 * build.MINUTE)
+        meta.expected_candles, meta.expected_gaps = 100, 5
+        kafka.send(run.batches_topic, build.request_records("hist-integrity", rows, meta=meta))
+        [got] = sub.wait_for(tools.is_notification("hist-integrity"))
+        n = got.message
+        assert (n.status, n.row_count) == (Status.OK, 90)
+        assert (n.expected_candles, n.exchange_gaps, n.missing_candles) == (100, 5, 5)
+        assert n.source == HistorySource.SOURCE_EXCHANGE
+        [row] = tools.Lake(e, run.namespace).rows("requests", "request_id = 'hist-integrity'")
+        assert (row["expected_candles"], row["missing_candles"], row["source"]) == (
+            100,
+            5,
+            "SOURCE_EXCHANGE",
+        )
+    finally:
+        sub.close()
+        run.stop()

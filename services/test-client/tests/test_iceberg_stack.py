@@ -13,11 +13,11 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from mdclient import Client, StorageError
-from mdclient.cli import EXIT_FAILED, EXIT_OK, EXIT_PENDING, main
+from mdclient.cli import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_PENDING, main
 from mdclient.config import ClientSettings
 from mdclient.frames import SCHEMA
 from mdclient.iceberg_reader import IcebergReader
-from mdproto.messages import Status
+from mdproto.messages import HistorySource, Status
 from pipeline.history_notices import REQUESTS_SCHEMA  # the table as the pipeline writes it
 
 pytestmark = pytest.mark.stack
@@ -279,3 +279,43 @@ def test_cli_status_prints_the_outcome_with_its_exit_code(
     assert shown in out
     if request_id == "r-bad":
         assert "bad_symbol: binance does not have market symbol NOPE/USDT" in out
+
+
+@pytest.mark.parametrize(
+    ("missing", "verify", "code"),
+    [(0, True, EXIT_OK), (30, False, EXIT_OK), (30, True, EXIT_INCOMPLETE)],
+)
+def test_cli_history_shows_the_integrity_report_and_verify_fails_on_missing_candles(
+    fake_relay: Any, kit: Any, seeded: Any, capsys: Any, monkeypatch: Any,
+    missing: int, verify: bool, code: int,
+) -> None:  # fmt: skip
+    e = seeded["endpoints"]
+    base = _notify_with(kit, seeded, seeded["first_snapshot"])
+
+    def with_report(message: Any) -> Any:
+        action = base(message)
+        for _topic, note in action.publish:
+            note.row_count, note.expected_candles = 90, 120
+            note.exchange_gaps, note.missing_candles = 30 - missing, missing
+            note.source = HistorySource.SOURCE_EXCHANGE
+        return action
+
+    fake_relay.handler = with_report
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_CATALOG_NAME", e.catalog_name)
+    argv = [
+        "history", BTC, "--start", "2026-11-20T00:00", "--end", "2026-11-20T02:00",
+        "--request-endpoint", fake_relay.request_endpoint,
+        "--market-data-endpoint", fake_relay.market_data_endpoint,
+        "--catalog-uri", e.catalog_uri, "--s3-endpoint", e.s3_endpoint, "--no-table",
+        *(["--warehouse", e.warehouse] if e.warehouse else []),
+        *(["--verify"] if verify else []),
+    ]  # fmt: skip
+    assert main(argv) == code
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps stderr at the console width
+    shown = "none missing" if not missing else f"{missing} missing"
+    assert f"integrity: 120 candle slots: 90 rows, {30 - missing} without trades" in err
+    assert shown in err and "from the exchange" in err
+    if code == EXIT_INCOMPLETE:
+        assert "incomplete: 30 candles missing" in err

@@ -88,7 +88,7 @@ class BatchBuilder:
         self._pending = []
         return records
 
-    def final(self, expected_gaps: int) -> OHLCBatch:
+    def final(self, expected_gaps: int, expected_candles: int = 0) -> OHLCBatch:
         """The final marker after a successful fetch: OK, or NOT_FOUND without rows.
 
         Call `flush` first and make sure its records were delivered.
@@ -97,14 +97,16 @@ class BatchBuilder:
         if self._pending:
             raise RuntimeError("rows are still queued: flush() before final()")
         if self._rows_emitted > 0:
-            return self._final(Status.OK, "", "", expected_gaps)
+            return self._final(Status.OK, "", "", expected_gaps, expected_candles)
         reason = "the exchange has no candles in the range"
-        return self._final(Status.NOT_FOUND, reason, "", expected_gaps)
+        return self._final(Status.NOT_FOUND, reason, "", expected_gaps, expected_candles)
 
-    def fail(self, reason: str, error_code: str, expected_gaps: int = 0) -> OHLCBatch:
+    def fail(
+        self, reason: str, error_code: str, expected_gaps: int = 0, expected_candles: int = 0
+    ) -> OHLCBatch:
         """The ERROR final marker; queued rows are dropped, totals count the emitted ones."""
         self._pending = []
-        return self._final(Status.ERROR, reason, error_code, expected_gaps)
+        return self._final(Status.ERROR, reason, error_code, expected_gaps, expected_candles)
 
     def _data_record(self, chunk: list[Candle]) -> OHLCBatch:
         meta = self._metadata
@@ -130,7 +132,7 @@ class BatchBuilder:
         self._rows_emitted += len(chunk)
         return record
 
-    def _final(self, status: int, reason: str, error_code: str, gaps: int) -> OHLCBatch:
+    def _final(self, status: int, reason: str, error_code: str, gaps: int, slots: int) -> OHLCBatch:
         meta = BatchMetadata()
         meta.CopyFrom(self._metadata)
         meta.status = status  # type: ignore[assignment]
@@ -139,6 +141,7 @@ class BatchBuilder:
         meta.total_rows = self._rows_emitted
         meta.total_batches = self._sequence
         meta.expected_gaps = gaps
+        meta.expected_candles = slots
         self._finished = True
         return OHLCBatch(
             request_id=meta.request_id, sequence=self._sequence, metadata=meta, is_final=True

@@ -20,6 +20,7 @@ from ingestor.candles import (
     FetchPlan,
     UnsupportedPeriodError,
     accept_page,
+    candle_slots,
     expected_gaps,
     next_since,
     plan_fetch,
@@ -205,9 +206,14 @@ async def run_history_job(
     deliveries: list[Awaitable[object]] = []
     final: OHLCBatch
     gaps = 0
+    plan: FetchPlan | None = None
+    first_open: int | None = None
+
+    def slots() -> int:  # the integrity report's denominator, also for a failed fetch
+        return 0 if plan is None else candle_slots(plan, first_open)
+
     try:
         symbol, plan = plan_request(request, source, env)
-        first_open: int | None = None
         async for page in iter_pages(source, symbol, plan, env):
             if first_open is None:
                 first_open = page[0].open_time_ms
@@ -218,21 +224,24 @@ async def run_history_job(
         gaps = expected_gaps(plan, builder.rows_emitted, first_open)
         failure = await _settle(deliveries)
         if failure is None:
-            final = builder.final(gaps)
+            final = builder.final(gaps, slots())
         else:
-            final = builder.fail(f"Kafka delivery failed: {failure}", KAFKA_DELIVERY, gaps)
+            reason = f"Kafka delivery failed: {failure}"
+            final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
     except RequestFailedError as exc:
         await _settle(deliveries)
-        final = builder.fail(exc.reason, exc.error_code, gaps)
+        final = builder.fail(exc.reason, exc.error_code, gaps, slots())
     except Exception as exc:
         log.exception("request %s failed unexpectedly", request.request_id)
         await _settle(deliveries)
-        final = builder.fail(f"internal error: {type(exc).__name__}: {exc}", INTERNAL, gaps)
+        reason = f"internal error: {type(exc).__name__}: {exc}"
+        final = builder.fail(reason, INTERNAL, gaps, slots())
 
     delivered = await _send_final(sink, key, final)
     if not delivered and final.metadata.status != Status.ERROR:
         # The rows arrived but the marker did not: try to tell the pipeline it failed.
-        final = builder.fail("Kafka delivery of the final marker failed", KAFKA_DELIVERY, gaps)
+        reason = "Kafka delivery of the final marker failed"
+        final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
         delivered = await _send_final(sink, key, final)
     meta = final.metadata
     return JobOutcome(

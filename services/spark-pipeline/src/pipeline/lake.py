@@ -62,6 +62,12 @@ class Lake:
             self.names.ticks: TICK_SCHEMA.names,
             self.names.requests: history_notices.REQUESTS_SCHEMA.names,
         }
+        added = history_notices.ADDED_COLUMNS
+        have = set(self._spark.table(self.names.requests).columns)
+        if any(c not in have for c in added):  # a table from before the integrity report
+            new = {c: t for c, t in added.items() if c not in have}
+            log.info("adding columns %s to %s", sorted(new), self.names.requests)
+            self._spark.sql(tables.add_columns(self.names.requests, new))
         for table, columns in expected.items():
             have = set(self._spark.table(table).columns)
             missing = [c for c in columns if c not in have]

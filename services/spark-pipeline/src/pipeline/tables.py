@@ -134,11 +134,21 @@ def create_requests(names: TableNames) -> str:
   query_id STRING,
   batch_id BIGINT,
   kafka_partition INT,
-  kafka_offset BIGINT)
+  kafka_offset BIGINT,
+  expected_candles BIGINT,
+  exchange_gaps BIGINT,
+  missing_candles BIGINT,
+  source STRING)
 USING iceberg
 PARTITIONED BY (bucket(16, request_id))
 TBLPROPERTIES (
   {_properties()})"""
+
+
+def add_columns(table: str, columns: dict[str, str]) -> str:
+    """Schema evolution: Iceberg adds nullable columns without rewriting data."""
+    listed = ", ".join(f"{name} {sql_type}" for name, sql_type in columns.items())
+    return f"ALTER TABLE {table} ADD COLUMNS ({listed})"
 
 
 def ddl(names: TableNames) -> list[str]:

@@ -41,6 +41,7 @@ EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
 EXIT_STORAGE = 8  # Iceberg catalog / S3 read failed
 EXIT_PROTOCOL = 9  # the relay spoke something this client does not understand
 EXIT_PENDING = 10  # `status`: no outcome recorded for the request yet
+EXIT_INCOMPLETE = 11  # `history --verify`: candles are missing (or the report is unknown)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mdclient",
         description="History, live and legacy client of the market-data platform.",
         epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data, "
-        "7 relay unreachable, 8 storage, 9 protocol, 10 pending (status), 130 Ctrl-C.",
+        "7 relay unreachable, 8 storage, 9 protocol, 10 pending (status), "
+        "11 incomplete (--verify), 130 Ctrl-C.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -111,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     history.add_argument(
         "--no-pin", action="store_true", help="read the current snapshot, not the notified one"
+    )
+    history.add_argument(
+        "--verify",
+        action="store_true",
+        help="exit 11 unless the integrity report shows no missing candles",
     )
 
     legacy = sub.add_parser(
@@ -259,12 +266,16 @@ def _emit(
     from mdclient import output
 
     snapshot = f", snapshot {result.snapshot_id}" if result.snapshot_id else ""
+    note = result.notification
+    integrity = None if note is None else output.integrity_line(note)
     if not args.quiet:
         err.print(
             f"{result.status}: {len(result)} rows, request {result.request_id}{snapshot}, "
             f"{result.attempts} attempt(s), {result.elapsed_s:.1f}s",
             highlight=False,
         )
+        if integrity is not None:
+            err.print(f"integrity: {integrity}", highlight=False)
     if args.csv:
         output.write_csv(result.table, args.csv)
     if args.parquet:
@@ -272,6 +283,13 @@ def _emit(
     if result.empty:
         err.print(f"no candles for {what}", highlight=False)
         return EXIT_NOT_FOUND
+    if getattr(args, "verify", False):  # `history` only; legacy answers carry no report
+        if note is None or integrity is None:
+            err.print("cannot verify: the platform sent no integrity report", highlight=False)
+            return EXIT_INCOMPLETE
+        if note.missing_candles:
+            err.print(f"incomplete: {note.missing_candles} candles missing", highlight=False)
+            return EXIT_INCOMPLETE
     if args.chart:
         from mdclient.chart import candlestick_png
 
@@ -337,6 +355,11 @@ def cmd_status(args: argparse.Namespace, err: Console) -> int:
         f"{note.request_id}: {status.state}, {note.row_count} rows, {where}{snapshot}"
         f"{reason}, completed {done}"
     )
+    from mdclient.output import integrity_line
+
+    integrity = integrity_line(note)
+    if integrity is not None:
+        print(f"integrity: {integrity}")
     return {"OK": EXIT_OK, "NOT_FOUND": EXIT_NOT_FOUND}.get(status.state, EXIT_FAILED)
 
 

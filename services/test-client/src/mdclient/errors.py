@@ -7,6 +7,11 @@ from "nobody answered".
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mdproto.messages import HistoryReadyNotification
+
 
 class MdClientError(Exception):
     """Base class. `reason` is human-readable, `error_code` machine-readable."""
@@ -44,7 +49,22 @@ class SubmitRejected(MdClientError):  # noqa: N818 (public API names)
 
 
 class HistoryFailed(MdClientError):  # noqa: N818 (public API names)
-    """The platform gave up on the request (ERROR notification or legacy ERROR)."""
+    """The platform gave up on the request (ERROR notification or legacy ERROR).
+
+    `notification` is the ERROR notification itself (None for legacy): its
+    integrity report says how many candles are missing.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        error_code: str = "",
+        request_id: str = "",
+        notification: HistoryReadyNotification | None = None,
+    ) -> None:
+        super().__init__(reason, error_code=error_code, request_id=request_id)
+        self.notification = notification
 
 
 class MdTimeout(MdClientError):  # noqa: N818 (public API names)

@@ -265,6 +265,7 @@ def raise_for_status(notification: HistoryReadyNotification) -> None:
         notification.reason or f"history request ended with status {name}",
         error_code=notification.error_code or name.lower(),
         request_id=notification.request_id,
+        notification=notification,
     )
 
 

@@ -11,12 +11,31 @@ from rich.table import Table
 
 from mdclient.live import LiveMessage
 from mdclient.timeparse import format_ms, format_period
-from mdproto.messages import OHLC, TakerSide
+from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, TakerSide
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 PRICE_COLUMNS = ("open", "high", "low", "close")
+
+
+_SOURCES = {
+    HistorySource.SOURCE_EXCHANGE: "from the exchange",
+    HistorySource.SOURCE_STORAGE: "from storage (the exchange was not asked)",
+    HistorySource.SOURCE_STORAGE_AND_EXCHANGE: "from storage, the gaps from the exchange",
+}
+
+
+def integrity_line(note: HistoryReadyNotification) -> str | None:
+    """The notification's integrity report in one line; None from a platform without it."""
+    if note.expected_candles == 0:
+        return None
+    missing = f"{note.missing_candles} missing" if note.missing_candles else "none missing"
+    return (
+        f"{note.expected_candles} candle slots: {note.row_count} rows, "
+        f"{note.exchange_gaps} without trades at the exchange, {missing}; "
+        f"{_SOURCES.get(note.source, 'source unknown')}"
+    )
 
 
 def check_writable(path: Path) -> None:

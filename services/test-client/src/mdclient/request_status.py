@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from mdproto.messages import HistoryReadyNotification, Status
+from mdproto.messages import HistoryReadyNotification, HistorySource, Status
 
 State = Literal["PENDING", "OK", "NOT_FOUND", "ERROR"]
 _STATES: dict[str, State] = {"OK": "OK", "NOT_FOUND": "NOT_FOUND", "ERROR": "ERROR"}
+_SOURCES = {HistorySource.Name(v): v for v in HistorySource.values()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,10 @@ def notification_from_row(row: Mapping[str, Any]) -> HistoryReadyNotification:
         iceberg_table=_text(row, "iceberg_table"),
         snapshot_id=int(row.get("snapshot_id") or 0),
         completed_at_ms=int(completed.timestamp() * 1000) if isinstance(completed, datetime) else 0,
+        expected_candles=int(row.get("expected_candles") or 0),
+        exchange_gaps=int(row.get("exchange_gaps") or 0),
+        missing_candles=int(row.get("missing_candles") or 0),
+        source=_SOURCES.get(str(row.get("source")), HistorySource.SOURCE_UNSPECIFIED),
     )
 
 
