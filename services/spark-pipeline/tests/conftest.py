@@ -390,12 +390,15 @@ class Lake:
         )
         self.namespace = namespace
 
+    def table(self, table: str) -> Any:
+        return self._catalog.load_table(f"{self.namespace}.{table}")
+
     def rows(
         self, table: str, row_filter: str = "", snapshot_id: int | None = None
     ) -> list[dict[str, Any]]:
         from pyiceberg.expressions import AlwaysTrue
 
-        t = self._catalog.load_table(f"{self.namespace}.{table}")
+        t = self.table(table)
         scan = t.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot_id)
         return list(scan.to_arrow().to_pylist())
 

@@ -9,6 +9,7 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, t
          Iceberg ticks -> candles-close query  -> MERGE ohlc -> PUB OHLC closed=true
 -> cep query: cep.triggers + market.ticks -> engine (driver) -> PUB CEPTriggerEvent
                                                              -> tombstones -> cep.triggers
+-> table upkeep thread: compact small and delete files, expire old snapshots (every 15 min)
 -> run until SIGTERM/SIGINT, or a query or the PUB process fails
 """
 
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from mdproto.runtime.metrics_http import MetricsServer
-from pipeline import faults, history, live, metrics, preflight, session
+from pipeline import faults, history, live, metrics, preflight, session, upkeep
 from pipeline.config import Settings
 from pipeline.lake import Lake
 from pipeline.progress import ProgressLogger
@@ -54,6 +55,8 @@ class Pipeline:
         self.pub_server: PubServer | None = None
         self.cep: CepQuery | None = None
         self.metrics_server: MetricsServer | None = None
+        self.registry: CollectorRegistry | None = None
+        self.upkeep: upkeep.Upkeep | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -80,6 +83,10 @@ class Pipeline:
 
             self.cep = cep.start(self.spark, settings, self.publisher)
             self.queries[cep.QUERY_NAME] = self.cep.query
+        if settings.upkeep.enabled:
+            report = metrics.UpkeepMetrics(self.registry) if self.registry else None
+            self.upkeep = upkeep.Upkeep(self.spark, self.names, settings.upkeep, report)
+            self.upkeep.start()
         self._write_ready_file()
         log.info("pipeline running: %s", ", ".join(self.queries))
 
@@ -88,7 +95,7 @@ class Pipeline:
         s = self.settings
         if not s.metrics_port or self.spark is None:
             return
-        registry = CollectorRegistry()
+        registry = self.registry = CollectorRegistry()
         self.spark.streams.addListener(metrics.QueryMetrics(registry))
         registry.register(metrics.LivenessCollector(self._queries_active, self._pub_alive))
         self.metrics_server = MetricsServer(
@@ -122,6 +129,9 @@ class Pipeline:
         return 0
 
     def stop(self) -> None:
+        if self.upkeep is not None:
+            self.upkeep.stop()  # lets a running procedure call finish
+            self.upkeep = None
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

@@ -115,6 +115,21 @@ class CepConfig(_Section):
     snapshots_kept: int = Field(default=3, ge=2)
 
 
+class UpkeepConfig(_Section):
+    """Snapshot expiry and compaction of the three tables (pipeline/upkeep.py)."""
+
+    enabled: bool = True
+    #: Seconds between rounds; the first round runs one interval after start.
+    interval_s: float = Field(default=900.0, gt=0)
+    #: Snapshots younger than this stay readable (clients read notified snapshots).
+    snapshot_retain_s: float = Field(default=3600.0, ge=0)
+    retain_last_snapshots: int = Field(default=5, ge=1)
+    #: Compact a partition once it has this many small files (or delete files).
+    min_input_files: int = Field(default=5, ge=2)
+    #: Rewrite a data file that has this many delete files against it.
+    delete_file_threshold: int = Field(default=3, ge=1)
+
+
 class SparkConfig(_Section):
     #: Ignored under spark-submit, where --master decides.
     master: str = "local[*]"
@@ -154,6 +169,7 @@ class Settings(runtime.FileSettings):
     history: HistoryConfig = Field(default_factory=HistoryConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
     cep: CepConfig = Field(default_factory=CepConfig)
+    upkeep: UpkeepConfig = Field(default_factory=UpkeepConfig)
     #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.
