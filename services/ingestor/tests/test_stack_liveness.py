@@ -114,15 +114,16 @@ def running_relay() -> Iterator[RelayForTest]:
 def test_client_is_refused_while_the_exchange_is_down_and_served_after_recovery(
     harness: Any, run_ingestor: Any
 ) -> None:
-    """Default health settings and the default first retry delays (0.5 s, 1 s): the third
-    failed call opens the breaker; a probe every 3 s sees the recovery."""
+    """Default health settings and the default first retry delays (0.5 s, 1 s): one
+    request's third failed call opens the breaker; with no request left in flight,
+    only the probe (every 3 s) can see the recovery."""
     sim = harness.sim
     start = (sim.now_ms() // MIN - 30) * MIN
     figures: dict[str, float] = {}
 
     async def scenario(relay: RelayForTest) -> None:
         settings = harness.settings(
-            relay, retry={"base_delay_s": 0.5, "max_delay_s": 2.0, "max_attempts": 8}
+            relay, retry={"base_delay_s": 0.5, "max_delay_s": 2.0, "max_attempts": 3}
         )
         assert settings.health.failure_threshold == 3  # the defaults are what is measured
         ingestor = Ingestor(settings)
@@ -136,20 +137,30 @@ def test_client_is_refused_while_the_exchange_is_down_and_served_after_recovery(
             )
             ok = await asyncio.to_thread(relay.ask, submit("before", start), SubmitResponse)
             assert ok.status == Status.OK
+            await asyncio.to_thread(
+                until,
+                lambda: ingestor.stats.outcomes[("OK", "")] == 1 and not ingestor.jobs_in_flight,
+                30,
+                "the first request is done",
+            )
 
             sim.add_fault("unavailable", count=1_000_000, exchange="binance")
-            replies: list[SubmitResponse] = []
-
-            def refused() -> bool:
-                reply = relay.ask(submit(f"down-{len(replies)}", start), SubmitResponse)
-                replies.append(reply)
-                return reply.status != Status.OK
-
-            figures["open_s"] = await asyncio.to_thread(until, refused, 15, "the breaker opens")
-            last = replies[-1]
-            assert (last.status, last.error_code) == (Status.REJECTED, "exchange_unavailable")
-            assert "exchange BINANCE is failing" in last.reason
-            assert settings.ingestor_id in last.reason and "exchange_unavailable" in last.reason
+            first = await asyncio.to_thread(relay.ask, submit("first-down", start), SubmitResponse)
+            assert first.status == Status.OK  # nothing has failed yet: this one is taken
+            figures["open_s"] = await asyncio.to_thread(
+                until,
+                lambda: relay.sample("relay_exchange_breaker_open") == 1,
+                15,
+                "the breaker opens",
+            )
+            refused = await asyncio.to_thread(relay.ask, submit("refused", start), SubmitResponse)
+            assert (refused.status, refused.error_code) == (
+                Status.REJECTED,
+                "exchange_unavailable",
+            )
+            assert "exchange BINANCE is failing" in refused.reason
+            assert settings.ingestor_id in refused.reason
+            assert "exchange_unavailable" in refused.reason
             legacy = OHLCRequest(
                 request_id="legacy-down",
                 ticker="BINANCE:BTC/USDT",
@@ -159,11 +170,13 @@ def test_client_is_refused_while_the_exchange_is_down_and_served_after_recovery(
             )
             refusal = await asyncio.to_thread(relay.ask, legacy, Response)
             assert (refusal.status, refusal.error_code) == (Status.REJECTED, "exchange_unavailable")
-            assert relay.sample("relay_exchange_breaker_open") == 1
             assert not ingestor.health.healthy("BINANCE")
+            await asyncio.to_thread(
+                until, lambda: ingestor.jobs_in_flight == 0, 15, "the failing request gives up"
+            )
+            assert ingestor.stats.outcomes[("ERROR", "exchange_unavailable")] == 1
 
             sim.clear_faults()
-
             tries = iter(range(1000))
 
             def accepted() -> bool:
@@ -171,8 +184,8 @@ def test_client_is_refused_while_the_exchange_is_down_and_served_after_recovery(
                 return reply.status == Status.OK
 
             figures["close_s"] = await asyncio.to_thread(until, accepted, 15, "the breaker closes")
-            assert figures["open_s"] < 5.0, figures
-            assert figures["close_s"] < settings.health.probe_interval_s + 3.0, figures
+            assert figures["open_s"] < 4.0, figures
+            assert figures["close_s"] < settings.health.probe_interval_s + 2.0, figures
             assert relay.sample("relay_exchange_breaker_open") == 0
         finally:
             sim.clear_faults()

@@ -100,6 +100,11 @@ class Ingestor:
         return self._stopping.is_set()
 
     @property
+    def jobs_in_flight(self) -> int:
+        """History and legacy requests started and not finished (waiting ones included)."""
+        return len(self._jobs)
+
+    @property
     def prefixes(self) -> list[str]:
         return list(self._by_prefix)
 

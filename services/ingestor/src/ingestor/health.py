@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from ingestor.model import ExchangeCallError
 from mdproto.messages import ExchangeHealth, IngestorStatus
 
+_MAX_REASON = 300  # ccxt reasons carry the URL and the response body; the relay quotes this
+
 
 @dataclass(slots=True)
 class _State:
@@ -45,7 +47,7 @@ class HealthBook:
             state.failures, state.healthy = 0, True
         else:
             state.failures += 1
-            state.error_code, state.reason = fault.kind.value, fault.reason
+            state.error_code, state.reason = fault.kind.value, fault.reason[:_MAX_REASON]
             if state.failures >= self._threshold:
                 state.healthy = False
         return state.healthy is not was

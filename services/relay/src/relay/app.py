@@ -515,7 +515,7 @@ class Relay:
                 continue
             self._routing[prefix] = verdict.state
             if verdict.state is State.SERVED:
-                log.info("%s is served again (%d live ingestors report it)", prefix, verdict.alive)
+                log.info("%s served (%d live ingestors report status)", prefix, verdict.alive)
             else:
                 log.warning("%s refused from now on: %s: %s", prefix, verdict.error_code,
                             verdict.reason)  # fmt: skip
