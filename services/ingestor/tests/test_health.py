@@ -22,7 +22,7 @@ def test_unhealthy_after_threshold_failures_in_a_row_with_the_last_error() -> No
     assert [book.record("BINANCE", DOWN), book.record("BINANCE", DOWN)] == [False, False]
     assert book.healthy("BINANCE")
     assert book.record("BINANCE", SLOW) is True  # the third in a row flips it
-    assert not book.healthy("BINANCE") and book.unhealthy() == ["BINANCE"]
+    assert not book.healthy("BINANCE") and book.to_probe(now=0) == ["BINANCE"]
     assert book.record("BINANCE", DOWN) is False  # still unhealthy: no change to report
     binance, coinbase = book.status("ing-1", sent_at_ms=5, interval_ms=2000).exchanges
     assert (binance.exchange, binance.healthy, binance.consecutive_failures) == (
@@ -45,10 +45,21 @@ def test_any_answer_resets_the_count_a_permanent_fault_included() -> None:
     assert book.record("BINANCE", DOWN) is False and book.healthy("BINANCE")
     assert book.record("BINANCE", DOWN) is True
     assert book.record("BINANCE", BAD_SYMBOL) is True  # the exchange answered: it is up
-    assert book.healthy("BINANCE") and book.unhealthy() == []
+    assert book.healthy("BINANCE") and book.to_probe(now=0) == []
     status = book.status("ing-1", 0, 2000)
     assert status.exchanges[0].consecutive_failures == 0 and status.exchanges[0].reason == ""
     assert (status.ingestor_id, status.interval_ms) == ("ing-1", 2000)
+
+
+def test_no_probe_before_the_wait_the_exchange_asked_for() -> None:
+    book = HealthBook(["BINANCE"], threshold=1)
+    banned = ExchangeCallError(FaultKind.RATE_LIMITED, "418 IP banned", retry_after_s=60)
+    assert book.record("BINANCE", banned, now=100.0) is True
+    assert book.to_probe(now=159.9) == []  # probing during a ban lengthens it
+    assert book.to_probe(now=160.0) == ["BINANCE"]
+    book.record("BINANCE", None, now=161.0)
+    book.record("BINANCE", DOWN, now=200.0)  # no Retry-After: probe at once
+    assert book.to_probe(now=200.0) == ["BINANCE"]
 
 
 def test_call_with_retry_reports_every_attempt() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 from contextlib import suppress
@@ -357,7 +358,7 @@ class Ingestor:
     # --- exchange health and liveness (IngestorStatus to the relay) ----------
 
     def _observe(self, exchange: str, fault: ExchangeCallError | None) -> None:
-        if not self.health.record(exchange, fault):
+        if not self.health.record(exchange, fault, time.monotonic()):
             return
         if self.health.healthy(exchange):
             log.info("exchange %s answers again: healthy", exchange)
@@ -383,7 +384,10 @@ class Ingestor:
         while True:
             await asyncio.sleep(self.settings.health.probe_interval_s)
             await asyncio.gather(
-                *(self._probe(self._by_prefix[f"{e}:"]) for e in self.health.unhealthy())
+                *(
+                    self._probe(self._by_prefix[f"{e}:"])
+                    for e in self.health.to_probe(time.monotonic())
+                )
             )
 
     async def _probe(self, adapter: ExchangeAdapter) -> None:

@@ -30,6 +30,7 @@ class _State:
     error_code: str = ""
     reason: str = ""
     healthy: bool = True
+    quiet_until: float = 0.0  # no probe before: the exchange asked to wait (Retry-After, ban)
 
 
 class HealthBook:
@@ -39,15 +40,18 @@ class HealthBook:
         self._threshold = threshold
         self._states = {exchange: _State() for exchange in exchanges}
 
-    def record(self, exchange: str, fault: ExchangeCallError | None) -> bool:
-        """One call's outcome (None: it succeeded); True when `healthy` flipped."""
+    def record(self, exchange: str, fault: ExchangeCallError | None, now: float = 0.0) -> bool:
+        """One call's outcome (None: it succeeded) at `now` (monotonic seconds); True
+        when `healthy` flipped."""
         state = self._states.setdefault(exchange, _State())
         was = state.healthy
         if fault is None or not fault.kind.transient:
-            state.failures, state.healthy = 0, True
+            state.failures, state.healthy, state.quiet_until = 0, True, 0.0
         else:
             state.failures += 1
             state.error_code, state.reason = fault.kind.value, fault.reason[:_MAX_REASON]
+            if fault.retry_after_s is not None:
+                state.quiet_until = max(state.quiet_until, now + fault.retry_after_s)
             if state.failures >= self._threshold:
                 state.healthy = False
         return state.healthy is not was
@@ -55,9 +59,11 @@ class HealthBook:
     def healthy(self, exchange: str) -> bool:
         return self._states[exchange].healthy
 
-    def unhealthy(self) -> list[str]:
-        """Exchanges to probe: they get no client traffic while the relay refuses it."""
-        return [exchange for exchange, s in self._states.items() if not s.healthy]
+    def to_probe(self, now: float) -> list[str]:
+        """Unhealthy exchanges to probe now: they get no client traffic while the relay
+        refuses it. Not before a wait the exchange asked for: calls during a rate-limit
+        ban make Binance lengthen it."""
+        return [e for e, s in self._states.items() if not s.healthy and s.quiet_until <= now]
 
     def describe(self, exchange: str) -> str:
         s = self._states[exchange]
