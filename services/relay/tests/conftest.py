@@ -27,7 +27,13 @@ from google.protobuf.message import Message
 
 from infra.testing import free_port
 from mdproto import envelope
-from mdproto.messages import DataRequest, DataResponse, IngestorControl
+from mdproto.messages import (
+    DataRequest,
+    DataResponse,
+    ExchangeHealth,
+    IngestorControl,
+    IngestorStatus,
+)
 from relay import Relay, RelaySettings
 from relay.sockets import Context, Endpoints, Socket
 from relay.triggers import TriggerSink
@@ -148,6 +154,16 @@ class FakeIngestor:
 
     def respond(self, response: DataResponse) -> None:
         self.dealer.send_multipart(envelope.encode(response))
+
+    def report(self, ingestor_id: str, *health: ExchangeHealth, interval_ms: int = 200) -> None:
+        """One IngestorStatus heartbeat (default: BINANCE healthy)."""
+        status = IngestorStatus(
+            ingestor_id=ingestor_id,
+            exchanges=health or [ExchangeHealth(exchange="BINANCE", healthy=True)],
+            sent_at_ms=time.time_ns() // 1_000_000,
+            interval_ms=interval_ms,
+        )
+        self.dealer.send_multipart(envelope.encode(status))
 
 
 @dataclass

@@ -64,6 +64,9 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert s.known_exchanges == ["BINANCE", "COINBASE"]
     monkeypatch.setenv("RELAY_KNOWN_EXCHANGES", '["KRAKEN"]')
     assert load_settings(path).known_exchanges == ["KRAKEN"]
+    monkeypatch.setenv("RELAY_KNOWN_EXCHANGES", "")  # empty: any exchange an ingestor serves
+    assert load_settings(path).known_exchanges == []
+    assert RelaySettings().known_exchanges == []  # the default is dynamic
 
 
 def test_missing_default_file_means_defaults(tmp_path: Path) -> None:

@@ -105,6 +105,29 @@ def test_rejected_exits_3_with_reason(fake_relay: Any, kit: Any, capsys: Any) ->
     assert "range too long" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("no_ingestor", "no ingestor of BINANCE is alive: the last status came 6.1 s ago"),
+        ("exchange_unavailable", "exchange BINANCE is failing at every ingestor that serves it"),
+    ],
+)
+def test_routing_refusals_exit_3_at_once_with_reason_and_code(
+    fake_relay: Any, kit: Any, capsys: Any, code: str, reason: str
+) -> None:
+    """The relay's routing refusals end the command on the first answer: no retry, no
+    wait for a notification, the reason and the code on stderr."""
+    fake_relay.handler = lambda m: kit.Action(
+        SubmitResponse(
+            request_id=m.request_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    )
+    assert _run(fake_relay, "history", TICKER, *RANGE, "--timeout", "60") == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert reason in err and f"[{code}]" in err
+    assert len(fake_relay.requests) == 1
+
+
 def test_error_notification_exits_4(fake_relay: Any, kit: Any, capsys: Any) -> None:
     fake_relay.handler = kit.accept_and_notify(status=Status.ERROR, reason="exchange down")
     assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_FAILED

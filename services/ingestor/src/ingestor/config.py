@@ -133,6 +133,14 @@ class MarketSettings(_Section):
     )  # republish Market records; 0 = only on CONFIG_UPDATE
 
 
+class HealthSettings(_Section):
+    """IngestorStatus to the relay (liveness, and the breaker's input; docs/protocol.md)."""
+
+    status_interval_ms: int = Field(default=2000, ge=0)  # heartbeat period; 0 = send none
+    failure_threshold: int = Field(default=3, gt=0)  # failed calls in a row -> unhealthy
+    probe_interval_s: float = Field(default=3.0, gt=0)  # probe an unhealthy exchange this often
+
+
 def _default_exchanges() -> dict[str, ExchangeSettings]:
     return {"binance": ExchangeSettings(prefix="BINANCE")}
 
@@ -162,6 +170,7 @@ class Settings(runtime.FileSettings):
     live: LiveSettings = Field(default_factory=lambda: LiveSettings())
     claims: ClaimSettings = Field(default_factory=lambda: ClaimSettings())
     market_metadata: MarketSettings = Field(default_factory=lambda: MarketSettings())
+    health: HealthSettings = Field(default_factory=lambda: HealthSettings())
 
     @field_validator("exchanges")
     @classmethod

@@ -70,9 +70,16 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _unobserved(fault: ExchangeCallError | None) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class FetchEnv:
-    """Retry policy and the clock, sleep and randomness the loop uses (injectable)."""
+    """Retry policy and the clock, sleep and randomness the loop uses (injectable).
+
+    `observe` sees every exchange call's outcome (None: success), for `health.HealthBook`.
+    """
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     page_limit: int = 1000
@@ -80,6 +87,7 @@ class FetchEnv:
     now_ms: Callable[[], int] = wall_clock_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rand: Callable[[], float] = random.random
+    observe: Callable[[ExchangeCallError | None], None] = _unobserved
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +132,9 @@ async def call_with_retry(call: Callable[[], Awaitable[T]], env: FetchEnv, what:
     attempt = 0
     while True:
         try:
-            return await call()
+            result = await call()
         except ExchangeCallError as fault:
+            env.observe(fault)
             attempt += 1
             decision = decide(fault.kind, attempt, env.policy, fault.retry_after_s, env.rand())
             if isinstance(decision, GiveUp):
@@ -138,6 +147,9 @@ async def call_with_retry(call: Callable[[], Awaitable[T]], env: FetchEnv, what:
                 decision.delay_s,
             )
             await env.sleep(decision.delay_s)
+        else:
+            env.observe(None)
+            return result
 
 
 async def iter_pages(

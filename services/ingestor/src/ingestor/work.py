@@ -4,7 +4,8 @@
   served exchange prefix (`BINANCE:`), and SUB to its control PUB (:5560).
   Frames are decoded with `mdproto.envelope.decode_sub`; anything malformed is
   logged and counted, never fatal.
-- `LegacyResponder`: DEALER to the relay's ROUTER (:5556) for `DataResponse`s.
+- `LegacyResponder`: DEALER to the relay's ROUTER (:5556) for `DataResponse`s
+  and any other message for the relay (`IngestorStatus`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TypeVar
 
 import zmq
 import zmq.asyncio
+from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope
-from mdproto.messages import DataRequest, DataResponse, IngestorControl
+from mdproto.messages import DataRequest, IngestorControl
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", DataRequest, IngestorControl)
@@ -142,14 +144,15 @@ class LegacyResponder:
         self._socket.connect(endpoint)
         self._lock = asyncio.Lock()
 
-    async def send(self, response: DataResponse, timeout_s: float = 10.0) -> bool:
-        """Send one response; False if the relay could not take it in time."""
+    async def send(self, message: Message, timeout_s: float = 10.0) -> bool:
+        """Send one message; False if the relay could not take it in time."""
         async with self._lock:
             try:
                 async with asyncio.timeout(timeout_s):
-                    await self._socket.send_multipart(envelope.encode(response))
+                    await self._socket.send_multipart(envelope.encode(message))
             except TimeoutError:
-                log.error("legacy response %s not sent: relay unreachable", response.request_id)
+                what = getattr(message, "request_id", "") or ""
+                log.error("%s %s not sent: relay unreachable", type(message).__name__, what)
                 return False
         return True
 

@@ -6,6 +6,7 @@
         |       '-> tickers with triggers stay live (LiveSubscriptions.pin)
         '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
     ingestors DEALER -> ROUTER :5556 -> DataResponse -> pending map -> Response to the client
+                                     '-> IngestorStatus -> Liveness (no_ingestor, breaker)
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
         '-> subscription tap (inproc XPUB the XSUB also feeds) -> LiveSubscriptions
             |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
@@ -39,6 +40,7 @@ from mdproto.messages import (
     DataRequest,
     DataResponse,
     IngestorControl,
+    IngestorStatus,
     OHLCRequest,
     Response,
     Status,
@@ -49,6 +51,7 @@ from mdproto.runtime.metrics_http import Health, MetricsServer
 from relay import sockets
 from relay.config import RelaySettings
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
+from relay.liveness import BadStatusError, Liveness, State, Verdict
 from relay.metrics import RelayMetrics
 from relay.proxy import MarketDataProxy, ProxyStats, parse_subscription
 from relay.ratelimit import TokenBuckets
@@ -61,7 +64,6 @@ log = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
 CONFIG_UPDATE_PATH = "/control/config-update"
-NO_INGESTOR = "no_ingestor"
 INTERNAL = "internal"
 SINK_ERROR = "sink_error"
 UNEXPECTED_TYPE = "unexpected_type"
@@ -125,6 +127,8 @@ class Relay:
             now=now,
         )
         self._ingestor_subs: dict[str, set[str]] = {"work": set(), "control": set()}
+        self._liveness = Liveness(expiry_intervals=s.ingestor_expiry_intervals)
+        self._routing: dict[str, State] = {}  # last state per prefix, logged on change
         for exchange in s.known_exchanges:  # 0 until an ingestor serves it: alertable
             m.exchange_served.labels(f"{exchange}:").set(0)
         self._market_connections = 0
@@ -199,7 +203,7 @@ class Relay:
             self.endpoints.market_data,
             self.endpoints.upstream,
             f"http://{s.metrics_host}:{self.metrics_port}" if self._http else "off",
-            ",".join(s.known_exchanges),
+            ",".join(s.known_exchanges) or "any an ingestor serves",
         )
         return self.endpoints
 
@@ -273,6 +277,7 @@ class Relay:
             self._apply(self._live.due(now))
             if now >= next_stats:
                 self._sync_trigger_tickers(now)
+                self._refresh_routing(now)
             if now >= next_stats and self._proxy.alive:
                 self._proxy.request_stats()
                 next_stats = now + self._s.stats_interval_s
@@ -350,14 +355,14 @@ class Relay:
                 "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
             )
             return outcome.reply
-        unserved = self._unserved(outcome.work.topic)
+        unserved = self._unserved(outcome.work.topic, now)
         if unserved is not None:  # refused now, not an OK followed by minutes of silence
-            self._rejected("submit", req.request_id, NO_INGESTOR, unserved, now)
+            self._rejected("submit", req.request_id, unserved.error_code, unserved.reason, now)
             return SubmitResponse(
                 request_id=outcome.reply.request_id,
                 status=Status.REJECTED,
-                reason=unserved,
-                error_code=NO_INGESTOR,
+                reason=unserved.reason,
+                error_code=unserved.error_code,
             )
         self._accepted["submit"].inc()
         self._publish_work(outcome.work.topic, outcome.work.request, "historical", now)
@@ -367,14 +372,11 @@ class Relay:
         """An ingestor subscribes to a prefix of `topic` on the work socket right now."""
         return any(topic.startswith(p) for p in self._ingestor_subs["work"])
 
-    def _unserved(self, topic: str) -> str | None:
-        """Why no ingestor can take work published on `topic` now, or None if one can."""
-        if self._served(topic):
-            return None
-        return (
-            f"no ingestor serves {topic.rstrip(':')} right now (none is subscribed to its "
-            "work queue); retry once one runs"
-        )
+    def _unserved(self, topic: str, now: float) -> Verdict | None:
+        """Why no ingestor can take work published on `topic` now (no_ingestor,
+        exchange_unavailable), or None if one can (relay.liveness has the rule)."""
+        verdict = self._liveness.verdict(topic, self._served(topic), now)
+        return None if verdict.state is State.SERVED else verdict
 
     def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
         outcome = check_trigger(req, self._policy, self._wall_ms())
@@ -437,10 +439,10 @@ class Relay:
             self._rejected("legacy", req.request_id, checked.error_code, checked.reason, now)
             return _legacy_refusal(req.request_id, checked.error_code, checked.reason)
         request_id = checked.request.request_id
-        unserved = self._unserved(checked.topic)
+        unserved = self._unserved(checked.topic, now)
         if unserved is not None:
-            self._rejected("legacy", request_id, NO_INGESTOR, unserved, now)
-            return _legacy_refusal(request_id, NO_INGESTOR, unserved)
+            self._rejected("legacy", request_id, unserved.error_code, unserved.reason, now)
+            return _legacy_refusal(request_id, unserved.error_code, unserved.reason)
         admission = self._pending.add(request_id, route, now)
         if admission is not Admission.ADDED:
             reason = (
@@ -458,7 +460,14 @@ class Relay:
     def _on_ingestor_response(self, frames: list[bytes], now: float) -> None:
         try:
             _route, body = envelope.split_routed(frames)
-            data = envelope.decode(body, DataResponse, max_payload=self._s.ingestor_max_payload)
+            data = envelope.decode(body, max_payload=self._s.ingestor_max_payload)
+            if isinstance(data, IngestorStatus):
+                self._on_ingestor_status(data, now)
+                return
+            if not isinstance(data, DataResponse):
+                raise ProtocolError(
+                    UNEXPECTED_TYPE, f"{data.DESCRIPTOR.name} is not accepted on :5556"
+                )
         except ProtocolError as exc:
             self._bad_frame("ingestor", exc, now)
             return
@@ -478,6 +487,38 @@ class Relay:
         self.metrics.legacy_pending.set(len(self._pending))
         if self._reply(pending.route, response_from(data), now):
             log.info("Sent response to client: request_id=%s", data.request_id)
+
+    # --- ingestor liveness and exchange health (IngestorStatus on :5556) --------------
+
+    def _on_ingestor_status(self, status: IngestorStatus, now: float) -> None:
+        try:
+            self._liveness.status(status, now)
+        except BadStatusError as exc:
+            self._bad_frame("ingestor", ProtocolError("bad_status", str(exc)), now)
+            return
+        self.metrics.ingestor_statuses.inc()
+        self._refresh_routing(now)  # a health change opens or closes a breaker at once
+
+    def _refresh_routing(self, now: float) -> None:
+        """Gauges per exchange prefix, and one log line whenever a prefix changes state."""
+        for ingestor_id in self._liveness.forget_dead(now):
+            log.info("ingestor %s silent for an hour: forgotten", ingestor_id)
+        m = self.metrics
+        prefixes = self._liveness.prefixes | self._ingestor_subs["work"] | set(self._routing)
+        for prefix in sorted(prefixes):
+            verdict = self._liveness.verdict(prefix, self._served(prefix), now)
+            m.exchange_served.labels(prefix).set(verdict.state is not State.UNSERVED)
+            m.breaker_open.labels(prefix).set(verdict.state is State.BREAKER_OPEN)
+            m.ingestors_alive.labels(prefix).set(verdict.alive)
+            before = self._routing.get(prefix, State.UNSERVED)
+            if verdict.state is before:
+                continue
+            self._routing[prefix] = verdict.state
+            if verdict.state is State.SERVED:
+                log.info("%s served (%d live ingestors report status)", prefix, verdict.alive)
+            else:
+                log.warning("%s refused from now on: %s: %s", prefix, verdict.error_code,
+                            verdict.reason)  # fmt: skip
 
     def _expire_legacy(self, now: float) -> None:
         expired = self._pending.expire(now)
@@ -638,7 +679,9 @@ class Relay:
         log.info("ingestor %s %s %r", "subscribed to" if subscribe else "left", socket, prefix)
         self.metrics.ingestor_subscriptions.labels(socket).set(len(subs))
         if socket == "work":
-            self.metrics.exchange_served.labels(prefix).set(1 if subscribe else 0)
+            if not subscribe:
+                self._liveness.unsubscribed(prefix)
+            self._refresh_routing(self._clock())
         return event
 
     # --- proxy statistics and socket monitors ------------------------------------------

@@ -73,7 +73,11 @@ class RelaySettings(runtime.FileSettings):
 
     # --- additions --------------------------------------------------------------
     ingestor_control_port: Port = contracts.INGESTOR_CONTROL_PORT  # spec said 5557: taken
-    known_exchanges: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["BINANCE"])
+    # Exchange prefixes requests may name; empty = any exchange an ingestor serves.
+    known_exchanges: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # An ingestor that sent IngestorStatus is dead after this many of its
+    # interval_ms without one (docs/protocol.md, "Ingestor liveness").
+    ingestor_expiry_intervals: float = Field(default=3.0, gt=1)
     metrics_host: str = "0.0.0.0"
     metrics_port: Port = 9560  # /metrics and /healthz; 0 disables
     # Client ROUTER :5559. Frames above max_message_size make libzmq drop the
@@ -126,8 +130,6 @@ class RelaySettings(runtime.FileSettings):
         bad = [name for name in names if not _EXCHANGE.match(name)]
         if bad:
             raise ValueError(f"exchange names must look like BINANCE: {bad}")
-        if not names:
-            raise ValueError("configure at least one known exchange")
         return names
 
     @field_validator("bind_address", "flink_market_data_endpoint")

@@ -120,9 +120,25 @@ class RelayMetrics:
         )
         self.exchange_served = Gauge(
             "relay_exchange_served",
-            "1 while at least one ingestor subscribes to the exchange's work prefix",
+            "1 while an ingestor subscribes to the exchange's work prefix and (if any of its "
+            "ingestors sends IngestorStatus) one of them is alive",
             ["prefix"],
             registry=r,
+        )
+        self.breaker_open = Gauge(
+            "relay_exchange_breaker_open",
+            "1 while every live ingestor of the exchange reports it unhealthy (requests refused)",
+            ["prefix"],
+            registry=r,
+        )
+        self.ingestors_alive = Gauge(
+            "relay_ingestors_alive",
+            "Ingestors reporting the exchange whose last IngestorStatus is recent enough",
+            ["prefix"],
+            registry=r,
+        )
+        self.ingestor_statuses = Counter(
+            "relay_ingestor_statuses", "IngestorStatus heartbeats received on :5556", registry=r
         )
         self.upstream_connected = Gauge(
             "relay_upstream_connected", "1 while the XSUB is connected to the pipeline", registry=r

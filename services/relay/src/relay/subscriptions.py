@@ -172,7 +172,9 @@ class LiveSubscriptions:
         return market.ticker
 
     def _known(self, ticker: str) -> bool:
+        """A valid ticker of a configured exchange (any exchange when none is configured)."""
         try:
-            return topics.parse_ticker(ticker).exchange in self._exchanges
+            exchange = topics.parse_ticker(ticker).exchange
         except ProtocolError:
             return False
+        return not self._exchanges or exchange in self._exchanges

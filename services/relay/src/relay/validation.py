@@ -33,7 +33,7 @@ _HISTORICAL = DataRequest.HISTORICAL
 class Policy:
     """The configurable limits validation applies."""
 
-    known_exchanges: frozenset[str]
+    known_exchanges: frozenset[str]  # empty: any (whether one is served is decided later)
     max_candles: int = 10_000_000
     max_future_ms: int = 24 * 3600 * 1000
 
@@ -186,7 +186,7 @@ def _request_id(request_id: str, client_id: str, new_id: Callable[[], str]) -> s
 
 def _ticker_prefix(ticker: str, policy: Policy) -> str:
     exchange = rules.ticker(ticker).exchange
-    if exchange not in policy.known_exchanges:
+    if policy.known_exchanges and exchange not in policy.known_exchanges:
         known = ", ".join(sorted(policy.known_exchanges))
         raise RuleViolation(rules.UNKNOWN_EXCHANGE, f"exchange {exchange} is not served ({known})")
     return f"{exchange}:"

@@ -188,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     _setup_logging(args.verbose)
     from rich.console import Console
+    from rich.markup import escape  # server reasons and codes ("[no_ingestor]") are not markup
 
     err = Console(stderr=True, quiet=False)
     try:
@@ -197,14 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print("interrupted")
         return EXIT_INTERRUPTED
     except UsageError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except errors.MdClientError as exc:
-        err.print(f"[red]{type(exc).__name__}:[/] {exc}", highlight=False, markup=True)
+        err.print(f"[red]{type(exc).__name__}:[/] {escape(str(exc))}", highlight=False)
         return exit_code_for(exc)
     except Exception as exc:
         log.debug("unexpected error", exc_info=True)
-        err.print(f"[red]internal error:[/] {type(exc).__name__}: {exc} (run with -v)")
+        err.print(f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (run with -v)")
         return EXIT_INTERNAL
 
 
