@@ -27,3 +27,9 @@ KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_i
 ICEBERG_NAMESPACE: Final = "market"
 ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
+
+# Live candle periods (seconds) the pipeline aggregates and the relay accepts on
+# `{ticker}|ohlc:{period}`; a subscription to any other period is REFUSED on
+# `{ticker}|status`. The pipeline's `live.periods` and the relay's `live_periods`
+# both default to this: change it here, not in one service.
+LIVE_PERIODS: Final = (60, 300, 3600)

@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 
 from infra.testing import free_port
 from mdproto import envelope
-from mdproto.messages import DataRequest, DataResponse, IngestorControl
+from mdproto.messages import DataRequest, IngestorControl
 from relay import Relay, RelaySettings
 from relay.sockets import Context, Endpoints, Socket
 from relay.triggers import TriggerSink
@@ -146,7 +146,8 @@ class FakeIngestor:
         assert isinstance(message, IngestorControl)
         return topic, message
 
-    def respond(self, response: DataResponse) -> None:
+    def respond(self, response: Message) -> None:
+        """A DataResponse, FeedStatus... to the relay's ROUTER :5556."""
         self.dealer.send_multipart(envelope.encode(response))
 
 
