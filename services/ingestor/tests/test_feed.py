@@ -11,6 +11,12 @@ from ingestor.retry import RetryPolicy
 from mdproto.messages import FeedStatus, Tick
 
 
+def live_feeds(fakes: Any, source: Any, **options: Any) -> LiveFeeds:
+    """LiveFeeds over one fake source (a lease of 10 s unless `options` say otherwise)."""
+    values: dict[str, Any] = {"lease_s": 10, "dedupe_capacity": 100, "reconnect": RetryPolicy()}
+    return LiveFeeds({"BINANCE:": source}, fakes.FakeSink(), **{**values, **options})
+
+
 def trades(*ids: int) -> list[Trade]:
     return [Trade(str(i), 100.0 + i, 1.0, 1_700_000_000_000 + i, "buy") for i in ids]
 
@@ -96,14 +102,7 @@ def test_feeds_start_once_refresh_and_expire(fakes: Any) -> None:
     async def scenario() -> None:
         now = [0.0]
         source = fakes.FakeExchange(trade_batches=[trades(1)])
-        feeds = LiveFeeds(
-            {"BINANCE:": source},
-            fakes.FakeSink(),
-            lease_s=10,
-            dedupe_capacity=100,
-            reconnect=RetryPolicy(),
-            monotonic=lambda: now[0],
-        )
+        feeds = live_feeds(fakes, source, monotonic=lambda: now[0])
         assert feeds.request("BINANCE:BTC/USDT")
         now[0] = 8.0
         assert not feeds.request("BINANCE:BTC/USDT")  # re-announcement: lease refresh only
@@ -120,13 +119,7 @@ def test_feeds_start_once_refresh_and_expire(fakes: Any) -> None:
 def test_cancel_stops_the_feed_and_unknown_tickers_are_ignored(fakes: Any) -> None:
     async def scenario() -> None:
         source = fakes.FakeExchange()
-        feeds = LiveFeeds(
-            {"BINANCE:": source},
-            fakes.FakeSink(),
-            lease_s=10,
-            dedupe_capacity=10,
-            reconnect=RetryPolicy(),
-        )
+        feeds = live_feeds(fakes, source)
         assert feeds.request("BINANCE:ETH/USDT")
         assert not feeds.request("KRAKEN:ETH/USD")  # not served here
         assert not feeds.request("not a ticker")
@@ -146,11 +139,9 @@ def test_feeds_report_their_status_and_restart_after_the_exchange_was_down(fakes
     async def scenario() -> None:
         arrived = asyncio.Event()
         source = fakes.FakeExchange(trade_batches=[down, down, trades(1)])
-        feeds = LiveFeeds(
-            {"BINANCE:": source},
-            fakes.FakeSink(),
-            lease_s=10,
-            dedupe_capacity=10,
+        feeds = live_feeds(
+            fakes,
+            source,
             reconnect=RetryPolicy(base_delay_s=0, jitter=0),
             start_attempts=2,
             on_status=lambda status: (sent.append(status), arrived.set()),
@@ -185,13 +176,8 @@ def test_a_failed_feed_repeats_its_status_per_announcement_not_per_retry(fakes: 
         source = fakes.FakeExchange(
             trade_batches=[ExchangeCallError(FaultKind.BAD_SYMBOL, "no NOPE/USDT")]
         )
-        feeds = LiveFeeds(
-            {"BINANCE:": source},
-            fakes.FakeSink(),
-            lease_s=10,
-            dedupe_capacity=10,
-            reconnect=RetryPolicy(),
-            on_status=lambda status: (sent.append(status), arrived.set()),
+        feeds = live_feeds(
+            fakes, source, on_status=lambda status: (sent.append(status), arrived.set())
         )
         assert feeds.request("BINANCE:NOPE/USDT")
         await asyncio.wait_for(arrived.wait(), 5)
