@@ -2,7 +2,10 @@
 
 The subscriber thread `put`s into a queue; the caller iterates or `get`s with a
 timeout, and a `close()` from any thread ends a blocked `get` within one poll
-step (0.25 s), so no stream needs its own wake-up socket.
+step (0.25 s), so no stream needs its own wake-up socket. A stream that `fail`s
+(the subscriber thread learnt it cannot be served) ends the same way, once the
+queued messages are read: iteration then raises the error, `get` returns None
+and `error` says why.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ class QueueStream(Closeable, Iterator[T]):
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self.received = 0
+        self.error: Exception | None = None  # set by `fail`
+
+    def fail(self, error: Exception) -> None:
+        """End the stream with `error` (any thread); the first error wins."""
+        if self.error is None:
+            self.error = error
 
     @property
     def closed(self) -> bool:
@@ -61,7 +70,7 @@ class QueueStream(Closeable, Iterator[T]):
             try:
                 return self._queue.get(timeout=step)
             except queue.Empty:
-                if self._closed.is_set():
+                if self._closed.is_set() or self.error is not None:
                     return None
                 waited += step
                 if timeout_s is not None and waited >= timeout_s:
@@ -73,6 +82,9 @@ class QueueStream(Closeable, Iterator[T]):
     def __next__(self) -> T:
         message = self.get()
         if message is None:
+            if self.error is not None:
+                self.close()
+                raise self.error
             raise StopIteration
         return message
 
