@@ -10,6 +10,7 @@ and `error` says why.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -47,7 +48,8 @@ class QueueStream(Closeable, Iterator[T]):
         self.topics = tuple(dict.fromkeys(topic_list))
         self.subscribed: list[str] = []  # filled by the client as subscriptions go live
         self._closer: Callable[[Any], None] = closer
-        self._queue: queue.Queue[T] = queue.Queue(maxsize)  # 0: unbounded
+        # 0: unbounded. None wakes a waiting `get` (after `fail`), it is never a message.
+        self._queue: queue.Queue[T | None] = queue.Queue(maxsize)
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self.received = 0
@@ -57,6 +59,8 @@ class QueueStream(Closeable, Iterator[T]):
         """End the stream with `error` (any thread); the first error wins."""
         if self.error is None:
             self.error = error
+            with contextlib.suppress(queue.Full):  # full: the reader is busy, its next step sees it
+                self._queue.put_nowait(None)
 
     @property
     def closed(self) -> bool:
@@ -68,7 +72,11 @@ class QueueStream(Closeable, Iterator[T]):
         waited = 0.0
         while True:
             try:
-                return self._queue.get(timeout=step)
+                message = self._queue.get(timeout=step)
+                if message is not None:
+                    return message
+                if self.error is not None:
+                    return None
             except queue.Empty:
                 if self._closed.is_set() or self.error is not None:
                     return None
