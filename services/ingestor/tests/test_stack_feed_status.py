@@ -28,17 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def start_relay() -> tuple[Relay, threading.Thread]:
-    settings = RelaySettings(
-        bind_address="tcp://127.0.0.1",
-        client_request_port=0,
-        market_data_pub_port=0,
-        ingestor_work_port=0,
-        ingestor_response_port=0,
-        ingestor_control_port=0,
-        metrics_port=0,
-        flink_market_data_endpoint=f"tcp://127.0.0.1:{free_port()}",  # no pipeline
-    )
-    relay = Relay(settings)
+    relay = Relay(RelaySettings.loopback(f"tcp://127.0.0.1:{free_port()}"))  # no pipeline
     relay.start()
     thread = threading.Thread(target=relay.run, name="relay-loop", daemon=True)
     thread.start()

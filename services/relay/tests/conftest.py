@@ -214,18 +214,7 @@ class RunningRelay:
 
 
 def relay_settings(upstream: str, **overrides: Any) -> RelaySettings:
-    values: dict[str, Any] = {
-        "bind_address": "tcp://127.0.0.1",
-        "client_request_port": 0,
-        "market_data_pub_port": 0,
-        "ingestor_work_port": 0,
-        "ingestor_response_port": 0,
-        "ingestor_control_port": 0,
-        "metrics_port": 0,
-        "flink_market_data_endpoint": upstream,
-    }
-    values.update(overrides)
-    return RelaySettings(**values)
+    return RelaySettings.loopback(upstream, **overrides)
 
 
 def start_relay(

@@ -152,6 +152,13 @@ class RelaySettings(runtime.FileSettings):
             raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
         return value
 
+    @classmethod
+    def loopback(cls, upstream: str, **overrides: Any) -> RelaySettings:
+        """Every ZeroMQ port ephemeral on 127.0.0.1, metrics off: tests and benchmarks."""
+        ports = {name: 0 for name in cls.model_fields if name.endswith("_port")}
+        address = {"bind_address": "tcp://127.0.0.1", "flink_market_data_endpoint": upstream}
+        return cls(**{**address, **ports, **overrides})
+
     def endpoint(self, port: int) -> str:
         """Bind endpoint for one of the relay's ports (0 = ephemeral)."""
         return f"{self.bind_address}:{port or '*'}"
