@@ -156,7 +156,7 @@ def test_feeds_report_their_status_and_restart_after_the_exchange_was_down(fakes
         await feeds.stop_all()
 
     asyncio.run(scenario())
-    failed, started = sent
+    failed, retrying, started = sent
     assert (failed.ticker, failed.state, failed.error_code, failed.ingestor_id, failed.at_ms) == (
         "BINANCE:BTC/USDT",
         FeedStatus.FAILED,
@@ -165,6 +165,7 @@ def test_feeds_report_their_status_and_restart_after_the_exchange_was_down(fakes
         7,
     )
     assert "503 maintenance" in failed.reason
+    assert (retrying.state, retrying.error_code) == (FeedStatus.LOST, "exchange_unavailable")
     assert started.state == FeedStatus.STARTED and not started.error_code
 
 

@@ -298,9 +298,9 @@ class LiveFeeds:
     def request(self, ticker: str) -> bool:
         """A REALTIME announcement: start the feed if new, else refresh its lease.
 
-        A feed that FAILED on transient faults (exchange down) starts again; one that
-        FAILED for good, or is LOST, has its status sent again (once per announcement,
-        so a relay that restarted learns it).
+        A feed that FAILED on transient faults (exchange down) starts again, reported as
+        LOST; one that FAILED for good, or is LOST, has its status sent again (once per
+        announcement, so a relay that restarted learns it).
         """
         try:
             prefix = parse_ticker(ticker).prefix
@@ -318,6 +318,12 @@ class LiveFeeds:
                 self._repeat_status(ticker)
                 return False
             log.info("live feed %s starts again (it failed: %s)", ticker, feed.stats.failed)
+            # LOST replaces the FAILED the relay keeps: new subscribers wait, not give up.
+            last = self._last_status.get(ticker)
+            code = last.error_code if last is not None else ""
+            self._report(
+                ticker, StatusChange(FeedStatus.LOST, code, f"retrying: {feed.stats.failed}")
+            )
         stats = FeedStats()
         task = asyncio.create_task(
             run_feed(
