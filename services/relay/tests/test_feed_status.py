@@ -9,7 +9,7 @@ import pytest
 
 from mdproto import envelope
 from mdproto.messages import DataRequest, FeedStatus
-from relay.feedstatus import StatusBoard, refused_period, status_ticker
+from relay.feedstatus import MAX_REFUSALS, StatusBoard, refused_period, status_ticker
 
 if TYPE_CHECKING:
     from conftest import FakePipeline, RelayFactory
@@ -196,3 +196,10 @@ def test_board_keeps_one_status_per_live_ticker_and_repeats_the_bad_ones() -> No
     board.unsubscribed(f"{TICKER}|ohlc:900")
     board.forget(TICKER)
     assert len(board) == 0 and board.due(5.0) == []
+
+
+def test_board_keeps_a_bounded_number_of_refusals() -> None:
+    board = StatusBoard(live_periods=[60], repeat_s=1.0, now=0.0)
+    for period in range(1000, 1000 + MAX_REFUSALS + 10):
+        assert board.refuse(f"{TICKER}|ohlc:{period}", at_ms=1) is not None  # always told once
+    assert len(board) == MAX_REFUSALS and len(board.due(1.0)) == MAX_REFUSALS

@@ -6,7 +6,9 @@ client subscribing later must still learn:
 
 - the latest ingestor status of each *live* ticker (forgotten when the ticker
   stops being live or starts afresh), so the state is bounded by live tickers;
-- a REFUSED per unsupported `{ticker}|ohlc:{p}` topic while it has subscribers.
+- a REFUSED per unsupported `{ticker}|ohlc:{p}` topic while it has subscribers
+  (at most `MAX_REFUSALS`: beyond, a refusal is published once and not kept,
+  so a client subscribing to thousands of periods cannot multiply the repeats).
 
 The relay's XPUB reports only a topic's *first* subscription, so a second client
 watching a failed ticker produces no event: LOST, FAILED and REFUSED are
@@ -22,6 +24,7 @@ from mdproto import topics
 from mdproto.messages import FeedStatus
 
 UNSUPPORTED_PERIOD = "unsupported_period"
+MAX_REFUSALS = 1024
 _REPEATED = frozenset({FeedStatus.LOST, FeedStatus.FAILED, FeedStatus.REFUSED})
 
 
@@ -75,7 +78,8 @@ class StatusBoard:
             period_seconds=period,
             at_ms=at_ms,
         )
-        self._refused[topic] = status
+        if len(self._refused) < MAX_REFUSALS:
+            self._refused[topic] = status
         return status
 
     def unsubscribed(self, topic: str) -> None:
