@@ -13,7 +13,8 @@
             |-> FeedStatus{REFUSED} on `{ticker}|status` (a period the pipeline does not serve)
             '-> IngestorControl{CANCEL_REALTIME} -> XPUB :5560 (after the grace period)
 
-Only the legacy flow keeps per-request state. The loop never raises on input:
+Only the legacy flow keeps per-request state (feed statuses keep one last value
+per live ticker, feedstatus.py). The loop never raises on input:
 whatever arrives is answered (where the peer's socket needs an answer),
 counted and logged.
 """
