@@ -28,3 +28,9 @@ ICEBERG_NAMESPACE: Final = "market"
 ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
 ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request
+
+# Live candle periods (seconds) the pipeline aggregates and the relay accepts on
+# `{ticker}|ohlc:{period}`; a subscription to any other period is REFUSED on
+# `{ticker}|status`. The pipeline's `live.periods` and the relay's `live_periods`
+# both default to this: change it here, not in one service.
+LIVE_PERIODS: Final = (60, 300, 3600)

@@ -29,7 +29,6 @@ from infra.testing import free_port
 from mdproto import envelope
 from mdproto.messages import (
     DataRequest,
-    DataResponse,
     ExchangeHealth,
     IngestorControl,
     IngestorStatus,
@@ -152,7 +151,8 @@ class FakeIngestor:
         assert isinstance(message, IngestorControl)
         return topic, message
 
-    def respond(self, response: DataResponse) -> None:
+    def respond(self, response: Message) -> None:
+        """A DataResponse, FeedStatus... to the relay's ROUTER :5556."""
         self.dealer.send_multipart(envelope.encode(response))
 
     def report(self, ingestor_id: str, *health: ExchangeHealth, interval_ms: int = 200) -> None:
@@ -229,18 +229,7 @@ class RunningRelay:
 
 
 def relay_settings(upstream: str, **overrides: Any) -> RelaySettings:
-    values: dict[str, Any] = {
-        "bind_address": "tcp://127.0.0.1",
-        "client_request_port": 0,
-        "market_data_pub_port": 0,
-        "ingestor_work_port": 0,
-        "ingestor_response_port": 0,
-        "ingestor_control_port": 0,
-        "metrics_port": 0,
-        "flink_market_data_endpoint": upstream,
-    }
-    values.update(overrides)
-    return RelaySettings(**values)
+    return RelaySettings.loopback(upstream, **overrides)
 
 
 def start_relay(

@@ -27,7 +27,7 @@ from mdclient.cli import (
     parse_range_args,
 )
 from mdproto import topics
-from mdproto.messages import OHLC, Response, Status, SubmitResponse, Tick
+from mdproto.messages import OHLC, FeedStatus, Response, Status, SubmitResponse, Tick
 
 TICKER = "BINANCE:BTC/USDT"
 RANGE = ["--start", "2026-11-20T00:00", "--end", "2026-11-20T01:00"]
@@ -248,3 +248,39 @@ def test_legacy_relay_timeout_status_exits_5(fake_relay: Any, kit: Any) -> None:
         Response(request_id=m.request_id, status=Status.TIMEOUT, reason="no ingestor answered")
     )
     assert _run(fake_relay, "legacy", TICKER, *RANGE) == EXIT_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "exit_code"),
+    [
+        (FeedStatus.FAILED, "bad_symbol", EXIT_FAILED),
+        (FeedStatus.REFUSED, "unsupported_period", EXIT_REJECTED),
+    ],
+)
+def test_live_prints_statuses_to_stderr_and_exits_on_failed_or_refused(
+    fake_relay: Any, capsys: Any, state: int, code: str, exit_code: int
+) -> None:
+    status_topic = topics.status_topic(TICKER)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(_run(fake_relay, "live", TICKER, "--ohlc", "15m"))
+    )
+    thread.start()
+    fake_relay.wait_for(lambda ev: ("sub", topics.ohlc_topic(TICKER, 900)) in ev)
+    fake_relay.publish(status_topic, FeedStatus(ticker=TICKER, state=FeedStatus.STARTED))
+    fake_relay.publish(
+        status_topic,
+        FeedStatus(
+            ticker=TICKER,
+            state=state,
+            error_code=code,
+            reason="not served",
+            period_seconds=900,  # type: ignore[arg-type]
+        ),
+    )
+    thread.join(10)
+    assert codes == [exit_code]
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"status: {TICKER} STARTED" in captured.err
+    assert code in captured.err and "not served" in captured.err

@@ -5,6 +5,7 @@ exchanges (ccxt, load_markets) -> Kafka producer -> Market records
      DataRequest HISTORICAL  -> claim -> fetch pages -> OHLCBatch records (Kafka)
      DataRequest legacy_sync -> claim -> fetch pages -> DataResponse (DEALER :5556)
      DataRequest REALTIME    -> start feed / refresh lease -> Tick records (Kafka)
+                                  '-> FeedStatus (started, lost, failed...) (DEALER :5556)
      IngestorControl         -> cancel feed / apply config + republish markets
 every exchange call -> HealthBook -> IngestorStatus (DEALER :5556) every interval and on change
                                  '-> probes of unhealthy exchanges
@@ -20,6 +21,8 @@ from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
+
+from google.protobuf.message import Message
 
 from ingestor.claims import Claims
 from ingestor.config import Settings, credentials_for
@@ -130,6 +133,9 @@ class Ingestor:
                 reconnect=RetryPolicy(
                     base_delay_s=s.live.reconnect_base_s, max_delay_s=s.live.reconnect_max_s
                 ),
+                start_attempts=s.live.start_attempts,
+                on_status=self._post_to_relay,
+                ingestor_id=self.ingestor_id,
             )
             self._spawn(self.feeds.run_sweeper(s.live.sweep_interval_s), "lease-sweeper")
             if s.market_metadata.refresh_s > 0:
@@ -400,6 +406,11 @@ class Ingestor:
             self._observe(adapter.prefix, None)
 
     # --- helpers ----------------------------------------------------------
+
+    def _post_to_relay(self, message: Message) -> None:
+        """A message for the relay's :5556 (FeedStatus); dropped before the DEALER exists."""
+        if self._responder is not None:
+            self._responder.post(message)
 
     def _env(self, adapter: ExchangeAdapter) -> FetchEnv:
         return FetchEnv(

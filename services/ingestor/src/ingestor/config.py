@@ -119,6 +119,8 @@ class LiveSettings(_Section):
     dedupe_capacity: int = Field(default=20_000, gt=0)  # trade ids remembered per ticker
     reconnect_base_s: float = Field(default=0.5, ge=0)
     reconnect_max_s: float = Field(default=30.0, ge=0)
+    # Failed tries in a row before any data that make a feed FAILED (exchange down).
+    start_attempts: int = Field(default=4, ge=1)
 
 
 class ClaimSettings(_Section):

@@ -6,13 +6,16 @@
         |       '-> tickers with triggers stay live (LiveSubscriptions.pin)
         '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
     ingestors DEALER -> ROUTER :5556 -> DataResponse -> pending map -> Response to the client
-                                     '-> IngestorStatus -> Liveness (no_ingestor, breaker)
+                                     |-> IngestorStatus -> Liveness (no_ingestor, breaker)
+                                     '-> FeedStatus -> last per ticker -> tap -> {ticker}|status
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
         '-> subscription tap (inproc XPUB the XSUB also feeds) -> LiveSubscriptions
             |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
+            |-> FeedStatus{REFUSED} on `{ticker}|status` (a period the pipeline does not serve)
             '-> IngestorControl{CANCEL_REALTIME} -> XPUB :5560 (after the grace period)
 
-Only the legacy flow keeps per-request state. The loop never raises on input:
+Only the legacy flow keeps per-request state (feed statuses keep one last value
+per live ticker, feedstatus.py). The loop never raises on input:
 whatever arrives is answered (where the peer's socket needs an answer),
 counted and logged.
 """
@@ -39,6 +42,7 @@ from mdproto.messages import (
     CEPTriggerRequest,
     DataRequest,
     DataResponse,
+    FeedStatus,
     IngestorControl,
     IngestorStatus,
     OHLCRequest,
@@ -48,8 +52,10 @@ from mdproto.messages import (
     SubmitResponse,
 )
 from mdproto.runtime.metrics_http import Health, MetricsServer
+from mdproto.topics import status_topic
 from relay import sockets
 from relay.config import RelaySettings
+from relay.feedstatus import StatusBoard, state_name, status_ticker
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
 from relay.liveness import BadStatusError, Liveness, State, Verdict
 from relay.metrics import RelayMetrics
@@ -125,7 +131,9 @@ class Relay:
             known_exchanges=s.known_exchanges,
             new_id=new_id,
             now=now,
+            live_periods=s.live_periods,
         )
+        self._status = StatusBoard(live_periods=s.live_periods, repeat_s=s.status_repeat_s, now=now)
         self._ingestor_subs: dict[str, set[str]] = {"work": set(), "control": set()}
         self._liveness = Liveness(expiry_intervals=s.ingestor_expiry_intervals)
         self._routing: dict[str, State] = {}  # last state per prefix, logged on change
@@ -275,6 +283,8 @@ class Relay:
             now = self._clock()
             self._expire_legacy(now)
             self._apply(self._live.due(now))
+            for status in self._status.due(now):
+                self._publish_status(status, "repeat")
             if now >= next_stats:
                 self._sync_trigger_tickers(now)
                 self._refresh_routing(now)
@@ -285,9 +295,8 @@ class Relay:
         log.info("relay loop finished")
 
     def _next_deadline(self) -> float:
-        legacy = self._pending.next_deadline()
-        live = self._live.next_deadline()
-        return live if legacy is None else min(live, legacy)
+        deadlines = [self._pending.next_deadline(), self._status.next_deadline()]
+        return min([self._live.next_deadline(), *(d for d in deadlines if d is not None)])
 
     def _drain(self, sock: Socket, handler: Handler) -> None:
         for _ in range(_BATCH):
@@ -464,9 +473,12 @@ class Relay:
             if isinstance(data, IngestorStatus):
                 self._on_ingestor_status(data, now)
                 return
+            if isinstance(data, FeedStatus):
+                self._on_feed_status(data, now)
+                return
             if not isinstance(data, DataResponse):
                 raise ProtocolError(
-                    UNEXPECTED_TYPE, f"{data.DESCRIPTOR.name} is not accepted on :5556"
+                    UNEXPECTED_TYPE, f"{data.DESCRIPTOR.name} is not sent to the relay on :5556"
                 )
         except ProtocolError as exc:
             self._bad_frame("ingestor", exc, now)
@@ -575,13 +587,17 @@ class Relay:
         self.metrics.subscription_events.labels("subscribe" if subscribe else "unsubscribe").inc()
         log.debug("%s %r", "subscribe" if subscribe else "unsubscribe", topic)
         if subscribe:
+            self._status_on_subscribe(topic)
             self._apply(self._live.subscribed(topic, now))
         else:
+            self._status.unsubscribed(topic)
             self._apply(self._live.unsubscribed(topic, now))
         self.metrics.subscribed_topics.set(self._live.topic_count)
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
+            if not isinstance(action, Announce) or action.why == "start":
+                self._status.forget(action.ticker)  # a new feed, or none: old state is moot
             if isinstance(action, Announce):
                 request = DataRequest(
                     request_id=action.request_id,
@@ -615,6 +631,38 @@ class Relay:
                 log.info("live data cancelled: %s (no subscriber left)", action.ticker)
         if actions:
             self.metrics.live_tickers.set(len(self._live.live_tickers))
+
+    # --- live feed statuses (`{ticker}|status`) --------------------------------------
+
+    def _on_feed_status(self, status: FeedStatus, now: float) -> None:
+        """An ingestor reports a feed's state: keep it (live tickers only) and publish it."""
+        live = self._live.is_live(status.ticker)
+        self._status.record(status, live=live)
+        healthy = status.state in (FeedStatus.STARTED, FeedStatus.RECOVERED)
+        log.log(
+            logging.INFO if healthy else logging.WARNING,
+            "live feed %s %s%s (ingestor %s)%s",
+            status.ticker,
+            state_name(status),
+            f": {status.error_code}: {status.reason}" if status.error_code else "",
+            status.ingestor_id or "-",
+            "" if live else "; the ticker is not live here",
+        )
+        self._publish_status(status, "ingestor")
+
+    def _status_on_subscribe(self, topic: str) -> None:
+        """Refuse an unsupported candle period; tell a `{ticker}|status` subscriber the state."""
+        refusal = self._status.refuse(topic, self._wall_ms())
+        if refusal is not None:
+            log.info("live subscription %r refused: %s", topic, refusal.reason)
+            self._publish_status(refusal, "relay")
+        ticker = status_ticker(topic)
+        for status in self._status.latest(ticker) if ticker else []:
+            self._publish_status(status, "replay")
+
+    def _publish_status(self, status: FeedStatus, source: str) -> None:
+        sent = self._proxy.publish(envelope.encode_pub(status_topic(status.ticker), status))
+        self.metrics.feed_statuses.labels(state_name(status), source if sent else "dropped").inc()
 
     # --- operator commands (HTTP, the metrics port; never a client socket) ----------
 

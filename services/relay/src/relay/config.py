@@ -93,6 +93,14 @@ class RelaySettings(runtime.FileSettings):
     # re-announce active tickers this often (PUB loses messages to late joiners).
     realtime_grace_s: float = Field(default=30.0, ge=0)
     realtime_refresh_s: float = Field(default=10.0, gt=0)
+    # Live candle periods the pipeline serves (its live.periods): a subscription to
+    # `{ticker}|ohlc:{p}` for another p is REFUSED on `{ticker}|status` and starts nothing.
+    live_periods: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: list(contracts.LIVE_PERIODS)
+    )
+    # LOST/FAILED/REFUSED statuses are published again this often while they hold, so a
+    # client that subscribes after another one (no subscription edge reaches the relay) learns them.
+    status_repeat_s: float = Field(default=1.0, gt=0)
     # Per-client (ROUTER identity) token bucket on :5559; rate 0 disables it.
     client_rate_limit: float = Field(default=500.0, ge=0)
     client_rate_burst: int = Field(default=1000, ge=1)
@@ -114,10 +122,10 @@ class RelaySettings(runtime.FileSettings):
     stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
-    @field_validator("known_exchanges", mode="before")
+    @field_validator("known_exchanges", "live_periods", mode="before")
     @classmethod
-    def _split_exchanges(cls, value: Any) -> Any:
-        """Accept a YAML list, a JSON list or `BINANCE,COINBASE` from the environment."""
+    def _split_list(cls, value: Any) -> Any:
+        """Accept a YAML list, a JSON list or `BINANCE,COINBASE` (`60,300`) from the environment."""
         if isinstance(value, str):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else text.split(",")
@@ -132,12 +140,26 @@ class RelaySettings(runtime.FileSettings):
             raise ValueError(f"exchange names must look like BINANCE: {bad}")
         return names
 
+    @field_validator("live_periods")
+    @classmethod
+    def _periods(cls, value: list[int]) -> list[int]:
+        if not value or any(p <= 0 for p in value):
+            raise ValueError(f"live_periods must be positive seconds, at least one: {value}")
+        return sorted(set(value))
+
     @field_validator("bind_address", "flink_market_data_endpoint")
     @classmethod
     def _endpoint(cls, value: str) -> str:
         if "://" not in value:
             raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
         return value
+
+    @classmethod
+    def loopback(cls, upstream: str, **overrides: Any) -> RelaySettings:
+        """Every ZeroMQ port ephemeral on 127.0.0.1, metrics off: tests and benchmarks."""
+        ports = {name: 0 for name in cls.model_fields if name.endswith("_port")}
+        address = {"bind_address": "tcp://127.0.0.1", "flink_market_data_endpoint": upstream}
+        return cls(**{**address, **ports, **overrides})
 
     def endpoint(self, port: int) -> str:
         """Bind endpoint for one of the relay's ports (0 = ephemeral)."""

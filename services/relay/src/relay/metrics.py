@@ -149,6 +149,13 @@ class RelayMetrics:
         self.market_data_connections = Gauge(
             "relay_market_data_connections", "Client connections on :5558", registry=r
         )
+        self.feed_statuses = Counter(
+            "relay_feed_status",
+            "FeedStatus messages published on {ticker}|status, by state and source "
+            "(ingestor, relay = refused period, replay = to a new subscriber, repeat, dropped)",
+            ["state", "source"],
+            registry=r,
+        )
         self.trigger_sink_errors = Counter(
             "relay_trigger_sink_errors", "CEP triggers the sink could not store", registry=r
         )

@@ -66,7 +66,7 @@ class HistoryConfig(_Section):
 
 class LiveConfig(_Section):
     enabled: bool = True
-    periods: list[int] = Field(default_factory=lambda: [60, 300, 3600])
+    periods: list[int] = Field(default_factory=lambda: list(contracts.LIVE_PERIODS))
     #: Event-time lateness accepted by the candle aggregation; later ticks miss their candle.
     watermark_s: float = Field(default=10.0, ge=0)
     #: Who publishes ticks: "kafka" (a consumer thread on the driver, see tick_publisher.py) or

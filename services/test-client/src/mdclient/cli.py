@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from mdclient.client import Client
     from mdclient.history import ProgressEvent
     from mdclient.results import HistoryResult
+    from mdproto.messages import FeedStatus
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: unexpected exception (traceback with -v)
 EXIT_USAGE = 2  # bad arguments, time/period/ticker format, config, output path
-EXIT_REJECTED = 3  # the relay refused the request (SubmitResponse REJECTED)
-EXIT_FAILED = 4  # ERROR notification / legacy ERROR: the platform gave up
+EXIT_REJECTED = 3  # the relay refused the request (SubmitResponse REJECTED, live REFUSED)
+EXIT_FAILED = 4  # ERROR notification / legacy ERROR / live FAILED: the platform gave up
 EXIT_TIMEOUT = 5  # no ack or no notification in time, after every attempt
 EXIT_NOT_FOUND = 6  # answered, but no candles in the range (NOT_FOUND or 0 rows)
 EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
@@ -48,7 +49,9 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (errors.ConfigError, EXIT_USAGE),
     (errors.InvalidRequest, EXIT_USAGE),
     (errors.SubmitRejected, EXIT_REJECTED),
+    (errors.FeedRefused, EXIT_REJECTED),
     (errors.HistoryFailed, EXIT_FAILED),
+    (errors.FeedUnavailable, EXIT_FAILED),
     (errors.MdTimeout, EXIT_TIMEOUT),
     (errors.RelayUnavailable, EXIT_UNAVAILABLE),
     (errors.StorageError, EXIT_STORAGE),
@@ -306,6 +309,7 @@ def _emit(
 def cmd_live(args: argparse.Namespace, err: Console) -> int:
     from rich.console import Console
 
+    from mdclient.live import describe_status
     from mdclient.output import live_line
 
     ticker = _ticker(args.ticker)
@@ -318,7 +322,14 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     out = Console(highlight=False, soft_wrap=True)
     deadline = time.monotonic() + args.duration if args.duration else None
     shown = 0
-    with _client(settings) as client, client.live(ticker, ticks=want_ticks, ohlc=periods) as s:
+
+    def on_status(status: FeedStatus) -> None:  # stderr: stdout stays data only
+        err.print(f"status: {describe_status(status)}", highlight=False, markup=False)
+
+    with (
+        _client(settings) as client,
+        client.live(ticker, ticks=want_ticks, ohlc=periods, on_status=on_status) as s,
+    ):
         if not args.quiet:
             err.print(f"streaming {', '.join(s.topics)} (Ctrl-C to stop)", highlight=False)
         while args.count is None or shown < args.count:
@@ -327,6 +338,8 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
                 break
             message = s.get(timeout_s=remaining)
             if message is None:
+                if s.error is not None:
+                    raise s.error  # FAILED/REFUSED: reason on stderr, exit 4/3
                 continue
             out.print(live_line(message), markup=False)
             shown += 1

@@ -33,7 +33,7 @@ from mdclient.history import (
     wait_for_history,
 )
 from mdclient.legacy import fetch_sync
-from mdclient.live import LiveCallback, LiveStream, live_topics
+from mdclient.live import LiveCallback, LiveStream, StatusCallback, live_topics
 from mdclient.request_status import RequestStatus, status_from_row
 from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
@@ -348,11 +348,15 @@ class Client(Closeable):
         ticks: bool | None = None,
         ohlc: Iterable[PeriodLike] = (),
         callback: LiveCallback | None = None,
+        on_status: StatusCallback | None = None,
     ) -> LiveStream:
-        """Subscribe to `{ticker}|tick` and/or `{ticker}|ohlc:{period}`.
+        """Subscribe to `{ticker}|status`, then `{ticker}|tick` and/or `{ticker}|ohlc:{period}`.
 
         Without `callback`, iterate the returned stream; with one, it is called
         on the receiving thread. `ticks` defaults to True when no period is given.
+        Feed state changes (STARTED, LOST, RECOVERED...) go to `on_status` (receiving
+        thread) or the log; FAILED, or REFUSED for a period asked here, ends the
+        stream: iterating raises FeedUnavailable/FeedRefused, `stream.error` holds it.
         Close the stream (or use it as a context manager) to unsubscribe.
         """
         try:
@@ -365,11 +369,15 @@ class Client(Closeable):
             topic_list = live_topics(ticker, ticks=want_ticks, ohlc_periods=periods)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        # The status topic first: a REFUSED answering the data subscription finds it in place.
+        topic_list = [topics.status_topic(ticker), *topic_list]
         stream = LiveStream(
             topic_list,
             self._close_stream,
             maxsize=self.settings.live_queue_size,
             callback=callback,
+            periods=periods,
+            on_status=on_status,
         )
         with self._streams_lock:
             self._streams.add(stream)
@@ -391,9 +399,10 @@ class Client(Closeable):
         *,
         ticks: bool | None = None,
         ohlc: Iterable[PeriodLike] = (),
+        on_status: StatusCallback | None = None,
     ) -> LiveStream:
         """Callback form of `live`; returns the handle to `close()`."""
-        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback)
+        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback, on_status=on_status)
 
     def _close_stream(self, stream: LiveStream) -> None:
         with self._streams_lock:

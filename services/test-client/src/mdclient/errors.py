@@ -90,5 +90,28 @@ class HistoryTimeout(MdTimeout):
         self.request_ids = request_ids
 
 
+class FeedUnavailable(MdClientError):  # noqa: N818 (public API names)
+    """A live feed cannot be served: FAILED (unknown symbol, exchange down) from the
+    ingestor, or REFUSED (unsupported candle period) by the relay, on `{ticker}|status`."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        error_code: str = "",
+        state: str = "",
+        ticker: str = "",
+        period_seconds: int = 0,
+    ) -> None:
+        super().__init__(reason, error_code=error_code)
+        self.state = state  # FAILED or REFUSED
+        self.ticker = ticker
+        self.period_seconds = period_seconds  # REFUSED: the candle period refused
+
+
+class FeedRefused(FeedUnavailable):
+    """REFUSED: the platform does not serve this (e.g. a candle period outside its list)."""
+
+
 class StorageError(MdClientError):
     """Reading the rows from Iceberg (REST catalog or S3) failed."""
