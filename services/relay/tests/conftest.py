@@ -90,7 +90,8 @@ class FakePipeline:
     def endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def poll_subscriptions(self, timeout: float = 0.0) -> None:
+    def poll_subscriptions(self, timeout: float = 0.0, quiet: float = 0.0) -> None:
+        """Wait up to `timeout` for the first one, then read until none comes for `quiet` s."""
         while self.sock.poll(int(timeout * 1000)):
             frame = self.sock.recv()
             topic = frame[1:].decode()
@@ -98,7 +99,7 @@ class FakePipeline:
                 self.subscriptions.add(topic)
             elif frame[:1] == b"\x00":
                 self.subscriptions.discard(topic)
-            timeout = 0
+            timeout = quiet
 
     def wait_subscribed(self, *topics: str, timeout: float = TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
