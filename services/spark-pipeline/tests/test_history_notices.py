@@ -229,3 +229,15 @@ def test_requests_table_keeps_the_integrity_report(build: Any) -> None:
     table = history_notices.to_table([request])
     assert table["source"].to_pylist() == ["SOURCE_EXCHANGE"]
     assert history_notices.from_table(table)["r1"] == request
+
+
+def test_an_answer_from_storage_is_counted_not_sent(build: Any) -> None:
+    stored = integrity_marker(
+        build, "r1", Status.OK, 0, expected_candles=100, source=HistorySource.SOURCE_STORAGE
+    )
+    request = complete(stored)
+    assert (request.status, request.source) == (Status.OK, HistorySource.SOURCE_STORAGE)
+    n = history_notices.reconcile(request, 97).notification()
+    assert (n.status, n.row_count, n.exchange_gaps, n.missing_candles) == (Status.OK, 97, 3, 0)
+    empty = history_notices.reconcile(request, 0)
+    assert (empty.status, empty.snapshot_id) == (Status.NOT_FOUND, 0)

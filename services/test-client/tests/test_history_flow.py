@@ -66,6 +66,16 @@ def test_per_client_subscribes_once_at_connect_before_any_submit(
     }
 
 
+def test_refetch_is_asked_for_only_when_wanted(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    fake_relay.handler = kit.accept_and_notify()
+    with Client(settings=settings_for(fake_relay), reader=fake_reader) as c:
+        c.history(TICKER, "1m", START, END)
+        c.history(TICKER, "1m", START, END, refetch=True)
+    assert [s.refetch for s in _submits(fake_relay)] == [False, True]
+
+
 def test_per_request_subscribes_before_each_submit_and_unsubscribes_after(
     fake_relay: Any, settings_for: Any, fake_reader: Any
 ) -> None:

@@ -87,7 +87,7 @@ def check_submit(
         topic = rules.notification_topic(req.notify, request_id, req.client_id)
     except RuleViolation as bad:
         return SubmitOutcome(_rejected(SubmitResponse(request_id=req.request_id), bad), None)
-    work = _historical(req, request_id, now_ms, notification_topic=topic)
+    work = _historical(req, request_id, now_ms, notification_topic=topic, refetch=req.refetch)
     reply = SubmitResponse(request_id=request_id, status=_OK, notification_topic=topic)
     return SubmitOutcome(reply, Work(prefix, work))
 
@@ -114,6 +114,7 @@ def _historical(
     notification_topic: str = "",
     legacy_sync: bool = False,
     limit: int = 0,
+    refetch: bool = False,
 ) -> DataRequest:
     """The `DataRequest` of a validated history request, submitted or legacy (the
     proto3 defaults of the flow-specific fields are what the other flow leaves unset)."""
@@ -129,6 +130,7 @@ def _historical(
         legacy_sync=legacy_sync,
         submitted_at_ms=now_ms,
         limit=limit,
+        refetch=refetch,
     )
 
 

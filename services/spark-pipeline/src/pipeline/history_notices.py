@@ -30,6 +30,8 @@ from mdproto.messages import (
 from pipeline.records import UTC_US, FinalMarker
 
 _RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
+#: Answers (partly) read from stored candles: their rows are counted, not sent.
+FROM_STORAGE = (HistorySource.SOURCE_STORAGE, HistorySource.SOURCE_STORAGE_AND_EXCHANGE)
 
 #: Row layout of Iceberg ``market.requests`` (one row per notified request).
 REQUESTS_SCHEMA = pa.schema(
@@ -134,7 +136,7 @@ def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
     if meta is None:
         return Status.ERROR, "final marker carries no metadata", "bad_marker", 0
     if meta.status == Status.OK:
-        if meta.total_rows == 0:
+        if meta.total_rows == 0 and meta.source not in FROM_STORAGE:
             return Status.NOT_FOUND, meta.reason or "no candles in the range", "", 0
         return Status.OK, meta.reason, "", meta.total_rows
     if meta.status == Status.NOT_FOUND:
@@ -210,7 +212,9 @@ def complete(
         expected_candles=expected,
         exchange_gaps=gaps,
         missing_candles=missing(expected, meta.total_rows if meta else 0, gaps),
-        source=HistorySource.SOURCE_EXCHANGE if meta else HistorySource.SOURCE_UNSPECIFIED,
+        source=(meta.source or HistorySource.SOURCE_EXCHANGE)
+        if meta
+        else HistorySource.SOURCE_UNSPECIFIED,
     )
 
 
@@ -267,6 +271,13 @@ def reconcile(request: CompletedRequest, found: int) -> CompletedRequest:
     """
     if not needs_count(request):
         return request
+    if request.source in FROM_STORAGE:
+        # Stored spans were complete when stored: what is not there had no trades.
+        if found == 0:
+            reason = "no candles in the range"
+            return replace(request, status=Status.NOT_FOUND, reason=reason, snapshot_id=0)
+        gaps = max(0, request.expected_candles - found)
+        return replace(request, row_count=found, exchange_gaps=gaps, missing_candles=0)
     announced = request.row_count
     if found < announced:
         return replace(

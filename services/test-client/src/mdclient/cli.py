@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-pin", action="store_true", help="read the current snapshot, not the notified one"
     )
     history.add_argument(
+        "--refetch",
+        action="store_true",
+        help="fetch the whole range from the exchange even where it is stored",
+    )
+    history.add_argument(
         "--verify",
         action="store_true",
         help="exit 11 unless the integrity report shows no missing candles",
@@ -258,6 +263,7 @@ def _fetch(args: argparse.Namespace, err: Console, *, legacy: bool) -> int:
                 ticker, period, start_ms, end_ms,
                 timeout_s=args.timeout, attempts=args.attempts,
                 progress=progress.update, pin_snapshot=False if args.no_pin else None,
+                refetch=args.refetch,
             )  # fmt: skip
     return _emit(args, err, result, what, period)
 

@@ -202,8 +202,13 @@ class Client(Closeable):
         timeout_s: float | None = None,
         attempts: int | None = None,
         progress: ProgressCallback | None = None,
+        refetch: bool = False,
     ) -> HistoryOutcome:
-        """Subscribe, submit, wait (with retries): the notification, without reading rows."""
+        """Subscribe, submit, wait (with retries): the notification, without reading rows.
+
+        `refetch` asks the platform to fetch the whole range from the exchange even
+        where it is stored (by default only what is not stored is fetched).
+        """
         pattern_name = notify or self.settings.notify
         if pattern_name not in PATTERNS:
             raise InvalidRequest(f"notify must be one of {sorted(PATTERNS)}")
@@ -223,6 +228,7 @@ class Client(Closeable):
             new_request_id=new_request_id,
             progress=progress,
             recover=self._recorded_outcome if self.settings.recover_from_table else None,
+            refetch=refetch,
         )
 
     def status(self, request_id: str) -> RequestStatus:
@@ -253,11 +259,17 @@ class Client(Closeable):
         attempts: int | None = None,
         progress: ProgressCallback | None = None,
         pin_snapshot: bool | None = None,
+        refetch: bool = False,
     ) -> HistoryResult:
         """Candles of [start, end): request, wait for the notification, read Iceberg."""
         query = self.query(ticker, period, start, end)
         outcome = self.wait_history(
-            query, notify=notify, timeout_s=timeout_s, attempts=attempts, progress=progress
+            query,
+            notify=notify,
+            timeout_s=timeout_s,
+            attempts=attempts,
+            progress=progress,
+            refetch=refetch,
         )
         note = outcome.notification
         snapshot = note.snapshot_id or None

@@ -132,6 +132,7 @@ def wait_for_history(
     new_request_id: Callable[[], str],
     progress: ProgressCallback | None = None,
     recover: Recover | None = None,
+    refetch: bool = False,
     clock: Callable[[], float] = time.monotonic,
 ) -> HistoryOutcome:
     """Run the flow above; raises SubmitRejected, HistoryFailed or a timeout."""
@@ -161,6 +162,7 @@ def wait_for_history(
                 start_time_ms=query.start_ms,
                 end_time_ms=query.end_ms,
                 notify=pattern,  # type: ignore[arg-type]
+                refetch=refetch,
             )
             try:
                 reply = ports.request(envelope.encode(request), policy.submit_timeout_s)
