@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,36 @@ def test_a_missed_notification_is_recovered_from_the_request_status(
             note.iceberg_table, submit.ticker, 60, start, end, snapshot_id=note.snapshot_id
         )
     assert table_rows(table) == exchange_rows("BTC/USDT", start, end)
+
+
+def _klines_calls(sim: SimulatorControl) -> list[dict[str, Any]]:
+    log = sim.stats(include_log=True)["log"]
+    return [entry for entry in log if entry["path"] == "/api/v3/klines"]
+
+
+def test_stored_ranges_are_answered_from_iceberg_and_only_gaps_are_fetched(
+    client_settings: ClientSettings, sim: SimulatorControl
+) -> None:
+    start, end = past_range(days_ago=11, hours=2)
+    ticker, hour = "BINANCE:SOL/USDT", 3_600_000
+    with Client(settings=client_settings) as client:
+        first = client.history(ticker, "1m", start, end)
+        before = len(_klines_calls(sim))
+        again = client.history(ticker, "1m", start, end)
+        stored_calls = len(_klines_calls(sim)) - before
+        wider = client.history(ticker, "1m", start, end + hour)
+        gap_calls = _klines_calls(sim)[before:]
+        forced = client.history(ticker, "1m", start, end, refetch=True)
+    expected = exchange_rows("SOL/USDT", start, end)
+    assert result_rows(first) == result_rows(again) == result_rows(forced) == expected
+    assert result_rows(wider) == exchange_rows("SOL/USDT", start, end + hour)
+    sources = [r.notification.source for r in (first, again, wider, forced) if r.notification]
+    assert sources == [
+        HistorySource.SOURCE_EXCHANGE,
+        HistorySource.SOURCE_STORAGE,
+        HistorySource.SOURCE_STORAGE_AND_EXCHANGE,
+        HistorySource.SOURCE_EXCHANGE,
+    ]
+    assert stored_calls == 0  # the repeat never reached the exchange
+    assert gap_calls and all(int(c["query"]["startTime"]) >= end for c in gap_calls)
+    assert again.notification is not None and again.notification.missing_candles == 0

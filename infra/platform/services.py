@@ -200,6 +200,7 @@ class Ingestor(Service):
             "INGESTOR_RELAY_CONTROL_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_control}",
             "INGESTOR_RELAY_RESPONSE_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_response}",
             "INGESTOR_INGESTOR_ID": "ingestor-local-1",
+            **coverage_env(self.endpoints),
         }
         if self.exchange_url is not None:
             overrides["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] = self.exchange_url
@@ -211,3 +212,17 @@ class Ingestor(Service):
         match = re.search(r'^relay_ingestor_subscriptions\{socket="work"\} (\S+)$', body, re.M)
         if status != 200 or match is None or float(match[1]) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
+
+
+def coverage_env(e: StackEndpoints) -> dict[str, str]:
+    """The ingestor answers stored ranges from the stack's Iceberg (ingestor/coverage.py)."""
+    return {
+        "INGESTOR_COVERAGE__ENABLED": "true",
+        "INGESTOR_COVERAGE__CATALOG__NAME": e.catalog_name,
+        "INGESTOR_COVERAGE__CATALOG__URI": e.catalog_uri,
+        "INGESTOR_COVERAGE__CATALOG__WAREHOUSE": e.warehouse,
+        "INGESTOR_COVERAGE__CATALOG__S3_ENDPOINT": e.s3_endpoint,
+        "INGESTOR_COVERAGE__CATALOG__S3_ACCESS_KEY": e.s3_access_key,
+        "INGESTOR_COVERAGE__CATALOG__S3_SECRET_KEY": e.s3_secret_key,
+        "INGESTOR_COVERAGE__CATALOG__S3_REGION": e.s3_region,
+    }

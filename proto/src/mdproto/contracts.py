@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from mdproto.gen.marketdata_pb2 import HistorySource
+
 # ZeroMQ ports bound by the relay (and the pipeline's PUB).
 INGESTOR_WORK_PORT: Final = 5555  # relay PUB -> ingestor SUB, topic "EXCHANGE:"
 INGESTOR_RESPONSE_PORT: Final = 5556  # ingestor DEALER -> relay ROUTER (legacy sync)
@@ -34,3 +36,8 @@ ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history requ
 # `{ticker}|status`. The pipeline's `live.periods` and the relay's `live_periods`
 # both default to this: change it here, not in one service.
 LIVE_PERIODS: Final = (60, 300, 3600)
+
+# History answers (partly) read from stored candles: the ingestor sends no rows for
+# the stored part, so the final marker's total_rows is not the answer's row count;
+# the pipeline counts the rows in Iceberg (docs/protocol.md, "Coverage").
+FROM_STORAGE: Final = (HistorySource.SOURCE_STORAGE, HistorySource.SOURCE_STORAGE_AND_EXCHANGE)

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from ingestor.coverage import Span
 from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job
 from ingestor.model import ExchangeCallError, FaultKind
 from ingestor.retry import RetryPolicy
-from mdproto.messages import DataRequest, Status
+from mdproto.messages import DataRequest, HistorySource, Status
 
 MIN = 60_000
 NOW = 100_000 * MIN
@@ -219,3 +220,63 @@ def test_iter_pages_yields_nothing_for_an_empty_plan() -> None:
         return [p async for p in iter_pages(FakeExchange([]), "BTC/USDT", plan, env())]
 
     assert run(collect()) == []
+
+
+class Stored:
+    """A CoverageSource holding fixed spans (the Iceberg reader has its own stack test)."""
+
+    def __init__(self, *spans: Span) -> None:
+        self.spans = list(spans)
+        self.asked: list[tuple[str, int]] = []
+
+    async def stored(self, ticker: str, period_seconds: int) -> list[Span]:
+        self.asked.append((ticker, period_seconds))
+        return self.spans
+
+
+def stored_job(exchange: FakeExchange, sink: FakeSink, req: DataRequest, stored: Stored):  # type: ignore[no-untyped-def]
+    return run(
+        run_history_job(
+            req, exchange, sink, ingestor_id="ing", batch_size=500, env=env(), stored=stored
+        )
+    )
+
+
+def test_a_stored_range_is_answered_without_asking_the_exchange() -> None:
+    exchange = FakeExchange(make_candles(range(0, 100 * MIN, MIN)))
+    sink = FakeSink()
+    stored = Stored(Span(0, 100 * MIN))
+    outcome = stored_job(exchange, sink, request(10 * MIN, 90 * MIN), stored)
+    assert exchange.calls == [] and stored.asked == [("BINANCE:BTC/USDT", 60)]
+    ((_key, marker),) = sink.batches
+    meta = marker.metadata
+    assert (outcome.status, meta.total_rows, meta.source) == (
+        Status.OK,
+        0,
+        HistorySource.SOURCE_STORAGE,
+    )
+    assert meta.expected_candles == 80
+
+
+def test_only_the_gaps_between_stored_spans_are_fetched() -> None:
+    exchange = FakeExchange(make_candles(range(0, 100 * MIN, MIN)))
+    sink = FakeSink()
+    stored = Stored(Span(0, 40 * MIN), Span(60 * MIN, 100 * MIN))
+    outcome = stored_job(exchange, sink, request(0, 100 * MIN), stored)
+    rows = [r.open_time_ms for _, b in sink.batches for r in b.rows]
+    assert rows == list(range(40 * MIN, 60 * MIN, MIN))
+    assert [c[0] for c in exchange.calls] == [40 * MIN]
+    final = sink.batches[-1][1].metadata
+    assert final.source == HistorySource.SOURCE_STORAGE_AND_EXCHANGE
+    assert (outcome.rows, final.expected_candles, final.expected_gaps) == (20, 100, 0)
+
+
+def test_refetch_ignores_what_is_stored() -> None:
+    exchange = FakeExchange(make_candles(range(0, 100 * MIN, MIN)))
+    sink = FakeSink()
+    stored = Stored(Span(0, 100 * MIN))
+    req = request(0, 100 * MIN)
+    req.refetch = True
+    outcome = stored_job(exchange, sink, req, stored)
+    assert outcome.rows == 100 and stored.asked == []
+    assert sink.batches[-1][1].metadata.source == HistorySource.SOURCE_EXCHANGE

@@ -26,6 +26,7 @@ from google.protobuf.message import Message
 
 from ingestor.claims import Claims
 from ingestor.config import Settings, credentials_for
+from ingestor.coverage import NO_COVERAGE, CoverageSource, IcebergCoverage
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.health import HealthBook
 from ingestor.history import (
@@ -89,6 +90,7 @@ class Ingestor:
         self._tail: PartitionTail | None = None
         self._responder: LegacyResponder | None = None
         self._semaphore = asyncio.Semaphore(settings.history.max_concurrent)
+        self._coverage = _coverage(settings)
         self.health = HealthBook((), settings.health.failure_threshold)
         self._health_changed = asyncio.Event()
 
@@ -298,6 +300,7 @@ class Ingestor:
                 ingestor_id=self.ingestor_id,
                 batch_size=self._batch_size,
                 env=env,
+                stored=self._coverage,
             )
             self.stats.rows += outcome.rows
             status = Status.Name(Status.ValueType(outcome.status))
@@ -452,3 +455,10 @@ class Ingestor:
         for adapter in self._adapters.values():
             with suppress(Exception):
                 await adapter.close()
+
+
+def _coverage(settings: Settings) -> CoverageSource:
+    c = settings.coverage
+    if not c.enabled:
+        return NO_COVERAGE
+    return IcebergCoverage(c.catalog.properties(), c.requests_table, c.catalog.name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ingestor.model import Candle
+from mdproto.contracts import FROM_STORAGE
 from mdproto.messages import OHLC, BatchMetadata, DataRequest, OHLCBatch, Status
 
 
@@ -88,6 +89,10 @@ class BatchBuilder:
         self._pending = []
         return records
 
+    def set_source(self, source: int) -> None:
+        """Where the answer comes from (HistorySource), carried by the final marker."""
+        self._metadata.source = source  # type: ignore[assignment]
+
     def final(self, expected_gaps: int, expected_candles: int = 0) -> OHLCBatch:
         """The final marker after a successful fetch: OK, or NOT_FOUND without rows.
 
@@ -96,7 +101,8 @@ class BatchBuilder:
         self._check_open()
         if self._pending:
             raise RuntimeError("rows are still queued: flush() before final()")
-        if self._rows_emitted > 0:
+        # Stored candles count too: the pipeline counts them in Iceberg (docs/protocol.md).
+        if self._rows_emitted > 0 or self._metadata.source in FROM_STORAGE:
             return self._final(Status.OK, "", "", expected_gaps, expected_candles)
         reason = "the exchange has no candles in the range"
         return self._final(Status.NOT_FOUND, reason, "", expected_gaps, expected_candles)

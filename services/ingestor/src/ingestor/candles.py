@@ -175,10 +175,10 @@ def candle_slots(plan: FetchPlan, first_open_ms: int | None) -> int:
     return count_slots(plan.start_ms, plan.end_ms, plan.period_ms, phase)
 
 
-def expected_gaps(plan: FetchPlan, total_rows: int, first_open_ms: int | None) -> int:
-    """Closed periods in the range for which the exchange has no candle.
+def expected_gaps(plans: Sequence[FetchPlan], total_rows: int, first_open_ms: int | None) -> int:
+    """Closed periods in the fetched ranges for which the exchange has no candle.
 
     Exchanges emit no candle for a period without trades; these are counted,
     not treated as errors.
     """
-    return max(0, candle_slots(plan, first_open_ms) - total_rows)
+    return max(0, sum(candle_slots(plan, first_open_ms) for plan in plans) - total_rows)

@@ -24,6 +24,7 @@ from pydantic_settings import SettingsConfigDict
 from ingestor.retry import RetryPolicy
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
+from mdproto.runtime.iceberg import CatalogSettings
 
 #: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
 KAFKA_INGEST_CLAIMS = contracts.KAFKA_INGEST_CLAIMS
@@ -147,6 +148,14 @@ def _default_exchanges() -> dict[str, ExchangeSettings]:
     return {"binance": ExchangeSettings(prefix="BINANCE")}
 
 
+class CoverageSettings(_Section):
+    """Answer stored ranges from Iceberg: reads `market.requests` (ingestor/coverage.py)."""
+
+    enabled: bool = False  # on in `make run` and compose; off: every range is fetched
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    requests_table: str = contracts.ICEBERG_REQUESTS
+
+
 class Settings(runtime.FileSettings):
     model_config = SettingsConfigDict(
         env_prefix="INGESTOR_",
@@ -173,6 +182,7 @@ class Settings(runtime.FileSettings):
     claims: ClaimSettings = Field(default_factory=lambda: ClaimSettings())
     market_metadata: MarketSettings = Field(default_factory=lambda: MarketSettings())
     health: HealthSettings = Field(default_factory=lambda: HealthSettings())
+    coverage: CoverageSettings = Field(default_factory=lambda: CoverageSettings())
 
     @field_validator("exchanges")
     @classmethod

@@ -22,8 +22,11 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
+
+from ingestor.candles import FetchPlan
+from mdproto.messages import HistorySource
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -95,6 +98,19 @@ def missing(start_ms: int, end_ms: int, covered: Sequence[Span], period_ms: int)
     return merge(Span(max(start_ms, s.start_ms), s.end_ms) for s in grid if s.end_ms > s.start_ms)
 
 
+def fetch_plans(plan: FetchPlan, stored: Sequence[Span]) -> tuple[list[FetchPlan], int]:
+    """(the parts of `plan` to fetch, the answer's HistorySource)."""
+    if plan.empty or not stored:
+        return [plan], HistorySource.SOURCE_EXCHANGE
+    spans = missing(plan.start_ms, plan.end_ms, stored, plan.period_ms)
+    parts = [replace(plan, start_ms=s.start_ms, end_ms=s.end_ms) for s in spans]
+    if not parts:
+        return [], HistorySource.SOURCE_STORAGE
+    if len(parts) == 1 and (parts[0].start_ms, parts[0].end_ms) == (plan.start_ms, plan.end_ms):
+        return [plan], HistorySource.SOURCE_EXCHANGE
+    return parts, HistorySource.SOURCE_STORAGE_AND_EXCHANGE
+
+
 class CoverageSource(Protocol):
     """Stored, complete spans of one (ticker, period)."""
 
@@ -106,6 +122,9 @@ class NoCoverage:
 
     async def stored(self, ticker: str, period_seconds: int) -> list[Span]:
         return []
+
+
+NO_COVERAGE = NoCoverage()
 
 
 class IcebergCoverage:

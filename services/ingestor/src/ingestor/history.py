@@ -26,6 +26,7 @@ from ingestor.candles import (
     plan_fetch,
     timeframe_for,
 )
+from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
 from ingestor.model import Candle, ExchangeCallError
 from ingestor.retry import GiveUp, RetryPolicy, decide
 from mdproto import rules
@@ -199,6 +200,10 @@ async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
     return True
 
 
+def _series(request: DataRequest) -> tuple[str, int]:
+    return request.ticker, request.period_seconds
+
+
 async def run_history_job(
     request: DataRequest,
     source: CandleSource,
@@ -207,8 +212,13 @@ async def run_history_job(
     ingestor_id: str,
     batch_size: int,
     env: FetchEnv,
+    stored: CoverageSource = NO_COVERAGE,
 ) -> JobOutcome:
     """Fetch [start, end) and write the request's OHLCBatch records, ending with a final marker.
+
+    What `stored` holds complete is not fetched again (unless the request says
+    `refetch`): the marker says where the answer came from, and the pipeline
+    counts the rows in Iceberg.
 
     The final marker is only sent once every data record has been delivered;
     a delivery failure turns it into an ERROR marker (code kafka_delivery).
@@ -226,14 +236,18 @@ async def run_history_job(
 
     try:
         symbol, plan = plan_request(request, source, env)
-        async for page in iter_pages(source, symbol, plan, env):
-            if first_open is None:
-                first_open = page[0].open_time_ms
-            for record in builder.add(page):
-                deliveries.append(await sink.send_batch(key, record))
+        held = [] if request.refetch or plan.empty else await stored.stored(*_series(request))
+        parts, origin = fetch_plans(plan, held)
+        builder.set_source(origin)
+        for part in parts:  # the whole plan, or the pieces storage does not hold
+            async for page in iter_pages(source, symbol, part, env):
+                if first_open is None:
+                    first_open = page[0].open_time_ms
+                for record in builder.add(page):
+                    deliveries.append(await sink.send_batch(key, record))
         for record in builder.flush():
             deliveries.append(await sink.send_batch(key, record))
-        gaps = expected_gaps(plan, builder.rows_emitted, first_open)
+        gaps = expected_gaps(parts, builder.rows_emitted, first_open)
         failure = await _settle(deliveries)
         if failure is None:
             final = builder.final(gaps, slots())

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto import topics
+from mdproto.contracts import FROM_STORAGE
 from mdproto.messages import (
     BatchMetadata,
     HistoryReadyNotification,
@@ -30,8 +31,6 @@ from mdproto.messages import (
 from pipeline.records import UTC_US, FinalMarker
 
 _RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
-#: Answers (partly) read from stored candles: their rows are counted, not sent.
-FROM_STORAGE = (HistorySource.SOURCE_STORAGE, HistorySource.SOURCE_STORAGE_AND_EXCHANGE)
 
 #: Row layout of Iceberg ``market.requests`` (one row per notified request).
 REQUESTS_SCHEMA = pa.schema(
