@@ -149,13 +149,7 @@ class Pipeline(Service):
         env = self.env(
             PYSPARK_PYTHON=sys.executable,
             PIPELINE_KAFKA__BOOTSTRAP_SERVERS=e.kafka_bootstrap,
-            PIPELINE_CATALOG__NAME=e.catalog_name,
-            PIPELINE_CATALOG__URI=e.catalog_uri,
-            PIPELINE_CATALOG__WAREHOUSE=e.warehouse,
-            PIPELINE_CATALOG__S3_ENDPOINT=e.s3_endpoint,
-            PIPELINE_CATALOG__S3_ACCESS_KEY=e.s3_access_key,
-            PIPELINE_CATALOG__S3_SECRET_KEY=e.s3_secret_key,
-            PIPELINE_CATALOG__S3_REGION=e.s3_region,
+            **e.catalog_env("PIPELINE_CATALOG__"),
             PIPELINE_SPARK__MASTER=self.platform.spark_master,
             PIPELINE_SPARK__JARS=json.dumps([str(j) for j in jars]),
             # config.yaml's relative `.cache/spark` would not resolve in the data dir.
@@ -216,13 +210,4 @@ class Ingestor(Service):
 
 def coverage_env(e: StackEndpoints) -> dict[str, str]:
     """The ingestor answers stored ranges from the stack's Iceberg (ingestor/coverage.py)."""
-    return {
-        "INGESTOR_COVERAGE__ENABLED": "true",
-        "INGESTOR_COVERAGE__CATALOG__NAME": e.catalog_name,
-        "INGESTOR_COVERAGE__CATALOG__URI": e.catalog_uri,
-        "INGESTOR_COVERAGE__CATALOG__WAREHOUSE": e.warehouse,
-        "INGESTOR_COVERAGE__CATALOG__S3_ENDPOINT": e.s3_endpoint,
-        "INGESTOR_COVERAGE__CATALOG__S3_ACCESS_KEY": e.s3_access_key,
-        "INGESTOR_COVERAGE__CATALOG__S3_SECRET_KEY": e.s3_secret_key,
-        "INGESTOR_COVERAGE__CATALOG__S3_REGION": e.s3_region,
-    }
+    return {"INGESTOR_COVERAGE__ENABLED": "true", **e.catalog_env("INGESTOR_COVERAGE__CATALOG__")}
