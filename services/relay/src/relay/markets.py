@@ -1,0 +1,232 @@
+"""What markets each exchange lists, from the compacted Kafka topic `market.markets`.
+
+    ingestors -> Market records (key ticker) -> market.markets (compacted)
+        -> consumer thread: MarketBook (mutable, the thread's own)
+        -> KnownMarkets snapshot (immutable) -> one attribute the relay's loop reads
+
+The relay refuses a request for a symbol its exchange does not list (or lists as
+inactive) with `bad_symbol` at once, instead of an OK followed by the ingestor's
+ERROR seconds later. An exchange without any Market record is not judged: its
+requests pass as before (the ingestor still reports bad_symbol).
+
+The loop never waits: the consumer thread builds a new immutable snapshot and
+swaps one reference, which the loop reads without a lock. No snapshot is
+published before the topic was read to its end at start, so a half-read topic
+never refuses a symbol it simply has not reached yet.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from mdproto import ProtocolError, contracts, envelope, topics
+from mdproto.messages import Market
+from mdproto.runtime import kafka
+
+log = logging.getLogger(__name__)
+
+_SUGGESTIONS = 3
+# Enough to find BTC/USDT for BTC/USDC or ETH/USD, not so loose that anything goes.
+_CUTOFF = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class KnownMarkets:
+    """Per exchange, ticker -> active, as the topic said when the snapshot was taken."""
+
+    by_exchange: Mapping[str, Mapping[str, bool]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    def check(self, ticker: str) -> str | None:
+        """Why `ticker` cannot be served, or None (also when its exchange has no metadata).
+
+        `ticker` is a valid `EXCHANGE:BASE/QUOTE` (the caller checked the format).
+        """
+        exchange, _, symbol = ticker.partition(":")
+        markets = self.by_exchange.get(exchange)
+        if not markets:
+            return None
+        active = markets.get(ticker)
+        if active is None:
+            hint = _suggest(symbol, exchange, markets)
+            return (
+                f"{exchange} lists no market {symbol} ({len(markets)} markets known from "
+                f"{contracts.KAFKA_MARKETS}){hint}"
+            )
+        if not active:
+            return f"{exchange} lists {symbol} as inactive (not trading)"
+        return None
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per exchange: (markets known, of which active)."""
+        return {ex: (len(m), sum(m.values())) for ex, m in self.by_exchange.items()}
+
+
+def _suggest(symbol: str, exchange: str, markets: Mapping[str, bool]) -> str:
+    symbols = [t.partition(":")[2] for t, active in markets.items() if active]
+    close = difflib.get_close_matches(symbol, symbols, n=_SUGGESTIONS, cutoff=_CUTOFF)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+class MarketBook:
+    """The topic's current state, owned by one thread; `snapshot()` freezes it."""
+
+    def __init__(self) -> None:
+        self._markets: dict[str, dict[str, bool]] = {}
+        self._frozen: dict[str, Mapping[str, bool]] = {}
+        self._dirty: set[str] = set()
+
+    def apply(self, ticker: str, market: Market | None) -> None:
+        """A record for `ticker`: a Market (re)places it, a tombstone (None) removes it."""
+        exchange = ticker.partition(":")[0]
+        markets = self._markets.setdefault(exchange, {})
+        if market is None:
+            markets.pop(ticker, None)
+        else:
+            markets[ticker] = market.active
+        self._dirty.add(exchange)
+
+    def apply_record(self, key: bytes | None, value: bytes | None) -> bool:
+        """A raw Kafka record; False (and ignored) if it does not decode or names no ticker."""
+        ticker = key.decode("utf-8", "replace") if key else ""
+        market: Market | None = None
+        if value is not None:
+            try:
+                market = envelope.decode_record(value, Market)
+            except ProtocolError as exc:
+                log.warning("%s: undecodable record for %r: %s", contracts.KAFKA_MARKETS, key, exc)
+                return False
+            ticker = market.ticker or ticker
+        try:
+            topics.parse_ticker(ticker)
+        except ProtocolError:
+            log.warning("%s: record for %r is not a ticker; ignored", contracts.KAFKA_MARKETS, key)
+            return False
+        self.apply(ticker, market)
+        return True
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._dirty)
+
+    def snapshot(self) -> KnownMarkets:
+        """An immutable copy; only exchanges that changed since the last one are copied."""
+        for exchange in self._dirty:
+            markets = self._markets.get(exchange)
+            if markets:
+                self._frozen[exchange] = MappingProxyType(dict(markets))
+            else:
+                self._frozen.pop(exchange, None)
+        self._dirty.clear()
+        return KnownMarkets(MappingProxyType(dict(self._frozen)))
+
+
+class MarketDirectory:
+    """Reads `market.markets` on its own thread; `check` is safe from any thread.
+
+    Kafka is optional: until the topic was read (or without Kafka at all) the
+    snapshot is empty and every symbol passes.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        on_snapshot: Callable[[KnownMarkets], None] = lambda _: None,
+        partitions: int = 3,
+        replication: int = 1,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._on_snapshot = on_snapshot
+        self._partitions = partitions
+        self._replication = replication
+        self._timeout_s = timeout_s
+        self.snapshot = KnownMarkets()  # replaced whole, never mutated: the loop's view
+        self._stop = threading.Event()
+        self._caught_up = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self, ticker: str) -> str | None:
+        """Why `ticker` cannot be served per the latest snapshot, or None.
+
+        The predicate the relay's validation (and its live-data path) calls.
+        """
+        return self.snapshot.check(ticker)
+
+    def start(self) -> MarketDirectory:
+        self._thread = threading.Thread(target=self._run, name="relay-markets", daemon=True)
+        self._thread.start()
+        log.info("market metadata from Kafka topic %s at %s", self.topic, self.bootstrap)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """True once the topic was read to where it ended at start (and published)."""
+        return self._caught_up.wait(timeout_s)
+
+    def _publish(self, book: MarketBook) -> None:
+        self.snapshot = snapshot = book.snapshot()
+        self._on_snapshot(snapshot)
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer
+
+        try:
+            kafka.ensure_topics(
+                self.bootstrap,
+                [kafka.spec(contracts.KAFKA_MARKETS, self.topic)],
+                partitions=self._partitions,
+                replication=self._replication,
+                timeout_s=self._timeout_s,
+            )
+        except Exception as exc:  # the ingestors create it too; keep waiting for it below
+            log.warning("cannot create Kafka topic %s: %s; waiting for it", self.topic, exc)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "relay-markets",
+                "enable.auto.commit": False,
+                "logger": kafka.quiet_logger("markets"),
+            }
+        )
+        book = MarketBook()
+        try:
+            self._load(consumer, book)
+            while not self._stop.is_set():
+                batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.2)
+                for msg in batch:
+                    if msg.error() is None:
+                        book.apply_record(msg.key(), msg.value())
+                if book.changed:
+                    self._publish(book)
+        except Exception:  # the relay keeps serving on the last snapshot
+            log.exception("market metadata reader failed; symbols are checked on stale data")
+        finally:
+            consumer.close()
+
+    def _load(self, consumer: Any, book: MarketBook) -> None:
+        ends = kafka.wait_end_offsets(consumer, self.topic, self._stop)
+        for msg in kafka.read_to_end(consumer, self.topic, ends or {}):
+            if self._stop.is_set():
+                return
+            if msg is not None:
+                book.apply_record(msg.key(), msg.value())
+        self._publish(book)
+        self._caught_up.set()
+        counts = ", ".join(f"{ex} {n}" for ex, (n, _) in sorted(self.snapshot.counts().items()))
+        log.info("market metadata loaded: %s", counts or "no markets yet")
