@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from mdproto import ProtocolError, contracts, envelope, topics
+from mdproto import ProtocolError, contracts
+from mdproto.markets import decode_market_record
 from mdproto.messages import Market
 from mdproto.runtime import kafka
 
@@ -95,19 +96,10 @@ class MarketBook:
 
     def apply_record(self, key: bytes | None, value: bytes | None) -> bool:
         """A raw Kafka record; False (and ignored) if it does not decode or names no ticker."""
-        ticker = key.decode("utf-8", "replace") if key else ""
-        market: Market | None = None
-        if value is not None:
-            try:
-                market = envelope.decode_record(value, Market)
-            except ProtocolError as exc:
-                log.warning("%s: undecodable record for %r: %s", contracts.KAFKA_MARKETS, key, exc)
-                return False
-            ticker = market.ticker or ticker
         try:
-            topics.parse_ticker(ticker)
-        except ProtocolError:
-            log.warning("%s: record for %r is not a ticker; ignored", contracts.KAFKA_MARKETS, key)
+            ticker, market = decode_market_record(key, value)
+        except ProtocolError as exc:
+            log.warning("%s: record %r ignored: %s", contracts.KAFKA_MARKETS, key, exc)
             return False
         self.apply(ticker, market)
         return True
