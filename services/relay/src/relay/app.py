@@ -221,11 +221,12 @@ class Relay:
         )
         return self.endpoints
 
-    def check_symbol(self, ticker: str) -> str | None:
+    def check_symbol(self, ticker: str, live: bool = True) -> str | None:
         """Why market metadata says `ticker` cannot be served, or None (any thread).
 
-        None too while its exchange has no metadata (or without Kafka)."""
-        return self._symbols(ticker) if self._symbols is not None else None
+        None too while its exchange has no metadata (or without Kafka). `live`
+        (the default, for live data) also refuses an inactive market."""
+        return self._symbols(ticker, live) if self._symbols is not None else None
 
     @property
     def metrics_port(self) -> int:

@@ -29,8 +29,9 @@ _OK = Status.OK
 _REJECTED = Status.REJECTED
 _HISTORICAL = DataRequest.HISTORICAL
 
-SymbolCheck = Callable[[str], str | None]
-"""Why a (well-formed) ticker cannot be served, or None: `MarketDirectory.check`."""
+SymbolCheck = Callable[[str, bool], str | None]
+"""Why a (well-formed) ticker cannot be served (the flag: live use, where an inactive
+market fails too), or None: `MarketDirectory.check`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +172,7 @@ def check_trigger(
         if req.action == CEPTriggerRequest.REGISTER:
             event_topic = rules.register(req, now_ms)
             _ticker_prefix(req.ticker, policy)
-            _check_symbol(req.ticker, symbols)
+            _check_symbol(req.ticker, symbols, live=True)
         elif req.action == CEPTriggerRequest.CANCEL:
             if not req.trigger_id:
                 raise RuleViolation(rules.MISSING_ID, "trigger_id is required")
@@ -214,8 +215,8 @@ def _ticker_prefix(ticker: str, policy: Policy) -> str:
     return f"{exchange}:"
 
 
-def _check_symbol(ticker: str, symbols: SymbolCheck | None) -> None:
-    why = symbols(ticker) if symbols is not None else None
+def _check_symbol(ticker: str, symbols: SymbolCheck | None, *, live: bool = False) -> None:
+    why = symbols(ticker, live) if symbols is not None else None
     if why is not None:
         raise RuleViolation(rules.BAD_SYMBOL, why)
 
