@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 import uuid
 from typing import Any
 
 import pytest
 
 from infra.exchange_sim.control import SimulatorControl
+from infra.platform.supervisor import PlatformEndpoints
 from infra.testing import exchange_rows, result_rows, table_rows
-from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
+from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult, SubmitRejected
 from mdproto import envelope
 from mdproto.messages import (
     HistorySource,
@@ -93,13 +95,29 @@ def test_a_page_that_cannot_be_fetched_is_reported_as_missing_candles(
     assert 0 < note.missing_candles < 2880  # what the first page brought is not missing
 
 
-def test_unknown_symbol_reaches_the_client_as_an_error_notification(
-    client_settings: ClientSettings,
+def test_unknown_symbol_is_refused_at_submit(
+    client_settings: ClientSettings, endpoints: PlatformEndpoints
 ) -> None:
+    """The relay knows the ingestor's markets (market.markets): bad_symbol in the ack.
+    (Without market metadata the ingestor's bad_symbol arrives as an ERROR
+    notification: services/ingestor/tests/test_stack_history.py.)"""
+    deadline = time.monotonic() + 60
+    while _relay_sample(endpoints, 'relay_known_markets{exchange="BINANCE",state="all"}') < 1:
+        assert time.monotonic() < deadline, "the relay never learned BINANCE's markets"
+        time.sleep(0.5)
     start, end = past_range(days_ago=1, hours=1)
-    with Client(settings=client_settings) as client, pytest.raises(HistoryFailed) as info:
+    with Client(settings=client_settings) as client, pytest.raises(SubmitRejected) as info:
         client.history("BINANCE:NOPE/USDT", "1m", start, end)
-    assert "symbol" in info.value.reason.lower()
+    assert info.value.error_code == "bad_symbol"
+    assert "NOPE/USDT" in info.value.reason
+
+
+def _relay_sample(endpoints: PlatformEndpoints, sample: str) -> float:
+    with urllib.request.urlopen(f"{endpoints.relay_metrics}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_a_lost_attempt_is_retried_with_a_new_request_id(

@@ -30,6 +30,7 @@ ICEBERG_NAMESPACE: Final = "market"
 ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
 ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request
+ICEBERG_MARKETS: Final = "market.markets"  # one row per ticker, from KAFKA_MARKETS
 
 # Live candle periods (seconds) the pipeline aggregates and the relay accepts on
 # `{ticker}|ohlc:{period}`; a subscription to any other period is REFUSED on

@@ -182,6 +182,7 @@ class PipelineRun:
     batches_topic: str
     ticks_topic: str
     pub_port: int
+    markets_topic: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = field(default_factory=lambda: free_port())
     process: subprocess.Popen[bytes] | None = None
@@ -219,8 +220,11 @@ class PipelineRun:
                 "PIPELINE_LIVE__WATERMARK_S": "5",
                 "PIPELINE_LIVE__PERSIST_TRIGGER_S": "2",
                 "PIPELINE_LIVE__CANDLE_CLOSE_TRIGGER_S": "2",
+                "PIPELINE_MARKETS__TRIGGER_S": "2",
             }
         )
+        if self.markets_topic:
+            env["PIPELINE_KAFKA__TOPIC_MARKETS"] = self.markets_topic
         env.update(self.extra_env)
         if crash_at:
             env["PIPELINE_CRASH_AT"] = crash_at
@@ -447,6 +451,7 @@ def make_run(
             namespace=f"pt_{tag}",
             batches_topic=f"pt-{tag}.ohlc.batches",
             ticks_topic=f"pt-{tag}.ticks",
+            markets_topic=f"pt-{tag}.markets",
             pub_port=free_port(),
             extra_env=dict(extra_env),
         )

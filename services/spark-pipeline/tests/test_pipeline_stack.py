@@ -333,3 +333,61 @@ def test_an_older_requests_table_gains_the_integrity_report(
     finally:
         sub.close()
         run.stop()
+
+
+def test_market_records_become_one_row_per_ticker(pipeline: Any, tools: Any) -> None:
+    """market.markets -> Iceberg markets: latest updated_at wins, tombstones delete."""
+    from mdproto.messages import Market
+
+    topic = pipeline.run.markets_topic
+
+    def send(ticker: str, updated_at_ms: int | None, **fields: Any) -> None:
+        value = None
+        if updated_at_ms is not None:
+            exchange, _, symbol = ticker.partition(":")
+            base, _, quote = symbol.partition("/")
+            fields = {"active": True, **fields}
+            record = Market(
+                ticker=ticker, exchange=exchange, symbol=base + quote, base=base, quote=quote,
+                updated_at_ms=updated_at_ms, **fields,
+            )  # fmt: skip
+            value = envelope.encode_record(record)
+        pipeline.kafka.send(topic, [value], key=ticker)
+
+    def stored() -> dict[str, dict[str, Any]]:
+        return {r["ticker"]: r for r in pipeline.lake.rows("markets")}
+
+    def wait_for(check: Any, what: str) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + tools.WAIT_S
+        rows = stored()
+        while not check(rows):
+            assert time.monotonic() < deadline, f"{what}: {rows}"
+            time.sleep(1)  # poll: the markets query triggers every 2 s here
+            rows = stored()
+        return rows
+
+    send("BINANCE:BTC/USDT", 1_000, min_amount=0.1, price_precision=0.01)
+    send("BINANCE:ETH/USDT", 1_000, min_amount=0.5)
+    send("BINANCE:BTC/USDT", 2_000, min_amount=0.2, price_precision=0.01)
+    rows = wait_for(lambda r: {"BINANCE:BTC/USDT", "BINANCE:ETH/USDT"} <= r.keys(), "first rows")
+    btc = rows["BINANCE:BTC/USDT"]
+    assert (btc["min_amount"], btc["price_precision"], btc["symbol"]) == (0.2, 0.01, "BTCUSDT")
+    assert btc["active"] is True and btc["updated_at"].timestamp() == 2.0
+
+    send("BINANCE:BTC/USDT", 1_500, min_amount=9.9)  # older than the row: ignored
+    send("BINANCE:ETH/USDT", None)  # tombstone: delisted
+    send("KRAKEN:SOL/EUR", 3_000, active=False)
+    rows = wait_for(lambda r: "KRAKEN:SOL/EUR" in r and "BINANCE:ETH/USDT" not in r, "second batch")
+    assert rows["BINANCE:BTC/USDT"]["min_amount"] == 0.2
+    assert rows["KRAKEN:SOL/EUR"]["active"] is False
+    assert len(rows) == 2
+
+    # The SDK reads what Spark wrote (mdclient markets BINANCE).
+    from mdclient.iceberg_reader import IcebergReader
+
+    e = pipeline.run.endpoints
+    reader = IcebergReader(e.pyiceberg_catalog_properties(), catalog_name=e.catalog_name)
+    sdk = reader.read_markets(f"{pipeline.run.namespace}.markets", "BINANCE").to_pylist()
+    assert [(r["ticker"], r["min_amount"], r["active"]) for r in sdk] == [
+        ("BINANCE:BTC/USDT", 0.2, True)
+    ]

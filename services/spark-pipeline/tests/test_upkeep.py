@@ -23,7 +23,12 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
         ("market.ohlc", "rewrite_position_delete_files"),
         ("market.ohlc", "expire_snapshots"),
     ]
-    assert {s.table for s in steps} == {"market.ohlc", "market.ticks", "market.requests"}
+    assert {s.table for s in steps} == {
+        "market.ohlc",
+        "market.ticks",
+        "market.requests",
+        "market.markets",
+    }
     expire = steps[2].sql
     assert expire.startswith("CALL lake.system.expire_snapshots(table => 'market.ohlc'")
     assert "TIMESTAMP '2026-11-19 23:00:00.000000+00:00'" in expire  # one hour kept

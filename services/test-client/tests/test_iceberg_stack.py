@@ -12,8 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from mdclient import Client, StorageError
-from mdclient.cli import EXIT_FAILED, EXIT_INCOMPLETE, EXIT_OK, EXIT_PENDING, main
+from mdclient import Client, InvalidRequest, StorageError
+from mdclient.cli import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_STORAGE,
+    main,
+)
 from mdclient.config import ClientSettings
 from mdclient.frames import SCHEMA
 from mdclient.iceberg_reader import IcebergReader
@@ -319,3 +327,108 @@ def test_cli_history_shows_the_integrity_report_and_verify_fails_on_missing_cand
     assert shown in err and "from the exchange" in err
     if code == EXIT_INCOMPLETE:
         assert "incomplete: 30 candles missing" in err
+
+
+# --- market.markets ----------------------------------------------------------------------------
+
+# market.markets as the pipeline writes it (docs/protocol.md, "Iceberg tables")
+_MARKET_NUMBERS = (
+    "price_precision", "amount_precision", "min_amount", "max_amount", "min_price",
+    "max_price", "min_cost",
+)  # fmt: skip
+MARKETS_SCHEMA = pa.schema(
+    [
+        pa.field("ticker", pa.string()),
+        pa.field("exchange", pa.string()),
+        pa.field("symbol", pa.string()),
+        pa.field("base", pa.string()),
+        pa.field("quote", pa.string()),
+        pa.field("active", pa.bool_()),
+        *(pa.field(name, pa.float64()) for name in _MARKET_NUMBERS),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _market(ticker: str, active: bool = True, min_amount: float = 0.0) -> dict[str, Any]:
+    exchange, _, symbol = ticker.partition(":")
+    base, _, quote = symbol.partition("/")
+    return {
+        "ticker": ticker, "exchange": exchange, "symbol": base + quote, "base": base,
+        "quote": quote, "active": active, "price_precision": 0.01, "amount_precision": 1e-05,
+        "min_amount": min_amount, "max_amount": 9000.0, "min_price": 0.0, "max_price": 0.0,
+        "min_cost": 5.0, "updated_at": datetime(2026, 11, 20, tzinfo=UTC),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def markets_table(seeded: dict[str, Any]) -> str:
+    catalog = load_catalog(seeded["catalog_name"], **seeded["props"])
+    name: str = seeded["table"].replace(".ohlc", ".markets")
+    table = catalog.create_table(name, schema=MARKETS_SCHEMA)
+    table.append(
+        pa.Table.from_pylist(
+            [
+                _market("BINANCE:ETH/USDT", min_amount=0.001),
+                _market("BINANCE:BTC/USDT", min_amount=0.0001),
+                _market("BINANCE:LUNA/USDT", active=False),
+                _market("KRAKEN:SOL/EUR"),
+            ],
+            schema=MARKETS_SCHEMA,
+        )
+    )
+    return name
+
+
+def test_sdk_reads_one_exchanges_markets(fake_relay: Any, seeded: Any, markets_table: str) -> None:
+    settings = _stack_settings(fake_relay, seeded, markets_table=markets_table)
+    with Client(settings=settings) as client:
+        rows = client.markets("binance").to_pylist()
+        assert client.markets("COINBASE").num_rows == 0
+        with pytest.raises(InvalidRequest):
+            client.markets("not an exchange")
+    assert [(r["ticker"], r["active"]) for r in rows] == [
+        ("BINANCE:BTC/USDT", True),
+        ("BINANCE:ETH/USDT", True),
+        ("BINANCE:LUNA/USDT", False),
+    ]
+    assert rows[0]["min_amount"] == 0.0001 and rows[0]["min_cost"] == 5.0
+
+
+def _markets_cli(seeded: Any, table: str, *extra: str) -> int:
+    e = seeded["endpoints"]
+    return main(
+        [
+            "markets", *extra,
+            "--catalog-uri", e.catalog_uri, "--warehouse", e.warehouse,
+            "--s3-endpoint", e.s3_endpoint,
+        ]
+    )  # fmt: skip
+
+
+def test_cli_prints_an_exchanges_markets(
+    seeded: Any, markets_table: str, capsys: Any, monkeypatch: Any
+) -> None:
+    e = seeded["endpoints"]
+    monkeypatch.setenv("MDCLIENT_CATALOG_NAME", e.catalog_name)
+    monkeypatch.setenv("MDCLIENT_MARKETS_TABLE", markets_table)
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_S3_REGION", e.s3_region)
+
+    assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_OK
+    out = capsys.readouterr().out
+    assert "BINANCE: 3 markets" in out
+    btc = next(line for line in out.splitlines() if "BINANCE:BTC/USDT" in line).split()
+    assert btc[1:6] == ["yes", "0.01", "1e-05", "0.0001", "9000"]
+    assert "KRAKEN" not in out
+
+    assert _markets_cli(seeded, markets_table, "BINANCE", "--active") == EXIT_OK
+    assert "LUNA" not in capsys.readouterr().out
+    assert _markets_cli(seeded, markets_table, "COINBASE") == EXIT_NOT_FOUND
+    assert "no markets of COINBASE" in capsys.readouterr().err
+
+    monkeypatch.setenv("MDCLIENT_MARKETS_TABLE", "nope_ns.markets")
+    assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_STORAGE
+    err = capsys.readouterr().err
+    assert "does not exist yet" in err and "no_table" in err

@@ -2,6 +2,7 @@
 
     clients REQ/DEALER -> ROUTER :5559 -> validation -> SubmitResponse / CEPTriggerAck
         |-> DataRequest{HISTORICAL}, topic "BINANCE:" -> XPUB :5555 -> ingestors
+        |   (symbols checked against market.markets: MarketDirectory, its own thread)
         |-> CEPTriggerRequest -> TriggerSink (Kafka cep.triggers; LIST answered from it)
         |       '-> tickers with triggers stay live (LiveSubscriptions.pin)
         '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
@@ -58,6 +59,7 @@ from relay.config import RelaySettings
 from relay.feedstatus import StatusBoard, state_name, status_ticker
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
 from relay.liveness import BadStatusError, Liveness, State, Verdict
+from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
 from relay.proxy import MarketDataProxy, ProxyStats, parse_subscription
 from relay.ratelimit import TokenBuckets
@@ -112,6 +114,8 @@ class Relay:
         self._new_id = new_id
         self.metrics = m = RelayMetrics()
         self._sink: TriggerSink = trigger_sink or _default_sink(s, m)
+        self.markets = _default_markets(s, m)  # market.markets reader; None without Kafka
+        self._symbols = self.markets.check if self.markets is not None else None
         self._pinned: set[str] = set()  # tickers kept live because they have triggers
         # Label lookups cost more than the increment: bind the hot ones once.
         self._accepted = {k: m.requests.labels(k, "accepted") for k in ("submit", "legacy", "cep")}
@@ -188,6 +192,8 @@ class Relay:
             start_sink = getattr(self._sink, "start", None)
             if start_sink is not None:
                 start_sink()
+            if self.markets is not None:
+                self.markets.start()
             if s.metrics_port:
                 self._http = MetricsServer(
                     s.metrics_host,
@@ -215,6 +221,13 @@ class Relay:
         )
         return self.endpoints
 
+    def check_symbol(self, ticker: str, live: bool = True) -> str | None:
+        """Why market metadata says `ticker` cannot be served, or None (any thread).
+
+        None too while its exchange has no metadata (or without Kafka). `live`
+        (the default, for live data) also refuses an inactive market."""
+        return self._symbols(ticker, live) if self._symbols is not None else None
+
     @property
     def metrics_port(self) -> int:
         return self._http.port if self._http else 0
@@ -233,6 +246,8 @@ class Relay:
             self._http.close()
             self._http = None
         self._sink.close()
+        if self.markets is not None:
+            self.markets.close()
         self._wakeup.close()
         log.info("relay stopped")
 
@@ -358,7 +373,9 @@ class Relay:
         return Response(status=Status.ERROR, reason=error.reason, error_code=error.code)
 
     def _submit(self, req: SubmitHistoricalRequest, now: float) -> SubmitResponse:
-        outcome = check_submit(req, self._policy, self._wall_ms(), self._new_id)
+        outcome = check_submit(
+            req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
+        )
         if outcome.work is None:
             self._rejected(
                 "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
@@ -388,7 +405,7 @@ class Relay:
         return None if verdict.state is State.SERVED else verdict
 
     def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
-        outcome = check_trigger(req, self._policy, self._wall_ms())
+        outcome = check_trigger(req, self._policy, self._wall_ms(), symbols=self._symbols)
         if not outcome.accepted:
             self._rejected(
                 "cep", req.trigger_id, outcome.reply.error_code, outcome.reply.reason, now
@@ -443,7 +460,9 @@ class Relay:
 
     def _legacy_request(self, route: list[bytes], req: OHLCRequest, now: float) -> Response | None:
         log.info("Client request routing: legacy OHLCRequest request_id=%s", req.request_id or "-")
-        checked = check_legacy(req, self._policy, self._wall_ms(), self._new_id)
+        checked = check_legacy(
+            req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
+        )
         if isinstance(checked, Rejection):
             self._rejected("legacy", req.request_id, checked.error_code, checked.reason, now)
             return _legacy_refusal(req.request_id, checked.error_code, checked.reason)
@@ -780,6 +799,20 @@ def _default_sink(settings: RelaySettings, metrics: RelayMetrics) -> TriggerSink
         k.bootstrap_servers,
         k.topic_cep_triggers,
         on_error=metrics.trigger_sink_errors.inc,
+        partitions=k.topic_partitions,
+        replication=k.replication_factor,
+    )
+
+
+def _default_markets(settings: RelaySettings, metrics: RelayMetrics) -> MarketDirectory | None:
+    """The market.markets reader when Kafka is configured, else None (no symbol checks)."""
+    k = settings.kafka
+    if not (k.bootstrap_servers and k.topic_markets):
+        return None
+    return MarketDirectory(
+        k.bootstrap_servers,
+        k.topic_markets,
+        on_snapshot=lambda snapshot: metrics.set_known_markets(snapshot.counts()),
         partitions=k.topic_partitions,
         replication=k.replication_factor,
     )

@@ -35,13 +35,16 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 
 
 class KafkaSettings(BaseModel):
-    """CEP triggers live in a compacted topic. An empty bootstrap keeps the logging
-    sink (triggers are acknowledged but never evaluated)."""
+    """CEP triggers live in a compacted topic; market metadata is read from another.
+    An empty bootstrap keeps the logging sink (triggers are acknowledged but never
+    evaluated) and checks no symbols."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bootstrap_servers: str = ""
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
+    # Market records (compacted, key ticker): symbols are checked against it; "" = off.
+    topic_markets: str = contracts.KAFKA_MARKETS
     topic_partitions: int = Field(default=3, ge=1)
     replication_factor: int = Field(default=1, ge=1)
 

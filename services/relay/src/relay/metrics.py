@@ -52,6 +52,7 @@ class RelayMetrics:
         ProcessCollector(registry=r)
         self._proxy = _ProxyCollector()
         r.register(self._proxy)
+        self._market_exchanges: set[str] = set()
         self.requests = Counter(
             "relay_requests", "Client requests by type and outcome", ["type", "outcome"], registry=r
         )
@@ -156,9 +157,24 @@ class RelayMetrics:
             ["state", "source"],
             registry=r,
         )
+        self.known_markets = Gauge(
+            "relay_known_markets",
+            "Markets listed in market.markets per exchange (state: all or active); symbols "
+            "of an exchange with none are not checked",
+            ["exchange", "state"],
+            registry=r,
+        )
         self.trigger_sink_errors = Counter(
             "relay_trigger_sink_errors", "CEP triggers the sink could not store", registry=r
         )
+
+    def set_known_markets(self, counts: dict[str, tuple[int, int]]) -> None:
+        """Per exchange (markets, active) from a new snapshot; a vanished exchange is 0."""
+        gone = {exchange: (0, 0) for exchange in self._market_exchanges - counts.keys()}
+        for exchange, (known, active) in {**counts, **gone}.items():
+            self.known_markets.labels(exchange, "all").set(known)
+            self.known_markets.labels(exchange, "active").set(active)
+        self._market_exchanges = set(counts)
 
     def set_proxy_stats(self, stats: ProxyStats) -> None:
         self._proxy.stats = stats

@@ -28,6 +28,8 @@ class KafkaConfig(_Section):
     topic_ticks: str = contracts.KAFKA_TICKS
     #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
+    #: Compacted topic of Market records, key ticker (the ``markets`` query's source).
+    topic_markets: str = contracts.KAFKA_MARKETS
     #: Where a query starts when its checkpoint is new; later runs resume from the checkpoint.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: Spark's failOnDataLoss: stop (rather than skip) when retention deleted unread records.
@@ -56,6 +58,7 @@ class CatalogConfig(_Section):
     ohlc_table: str = "ohlc"
     ticks_table: str = "ticks"
     requests_table: str = "requests"
+    markets_table: str = "markets"
 
 
 class HistoryConfig(_Section):
@@ -116,7 +119,7 @@ class CepConfig(_Section):
 
 
 class UpkeepConfig(_Section):
-    """Snapshot expiry and compaction of the three tables (pipeline/upkeep.py)."""
+    """Snapshot expiry and compaction of the tables (pipeline/upkeep.py)."""
 
     enabled: bool = True
     #: Seconds between rounds; the first round runs one interval after start.
@@ -128,6 +131,14 @@ class UpkeepConfig(_Section):
     min_input_files: int = Field(default=5, ge=2)
     #: Rewrite a data file that has this many delete files against it.
     delete_file_threshold: int = Field(default=3, ge=1)
+
+
+class MarketsConfig(_Section):
+    """Market metadata -> Iceberg ``markets``: markets change rarely, so a slow trigger."""
+
+    enabled: bool = True
+    trigger_s: float = Field(default=60.0, ge=0)
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
 
 
 class SparkConfig(_Section):
@@ -170,6 +181,7 @@ class Settings(runtime.FileSettings):
     live: LiveConfig = Field(default_factory=LiveConfig)
     cep: CepConfig = Field(default_factory=CepConfig)
     upkeep: UpkeepConfig = Field(default_factory=UpkeepConfig)
+    markets: MarketsConfig = Field(default_factory=MarketsConfig)
     #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.
@@ -191,6 +203,8 @@ class Settings(runtime.FileSettings):
             names += ["ticks-persist", "candles-update", "candles-close"]
         if self.cep.enabled:
             names.append("cep")
+        if self.markets.enabled:
+            names.append("markets")
         return names
 
     def checkpoint_for(self, query: str) -> str:

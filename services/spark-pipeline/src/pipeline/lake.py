@@ -61,6 +61,7 @@ class Lake:
             self.names.ohlc: OHLC_SCHEMA.names,
             self.names.ticks: TICK_SCHEMA.names,
             self.names.requests: history_notices.REQUESTS_SCHEMA.names,
+            self.names.markets: tables.MARKET_COLUMNS,
         }
         added = history_notices.ADDED_COLUMNS
         have = set(self._spark.table(self.names.requests).columns)
@@ -123,6 +124,19 @@ class Lake:
             self._run(ticks.sparkSession, tables.merge_ticks(self.names.ticks, view, lo_ms, hi_ms))
         finally:
             ticks.sparkSession.catalog.dropTempView(view)
+
+    def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
+        """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""
+        flags = pa.array([False] * rows.num_rows + [True] * len(deleted))
+        gone = pa.table({"ticker": pa.array(list(deleted), pa.string())})
+        source = pa.concat_tables([rows, gone], promote_options="default")
+        source = source.append_column("deleted", flags)
+        view = _view_name("markets")
+        session.createDataFrame(source).createOrReplaceTempView(view)
+        try:
+            self._run(session, tables.merge_markets(self.names.markets, view))
+        finally:
+            session.catalog.dropTempView(view)
 
     def record_requests(self, session: SparkSession, requests: Sequence[CompletedRequest]) -> None:
         """Append requests that `find_requests` did not find.

@@ -51,7 +51,8 @@ def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
     cutoff = datetime.fromtimestamp((now_ms - cfg.snapshot_retain_s * 1000) / 1000, tz=UTC)
     older_than = cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
     steps: list[Step] = []
-    for full in (names.ohlc, names.ticks, names.requests):
+    # markets: every ingestor refresh MERGEs each row again (new updated_at): delete files.
+    for full in (names.ohlc, names.ticks, names.requests, names.markets):
         table = full.removeprefix(f"{catalog}.")
         steps += [
             Step(

@@ -1,4 +1,4 @@
-"""`mdclient` command line: history, status, live, legacy and CEP trigger calls.
+"""`mdclient` command line: history, status, live, legacy, CEP triggers and market metadata.
 
 Flow of `mdclient history`:
 
@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a history request's outcome from the requests table (needs no relay)",
     )
     status.add_argument("request_id", help="the request_id the submit was acknowledged with")
+    markets = sub.add_parser(
+        "markets", parents=[common], help="an exchange's markets (Iceberg market.markets)"
+    )
+    markets.add_argument("exchange", help="e.g. BINANCE")
+    markets.add_argument("--active", action="store_true", help="only markets that trade")
 
     from mdclient import trigger_cli
 
@@ -383,6 +388,32 @@ def cmd_status(args: argparse.Namespace, err: Console) -> int:
     return {"OK": EXIT_OK, "NOT_FOUND": EXIT_NOT_FOUND}.get(status.state, EXIT_FAILED)
 
 
+def cmd_markets(args: argparse.Namespace, err: Console) -> int:
+    """Reads Iceberg only (no relay): works while the relay is down."""
+    import pyarrow.compute as pc
+    from rich.console import Console
+
+    from mdclient.client import exchange_name
+    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.output import market_table
+
+    exchange = exchange_name(args.exchange)
+    settings = settings_from_args(args)
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    rows = reader.read_markets(settings.markets_table, exchange)
+    if args.active:
+        rows = rows.filter(pc.field("active"))
+    if rows.num_rows == 0:
+        which = "active markets" if args.active else "markets"
+        err.print(f"no {which} of {exchange} in {settings.markets_table}", highlight=False)
+        return EXIT_NOT_FOUND
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=max(out.width, 160))
+    out.print(market_table(rows, title=f"{exchange}: {rows.num_rows} markets"))
+    return EXIT_OK
+
+
 def cmd_trigger(args: argparse.Namespace, err: Console) -> int:
     from mdclient import trigger_cli
 
@@ -395,6 +426,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "legacy": cmd_legacy,
     "live": cmd_live,
     "status": cmd_status,
+    "markets": cmd_markets,
     "trigger": cmd_trigger,
 }
 

@@ -56,6 +56,8 @@ from mdproto.messages import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from mdclient.iceberg_reader import IcebergReader
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,14 @@ def new_request_id() -> str:
 
 def new_client_id() -> str:
     return f"mdc-{uuid.uuid4().hex[:16]}"
+
+
+def exchange_name(text: str) -> str:
+    """`binance` or `BINANCE:` -> `BINANCE`; InvalidRequest if it cannot name an exchange."""
+    name = text.strip().upper().rstrip(":")
+    if not topics.is_valid_exchange(name):
+        raise InvalidRequest(f"{text!r} is not an exchange name such as BINANCE")
+    return name
 
 
 class Client(Closeable):
@@ -315,6 +325,15 @@ class Client(Closeable):
                     self.settings.catalog_properties(), catalog_name=self.settings.catalog_name
                 )
             return self._reader
+
+    def markets(self, exchange: str) -> pa.Table:
+        """The exchange's markets from Iceberg `market.markets` (one row per ticker:
+        active, precisions, limits; 0 = not given), sorted by ticker.
+
+        Empty when the exchange has none; `StorageError` (`no_table`) while the table
+        does not exist yet. Reads Iceberg only: the relay is not asked.
+        """
+        return self.reader().read_markets(self.settings.markets_table, exchange_name(exchange))
 
     # --- legacy ---
 

@@ -60,6 +60,7 @@ class ClientSettings(runtime.FileSettings):
     ohlc_table: str = contracts.ICEBERG_OHLC
     requests_table: str = contracts.ICEBERG_REQUESTS
     recover_from_table: bool = True  # after a wait times out, ask requests_table first
+    markets_table: str = contracts.ICEBERG_MARKETS
     pin_snapshot: bool = True
 
     @property

@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 
 from mdclient import frames
@@ -116,13 +116,34 @@ class IcebergReader:
         # One row per request_id (the pipeline MERGEs on it); the latest wins all the same.
         return max(found, key=lambda r: r.get("completed_at") or 0, default=None)
 
-    def _table(self, table_name: str) -> Table:
+    def read_markets(self, table_name: str, exchange: str) -> pa.Table:
+        """One exchange's rows of the markets table (docs/protocol.md), sorted by ticker."""
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start and fills it from the Kafka topic "
+            "market.markets, which the ingestors write",
+        )
+        try:
+            arrow = table.scan(row_filter=_predicate(EqualTo, "exchange", exchange)).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for {exchange} failed: {exc}", error_code="scan_failed"
+            ) from exc
+        return arrow.sort_by("ticker")
+
+    def _table(self, table_name: str, missing: str = "") -> Table:
+        """`missing`: who creates the table, for the error when it does not exist yet."""
         try:
             return self.catalog().load_table(table_name)
         except StorageError:
             raise
-        except NoSuchTableError as exc:
-            raise StorageError(f"no Iceberg table {table_name}", error_code="no_table") from exc
+        except (NoSuchTableError, NoSuchNamespaceError) as exc:
+            reason = (
+                f"Iceberg table {table_name} does not exist yet: {missing}"
+                if missing
+                else (f"no Iceberg table {table_name}")
+            )
+            raise StorageError(reason, error_code="no_table") from exc
         except Exception as exc:
             raise StorageError(
                 f"cannot load Iceberg table {table_name}: {exc}", error_code="load_failed"

@@ -60,11 +60,8 @@ def decimals_for(values: list[float]) -> int:
     return 8
 
 
-def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
-    """A rich table; with more than `max_rows` rows shows the head and the tail."""
-    rows = table.to_pylist()
-    decimals = decimals_for([row["close"] for row in rows])
-    out = Table(
+def _table(title: str) -> Table:
+    return Table(
         title=title,
         title_justify="left",
         header_style="bold",
@@ -72,6 +69,13 @@ def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
         pad_edge=False,
         collapse_padding=True,
     )
+
+
+def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
+    """A rich table; with more than `max_rows` rows shows the head and the tail."""
+    rows = table.to_pylist()
+    decimals = decimals_for([row["close"] for row in rows])
+    out = _table(title)
     out.add_column("open_time (UTC)", no_wrap=True)
     for name in (*PRICE_COLUMNS, "volume", "trades"):
         out.add_column(name, justify="right", no_wrap=True)
@@ -90,6 +94,37 @@ def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
             *(f"{row[name]:.{decimals}f}" for name in PRICE_COLUMNS),
             f"{row['volume']:.4f}",
             str(row["trade_count"]),
+        )
+    return out
+
+
+MARKET_NUMBERS = (
+    ("price step", "price_precision"),
+    ("amount step", "amount_precision"),
+    ("min amount", "min_amount"),
+    ("max amount", "max_amount"),
+    ("min price", "min_price"),
+    ("max price", "max_price"),
+    ("min cost", "min_cost"),
+)
+
+
+def market_table(table: pa.Table, *, title: str) -> Table:
+    """Rows of Iceberg `market.markets`: 0 in a precision or limit is "not given" (-)."""
+    out = _table(title)
+    out.add_column("ticker", no_wrap=True)
+    out.add_column("active")
+    for header, _ in MARKET_NUMBERS:
+        out.add_column(header, justify="right", no_wrap=True)
+    out.add_column("updated (UTC)", no_wrap=True)
+    for row in table.to_pylist():
+        updated = row["updated_at"]
+        out.add_row(
+            row["ticker"],
+            "yes" if row["active"] else "no",
+            *(f"{row[name]:g}" if row[name] else "-" for _, name in MARKET_NUMBERS),
+            updated.strftime("%Y-%m-%d %H:%M:%S") if updated is not None else "-",
+            style=None if row["active"] else "dim",
         )
     return out
 
