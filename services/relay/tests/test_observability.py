@@ -118,7 +118,8 @@ def test_operator_config_update_reaches_the_exchange_ingestors(
     assert topic == "BINANCE:"
     assert control.action == IngestorControl.CONFIG_UPDATE
     assert dict(control.config) == {"batch_size": "250"}
-    assert relay.sample("relay_published_total", kind="config_update") == 1
+    # Counted after the send: the ingestor may read the message first.
+    relay.wait_until(lambda: relay.sample("relay_published_total", kind="config_update") == 1)
 
     assert post(f"{url}?exchange=BINANCE", b"not json")[0] == 400
     assert post(f"{url}?exchange=BINANCE", b'{"batch_size": 250}')[0] == 409  # not a string
