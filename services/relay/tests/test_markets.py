@@ -18,6 +18,7 @@ from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
     CEPTriggerRequest,
+    FeedStatus,
     Market,
     OHLCRequest,
     Response,
@@ -285,3 +286,28 @@ def test_relay_without_kafka_checks_no_symbols(make_relay: RelayFactory) -> None
     relay.ingestor()
     reply = relay.request(client, _submit("BINANCE:NOPE/USDT", "r"), SubmitResponse)
     assert reply.status == Status.OK
+
+
+@pytest.mark.stack
+def test_a_live_subscription_to_an_unknown_symbol_fails_at_once(
+    local_stack: Any, make_relay: RelayFactory
+) -> None:
+    bootstrap = local_stack.endpoints.kafka_bootstrap
+    tag = uuid.uuid4().hex[:8]
+    topic = f"market.markets.{tag}"
+    _produce(bootstrap, topic, [market("BINANCE:BTC/USDT")])
+    relay = make_relay(
+        kafka={"bootstrap_servers": bootstrap, "topic_cep_triggers": f"cep.triggers.{tag}",
+               "topic_markets": topic},
+    )  # fmt: skip
+    assert relay.relay.markets is not None and relay.relay.markets.wait_caught_up(60)
+    relay.wait_until(
+        lambda: relay.sample("relay_known_markets", exchange="BINANCE", state="all") == 1
+    )
+    relay.ingestor()
+    sub = relay.subscriber("BINANCE:NOPE/USDT|status", "BINANCE:NOPE/USDT|tick")
+    topic_frame, status = envelope.decode_sub(sub.recv_multipart())
+    assert topic_frame == "BINANCE:NOPE/USDT|status"
+    assert isinstance(status, FeedStatus)
+    assert (status.state, status.error_code) == (FeedStatus.FAILED, rules.BAD_SYMBOL)
+    assert "NOPE/USDT" in status.reason and not status.ingestor_id

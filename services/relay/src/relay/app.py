@@ -52,8 +52,9 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
+from mdproto.rules import BAD_SYMBOL
 from mdproto.runtime.metrics_http import Health, MetricsServer
-from mdproto.topics import status_topic
+from mdproto.topics import parse_market_topic, status_topic
 from relay import sockets
 from relay.config import RelaySettings
 from relay.feedstatus import StatusBoard, state_name, status_ticker
@@ -670,11 +671,25 @@ class Relay:
         self._publish_status(status, "ingestor")
 
     def _status_on_subscribe(self, topic: str) -> None:
-        """Refuse an unsupported candle period; tell a `{ticker}|status` subscriber the state."""
+        """Refuse an unsupported candle period or an unknown symbol; tell a `{ticker}|status`
+        subscriber the state."""
         refusal = self._status.refuse(topic, self._wall_ms())
         if refusal is not None:
             log.info("live subscription %r refused: %s", topic, refusal.reason)
             self._publish_status(refusal, "relay")
+        market = parse_market_topic(topic)
+        problem = self.check_symbol(market.ticker) if market is not None else None
+        if market is not None and problem is not None:
+            # The ingestor would say the same after a round trip to the exchange.
+            log.info("live subscription %r: %s", topic, problem)
+            failed = FeedStatus(
+                ticker=market.ticker,
+                state=FeedStatus.FAILED,
+                error_code=BAD_SYMBOL,
+                reason=problem,
+                at_ms=self._wall_ms(),
+            )
+            self._publish_status(failed, "relay")
         ticker = status_ticker(topic)
         for status in self._status.latest(ticker) if ticker else []:
             self._publish_status(status, "replay")
