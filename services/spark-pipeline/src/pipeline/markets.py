@@ -25,6 +25,7 @@ from mdproto.messages import Market
 from pipeline import records
 from pipeline.config import Settings
 from pipeline.lake import Lake
+from pipeline.session import BACKGROUND_POOL
 from pipeline.streams import kafka_source, start_query
 
 if TYPE_CHECKING:
@@ -140,4 +141,5 @@ def start(spark: SparkSession, settings: Settings, lake: Lake) -> StreamingQuery
         settings=settings,
         function=MarketsWriter(lake),
         trigger_s=m.trigger_s,
+        pool=BACKGROUND_POOL,  # metadata changes rarely: history and live candles first
     )

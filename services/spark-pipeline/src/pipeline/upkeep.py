@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pipeline.config import UpkeepConfig
-from pipeline.session import UPKEEP_POOL
+from pipeline.session import BACKGROUND_POOL
 from pipeline.tables import TableNames
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class Upkeep:
     def run_once(self) -> list[StepResult]:
         """One round over every table; a failed step is reported, the round goes on."""
         # A pool of its own (per thread): the streaming queries' tasks are not queued behind it.
-        self._spark.sparkContext.setLocalProperty("spark.scheduler.pool", UPKEEP_POOL)
+        self._spark.sparkContext.setLocalProperty("spark.scheduler.pool", BACKGROUND_POOL)
         results = [self._run(self._spark, step) for step in self._steps()]
         self.rounds += 1
         return results
