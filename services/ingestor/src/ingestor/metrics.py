@@ -40,6 +40,11 @@ class IngestorCollector(Collector):
         skipped.add_metric(["claimed_elsewhere"], stats.skipped_claimed)
         skipped.add_metric(["repeat"], stats.skipped_repeat)
         yield skipped
+        yield CounterMetricFamily(
+            "ingestor_requests_taken_over",
+            "Requests this ingestor took over from a silent claim holder",
+            value=stats.taken_over,
+        )
         outcomes = CounterMetricFamily(
             "ingestor_history_outcomes",
             "Finished history requests by status and error_code",
