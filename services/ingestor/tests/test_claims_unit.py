@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from ingestor.claims import CLAIM, DONE, HEARTBEAT, ClaimLedger, Claims, decode_claim
-from mdproto.messages import DataRequest, IngestClaim
+from ingestor.history import ABANDONED, write_error_marker
+from mdproto.messages import DataRequest, IngestClaim, Status
 
 
 @dataclass(frozen=True)
@@ -295,3 +297,22 @@ def test_only_requests_of_served_exchanges_are_taken_over() -> None:
         return started
 
     assert asyncio.run(scenario()) == []
+
+
+def test_an_abandoned_request_gets_a_lone_error_marker(fakes: Any) -> None:
+    sink = fakes.FakeSink()
+    delivered = asyncio.run(
+        write_error_marker(
+            req("r1"), sink, ingestor_id="ing-c", error_code=ABANDONED, reason="4 holders died"
+        )
+    )
+    [(key, marker)] = sink.batches
+    assert delivered and key == "BINANCE:BTC/USDT"
+    assert marker.is_final and marker.sequence == 0 and not marker.rows
+    meta = marker.metadata
+    assert (meta.status, meta.error_code, meta.reason) == (
+        Status.ERROR,
+        "abandoned",
+        "4 holders died",
+    )
+    assert meta.request_id == "r1" and meta.ingestor_id == "ing-c"

@@ -23,11 +23,13 @@ from ingestor.claims import Claims
 from ingestor.config import Settings, credentials_for
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import (
+    ABANDONED,
     FetchEnv,
     RequestFailedError,
     call_with_retry,
     run_history_job,
     wall_clock_ms,
+    write_error_marker,
 )
 from ingestor.kafka_sink import KafkaSink, PartitionTail
 from ingestor.legacy import legacy_response
@@ -270,16 +272,22 @@ class Ingestor:
         """Won a takeover claim (the holder went silent): fetch the whole range again."""
         self.stats.taken_over += 1
         self._seen.add(request.request_id)
-        self._start_job(request, claimed=True)
+        self._start_job(request, claimed=True, attempt=attempt)
 
-    def _start_job(self, request: DataRequest, *, claimed: bool) -> None:
-        job = self._historical(request, self._adapter_for(request), claimed=claimed)
+    def _start_job(self, request: DataRequest, *, claimed: bool, attempt: int = 0) -> None:
+        adapter = self._adapter_for(request)
+        job = self._historical(request, adapter, claimed=claimed, attempt=attempt)
         task = asyncio.create_task(job, name=request.request_id)
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
 
     async def _historical(
-        self, request: DataRequest, adapter: ExchangeAdapter | None, *, claimed: bool = False
+        self,
+        request: DataRequest,
+        adapter: ExchangeAdapter | None,
+        *,
+        claimed: bool = False,
+        attempt: int = 0,
     ) -> None:
         claims = self._claims
         if claims is not None and not claimed and not await claims.claim(request):
@@ -287,12 +295,25 @@ class Ingestor:
             log.info("request %s claimed by another ingestor; skipped", request.request_id)
             return
         try:
-            delivered = await self._fetch(request, adapter)
+            if attempt > self.settings.claims.max_takeovers:
+                delivered = await self._give_up(request, attempt)
+            else:
+                delivered = await self._fetch(request, adapter)
         finally:  # cancelled (shutdown) or failed: no DONE, so another ingestor takes it over
             if claims is not None:
                 claims.abandon(request.request_id)
         if claims is not None and delivered:
             await claims.done(request.request_id)
+
+    async def _give_up(self, request: DataRequest, attempt: int) -> bool:
+        """Every holder so far died mid-fetch: end the request with an ERROR, not another try."""
+        assert self.sink is not None
+        reason = f"{attempt} ingestors in a row stopped while fetching it (claims.max_takeovers)"
+        log.error("request %s abandoned: %s", request.request_id, reason)
+        self.stats.outcomes[("ERROR", ABANDONED)] += 1
+        return await write_error_marker(
+            request, self.sink, ingestor_id=self.ingestor_id, error_code=ABANDONED, reason=reason
+        )
 
     async def _fetch(self, request: DataRequest, adapter: ExchangeAdapter | None) -> bool:
         """Fetch and write (or answer) one request; True once its final answer was delivered."""
