@@ -211,6 +211,56 @@ def test_a_request_whose_holders_kept_dying_ends_in_an_abandoned_error(
     assert any(c.kind == IngestClaim.CLAIM and c.attempt == max_takeovers + 1 for c in claims)
 
 
+def test_a_winner_stopped_gracefully_finishes_its_request_without_a_takeover(
+    harness: Any, run_ingestor: Any
+) -> None:
+    """SIGTERM (stop) mid-fetch: the winner keeps heartbeating while it finishes within the
+    shutdown grace, appends DONE, and the other ingestor never claims the request again."""
+    sim = harness.sim
+    sim.add_fault("slow", count=3, delay=2.0, path="/api/v3/klines")  # > takeover_after_s
+    start = (sim.now_ms() // MIN - 4000) * MIN
+    request = history("graceful-1", start, 2500)  # 3 pages
+
+    async def scenario() -> tuple[Ingestor, Ingestor, list[OHLCBatch]]:
+        relay = harness.FakeRelay()
+        a = Ingestor(harness.settings(relay, suffix="graceful", ingestor_id="ing-a"))
+        b = Ingestor(harness.settings(relay, suffix="graceful", ingestor_id="ing-b"))
+        tasks = {a: await run_ingestor(a), b: await run_ingestor(b)}
+        try:
+            await relay.wait_subscribed(ingestors=2)
+            await relay.publish(request)
+            async with asyncio.timeout(20):  # the loser's verdict names the winner
+                while a.stats.skipped_claimed + b.stats.skipped_claimed == 0:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            winner, other = (b, a) if a.stats.skipped_claimed else (a, b)
+            await winner.stop()
+            await tasks.pop(winner)  # returns once its job finished (grace 10 s)
+            batches = await asyncio.to_thread(
+                harness.batches_until_final, winner.settings, request.request_id
+            )
+            return winner, other, batches
+        finally:
+            for ing, task in tasks.items():
+                await ing.stop()
+                await task
+            relay.close()
+
+    winner, other, batches = asyncio.run(scenario())
+    assert batches[-1].is_final and batches[-1].metadata.status == Status.OK
+    assert batches[-1].metadata.ingestor_id == winner.ingestor_id
+    assert other.stats.taken_over == 0
+
+    def done_seen(records: list[tuple[bytes | None, bytes]]) -> bool:
+        return any(decode_claim(k, v).kind == IngestClaim.DONE for k, v in records)
+
+    topic = winner.settings.kafka.topic_claims
+    claims = [
+        decode_claim(k, v) for k, v in harness.read_topic(harness.bootstrap, topic, done_seen)
+    ]
+    assert [c.attempt for c in claims if c.kind == IngestClaim.CLAIM] == [0, 0]  # no takeover
+    assert any(c.kind == IngestClaim.HEARTBEAT for c in claims)
+
+
 def test_console_script_serves_a_request_and_stops_on_sigterm(harness: Any, tmp_path: Path) -> None:
     sim = harness.sim
     script = Path(sys.executable).with_name("ingestor")

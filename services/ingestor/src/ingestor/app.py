@@ -82,6 +82,7 @@ class Ingestor:
         self.feeds: LiveFeeds | None = None
         self.intake: WorkIntake | None = None
         self._claims: Claims | None = None
+        self._claims_task: asyncio.Task[None] | None = None
         self._tail: PartitionTail | None = None
         self._responder: LegacyResponder | None = None
         self._semaphore = asyncio.Semaphore(settings.history.max_concurrent)
@@ -198,10 +199,12 @@ class Ingestor:
         lookback_ms = int(self.settings.claims.lookback_s * 1000)
         await self._tail.start(wall_clock_ms() - lookback_ms)
         self._claims.ledger.advance(self._tail.start_offset)
-        self._spawn(
+        # Not in _tasks: it must outlive them at shutdown, heartbeating the jobs that finish.
+        self._claims_task = asyncio.create_task(
             self._claims.run(self._on_takeover, lambda r: self._adapter_for(r) is not None),
-            "claims",
+            name="claims",
         )
+        self._claims_task.add_done_callback(self._task_done)
 
     # --- market metadata --------------------------------------------------
 
@@ -260,7 +263,7 @@ class Ingestor:
             self.stats.skipped_repeat += 1
             log.info("request %s already handled here; repeat ignored", request.request_id)
             return
-        self._start_job(request, claimed=False)
+        self._start_job(request)
 
     def _adapter_for(self, request: DataRequest) -> ExchangeAdapter | None:
         try:
@@ -270,27 +273,26 @@ class Ingestor:
 
     def _on_takeover(self, request: DataRequest, attempt: int) -> None:
         """Won a takeover claim (the holder went silent): fetch the whole range again."""
+        if self.stopping:  # not heartbeated, so the next ingestor takes it over
+            assert self._claims is not None
+            self._claims.abandon(request.request_id)
+            return
         self.stats.taken_over += 1
         self._seen.add(request.request_id)
-        self._start_job(request, claimed=True, attempt=attempt)
+        self._start_job(request, attempt)
 
-    def _start_job(self, request: DataRequest, *, claimed: bool, attempt: int = 0) -> None:
-        adapter = self._adapter_for(request)
-        job = self._historical(request, adapter, claimed=claimed, attempt=attempt)
+    def _start_job(self, request: DataRequest, attempt: int = 0) -> None:
+        """attempt 0: a request from the relay, to claim; n: a takeover already won."""
+        job = self._historical(request, self._adapter_for(request), attempt)
         task = asyncio.create_task(job, name=request.request_id)
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
 
     async def _historical(
-        self,
-        request: DataRequest,
-        adapter: ExchangeAdapter | None,
-        *,
-        claimed: bool = False,
-        attempt: int = 0,
+        self, request: DataRequest, adapter: ExchangeAdapter | None, attempt: int
     ) -> None:
         claims = self._claims
-        if claims is not None and not claimed and not await claims.claim(request):
+        if claims is not None and attempt == 0 and not await claims.claim(request):
             self.stats.skipped_claimed += 1
             log.info("request %s claimed by another ingestor; skipped", request.request_id)
             return
@@ -299,7 +301,7 @@ class Ingestor:
                 delivered = await self._give_up(request, attempt)
             else:
                 delivered = await self._fetch(request, adapter)
-        finally:  # cancelled (shutdown) or failed: no DONE, so another ingestor takes it over
+        finally:  # no longer heartbeated; without a DONE (cancelled, undelivered) it is taken over
             if claims is not None:
                 claims.abandon(request.request_id)
         if claims is not None and delivered:
@@ -427,6 +429,9 @@ class Ingestor:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._claims_task is not None:
+            self._claims_task.cancel()
+            await asyncio.gather(self._claims_task, return_exceptions=True)
         if self.feeds is not None:
             await self.feeds.stop_all()
         if self._responder is not None:
