@@ -189,6 +189,7 @@ def test_an_orphaned_claim_is_taken_over_and_fetched_in_full(
     assert final.metadata.total_rows == 900
     assert {b.metadata.ingestor_id for b in batches if b.HasField("metadata")} == {"ing-live"}
     assert ing.stats.taken_over == 1
+    assert ing.claims is not None and ing.claims.stats.takeovers_claimed == 1
     # Claimed again once the holder was silent for takeover_after_s (4 s), not before.
     assert ing.settings.claims.takeover_after_s <= elapsed < 15
     kinds = [(IngestClaim.Kind.Name(c.kind), c.ingestor_id, c.attempt) for c in claims]

@@ -99,6 +99,10 @@ class Ingestor:
         return self._stopping.is_set()
 
     @property
+    def claims(self) -> Claims | None:
+        return self._claims
+
+    @property
     def prefixes(self) -> list[str]:
         return list(self._by_prefix)
 

@@ -45,6 +45,17 @@ class IngestorCollector(Collector):
             "Requests this ingestor took over from a silent claim holder",
             value=stats.taken_over,
         )
+        if ing.claims is not None:
+            claims = CounterMetricFamily(
+                "ingestor_claims_records",
+                "Records this ingestor appended to ingest.claims, by kind (failed: not delivered)",
+                labels=["kind"],
+            )
+            c = ing.claims.stats
+            claims.add_metric(["takeover_claim"], c.takeovers_claimed)
+            claims.add_metric(["heartbeat"], c.heartbeats)
+            claims.add_metric(["failed"], c.publish_failures)
+            yield claims
         outcomes = CounterMetricFamily(
             "ingestor_history_outcomes",
             "Finished history requests by status and error_code",
