@@ -309,7 +309,7 @@ class Claims:
     ) -> None:
         """Heartbeat every `heartbeat_s`; claim silent holders' requests this ingestor
         `serves` (its exchanges), and hand the ones won to `on_takeover`."""
-        tick = min(self.heartbeat_s, self.takeover_after_s / 4)
+        tick = min(self.heartbeat_s, self.takeover_after_s) / 4  # scans only open requests
         next_beat = self._clock()
         tasks: set[asyncio.Task[None]] = set()
         try:
