@@ -12,9 +12,9 @@ from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform.faults import Faults
 from infra.platform.supervisor import PlatformEndpoints
+from infra.testing import notified_request_ids
 from mdclient import Client, ClientSettings, HistoryResult
-from mdproto import envelope, topics
-from mdproto.messages import HistoryReadyNotification
+from mdproto import topics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -80,10 +80,4 @@ def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
     # request before it (a duplicate) is already in the counter's queue.
     with Client(settings=client_settings, client_id=client_id) as client:
         client.history("BINANCE:ETH/USDT", "1m", start, start + HOUR_MS)
-    seen: list[str] = []
-    while counter.poll(timeout=1000):
-        _, message = envelope.decode_sub(counter.recv_multipart())
-        assert isinstance(message, HistoryReadyNotification)
-        seen.append(message.request_id)
-    counter.close(linger=0)
-    assert seen.count(result.request_id) == 1
+    assert notified_request_ids(counter).count(result.request_id) == 1

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import zmq
     from confluent_kafka import Consumer, Message
 
     from infra.localstack import StackEndpoints
@@ -104,3 +105,19 @@ def table_rows(t: pa.Table) -> list[tuple[float, ...]]:
     times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
     columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
     return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]
+
+
+def notified_request_ids(sub: zmq.Socket[bytes], quiet_ms: int = 1000) -> list[str]:
+    """The request_ids of the HistoryReadyNotifications queued on `sub`, read until it
+    stays quiet for `quiet_ms`; closes the socket. Call it after a barrier request on
+    the same topic, so any duplicate of an earlier notification is already queued."""
+    from mdproto import envelope
+    from mdproto.messages import HistoryReadyNotification
+
+    seen: list[str] = []
+    while sub.poll(timeout=quiet_ms):
+        _, message = envelope.decode_sub(sub.recv_multipart())
+        assert isinstance(message, HistoryReadyNotification)
+        seen.append(message.request_id)
+    sub.close(linger=0)
+    return seen

@@ -81,13 +81,20 @@ SAMPLES: dict[MessageType, Message] = {
     MessageType.FEED_STATUS: m.FeedStatus(
         ticker="BINANCE:BTC/USDT", state=m.FeedStatus.FAILED, error_code="bad_symbol"
     ),
+    MessageType.INGEST_CLAIM: m.IngestClaim(
+        kind=m.IngestClaim.CLAIM,
+        ingestor_id="i1",
+        request_id="r1",
+        attempt=1,
+        request=m.DataRequest(request_id="r1", ticker="BINANCE:BTC/USDT", period_seconds=60),
+    ),
 }
 
 
 def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
-        0x13, 0x14,
+        0x13, 0x14, 0x20,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

@@ -27,6 +27,7 @@ class MessageType(IntEnum):
     HISTORY_READY_NOTIFICATION = 0x12
     INGESTOR_STATUS = 0x13
     FEED_STATUS = 0x14
+    INGEST_CLAIM = 0x20  # Kafka ingest.claims only (ingestor to ingestor)
 
 
 CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
@@ -47,6 +48,7 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.HISTORY_READY_NOTIFICATION: pb.HistoryReadyNotification,
     MessageType.INGESTOR_STATUS: pb.IngestorStatus,
     MessageType.FEED_STATUS: pb.FeedStatus,
+    MessageType.INGEST_CLAIM: pb.IngestClaim,
 }
 
 TYPE_BY_NAME: dict[str, MessageType] = {

@@ -1,11 +1,15 @@
-"""Claims decided from a shared, totally ordered log (an in-memory stand-in for the partition)."""
+"""Claims decided from a shared, totally ordered log (an in-memory stand-in for the partition),
+and takeover of a request whose holder went silent."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
-from ingestor.claims import ClaimLedger, Claims
+from ingestor.claims import CLAIM, DONE, HEARTBEAT, ClaimLedger, Claims, decode_claim
+from ingestor.history import ABANDONED, write_error_marker
+from mdproto.messages import DataRequest, IngestClaim, Status
 
 
 @dataclass(frozen=True)
@@ -24,8 +28,8 @@ class SharedLog:
         self.readers: list[Claims] = []
 
     def publisher(self, lag_s: float = 0.0):  # type: ignore[no-untyped-def]
-        async def publish(request_id: str, ingestor_id: str) -> int:
-            rec = Rec(len(self.records), request_id.encode(), ingestor_id.encode(), 1000)
+        async def publish(key: str, value: bytes) -> int:
+            rec = Rec(len(self.records), key.encode(), value, 1000)
             self.records.append(rec)
             asyncio.get_running_loop().call_later(lag_s, self._fan_out, rec)
             return rec.offset
@@ -36,12 +40,45 @@ class SharedLog:
         for reader in self.readers:
             reader.on_records([rec])
 
+    def kinds(self) -> list[tuple[str, int]]:
+        out = []
+        for rec in self.records:
+            claim = decode_claim(rec.key, rec.value)
+            out.append((IngestClaim.Kind.Name(claim.kind), claim.attempt))
+        return out
+
+
+def req(request_id: str) -> DataRequest:
+    return DataRequest(
+        request_id=request_id,
+        kind=DataRequest.HISTORICAL,
+        ticker="BINANCE:BTC/USDT",
+        period_seconds=60,
+        start_time_ms=0,
+        end_time_ms=60_000,
+    )
+
+
+def claim(ingestor: str, request_id: str, attempt: int = 0, *, payload: bool = True) -> IngestClaim:
+    record = IngestClaim(kind=CLAIM, ingestor_id=ingestor, request_id=request_id, attempt=attempt)
+    if payload:
+        record.request.CopyFrom(req(request_id))
+    return record
+
+
+def beat(ingestor: str, *request_ids: str) -> IngestClaim:
+    return IngestClaim(kind=HEARTBEAT, ingestor_id=ingestor, in_flight=list(request_ids))
+
+
+def done(ingestor: str, request_id: str) -> IngestClaim:
+    return IngestClaim(kind=DONE, ingestor_id=ingestor, request_id=request_id)
+
 
 def test_ledger_keeps_the_first_claim_per_request() -> None:
     ledger = ClaimLedger()
-    ledger.add(5, "r1", "b", 0)
-    ledger.add(7, "r1", "a", 0)
-    ledger.add(8, "r2", "a", 0)
+    ledger.apply(5, claim("b", "r1"), 0, 0.0)
+    ledger.apply(7, claim("a", "r1"), 0, 0.0)
+    ledger.apply(8, claim("a", "r2"), 0, 0.0)
     assert ledger.winner("r1") == "b" and ledger.winner("r2") == "a"
     assert ledger.winner("r3") is None
     assert ledger.position == 9
@@ -50,7 +87,7 @@ def test_ledger_keeps_the_first_claim_per_request() -> None:
 def test_ledger_is_bounded_and_prunes_by_age() -> None:
     ledger = ClaimLedger(capacity=2)
     for i, rid in enumerate(["a", "b", "c"]):
-        ledger.add(i, rid, "x", i * 100)
+        ledger.apply(i, claim("x", rid), i * 100, 0.0)
     assert len(ledger) == 2 and ledger.winner("a") is None
     assert ledger.prune(older_than_ms=200) == 1
     assert ledger.winner("c") == "x"
@@ -62,7 +99,7 @@ def test_exactly_one_of_two_claimants_wins() -> None:
         a = Claims("ing-a", log.publisher(0.01), wait_timeout_s=5)
         b = Claims("ing-b", log.publisher(0.02), wait_timeout_s=5)
         log.readers = [a, b]
-        return tuple(await asyncio.gather(a.claim("req"), b.claim("req")))  # type: ignore[return-value]
+        return tuple(await asyncio.gather(a.claim(req("req")), b.claim(req("req"))))  # type: ignore[return-value]
 
     results = asyncio.run(scenario())
     assert sorted(results) == [False, True]
@@ -75,7 +112,7 @@ def test_every_request_has_exactly_one_winner_among_three() -> None:
         log.readers = claims
         out = []
         for n in range(20):
-            out.append(list(await asyncio.gather(*(c.claim(f"req-{n}") for c in claims))))
+            out.append(list(await asyncio.gather(*(c.claim(req(f"req-{n}")) for c in claims))))
         return out
 
     for verdicts in asyncio.run(scenario()):
@@ -84,25 +121,198 @@ def test_every_request_has_exactly_one_winner_among_three() -> None:
 
 def test_no_verdict_in_time_means_fetch_anyway() -> None:
     async def scenario() -> bool:
-        async def publish(request_id: str, ingestor_id: str) -> int:
+        async def publish(key: str, value: bytes) -> int:
             return 0  # the reader never sees it
 
-        return await Claims("ing", publish, wait_timeout_s=0.05).claim("req")
+        return await Claims("ing", publish, wait_timeout_s=0.05).claim(req("req"))
 
     assert asyncio.run(scenario()) is True
 
 
 def test_a_failing_claim_log_means_fetch_anyway() -> None:
     async def scenario() -> bool:
-        async def publish(request_id: str, ingestor_id: str) -> int:
+        async def publish(key: str, value: bytes) -> int:
             raise RuntimeError("kafka down")
 
-        return await Claims("ing", publish, wait_timeout_s=1).claim("req")
+        return await Claims("ing", publish, wait_timeout_s=1).claim(req("req"))
 
     assert asyncio.run(scenario()) is True
 
 
 def test_undecodable_records_are_skipped_but_advance_the_position() -> None:
     claims = Claims("ing", lambda r, i: None, wait_timeout_s=1)  # type: ignore[arg-type,return-value]
-    claims.on_records([Rec(0, b"\xff", b"x"), Rec(1, None, None)])
-    assert claims.ledger.position == 2 and len(claims.ledger) == 0
+    claims.on_records([Rec(0, b"r", b"\xff"), Rec(1, None, None), Rec(2, b"r", b"\x01\x20\xff")])
+    assert claims.ledger.position == 3 and len(claims.ledger) == 0
+
+
+# --- takeover bookkeeping (pure: the clock is an argument) -------------------
+
+
+def test_an_old_style_claim_is_a_first_claim_that_is_never_taken_over() -> None:
+    ledger = ClaimLedger()
+    ledger.apply(0, decode_claim(b"r1", b"old-ingestor"), 0, now=0.0)
+    assert ledger.winner("r1") == "old-ingestor"
+    assert ledger.expired(now=1e9, after_s=4, mine=frozenset()) == []
+
+
+def test_a_silent_holder_expires_and_heartbeats_of_its_own_requests_keep_it_alive() -> None:
+    ledger = ClaimLedger()
+    ledger.apply(0, claim("a", "r1"), 0, now=0.0)
+    ledger.apply(1, claim("a", "r2"), 0, now=0.0)
+    ledger.apply(2, beat("a", "r1"), 0, now=3.0)
+    ledger.apply(3, beat("b", "r2"), 0, now=3.0)  # not the holder of r2: no proof of life
+    [expired] = ledger.expired(now=4.0, after_s=4, mine=frozenset())
+    assert (expired.request_id, expired.attempt) == ("r2", 1)
+    assert expired.request == req("r2")
+    assert {t.request_id for t in ledger.expired(now=7.0, after_s=4, mine=frozenset())} == {
+        "r1",
+        "r2",
+    }
+    assert ledger.expired(now=7.0, after_s=4, mine=frozenset({"r1", "r2"})) == []
+
+
+def test_the_first_takeover_claim_for_the_next_attempt_wins() -> None:
+    ledger = ClaimLedger()
+    ledger.apply(0, claim("a", "r1"), 0, now=0.0)
+    ledger.apply(1, claim("b", "r1", attempt=1), 0, now=5.0)
+    ledger.apply(2, claim("c", "r1", attempt=1), 0, now=5.0)  # same attempt, later: loses
+    ledger.apply(3, claim("c", "r1", attempt=3), 0, now=5.0)  # skips an attempt: ignored
+    held = ledger.holding("r1")
+    assert held is not None and (held.owner, held.attempt) == ("b", 1)
+    ledger.apply(4, beat("a", "r1"), 0, now=8.0)  # the old holder woke up: it no longer holds r1
+    assert ledger.expired(now=9.0, after_s=4, mine=frozenset())[0].attempt == 2
+    ledger.apply(5, claim("c", "r1", attempt=2), 0, now=9.0)
+    assert ledger.winner("r1") == "c"
+
+
+def test_done_closes_a_request_for_good() -> None:
+    ledger = ClaimLedger()
+    ledger.apply(0, claim("a", "r1"), 0, now=0.0)
+    ledger.apply(1, done("a", "r1"), 0, now=1.0)
+    assert ledger.expired(now=100.0, after_s=4, mine=frozenset()) == []
+    ledger.apply(2, claim("b", "r1", attempt=1), 0, now=100.0)  # too late: ignored
+    held = ledger.holding("r1")
+    assert held is not None and held.done and held.owner == "a" and held.request is None
+
+
+def test_a_takeover_of_a_request_claimed_before_our_lookback_is_adopted() -> None:
+    ledger = ClaimLedger()
+    ledger.apply(0, claim("b", "r1", attempt=2), 0, now=0.0)
+    assert ledger.winner("r1") == "b"
+    assert ledger.expired(now=4.0, after_s=4, mine=frozenset())[0].attempt == 3
+
+
+def test_requests_without_a_payload_are_never_taken_over() -> None:
+    ledger = ClaimLedger()
+    ledger.apply(0, claim("a", "legacy-sync", payload=False), 0, now=0.0)
+    assert ledger.expired(now=100.0, after_s=4, mine=frozenset()) == []
+
+
+def test_the_claim_record_carries_the_request() -> None:
+    async def scenario() -> None:
+        log = SharedLog()
+        a = Claims("ing-a", log.publisher(), wait_timeout_s=5)
+        log.readers = [a]
+        assert await a.claim(req("r1"))
+        assert a.running == {"r1"}
+
+    asyncio.run(scenario())
+
+
+# --- takeover end to end over the in-memory log (real time, short timings) ----
+
+FAST = {"heartbeat_s": 0.02, "takeover_after_s": 0.15}
+
+
+def test_a_dead_winner_is_taken_over_once_by_one_of_the_others() -> None:
+    async def scenario() -> tuple[list[tuple[str, str, int]], SharedLog, str]:
+        log = SharedLog()
+        nodes = [Claims(f"ing-{i}", log.publisher(0.002 * i), 5, **FAST) for i in range(3)]
+        log.readers = list(nodes)
+        verdicts = await asyncio.gather(*(n.claim(req("r1")) for n in nodes))
+        winner = nodes[verdicts.index(True)]
+        log.readers.remove(winner)  # the winner dies: no heartbeat, no done
+        started: list[tuple[str, str, int]] = []
+        runs = [
+            asyncio.create_task(
+                n.run(lambda r, at, n=n: started.append((n.ingestor_id, r.request_id, at)))
+            )
+            for n in nodes
+            if n is not winner
+        ]
+        await asyncio.sleep(0.6)
+        for task in runs:
+            task.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        return started, log, winner.ingestor_id
+
+    started, log, dead = asyncio.run(scenario())
+    [(taker, request_id, attempt)] = started
+    assert request_id == "r1" and attempt == 1
+    assert taker != dead
+    assert log.kinds().count(("CLAIM", 1)) >= 1
+    # The taker keeps it alive: nobody claimed attempt 2 during the rest of the run.
+    assert ("CLAIM", 2) not in log.kinds()
+    assert ("HEARTBEAT", 0) in log.kinds()
+
+
+def test_a_live_winner_is_not_taken_over_and_done_ends_the_heartbeats() -> None:
+    async def scenario() -> tuple[list[DataRequest], SharedLog]:
+        log = SharedLog()
+        a = Claims("ing-a", log.publisher(0.001), 5, **FAST)
+        b = Claims("ing-b", log.publisher(0.002), 5, **FAST)
+        log.readers = [a, b]
+        assert await a.claim(req("r1"))
+        assert not await b.claim(req("r1"))
+        started: list[DataRequest] = []
+        runs = [asyncio.create_task(n.run(lambda r, _at: started.append(r))) for n in (a, b)]
+        await asyncio.sleep(0.5)  # > 3 x takeover_after_s: a's heartbeats keep r1
+        await a.done("r1")
+        beats = sum(1 for kind, _ in log.kinds() if kind == "HEARTBEAT")
+        await asyncio.sleep(0.3)  # done: no more heartbeats, and still nobody takes over
+        for task in runs:
+            task.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        assert sum(1 for kind, _ in log.kinds() if kind == "HEARTBEAT") == beats
+        return started, log
+
+    started, log = asyncio.run(scenario())
+    assert started == []
+    assert ("CLAIM", 1) not in log.kinds() and ("DONE", 0) in log.kinds()
+
+
+def test_only_requests_of_served_exchanges_are_taken_over() -> None:
+    async def scenario() -> list[DataRequest]:
+        log = SharedLog()
+        a = Claims("ing-a", log.publisher(), 5, **FAST)
+        b = Claims("ing-b", log.publisher(), 5, **FAST)
+        log.readers = [a, b]
+        assert await a.claim(req("r1"))
+        log.readers = [b]  # a dies
+        started: list[DataRequest] = []
+        run = asyncio.create_task(b.run(lambda r, _at: started.append(r), lambda _r: False))
+        await asyncio.sleep(0.4)
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        return started
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_an_abandoned_request_gets_a_lone_error_marker(fakes: Any) -> None:
+    sink = fakes.FakeSink()
+    delivered = asyncio.run(
+        write_error_marker(
+            req("r1"), sink, ingestor_id="ing-c", error_code=ABANDONED, reason="4 holders died"
+        )
+    )
+    [(key, marker)] = sink.batches
+    assert delivered and key == "BINANCE:BTC/USDT"
+    assert marker.is_final and marker.sequence == 0 and not marker.rows
+    meta = marker.metadata
+    assert (meta.status, meta.error_code, meta.reason) == (
+        Status.ERROR,
+        "abandoned",
+        "4 holders died",
+    )
+    assert meta.request_id == "r1" and meta.ingestor_id == "ing-c"

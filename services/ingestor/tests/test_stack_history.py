@@ -317,4 +317,6 @@ def test_metrics_count_outcomes_rows_and_kafka_deliveries(harness: Any, run_inge
     assert "ingestor_history_rows_total 120.0" in text
     assert 'ingestor_requests_total{kind="history"} 2.0' in text
     assert 'ingestor_kafka_records_total{state="failed"} 0.0' in text
+    assert "ingestor_requests_taken_over_total 0.0" in text
+    assert 'ingestor_claims_records_total{kind="failed"} 0.0' in text
     assert '"status": "ok"' in scraped["/healthz"]

@@ -2,7 +2,8 @@
 
 exchanges (ccxt, load_markets) -> Kafka producer -> Market records
 -> claims tail -> live feeds -> work intake (SUB :5555, SUB :5560)
-     DataRequest HISTORICAL  -> claim -> fetch pages -> OHLCBatch records (Kafka)
+     DataRequest HISTORICAL  -> claim -> fetch pages -> OHLCBatch records (Kafka) -> done
+     silent claim holder     -> takeover claim -> fetch pages -> OHLCBatch records -> done
      DataRequest legacy_sync -> claim -> fetch pages -> DataResponse (DEALER :5556)
      DataRequest REALTIME    -> start feed / refresh lease -> Tick records (Kafka)
                                   '-> FeedStatus (started, lost, failed...) (DEALER :5556)
@@ -30,11 +31,13 @@ from ingestor.coverage import NO_COVERAGE, CoverageSource, IcebergCoverage
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.health import HealthBook
 from ingestor.history import (
+    ABANDONED,
     FetchEnv,
     RequestFailedError,
     call_with_retry,
     run_history_job,
     wall_clock_ms,
+    write_error_marker,
 )
 from ingestor.kafka_sink import KafkaSink, PartitionTail
 from ingestor.legacy import legacy_response
@@ -59,6 +62,7 @@ class IngestorStats:
     legacy_jobs: int = 0
     skipped_claimed: int = 0  # another ingestor claimed them first
     skipped_repeat: int = 0  # already seen by this ingestor
+    taken_over: int = 0  # requests this ingestor took over from a silent claim holder
     markets_published: int = 0
     rows: int = 0  # candles written for history requests
     # Finished history requests by (status name, error_code): bounded, unlike a per-request log.
@@ -87,6 +91,7 @@ class Ingestor:
         self.feeds: LiveFeeds | None = None
         self.intake: WorkIntake | None = None
         self._claims: Claims | None = None
+        self._claims_task: asyncio.Task[None] | None = None
         self._tail: PartitionTail | None = None
         self._responder: LegacyResponder | None = None
         self._semaphore = asyncio.Semaphore(settings.history.max_concurrent)
@@ -109,6 +114,10 @@ class Ingestor:
     def jobs_in_flight(self) -> int:
         """History and legacy requests started and not finished (waiting ones included)."""
         return len(self._jobs)
+
+    @property
+    def claims(self) -> Claims | None:
+        return self._claims
 
     @property
     def prefixes(self) -> list[str]:
@@ -199,10 +208,17 @@ class Ingestor:
         assert self.sink is not None
         sink, topic = self.sink, self.settings.kafka.topic_claims
 
-        async def publish(request_id: str, ingestor_id: str) -> int:
-            return await sink.deliver(topic, request_id, ingestor_id.encode(), partition=0)
+        async def publish(key: str, value: bytes) -> int:
+            return await sink.deliver(topic, key, value, partition=0)
 
-        self._claims = Claims(self.ingestor_id, publish, self.settings.claims.wait_timeout_s)
+        c = self.settings.claims
+        self._claims = Claims(
+            self.ingestor_id,
+            publish,
+            c.wait_timeout_s,
+            heartbeat_s=c.heartbeat_s,
+            takeover_after_s=c.takeover_after_s,
+        )
         self._tail = PartitionTail(
             self.settings.kafka.bootstrap_servers,
             topic,
@@ -213,6 +229,12 @@ class Ingestor:
         lookback_ms = int(self.settings.claims.lookback_s * 1000)
         await self._tail.start(wall_clock_ms() - lookback_ms)
         self._claims.ledger.advance(self._tail.start_offset)
+        # Not in _tasks: it must outlive them at shutdown, heartbeating the jobs that finish.
+        self._claims_task = asyncio.create_task(
+            self._claims.run(self._on_takeover, lambda r: self._adapter_for(r) is not None),
+            name="claims",
+        )
+        self._claims_task.add_done_callback(self._task_done)
 
     # --- market metadata --------------------------------------------------
 
@@ -267,30 +289,73 @@ class Ingestor:
         if not is_valid_id(request.request_id):
             log.warning("historical request with invalid request_id %r ignored", request.request_id)
             return
-        try:
-            adapter = self._by_prefix[parse_ticker(request.ticker).prefix]
-        except (ProtocolError, KeyError):
-            adapter = None  # still answered: an ERROR marker beats a client timeout
         if not self._seen.add(request.request_id):
             self.stats.skipped_repeat += 1
             log.info("request %s already handled here; repeat ignored", request.request_id)
             return
-        task = asyncio.create_task(self._historical(request, adapter), name=request.request_id)
+        self._start_job(request)
+
+    def _adapter_for(self, request: DataRequest) -> ExchangeAdapter | None:
+        try:
+            return self._by_prefix[parse_ticker(request.ticker).prefix]
+        except (ProtocolError, KeyError):
+            return None  # still answered: an ERROR marker beats a client timeout
+
+    def _on_takeover(self, request: DataRequest, attempt: int) -> None:
+        """Won a takeover claim (the holder went silent): fetch the whole range again."""
+        if self.stopping:  # not heartbeated, so the next ingestor takes it over
+            assert self._claims is not None
+            self._claims.abandon(request.request_id)
+            return
+        self.stats.taken_over += 1
+        self._seen.add(request.request_id)
+        self._start_job(request, attempt)
+
+    def _start_job(self, request: DataRequest, attempt: int = 0) -> None:
+        """attempt 0: a request from the relay, to claim; n: a takeover already won."""
+        job = self._historical(request, self._adapter_for(request), attempt)
+        task = asyncio.create_task(job, name=request.request_id)
         self._jobs.add(task)
         task.add_done_callback(self._jobs.discard)
 
-    async def _historical(self, request: DataRequest, adapter: ExchangeAdapter | None) -> None:
-        if self._claims is not None and not await self._claims.claim(request.request_id):
+    async def _historical(
+        self, request: DataRequest, adapter: ExchangeAdapter | None, attempt: int
+    ) -> None:
+        claims = self._claims
+        if claims is not None and attempt == 0 and not await claims.claim(request):
             self.stats.skipped_claimed += 1
             log.info("request %s claimed by another ingestor; skipped", request.request_id)
             return
+        try:
+            if attempt > self.settings.claims.max_takeovers:
+                delivered = await self._give_up(request, attempt)
+            else:
+                delivered = await self._fetch(request, adapter)
+        finally:  # no longer heartbeated; without a DONE (cancelled, undelivered) it is taken over
+            if claims is not None:
+                claims.abandon(request.request_id)
+        if claims is not None and delivered:
+            await claims.done(request.request_id)
+
+    async def _give_up(self, request: DataRequest, attempt: int) -> bool:
+        """Every holder so far died mid-fetch: end the request with an ERROR, not another try."""
+        assert self.sink is not None
+        reason = f"{attempt} ingestors in a row stopped while fetching it (claims.max_takeovers)"
+        log.error("request %s abandoned: %s", request.request_id, reason)
+        self.stats.outcomes[("ERROR", ABANDONED)] += 1
+        return await write_error_marker(
+            request, self.sink, ingestor_id=self.ingestor_id, error_code=ABANDONED, reason=reason
+        )
+
+    async def _fetch(self, request: DataRequest, adapter: ExchangeAdapter | None) -> bool:
+        """Fetch and write (or answer) one request; True once its final answer was delivered."""
         async with self._semaphore:
             if adapter is None:
                 adapter = next(iter(self._adapters.values()))  # plan_request reports the bad ticker
             env = self._env(adapter)
             if request.legacy_sync:
                 await self._legacy(request, adapter, env)
-                return
+                return True
             self.stats.history_jobs += 1
             assert self.sink is not None
             outcome = await run_history_job(
@@ -314,6 +379,7 @@ class Ingestor:
                 outcome.expected_gaps,
                 f", {outcome.error_code}: {outcome.reason}" if outcome.error_code else "",
             )
+            return outcome.delivered
 
     async def _legacy(self, request: DataRequest, adapter: ExchangeAdapter, env: FetchEnv) -> None:
         assert self._responder is not None
@@ -444,6 +510,9 @@ class Ingestor:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._claims_task is not None:
+            self._claims_task.cancel()
+            await asyncio.gather(self._claims_task, return_exceptions=True)
         if self.feeds is not None:
             await self.feeds.stop_all()
         if self._responder is not None:

@@ -128,6 +128,11 @@ class ClaimSettings(_Section):
     enabled: bool = True
     lookback_s: float = Field(default=600.0, gt=0)  # claims read back at start, and kept in memory
     wait_timeout_s: float = Field(default=10.0, gt=0)  # no verdict by then: fetch anyway (harmless)
+    heartbeat_s: float = Field(default=1.0, gt=0)  # holder's sign of life for its requests
+    # A holder silent this long has its requests taken over (a false alarm costs a refetch).
+    takeover_after_s: float = Field(default=4.0, gt=0)
+    # A request whose holders died this many times in a row is ended with an ERROR marker.
+    max_takeovers: int = Field(default=3, ge=0)
 
 
 class MarketSettings(_Section):

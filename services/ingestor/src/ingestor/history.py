@@ -42,6 +42,7 @@ INVALID_REQUEST = "invalid_request"
 UNSUPPORTED_PERIOD = "unsupported_period"
 KAFKA_DELIVERY = "kafka_delivery"
 INTERNAL = "internal"
+ABANDONED = "abandoned"  # every ingestor that held the request stopped without finishing it
 
 
 class CandleSource(Protocol):
@@ -202,6 +203,14 @@ async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
 
 def _series(request: DataRequest) -> tuple[str, int]:
     return request.ticker, request.period_seconds
+
+
+async def write_error_marker(
+    request: DataRequest, sink: RecordSink, *, ingestor_id: str, error_code: str, reason: str
+) -> bool:
+    """A lone ERROR final marker for a request that will not be fetched; True if delivered."""
+    final = BatchBuilder(metadata_for(request, ingestor_id), 1).fail(reason, error_code)
+    return await _send_final(sink, request.ticker, final)
 
 
 async def run_history_job(

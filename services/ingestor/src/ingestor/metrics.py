@@ -40,6 +40,22 @@ class IngestorCollector(Collector):
         skipped.add_metric(["claimed_elsewhere"], stats.skipped_claimed)
         skipped.add_metric(["repeat"], stats.skipped_repeat)
         yield skipped
+        yield CounterMetricFamily(
+            "ingestor_requests_taken_over",
+            "Requests this ingestor took over from a silent claim holder",
+            value=stats.taken_over,
+        )
+        if ing.claims is not None:
+            claims = CounterMetricFamily(
+                "ingestor_claims_records",
+                "Records this ingestor appended to ingest.claims, by kind (failed: not delivered)",
+                labels=["kind"],
+            )
+            c = ing.claims.stats
+            claims.add_metric(["takeover_claim"], c.takeovers_claimed)
+            claims.add_metric(["heartbeat"], c.heartbeats)
+            claims.add_metric(["failed"], c.publish_failures)
+            yield claims
         outcomes = CounterMetricFamily(
             "ingestor_history_outcomes",
             "Finished history requests by status and error_code",
