@@ -343,7 +343,8 @@ class Ingestor:
         return FetchEnv(
             policy=self.settings.retry.policy(),
             page_limit=adapter.page_limit,
-            bounded_pages=adapter.settings.bounded_pages,
+            bounded_pages=adapter.bounded_pages,
+            venue=adapter.venue,
         )
 
     def _spawn(self, coro: Any, name: str) -> None:

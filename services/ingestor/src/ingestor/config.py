@@ -48,8 +48,11 @@ class ExchangeSettings(_Section):
     enable_rate_limit: bool = True
     rate_limit_ms: int | None = None  # ccxt rateLimit override (ms between calls)
     timeout_ms: int = 10_000
-    page_limit: int = 1000  # candles per REST call (capped by what ccxt says the exchange allows)
-    bounded_pages: bool = False  # ask for at most page_limit periods per call (coinbaseexchange)
+    page_limit: int = Field(default=1000, gt=0)  # candles per call (capped by the venue's page cap)
+    # Windows of at most page_limit periods per call. None: as the venue needs
+    # (ingestor.venues); true forces them; false is refused for venues that
+    # return a window's newest candles (it would lose the oldest).
+    bounded_pages: bool | None = None
     markets: list[str] = Field(default_factory=list)  # BASE/QUOTE to publish; empty = all
     live: bool = True  # accept REALTIME requests
     # ccxt.pro keeps this many trades per symbol between two watch_trades calls;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import ccxt.async_support as ccxt_async
@@ -21,6 +22,7 @@ from ingestor.config import Credentials, ExchangeSettings
 from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, Trade
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
+from ingestor.venues import Venue, venue_for
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +32,24 @@ _LAST_HTTP_ERROR: contextvars.ContextVar[tuple[int, dict[str, str], str] | None]
     contextvars.ContextVar("ingestor_last_http_error", default=None)
 )
 
+#: What answers ccxt's HTTP calls instead of the network: (url, method, headers,
+#: body) -> the decoded JSON body, or a ccxt error raised. Tests inject one that
+#: replays recorded exchange payloads (cryptofeed's injected connection style).
+Transport = Callable[[str, str, Mapping[str, str] | None, Any], Awaitable[Any]]
+
 # ccxt precisionMode values (ccxt.base.decimal_to_precision).
 _DECIMAL_PLACES = 2
 _SIGNIFICANT_DIGITS = 3
 
 
-def _capturing(cls: type[Any]) -> type[Any]:
+def _capturing(cls: type[Any], transport: Transport | None = None) -> type[Any]:
     """A subclass of a ccxt exchange class that records HTTP error responses.
 
     ccxt raises DDoSProtection for a 429 without the Retry-After header; the
     header is only on the (shared) `last_response_headers`. Recording it here,
-    per task, lets the retry policy honour it safely.
+    per task, lets the retry policy honour it safely. With a `transport`, every
+    REST call goes to it instead of the network; ccxt still builds the request
+    and parses the answer, so replayed payloads take the production path.
     """
 
     def handle_errors(
@@ -62,7 +71,21 @@ def _capturing(cls: type[Any]) -> type[Any]:
             code, reason, url, method, headers, body, response, request_headers, request_body
         )
 
-    subclass: type[Any] = type(cls.__name__, (cls,), {"handle_errors": handle_errors})
+    async def fetch(
+        self: Any,
+        url: str,
+        method: str = "GET",
+        headers: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> Any:
+        if transport is not None:
+            return await transport(url, method, headers, body)
+        parent: Any = super(subclass, self)
+        return await parent.fetch(url, method, headers, body)
+
+    subclass: type[Any] = type(
+        cls.__name__, (cls,), {"handle_errors": handle_errors, "fetch": fetch}
+    )
     return subclass
 
 
@@ -119,6 +142,22 @@ def _tick_size(value: Any, mode: Any) -> float:
     return number
 
 
+def paging_mode(venue: Venue, configured: bool | None) -> bool:
+    """Whether pages are bounded windows: the venue's need unless configured.
+
+    Refuses unbounded pages for a venue that returns a window's newest candles:
+    such a request would silently lose the oldest candles of every long range.
+    """
+    if configured is None:
+        return venue.bounded
+    if not configured and venue.bounded:
+        raise ValueError(
+            f"bounded_pages: false cannot serve {venue.exchange_id}: it returns the newest"
+            " candles of a window, so unbounded pages would lose the oldest ones"
+        )
+    return configured
+
+
 class ExchangeAdapter:
     """One exchange, REST and websocket, as the rest of the ingestor sees it."""
 
@@ -127,6 +166,8 @@ class ExchangeAdapter:
         exchange_id: str,
         settings: ExchangeSettings,
         credentials: Credentials | None = None,
+        *,
+        transport: Transport | None = None,
     ) -> None:
         self.exchange_id = exchange_id
         self.prefix = settings.prefix
@@ -144,22 +185,29 @@ class ExchangeAdapter:
             config["rateLimit"] = settings.rate_limit_ms
         if credentials is not None:
             config.update(credentials.ccxt_config())
-        self._exchange: Any = _capturing(base)(config)
+        self._exchange: Any = _capturing(base, transport)(config)
         if settings.api_base_url:
             # A new dict: class-level defaults shared with other instances stay untouched.
             urls = dict(self._exchange.urls)
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
+        self.venue: Venue = venue_for(exchange_id)
+        self.bounded_pages = paging_mode(self.venue, settings.bounded_pages)
         features = (self._exchange.features or {}).get("spot") or {}
         exchange_limit = (features.get("fetchOHLCV") or {}).get("limit")
-        self.page_limit = min(settings.page_limit, exchange_limit or settings.page_limit)
+        caps = (settings.page_limit, self.venue.page_cap, exchange_limit)
+        self.page_limit = min(int(c) for c in caps if c)
 
     async def load_markets(self, reload: bool = False) -> None:
         try:
             await self._exchange.load_markets(reload)
         except Exception as exc:
             raise fault_from(exc) from exc
+
+    def preload_markets(self, markets: Sequence[Mapping[str, Any]]) -> None:
+        """Use these ccxt market dicts instead of loading them (replayed payloads)."""
+        self._exchange.set_markets([dict(m) for m in markets])
 
     def timeframes(self) -> list[str]:
         return list((self._exchange.timeframes or {}).keys())
@@ -202,9 +250,8 @@ class ExchangeAdapter:
         self.rest_calls += 1
         _LAST_HTTP_ERROR.set(None)
         try:
-            rows = await self._exchange.fetch_ohlcv(
-                symbol, timeframe, since_ms, limit, {"until": until_ms}
-            )
+            params = self.venue.until_params(until_ms)
+            rows = await self._exchange.fetch_ohlcv(symbol, timeframe, since_ms, limit, params)
         except Exception as exc:
             raise fault_from(exc) from exc
         try:  # fast path: ccxt hands out floats already
