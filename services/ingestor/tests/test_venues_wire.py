@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,16 @@ class BinanceWire(Wire):
     def stamp(row: list[Any], open_ms: int, period_ms: int) -> list[Any]:
         return [open_ms, *row[1:6], open_ms + period_ms - 1, *row[7:]]
 
+    @staticmethod
+    def candle(row: list[Any]) -> Candle:
+        return replace(
+            ccxt_row(row),
+            trade_count=int(row[8]),
+            quote_volume=float(row[7]),
+            taker_buy_volume=float(row[9]),
+            taker_buy_quote_volume=float(row[10]),
+        )
+
     def answer(self, path: str, query: dict[str, str]) -> Any:
         assert path == "/api/v3/klines", path
         keys = {"symbol", "interval", "startTime", "endTime", "limit"}
@@ -157,6 +168,10 @@ class OkxWire(Wire):
 
     exchange_id, market_id, max_limit = "okx", "BTC-USDT", 300
     timeframes = {MIN: "1m", HOUR: "1H"}
+
+    @staticmethod
+    def candle(row: list[Any]) -> Candle:
+        return replace(ccxt_row(row), quote_volume=float(row[7]), final=row[8] == "1")
 
     def answer(self, path: str, query: dict[str, str]) -> Any:
         assert path in ("/api/v5/market/candles", "/api/v5/market/history-candles"), path
@@ -176,6 +191,10 @@ class BybitWire(Wire):
 
     exchange_id, market_id, max_limit = "bybit", "BTCUSDT", 1000
     timeframes = {MIN: "1", HOUR: "60"}
+
+    @staticmethod
+    def candle(row: list[Any]) -> Candle:
+        return replace(ccxt_row(row), quote_volume=float(row[6]))
 
     def answer(self, path: str, query: dict[str, str]) -> Any:
         assert path == "/v5/market/kline", path
@@ -215,8 +234,9 @@ class KrakenWire(SecondsWire):
 
     @staticmethod
     def candle(row: list[Any]) -> Candle:
+        """A committed entry (the tests expect closed candles only)."""
         values = [float(v) for v in (row[1], row[2], row[3], row[4], row[6])]
-        return Candle(int(row[0]) * 1000, *values)
+        return Candle(int(row[0]) * 1000, *values, trade_count=int(row[7]), final=True)
 
     def answer(self, path: str, query: dict[str, str]) -> Any:
         assert path == "/0/public/OHLC", path
@@ -314,18 +334,61 @@ def test_recorded_response_parses_to_the_recorded_values(exchange_id: str) -> No
     fetch = adapter.fetch_candles("BTC/USDT", timeframe, since, since + 10**10, limit)
     candles = asyncio.run(fetch)
     assert len(seen) == 1
-    assert candles == [ccxt_row(r) for r in parsed]
+    assert [replace(c, **RAW_DEFAULTS) for c in candles] == [ccxt_row(r) for r in parsed]
+    assert {c.open_time_ms: kept(c) for c in candles} == KEPT[exchange_id]
+
+
+RAW_DEFAULTS: dict[str, Any] = {
+    "trade_count": None,
+    "quote_volume": None,
+    "taker_buy_volume": None,
+    "taker_buy_quote_volume": None,
+    "final": None,
+}
+
+
+def kept(candle: Candle) -> tuple[Any, ...]:
+    return tuple(getattr(candle, name) for name in RAW_DEFAULTS)
+
+
+#: What each recorded response says beyond OHLCV, per candle, read off the
+#: fixtures by hand: (trade count, quote volume, taker buy base, taker buy
+#: quote, final). None: the exchange does not report it.
+KEPT: dict[str, dict[int, tuple[Any, ...]]] = {
+    "binance": {
+        1706630400000: (3743, 891428.4285807, 10.91428, 473782.9573992, None),
+        1706634000000: (4365, 946546.0494168, 11.70274, 508392.7477704, None),
+        1706637600000: (4063, 1027527.7711617, 15.19718, 660419.7327528, None),
+    },
+    "okx": {
+        1706630400000: (None, 309343235.363089398, None, None, True),
+        1706634000000: (None, 195072853.268772597, None, None, True),
+        1706637600000: (None, 220057933.233687634, None, None, True),
+    },
+    "bybit": {
+        1706630400000: (None, 58117391.4117, None, None, None),
+        1706634000000: (None, 138878389.2519, None, None, None),
+        1706637600000: (None, 68345898.1407, None, None, None),
+    },
+    "kraken": {
+        1706630400000: (126, None, None, None, True),
+        1706634000000: (127, None, None, None, True),
+        1706637600000: (434, None, None, None, True),
+    },
+    "coinbaseexchange": {1710327600000: (None, None, None, None, None)},
+}
 
 
 @pytest.mark.parametrize("exchange_id", sorted(WIRES))
 def test_oracle_reads_the_recorded_rows_as_ccxt_does(exchange_id: str) -> None:
-    """The fakes' own reading of each raw layout agrees with ccxt's recorded parse."""
+    """The fakes' own reading of each raw layout agrees with the recorded parse and KEPT."""
     fixture = recorded(exchange_id)
-    parsed = {
-        int(r[0]): Candle(int(r[0]), *(float(v) for v in r[1:6])) for r in fixture["parsedResponse"]
-    }
+    parsed = {c.open_time_ms: c for c in map(ccxt_row, fixture["parsedResponse"])}
     mine = {c.open_time_ms: c for c in map(WIRES[exchange_id].candle, recorded_rows(exchange_id))}
-    assert parsed and all(mine[t] == c for t, c in parsed.items())
+    assert parsed
+    for t, candle in parsed.items():
+        assert replace(mine[t], **RAW_DEFAULTS) == candle
+        assert kept(mine[t]) == KEPT[exchange_id][t]
 
 
 # --------------------------------------------------------------------------
@@ -412,6 +475,17 @@ def test_newest_first_exchanges_lose_nothing_of_a_long_range(exchange_id: str) -
     got = asyncio.run(fetch_range(exchange_id, wire, T0, T0 + SLOTS * MIN, 7, MIN))
     assert [c.open_time_ms for c in got] == [T0 + i * MIN for i in range(SLOTS)]
     assert len(wire.requests) == -(-SLOTS // 7)  # one bounded window per page
+
+
+def test_a_candle_the_exchange_calls_unfinished_is_not_written() -> None:
+    """OKX confirm=0 on a candle the local clock thinks closed (clock skew): left out."""
+    wire_cls = WIRES["okx"]
+    rows = series(wire_cls, T0, set(), MIN)
+    rows[SLOTS - 1] = [*rows[SLOTS - 1][:8], "0"]
+    wire = wire_cls(rows, MIN, T0 + NOW_SLOT * MIN + 1000)
+    got = asyncio.run(fetch_range("okx", wire, T0, T0 + SLOTS * MIN, 300, MIN))
+    assert [c.open_time_ms for c in got] == [T0 + i * MIN for i in range(SLOTS - 1)]
+    assert all(c.final for c in got)
 
 
 def test_kraken_refuses_a_range_older_than_its_720_entries() -> None:

@@ -121,16 +121,18 @@ def plan_fetch(
 def accept_page(plan: FetchPlan, page: Sequence[Candle], after_ms: int | None) -> list[Candle]:
     """The page's candles that belong to the request, ascending and unique.
 
-    Drops candles outside [start, end) (including the still-open one), and those
+    Drops candles outside [start, end) (including the still-open one), those
     at or before `after_ms` (the last open time already accepted), so pages that
-    overlap never produce duplicate rows.
+    overlap never produce duplicate rows, and those the exchange itself marks
+    not final (OKX `confirm=0`, after Kraken's `last`) even if the local clock
+    says they closed: a still-forming candle is never written.
     """
     floor = plan.start_ms if after_ms is None else max(plan.start_ms, after_ms + 1)
     accepted: list[Candle] = []
     last = -1
     for candle in sorted(page, key=lambda c: c.open_time_ms):
         t = candle.open_time_ms
-        if floor <= t < plan.end_ms and t != last:
+        if floor <= t < plan.end_ms and t != last and candle.final is not False:
             accepted.append(candle)
             last = t
     return accepted

@@ -9,6 +9,7 @@ values and `ExchangeCallError`s.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -19,7 +20,7 @@ import ccxt.pro as ccxt_pro
 from ccxt.base import errors as ccxt_errors
 
 from ingestor.config import Credentials, ExchangeSettings
-from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, Trade
+from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, RawFields, Trade
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
@@ -30,6 +31,12 @@ log = logging.getLogger(__name__)
 # A context variable, so concurrent requests on one exchange never mix them up.
 _LAST_HTTP_ERROR: contextvars.ContextVar[tuple[int, dict[str, str], str] | None] = (
     contextvars.ContextVar("ingestor_last_http_error", default=None)
+)
+
+# The decoded body of the last REST response this task received: the raw candle
+# rows, for the fields ccxt's OHLCV drops. Per task, like _LAST_HTTP_ERROR.
+_LAST_RESPONSE: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "ingestor_last_response", default=None
 )
 
 #: What answers ccxt's HTTP calls instead of the network: (url, method, headers,
@@ -79,9 +86,12 @@ def _capturing(cls: type[Any], transport: Transport | None = None) -> type[Any]:
         body: Any = None,
     ) -> Any:
         if transport is not None:
-            return await transport(url, method, headers, body)
-        parent: Any = super(subclass, self)
-        return await parent.fetch(url, method, headers, body)
+            response = await transport(url, method, headers, body)
+        else:
+            parent: Any = super(subclass, self)
+            response = await parent.fetch(url, method, headers, body)
+        _LAST_RESPONSE.set(response)
+        return response
 
     subclass: type[Any] = type(
         cls.__name__, (cls,), {"handle_errors": handle_errors, "fetch": fetch}
@@ -132,6 +142,12 @@ def _float(value: Any) -> float:
 def _candle(row: list[Any]) -> Candle:
     values = [_float(row[i]) if i < len(row) else 0.0 for i in range(1, 6)]
     return Candle(int(row[0]), values[0], values[1], values[2], values[3], values[4])
+
+
+def _present(fields: RawFields) -> dict[str, Any]:
+    return {
+        f.name: v for f in dataclasses.fields(fields) if (v := getattr(fields, f.name)) is not None
+    }
 
 
 def _tick_size(value: Any, mode: Any) -> float:
@@ -249,18 +265,44 @@ class ExchangeAdapter:
         """One page of candles opening in [since, until] (the exchange may return fewer)."""
         self.rest_calls += 1
         _LAST_HTTP_ERROR.set(None)
+        _LAST_RESPONSE.set(None)
         try:
             params = self.venue.until_params(until_ms)
             rows = await self._exchange.fetch_ohlcv(symbol, timeframe, since_ms, limit, params)
         except Exception as exc:
             raise fault_from(exc) from exc
         try:  # fast path: ccxt hands out floats already
-            return [
+            candles = [
                 Candle(int(r[0]), r[1] + 0.0, r[2] + 0.0, r[3] + 0.0, r[4] + 0.0, r[5] + 0.0)
                 for r in rows
             ]
         except (TypeError, IndexError):  # a None or short row somewhere: convert carefully
-            return [_candle(r) for r in rows if r and r[0] is not None]
+            candles = [_candle(r) for r in rows if r and r[0] is not None]
+        return self._with_raw_fields(symbol, candles)
+
+    def _with_raw_fields(self, symbol: str, candles: list[Candle]) -> list[Candle]:
+        """Candles completed with what ccxt dropped from the raw rows (venue's reader).
+
+        An unreadable raw response costs the extra fields (left None, i.e.
+        unknown), never the candles ccxt already parsed.
+        """
+        reader = self.venue.raw_fields
+        body = _LAST_RESPONSE.get()
+        if reader is None or body is None or not candles:
+            return candles
+        try:
+            extra = reader(body, str(self._exchange.market(symbol)["id"]))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            log.warning(
+                "%s: raw candle fields unreadable (%s); left unknown", self.exchange_id, exc
+            )
+            return candles
+        return [
+            dataclasses.replace(c, **_present(fields))
+            if (fields := extra.get(c.open_time_ms))
+            else c
+            for c in candles
+        ]
 
     async def watch_trades(self, symbol: str) -> list[Trade]:
         """Trades received since the previous call; reconnects after a drop."""

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Candle:
-    """One closed OHLCV candle as the exchange reported it."""
+    """One OHLCV candle as the exchange reported it.
+
+    The optional fields are None where the exchange does not report them (so a
+    real zero and "unknown" stay apart). `final` is the exchange's own "this
+    candle is complete" flag where it has one (OKX `confirm`, Kraken `last`).
+    """
 
     open_time_ms: int
     open: float
@@ -20,7 +25,22 @@ class Candle:
     low: float
     close: float
     volume: float
-    trade_count: int = 0
+    trade_count: int | None = None
+    quote_volume: float | None = None
+    taker_buy_volume: float | None = None
+    taker_buy_quote_volume: float | None = None
+    final: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawFields:
+    """A candle's fields that ccxt's OHLCV drops, read from the raw response."""
+
+    trade_count: int | None = None
+    quote_volume: float | None = None
+    taker_buy_volume: float | None = None
+    taker_buy_quote_volume: float | None = None
+    final: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,6 +171,7 @@ class _CandleColumns:
         self.open_time: list[int] = []
         self.numbers: dict[str, list[float]] = {c: [] for c in self.NUMERIC}
         self.trade_count: list[int] = []
+        self.trade_count_known: list[bool] = []  # unset in the OHLC: not reported -> null
         # One entry per record with rows:
         self.counts: list[int] = []
         self.default_ticker: list[str] = []
@@ -200,6 +201,7 @@ class _CandleColumns:
         self.numbers["close"].extend([r.close for r in rows])
         self.numbers["volume"].extend([r.volume for r in rows])
         self.trade_count.extend([r.trade_count for r in rows])
+        self.trade_count_known.extend([r.HasField("trade_count") for r in rows])
         self.counts.append(len(rows))
         self.default_ticker.append(default_ticker)
         self.default_period.append(default_period)
@@ -246,7 +248,10 @@ class _CandleColumns:
                 "period_seconds": pa.array(period[ok].astype(np.int32)),
                 "open_time": pa.array(open_time[ok] * 1000).cast(UTC_US),
                 **{c: pa.array(v[ok]) for c, v in numbers.items()},
-                "trade_count": pa.array(trade_count[ok].astype(np.int64)),
+                "trade_count": pa.array(
+                    trade_count[ok].astype(np.int64),
+                    mask=~np.array(self.trade_count_known, dtype=bool)[ok],
+                ),
                 "source": pa.array([source] * len(rec), pa.string()),
                 "request_id": pa.array(self.request_id, pa.string()).take(rec),
                 "ingested_at": pa.array(np.array(self.ingested_at, dtype=np.int64) * 1000)

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
+
+from ingestor.model import RawFields
+
+#: (decoded response body, exchange market id) -> {open time ms: fields ccxt drops}
+RawReader = Callable[[Any, str], dict[int, RawFields]]
 
 
 class Paging(enum.Enum):
@@ -51,6 +58,8 @@ class Venue:
     where it does not, ccxt would pass it on raw, so it is left out.
     `until_exclusive`: the exchange's end parameter excludes its own instant
     (OKX `after`), so the inclusive bound is sent one millisecond later.
+    `raw_fields`: reads what ccxt's OHLCV drops (trade count, quote and taker
+    volumes, the final flag) from the raw candle response; None: nothing to add.
     """
 
     exchange_id: str
@@ -59,6 +68,7 @@ class Venue:
     history_entries: int | None = None
     sends_until: bool = True
     until_exclusive: bool = False
+    raw_fields: RawReader | None = None
 
     def until_params(self, until_ms: int) -> dict[str, int]:
         """ccxt `params` carrying the inclusive end `until_ms` the way this exchange reads it."""

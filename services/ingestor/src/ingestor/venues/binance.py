@@ -2,9 +2,33 @@
 
 `startTime`/`endTime` are inclusive and the first `limit` (max 1000) klines
 opening at or after `startTime` come back, oldest first, so one call skips any
-empty stretch. The whole history is served.
+empty stretch. The whole history is served. A row is [open time, open, high,
+low, close, volume, close time, quote volume, trades, taker buy base volume,
+taker buy quote volume, ignore]; ccxt keeps the first six.
 """
 
+from typing import Any
+
+from ingestor.model import RawFields
 from ingestor.venues.base import Paging, Venue
 
-VENUE = Venue(exchange_id="binance", paging=Paging.OLDEST_FROM_SINCE, page_cap=1000)
+
+def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
+    return {
+        int(r[0]): RawFields(
+            trade_count=int(r[8]),
+            quote_volume=float(r[7]),
+            taker_buy_volume=float(r[9]),
+            taker_buy_quote_volume=float(r[10]),
+        )
+        for r in body
+        if len(r) > 10
+    }
+
+
+VENUE = Venue(
+    exchange_id="binance",
+    paging=Paging.OLDEST_FROM_SINCE,
+    page_cap=1000,
+    raw_fields=raw_fields,
+)
