@@ -115,6 +115,7 @@ class Relay(Service):
             RELAY_METRICS_HOST=LOOPBACK,
             RELAY_METRICS_PORT=str(p.relay_metrics),
             RELAY_KAFKA__BOOTSTRAP_SERVERS=self.endpoints.kafka_bootstrap,
+            RELAY_KNOWN_EXCHANGES=",".join(self.platform.prefixes),
         )
         return [str(BIN / "relay")], env
 
@@ -200,9 +201,13 @@ class Ingestor(Service):
             "INGESTOR_RELAY_CONTROL_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_control}",
             "INGESTOR_RELAY_RESPONSE_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_response}",
             "INGESTOR_INGESTOR_ID": "ingestor-local-1",
+            # Exactly these exchanges, whatever the ingestor's config file lists.
+            "INGESTOR_SERVE": ",".join(self.platform.exchanges),
         }
         if self.exchange_url is not None:
-            overrides["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] = self.exchange_url
+            for exchange_id in self.platform.exchanges:
+                key = f"INGESTOR_EXCHANGES__{exchange_id.upper()}__API_BASE_URL"
+                overrides[key] = self.exchange_url
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:

@@ -153,7 +153,7 @@ class Ingestor:
     # --- start-up ---------------------------------------------------------
 
     def _open_exchanges(self) -> None:
-        for exchange_id, cfg in self.settings.exchanges.items():
+        for exchange_id, cfg in self.settings.served().items():
             if exchange_id not in self._adapters:
                 self._adapters[exchange_id] = ExchangeAdapter(
                     exchange_id, cfg, credentials_for(exchange_id)

@@ -186,7 +186,8 @@ class ExchangeAdapter:
         transport: Transport | None = None,
     ) -> None:
         self.exchange_id = exchange_id
-        self.prefix = settings.prefix
+        self.venue: Venue = venue_for(exchange_id)
+        self.prefix = settings.prefix or self.venue.platform_prefix(exchange_id)
         self.settings = settings
         self.rest_calls = 0  # candle pages requested (tests, benchmarks)
         base = getattr(ccxt_pro, exchange_id, None) or getattr(ccxt_async, exchange_id, None)
@@ -208,7 +209,6 @@ class ExchangeAdapter:
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
-        self.venue: Venue = venue_for(exchange_id)
         self.bounded_pages = paging_mode(self.venue, settings.bounded_pages)
         features = (self._exchange.features or {}).get("spot") or {}
         exchange_limit = (features.get("fetchOHLCV") or {}).get("limit")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -60,15 +61,24 @@ class Venue:
     (OKX `after`), so the inclusive bound is sent one millisecond later.
     `raw_fields`: reads what ccxt's OHLCV drops (trade count, quote and taker
     volumes, the final flag) from the raw candle response; None: nothing to add.
+    `prefix`: the platform prefix (tickers `PREFIX:BASE/QUOTE`) when the
+    configuration names none. `status_url`: a cheap public endpoint that
+    answers when the real exchange is reachable (the platform's probe).
     """
 
     exchange_id: str
     paging: Paging
     page_cap: int | None
+    prefix: str = ""
+    status_url: str = ""
     history_entries: int | None = None
     sends_until: bool = True
     until_exclusive: bool = False
     raw_fields: RawReader | None = None
+
+    def platform_prefix(self, exchange_id: str) -> str:
+        """`prefix`, or the ccxt id in upper case for an exchange without a module."""
+        return self.prefix or re.sub(r"[^A-Z0-9_]", "_", exchange_id.upper())
 
     def until_params(self, until_ms: int) -> dict[str, int]:
         """ccxt `params` carrying the inclusive end `until_ms` the way this exchange reads it."""

@@ -31,4 +31,6 @@ VENUE = Venue(
     paging=Paging.OLDEST_FROM_SINCE,
     page_cap=1000,
     raw_fields=raw_fields,
+    prefix="BINANCE",
+    status_url="https://api.binance.com/api/v3/ping",
 )

@@ -18,5 +18,10 @@ def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
 
 
 VENUE = Venue(
-    exchange_id="bybit", paging=Paging.NEWEST_IN_WINDOW, page_cap=1000, raw_fields=raw_fields
+    exchange_id="bybit",
+    paging=Paging.NEWEST_IN_WINDOW,
+    page_cap=1000,
+    raw_fields=raw_fields,
+    prefix="BYBIT",
+    status_url="https://api.bybit.com/v5/market/time",
 )

@@ -7,4 +7,10 @@ newest first, as [time s, low, high, open, close, volume]: bounded windows.
 
 from ingestor.venues.base import Paging, Venue
 
-VENUE = Venue(exchange_id="coinbaseexchange", paging=Paging.NEWEST_IN_WINDOW, page_cap=300)
+VENUE = Venue(
+    exchange_id="coinbaseexchange",
+    paging=Paging.NEWEST_IN_WINDOW,
+    page_cap=300,
+    prefix="COINBASE",
+    status_url="https://api.exchange.coinbase.com/time",
+)

@@ -38,4 +38,6 @@ VENUE = Venue(
     history_entries=720,
     sends_until=False,
     raw_fields=raw_fields,
+    prefix="KRAKEN",
+    status_url="https://api.kraken.com/0/public/Time",
 )

@@ -29,4 +29,6 @@ VENUE = Venue(
     page_cap=300,
     until_exclusive=True,
     raw_fields=raw_fields,
+    prefix="OKX",
+    status_url="https://www.okx.com/api/v5/public/time",
 )
