@@ -57,6 +57,11 @@ class Lake:
         """Create the namespace and tables if missing; fail clearly on a foreign schema."""
         for statement in tables.ddl(self.names):
             self._spark.sql(statement)
+        have = set(self._spark.table(self.names.ohlc).columns)
+        added = [c for c in tables.OHLC_ADDED_COLUMNS if c not in have]
+        if added:  # a table from before these columns: add them (old rows read null)
+            self._spark.sql(tables.add_ohlc_columns(self.names, added))
+            self._spark.catalog.refreshTable(self.names.ohlc)
         expected = {
             self.names.ohlc: OHLC_SCHEMA.names,
             self.names.ticks: TICK_SCHEMA.names,

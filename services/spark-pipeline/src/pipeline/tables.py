@@ -13,7 +13,24 @@ from datetime import UTC, datetime
 
 from mdproto import topics
 
-OHLC_VALUE_COLUMNS = ("open", "high", "low", "close", "volume", "trade_count")
+OHLC_VALUE_COLUMNS = (
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "trade_count",
+    "quote_volume",
+    "taker_buy_volume",
+    "taker_buy_quote_volume",
+)
+#: ``ohlc`` columns added after the table's first release: added to an older
+#: table at start (ALTER TABLE ADD COLUMNS: metadata only, old rows read null).
+OHLC_ADDED_COLUMNS = {
+    "quote_volume": "DOUBLE",
+    "taker_buy_volume": "DOUBLE",
+    "taker_buy_quote_volume": "DOUBLE",
+}
 
 _COMMON_PROPERTIES = {
     "format-version": "2",
@@ -90,11 +107,20 @@ def create_ohlc(names: TableNames) -> str:
   trade_count BIGINT,
   source STRING,
   request_id STRING,
-  ingested_at TIMESTAMP)
+  ingested_at TIMESTAMP,
+  quote_volume DOUBLE,
+  taker_buy_volume DOUBLE,
+  taker_buy_quote_volume DOUBLE)
 USING iceberg
 PARTITIONED BY (ticker, period_seconds, months(open_time))
 TBLPROPERTIES (
   {_properties()})"""
+
+
+def add_ohlc_columns(names: TableNames, missing: Sequence[str]) -> str:
+    """Add the named `OHLC_ADDED_COLUMNS` to an ``ohlc`` table created before them."""
+    columns = ", ".join(f"{c} {OHLC_ADDED_COLUMNS[c]}" for c in missing)
+    return f"ALTER TABLE {names.ohlc} ADD COLUMNS ({columns})"
 
 
 def create_ticks(names: TableNames) -> str:
