@@ -282,6 +282,27 @@ def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> Non
     assert adapter.page_limit == 300 and adapter.rest_calls == 3
 
 
+def test_third_exchange_format_okx_newest_first_pages(harness: Any, run_ingestor: Any) -> None:
+    """OKX returns a window's NEWEST candles: small bounded pages still store every
+    candle once, with OKX's quote volume and no trade count (OKX reports none)."""
+    sim = harness.sim
+    start = past_start(sim, 1000)
+    request = history_request("hist-okx", start, 700, ticker="OKX:BTC/USDT")
+    okx = {"api_base_url": sim.base_url, "enable_rate_limit": False, "page_limit": 50}
+    _, ingestor, results = asyncio.run(
+        serve(harness, run_ingestor, [request], exchanges={"okx": okx})
+    )
+    expected = expected_klines("BTC/USDT", "1m", start, start + 700 * MIN - 1, model=sim.model)
+    assert rows_of(results["hist-okx"]) == [tuple(k.ohlcv()) for k in expected]
+    rows = [r for b in results["hist-okx"] for r in b.rows]
+    assert [r.quote_volume for r in rows] == [float(k.quote_volume) for k in expected]
+    assert not any(r.HasField("trade_count") for r in rows)
+    meta = results["hist-okx"][-1].metadata
+    assert (meta.status, meta.total_rows, meta.expected_gaps) == (Status.OK, 700, 0)
+    adapter = ingestor.adapter("OKX:")
+    assert (adapter.page_limit, adapter.bounded_pages, adapter.rest_calls) == (50, True, 14)
+
+
 def test_metrics_count_outcomes_rows_and_kafka_deliveries(harness: Any, run_ingestor: Any) -> None:
     """/metrics reads the same counters the fetch path keeps (scraped over real HTTP)."""
     import urllib.request
