@@ -512,3 +512,21 @@ def test_a_wider_window_than_coinbase_allows_is_an_error_not_a_gap() -> None:
     with pytest.raises(ExchangeCallError, match="exceeds 300") as failure:
         asyncio.run(adapter.fetch_candles("BTC/USDT", "1m", T0, T0 + 400 * MIN, 300))
     assert failure.value.kind == FaultKind.BAD_REQUEST  # not retried, the request fails
+
+
+def test_an_unreadable_extra_field_costs_the_extras_never_the_candles(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    body = recorded("binance")["httpResponse"]
+    garbled = [[*row[:8], "not a count", *row[9:]] for row in body]
+
+    async def replay(url: str, method: str, headers: Any, payload: Any) -> Any:
+        return garbled
+
+    adapter = adapter_for("binance", replay)
+    candles = asyncio.run(adapter.fetch_candles("BTC/USDT", "1h", T0, T0 + 3 * HOUR, 3))
+    assert [replace(c, **RAW_DEFAULTS) for c in candles] == [
+        ccxt_row(r) for r in recorded("binance")["parsedResponse"]
+    ]
+    assert all(kept(c) == (None,) * 5 for c in candles)  # unknown, not guessed
+    assert "raw candle fields unreadable" in caplog.text

@@ -9,7 +9,6 @@ values and `ExchangeCallError`s.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -144,12 +143,6 @@ def _candle(row: list[Any]) -> Candle:
     return Candle(int(row[0]), values[0], values[1], values[2], values[3], values[4])
 
 
-def _present(fields: RawFields) -> dict[str, Any]:
-    return {
-        f.name: v for f in dataclasses.fields(fields) if (v := getattr(fields, f.name)) is not None
-    }
-
-
 def _tick_size(value: Any, mode: Any) -> float:
     """ccxt precision as a step size, whatever the exchange's precisionMode."""
     number = _float(value)
@@ -271,38 +264,47 @@ class ExchangeAdapter:
             rows = await self._exchange.fetch_ohlcv(symbol, timeframe, since_ms, limit, params)
         except Exception as exc:
             raise fault_from(exc) from exc
-        try:  # fast path: ccxt hands out floats already
-            candles = [
-                Candle(int(r[0]), r[1] + 0.0, r[2] + 0.0, r[3] + 0.0, r[4] + 0.0, r[5] + 0.0)
+        extra = self._raw_fields(symbol) if rows else {}
+        none: tuple[()] = ()
+        try:  # fast path: ccxt hands out floats already; one constructor call per candle
+            return [
+                Candle(
+                    int(r[0]),
+                    r[1] + 0.0,
+                    r[2] + 0.0,
+                    r[3] + 0.0,
+                    r[4] + 0.0,
+                    r[5] + 0.0,
+                    *extra.get(r[0], none),
+                )
                 for r in rows
             ]
         except (TypeError, IndexError):  # a None or short row somewhere: convert carefully
             candles = [_candle(r) for r in rows if r and r[0] is not None]
-        return self._with_raw_fields(symbol, candles)
+            return [
+                Candle(c.open_time_ms, c.open, c.high, c.low, c.close, c.volume, *fields)
+                if (fields := extra.get(c.open_time_ms))
+                else c
+                for c in candles
+            ]
 
-    def _with_raw_fields(self, symbol: str, candles: list[Candle]) -> list[Candle]:
-        """Candles completed with what ccxt dropped from the raw rows (venue's reader).
+    def _raw_fields(self, symbol: str) -> dict[int, RawFields]:
+        """What ccxt dropped from this task's last raw candle response (venue's reader).
 
         An unreadable raw response costs the extra fields (left None, i.e.
-        unknown), never the candles ccxt already parsed.
+        unknown), never the candles ccxt parsed.
         """
         reader = self.venue.raw_fields
         body = _LAST_RESPONSE.get()
-        if reader is None or body is None or not candles:
-            return candles
+        if reader is None or body is None:
+            return {}
         try:
-            extra = reader(body, str(self._exchange.market(symbol)["id"]))
+            return reader(body, str(self._exchange.market(symbol)["id"]))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             log.warning(
                 "%s: raw candle fields unreadable (%s); left unknown", self.exchange_id, exc
             )
-            return candles
-        return [
-            dataclasses.replace(c, **_present(fields))
-            if (fields := extra.get(c.open_time_ms))
-            else c
-            for c in candles
-        ]
+            return {}
 
     async def watch_trades(self, symbol: str) -> list[Trade]:
         """Trades received since the previous call; reconnects after a drop."""

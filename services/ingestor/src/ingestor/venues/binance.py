@@ -14,13 +14,10 @@ from ingestor.venues.base import Paging, Venue
 
 
 def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
+    # Positional (trade count, quote volume, taker buy base, taker buy quote):
+    # this runs for every candle of a 1000-candle page.
     return {
-        int(r[0]): RawFields(
-            trade_count=int(r[8]),
-            quote_volume=float(r[7]),
-            taker_buy_volume=float(r[9]),
-            taker_buy_quote_volume=float(r[10]),
-        )
+        int(r[0]): RawFields(int(r[8]), float(r[7]), float(r[9]), float(r[10]))
         for r in body
         if len(r) > 10
     }
