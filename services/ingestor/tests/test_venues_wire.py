@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import astuple, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from ingestor.config import ExchangeSettings
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import FetchEnv, RequestFailedError, iter_pages, plan_request
 from ingestor.model import Candle, ExchangeCallError, FaultKind
-from mdproto.messages import DataRequest
+from mdproto.messages import DataRequest, Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "exchanges"
 MIN = 60_000
@@ -303,10 +304,10 @@ def recorded_rows(exchange_id: str) -> list[list[Any]]:
 
 
 def adapter_for(
-    exchange_id: str, transport: Callable[..., Any], page_limit: int = 1000
+    exchange_id: str, transport: Callable[..., Any], page_limit: int = 1000, prefix: str = "X"
 ) -> ExchangeAdapter:
     """An adapter whose REST calls go to `transport`: no session is opened, none to close."""
-    settings = ExchangeSettings(prefix="X", enable_rate_limit=False, page_limit=page_limit)
+    settings = ExchangeSettings(prefix=prefix, enable_rate_limit=False, page_limit=page_limit)
     adapter = ExchangeAdapter(exchange_id, settings, transport=transport)
     adapter.preload_markets([market(exchange_id, WIRES[exchange_id].market_id)])
     return adapter
@@ -530,3 +531,75 @@ def test_an_unreadable_extra_field_costs_the_extras_never_the_candles(
     ]
     assert all(kept(c) == (None,) * 5 for c in candles)  # unknown, not guessed
     assert "raw candle fields unreadable" in caplog.text
+
+
+# --------------------------------------------------------------------------
+# 3. The same, through a running ingestor and real Kafka.
+# --------------------------------------------------------------------------
+
+
+def row_values(row: Any) -> tuple[Any, ...]:
+    """An OHLC record row as (open time, OHLCV..., kept fields) with None for unset."""
+    optional = ("trade_count", "quote_volume", "taker_buy_volume", "taker_buy_quote_volume")
+    return (
+        row.open_time_ms,
+        row.open,
+        row.high,
+        row.low,
+        row.close,
+        row.volume,
+        *(getattr(row, f) if row.HasField(f) else None for f in optional),
+    )
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("exchange_id", sorted(WIRES))
+def test_a_multi_page_request_reaches_kafka_as_exactly_the_exchanges_candles(
+    exchange_id: str, harness: Any, run_ingestor: Any
+) -> None:
+    """Seven-candle pages of each exchange's wire format, through the ingestor to Kafka."""
+    from ingestor.app import Ingestor
+
+    wire_cls = WIRES[exchange_id]
+    now = int(time.time() * 1000)
+    t0 = now - now % MIN - 90 * MIN  # recent: inside Kraken's 720 entries
+    rows = series(wire_cls, t0, {0, 3, 4, 17, 40, 59}, MIN)
+    wire = wire_cls(rows, MIN, now)
+    end = t0 + SLOTS * MIN
+    expected = [
+        (*astuple(c)[:6], *kept(c)[:4]) for c in map(wire_cls.candle, rows) if c.open_time_ms < end
+    ]
+    prefix = "REPLAY"
+    request = DataRequest(
+        request_id=f"replay-{exchange_id}",
+        client_id="client-1",
+        kind=DataRequest.HISTORICAL,
+        ticker=f"{prefix}:BTC/USDT",
+        period_seconds=60,
+        start_time_ms=t0,
+        end_time_ms=end,
+        notification_topic="RESPONSE:client-1",
+    )
+
+    async def scenario() -> list[Any]:
+        relay = harness.FakeRelay()
+        settings = harness.settings(relay, exchanges={exchange_id: {"prefix": prefix}})
+        adapter = adapter_for(exchange_id, wire, page_limit=7, prefix=prefix)
+        ingestor = Ingestor(settings, adapters={exchange_id: adapter})
+        task = await run_ingestor(ingestor)
+        try:
+            await relay.wait_subscribed()
+            await relay.publish(request)
+            return list(
+                await asyncio.to_thread(harness.batches_until_final, settings, request.request_id)
+            )
+        finally:
+            await ingestor.stop()
+            await task
+            relay.close()
+
+    batches = asyncio.run(scenario())
+    final = batches[-1].metadata
+    assert [row_values(r) for b in batches[:-1] for r in b.rows] == expected
+    assert (final.status, final.total_rows, final.expected_gaps) == (Status.OK, 54, 6)
+    assert len(wire.requests) > 54 // 7  # several pages
