@@ -49,12 +49,13 @@ def test_unbounded_pages_are_refused_where_they_would_lose_candles() -> None:
 def test_kraken_serves_its_latest_720_entries_counting_the_open_one() -> None:
     kraken = venue_for("kraken")
     now = 10_000 * MIN + 30_000  # mid-way through the minute opening at 10 000
-    assert kraken.earliest_open_ms(now, MIN) == (10_000 - 719) * MIN
-    kraken.check_history((10_000 - 719) * MIN, now, MIN)  # the oldest one it has: fine
+    # Kraken holds 10 000 - 719 .. 10 000; the oldest slides out at the next minute.
+    assert kraken.earliest_open_ms(now, MIN) == (10_000 - 718) * MIN
+    kraken.check_history((10_000 - 718) * MIN, now, MIN)  # fine
     with pytest.raises(HistoryUnavailableError) as refused:
-        kraken.check_history((10_000 - 720) * MIN, now, MIN)
-    assert refused.value.earliest_ms == (10_000 - 719) * MIN
-    assert "1970-01-07T10:41:00Z" in str(refused.value)
+        kraken.check_history((10_000 - 719) * MIN, now, MIN)
+    assert refused.value.earliest_ms == (10_000 - 718) * MIN
+    assert "1970-01-07T10:42:00Z" in str(refused.value)
     assert venue_for("binance").earliest_open_ms(now, MIN) is None
 
 

@@ -493,7 +493,7 @@ def test_kraken_refuses_a_range_older_than_its_720_entries() -> None:
     wire_cls = WIRES["kraken"]
     now = T0 + 1000 * MIN
     wire = wire_cls(series(wire_cls, T0, set(), MIN), MIN, now)
-    earliest = now - 719 * MIN
+    earliest = now - 718 * MIN  # Kraken still has now - 719, but not for long
     with pytest.raises(RequestFailedError) as failure:
         asyncio.run(fetch_range("kraken", wire, earliest - MIN, now, 720, MIN))
     assert failure.value.error_code == "history_unavailable"

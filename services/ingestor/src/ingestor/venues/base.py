@@ -92,11 +92,17 @@ class Venue:
         return self.paging is Paging.NEWEST_IN_WINDOW
 
     def earliest_open_ms(self, now_ms: int, period_ms: int) -> int | None:
-        """The oldest open time the exchange still serves at `now_ms`, if it has a window."""
+        """The oldest open time a request planned at `now_ms` can rely on, if windowed.
+
+        The window holds `history_entries` candles ending with the open one; its
+        oldest is left out because the window slides past it at the next period
+        boundary, possibly before the first page is fetched: refusing one candle
+        too many is a clear error, losing it would be a silent gap.
+        """
         if self.history_entries is None:
             return None
         current_open = now_ms - now_ms % period_ms
-        return current_open - (self.history_entries - 1) * period_ms
+        return current_open - (self.history_entries - 2) * period_ms
 
     def check_history(self, start_ms: int, now_ms: int, period_ms: int) -> None:
         """HistoryUnavailableError when [start, ...) begins before the exchange's window."""
