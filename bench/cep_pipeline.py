@@ -168,7 +168,13 @@ def main() -> None:
     config = PlatformConfig(
         data_dir=data_dir,
         ports=ServicePorts.free(),
-        service_env={"RELAY_CLIENT_RATE_LIMIT": "0", "PIPELINE_LIVE__WATERMARK_S": "2"},
+        service_env={
+            "RELAY_CLIENT_RATE_LIMIT": "0",
+            # BENCH/USDT and SENTRY/USDT exist only in Kafka (no exchange lists them):
+            # the relay must not refuse them as bad_symbol.
+            "RELAY_KAFKA__TOPIC_MARKETS": "",
+            "PIPELINE_LIVE__WATERMARK_S": "2",
+        },
     )
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as platform:

@@ -10,6 +10,12 @@ timestamps the platform records anyway:
     notification  snapshot -> HistoryReadyNotification received by the client
     iceberg read  notification -> rows in hand (pyiceberg filtered scan)
 
+Each range is then asked again: stored, it is answered from Iceberg without
+the exchange (docs/protocol.md, "Coverage"), the "stored" rows of the table.
+The baseline, measured in the same run: a bare ccxt script fetching the same
+range from the same simulator into memory (its own page loop, no Kafka, no
+Spark) -- what "just ask the exchange" costs.
+
     .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--out docs/e2e-benchmarks.md]
 """
 
@@ -34,7 +40,7 @@ DAY_MS = 86_400_000
 
 @dataclass
 class Stages:
-    days: int
+    label: str
     rows: int
     submit_ms: int
     last_record_ms: int
@@ -53,7 +59,7 @@ class Stages:
         read = (self.rows_ms - self.notified_ms) / 1000
         rate = self.rows / self.total_s if self.total_s else 0.0
         return (
-            f"| {self.days} | {self.rows:,} | {ingest:.1f} | {commit:.1f} | {notify:.2f} "
+            f"| {self.label} | {self.rows:,} | {ingest:.1f} | {commit:.1f} | {notify:.2f} "
             f"| {read:.1f} | **{self.total_s:.1f}** | {rate:,.0f} |"
         )
 
@@ -85,11 +91,18 @@ def last_record_time(bootstrap: str, request_id: str) -> int:
         consumer.close()
 
 
-def run_one(client: Client, bootstrap: str, days: int, offset_days: int = 1) -> Stages:
-    """One request for `days` whole days (0: one hour) ending `offset_days` ago."""
+def day_range(days: int, offset_days: int = 1) -> tuple[int, int]:
+    """`days` whole days (0: one hour) ending `offset_days` ago: every candle closed."""
     now = int(time.time() * 1000)
-    end = now // DAY_MS * DAY_MS - offset_days * DAY_MS  # all candles closed
-    start = end - (days * DAY_MS if days else DAY_MS // 24)
+    end = now // DAY_MS * DAY_MS - offset_days * DAY_MS
+    return end - (days * DAY_MS if days else DAY_MS // 24), end
+
+
+def run_one(
+    client: Client, bootstrap: str, days: int, offset_days: int = 1, label: str = ""
+) -> Stages:
+    """One request for `days` whole days (0: one hour) ending `offset_days` ago."""
+    start, end = day_range(days, offset_days)
     query = client.query("BINANCE:BTC/USDT", "1m", start, end)
     submit_ms = int(time.time() * 1000)
     outcome = client.wait_history(query, timeout_s=1800, attempts=1)
@@ -103,7 +116,7 @@ def run_one(client: Client, bootstrap: str, days: int, offset_days: int = 1) -> 
         client.reader().catalog().load_table(note.iceberg_table).snapshot_by_id(note.snapshot_id)
     )
     return Stages(
-        days=days,
+        label=label or str(days),
         rows=table.num_rows,
         submit_ms=submit_ms,
         last_record_ms=last_record_time(bootstrap, note.request_id),
@@ -111,6 +124,37 @@ def run_one(client: Client, bootstrap: str, days: int, offset_days: int = 1) -> 
         notified_ms=notified_ms,
         rows_ms=rows_ms,
     )
+
+
+def bare_ccxt_s(base_url: str, days: int) -> float:
+    """Seconds for plain ccxt to page the same range from the same simulator into memory."""
+    import asyncio
+
+    import ccxt.async_support as ccxt
+
+    from infra.exchange_sim.ccxt_glue import point_ccxt_at
+
+    async def fetch() -> int:
+        exchange = ccxt.binance({"enableRateLimit": False})
+        point_ccxt_at(exchange, base_url)
+        try:
+            start, end = day_range(days)
+            rows: list[list[float]] = []
+            since = start
+            while since < end:
+                page = await exchange.fetch_ohlcv("BTC/USDT", "1m", since=since, limit=1000)
+                page = [c for c in page if c[0] < end]
+                if not page:
+                    break
+                rows += page
+                since = int(page[-1][0]) + 60_000
+            return len(rows)
+        finally:
+            await exchange.close()
+
+    started = time.monotonic()
+    asyncio.run(fetch())
+    return time.monotonic() - started
 
 
 def main() -> None:
@@ -135,13 +179,20 @@ def main() -> None:
             "| total s | rows/s |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        bootstrap = platform.endpoints.stack.kafka_bootstrap
+        baselines: list[str] = []
         with Client(settings=settings) as client:
             # Warm-up: the first request pays for table creation and JIT-cold Spark code.
-            run_one(client, platform.endpoints.stack.kafka_bootstrap, 0, offset_days=400)
+            run_one(client, bootstrap, 0, offset_days=400)
             for days in args.days:
-                stages = run_one(client, platform.endpoints.stack.kafka_bootstrap, days)
-                lines.append(stages.row())
-                print(lines[-1], flush=True)
+                for label in (str(days), f"{days} stored"):  # the repeat is answered from Iceberg
+                    lines.append(run_one(client, bootstrap, days, label=label).row())
+                    print(lines[-1], flush=True)
+                assert platform.endpoints.exchange_url is not None
+                bare = bare_ccxt_s(platform.endpoints.exchange_url, days)
+                baselines.append(f"| {days} | bare ccxt fetch into memory | {bare:.1f} |")
+                print(baselines[-1], flush=True)
+        lines += ["", "| days | baseline | s |", "|---:|---|---:|", *baselines]
     table = "\n".join(lines)
     print(table)
     if args.out is not None:

@@ -166,17 +166,7 @@ class RelayHost:
     def __init__(self, upstream: str) -> None:
         from relay import Relay, RelaySettings
 
-        settings = RelaySettings(
-            bind_address="tcp://127.0.0.1",
-            client_request_port=0,
-            market_data_pub_port=0,
-            ingestor_work_port=0,
-            ingestor_response_port=0,
-            ingestor_control_port=0,
-            metrics_port=0,
-            high_water_mark=0,
-            flink_market_data_endpoint=upstream,
-        )
+        settings = RelaySettings.loopback(upstream, high_water_mark=0)
         self.relay = Relay(settings)
         self.endpoint = self.relay.start().market_data
         self.thread = threading.Thread(target=self.relay.run, daemon=True)

@@ -77,17 +77,8 @@ def relay_server(announce: Announce, stop: Stop, log_level: int) -> None:
 
     with tempfile.NamedTemporaryFile("w", suffix=".log") as log_file:
         configure_logging(log_level, stream=log_file)  # as the `relay` script does, into a file
-        settings = RelaySettings(
-            bind_address="tcp://127.0.0.1",
-            client_request_port=0,
-            market_data_pub_port=0,
-            ingestor_work_port=0,
-            ingestor_response_port=0,
-            ingestor_control_port=0,
-            metrics_port=0,
-            flink_market_data_endpoint="tcp://127.0.0.1:1",  # nothing upstream: not measured here
-            client_rate_limit=1e9,
-        )
+        # Nothing upstream: not measured here.
+        settings = RelaySettings.loopback("tcp://127.0.0.1:1", client_rate_limit=1e9)
         relay = Relay(settings)
         ep = relay.start()
         announce({"client_request": ep.client_request, "ingestor_work": ep.ingestor_work})

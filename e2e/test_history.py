@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
+import uuid
+from typing import Any
 
 import pytest
 
 from infra.exchange_sim.control import SimulatorControl
-from infra.testing import exchange_rows, result_rows
-from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult
-from mdproto.messages import Status
+from infra.platform.supervisor import PlatformEndpoints
+from infra.testing import exchange_rows, result_rows, table_rows
+from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult, SubmitRejected
+from mdproto import envelope
+from mdproto.messages import (
+    HistorySource,
+    NotifyPattern,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -60,15 +71,53 @@ def test_sparse_market_gaps_are_not_errors(client_settings: ClientSettings) -> N
     assert 0 < len(expected) < 240, "the illiquid symbol should have minutes without trades"
     assert result.status == "OK"
     assert result_rows(result) == expected
+    note = result.notification
+    assert note is not None  # the integrity report tells exchange gaps from missing candles
+    assert (note.expected_candles, note.exchange_gaps) == (240, 240 - len(expected))
+    assert (note.missing_candles, note.source) == (0, HistorySource.SOURCE_EXCHANGE)
 
 
-def test_unknown_symbol_reaches_the_client_as_an_error_notification(
-    client_settings: ClientSettings,
+def test_a_page_that_cannot_be_fetched_is_reported_as_missing_candles(
+    client_settings: ClientSettings, sim: SimulatorControl
 ) -> None:
+    start, end = past_range(days_ago=9, hours=48)  # 2,880 candles: three exchange pages
+    # The second page fails with an error the ingestor does not retry (Binance's -1100).
+    bad_parameter = '{"code":-1100,"msg":"Illegal characters found in parameter \'startTime\'."}'
+    sim.add_fault("error", status=400, body=bad_parameter, path="/api/v3/klines", after=1)
+    try:
+        with Client(settings=client_settings) as client, pytest.raises(HistoryFailed) as info:
+            client.history("BINANCE:ETH/USDT", "1m", start, end)
+    finally:
+        sim.clear_faults()
+    note = info.value.notification
+    assert note is not None and note.status == Status.ERROR
+    assert note.expected_candles == 2880
+    assert 0 < note.missing_candles < 2880  # what the first page brought is not missing
+
+
+def test_unknown_symbol_is_refused_at_submit(
+    client_settings: ClientSettings, endpoints: PlatformEndpoints
+) -> None:
+    """The relay knows the ingestor's markets (market.markets): bad_symbol in the ack.
+    (Without market metadata the ingestor's bad_symbol arrives as an ERROR
+    notification: services/ingestor/tests/test_stack_history.py.)"""
+    deadline = time.monotonic() + 60
+    while _relay_sample(endpoints, 'relay_known_markets{exchange="BINANCE",state="all"}') < 1:
+        assert time.monotonic() < deadline, "the relay never learned BINANCE's markets"
+        time.sleep(0.5)
     start, end = past_range(days_ago=1, hours=1)
-    with Client(settings=client_settings) as client, pytest.raises(HistoryFailed) as info:
+    with Client(settings=client_settings) as client, pytest.raises(SubmitRejected) as info:
         client.history("BINANCE:NOPE/USDT", "1m", start, end)
-    assert "symbol" in info.value.reason.lower()
+    assert info.value.error_code == "bad_symbol"
+    assert "NOPE/USDT" in info.value.reason
+
+
+def _relay_sample(endpoints: PlatformEndpoints, sample: str) -> float:
+    with urllib.request.urlopen(f"{endpoints.relay_metrics}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_a_lost_attempt_is_retried_with_a_new_request_id(
@@ -122,3 +171,63 @@ def test_legacy_synchronous_request(client_settings: ClientSettings) -> None:
         result = client.fetch_ohlc_sync("BINANCE:BTC/USDT", "1m", start, end)
     assert result.status == Status.Name(Status.OK)
     assert result_rows(result) == exchange_rows("BTC/USDT", start, end)
+
+
+def test_a_missed_notification_is_recovered_from_the_request_status(
+    client_settings: ClientSettings,
+) -> None:
+    """Submit without listening (as a client that crashed after its ack), then ask the status."""
+    start, end = past_range(days_ago=6, hours=2)
+    request_id = f"e2e-status-{uuid.uuid4().hex[:12]}"
+    submit = SubmitHistoricalRequest(
+        request_id=request_id, ticker="BINANCE:BTC/USDT", period_seconds=60,
+        start_time_ms=start, end_time_ms=end, notify=NotifyPattern.NOTIFY_PER_REQUEST,
+    )  # fmt: skip
+    with Client(settings=client_settings, notify="per_request") as client:
+        ack = envelope.decode(client.request(envelope.encode(submit), 10.0), SubmitResponse)
+        assert ack.status == Status.OK, ack.reason
+        assert client.status(request_id).state in ("PENDING", "OK")
+        deadline = time.monotonic() + 120
+        while (status := client.status(request_id)).state == "PENDING":
+            assert time.monotonic() < deadline, "no outcome recorded within 120 s"
+            time.sleep(0.5)
+        note = status.notification
+        assert status.state == "OK" and note is not None
+        assert (note.request_id, note.row_count, note.ticker) == (request_id, 120, submit.ticker)
+        table = client.reader().read_ohlc(
+            note.iceberg_table, submit.ticker, 60, start, end, snapshot_id=note.snapshot_id
+        )
+    assert table_rows(table) == exchange_rows("BTC/USDT", start, end)
+
+
+def _klines_calls(sim: SimulatorControl) -> list[dict[str, Any]]:
+    log = sim.stats(include_log=True)["log"]
+    return [entry for entry in log if entry["path"] == "/api/v3/klines"]
+
+
+def test_stored_ranges_are_answered_from_iceberg_and_only_gaps_are_fetched(
+    client_settings: ClientSettings, sim: SimulatorControl
+) -> None:
+    start, end = past_range(days_ago=11, hours=2)
+    ticker, hour = "BINANCE:SOL/USDT", 3_600_000
+    with Client(settings=client_settings) as client:
+        first = client.history(ticker, "1m", start, end)
+        before = len(_klines_calls(sim))
+        again = client.history(ticker, "1m", start, end)
+        stored_calls = len(_klines_calls(sim)) - before
+        wider = client.history(ticker, "1m", start, end + hour)
+        gap_calls = _klines_calls(sim)[before:]
+        forced = client.history(ticker, "1m", start, end, refetch=True)
+    expected = exchange_rows("SOL/USDT", start, end)
+    assert result_rows(first) == result_rows(again) == result_rows(forced) == expected
+    assert result_rows(wider) == exchange_rows("SOL/USDT", start, end + hour)
+    sources = [r.notification.source for r in (first, again, wider, forced) if r.notification]
+    assert sources == [
+        HistorySource.SOURCE_EXCHANGE,
+        HistorySource.SOURCE_STORAGE,
+        HistorySource.SOURCE_STORAGE_AND_EXCHANGE,
+        HistorySource.SOURCE_EXCHANGE,
+    ]
+    assert stored_calls == 0  # the repeat never reached the exchange
+    assert gap_calls and all(int(c["query"]["startTime"]) >= end for c in gap_calls)
+    assert again.notification is not None and again.notification.missing_candles == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from confluent_kafka import Consumer, Message
 
     from infra.localstack import StackEndpoints
@@ -46,14 +47,8 @@ def pipeline_env(
             "PIPELINE_KAFKA__BOOTSTRAP_SERVERS": e.kafka_bootstrap,
             "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": batches_topic,
             "PIPELINE_KAFKA__TOPIC_TICKS": ticks_topic,
-            "PIPELINE_CATALOG__NAME": e.catalog_name,
-            "PIPELINE_CATALOG__URI": e.catalog_uri,
-            "PIPELINE_CATALOG__WAREHOUSE": e.warehouse,
+            **e.catalog_env("PIPELINE_CATALOG__"),
             "PIPELINE_CATALOG__NAMESPACE": namespace,
-            "PIPELINE_CATALOG__S3_ENDPOINT": e.s3_endpoint,
-            "PIPELINE_CATALOG__S3_ACCESS_KEY": e.s3_access_key,
-            "PIPELINE_CATALOG__S3_SECRET_KEY": e.s3_secret_key,
-            "PIPELINE_CATALOG__S3_REGION": e.s3_region,
             "PIPELINE_SPARK__MASTER": "local[2]",
             "PIPELINE_SPARK__JARS": json.dumps([str(j) for j in spark_jars()]),
             "PIPELINE_CHECKPOINT_DIR": str(checkpoint_dir),
@@ -101,7 +96,11 @@ def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
 
 def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
     """A history answer's rows in the same shape as `exchange_rows`."""
-    t = result.table
+    return table_rows(result.table)
+
+
+def table_rows(t: pa.Table) -> list[tuple[float, ...]]:
+    """Candle frame rows (mdclient.frames) in the same shape as `exchange_rows`."""
     times = [int(ts.timestamp() * 1000) for ts in t.column("open_time").to_pylist()]
     columns = [t.column(name).to_pylist() for name in ("open", "high", "low", "close", "volume")]
     return [(float(ms), *values) for ms, *values in zip(times, *columns, strict=True)]

@@ -48,6 +48,7 @@ class Fault:
     delay: float = 0.0  # seconds, for slow
     status: int = 500  # for error
     body: str | None = None  # for error (default: the exchange's generic error)
+    after: int = 0  # matching requests let through before the fault applies (a later page)
     id: int = field(default_factory=lambda: next(_ids))
     remaining: int = -1  # set from count
 
@@ -82,11 +83,14 @@ def parse_fault(data: Mapping[str, Any]) -> Fault:
             delay=float(data.get("delay", 0.0)),
             status=int(data.get("status", 500)),
             body=cast(str | None, data.get("body")),
+            after=int(data.get("after", 0)),
         )
     except (TypeError, ValueError) as exc:
         raise FaultError(str(exc)) from None
     if fault.count < 1:
         raise FaultError("count must be >= 1")
+    if fault.after < 0:
+        raise FaultError("after must be >= 0")
     return fault
 
 
@@ -107,6 +111,9 @@ class FaultBook:
         """Consume one use of the first fault matching this request, if any."""
         for fault in self._faults:
             if fault.matches(exchange, path):
+                if fault.after > 0:  # not yet: this request passes this fault
+                    fault.after -= 1
+                    continue
                 fault.remaining -= 1
                 if fault.remaining == 0:
                     self._faults.remove(fault)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mdproto.runtime.iceberg import CatalogSettings
+
 ENDPOINTS_FILE = Path("run") / "endpoints.json"
 
 ICEBERG_SPARK_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -36,16 +38,23 @@ class StackEndpoints:
 
     def pyiceberg_catalog_properties(self) -> dict[str, str]:
         """Properties for ``pyiceberg.catalog.load_catalog(endpoints.catalog_name, **props)``."""
-        return {
-            "type": "rest",
-            "uri": self.catalog_uri,
-            "warehouse": self.warehouse,
-            "s3.endpoint": self.s3_endpoint,
-            "s3.access-key-id": self.s3_access_key,
-            "s3.secret-access-key": self.s3_secret_key,
-            "s3.region": self.s3_region,
-            "s3.path-style-access": "true",
-        }
+        return self.catalog_settings().properties()
+
+    def catalog_settings(self) -> CatalogSettings:
+        return CatalogSettings(
+            name=self.catalog_name,
+            uri=self.catalog_uri,
+            warehouse=self.warehouse,
+            s3_endpoint=self.s3_endpoint,
+            s3_region=self.s3_region,
+            s3_access_key=self.s3_access_key,
+            s3_secret_key=self.s3_secret_key,
+        )
+
+    def catalog_env(self, prefix: str) -> dict[str, str]:
+        """This catalog as a service's environment overrides, e.g. prefix PIPELINE_CATALOG__."""
+        fields = self.catalog_settings().model_dump()
+        return {f"{prefix}{key.upper()}": str(value) for key, value in fields.items()}
 
     def s3_filesystem_options(self) -> dict[str, str]:
         """Keyword arguments for ``pyarrow.fs.S3FileSystem`` against this stack."""

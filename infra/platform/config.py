@@ -90,7 +90,7 @@ class PlatformConfig(BaseSettings):
 
     @property
     def prefixes(self) -> list[str]:
-        """The platform prefixes of `exchanges` (what the relay accepts)."""
+        """The platform prefixes of `exchanges` (tickers `PREFIX:BASE/QUOTE`)."""
         return [venue_for(i).platform_prefix(i) for i in self.exchanges]
 
     def not_simulated(self) -> list[str]:

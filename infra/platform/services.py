@@ -115,7 +115,6 @@ class Relay(Service):
             RELAY_METRICS_HOST=LOOPBACK,
             RELAY_METRICS_PORT=str(p.relay_metrics),
             RELAY_KAFKA__BOOTSTRAP_SERVERS=self.endpoints.kafka_bootstrap,
-            RELAY_KNOWN_EXCHANGES=",".join(self.platform.prefixes),
         )
         return [str(BIN / "relay")], env
 
@@ -150,13 +149,7 @@ class Pipeline(Service):
         env = self.env(
             PYSPARK_PYTHON=sys.executable,
             PIPELINE_KAFKA__BOOTSTRAP_SERVERS=e.kafka_bootstrap,
-            PIPELINE_CATALOG__NAME=e.catalog_name,
-            PIPELINE_CATALOG__URI=e.catalog_uri,
-            PIPELINE_CATALOG__WAREHOUSE=e.warehouse,
-            PIPELINE_CATALOG__S3_ENDPOINT=e.s3_endpoint,
-            PIPELINE_CATALOG__S3_ACCESS_KEY=e.s3_access_key,
-            PIPELINE_CATALOG__S3_SECRET_KEY=e.s3_secret_key,
-            PIPELINE_CATALOG__S3_REGION=e.s3_region,
+            **e.catalog_env("PIPELINE_CATALOG__"),
             PIPELINE_SPARK__MASTER=self.platform.spark_master,
             PIPELINE_SPARK__JARS=json.dumps([str(j) for j in jars]),
             # config.yaml's relative `.cache/spark` would not resolve in the data dir.
@@ -201,6 +194,7 @@ class Ingestor(Service):
             "INGESTOR_RELAY_CONTROL_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_control}",
             "INGESTOR_RELAY_RESPONSE_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_response}",
             "INGESTOR_INGESTOR_ID": "ingestor-local-1",
+            **coverage_env(self.endpoints),
             # Exactly these exchanges, whatever the ingestor's config file lists.
             "INGESTOR_SERVE": ",".join(self.platform.exchanges),
         }
@@ -216,3 +210,8 @@ class Ingestor(Service):
         match = re.search(r'^relay_ingestor_subscriptions\{socket="work"\} (\S+)$', body, re.M)
         if status != 200 or match is None or float(match[1]) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
+
+
+def coverage_env(e: StackEndpoints) -> dict[str, str]:
+    """The ingestor answers stored ranges from the stack's Iceberg (ingestor/coverage.py)."""
+    return {"INGESTOR_COVERAGE__ENABLED": "true", **e.catalog_env("INGESTOR_COVERAGE__CATALOG__")}

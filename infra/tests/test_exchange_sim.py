@@ -268,6 +268,16 @@ def test_unavailable_raises_exchange_not_available(sim: ThreadedSimulator) -> No
     assert [f["kind"] for f in sim.stats()["faults_triggered"]] == ["unavailable"] * 2
 
 
+def test_a_fault_after_n_requests_fails_a_later_page_only(sim: ThreadedSimulator) -> None:
+    exchange = binance(sim)
+    sim.add_fault("unavailable", path="/api/v3/klines", after=2)
+    for _ in range(2):  # the first two pages pass
+        assert len(exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=5)) == 5
+    with pytest.raises(ccxt.ExchangeNotAvailable):
+        exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=5)
+    assert len(exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=5)) == 5  # used up
+
+
 def test_slow_response_times_out(sim: ThreadedSimulator) -> None:
     exchange = binance(sim)
     exchange.timeout = 200  # ms

@@ -78,3 +78,8 @@ def test_cep_event_topic_follows_notify() -> None:
         topics.cep_event_topic(client, "t1", "")
     with pytest.raises(ProtocolError):
         topics.cep_event_topic(request, "", "alice")
+
+
+def test_exchange_names_are_what_tickers_allow() -> None:
+    assert topics.is_valid_exchange("BINANCE") and topics.is_valid_exchange("GATE_IO2")
+    assert not any(map(topics.is_valid_exchange, ["", "binance", "BIN:ANCE", "2X", "A/B"]))

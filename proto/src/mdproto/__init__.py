@@ -5,6 +5,7 @@
 - `mdproto.envelope`: frames <-> messages; raises only `ProtocolError`.
 - `mdproto.topics`: tickers, market-data and notification topics.
 - `mdproto.contracts`: default ports, Kafka topics and Iceberg tables.
+- `mdproto.markets`: `market.markets` records (key ticker, tombstones).
 """
 
 from mdproto.errors import ProtocolError

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from mdproto.gen.marketdata_pb2 import HistorySource
+
 # ZeroMQ ports bound by the relay (and the pipeline's PUB).
 INGESTOR_WORK_PORT: Final = 5555  # relay PUB -> ingestor SUB, topic "EXCHANGE:"
 INGESTOR_RESPONSE_PORT: Final = 5556  # ingestor DEALER -> relay ROUTER (legacy sync)
@@ -27,3 +29,16 @@ KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_i
 ICEBERG_NAMESPACE: Final = "market"
 ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
+ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request
+ICEBERG_MARKETS: Final = "market.markets"  # one row per ticker, from KAFKA_MARKETS
+
+# Live candle periods (seconds) the pipeline aggregates and the relay accepts on
+# `{ticker}|ohlc:{period}`; a subscription to any other period is REFUSED on
+# `{ticker}|status`. The pipeline's `live.periods` and the relay's `live_periods`
+# both default to this: change it here, not in one service.
+LIVE_PERIODS: Final = (60, 300, 3600)
+
+# History answers (partly) read from stored candles: the ingestor sends no rows for
+# the stored part, so the final marker's total_rows is not the answer's row count;
+# the pipeline counts the rows in Iceberg (docs/protocol.md, "Coverage").
+FROM_STORAGE: Final = (HistorySource.SOURCE_STORAGE, HistorySource.SOURCE_STORAGE_AND_EXCHANGE)

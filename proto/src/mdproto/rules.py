@@ -20,6 +20,7 @@ MISSING_ID = "missing_id"
 BAD_ID = "bad_id"
 BAD_TICKER = "bad_ticker"
 UNKNOWN_EXCHANGE = "unknown_exchange"
+BAD_SYMBOL = "bad_symbol"  # the exchange's market metadata lists no such (active) market
 BAD_PERIOD = "bad_period"
 BAD_TIME_RANGE = "bad_time_range"
 RANGE_TOO_LARGE = "range_too_large"

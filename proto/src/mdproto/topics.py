@@ -60,6 +60,11 @@ def exchange_prefix(ticker: str) -> str:
     return parse_ticker(ticker).prefix
 
 
+def is_valid_exchange(name: str) -> bool:
+    """An exchange as tickers name it: `BINANCE` (upper case, no colon)."""
+    return _TICKER.match(f"{name}:A/B") is not None
+
+
 def is_valid_id(value: str) -> bool:
     """Request, client and trigger ids become topic suffixes: keep them plain."""
     return _ID.match(value) is not None

@@ -146,6 +146,7 @@ class FakeRelay:
             sock.bind("tcp://127.0.0.1:*")
         self.work_subscriptions: list[bytes] = []
         self.control_subscriptions: list[bytes] = []
+        self.statuses: list[Any] = []  # IngestorStatus heartbeats seen by recv_response
 
     def endpoint(self, sock: zmq.asyncio.Socket) -> str:
         return str(sock.getsockopt_string(zmq.LAST_ENDPOINT))
@@ -177,11 +178,19 @@ class FakeRelay:
         await self.control.send_multipart(envelope.encode_pub(topic, control))
 
     async def recv_response(self, timeout_s: float = 30.0) -> tuple[bytes, Any]:
-        from mdproto.messages import DataResponse
+        """The next DataResponse; IngestorStatus heartbeats on the way are kept in `statuses`."""
+        from mdproto.messages import DataResponse, IngestorStatus
 
-        frames = await asyncio.wait_for(self.responses.recv_multipart(), timeout_s)
-        route, body = envelope.split_routed(frames)
-        return route[0], envelope.decode(body, DataResponse)
+        async with asyncio.timeout(timeout_s):
+            while True:
+                frames = await self.responses.recv_multipart()
+                route, body = envelope.split_routed(frames)
+                message = envelope.decode(body)
+                if isinstance(message, IngestorStatus):
+                    self.statuses.append(message)
+                    continue
+                assert isinstance(message, DataResponse), message
+                return route[0], message
 
     def close(self) -> None:
         for sock in (self.work, self.control, self.responses):

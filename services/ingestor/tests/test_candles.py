@@ -129,9 +129,9 @@ def test_count_slots_with_phase() -> None:
 
 def test_expected_gaps_counts_periods_without_a_candle() -> None:
     plan = plan_fetch(0, 10 * MIN, 60, "1m", 10**12, 1000)
-    assert expected_gaps(plan, 7, 0) == 3
-    assert expected_gaps(plan, 0, None) == 10
-    assert expected_gaps(plan, 10, 0) == 0
+    assert expected_gaps([plan], 7, 0) == 3
+    assert expected_gaps([plan], 0, None) == 10
+    assert expected_gaps([plan], 10, 0) == 0
 
 
 @given(
@@ -147,7 +147,7 @@ def test_rows_plus_gaps_equal_the_slots_in_range(
     plan = plan_fetch(start * p, (start + length) * p, period, "x", 10**15, 1000)
     opens = sorted((start + i) * p for i in present if i < length)
     rows = accept_page(plan, [candle(t) for t in opens], None)
-    gaps = expected_gaps(plan, len(rows), rows[0].open_time_ms if rows else None)
+    gaps = expected_gaps([plan], len(rows), rows[0].open_time_ms if rows else None)
     assert len(rows) + gaps == length
 
 

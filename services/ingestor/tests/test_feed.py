@@ -8,7 +8,13 @@ from typing import Any
 from ingestor.live import FeedStats, LiveFeeds, RecentIds, run_feed
 from ingestor.model import ExchangeCallError, FaultKind, Trade
 from ingestor.retry import RetryPolicy
-from mdproto.messages import Tick
+from mdproto.messages import FeedStatus, Tick
+
+
+def live_feeds(fakes: Any, source: Any, **options: Any) -> LiveFeeds:
+    """LiveFeeds over one fake source (a lease of 10 s unless `options` say otherwise)."""
+    values: dict[str, Any] = {"lease_s": 10, "dedupe_capacity": 100, "reconnect": RetryPolicy()}
+    return LiveFeeds({"BINANCE:": source}, fakes.FakeSink(), **{**values, **options})
 
 
 def trades(*ids: int) -> list[Trade]:
@@ -96,14 +102,7 @@ def test_feeds_start_once_refresh_and_expire(fakes: Any) -> None:
     async def scenario() -> None:
         now = [0.0]
         source = fakes.FakeExchange(trade_batches=[trades(1)])
-        feeds = LiveFeeds(
-            {"BINANCE:": source},
-            fakes.FakeSink(),
-            lease_s=10,
-            dedupe_capacity=100,
-            reconnect=RetryPolicy(),
-            monotonic=lambda: now[0],
-        )
+        feeds = live_feeds(fakes, source, monotonic=lambda: now[0])
         assert feeds.request("BINANCE:BTC/USDT")
         now[0] = 8.0
         assert not feeds.request("BINANCE:BTC/USDT")  # re-announcement: lease refresh only
@@ -120,13 +119,7 @@ def test_feeds_start_once_refresh_and_expire(fakes: Any) -> None:
 def test_cancel_stops_the_feed_and_unknown_tickers_are_ignored(fakes: Any) -> None:
     async def scenario() -> None:
         source = fakes.FakeExchange()
-        feeds = LiveFeeds(
-            {"BINANCE:": source},
-            fakes.FakeSink(),
-            lease_s=10,
-            dedupe_capacity=10,
-            reconnect=RetryPolicy(),
-        )
+        feeds = live_feeds(fakes, source)
         assert feeds.request("BINANCE:ETH/USDT")
         assert not feeds.request("KRAKEN:ETH/USD")  # not served here
         assert not feeds.request("not a ticker")
@@ -137,3 +130,62 @@ def test_cancel_stops_the_feed_and_unknown_tickers_are_ignored(fakes: Any) -> No
         await feeds.stop_all()
 
     asyncio.run(scenario())
+
+
+def test_feeds_report_their_status_and_restart_after_the_exchange_was_down(fakes: Any) -> None:
+    down = ExchangeCallError(FaultKind.UNAVAILABLE, "503 maintenance")
+    sent: list[FeedStatus] = []
+
+    async def scenario() -> None:
+        arrived = asyncio.Event()
+        source = fakes.FakeExchange(trade_batches=[down, down, trades(1)])
+        feeds = live_feeds(
+            fakes,
+            source,
+            reconnect=RetryPolicy(base_delay_s=0, jitter=0),
+            start_attempts=2,
+            on_status=lambda status: (sent.append(status), arrived.set()),
+            ingestor_id="ing-1",
+            now_ms=lambda: 7,
+        )
+        assert feeds.request("BINANCE:BTC/USDT")
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert not feeds.active()  # FAILED ended the feed
+        assert feeds.request("BINANCE:BTC/USDT")  # transient: the next announcement restarts it
+        await asyncio.wait_for(source.trades_exhausted.wait(), 5)
+        await feeds.stop_all()
+
+    asyncio.run(scenario())
+    failed, retrying, started = sent
+    assert (failed.ticker, failed.state, failed.error_code, failed.ingestor_id, failed.at_ms) == (
+        "BINANCE:BTC/USDT",
+        FeedStatus.FAILED,
+        "exchange_unavailable",
+        "ing-1",
+        7,
+    )
+    assert "503 maintenance" in failed.reason
+    assert (retrying.state, retrying.error_code) == (FeedStatus.LOST, "exchange_unavailable")
+    assert started.state == FeedStatus.STARTED and not started.error_code
+
+
+def test_a_failed_feed_repeats_its_status_per_announcement_not_per_retry(fakes: Any) -> None:
+    sent: list[FeedStatus] = []
+
+    async def scenario() -> None:
+        arrived = asyncio.Event()
+        source = fakes.FakeExchange(
+            trade_batches=[ExchangeCallError(FaultKind.BAD_SYMBOL, "no NOPE/USDT")]
+        )
+        feeds = live_feeds(
+            fakes, source, on_status=lambda status: (sent.append(status), arrived.set())
+        )
+        assert feeds.request("BINANCE:NOPE/USDT")
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert not feeds.request("BINANCE:NOPE/USDT")  # permanent: not restarted...
+        assert [s.state for s in sent] == [FeedStatus.FAILED] * 2  # ...but told again
+        await feeds.cancel("BINANCE:NOPE/USDT")
+        assert not feeds.request("KRAKEN:NOPE/USD") and len(sent) == 2
+
+    asyncio.run(scenario())
+    assert sent[0] == sent[1] and sent[0].error_code == "bad_symbol"

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from ingestor.coverage import Span
 from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job
 from ingestor.model import ExchangeCallError, FaultKind
 from ingestor.retry import RetryPolicy
-from mdproto.messages import DataRequest, Status
+from mdproto.messages import DataRequest, HistorySource, Status
 
 MIN = 60_000
 NOW = 100_000 * MIN
@@ -94,8 +95,11 @@ def test_records_are_keyed_by_ticker_and_end_with_the_final_marker() -> None:
 def test_missing_candles_are_expected_gaps_not_errors() -> None:
     opens = [t * MIN for t in range(100) if t % 10 != 3]  # 10 minutes without trades
     exchange = FakeExchange(make_candles(opens))
-    outcome = job(exchange, FakeSink(), request(0, 100 * MIN), env())
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 100 * MIN), env())
     assert (outcome.status, outcome.rows, outcome.expected_gaps) == (Status.OK, 90, 10)
+    final = sink.batches[-1][1].metadata
+    assert (final.expected_candles, final.total_rows, final.expected_gaps) == (100, 90, 10)
 
 
 def test_still_open_candle_is_dropped() -> None:
@@ -171,6 +175,8 @@ def test_failure_mid_way_writes_error_marker_after_the_rows() -> None:
     assert outcome.status == Status.ERROR and outcome.rows == 2000
     assert [b.sequence for _, b in sink.batches] == [0, 1, 2]
     assert sink.batches[-1][1].metadata.total_batches == 2
+    # The integrity report's denominator is there for a failed fetch too: 1000 missing.
+    assert sink.batches[-1][1].metadata.expected_candles == 3000
 
 
 def test_unsupported_period_and_bad_requests_become_error_markers() -> None:
@@ -214,3 +220,63 @@ def test_iter_pages_yields_nothing_for_an_empty_plan() -> None:
         return [p async for p in iter_pages(FakeExchange([]), "BTC/USDT", plan, env())]
 
     assert run(collect()) == []
+
+
+class Stored:
+    """A CoverageSource holding fixed spans (the Iceberg reader has its own stack test)."""
+
+    def __init__(self, *spans: Span) -> None:
+        self.spans = list(spans)
+        self.asked: list[tuple[str, int]] = []
+
+    async def stored(self, ticker: str, period_seconds: int) -> list[Span]:
+        self.asked.append((ticker, period_seconds))
+        return self.spans
+
+
+def stored_job(exchange: FakeExchange, sink: FakeSink, req: DataRequest, stored: Stored):  # type: ignore[no-untyped-def]
+    return run(
+        run_history_job(
+            req, exchange, sink, ingestor_id="ing", batch_size=500, env=env(), stored=stored
+        )
+    )
+
+
+def test_a_stored_range_is_answered_without_asking_the_exchange() -> None:
+    exchange = FakeExchange(make_candles(range(0, 100 * MIN, MIN)))
+    sink = FakeSink()
+    stored = Stored(Span(0, 100 * MIN))
+    outcome = stored_job(exchange, sink, request(10 * MIN, 90 * MIN), stored)
+    assert exchange.calls == [] and stored.asked == [("BINANCE:BTC/USDT", 60)]
+    ((_key, marker),) = sink.batches
+    meta = marker.metadata
+    assert (outcome.status, meta.total_rows, meta.source) == (
+        Status.OK,
+        0,
+        HistorySource.SOURCE_STORAGE,
+    )
+    assert meta.expected_candles == 80
+
+
+def test_only_the_gaps_between_stored_spans_are_fetched() -> None:
+    exchange = FakeExchange(make_candles(range(0, 100 * MIN, MIN)))
+    sink = FakeSink()
+    stored = Stored(Span(0, 40 * MIN), Span(60 * MIN, 100 * MIN))
+    outcome = stored_job(exchange, sink, request(0, 100 * MIN), stored)
+    rows = [r.open_time_ms for _, b in sink.batches for r in b.rows]
+    assert rows == list(range(40 * MIN, 60 * MIN, MIN))
+    assert [c[0] for c in exchange.calls] == [40 * MIN]
+    final = sink.batches[-1][1].metadata
+    assert final.source == HistorySource.SOURCE_STORAGE_AND_EXCHANGE
+    assert (outcome.rows, final.expected_candles, final.expected_gaps) == (20, 100, 0)
+
+
+def test_refetch_ignores_what_is_stored() -> None:
+    exchange = FakeExchange(make_candles(range(0, 100 * MIN, MIN)))
+    sink = FakeSink()
+    stored = Stored(Span(0, 100 * MIN))
+    req = request(0, 100 * MIN)
+    req.refetch = True
+    outcome = stored_job(exchange, sink, req, stored)
+    assert outcome.rows == 100 and stored.asked == []
+    assert sink.batches[-1][1].metadata.source == HistorySource.SOURCE_EXCHANGE

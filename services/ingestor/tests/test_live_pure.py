@@ -1,12 +1,12 @@
-"""Live bookkeeping without I/O: trade-id dedupe, leases, Tick records."""
+"""Live bookkeeping without I/O: trade-id dedupe, leases, Tick records, feed status."""
 
 from __future__ import annotations
 
 import pytest
 
-from ingestor.live import LeaseBook, RecentIds, tick_record
-from ingestor.model import Trade
-from mdproto.messages import TakerSide
+from ingestor.live import FeedPhase, LeaseBook, RecentIds, StatusChange, tick_record
+from ingestor.model import ExchangeCallError, FaultKind, Trade
+from mdproto.messages import FeedStatus, TakerSide
 
 
 def test_recent_ids_dedupes() -> None:
@@ -70,3 +70,48 @@ def test_tick_record_fields() -> None:
         TakerSide.SELL,
     )
     assert tick_record("X:A/B", Trade("1", 1, 1, 1, ""), 0).side == TakerSide.SIDE_UNSPECIFIED
+
+
+# --- FeedPhase: what a feed reports on {ticker}|status ------------------------------------
+
+DROP = ExchangeCallError(FaultKind.NETWORK, "connection closed")
+DOWN = ExchangeCallError(FaultKind.UNAVAILABLE, "503")
+
+
+def test_phase_started_once_then_lost_and_recovered_once_per_change() -> None:
+    phase = FeedPhase(start_attempts=3)
+    assert phase.data() == StatusChange(FeedStatus.STARTED)
+    assert phase.data() is None
+    assert phase.fault(DROP) == StatusChange(
+        FeedStatus.LOST, "network_error", "connection closed; reconnecting"
+    )
+    assert phase.fault(DROP) is None and phase.fault(DOWN) is None  # still LOST: no repeat
+    assert phase.data() == StatusChange(FeedStatus.RECOVERED)
+    assert phase.data() is None
+    assert phase.fault(DROP) is not None and phase.state == FeedStatus.LOST  # flaps again
+    assert not phase.failed
+
+
+def test_phase_fails_at_once_on_a_permanent_fault() -> None:
+    phase = FeedPhase(start_attempts=3)
+    change = phase.fault(ExchangeCallError(FaultKind.BAD_SYMBOL, "binance has no NOPE/USDT"))
+    assert change == StatusChange(FeedStatus.FAILED, "bad_symbol", "binance has no NOPE/USDT")
+    assert phase.failed
+
+
+def test_phase_fails_when_the_exchange_stays_down_before_any_data() -> None:
+    phase = FeedPhase(start_attempts=3)
+    assert phase.fault(DOWN) is None and phase.fault(DOWN) is None
+    change = phase.fault(DOWN)
+    assert change is not None and (change.state, change.error_code) == (
+        FeedStatus.FAILED,
+        "exchange_unavailable",
+    )
+    assert "after 3 attempts" in change.reason and phase.failed
+
+
+def test_phase_after_data_transient_faults_never_fail() -> None:
+    phase = FeedPhase(start_attempts=1)
+    phase.data()
+    assert [phase.fault(DOWN) for _ in range(10)].count(None) == 9
+    assert phase.state == FeedStatus.LOST

@@ -27,7 +27,12 @@ from google.protobuf.message import Message
 
 from infra.testing import free_port
 from mdproto import envelope
-from mdproto.messages import DataRequest, DataResponse, IngestorControl
+from mdproto.messages import (
+    DataRequest,
+    ExchangeHealth,
+    IngestorControl,
+    IngestorStatus,
+)
 from relay import Relay, RelaySettings
 from relay.sockets import Context, Endpoints, Socket
 from relay.triggers import TriggerSink
@@ -85,7 +90,8 @@ class FakePipeline:
     def endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
 
-    def poll_subscriptions(self, timeout: float = 0.0) -> None:
+    def poll_subscriptions(self, timeout: float = 0.0, quiet: float = 0.0) -> None:
+        """Wait up to `timeout` for the first one, then read until none comes for `quiet` s."""
         while self.sock.poll(int(timeout * 1000)):
             frame = self.sock.recv()
             topic = frame[1:].decode()
@@ -93,7 +99,7 @@ class FakePipeline:
                 self.subscriptions.add(topic)
             elif frame[:1] == b"\x00":
                 self.subscriptions.discard(topic)
-            timeout = 0
+            timeout = quiet
 
     def wait_subscribed(self, *topics: str, timeout: float = TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
@@ -146,8 +152,19 @@ class FakeIngestor:
         assert isinstance(message, IngestorControl)
         return topic, message
 
-    def respond(self, response: DataResponse) -> None:
+    def respond(self, response: Message) -> None:
+        """A DataResponse, FeedStatus... to the relay's ROUTER :5556."""
         self.dealer.send_multipart(envelope.encode(response))
+
+    def report(self, ingestor_id: str, *health: ExchangeHealth, interval_ms: int = 200) -> None:
+        """One IngestorStatus heartbeat (default: BINANCE healthy)."""
+        status = IngestorStatus(
+            ingestor_id=ingestor_id,
+            exchanges=health or [ExchangeHealth(exchange="BINANCE", healthy=True)],
+            sent_at_ms=time.time_ns() // 1_000_000,
+            interval_ms=interval_ms,
+        )
+        self.dealer.send_multipart(envelope.encode(status))
 
 
 @dataclass
@@ -213,18 +230,7 @@ class RunningRelay:
 
 
 def relay_settings(upstream: str, **overrides: Any) -> RelaySettings:
-    values: dict[str, Any] = {
-        "bind_address": "tcp://127.0.0.1",
-        "client_request_port": 0,
-        "market_data_pub_port": 0,
-        "ingestor_work_port": 0,
-        "ingestor_response_port": 0,
-        "ingestor_control_port": 0,
-        "metrics_port": 0,
-        "flink_market_data_endpoint": upstream,
-    }
-    values.update(overrides)
-    return RelaySettings(**values)
+    return RelaySettings.loopback(upstream, **overrides)
 
 
 def start_relay(

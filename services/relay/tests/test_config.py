@@ -64,6 +64,9 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert s.known_exchanges == ["BINANCE", "COINBASE"]
     monkeypatch.setenv("RELAY_KNOWN_EXCHANGES", '["KRAKEN"]')
     assert load_settings(path).known_exchanges == ["KRAKEN"]
+    monkeypatch.setenv("RELAY_KNOWN_EXCHANGES", "")  # empty: any exchange an ingestor serves
+    assert load_settings(path).known_exchanges == []
+    assert RelaySettings().known_exchanges == []  # the default is dynamic
 
 
 def test_missing_default_file_means_defaults(tmp_path: Path) -> None:
@@ -103,3 +106,16 @@ def test_old_key_names_still_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with pytest.warns(DeprecationWarning, match="kafka.bootstrap_servers"):
         s = load_settings(path)
     assert (s.kafka.bootstrap_servers, s.realtime_refresh_s, s.realtime_grace_s) == ("k:9092", 3, 5)
+
+
+def test_live_periods_default_to_the_contract_and_accept_a_list_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mdproto import contracts
+
+    assert RelaySettings().live_periods == list(contracts.LIVE_PERIODS)
+    monkeypatch.setenv("RELAY_LIVE_PERIODS", "900,60,60")
+    assert RelaySettings().live_periods == [60, 900]
+    monkeypatch.setenv("RELAY_LIVE_PERIODS", "0")
+    with pytest.raises(ValidationError, match="positive"):
+        RelaySettings()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from mdproto.messages import DataRequest, IngestorControl
 
 if TYPE_CHECKING:
-    from conftest import FakePipeline, RelayFactory, RunningRelay
+    from conftest import FakePipeline, RelayFactory
 
 TICK = "BINANCE:BTC/USDT|tick"
 CANDLES = "BINANCE:BTC/USDT|ohlc:60"
@@ -94,8 +94,9 @@ def test_periodic_refresh_reaches_ingestors(make_relay: RelayFactory) -> None:
 
 
 def test_notification_and_unknown_exchange_topics_start_nothing(
-    relay: RunningRelay, pipeline: FakePipeline
+    make_relay: RelayFactory, pipeline: FakePipeline
 ) -> None:
+    relay = make_relay(known_exchanges=["BINANCE"])
     topics = ["RESPONSE:c1", "HISTORY_READY:r1", "KRAKEN:BTC/USD|tick", "BINANCE:"]
     relay.subscriber(*topics)
     pipeline.wait_subscribed(*topics)

@@ -107,7 +107,7 @@ def test_default_sndhwm_would_lose_resent_subscriptions(
     _sub, topics = _subscribe_many(relay, 5000)
     relay.wait_until(lambda: relay.sample("relay_subscribed_topics") == 5000, timeout=20)
     # Even the first burst may lose some upstream (the XSUB drops beyond SNDHWM).
-    pipeline.poll_subscriptions(timeout=1.0)
+    pipeline.poll_subscriptions(timeout=5.0, quiet=0.5)  # a loaded machine delivers in spurts
     assert len(pipeline.subscriptions) > 1000
     disconnects = relay.sample("relay_upstream_disconnects_total")
     restarted = pipeline.restart()
@@ -120,7 +120,7 @@ def test_default_sndhwm_would_lose_resent_subscriptions(
             what="the relay to reconnect",
         )
         # Resent subscriptions were queued before the reconnect; read until quiet.
-        restarted.poll_subscriptions(timeout=1.0)
+        restarted.poll_subscriptions(timeout=5.0, quiet=0.5)
         assert 0 < len(restarted.subscriptions) <= 1000 < len(topics)
     finally:
         restarted.close()

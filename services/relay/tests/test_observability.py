@@ -33,7 +33,9 @@ def get(url: str) -> tuple[int, str]:
 def test_metrics_and_health_over_http(
     make_relay: RelayFactory, pipeline: FakePipeline, free_tcp_port: int
 ) -> None:
-    relay = make_relay(metrics_host="127.0.0.1", metrics_port=free_tcp_port)
+    relay = make_relay(
+        metrics_host="127.0.0.1", metrics_port=free_tcp_port, known_exchanges=["BINANCE"]
+    )
     relay.ingestor()
     base = f"http://127.0.0.1:{relay.relay.metrics_port}"
     client = relay.client()
@@ -72,8 +74,9 @@ def test_metrics_port_zero_disables_http(make_relay: RelayFactory) -> None:
 
 def test_exchange_served_follows_ingestor_subscriptions(make_relay: RelayFactory) -> None:
     """The alert "no ingestor for an exchange" reads this: 0 from the start, 1 while an
-    ingestor subscribes to the exchange's work prefix, 0 again once the last one leaves."""
-    relay = make_relay()
+    ingestor subscribes to the exchange's work prefix, 0 again once the last one leaves.
+    (From the start only with a static exchange list; else from the first ingestor on.)"""
+    relay = make_relay(known_exchanges=["BINANCE"])
 
     def served() -> float | None:
         return relay.relay.metrics.registry.get_sample_value(

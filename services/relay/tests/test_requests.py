@@ -84,7 +84,8 @@ def test_per_request_notification_topic(relay: RunningRelay) -> None:
     assert reply.notification_topic == "HISTORY_READY:r1"
 
 
-def test_invalid_submit_is_rejected_and_not_published(relay: RunningRelay) -> None:
+def test_invalid_submit_is_rejected_and_not_published(make_relay: RelayFactory) -> None:
+    relay = make_relay(known_exchanges=["BINANCE"])  # a static list: KRAKEN is unknown
     ingestor = relay.ingestor()
     client = relay.client()
     for bad, code in [
@@ -132,7 +133,7 @@ def trigger(**fields: object) -> CEPTriggerRequest:
 
 def test_cep_trigger_is_acknowledged_and_handed_to_the_sink(make_relay: RelayFactory) -> None:
     sink = RecordingSink()
-    relay = make_relay(sink=sink)
+    relay = make_relay(sink=sink, known_exchanges=["BINANCE"])
     client = relay.client()
     ack = relay.request(client, trigger(), CEPTriggerAck)
     assert (ack.status, ack.trigger_id, ack.event_topic) == (Status.OK, "t1", "RESPONSE:c1")

@@ -98,3 +98,22 @@ def test_ingestor_joining_gets_the_live_tickers_of_its_prefix() -> None:
     assert len(live.ingestor_joined("")) == 2  # an empty subscription receives everything
     assert live.ingestor_joined("KRAKEN:") == []
     assert all(a.why == "ingestor joined" for a in live.ingestor_joined(""))
+
+
+def test_a_period_outside_live_periods_does_not_make_a_ticker_live() -> None:
+    live = LiveSubscriptions(
+        grace=0,
+        refresh=10,
+        known_exchanges=["BINANCE"],
+        new_id=lambda: "x",
+        now=0,
+        live_periods=[60],
+    )
+    assert live.subscribed("BINANCE:BTC/USDT|ohlc:900", 0.0) == []
+    assert live.subscribed("BINANCE:BTC/USDT|ohlc:6", 0.0) == []  # prefix of ohlc:60, not 60
+    assert not live.is_live("BINANCE:BTC/USDT")
+    assert live.subscribed("BINANCE:BTC/USDT|ohlc:", 0.0) == [
+        Announce("BINANCE:BTC/USDT", "x", "start")  # every period: the served ones
+    ]
+    assert live.unsubscribed("BINANCE:BTC/USDT|ohlc:900", 0.0) == []
+    assert live.is_live("BINANCE:BTC/USDT")

@@ -55,7 +55,12 @@ def test_valid_submit_is_acknowledged_and_becomes_historical_work() -> None:
     assert (work.period_seconds, work.start_time_ms, work.end_time_ms) == (60, NOW - HOUR, NOW)
     assert work.notification_topic == "RESPONSE:c1"
     assert work.submitted_at_ms == NOW
-    assert not work.legacy_sync
+    assert not work.legacy_sync and not work.refetch
+
+
+def test_refetch_reaches_the_ingestor() -> None:
+    outcome = submit(refetch=True)
+    assert outcome.work is not None and outcome.work.request.refetch
 
 
 def test_other_exchange_routes_to_its_prefix() -> None:

@@ -182,6 +182,7 @@ class PipelineRun:
     batches_topic: str
     ticks_topic: str
     pub_port: int
+    markets_topic: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = field(default_factory=lambda: free_port())
     process: subprocess.Popen[bytes] | None = None
@@ -219,8 +220,11 @@ class PipelineRun:
                 "PIPELINE_LIVE__WATERMARK_S": "5",
                 "PIPELINE_LIVE__PERSIST_TRIGGER_S": "2",
                 "PIPELINE_LIVE__CANDLE_CLOSE_TRIGGER_S": "2",
+                "PIPELINE_MARKETS__TRIGGER_S": "2",
             }
         )
+        if self.markets_topic:
+            env["PIPELINE_KAFKA__TOPIC_MARKETS"] = self.markets_topic
         env.update(self.extra_env)
         if crash_at:
             env["PIPELINE_CRASH_AT"] = crash_at
@@ -390,12 +394,15 @@ class Lake:
         )
         self.namespace = namespace
 
+    def table(self, table: str) -> Any:
+        return self._catalog.load_table(f"{self.namespace}.{table}")
+
     def rows(
         self, table: str, row_filter: str = "", snapshot_id: int | None = None
     ) -> list[dict[str, Any]]:
         from pyiceberg.expressions import AlwaysTrue
 
-        t = self._catalog.load_table(f"{self.namespace}.{table}")
+        t = self.table(table)
         scan = t.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot_id)
         return list(scan.to_arrow().to_pylist())
 
@@ -444,6 +451,7 @@ def make_run(
             namespace=f"pt_{tag}",
             batches_topic=f"pt-{tag}.ohlc.batches",
             ticks_topic=f"pt-{tag}.ticks",
+            markets_topic=f"pt-{tag}.markets",
             pub_port=free_port(),
             extra_env=dict(extra_env),
         )

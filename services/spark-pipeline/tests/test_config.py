@@ -33,8 +33,11 @@ def test_defaults_follow_the_contracts() -> None:
         "candles-update",
         "candles-close",
         "cep",
+        "markets",
     ]
     assert s.kafka.topic_cep_triggers == "cep.triggers"
+    assert s.kafka.topic_markets == "market.markets"
+    assert s.markets.trigger_s == 60.0  # markets change rarely: keep Spark idle
 
 
 def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,10 +78,12 @@ def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
 
 
 def test_disabled_paths_drop_their_queries() -> None:
-    s = Settings.model_validate({"live": {"enabled": False}, "cep": {"enabled": False}})
+    s = Settings.model_validate(
+        {"live": {"enabled": False}, "cep": {"enabled": False}, "markets": {"enabled": False}}
+    )
     assert s.enabled_queries == ["history"]
     s = Settings.model_validate({"live": {"enabled": False}})
-    assert s.enabled_queries == ["history", "cep"]
+    assert s.enabled_queries == ["history", "cep", "markets"]
 
 
 def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mdproto.messages import BatchMetadata, Status
+from mdproto.messages import BatchMetadata, HistorySource, Status
 from pipeline import history_notices
 from pipeline.history_notices import CompletedRequest
 from pipeline.records import FinalMarker
@@ -185,3 +185,59 @@ def test_status_names_are_stored_readably(build: Any) -> None:
 
 def test_metadata_type_is_the_protocol_one() -> None:
     assert history_notices.outcome(BatchMetadata(status=Status.OK, total_rows=3))[0] == Status.OK
+
+
+def integrity_marker(build: Any, request_id: str, status: int, rows: int, **meta: int) -> Any:
+    m = marker(build, request_id, status=status, rows=rows)
+    assert m.metadata is not None
+    for name, value in meta.items():
+        setattr(m.metadata, name, value)
+    return m
+
+
+def test_integrity_report_counts_exchange_gaps_apart_from_missing_candles(build: Any) -> None:
+    gaps_only = complete(
+        integrity_marker(build, "r1", Status.OK, 90, expected_candles=100, expected_gaps=10)
+    )
+    n = history_notices.reconcile(gaps_only, 90).notification()
+    assert (n.expected_candles, n.exchange_gaps, n.missing_candles) == (100, 10, 0)
+    assert n.source == HistorySource.SOURCE_EXCHANGE
+    failed_page = complete(
+        integrity_marker(build, "r2", Status.ERROR, 1000, expected_candles=3000, expected_gaps=0)
+    )
+    n = failed_page.notification()
+    assert (n.status, n.row_count, n.missing_candles) == (Status.ERROR, 0, 2000)
+    dropped = history_notices.reconcile(
+        complete(integrity_marker(build, "r3", Status.OK, 100, expected_candles=100)), 97
+    )
+    assert (dropped.error_code, dropped.missing_candles) == ("incomplete", 3)
+    overlapping = history_notices.reconcile(
+        complete(integrity_marker(build, "r4", Status.OK, 100, expected_candles=100)), 130
+    )
+    assert overlapping.missing_candles == 0
+
+
+def test_a_marker_from_an_older_ingestor_reports_no_integrity_numbers(build: Any) -> None:
+    n = complete(marker(build, "r1", rows=5)).notification()  # no expected_candles: unknown
+    assert (n.expected_candles, n.missing_candles) == (0, 0)
+
+
+def test_requests_table_keeps_the_integrity_report(build: Any) -> None:
+    request = complete(
+        integrity_marker(build, "r1", Status.OK, 90, expected_candles=100, expected_gaps=10)
+    )
+    table = history_notices.to_table([request])
+    assert table["source"].to_pylist() == ["SOURCE_EXCHANGE"]
+    assert history_notices.from_table(table)["r1"] == request
+
+
+def test_an_answer_from_storage_is_counted_not_sent(build: Any) -> None:
+    stored = integrity_marker(
+        build, "r1", Status.OK, 0, expected_candles=100, source=HistorySource.SOURCE_STORAGE
+    )
+    request = complete(stored)
+    assert (request.status, request.source) == (Status.OK, HistorySource.SOURCE_STORAGE)
+    n = history_notices.reconcile(request, 97).notification()
+    assert (n.status, n.row_count, n.exchange_gaps, n.missing_candles) == (Status.OK, 97, 3, 0)
+    empty = history_notices.reconcile(request, 0)
+    assert (empty.status, empty.snapshot_id) == (Status.NOT_FOUND, 0)

@@ -12,11 +12,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from candle_oracle import aggregate
 
 from mdproto import envelope
-from mdproto.messages import OHLC, HistoryReadyNotification, Status, Tick
+from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, Status, Tick
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -356,3 +357,102 @@ def test_an_ohlc_table_from_before_the_volume_columns_gets_them_at_start(
     assert by_time[build.T0]["quote_volume"] == 12.5
     assert by_time[build.T0]["taker_buy_volume"] is None
     run.stop()
+
+
+def test_an_older_requests_table_gains_the_integrity_report(
+    make_run: Any, tools: Any, build: Any
+) -> None:
+    """A requests table from before the integrity report is migrated, not refused."""
+    from pyiceberg.catalog import load_catalog
+
+    from pipeline.history_notices import ADDED_COLUMNS, REQUESTS_SCHEMA
+
+    run = make_run()
+    e = run.endpoints
+    catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
+    catalog.create_namespace(run.namespace)
+    old = pa.schema([f for f in REQUESTS_SCHEMA if f.name not in ADDED_COLUMNS])
+    catalog.create_table(f"{run.namespace}.requests", schema=old)
+    sub = tools.Subscriber(run.pub_endpoint)
+    run.start()
+    try:
+        run.wait_ready()
+        kafka = tools.Kafka(e.kafka_bootstrap)
+        t0 = build.T0  # a namespace of its own: no other request overlaps
+        # 100 slots: 90 candles, 5 minutes without trades, 5 the ingestor could not fetch.
+        rows = [build.candle(i, t0=t0) for i in range(100) if i % 20 not in (3, 4)]
+        meta = build.metadata("hist-integrity", start=t0, end=t0 + 100 * build.MINUTE)
+        meta.expected_candles, meta.expected_gaps = 100, 5
+        kafka.send(run.batches_topic, build.request_records("hist-integrity", rows, meta=meta))
+        [got] = sub.wait_for(tools.is_notification("hist-integrity"))
+        n = got.message
+        assert (n.status, n.row_count) == (Status.OK, 90)
+        assert (n.expected_candles, n.exchange_gaps, n.missing_candles) == (100, 5, 5)
+        assert n.source == HistorySource.SOURCE_EXCHANGE
+        [row] = tools.Lake(e, run.namespace).rows("requests", "request_id = 'hist-integrity'")
+        assert (row["expected_candles"], row["missing_candles"], row["source"]) == (
+            100,
+            5,
+            "SOURCE_EXCHANGE",
+        )
+    finally:
+        sub.close()
+        run.stop()
+
+
+def test_market_records_become_one_row_per_ticker(pipeline: Any, tools: Any) -> None:
+    """market.markets -> Iceberg markets: latest updated_at wins, tombstones delete."""
+    from mdproto.messages import Market
+
+    topic = pipeline.run.markets_topic
+
+    def send(ticker: str, updated_at_ms: int | None, **fields: Any) -> None:
+        value = None
+        if updated_at_ms is not None:
+            exchange, _, symbol = ticker.partition(":")
+            base, _, quote = symbol.partition("/")
+            fields = {"active": True, **fields}
+            record = Market(
+                ticker=ticker, exchange=exchange, symbol=base + quote, base=base, quote=quote,
+                updated_at_ms=updated_at_ms, **fields,
+            )  # fmt: skip
+            value = envelope.encode_record(record)
+        pipeline.kafka.send(topic, [value], key=ticker)
+
+    def stored() -> dict[str, dict[str, Any]]:
+        return {r["ticker"]: r for r in pipeline.lake.rows("markets")}
+
+    def wait_for(check: Any, what: str) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + tools.WAIT_S
+        rows = stored()
+        while not check(rows):
+            assert time.monotonic() < deadline, f"{what}: {rows}"
+            time.sleep(1)  # poll: the markets query triggers every 2 s here
+            rows = stored()
+        return rows
+
+    send("BINANCE:BTC/USDT", 1_000, min_amount=0.1, price_precision=0.01)
+    send("BINANCE:ETH/USDT", 1_000, min_amount=0.5)
+    send("BINANCE:BTC/USDT", 2_000, min_amount=0.2, price_precision=0.01)
+    rows = wait_for(lambda r: {"BINANCE:BTC/USDT", "BINANCE:ETH/USDT"} <= r.keys(), "first rows")
+    btc = rows["BINANCE:BTC/USDT"]
+    assert (btc["min_amount"], btc["price_precision"], btc["symbol"]) == (0.2, 0.01, "BTCUSDT")
+    assert btc["active"] is True and btc["updated_at"].timestamp() == 2.0
+
+    send("BINANCE:BTC/USDT", 1_500, min_amount=9.9)  # older than the row: ignored
+    send("BINANCE:ETH/USDT", None)  # tombstone: delisted
+    send("KRAKEN:SOL/EUR", 3_000, active=False)
+    rows = wait_for(lambda r: "KRAKEN:SOL/EUR" in r and "BINANCE:ETH/USDT" not in r, "second batch")
+    assert rows["BINANCE:BTC/USDT"]["min_amount"] == 0.2
+    assert rows["KRAKEN:SOL/EUR"]["active"] is False
+    assert len(rows) == 2
+
+    # The SDK reads what Spark wrote (mdclient markets BINANCE).
+    from mdclient.iceberg_reader import IcebergReader
+
+    e = pipeline.run.endpoints
+    reader = IcebergReader(e.pyiceberg_catalog_properties(), catalog_name=e.catalog_name)
+    sdk = reader.read_markets(f"{pipeline.run.namespace}.markets", "BINANCE").to_pylist()
+    assert [(r["ticker"], r["min_amount"], r["active"]) for r in sdk] == [
+        ("BINANCE:BTC/USDT", 0.2, True)
+    ]

@@ -32,8 +32,9 @@ def test_ohlc_ddl_lists_the_record_columns_in_order_and_older_tables_get_the_new
     ddl = tables.create_ohlc(NAMES)
     body = ddl[ddl.index("(") + 1 : ddl.index(")\nUSING")]
     assert [line.split()[0] for line in body.splitlines() if line.strip()] == OHLC_SCHEMA.names
-    assert tables.add_ohlc_columns(NAMES, ["quote_volume", "taker_buy_volume"]) == (
-        "ALTER TABLE lake.market.ohlc ADD COLUMNS (quote_volume DOUBLE, taker_buy_volume DOUBLE)"
+    assert tables.add_columns(NAMES.ohlc, tables.OHLC_ADDED_COLUMNS) == (
+        "ALTER TABLE lake.market.ohlc ADD COLUMNS"
+        " (quote_volume DOUBLE, taker_buy_volume DOUBLE, taker_buy_quote_volume DOUBLE)"
     )
     assert set(tables.OHLC_ADDED_COLUMNS) <= set(tables.OHLC_VALUE_COLUMNS)
 

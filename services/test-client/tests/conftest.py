@@ -276,6 +276,11 @@ class FakeReader:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.requests: dict[str, dict[str, Any]] = {}  # market.requests rows by request_id
+
+    def read_request(self, table_name: str, request_id: str) -> dict[str, Any] | None:
+        self.calls.append({"table": table_name, "request_id": request_id})
+        return self.requests.get(request_id)
 
     def read_ohlc(
         self,

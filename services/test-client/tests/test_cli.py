@@ -27,7 +27,7 @@ from mdclient.cli import (
     parse_range_args,
 )
 from mdproto import topics
-from mdproto.messages import OHLC, Response, Status, SubmitResponse, Tick
+from mdproto.messages import OHLC, FeedStatus, Response, Status, SubmitResponse, Tick
 
 TICKER = "BINANCE:BTC/USDT"
 RANGE = ["--start", "2026-11-20T00:00", "--end", "2026-11-20T01:00"]
@@ -103,6 +103,29 @@ def test_rejected_exits_3_with_reason(fake_relay: Any, kit: Any, capsys: Any) ->
     )
     assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_REJECTED
     assert "range too long" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("no_ingestor", "no ingestor of BINANCE is alive: the last status came 6.1 s ago"),
+        ("exchange_unavailable", "exchange BINANCE is failing at every ingestor that serves it"),
+    ],
+)
+def test_routing_refusals_exit_3_at_once_with_reason_and_code(
+    fake_relay: Any, kit: Any, capsys: Any, code: str, reason: str
+) -> None:
+    """The relay's routing refusals end the command on the first answer: no retry, no
+    wait for a notification, the reason and the code on stderr."""
+    fake_relay.handler = lambda m: kit.Action(
+        SubmitResponse(
+            request_id=m.request_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    )
+    assert _run(fake_relay, "history", TICKER, *RANGE, "--timeout", "60") == EXIT_REJECTED
+    err = capsys.readouterr().err
+    assert reason in err and f"[{code}]" in err
+    assert len(fake_relay.requests) == 1
 
 
 def test_error_notification_exits_4(fake_relay: Any, kit: Any, capsys: Any) -> None:
@@ -225,3 +248,39 @@ def test_legacy_relay_timeout_status_exits_5(fake_relay: Any, kit: Any) -> None:
         Response(request_id=m.request_id, status=Status.TIMEOUT, reason="no ingestor answered")
     )
     assert _run(fake_relay, "legacy", TICKER, *RANGE) == EXIT_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("state", "code", "exit_code"),
+    [
+        (FeedStatus.FAILED, "bad_symbol", EXIT_FAILED),
+        (FeedStatus.REFUSED, "unsupported_period", EXIT_REJECTED),
+    ],
+)
+def test_live_prints_statuses_to_stderr_and_exits_on_failed_or_refused(
+    fake_relay: Any, capsys: Any, state: int, code: str, exit_code: int
+) -> None:
+    status_topic = topics.status_topic(TICKER)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(_run(fake_relay, "live", TICKER, "--ohlc", "15m"))
+    )
+    thread.start()
+    fake_relay.wait_for(lambda ev: ("sub", topics.ohlc_topic(TICKER, 900)) in ev)
+    fake_relay.publish(status_topic, FeedStatus(ticker=TICKER, state=FeedStatus.STARTED))
+    fake_relay.publish(
+        status_topic,
+        FeedStatus(
+            ticker=TICKER,
+            state=state,
+            error_code=code,
+            reason="not served",
+            period_seconds=900,  # type: ignore[arg-type]
+        ),
+    )
+    thread.join(10)
+    assert codes == [exit_code]
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"status: {TICKER} STARTED" in captured.err
+    assert code in captured.err and "not served" in captured.err

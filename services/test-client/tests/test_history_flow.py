@@ -66,6 +66,16 @@ def test_per_client_subscribes_once_at_connect_before_any_submit(
     }
 
 
+def test_refetch_is_asked_for_only_when_wanted(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    fake_relay.handler = kit.accept_and_notify()
+    with Client(settings=settings_for(fake_relay), reader=fake_reader) as c:
+        c.history(TICKER, "1m", START, END)
+        c.history(TICKER, "1m", START, END, refetch=True)
+    assert [s.refetch for s in _submits(fake_relay)] == [False, True]
+
+
 def test_per_request_subscribes_before_each_submit_and_unsubscribes_after(
     fake_relay: Any, settings_for: Any, fake_reader: Any
 ) -> None:
@@ -181,7 +191,7 @@ def test_lost_notification_is_retried_with_a_new_request_id(
 
 
 def test_every_attempt_timing_out_raises_history_timeout(
-    fake_relay: Any, settings_for: Any, kit: Any
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
 ) -> None:
     good = kit.accept_and_notify()
 
@@ -193,11 +203,64 @@ def test_every_attempt_timing_out_raises_history_timeout(
     fake_relay.handler = never_notify
     settings = settings_for(fake_relay, history_timeout_s=0.3, attempts=2)
     started = time.monotonic()
-    with Client(settings=settings) as c, pytest.raises(HistoryTimeout) as info:
+    with Client(settings=settings, reader=fake_reader) as c, pytest.raises(HistoryTimeout) as info:
         c.history(TICKER, "1m", START, END)
     assert 0.6 <= time.monotonic() - started < 5
     assert info.value.request_ids == tuple(s.request_id for s in _submits(fake_relay))
     assert len(set(info.value.request_ids)) == 2
+    asked = [c["request_id"] for c in fake_reader.calls if "request_id" in c]
+    first, second = info.value.request_ids
+    assert asked == [first, second, first]  # newest accepted attempt first
+
+
+def test_lost_notification_is_recovered_from_the_requests_table_without_a_resubmit(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    good = kit.accept_and_notify(snapshot_id=77)
+
+    def commit_but_lose_the_notification(message: Any) -> Any:
+        action = good(message)
+        for _topic, note in action.publish:  # the pipeline recorded it; the PUB lost it
+            fake_reader.requests[note.request_id] = {
+                "request_id": note.request_id, "status": "OK", "ticker": note.ticker,
+                "period_seconds": note.period_seconds, "start_time_ms": note.start_time_ms,
+                "end_time_ms": note.end_time_ms, "row_count": 60,
+                "iceberg_table": "market.ohlc", "snapshot_id": 77,
+            }  # fmt: skip
+        action.publish = []
+        return action
+
+    fake_relay.handler = commit_but_lose_the_notification
+    settings = settings_for(fake_relay, history_timeout_s=0.3, attempts=3)
+    with Client(settings=settings, reader=fake_reader) as c:
+        result = c.history(TICKER, "1m", START, END)
+    (submit,) = _submits(fake_relay)  # one submit: the table answered, no second attempt
+    assert (result.request_id, result.status, result.snapshot_id) == (submit.request_id, "OK", 77)
+    assert result.reported_rows == 60
+    assert fake_reader.calls[-1]["snapshot_id"] == 77  # rows read at the recorded snapshot
+
+
+def test_recorded_error_outcome_raises_history_failed(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    good = kit.accept_and_notify()
+
+    def record_error(message: Any) -> Any:
+        action = good(message)
+        for _topic, note in action.publish:
+            fake_reader.requests[note.request_id] = {
+                "request_id": note.request_id, "status": "ERROR",
+                "error_code": "bad_symbol", "reason": "binance does not have market symbol",
+            }  # fmt: skip
+        action.publish = []
+        return action
+
+    fake_relay.handler = record_error
+    settings = settings_for(fake_relay, history_timeout_s=0.3, attempts=2)
+    with Client(settings=settings, reader=fake_reader) as c, pytest.raises(HistoryFailed) as info:
+        c.history(TICKER, "1m", START, END)
+    assert info.value.error_code == "bad_symbol"
+    assert len(_submits(fake_relay)) == 1
 
 
 def test_late_notification_of_an_earlier_attempt_completes_the_call(

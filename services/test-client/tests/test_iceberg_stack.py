@@ -12,11 +12,21 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from mdclient import Client, StorageError
-from mdclient.cli import EXIT_OK, main
+from mdclient import Client, InvalidRequest, StorageError
+from mdclient.cli import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_STORAGE,
+    main,
+)
 from mdclient.config import ClientSettings
 from mdclient.frames import SCHEMA
 from mdclient.iceberg_reader import IcebergReader
+from mdproto.messages import HistorySource, Status
+from pipeline.history_notices import REQUESTS_SCHEMA  # the table as the pipeline writes it
 
 pytestmark = pytest.mark.stack
 
@@ -205,3 +215,220 @@ def test_cli_history_writes_csv_parquet_and_chart(
     assert lines[1].split(",")[2:4] == ["2026-11-20T00:30:00Z", str(T0 + 30 * MINUTE)]
     assert pq.read_table(parquet).num_rows == 90
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20_000
+
+
+DONE_AT = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def requests_table(seeded: dict[str, Any]) -> str:
+    catalog = load_catalog(seeded["catalog_name"], **seeded["props"])
+    name: str = seeded["table"].replace(".ohlc", ".requests")
+    table = catalog.create_table(name, schema=REQUESTS_SCHEMA)
+    rows = [
+        {"request_id": "r-ok", "status": "OK", "ticker": BTC, "period_seconds": 60,
+         "start_time_ms": T0, "end_time_ms": T0 + 90 * MINUTE, "row_count": 90,
+         "iceberg_table": seeded["table"], "snapshot_id": seeded["first_snapshot"],
+         "completed_at": DONE_AT},
+        {"request_id": "r-bad", "status": "ERROR", "error_code": "bad_symbol",
+         "reason": "binance does not have market symbol NOPE/USDT", "ticker": BTC,
+         "period_seconds": 60, "start_time_ms": T0, "end_time_ms": T0 + MINUTE, "row_count": 0,
+         "snapshot_id": 0, "completed_at": DONE_AT},
+    ]  # fmt: skip
+    table.append(pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA))
+    return name
+
+
+def test_status_reads_the_recorded_outcome_of_a_request(
+    fake_relay: Any, seeded: Any, requests_table: str
+) -> None:
+    settings = _stack_settings(fake_relay, seeded, requests_table=requests_table)
+    with Client(settings=settings) as client:
+        ok, bad, unknown = (client.status(r) for r in ("r-ok", "r-bad", "r-never"))
+    assert (ok.state, ok.done, bad.state, unknown.state) == ("OK", True, "ERROR", "PENDING")
+    assert ok.notification is not None and bad.notification is not None
+    assert (ok.notification.row_count, ok.notification.snapshot_id) == (
+        90,
+        seeded["first_snapshot"],
+    )
+    assert ok.notification.completed_at_ms == int(DONE_AT.timestamp() * 1000)
+    assert (bad.notification.error_code, bad.notification.status) == ("bad_symbol", Status.ERROR)
+    assert unknown.notification is None
+
+
+def test_status_of_a_platform_that_never_notified_is_pending(fake_relay: Any, seeded: Any) -> None:
+    settings = _stack_settings(fake_relay, seeded, requests_table="nope_ns.requests")
+    with Client(settings=settings) as client:
+        assert client.status("r-ok").state == "PENDING"
+
+
+@pytest.mark.parametrize(
+    ("request_id", "code", "shown"),
+    [
+        ("r-ok", EXIT_OK, "r-ok: OK, 90 rows, BINANCE:BTC/USDT 1m"),
+        ("r-bad", EXIT_FAILED, "ERROR, 0 rows"),
+        ("r-never", EXIT_PENDING, "r-never: PENDING"),
+    ],
+)
+def test_cli_status_prints_the_outcome_with_its_exit_code(
+    seeded: Any, requests_table: str, request_id: str, code: int, shown: str, capsys: Any,
+    monkeypatch: Any,
+) -> None:  # fmt: skip
+    e = seeded["endpoints"]
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_REQUESTS_TABLE", requests_table)
+    monkeypatch.setenv("MDCLIENT_CATALOG_NAME", e.catalog_name)
+    argv = ["status", request_id, "--catalog-uri", e.catalog_uri, "--s3-endpoint", e.s3_endpoint]
+    if e.warehouse:
+        argv += ["--warehouse", e.warehouse]
+    assert main(argv) == code  # no relay runs: status needs only the catalog
+    out = capsys.readouterr().out
+    assert shown in out
+    if request_id == "r-bad":
+        assert "bad_symbol: binance does not have market symbol NOPE/USDT" in out
+
+
+@pytest.mark.parametrize(
+    ("missing", "verify", "code"),
+    [(0, True, EXIT_OK), (30, False, EXIT_OK), (30, True, EXIT_INCOMPLETE)],
+)
+def test_cli_history_shows_the_integrity_report_and_verify_fails_on_missing_candles(
+    fake_relay: Any, kit: Any, seeded: Any, capsys: Any, monkeypatch: Any,
+    missing: int, verify: bool, code: int,
+) -> None:  # fmt: skip
+    e = seeded["endpoints"]
+    base = _notify_with(kit, seeded, seeded["first_snapshot"])
+
+    def with_report(message: Any) -> Any:
+        action = base(message)
+        for _topic, note in action.publish:
+            note.row_count, note.expected_candles = 90, 120
+            note.exchange_gaps, note.missing_candles = 30 - missing, missing
+            note.source = HistorySource.SOURCE_EXCHANGE
+        return action
+
+    fake_relay.handler = with_report
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_CATALOG_NAME", e.catalog_name)
+    argv = [
+        "history", BTC, "--start", "2026-11-20T00:00", "--end", "2026-11-20T02:00",
+        "--request-endpoint", fake_relay.request_endpoint,
+        "--market-data-endpoint", fake_relay.market_data_endpoint,
+        "--catalog-uri", e.catalog_uri, "--s3-endpoint", e.s3_endpoint, "--no-table",
+        *(["--warehouse", e.warehouse] if e.warehouse else []),
+        *(["--verify"] if verify else []),
+    ]  # fmt: skip
+    assert main(argv) == code
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps stderr at the console width
+    shown = "none missing" if not missing else f"{missing} missing"
+    assert f"integrity: 120 candle slots: 90 rows, {30 - missing} without trades" in err
+    assert shown in err and "from the exchange" in err
+    if code == EXIT_INCOMPLETE:
+        assert "incomplete: 30 candles missing" in err
+
+
+# --- market.markets ----------------------------------------------------------------------------
+
+# market.markets as the pipeline writes it (docs/protocol.md, "Iceberg tables")
+_MARKET_NUMBERS = (
+    "price_precision", "amount_precision", "min_amount", "max_amount", "min_price",
+    "max_price", "min_cost",
+)  # fmt: skip
+MARKETS_SCHEMA = pa.schema(
+    [
+        pa.field("ticker", pa.string()),
+        pa.field("exchange", pa.string()),
+        pa.field("symbol", pa.string()),
+        pa.field("base", pa.string()),
+        pa.field("quote", pa.string()),
+        pa.field("active", pa.bool_()),
+        *(pa.field(name, pa.float64()) for name in _MARKET_NUMBERS),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _market(ticker: str, active: bool = True, min_amount: float = 0.0) -> dict[str, Any]:
+    exchange, _, symbol = ticker.partition(":")
+    base, _, quote = symbol.partition("/")
+    return {
+        "ticker": ticker, "exchange": exchange, "symbol": base + quote, "base": base,
+        "quote": quote, "active": active, "price_precision": 0.01, "amount_precision": 1e-05,
+        "min_amount": min_amount, "max_amount": 9000.0, "min_price": 0.0, "max_price": 0.0,
+        "min_cost": 5.0, "updated_at": datetime(2026, 11, 20, tzinfo=UTC),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def markets_table(seeded: dict[str, Any]) -> str:
+    catalog = load_catalog(seeded["catalog_name"], **seeded["props"])
+    name: str = seeded["table"].replace(".ohlc", ".markets")
+    table = catalog.create_table(name, schema=MARKETS_SCHEMA)
+    table.append(
+        pa.Table.from_pylist(
+            [
+                _market("BINANCE:ETH/USDT", min_amount=0.001),
+                _market("BINANCE:BTC/USDT", min_amount=0.0001),
+                _market("BINANCE:LUNA/USDT", active=False),
+                _market("KRAKEN:SOL/EUR"),
+            ],
+            schema=MARKETS_SCHEMA,
+        )
+    )
+    return name
+
+
+def test_sdk_reads_one_exchanges_markets(fake_relay: Any, seeded: Any, markets_table: str) -> None:
+    settings = _stack_settings(fake_relay, seeded, markets_table=markets_table)
+    with Client(settings=settings) as client:
+        rows = client.markets("binance").to_pylist()
+        assert client.markets("COINBASE").num_rows == 0
+        with pytest.raises(InvalidRequest):
+            client.markets("not an exchange")
+    assert [(r["ticker"], r["active"]) for r in rows] == [
+        ("BINANCE:BTC/USDT", True),
+        ("BINANCE:ETH/USDT", True),
+        ("BINANCE:LUNA/USDT", False),
+    ]
+    assert rows[0]["min_amount"] == 0.0001 and rows[0]["min_cost"] == 5.0
+
+
+def _markets_cli(seeded: Any, table: str, *extra: str) -> int:
+    e = seeded["endpoints"]
+    return main(
+        [
+            "markets", *extra,
+            "--catalog-uri", e.catalog_uri, "--warehouse", e.warehouse,
+            "--s3-endpoint", e.s3_endpoint,
+        ]
+    )  # fmt: skip
+
+
+def test_cli_prints_an_exchanges_markets(
+    seeded: Any, markets_table: str, capsys: Any, monkeypatch: Any
+) -> None:
+    e = seeded["endpoints"]
+    monkeypatch.setenv("MDCLIENT_CATALOG_NAME", e.catalog_name)
+    monkeypatch.setenv("MDCLIENT_MARKETS_TABLE", markets_table)
+    monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
+    monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
+    monkeypatch.setenv("MDCLIENT_S3_REGION", e.s3_region)
+
+    assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_OK
+    out = capsys.readouterr().out
+    assert "BINANCE: 3 markets" in out
+    btc = next(line for line in out.splitlines() if "BINANCE:BTC/USDT" in line).split()
+    assert btc[1:6] == ["yes", "0.01", "1e-05", "0.0001", "9000"]
+    assert "KRAKEN" not in out
+
+    assert _markets_cli(seeded, markets_table, "BINANCE", "--active") == EXIT_OK
+    assert "LUNA" not in capsys.readouterr().out
+    assert _markets_cli(seeded, markets_table, "COINBASE") == EXIT_NOT_FOUND
+    assert "no markets of COINBASE" in capsys.readouterr().err
+
+    monkeypatch.setenv("MDCLIENT_MARKETS_TABLE", "nope_ns.markets")
+    assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_STORAGE
+    err = capsys.readouterr().err
+    assert "does not exist yet" in err and "no_table" in err

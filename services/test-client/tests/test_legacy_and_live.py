@@ -115,7 +115,7 @@ def test_live_iterator_yields_exactly_the_subscribed_topics(
     with Client(settings=settings_for(fake_relay, notify="per_request")) as c:
         stream = c.live(TICKER, ticks=True, ohlc=["1m"])
         fake_relay.wait_for(lambda ev: {("sub", tick_topic), ("sub", ohlc_topic)} <= set(ev))
-        assert set(fake_relay.subscriptions()) == {tick_topic, ohlc_topic}
+        assert fake_relay.subscriptions() == [topics.status_topic(TICKER), tick_topic, ohlc_topic]
         # ohlc:600 is prefix-matched by the ohlc:60 subscription: must be filtered out.
         fake_relay.publish(topics.ohlc_topic(TICKER, 600), kit.candle(TICKER, 600, START, 1.0))
         fake_relay.publish(topics.tick_topic("BINANCE:ETH/USDT"), _tick("BINANCE:ETH/USDT", "x"))
@@ -137,9 +137,10 @@ def test_live_ohlc_only_does_not_subscribe_ticks(fake_relay: Any, settings_for: 
         Client(settings=settings_for(fake_relay, notify="per_request")) as c,
         c.live(TICKER, ohlc=[300]) as stream,
     ):
-        assert stream.topics == (topics.ohlc_topic(TICKER, 300),)
+        want = [topics.status_topic(TICKER), topics.ohlc_topic(TICKER, 300)]
+        assert list(stream.topics) == want
         fake_relay.wait_for(lambda ev: ("sub", topics.ohlc_topic(TICKER, 300)) in ev)
-        assert fake_relay.subscriptions() == [topics.ohlc_topic(TICKER, 300)]
+        assert fake_relay.subscriptions() == want  # the status topic first
 
 
 def test_live_callback_api(fake_relay: Any, settings_for: Any) -> None:

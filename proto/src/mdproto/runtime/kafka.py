@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,6 +140,25 @@ def end_offsets(consumer: Any, topic: str, timeout_s: float) -> dict[int, int] |
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
         for p in meta.partitions
     }
+
+
+def wait_end_offsets(
+    consumer: Any, topic: str, stop: threading.Event, *, poll_s: float = 0.5
+) -> dict[int, int] | None:
+    """`end_offsets`, retried until the topic exists and the broker answers (None: stopped).
+
+    For readers that rebuild state from a compacted topic at start and must not
+    fail while the broker or the topic is not there yet."""
+    while not stop.is_set():
+        try:
+            ends = end_offsets(consumer, topic, timeout_s=2.0)
+        except Exception as exc:  # broker not there yet: keep trying
+            log.debug("waiting for Kafka topic %s: %s", topic, exc)
+            ends = None
+        if ends is not None:
+            return ends
+        stop.wait(poll_s)
+    return None
 
 
 def read_to_end(consumer: Any, topic: str, ends: Mapping[int, int]) -> Iterator[Any]:

@@ -5,22 +5,30 @@ exchanges (ccxt, load_markets) -> Kafka producer -> Market records
      DataRequest HISTORICAL  -> claim -> fetch pages -> OHLCBatch records (Kafka)
      DataRequest legacy_sync -> claim -> fetch pages -> DataResponse (DEALER :5556)
      DataRequest REALTIME    -> start feed / refresh lease -> Tick records (Kafka)
+                                  '-> FeedStatus (started, lost, failed...) (DEALER :5556)
      IngestorControl         -> cancel feed / apply config + republish markets
+every exchange call -> HealthBook -> IngestorStatus (DEALER :5556) every interval and on change
+                                 '-> probes of unhealthy exchanges
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf.message import Message
+
 from ingestor.claims import Claims
 from ingestor.config import Settings, credentials_for
+from ingestor.coverage import NO_COVERAGE, CoverageSource, IcebergCoverage
 from ingestor.exchanges import ExchangeAdapter
+from ingestor.health import HealthBook
 from ingestor.history import (
     FetchEnv,
     RequestFailedError,
@@ -32,6 +40,7 @@ from ingestor.kafka_sink import KafkaSink, PartitionTail
 from ingestor.legacy import legacy_response
 from ingestor.live import LiveFeeds, RecentIds
 from ingestor.markets import market_records
+from ingestor.model import ExchangeCallError
 from ingestor.retry import RetryPolicy
 from ingestor.work import LegacyResponder, WorkIntake, new_context
 from mdproto import ProtocolError, contracts
@@ -81,6 +90,9 @@ class Ingestor:
         self._tail: PartitionTail | None = None
         self._responder: LegacyResponder | None = None
         self._semaphore = asyncio.Semaphore(settings.history.max_concurrent)
+        self._coverage = _coverage(settings)
+        self.health = HealthBook((), settings.health.failure_threshold)
+        self._health_changed = asyncio.Event()
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -92,6 +104,11 @@ class Ingestor:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    @property
+    def jobs_in_flight(self) -> int:
+        """History and legacy requests started and not finished (waiting ones included)."""
+        return len(self._jobs)
 
     @property
     def prefixes(self) -> list[str]:
@@ -118,6 +135,9 @@ class Ingestor:
                 reconnect=RetryPolicy(
                     base_delay_s=s.live.reconnect_base_s, max_delay_s=s.live.reconnect_max_s
                 ),
+                start_attempts=s.live.start_attempts,
+                on_status=self._post_to_relay,
+                ingestor_id=self.ingestor_id,
             )
             self._spawn(self.feeds.run_sweeper(s.live.sweep_interval_s), "lease-sweeper")
             if s.market_metadata.refresh_s > 0:
@@ -134,6 +154,9 @@ class Ingestor:
                 heartbeat_ivl_ms=s.zmq_heartbeat_ivl_ms,
             )
             self._spawn(self.intake.run(self._on_request, self._on_control), "work-intake")
+            if s.health.status_interval_ms > 0:
+                self._spawn(self._report_status(), "status")
+            self._spawn(self._probe_unhealthy(), "health-probes")
             log.info(
                 "ingestor %s ready: exchanges %s, work %s, control %s",
                 self.ingestor_id,
@@ -159,6 +182,9 @@ class Ingestor:
                     exchange_id, cfg, credentials_for(exchange_id)
                 )
         self._by_prefix = {a.prefix + ":": a for a in self._adapters.values()}
+        self.health = HealthBook(
+            (a.prefix for a in self._adapters.values()), self.settings.health.failure_threshold
+        )
 
     def _topics_to_ensure(self) -> list[TopicSpec]:
         k = self.settings.kafka
@@ -274,6 +300,7 @@ class Ingestor:
                 ingestor_id=self.ingestor_id,
                 batch_size=self._batch_size,
                 env=env,
+                stored=self._coverage,
             )
             self.stats.rows += outcome.rows
             status = Status.Name(Status.ValueType(outcome.status))
@@ -337,7 +364,56 @@ class Ingestor:
             except ValueError:
                 log.warning("CONFIG_UPDATE %s=%r is not a valid value", key, value)
 
+    # --- exchange health and liveness (IngestorStatus to the relay) ----------
+
+    def _observe(self, exchange: str, fault: ExchangeCallError | None) -> None:
+        if not self.health.record(exchange, fault, time.monotonic()):
+            return
+        if self.health.healthy(exchange):
+            log.info("exchange %s answers again: healthy", exchange)
+        else:
+            log.warning("exchange %s unhealthy: %s", exchange, self.health.describe(exchange))
+        self._health_changed.set()  # the relay hears it now, not at the next interval
+
+    async def _report_status(self) -> None:
+        """IngestorStatus every `status_interval_ms`, and at once when health changes."""
+        assert self._responder is not None
+        interval_ms = self.settings.health.status_interval_ms
+        while True:
+            self._health_changed.clear()
+            status = self.health.status(self.ingestor_id, wall_clock_ms(), interval_ms)
+            await self._responder.send(status, timeout_s=interval_ms / 1000)
+            with suppress(TimeoutError):
+                async with asyncio.timeout(interval_ms / 1000):
+                    await self._health_changed.wait()
+
+    async def _probe_unhealthy(self) -> None:
+        """Probe unhealthy exchanges: the relay refuses their requests, so no client
+        traffic would ever show that they recovered."""
+        while True:
+            await asyncio.sleep(self.settings.health.probe_interval_s)
+            await asyncio.gather(
+                *(
+                    self._probe(self._by_prefix[f"{e}:"])
+                    for e in self.health.to_probe(time.monotonic())
+                )
+            )
+
+    async def _probe(self, adapter: ExchangeAdapter) -> None:
+        try:
+            await adapter.probe()
+        except ExchangeCallError as fault:
+            log.info("probe of %s failed: %s", adapter.prefix, fault)
+            self._observe(adapter.prefix, fault)
+        else:
+            self._observe(adapter.prefix, None)
+
     # --- helpers ----------------------------------------------------------
+
+    def _post_to_relay(self, message: Message) -> None:
+        """A message for the relay's :5556 (FeedStatus); dropped before the DEALER exists."""
+        if self._responder is not None:
+            self._responder.post(message)
 
     def _env(self, adapter: ExchangeAdapter) -> FetchEnv:
         return FetchEnv(
@@ -345,6 +421,7 @@ class Ingestor:
             page_limit=adapter.page_limit,
             bounded_pages=adapter.bounded_pages,
             venue=adapter.venue,
+            observe=lambda fault: self._observe(adapter.prefix, fault),
         )
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -379,3 +456,10 @@ class Ingestor:
         for adapter in self._adapters.values():
             with suppress(Exception):
                 await adapter.close()
+
+
+def _coverage(settings: Settings) -> CoverageSource:
+    c = settings.coverage
+    if not c.enabled:
+        return NO_COVERAGE
+    return IcebergCoverage(c.catalog.properties(), c.requests_table, c.catalog.name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ingestor.model import Candle
+from mdproto.contracts import FROM_STORAGE
 from mdproto.messages import OHLC, BatchMetadata, DataRequest, OHLCBatch, Status
 
 
@@ -93,7 +94,11 @@ class BatchBuilder:
         self._pending = []
         return records
 
-    def final(self, expected_gaps: int) -> OHLCBatch:
+    def set_source(self, source: int) -> None:
+        """Where the answer comes from (HistorySource), carried by the final marker."""
+        self._metadata.source = source  # type: ignore[assignment]
+
+    def final(self, expected_gaps: int, expected_candles: int = 0) -> OHLCBatch:
         """The final marker after a successful fetch: OK, or NOT_FOUND without rows.
 
         Call `flush` first and make sure its records were delivered.
@@ -101,15 +106,18 @@ class BatchBuilder:
         self._check_open()
         if self._pending:
             raise RuntimeError("rows are still queued: flush() before final()")
-        if self._rows_emitted > 0:
-            return self._final(Status.OK, "", "", expected_gaps)
+        # Stored candles count too: the pipeline counts them in Iceberg (docs/protocol.md).
+        if self._rows_emitted > 0 or self._metadata.source in FROM_STORAGE:
+            return self._final(Status.OK, "", "", expected_gaps, expected_candles)
         reason = "the exchange has no candles in the range"
-        return self._final(Status.NOT_FOUND, reason, "", expected_gaps)
+        return self._final(Status.NOT_FOUND, reason, "", expected_gaps, expected_candles)
 
-    def fail(self, reason: str, error_code: str, expected_gaps: int = 0) -> OHLCBatch:
+    def fail(
+        self, reason: str, error_code: str, expected_gaps: int = 0, expected_candles: int = 0
+    ) -> OHLCBatch:
         """The ERROR final marker; queued rows are dropped, totals count the emitted ones."""
         self._pending = []
-        return self._final(Status.ERROR, reason, error_code, expected_gaps)
+        return self._final(Status.ERROR, reason, error_code, expected_gaps, expected_candles)
 
     def _data_record(self, chunk: list[Candle]) -> OHLCBatch:
         meta = self._metadata
@@ -138,7 +146,7 @@ class BatchBuilder:
         self._rows_emitted += len(chunk)
         return record
 
-    def _final(self, status: int, reason: str, error_code: str, gaps: int) -> OHLCBatch:
+    def _final(self, status: int, reason: str, error_code: str, gaps: int, slots: int) -> OHLCBatch:
         meta = BatchMetadata()
         meta.CopyFrom(self._metadata)
         meta.status = status  # type: ignore[assignment]
@@ -147,6 +155,7 @@ class BatchBuilder:
         meta.total_rows = self._rows_emitted
         meta.total_batches = self._sequence
         meta.expected_gaps = gaps
+        meta.expected_candles = slots
         self._finished = True
         return OHLCBatch(
             request_id=meta.request_id, sequence=self._sequence, metadata=meta, is_final=True

@@ -175,13 +175,20 @@ def count_slots(start_ms: int, end_ms: int, period_ms: int, phase_ms: int = 0) -
     return (end_ms - 1 - first) // period_ms + 1
 
 
-def expected_gaps(plan: FetchPlan, total_rows: int, first_open_ms: int | None) -> int:
-    """Closed periods in the range for which the exchange has no candle.
+def candle_slots(plan: FetchPlan, first_open_ms: int | None) -> int:
+    """Closed candle slots in the planned range: what a complete answer holds at most.
 
-    Exchanges emit no candle for a period without trades; these are counted,
-    not treated as errors. The grid's phase is taken from the first candle
-    (weekly candles open on Mondays, not on the epoch's Thursday).
+    The grid's phase is taken from the first candle (weekly candles open on
+    Mondays, not on the epoch's Thursday).
     """
     phase = 0 if first_open_ms is None else first_open_ms % plan.period_ms
-    slots = count_slots(plan.start_ms, plan.end_ms, plan.period_ms, phase)
-    return max(0, slots - total_rows)
+    return count_slots(plan.start_ms, plan.end_ms, plan.period_ms, phase)
+
+
+def expected_gaps(plans: Sequence[FetchPlan], total_rows: int, first_open_ms: int | None) -> int:
+    """Closed periods in the fetched ranges for which the exchange has no candle.
+
+    Exchanges emit no candle for a period without trades; these are counted,
+    not treated as errors.
+    """
+    return max(0, sum(candle_slots(plan, first_open_ms) for plan in plans) - total_rows)

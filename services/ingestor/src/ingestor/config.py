@@ -26,6 +26,7 @@ from ingestor.retry import RetryPolicy
 from ingestor.venues import venue_for
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
+from mdproto.runtime.iceberg import CatalogSettings
 
 #: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
 KAFKA_INGEST_CLAIMS = contracts.KAFKA_INGEST_CLAIMS
@@ -126,6 +127,8 @@ class LiveSettings(_Section):
     dedupe_capacity: int = Field(default=20_000, gt=0)  # trade ids remembered per ticker
     reconnect_base_s: float = Field(default=0.5, ge=0)
     reconnect_max_s: float = Field(default=30.0, ge=0)
+    # Failed tries in a row before any data that make a feed FAILED (exchange down).
+    start_attempts: int = Field(default=4, ge=1)
 
 
 class ClaimSettings(_Section):
@@ -140,8 +143,24 @@ class MarketSettings(_Section):
     )  # republish Market records; 0 = only on CONFIG_UPDATE
 
 
+class HealthSettings(_Section):
+    """IngestorStatus to the relay (liveness, and the breaker's input; docs/protocol.md)."""
+
+    status_interval_ms: int = Field(default=2000, ge=0)  # heartbeat period; 0 = send none
+    failure_threshold: int = Field(default=3, gt=0)  # failed calls in a row -> unhealthy
+    probe_interval_s: float = Field(default=3.0, gt=0)  # probe an unhealthy exchange this often
+
+
 def _default_exchanges() -> dict[str, ExchangeSettings]:
     return {"binance": ExchangeSettings(prefix="BINANCE")}
+
+
+class CoverageSettings(_Section):
+    """Answer stored ranges from Iceberg: reads `market.requests` (ingestor/coverage.py)."""
+
+    enabled: bool = False  # on in `make run` and compose; off: every range is fetched
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    requests_table: str = contracts.ICEBERG_REQUESTS
 
 
 class Settings(runtime.FileSettings):
@@ -174,6 +193,8 @@ class Settings(runtime.FileSettings):
     live: LiveSettings = Field(default_factory=lambda: LiveSettings())
     claims: ClaimSettings = Field(default_factory=lambda: ClaimSettings())
     market_metadata: MarketSettings = Field(default_factory=lambda: MarketSettings())
+    health: HealthSettings = Field(default_factory=lambda: HealthSettings())
+    coverage: CoverageSettings = Field(default_factory=lambda: CoverageSettings())
 
     @field_validator("serve", mode="before")
     @classmethod

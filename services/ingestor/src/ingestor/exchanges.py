@@ -218,6 +218,17 @@ class ExchangeAdapter:
         """Use these ccxt market dicts instead of loading them (replayed payloads)."""
         self._exchange.set_markets([dict(m) for m in markets])
 
+    async def probe(self) -> None:
+        """One cheap call to see whether the exchange answers: its server time
+        (Binance weight 1), else a market reload where it has no time endpoint."""
+        try:
+            if self._exchange.has.get("fetchTime"):
+                await self._exchange.fetch_time()
+            else:
+                await self._exchange.load_markets(True)
+        except Exception as exc:
+            raise fault_from(exc) from exc
+
     def timeframes(self) -> list[str]:
         return list((self._exchange.timeframes or {}).keys())
 

@@ -21,11 +21,13 @@ from ingestor.candles import (
     PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
+    candle_slots,
     expected_gaps,
     next_since,
     plan_fetch,
     timeframe_for,
 )
+from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
 from ingestor.model import Candle, ExchangeCallError, FaultKind
 from ingestor.retry import GiveUp, RetryPolicy, decide
 from ingestor.venues import GENERIC, HistoryUnavailableError, Venue
@@ -72,13 +74,18 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _unobserved(fault: ExchangeCallError | None) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class FetchEnv:
     """How to page one exchange, and the clock, sleep and randomness the loop uses.
 
     `page_limit` and `bounded_pages` are the adapter's effective values (the
     venue's paging unless configured otherwise); `venue` supplies the rest of
-    the exchange's limits (its history window).
+    the exchange's limits (its history window). `observe` sees every exchange
+    call's outcome (None: success), for `health.HealthBook`.
     """
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
@@ -88,6 +95,7 @@ class FetchEnv:
     now_ms: Callable[[], int] = wall_clock_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rand: Callable[[], float] = random.random
+    observe: Callable[[ExchangeCallError | None], None] = _unobserved
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +145,9 @@ async def call_with_retry(call: Callable[[], Awaitable[T]], env: FetchEnv, what:
     attempt = 0
     while True:
         try:
-            return await call()
+            result = await call()
         except ExchangeCallError as fault:
+            env.observe(fault)
             attempt += 1
             decision = decide(fault.kind, attempt, env.policy, fault.retry_after_s, env.rand())
             if isinstance(decision, GiveUp):
@@ -151,6 +160,9 @@ async def call_with_retry(call: Callable[[], Awaitable[T]], env: FetchEnv, what:
                 decision.delay_s,
             )
             await env.sleep(decision.delay_s)
+        else:
+            env.observe(None)
+            return result
 
 
 async def iter_pages(
@@ -203,6 +215,10 @@ async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
     return True
 
 
+def _series(request: DataRequest) -> tuple[str, int]:
+    return request.ticker, request.period_seconds
+
+
 async def run_history_job(
     request: DataRequest,
     source: CandleSource,
@@ -211,8 +227,13 @@ async def run_history_job(
     ingestor_id: str,
     batch_size: int,
     env: FetchEnv,
+    stored: CoverageSource = NO_COVERAGE,
 ) -> JobOutcome:
     """Fetch [start, end) and write the request's OHLCBatch records, ending with a final marker.
+
+    What `stored` holds complete is not fetched again (unless the request says
+    `refetch`): the marker says where the answer came from, and the pipeline
+    counts the rows in Iceberg.
 
     The final marker is only sent once every data record has been delivered;
     a delivery failure turns it into an ERROR marker (code kafka_delivery).
@@ -222,34 +243,46 @@ async def run_history_job(
     deliveries: list[Awaitable[object]] = []
     final: OHLCBatch
     gaps = 0
+    plan: FetchPlan | None = None
+    first_open: int | None = None
+
+    def slots() -> int:  # the integrity report's denominator, also for a failed fetch
+        return 0 if plan is None else candle_slots(plan, first_open)
+
     try:
         symbol, plan = plan_request(request, source, env)
-        first_open: int | None = None
-        async for page in iter_pages(source, symbol, plan, env):
-            if first_open is None:
-                first_open = page[0].open_time_ms
-            for record in builder.add(page):
-                deliveries.append(await sink.send_batch(key, record))
+        held = [] if request.refetch or plan.empty else await stored.stored(*_series(request))
+        parts, origin = fetch_plans(plan, held)
+        builder.set_source(origin)
+        for part in parts:  # the whole plan, or the pieces storage does not hold
+            async for page in iter_pages(source, symbol, part, env):
+                if first_open is None:
+                    first_open = page[0].open_time_ms
+                for record in builder.add(page):
+                    deliveries.append(await sink.send_batch(key, record))
         for record in builder.flush():
             deliveries.append(await sink.send_batch(key, record))
-        gaps = expected_gaps(plan, builder.rows_emitted, first_open)
+        gaps = expected_gaps(parts, builder.rows_emitted, first_open)
         failure = await _settle(deliveries)
         if failure is None:
-            final = builder.final(gaps)
+            final = builder.final(gaps, slots())
         else:
-            final = builder.fail(f"Kafka delivery failed: {failure}", KAFKA_DELIVERY, gaps)
+            reason = f"Kafka delivery failed: {failure}"
+            final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
     except RequestFailedError as exc:
         await _settle(deliveries)
-        final = builder.fail(exc.reason, exc.error_code, gaps)
+        final = builder.fail(exc.reason, exc.error_code, gaps, slots())
     except Exception as exc:
         log.exception("request %s failed unexpectedly", request.request_id)
         await _settle(deliveries)
-        final = builder.fail(f"internal error: {type(exc).__name__}: {exc}", INTERNAL, gaps)
+        reason = f"internal error: {type(exc).__name__}: {exc}"
+        final = builder.fail(reason, INTERNAL, gaps, slots())
 
     delivered = await _send_final(sink, key, final)
     if not delivered and final.metadata.status != Status.ERROR:
         # The rows arrived but the marker did not: try to tell the pipeline it failed.
-        final = builder.fail("Kafka delivery of the final marker failed", KAFKA_DELIVERY, gaps)
+        reason = "Kafka delivery of the final marker failed"
+        final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
         delivered = await _send_final(sink, key, final)
     meta = final.metadata
     return JobOutcome(

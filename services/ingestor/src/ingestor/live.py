@@ -4,6 +4,11 @@
 - `LeaseBook` tracks which tickers the relay still wants: the relay re-announces
   active tickers every few seconds (`DataRequest{REALTIME}`), a repeat refreshes
   the lease, a CANCEL_REALTIME ends it, and an unrefreshed lease expires.
+- `FeedPhase` is one feed run's state for its subscribers (FeedStatus via the
+  relay on `{ticker}|status`): STARTED with the first data, LOST on a disconnect
+  after that and RECOVERED with data again, FAILED for a permanent fault (bad
+  symbol, not supported) or when `start_attempts` tries in a row fail before any
+  data (exchange down). Only changes are reported.
 - `LiveFeeds` starts/stops the feed tasks. Feeds never block historical work:
   each is its own task and Kafka produce does not block the loop.
 """
@@ -11,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections import deque
@@ -24,7 +30,7 @@ from ingestor.history import wall_clock_ms
 from ingestor.model import ExchangeCallError, Trade
 from ingestor.retry import RetryPolicy, backoff_delay
 from mdproto import ProtocolError
-from mdproto.messages import TakerSide, Tick
+from mdproto.messages import FeedStatus, TakerSide, Tick
 from mdproto.topics import parse_ticker
 
 log = logging.getLogger(__name__)
@@ -117,7 +123,67 @@ class FeedStats:
     duplicates: int = 0
     reconnects: int = 0
     id_gaps: int = 0  # trades missing between consecutive numeric ids (drops, cache overflow)
-    failed: str = ""  # permanent error that ended the feed
+    failed: str = ""  # the error that ended the feed
+    retryable: bool = False  # it ended on transient faults: the next announcement restarts it
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """A feed's new state, as FeedStatus reports it (`state` is a FeedStatus.State)."""
+
+    state: int
+    error_code: str = ""
+    reason: str = ""
+
+
+_HEALTHY = (FeedStatus.STARTED, FeedStatus.RECOVERED)
+
+
+class FeedPhase:
+    """One feed run: starting -> STARTED <-> LOST -> RECOVERED ..., or FAILED (final).
+
+    Pure; each method returns the change to report, or None when the state holds
+    (a reconnect loop reports LOST once, not per attempt).
+    """
+
+    def __init__(self, start_attempts: int) -> None:
+        self.state: int | None = None  # None: no data yet
+        self._start_attempts = max(1, start_attempts)
+        self._start_failures = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.state == FeedStatus.FAILED
+
+    def data(self) -> StatusChange | None:
+        """The exchange delivered (possibly an empty batch): the subscription works."""
+        if self.state is None:
+            return self._to(StatusChange(FeedStatus.STARTED))
+        if self.state == FeedStatus.LOST:
+            return self._to(StatusChange(FeedStatus.RECOVERED))
+        return None
+
+    def fault(self, fault: ExchangeCallError) -> StatusChange | None:
+        code = fault.kind.value
+        if not fault.kind.transient:
+            return self._to(StatusChange(FeedStatus.FAILED, code, fault.reason))
+        if self.state is None:
+            self._start_failures += 1
+            if self._start_failures < self._start_attempts:
+                return None
+            reason = f"no live data after {self._start_failures} attempts: {fault.reason}"
+            return self._to(StatusChange(FeedStatus.FAILED, code, reason))
+        if self.state in _HEALTHY:
+            return self._to(StatusChange(FeedStatus.LOST, code, f"{fault.reason}; reconnecting"))
+        return None
+
+    def _to(self, change: StatusChange) -> StatusChange:
+        self.state = change.state
+        return change
+
+
+def _no_report(change: StatusChange) -> None:
+    return None
 
 
 @dataclass
@@ -134,21 +200,27 @@ async def run_feed(
     *,
     dedupe: RecentIds,
     reconnect: RetryPolicy,
+    start_attempts: int = 4,
+    report: Callable[[StatusChange], None] = _no_report,
     now_ms: Callable[[], int] = wall_clock_ms,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
 ) -> None:
-    """Stream one ticker's trades into Kafka until cancelled or a permanent error."""
+    """Stream one ticker's trades into Kafka until cancelled or FAILED; `report` its changes."""
     symbol = parse_ticker(ticker).symbol
+    phase = FeedPhase(start_attempts)
     failures = 0
     last_number: int | None = None
     while True:
         try:
             trades = await source.watch_trades(symbol)
         except ExchangeCallError as fault:
-            if not fault.kind.transient:
-                stats.failed = str(fault)
-                log.error("live %s stopped: %s", ticker, fault)
+            change = phase.fault(fault)
+            if change is not None:
+                report(change)
+            if phase.failed:
+                stats.failed, stats.retryable = str(fault), fault.kind.transient
+                log.error("live %s stopped: %s", ticker, change.reason if change else fault)
                 return
             failures += 1
             stats.reconnects += 1
@@ -157,6 +229,9 @@ async def run_feed(
             await sleep(delay)
             continue
         failures = 0
+        change = phase.data()
+        if change is not None:
+            report(change)
         ingested = now_ms()
         for trade in trades:
             if not trade.trade_id or not dedupe.add(trade.trade_id):
@@ -184,8 +259,17 @@ class LiveFeeds:
         dedupe_capacity: int,
         reconnect: RetryPolicy,
         monotonic: Callable[[], float] | None = None,
+        start_attempts: int = 4,
+        on_status: Callable[[FeedStatus], None] | None = None,
+        ingestor_id: str = "",
+        now_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self._sources = dict(sources)  # exchange prefix ("BINANCE:") -> source
+        self._start_attempts = start_attempts
+        self._on_status = on_status
+        self._ingestor_id = ingestor_id
+        self._now_ms = now_ms
+        self._last_status: dict[str, FeedStatus] = {}  # ticker -> the last one sent
         self._sink = sink
         self._leases = LeaseBook(lease_s)
         self._dedupe_capacity = dedupe_capacity
@@ -212,7 +296,12 @@ class LiveFeeds:
         return sorted(t for t, f in self._feeds.items() if not f.task.done())
 
     def request(self, ticker: str) -> bool:
-        """A REALTIME announcement: start the feed if new, else refresh its lease."""
+        """A REALTIME announcement: start the feed if new, else refresh its lease.
+
+        A feed that FAILED on transient faults (exchange down) starts again, reported as
+        LOST; one that FAILED for good, or is LOST, has its status sent again (once per
+        announcement, so a relay that restarted learns it).
+        """
         try:
             prefix = parse_ticker(ticker).prefix
         except ProtocolError as exc:
@@ -223,8 +312,18 @@ class LiveFeeds:
             log.warning("REALTIME %s ignored: no live source for %s", ticker, prefix)
             return False
         self._leases.refresh(ticker, self._monotonic())
-        if ticker in self._feeds:
-            return False
+        feed = self._feeds.get(ticker)
+        if feed is not None:
+            if not (feed.task.done() and feed.stats.retryable):
+                self._repeat_status(ticker)
+                return False
+            log.info("live feed %s starts again (it failed: %s)", ticker, feed.stats.failed)
+            # LOST replaces the FAILED the relay keeps: new subscribers wait, not give up.
+            last = self._last_status.get(ticker)
+            code = last.error_code if last is not None else ""
+            self._report(
+                ticker, StatusChange(FeedStatus.LOST, code, f"retrying: {feed.stats.failed}")
+            )
         stats = FeedStats()
         task = asyncio.create_task(
             run_feed(
@@ -234,6 +333,8 @@ class LiveFeeds:
                 stats,
                 dedupe=RecentIds(self._dedupe_capacity),
                 reconnect=self._reconnect,
+                start_attempts=self._start_attempts,
+                report=functools.partial(self._report, ticker),
             ),
             name=f"live-{ticker}",
         )
@@ -241,8 +342,36 @@ class LiveFeeds:
         log.info("live feed %s started", ticker)
         return True
 
+    def _report(self, ticker: str, change: StatusChange) -> None:
+        status = FeedStatus(
+            ticker=ticker,
+            state=change.state,  # type: ignore[arg-type]  # a FeedStatus.State value
+            error_code=change.error_code,
+            reason=change.reason,
+            ingestor_id=self._ingestor_id,
+            at_ms=self._now_ms(),
+        )
+        if change.state in _HEALTHY:
+            log.info("live feed %s %s", ticker, FeedStatus.State.Name(status.state))
+        self._last_status[ticker] = status
+        self._send(status)
+
+    def _repeat_status(self, ticker: str) -> None:
+        last = self._last_status.get(ticker)
+        if last is not None and last.state not in _HEALTHY:
+            self._send(last)
+
+    def _send(self, status: FeedStatus) -> None:
+        if self._on_status is None:
+            return
+        try:
+            self._on_status(status)
+        except Exception:  # reporting must never stop the feed
+            log.exception("feed status of %s not sent", status.ticker)
+
     async def cancel(self, ticker: str, why: str = "cancelled") -> bool:
         self._leases.cancel(ticker)
+        self._last_status.pop(ticker, None)
         feed = self._feeds.pop(ticker, None)
         if feed is None:
             return False

@@ -73,6 +73,14 @@ class IngestorCollector(Collector):
             work.add_metric(["malformed"], ing.intake.stats.malformed)
             yield work
         yield from self._feeds()
+        healthy = GaugeMetricFamily(
+            "ingestor_exchange_healthy",
+            "0 after health.failure_threshold failed exchange calls in a row, until one succeeds",
+            labels=["exchange"],
+        )
+        for e in ing.health.status(ing.ingestor_id, 0, 0).exchanges:
+            healthy.add_metric([e.exchange], 1 if e.healthy else 0)
+        yield healthy
 
     def _feeds(self) -> Iterator[Metric]:
         feeds = self._ingestor.feeds

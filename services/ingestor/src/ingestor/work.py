@@ -4,7 +4,8 @@
   served exchange prefix (`BINANCE:`), and SUB to its control PUB (:5560).
   Frames are decoded with `mdproto.envelope.decode_sub`; anything malformed is
   logged and counted, never fatal.
-- `LegacyResponder`: DEALER to the relay's ROUTER (:5556) for `DataResponse`s.
+- `LegacyResponder`: DEALER to the relay's ROUTER (:5556) for `DataResponse`s,
+  and `send`/`post` for any other message to the relay (IngestorStatus, FeedStatus).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TypeVar
 
 import zmq
 import zmq.asyncio
+from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope
-from mdproto.messages import DataRequest, DataResponse, IngestorControl
+from mdproto.messages import DataRequest, IngestorControl
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", DataRequest, IngestorControl)
@@ -141,16 +143,28 @@ class LegacyResponder:
         self._socket.setsockopt(zmq.SNDHWM, 1000)
         self._socket.connect(endpoint)
         self._lock = asyncio.Lock()
+        # Same socket, used synchronously: `post` never waits (one event-loop thread).
+        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
 
-    async def send(self, response: DataResponse, timeout_s: float = 10.0) -> bool:
-        """Send one response; False if the relay could not take it in time."""
+    async def send(self, message: Message, timeout_s: float = 10.0) -> bool:
+        """Send one message; False if the relay could not take it in time."""
         async with self._lock:
             try:
                 async with asyncio.timeout(timeout_s):
-                    await self._socket.send_multipart(envelope.encode(response))
+                    await self._socket.send_multipart(envelope.encode(message))
             except TimeoutError:
-                log.error("legacy response %s not sent: relay unreachable", response.request_id)
+                what = getattr(message, "request_id", "") or ""
+                log.error("%s %s not sent: relay unreachable", type(message).__name__, what)
                 return False
+        return True
+
+    def post(self, message: Message) -> bool:
+        """Queue one message for the relay without waiting; False (logged) if the queue is full."""
+        try:
+            self._now.send_multipart(envelope.encode(message), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("%s to the relay dropped: queue full", message.DESCRIPTOR.name)
+            return False
         return True
 
     def close(self) -> None:

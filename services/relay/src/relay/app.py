@@ -2,16 +2,21 @@
 
     clients REQ/DEALER -> ROUTER :5559 -> validation -> SubmitResponse / CEPTriggerAck
         |-> DataRequest{HISTORICAL}, topic "BINANCE:" -> XPUB :5555 -> ingestors
+        |   (symbols checked against market.markets: MarketDirectory, its own thread)
         |-> CEPTriggerRequest -> TriggerSink (Kafka cep.triggers; LIST answered from it)
         |       '-> tickers with triggers stay live (LiveSubscriptions.pin)
         '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
     ingestors DEALER -> ROUTER :5556 -> DataResponse -> pending map -> Response to the client
+                                     |-> IngestorStatus -> Liveness (no_ingestor, breaker)
+                                     '-> FeedStatus -> last per ticker -> tap -> {ticker}|status
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
         '-> subscription tap (inproc XPUB the XSUB also feeds) -> LiveSubscriptions
             |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
+            |-> FeedStatus{REFUSED} on `{ticker}|status` (a period the pipeline does not serve)
             '-> IngestorControl{CANCEL_REALTIME} -> XPUB :5560 (after the grace period)
 
-Only the legacy flow keeps per-request state. The loop never raises on input:
+Only the legacy flow keeps per-request state (feed statuses keep one last value
+per live ticker, feedstatus.py). The loop never raises on input:
 whatever arrives is answered (where the peer's socket needs an answer),
 counted and logged.
 """
@@ -38,7 +43,9 @@ from mdproto.messages import (
     CEPTriggerRequest,
     DataRequest,
     DataResponse,
+    FeedStatus,
     IngestorControl,
+    IngestorStatus,
     OHLCRequest,
     Response,
     Status,
@@ -46,9 +53,13 @@ from mdproto.messages import (
     SubmitResponse,
 )
 from mdproto.runtime.metrics_http import Health, MetricsServer
+from mdproto.topics import status_topic
 from relay import sockets
 from relay.config import RelaySettings
+from relay.feedstatus import StatusBoard, state_name, status_ticker
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
+from relay.liveness import BadStatusError, Liveness, State, Verdict
+from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
 from relay.proxy import MarketDataProxy, ProxyStats, parse_subscription
 from relay.ratelimit import TokenBuckets
@@ -61,7 +72,6 @@ log = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
 CONFIG_UPDATE_PATH = "/control/config-update"
-NO_INGESTOR = "no_ingestor"
 INTERNAL = "internal"
 SINK_ERROR = "sink_error"
 UNEXPECTED_TYPE = "unexpected_type"
@@ -104,6 +114,8 @@ class Relay:
         self._new_id = new_id
         self.metrics = m = RelayMetrics()
         self._sink: TriggerSink = trigger_sink or _default_sink(s, m)
+        self.markets = _default_markets(s, m)  # market.markets reader; None without Kafka
+        self._symbols = self.markets.check if self.markets is not None else None
         self._pinned: set[str] = set()  # tickers kept live because they have triggers
         # Label lookups cost more than the increment: bind the hot ones once.
         self._accepted = {k: m.requests.labels(k, "accepted") for k in ("submit", "legacy", "cep")}
@@ -123,8 +135,12 @@ class Relay:
             known_exchanges=s.known_exchanges,
             new_id=new_id,
             now=now,
+            live_periods=s.live_periods,
         )
+        self._status = StatusBoard(live_periods=s.live_periods, repeat_s=s.status_repeat_s, now=now)
         self._ingestor_subs: dict[str, set[str]] = {"work": set(), "control": set()}
+        self._liveness = Liveness(expiry_intervals=s.ingestor_expiry_intervals)
+        self._routing: dict[str, State] = {}  # last state per prefix, logged on change
         for exchange in s.known_exchanges:  # 0 until an ingestor serves it: alertable
             m.exchange_served.labels(f"{exchange}:").set(0)
         self._market_connections = 0
@@ -176,6 +192,8 @@ class Relay:
             start_sink = getattr(self._sink, "start", None)
             if start_sink is not None:
                 start_sink()
+            if self.markets is not None:
+                self.markets.start()
             if s.metrics_port:
                 self._http = MetricsServer(
                     s.metrics_host,
@@ -199,9 +217,16 @@ class Relay:
             self.endpoints.market_data,
             self.endpoints.upstream,
             f"http://{s.metrics_host}:{self.metrics_port}" if self._http else "off",
-            ",".join(s.known_exchanges),
+            ",".join(s.known_exchanges) or "any an ingestor serves",
         )
         return self.endpoints
+
+    def check_symbol(self, ticker: str, live: bool = True) -> str | None:
+        """Why market metadata says `ticker` cannot be served, or None (any thread).
+
+        None too while its exchange has no metadata (or without Kafka). `live`
+        (the default, for live data) also refuses an inactive market."""
+        return self._symbols(ticker, live) if self._symbols is not None else None
 
     @property
     def metrics_port(self) -> int:
@@ -221,6 +246,8 @@ class Relay:
             self._http.close()
             self._http = None
         self._sink.close()
+        if self.markets is not None:
+            self.markets.close()
         self._wakeup.close()
         log.info("relay stopped")
 
@@ -271,8 +298,11 @@ class Relay:
             now = self._clock()
             self._expire_legacy(now)
             self._apply(self._live.due(now))
+            for status in self._status.due(now):
+                self._publish_status(status, "repeat")
             if now >= next_stats:
                 self._sync_trigger_tickers(now)
+                self._refresh_routing(now)
             if now >= next_stats and self._proxy.alive:
                 self._proxy.request_stats()
                 next_stats = now + self._s.stats_interval_s
@@ -280,9 +310,8 @@ class Relay:
         log.info("relay loop finished")
 
     def _next_deadline(self) -> float:
-        legacy = self._pending.next_deadline()
-        live = self._live.next_deadline()
-        return live if legacy is None else min(live, legacy)
+        deadlines = [self._pending.next_deadline(), self._status.next_deadline()]
+        return min([self._live.next_deadline(), *(d for d in deadlines if d is not None)])
 
     def _drain(self, sock: Socket, handler: Handler) -> None:
         for _ in range(_BATCH):
@@ -344,20 +373,22 @@ class Relay:
         return Response(status=Status.ERROR, reason=error.reason, error_code=error.code)
 
     def _submit(self, req: SubmitHistoricalRequest, now: float) -> SubmitResponse:
-        outcome = check_submit(req, self._policy, self._wall_ms(), self._new_id)
+        outcome = check_submit(
+            req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
+        )
         if outcome.work is None:
             self._rejected(
                 "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
             )
             return outcome.reply
-        unserved = self._unserved(outcome.work.topic)
+        unserved = self._unserved(outcome.work.topic, now)
         if unserved is not None:  # refused now, not an OK followed by minutes of silence
-            self._rejected("submit", req.request_id, NO_INGESTOR, unserved, now)
+            self._rejected("submit", req.request_id, unserved.error_code, unserved.reason, now)
             return SubmitResponse(
                 request_id=outcome.reply.request_id,
                 status=Status.REJECTED,
-                reason=unserved,
-                error_code=NO_INGESTOR,
+                reason=unserved.reason,
+                error_code=unserved.error_code,
             )
         self._accepted["submit"].inc()
         self._publish_work(outcome.work.topic, outcome.work.request, "historical", now)
@@ -367,17 +398,14 @@ class Relay:
         """An ingestor subscribes to a prefix of `topic` on the work socket right now."""
         return any(topic.startswith(p) for p in self._ingestor_subs["work"])
 
-    def _unserved(self, topic: str) -> str | None:
-        """Why no ingestor can take work published on `topic` now, or None if one can."""
-        if self._served(topic):
-            return None
-        return (
-            f"no ingestor serves {topic.rstrip(':')} right now (none is subscribed to its "
-            "work queue); retry once one runs"
-        )
+    def _unserved(self, topic: str, now: float) -> Verdict | None:
+        """Why no ingestor can take work published on `topic` now (no_ingestor,
+        exchange_unavailable), or None if one can (relay.liveness has the rule)."""
+        verdict = self._liveness.verdict(topic, self._served(topic), now)
+        return None if verdict.state is State.SERVED else verdict
 
     def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
-        outcome = check_trigger(req, self._policy, self._wall_ms())
+        outcome = check_trigger(req, self._policy, self._wall_ms(), symbols=self._symbols)
         if not outcome.accepted:
             self._rejected(
                 "cep", req.trigger_id, outcome.reply.error_code, outcome.reply.reason, now
@@ -432,15 +460,17 @@ class Relay:
 
     def _legacy_request(self, route: list[bytes], req: OHLCRequest, now: float) -> Response | None:
         log.info("Client request routing: legacy OHLCRequest request_id=%s", req.request_id or "-")
-        checked = check_legacy(req, self._policy, self._wall_ms(), self._new_id)
+        checked = check_legacy(
+            req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
+        )
         if isinstance(checked, Rejection):
             self._rejected("legacy", req.request_id, checked.error_code, checked.reason, now)
             return _legacy_refusal(req.request_id, checked.error_code, checked.reason)
         request_id = checked.request.request_id
-        unserved = self._unserved(checked.topic)
+        unserved = self._unserved(checked.topic, now)
         if unserved is not None:
-            self._rejected("legacy", request_id, NO_INGESTOR, unserved, now)
-            return _legacy_refusal(request_id, NO_INGESTOR, unserved)
+            self._rejected("legacy", request_id, unserved.error_code, unserved.reason, now)
+            return _legacy_refusal(request_id, unserved.error_code, unserved.reason)
         admission = self._pending.add(request_id, route, now)
         if admission is not Admission.ADDED:
             reason = (
@@ -458,7 +488,17 @@ class Relay:
     def _on_ingestor_response(self, frames: list[bytes], now: float) -> None:
         try:
             _route, body = envelope.split_routed(frames)
-            data = envelope.decode(body, DataResponse, max_payload=self._s.ingestor_max_payload)
+            data = envelope.decode(body, max_payload=self._s.ingestor_max_payload)
+            if isinstance(data, IngestorStatus):
+                self._on_ingestor_status(data, now)
+                return
+            if isinstance(data, FeedStatus):
+                self._on_feed_status(data, now)
+                return
+            if not isinstance(data, DataResponse):
+                raise ProtocolError(
+                    UNEXPECTED_TYPE, f"{data.DESCRIPTOR.name} is not sent to the relay on :5556"
+                )
         except ProtocolError as exc:
             self._bad_frame("ingestor", exc, now)
             return
@@ -478,6 +518,38 @@ class Relay:
         self.metrics.legacy_pending.set(len(self._pending))
         if self._reply(pending.route, response_from(data), now):
             log.info("Sent response to client: request_id=%s", data.request_id)
+
+    # --- ingestor liveness and exchange health (IngestorStatus on :5556) --------------
+
+    def _on_ingestor_status(self, status: IngestorStatus, now: float) -> None:
+        try:
+            self._liveness.status(status, now)
+        except BadStatusError as exc:
+            self._bad_frame("ingestor", ProtocolError("bad_status", str(exc)), now)
+            return
+        self.metrics.ingestor_statuses.inc()
+        self._refresh_routing(now)  # a health change opens or closes a breaker at once
+
+    def _refresh_routing(self, now: float) -> None:
+        """Gauges per exchange prefix, and one log line whenever a prefix changes state."""
+        for ingestor_id in self._liveness.forget_dead(now):
+            log.info("ingestor %s silent for an hour: forgotten", ingestor_id)
+        m = self.metrics
+        prefixes = self._liveness.prefixes | self._ingestor_subs["work"] | set(self._routing)
+        for prefix in sorted(prefixes):
+            verdict = self._liveness.verdict(prefix, self._served(prefix), now)
+            m.exchange_served.labels(prefix).set(verdict.state is not State.UNSERVED)
+            m.breaker_open.labels(prefix).set(verdict.state is State.BREAKER_OPEN)
+            m.ingestors_alive.labels(prefix).set(verdict.alive)
+            before = self._routing.get(prefix, State.UNSERVED)
+            if verdict.state is before:
+                continue
+            self._routing[prefix] = verdict.state
+            if verdict.state is State.SERVED:
+                log.info("%s served (%d live ingestors report status)", prefix, verdict.alive)
+            else:
+                log.warning("%s refused from now on: %s: %s", prefix, verdict.error_code,
+                            verdict.reason)  # fmt: skip
 
     def _expire_legacy(self, now: float) -> None:
         expired = self._pending.expire(now)
@@ -534,13 +606,17 @@ class Relay:
         self.metrics.subscription_events.labels("subscribe" if subscribe else "unsubscribe").inc()
         log.debug("%s %r", "subscribe" if subscribe else "unsubscribe", topic)
         if subscribe:
+            self._status_on_subscribe(topic)
             self._apply(self._live.subscribed(topic, now))
         else:
+            self._status.unsubscribed(topic)
             self._apply(self._live.unsubscribed(topic, now))
         self.metrics.subscribed_topics.set(self._live.topic_count)
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
+            if not isinstance(action, Announce) or action.why == "start":
+                self._status.forget(action.ticker)  # a new feed, or none: old state is moot
             if isinstance(action, Announce):
                 request = DataRequest(
                     request_id=action.request_id,
@@ -574,6 +650,38 @@ class Relay:
                 log.info("live data cancelled: %s (no subscriber left)", action.ticker)
         if actions:
             self.metrics.live_tickers.set(len(self._live.live_tickers))
+
+    # --- live feed statuses (`{ticker}|status`) --------------------------------------
+
+    def _on_feed_status(self, status: FeedStatus, now: float) -> None:
+        """An ingestor reports a feed's state: keep it (live tickers only) and publish it."""
+        live = self._live.is_live(status.ticker)
+        self._status.record(status, live=live)
+        healthy = status.state in (FeedStatus.STARTED, FeedStatus.RECOVERED)
+        log.log(
+            logging.INFO if healthy else logging.WARNING,
+            "live feed %s %s%s (ingestor %s)%s",
+            status.ticker,
+            state_name(status),
+            f": {status.error_code}: {status.reason}" if status.error_code else "",
+            status.ingestor_id or "-",
+            "" if live else "; the ticker is not live here",
+        )
+        self._publish_status(status, "ingestor")
+
+    def _status_on_subscribe(self, topic: str) -> None:
+        """Refuse an unsupported candle period; tell a `{ticker}|status` subscriber the state."""
+        refusal = self._status.refuse(topic, self._wall_ms())
+        if refusal is not None:
+            log.info("live subscription %r refused: %s", topic, refusal.reason)
+            self._publish_status(refusal, "relay")
+        ticker = status_ticker(topic)
+        for status in self._status.latest(ticker) if ticker else []:
+            self._publish_status(status, "replay")
+
+    def _publish_status(self, status: FeedStatus, source: str) -> None:
+        sent = self._proxy.publish(envelope.encode_pub(status_topic(status.ticker), status))
+        self.metrics.feed_statuses.labels(state_name(status), source if sent else "dropped").inc()
 
     # --- operator commands (HTTP, the metrics port; never a client socket) ----------
 
@@ -638,7 +746,9 @@ class Relay:
         log.info("ingestor %s %s %r", "subscribed to" if subscribe else "left", socket, prefix)
         self.metrics.ingestor_subscriptions.labels(socket).set(len(subs))
         if socket == "work":
-            self.metrics.exchange_served.labels(prefix).set(1 if subscribe else 0)
+            if not subscribe:
+                self._liveness.unsubscribed(prefix)
+            self._refresh_routing(self._clock())
         return event
 
     # --- proxy statistics and socket monitors ------------------------------------------
@@ -689,6 +799,20 @@ def _default_sink(settings: RelaySettings, metrics: RelayMetrics) -> TriggerSink
         k.bootstrap_servers,
         k.topic_cep_triggers,
         on_error=metrics.trigger_sink_errors.inc,
+        partitions=k.topic_partitions,
+        replication=k.replication_factor,
+    )
+
+
+def _default_markets(settings: RelaySettings, metrics: RelayMetrics) -> MarketDirectory | None:
+    """The market.markets reader when Kafka is configured, else None (no symbol checks)."""
+    k = settings.kafka
+    if not (k.bootstrap_servers and k.topic_markets):
+        return None
+    return MarketDirectory(
+        k.bootstrap_servers,
+        k.topic_markets,
+        on_snapshot=lambda snapshot: metrics.set_known_markets(snapshot.counts()),
         partitions=k.topic_partitions,
         replication=k.replication_factor,
     )

@@ -35,13 +35,16 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 
 
 class KafkaSettings(BaseModel):
-    """CEP triggers live in a compacted topic. An empty bootstrap keeps the logging
-    sink (triggers are acknowledged but never evaluated)."""
+    """CEP triggers live in a compacted topic; market metadata is read from another.
+    An empty bootstrap keeps the logging sink (triggers are acknowledged but never
+    evaluated) and checks no symbols."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bootstrap_servers: str = ""
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
+    # Market records (compacted, key ticker): symbols are checked against it; "" = off.
+    topic_markets: str = contracts.KAFKA_MARKETS
     topic_partitions: int = Field(default=3, ge=1)
     replication_factor: int = Field(default=1, ge=1)
 
@@ -73,7 +76,11 @@ class RelaySettings(runtime.FileSettings):
 
     # --- additions --------------------------------------------------------------
     ingestor_control_port: Port = contracts.INGESTOR_CONTROL_PORT  # spec said 5557: taken
-    known_exchanges: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["BINANCE"])
+    # Exchange prefixes requests may name; empty = any exchange an ingestor serves.
+    known_exchanges: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # An ingestor that sent IngestorStatus is dead after this many of its
+    # interval_ms without one (docs/protocol.md, "Ingestor liveness").
+    ingestor_expiry_intervals: float = Field(default=3.0, gt=1)
     metrics_host: str = "0.0.0.0"
     metrics_port: Port = 9560  # /metrics and /healthz; 0 disables
     # Client ROUTER :5559. Frames above max_message_size make libzmq drop the
@@ -89,6 +96,14 @@ class RelaySettings(runtime.FileSettings):
     # re-announce active tickers this often (PUB loses messages to late joiners).
     realtime_grace_s: float = Field(default=30.0, ge=0)
     realtime_refresh_s: float = Field(default=10.0, gt=0)
+    # Live candle periods the pipeline serves (its live.periods): a subscription to
+    # `{ticker}|ohlc:{p}` for another p is REFUSED on `{ticker}|status` and starts nothing.
+    live_periods: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: list(contracts.LIVE_PERIODS)
+    )
+    # LOST/FAILED/REFUSED statuses are published again this often while they hold, so a
+    # client that subscribes after another one (no subscription edge reaches the relay) learns them.
+    status_repeat_s: float = Field(default=1.0, gt=0)
     # Per-client (ROUTER identity) token bucket on :5559; rate 0 disables it.
     client_rate_limit: float = Field(default=500.0, ge=0)
     client_rate_burst: int = Field(default=1000, ge=1)
@@ -110,10 +125,10 @@ class RelaySettings(runtime.FileSettings):
     stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
-    @field_validator("known_exchanges", mode="before")
+    @field_validator("known_exchanges", "live_periods", mode="before")
     @classmethod
-    def _split_exchanges(cls, value: Any) -> Any:
-        """Accept a YAML list, a JSON list or `BINANCE,COINBASE` from the environment."""
+    def _split_list(cls, value: Any) -> Any:
+        """Accept a YAML list, a JSON list or `BINANCE,COINBASE` (`60,300`) from the environment."""
         if isinstance(value, str):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else text.split(",")
@@ -126,9 +141,14 @@ class RelaySettings(runtime.FileSettings):
         bad = [name for name in names if not _EXCHANGE.match(name)]
         if bad:
             raise ValueError(f"exchange names must look like BINANCE: {bad}")
-        if not names:
-            raise ValueError("configure at least one known exchange")
         return names
+
+    @field_validator("live_periods")
+    @classmethod
+    def _periods(cls, value: list[int]) -> list[int]:
+        if not value or any(p <= 0 for p in value):
+            raise ValueError(f"live_periods must be positive seconds, at least one: {value}")
+        return sorted(set(value))
 
     @field_validator("bind_address", "flink_market_data_endpoint")
     @classmethod
@@ -136,6 +156,13 @@ class RelaySettings(runtime.FileSettings):
         if "://" not in value:
             raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
         return value
+
+    @classmethod
+    def loopback(cls, upstream: str, **overrides: Any) -> RelaySettings:
+        """Every ZeroMQ port ephemeral on 127.0.0.1, metrics off: tests and benchmarks."""
+        ports = {name: 0 for name in cls.model_fields if name.endswith("_port")}
+        address = {"bind_address": "tcp://127.0.0.1", "flink_market_data_endpoint": upstream}
+        return cls(**{**address, **ports, **overrides})
 
     def endpoint(self, port: int) -> str:
         """Bind endpoint for one of the relay's ports (0 = ephemeral)."""

@@ -52,6 +52,7 @@ class RelayMetrics:
         ProcessCollector(registry=r)
         self._proxy = _ProxyCollector()
         r.register(self._proxy)
+        self._market_exchanges: set[str] = set()
         self.requests = Counter(
             "relay_requests", "Client requests by type and outcome", ["type", "outcome"], registry=r
         )
@@ -120,9 +121,25 @@ class RelayMetrics:
         )
         self.exchange_served = Gauge(
             "relay_exchange_served",
-            "1 while at least one ingestor subscribes to the exchange's work prefix",
+            "1 while an ingestor subscribes to the exchange's work prefix and (if any of its "
+            "ingestors sends IngestorStatus) one of them is alive",
             ["prefix"],
             registry=r,
+        )
+        self.breaker_open = Gauge(
+            "relay_exchange_breaker_open",
+            "1 while every live ingestor of the exchange reports it unhealthy (requests refused)",
+            ["prefix"],
+            registry=r,
+        )
+        self.ingestors_alive = Gauge(
+            "relay_ingestors_alive",
+            "Ingestors reporting the exchange whose last IngestorStatus is recent enough",
+            ["prefix"],
+            registry=r,
+        )
+        self.ingestor_statuses = Counter(
+            "relay_ingestor_statuses", "IngestorStatus heartbeats received on :5556", registry=r
         )
         self.upstream_connected = Gauge(
             "relay_upstream_connected", "1 while the XSUB is connected to the pipeline", registry=r
@@ -133,9 +150,31 @@ class RelayMetrics:
         self.market_data_connections = Gauge(
             "relay_market_data_connections", "Client connections on :5558", registry=r
         )
+        self.feed_statuses = Counter(
+            "relay_feed_status",
+            "FeedStatus messages published on {ticker}|status, by state and source "
+            "(ingestor, relay = refused period, replay = to a new subscriber, repeat, dropped)",
+            ["state", "source"],
+            registry=r,
+        )
+        self.known_markets = Gauge(
+            "relay_known_markets",
+            "Markets listed in market.markets per exchange (state: all or active); symbols "
+            "of an exchange with none are not checked",
+            ["exchange", "state"],
+            registry=r,
+        )
         self.trigger_sink_errors = Counter(
             "relay_trigger_sink_errors", "CEP triggers the sink could not store", registry=r
         )
+
+    def set_known_markets(self, counts: dict[str, tuple[int, int]]) -> None:
+        """Per exchange (markets, active) from a new snapshot; a vanished exchange is 0."""
+        gone = {exchange: (0, 0) for exchange in self._market_exchanges - counts.keys()}
+        for exchange, (known, active) in {**counts, **gone}.items():
+            self.known_markets.labels(exchange, "all").set(known)
+            self.known_markets.labels(exchange, "active").set(active)
+        self._market_exchanges = set(counts)
 
     def set_proxy_stats(self, stats: ProxyStats) -> None:
         self._proxy.stats = stats

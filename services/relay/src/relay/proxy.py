@@ -2,8 +2,12 @@
 
 Data and subscriptions never pass through Python; the relay sees subscription
 edges through a *tap*, an inproc XPUB the XSUB also connects to (it receives
-every subscription and no data). A steerable proxy answers STATISTICS and
-TERMINATE. Why a tap and not a capture socket: docs/adr/0001.
+every subscription). The relay's own messages to clients (FeedStatus on
+`{ticker}|status`) are published on the tap: the XSUB reads them like the
+pipeline's data, so they join the proxied stream and the XPUB's subscription
+filtering applies, while the proxy thread stays the only user of the XPUB.
+A steerable proxy answers STATISTICS and TERMINATE. Why a tap and not a capture
+socket: docs/adr/0001.
 """
 
 from __future__ import annotations
@@ -110,6 +114,18 @@ class MarketDataProxy:
         except Exception as exc:  # the loop reports it through health and logs
             self.error = exc
             log.exception("market-data proxy stopped")
+
+    def publish(self, frames: list[bytes]) -> bool:
+        """Send a message into the market-data stream (caller's thread); False if dropped.
+
+        Only topics some client subscribes to pass the tap's filter (the XSUB
+        forwards every subscription to it), like data from the pipeline.
+        """
+        try:
+            self.events.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def request_stats(self) -> None:
         self.control.send(b"STATISTICS")

@@ -7,7 +7,9 @@ subscribe but a SUB that subscribed twice unsubscribes once, so counts drift;
 see README "Design decisions".)
 
 A ticker is live while any of its market topics (`{ticker}|tick`,
-`{ticker}|ohlc:` or `{ticker}|ohlc:{period}`) has a subscriber. The first one
+`{ticker}|ohlc:` or `{ticker}|ohlc:{period}` for a served period) has a
+subscriber; a period outside `live_periods` starts nothing (the relay refuses it
+on `{ticker}|status`, see feedstatus.py). The first one
 starts it (`Announce`); when the last one leaves a `Cancel` follows after
 `grace` seconds unless a subscriber comes back. A ticker with CEP triggers is
 `pin`ned: it stays live as if it had a subscriber until `unpin`. Every `refresh` seconds all
@@ -73,8 +75,10 @@ class LiveSubscriptions:
         known_exchanges: Iterable[str],
         new_id: Callable[[], str],
         now: float,
+        live_periods: Iterable[int] | None = None,
     ) -> None:
         self._grace = grace
+        self._periods = None if live_periods is None else frozenset(live_periods)  # None: any
         self._refresh = refresh
         self._exchanges = frozenset(known_exchanges)
         self._new_id = new_id
@@ -91,6 +95,9 @@ class LiveSubscriptions:
     def live_tickers(self) -> list[str]:
         """Tickers being streamed, including those in their grace period."""
         return sorted(self._streams)
+
+    def is_live(self, ticker: str) -> bool:
+        return ticker in self._streams
 
     def subscribed(self, topic: str, now: float) -> list[Action]:
         self._topics.add(topic)
@@ -169,10 +176,14 @@ class LiveSubscriptions:
         market = topics.parse_market_topic(topic)
         if market is None or not self._known(market.ticker):
             return None
+        if self._periods is not None and market.period_seconds not in (None, *self._periods):
+            return None
         return market.ticker
 
     def _known(self, ticker: str) -> bool:
+        """A valid ticker of a configured exchange (any exchange when none is configured)."""
         try:
-            return topics.parse_ticker(ticker).exchange in self._exchanges
+            exchange = topics.parse_ticker(ticker).exchange
         except ProtocolError:
             return False
+        return not self._exchanges or exchange in self._exchanges

@@ -236,14 +236,7 @@ class KafkaTriggerSink:
             }
         )
         try:
-            ends: dict[int, int] | None = None
-            while ends is None and not self._stop.is_set():
-                try:
-                    ends = kafka.end_offsets(consumer, self.topic, timeout_s=2.0)
-                except Exception as exc:  # broker not there yet: keep trying
-                    log.debug("CEP directory waiting for %s: %s", self.topic, exc)
-                if ends is None:
-                    self._stop.wait(0.5)
+            ends = kafka.wait_end_offsets(consumer, self.topic, self._stop)
             for msg in kafka.read_to_end(consumer, self.topic, ends or {}):
                 if self._stop.is_set():
                     return

@@ -2,7 +2,8 @@
 
 The rules themselves live in `mdproto.rules` (the client and the pipeline check
 the same ones); this module adds the relay's policy (served exchanges, limits)
-and builds the replies. Pure: `now_ms` and `new_id` are passed in.
+and builds the replies. Pure: `now_ms` and `new_id` are passed in, and so is
+`symbols`, the market-metadata predicate (`relay.markets`), checked last.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ _OK = Status.OK
 _REJECTED = Status.REJECTED
 _HISTORICAL = DataRequest.HISTORICAL
 
+SymbolCheck = Callable[[str, bool], str | None]
+"""Why a (well-formed) ticker cannot be served (the flag: live use, where an inactive
+market fails too), or None: `MarketDirectory.check`."""
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """The configurable limits validation applies."""
 
-    known_exchanges: frozenset[str]
+    known_exchanges: frozenset[str]  # empty: any (whether one is served is decided later)
     max_candles: int = 10_000_000
     max_future_ms: int = 24 * 3600 * 1000
 
@@ -73,7 +78,12 @@ class TriggerOutcome:
 
 
 def check_submit(
-    req: SubmitHistoricalRequest, policy: Policy, now_ms: int, new_id: Callable[[], str]
+    req: SubmitHistoricalRequest,
+    policy: Policy,
+    now_ms: int,
+    new_id: Callable[[], str],
+    *,
+    symbols: SymbolCheck | None = None,
 ) -> SubmitOutcome:
     """Validate a `SubmitHistoricalRequest` and build its `SubmitResponse`.
 
@@ -85,15 +95,21 @@ def check_submit(
         prefix = _ticker_prefix(req.ticker, policy)
         _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
         topic = rules.notification_topic(req.notify, request_id, req.client_id)
+        _check_symbol(req.ticker, symbols)
     except RuleViolation as bad:
         return SubmitOutcome(_rejected(SubmitResponse(request_id=req.request_id), bad), None)
-    work = _historical(req, request_id, now_ms, notification_topic=topic)
+    work = _historical(req, request_id, now_ms, notification_topic=topic, refetch=req.refetch)
     reply = SubmitResponse(request_id=request_id, status=_OK, notification_topic=topic)
     return SubmitOutcome(reply, Work(prefix, work))
 
 
 def check_legacy(
-    req: OHLCRequest, policy: Policy, now_ms: int, new_id: Callable[[], str]
+    req: OHLCRequest,
+    policy: Policy,
+    now_ms: int,
+    new_id: Callable[[], str],
+    *,
+    symbols: SymbolCheck | None = None,
 ) -> Work | Rejection:
     """Validate a legacy `OHLCRequest`; the client waits, so any request_id will do."""
     try:
@@ -101,6 +117,7 @@ def check_legacy(
         rules.check_ids(request_id=request_id, client_id=req.client_id)
         prefix = _ticker_prefix(req.ticker, policy)
         _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
+        _check_symbol(req.ticker, symbols)
     except RuleViolation as bad:
         return Rejection.of(bad)
     return Work(prefix, _historical(req, request_id, now_ms, legacy_sync=True, limit=req.limit))
@@ -114,6 +131,7 @@ def _historical(
     notification_topic: str = "",
     legacy_sync: bool = False,
     limit: int = 0,
+    refetch: bool = False,
 ) -> DataRequest:
     """The `DataRequest` of a validated history request, submitted or legacy (the
     proto3 defaults of the flow-specific fields are what the other flow leaves unset)."""
@@ -129,15 +147,19 @@ def _historical(
         legacy_sync=legacy_sync,
         submitted_at_ms=now_ms,
         limit=limit,
+        refetch=refetch,
     )
 
 
-def check_trigger(req: CEPTriggerRequest, policy: Policy, now_ms: int) -> TriggerOutcome:
+def check_trigger(
+    req: CEPTriggerRequest, policy: Policy, now_ms: int, *, symbols: SymbolCheck | None = None
+) -> TriggerOutcome:
     """Validate a `CEPTriggerRequest` (REGISTER, CANCEL or LIST) and build its ack.
 
     `event_topic` follows `notify`: RESPONSE:{client_id} per client (AUTO with a
     client_id), else CEP:{trigger_id}. CANCEL needs only the trigger_id, LIST only
-    the client_id (the relay fills `triggers` in from its trigger store).
+    the client_id (the relay fills `triggers` in from its trigger store). Only
+    REGISTER is checked against market metadata: a CANCEL always goes through.
     """
     try:
         if req.action == CEPTriggerRequest.LIST:
@@ -150,6 +172,7 @@ def check_trigger(req: CEPTriggerRequest, policy: Policy, now_ms: int) -> Trigge
         if req.action == CEPTriggerRequest.REGISTER:
             event_topic = rules.register(req, now_ms)
             _ticker_prefix(req.ticker, policy)
+            _check_symbol(req.ticker, symbols, live=True)
         elif req.action == CEPTriggerRequest.CANCEL:
             if not req.trigger_id:
                 raise RuleViolation(rules.MISSING_ID, "trigger_id is required")
@@ -186,10 +209,16 @@ def _request_id(request_id: str, client_id: str, new_id: Callable[[], str]) -> s
 
 def _ticker_prefix(ticker: str, policy: Policy) -> str:
     exchange = rules.ticker(ticker).exchange
-    if exchange not in policy.known_exchanges:
+    if policy.known_exchanges and exchange not in policy.known_exchanges:
         known = ", ".join(sorted(policy.known_exchanges))
         raise RuleViolation(rules.UNKNOWN_EXCHANGE, f"exchange {exchange} is not served ({known})")
     return f"{exchange}:"
+
+
+def _check_symbol(ticker: str, symbols: SymbolCheck | None, *, live: bool = False) -> None:
+    why = symbols(ticker, live) if symbols is not None else None
+    if why is not None:
+        raise RuleViolation(rules.BAD_SYMBOL, why)
 
 
 def _check_range(period: int, start_ms: int, end_ms: int, policy: Policy, now_ms: int) -> None:

@@ -9,6 +9,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, t
          Iceberg ticks -> candles-close query  -> MERGE ohlc -> PUB OHLC closed=true
 -> cep query: cep.triggers + market.ticks -> engine (driver) -> PUB CEPTriggerEvent
                                                              -> tombstones -> cep.triggers
+-> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
+-> table upkeep thread: compact small and delete files, expire old snapshots (every 15 min)
 -> run until SIGTERM/SIGINT, or a query or the PUB process fails
 """
 
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from mdproto.runtime.metrics_http import MetricsServer
-from pipeline import faults, history, live, metrics, preflight, session
+from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.config import Settings
 from pipeline.lake import Lake
 from pipeline.progress import ProgressLogger
@@ -46,7 +48,9 @@ class Pipeline:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         c = settings.catalog
-        self.names = TableNames(c.name, c.namespace, c.ohlc_table, c.ticks_table, c.requests_table)
+        self.names = TableNames(
+            c.name, c.namespace, c.ohlc_table, c.ticks_table, c.requests_table, c.markets_table
+        )
         self.publisher: Publisher | None = None
         self.spark: SparkSession | None = None
         self.lake: Lake | None = None
@@ -54,6 +58,8 @@ class Pipeline:
         self.pub_server: PubServer | None = None
         self.cep: CepQuery | None = None
         self.metrics_server: MetricsServer | None = None
+        self.registry: CollectorRegistry | None = None
+        self.upkeep: upkeep.Upkeep | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -80,6 +86,12 @@ class Pipeline:
 
             self.cep = cep.start(self.spark, settings, self.publisher)
             self.queries[cep.QUERY_NAME] = self.cep.query
+        if settings.markets.enabled:
+            self.queries[markets.QUERY_NAME] = markets.start(self.spark, settings, self.lake)
+        if settings.upkeep.enabled:
+            report = metrics.UpkeepMetrics(self.registry) if self.registry else None
+            self.upkeep = upkeep.Upkeep(self.spark, self.names, settings.upkeep, report)
+            self.upkeep.start()
         self._write_ready_file()
         log.info("pipeline running: %s", ", ".join(self.queries))
 
@@ -88,7 +100,7 @@ class Pipeline:
         s = self.settings
         if not s.metrics_port or self.spark is None:
             return
-        registry = CollectorRegistry()
+        registry = self.registry = CollectorRegistry()
         self.spark.streams.addListener(metrics.QueryMetrics(registry))
         registry.register(metrics.LivenessCollector(self._queries_active, self._pub_alive))
         self.metrics_server = MetricsServer(
@@ -122,6 +134,9 @@ class Pipeline:
         return 0
 
     def stop(self) -> None:
+        if self.upkeep is not None:
+            self.upkeep.stop()  # lets a running procedure call finish
+            self.upkeep = None
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

@@ -28,6 +28,8 @@ class KafkaConfig(_Section):
     topic_ticks: str = contracts.KAFKA_TICKS
     #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
+    #: Compacted topic of Market records, key ticker (the ``markets`` query's source).
+    topic_markets: str = contracts.KAFKA_MARKETS
     #: Where a query starts when its checkpoint is new; later runs resume from the checkpoint.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: Spark's failOnDataLoss: stop (rather than skip) when retention deleted unread records.
@@ -56,6 +58,7 @@ class CatalogConfig(_Section):
     ohlc_table: str = "ohlc"
     ticks_table: str = "ticks"
     requests_table: str = "requests"
+    markets_table: str = "markets"
 
 
 class HistoryConfig(_Section):
@@ -66,7 +69,7 @@ class HistoryConfig(_Section):
 
 class LiveConfig(_Section):
     enabled: bool = True
-    periods: list[int] = Field(default_factory=lambda: [60, 300, 3600])
+    periods: list[int] = Field(default_factory=lambda: list(contracts.LIVE_PERIODS))
     #: Event-time lateness accepted by the candle aggregation; later ticks miss their candle.
     watermark_s: float = Field(default=10.0, ge=0)
     #: Who publishes ticks: "kafka" (a consumer thread on the driver, see tick_publisher.py) or
@@ -115,6 +118,29 @@ class CepConfig(_Section):
     snapshots_kept: int = Field(default=3, ge=2)
 
 
+class UpkeepConfig(_Section):
+    """Snapshot expiry and compaction of the tables (pipeline/upkeep.py)."""
+
+    enabled: bool = True
+    #: Seconds between rounds; the first round runs one interval after start.
+    interval_s: float = Field(default=900.0, gt=0)
+    #: Snapshots younger than this stay readable (clients read notified snapshots).
+    snapshot_retain_s: float = Field(default=3600.0, ge=0)
+    retain_last_snapshots: int = Field(default=5, ge=1)
+    #: Compact a partition once it has this many small files (or delete files).
+    min_input_files: int = Field(default=5, ge=2)
+    #: Rewrite a data file that has this many delete files against it.
+    delete_file_threshold: int = Field(default=3, ge=1)
+
+
+class MarketsConfig(_Section):
+    """Market metadata -> Iceberg ``markets``: markets change rarely, so a slow trigger."""
+
+    enabled: bool = True
+    trigger_s: float = Field(default=60.0, ge=0)
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+
+
 class SparkConfig(_Section):
     #: Ignored under spark-submit, where --master decides.
     master: str = "local[*]"
@@ -154,6 +180,8 @@ class Settings(runtime.FileSettings):
     history: HistoryConfig = Field(default_factory=HistoryConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
     cep: CepConfig = Field(default_factory=CepConfig)
+    upkeep: UpkeepConfig = Field(default_factory=UpkeepConfig)
+    markets: MarketsConfig = Field(default_factory=MarketsConfig)
     #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.
@@ -175,6 +203,8 @@ class Settings(runtime.FileSettings):
             names += ["ticks-persist", "candles-update", "candles-close"]
         if self.cep.enabled:
             names.append("cep")
+        if self.markets.enabled:
+            names.append("markets")
         return names
 
     def checkpoint_for(self, query: str) -> str:

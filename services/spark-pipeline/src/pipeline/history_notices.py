@@ -20,7 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto import topics
-from mdproto.messages import BatchMetadata, HistoryReadyNotification, NotifyPattern, Status
+from mdproto.contracts import FROM_STORAGE
+from mdproto.messages import (
+    BatchMetadata,
+    HistoryReadyNotification,
+    HistorySource,
+    NotifyPattern,
+    Status,
+)
 from pipeline.records import UTC_US, FinalMarker
 
 _RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
@@ -48,8 +55,20 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("batch_id", pa.int64()),
         pa.field("kafka_partition", pa.int32()),
         pa.field("kafka_offset", pa.int64()),
+        # Integrity report (added later: `ADDED_COLUMNS` migrates older tables).
+        pa.field("expected_candles", pa.int64()),
+        pa.field("exchange_gaps", pa.int64()),
+        pa.field("missing_candles", pa.int64()),
+        pa.field("source", pa.string()),
     ]
 )
+#: Columns added to ``requests`` after its first release, with their Spark SQL types.
+ADDED_COLUMNS: dict[str, str] = {
+    "expected_candles": "BIGINT",
+    "exchange_gaps": "BIGINT",
+    "missing_candles": "BIGINT",
+    "source": "STRING",
+}
 _TIME_FIELDS = {"completed_at": "completed_at_ms"}
 
 
@@ -76,6 +95,10 @@ class CompletedRequest:
     batch_id: int
     kafka_partition: int
     kafka_offset: int
+    expected_candles: int = 0  # integrity report: closed slots in the range (0 = unknown)
+    exchange_gaps: int = 0  # slots the exchange has no candle for (no trades)
+    missing_candles: int = 0  # slots neither stored nor exchange gaps: a failed fetch
+    source: int = HistorySource.SOURCE_UNSPECIFIED
 
     def notification(self) -> HistoryReadyNotification:
         return HistoryReadyNotification(
@@ -92,6 +115,10 @@ class CompletedRequest:
             iceberg_table=self.iceberg_table,
             snapshot_id=self.snapshot_id,
             completed_at_ms=self.completed_at_ms,
+            expected_candles=self.expected_candles,
+            exchange_gaps=self.exchange_gaps,
+            missing_candles=self.missing_candles,
+            source=self.source,  # type: ignore[arg-type]
         )
 
 
@@ -108,7 +135,7 @@ def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
     if meta is None:
         return Status.ERROR, "final marker carries no metadata", "bad_marker", 0
     if meta.status == Status.OK:
-        if meta.total_rows == 0:
+        if meta.total_rows == 0 and meta.source not in FROM_STORAGE:
             return Status.NOT_FOUND, meta.reason or "no candles in the range", "", 0
         return Status.OK, meta.reason, "", meta.total_rows
     if meta.status == Status.NOT_FOUND:
@@ -159,6 +186,8 @@ def complete(
 ) -> CompletedRequest:
     meta = marker.metadata
     status, reason, error_code, row_count = outcome(meta)
+    expected = meta.expected_candles if meta else 0
+    gaps = meta.expected_gaps if meta else 0
     return CompletedRequest(
         request_id=marker.request_id,
         client_id=meta.client_id if meta else "",
@@ -179,7 +208,18 @@ def complete(
         batch_id=batch_id,
         kafka_partition=marker.partition,
         kafka_offset=marker.offset,
+        expected_candles=expected,
+        exchange_gaps=gaps,
+        missing_candles=missing(expected, meta.total_rows if meta else 0, gaps),
+        source=(meta.source or HistorySource.SOURCE_EXCHANGE)
+        if meta
+        else HistorySource.SOURCE_UNSPECIFIED,
     )
+
+
+def missing(expected: int, present: int, exchange_gaps: int) -> int:
+    """Slots neither stored nor known to be empty at the exchange (0 when not known)."""
+    return max(0, expected - present - exchange_gaps)
 
 
 def plan(
@@ -230,6 +270,13 @@ def reconcile(request: CompletedRequest, found: int) -> CompletedRequest:
     """
     if not needs_count(request):
         return request
+    if request.source in FROM_STORAGE:
+        # Stored spans were complete when stored: what is not there had no trades.
+        if found == 0:
+            reason = "no candles in the range"
+            return replace(request, status=Status.NOT_FOUND, reason=reason, snapshot_id=0)
+        gaps = max(0, request.expected_candles - found)
+        return replace(request, row_count=found, exchange_gaps=gaps, missing_candles=0)
     announced = request.row_count
     if found < announced:
         return replace(
@@ -241,8 +288,13 @@ def reconcile(request: CompletedRequest, found: int) -> CompletedRequest:
             ),
             error_code="incomplete",
             row_count=found,
+            missing_candles=missing(request.expected_candles, found, request.exchange_gaps),
         )
-    return replace(request, row_count=found)
+    return replace(
+        request,
+        row_count=found,
+        missing_candles=missing(request.expected_candles, found, request.exchange_gaps),
+    )
 
 
 def apply_counts(plan: Plan, found: Mapping[str, int]) -> Plan:
@@ -265,6 +317,7 @@ def to_table(requests: Sequence[CompletedRequest]) -> pa.Table:
     for request in requests:
         row = asdict(request)
         row["status"] = Status.Name(request.status)  # type: ignore[arg-type]
+        row["source"] = HistorySource.Name(request.source)  # type: ignore[arg-type]
         for column, ms in _TIME_FIELDS.items():
             row[column] = row.pop(ms) * 1000
         for name in REQUESTS_SCHEMA.names:
@@ -294,6 +347,7 @@ def from_table(table: pa.Table) -> dict[str, CompletedRequest]:
     for i in range(table.num_rows):
         row = {k: v[i] for k, v in cols.items()}
         row["status"] = Status.Value(row["status"]) if row["status"] else Status.ERROR
+        row["source"] = HistorySource.Value(row["source"] or "SOURCE_UNSPECIFIED")
         for key in ("client_id", "reason", "error_code", "ticker", "notification_topic"):
             row[key] = row[key] or ""
         for key in ("iceberg_table", "ingestor_id", "query_id"):
@@ -305,6 +359,9 @@ def from_table(table: pa.Table) -> dict[str, CompletedRequest]:
             "row_count",
             "snapshot_id",
             "batch_id",
+            "expected_candles",
+            "exchange_gaps",
+            "missing_candles",
         ):
             row[key] = row[key] or 0
         for key in ("kafka_partition", "kafka_offset"):

@@ -57,16 +57,23 @@ class Lake:
         """Create the namespace and tables if missing; fail clearly on a foreign schema."""
         for statement in tables.ddl(self.names):
             self._spark.sql(statement)
-        have = set(self._spark.table(self.names.ohlc).columns)
-        added = [c for c in tables.OHLC_ADDED_COLUMNS if c not in have]
-        if added:  # a table from before these columns: add them (old rows read null)
-            self._spark.sql(tables.add_ohlc_columns(self.names, added))
-            self._spark.catalog.refreshTable(self.names.ohlc)
         expected = {
             self.names.ohlc: OHLC_SCHEMA.names,
             self.names.ticks: TICK_SCHEMA.names,
             self.names.requests: history_notices.REQUESTS_SCHEMA.names,
+            self.names.markets: tables.MARKET_COLUMNS,
         }
+        evolving = {  # tables from before these columns get them (older rows read null)
+            self.names.requests: history_notices.ADDED_COLUMNS,  # the integrity report
+            self.names.ohlc: tables.OHLC_ADDED_COLUMNS,  # what exchanges report beyond OHLCV
+        }
+        for table, added in evolving.items():
+            have = set(self._spark.table(table).columns)
+            new = {c: t for c, t in added.items() if c not in have}
+            if new:
+                log.info("adding columns %s to %s", sorted(new), table)
+                self._spark.sql(tables.add_columns(table, new))
+                self._spark.catalog.refreshTable(table)
         for table, columns in expected.items():
             have = set(self._spark.table(table).columns)
             missing = [c for c in columns if c not in have]
@@ -122,6 +129,19 @@ class Lake:
             self._run(ticks.sparkSession, tables.merge_ticks(self.names.ticks, view, lo_ms, hi_ms))
         finally:
             ticks.sparkSession.catalog.dropTempView(view)
+
+    def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
+        """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""
+        flags = pa.array([False] * rows.num_rows + [True] * len(deleted))
+        gone = pa.table({"ticker": pa.array(list(deleted), pa.string())})
+        source = pa.concat_tables([rows, gone], promote_options="default")
+        source = source.append_column("deleted", flags)
+        view = _view_name("markets")
+        session.createDataFrame(source).createOrReplaceTempView(view)
+        try:
+            self._run(session, tables.merge_markets(self.names.markets, view))
+        finally:
+            session.catalog.dropTempView(view)
 
     def record_requests(self, session: SparkSession, requests: Sequence[CompletedRequest]) -> None:
         """Append requests that `find_requests` did not find.

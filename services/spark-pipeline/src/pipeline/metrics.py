@@ -18,6 +18,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from mdproto.runtime.metrics_http import Health
 from pipeline.progress import kafka_lag
+from pipeline.upkeep import StepResult
 
 # Micro-batch durations span a tick batch (tens of ms) to a year of candles (tens of s).
 _BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -68,6 +69,30 @@ class QueryMetrics(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802 (Spark API)
         pass
+
+
+class UpkeepMetrics:
+    """Table upkeep steps (pipeline/upkeep.py) by table, action and outcome."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.steps = Counter(
+            "pipeline_upkeep_steps",
+            "Table upkeep procedure calls, by table, action and outcome (ok, failed)",
+            ["table", "action", "outcome"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "pipeline_upkeep_duration_seconds",
+            "Duration of one upkeep procedure call, by action",
+            ["action"],
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+
+    def __call__(self, result: StepResult) -> None:
+        step = result.step
+        self.steps.labels(step.table, step.action, "ok" if result.ok else "failed").inc()
+        self.seconds.labels(step.action).observe(result.seconds)
 
 
 class LivenessCollector(Collector):

@@ -106,12 +106,16 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
 
 
 FAST_POOL = "fast"
+UPKEEP_POOL = "upkeep"  # table compaction and expiry: the queries' tasks first
 _POOLS = f"""<?xml version="1.0"?>
 <allocations>
   <pool name="{FAST_POOL}">
     <schedulingMode>FIFO</schedulingMode><weight>100</weight><minShare>2</minShare>
   </pool>
   <pool name="default">
+    <schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare>
+  </pool>
+  <pool name="{UPKEEP_POOL}">
     <schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare>
   </pool>
 </allocations>

@@ -60,6 +60,7 @@ class TableNames:
     ohlc_table: str = "ohlc"
     ticks_table: str = "ticks"
     requests_table: str = "requests"
+    markets_table: str = "markets"
 
     @property
     def namespace_id(self) -> str:
@@ -76,6 +77,10 @@ class TableNames:
     @property
     def requests(self) -> str:
         return f"{self.namespace_id}.{self.requests_table}"
+
+    @property
+    def markets(self) -> str:
+        return f"{self.namespace_id}.{self.markets_table}"
 
     @property
     def ohlc_for_clients(self) -> str:
@@ -117,12 +122,6 @@ TBLPROPERTIES (
   {_properties()})"""
 
 
-def add_ohlc_columns(names: TableNames, missing: Sequence[str]) -> str:
-    """Add the named `OHLC_ADDED_COLUMNS` to an ``ohlc`` table created before them."""
-    columns = ", ".join(f"{c} {OHLC_ADDED_COLUMNS[c]}" for c in missing)
-    return f"ALTER TABLE {names.ohlc} ADD COLUMNS ({columns})"
-
-
 def create_ticks(names: TableNames) -> str:
     return f"""CREATE TABLE IF NOT EXISTS {names.ticks} (
   ticker STRING NOT NULL,
@@ -160,9 +159,42 @@ def create_requests(names: TableNames) -> str:
   query_id STRING,
   batch_id BIGINT,
   kafka_partition INT,
-  kafka_offset BIGINT)
+  kafka_offset BIGINT,
+  expected_candles BIGINT,
+  exchange_gaps BIGINT,
+  missing_candles BIGINT,
+  source STRING)
 USING iceberg
 PARTITIONED BY (bucket(16, request_id))
+TBLPROPERTIES (
+  {_properties()})"""
+
+
+def add_columns(table: str, columns: dict[str, str]) -> str:
+    """Schema evolution: Iceberg adds nullable columns without rewriting data."""
+    listed = ", ".join(f"{name} {sql_type}" for name, sql_type in columns.items())
+    return f"ALTER TABLE {table} ADD COLUMNS ({listed})"
+
+
+def create_markets(names: TableNames) -> str:
+    """One row per ticker (a few thousand per exchange): partitioned by exchange only."""
+    return f"""CREATE TABLE IF NOT EXISTS {names.markets} (
+  ticker STRING NOT NULL,
+  exchange STRING,
+  symbol STRING,
+  base STRING,
+  quote STRING,
+  active BOOLEAN,
+  price_precision DOUBLE,
+  amount_precision DOUBLE,
+  min_amount DOUBLE,
+  max_amount DOUBLE,
+  min_price DOUBLE,
+  max_price DOUBLE,
+  min_cost DOUBLE,
+  updated_at TIMESTAMP)
+USING iceberg
+PARTITIONED BY (exchange)
 TBLPROPERTIES (
   {_properties()})"""
 
@@ -173,6 +205,7 @@ def ddl(names: TableNames) -> list[str]:
         create_ohlc(names),
         create_ticks(names),
         create_requests(names),
+        create_markets(names),
     ]
 
 
@@ -222,6 +255,28 @@ def merge_ticks(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
 USING {source_view} s
 ON t.ticker = s.ticker AND t.trade_id = s.trade_id AND {_time_bounds("trade_time", lo_ms, hi_ms)}
 WHEN NOT MATCHED THEN INSERT *"""
+
+
+MARKET_COLUMNS = (
+    "ticker", "exchange", "symbol", "base", "quote", "active", "price_precision",
+    "amount_precision", "min_amount", "max_amount", "min_price", "max_price", "min_cost",
+    "updated_at",
+)  # fmt: skip
+
+
+def merge_markets(target: str, source_view: str) -> str:
+    """Upsert the latest Market per ticker: a newer ``updated_at`` replaces the row (an
+    older or equal one, e.g. a replayed batch, changes nothing); ``deleted`` source
+    rows (tombstones) remove it."""
+    updates = ", ".join(f"t.{c} = s.{c}" for c in MARKET_COLUMNS[1:])
+    columns = ", ".join(MARKET_COLUMNS)
+    values = ", ".join(f"s.{c}" for c in MARKET_COLUMNS)
+    return f"""MERGE INTO {target} t
+USING {source_view} s
+ON t.ticker = s.ticker
+WHEN MATCHED AND s.deleted THEN DELETE
+WHEN MATCHED AND (t.updated_at IS NULL OR s.updated_at > t.updated_at) THEN UPDATE SET {updates}
+WHEN NOT MATCHED AND NOT s.deleted THEN INSERT ({columns}) VALUES ({values})"""
 
 
 @dataclass(frozen=True, slots=True)

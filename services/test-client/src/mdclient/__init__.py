@@ -8,6 +8,8 @@ from mdclient.client import Client, new_client_id, new_request_id
 from mdclient.config import ClientSettings, load_settings
 from mdclient.errors import (
     ConfigError,
+    FeedRefused,
+    FeedUnavailable,
     HistoryFailed,
     HistoryTimeout,
     InvalidRequest,
@@ -28,6 +30,8 @@ __all__ = [
     "Client",
     "ClientSettings",
     "ConfigError",
+    "FeedRefused",
+    "FeedUnavailable",
     "HistoryFailed",
     "HistoryOutcome",
     "HistoryQuery",

@@ -1,4 +1,4 @@
-"""`mdclient` command line: history, live, legacy and CEP trigger calls against the platform.
+"""`mdclient` command line: history, status, live, legacy, CEP triggers and market metadata.
 
 Flow of `mdclient history`:
 
@@ -29,24 +29,29 @@ if TYPE_CHECKING:
     from mdclient.client import Client
     from mdclient.history import ProgressEvent
     from mdclient.results import HistoryResult
+    from mdproto.messages import FeedStatus
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: unexpected exception (traceback with -v)
 EXIT_USAGE = 2  # bad arguments, time/period/ticker format, config, output path
-EXIT_REJECTED = 3  # the relay refused the request (SubmitResponse REJECTED)
-EXIT_FAILED = 4  # ERROR notification / legacy ERROR: the platform gave up
+EXIT_REJECTED = 3  # the relay refused the request (SubmitResponse REJECTED, live REFUSED)
+EXIT_FAILED = 4  # ERROR notification / legacy ERROR / live FAILED: the platform gave up
 EXIT_TIMEOUT = 5  # no ack or no notification in time, after every attempt
 EXIT_NOT_FOUND = 6  # answered, but no candles in the range (NOT_FOUND or 0 rows)
 EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
 EXIT_STORAGE = 8  # Iceberg catalog / S3 read failed
 EXIT_PROTOCOL = 9  # the relay spoke something this client does not understand
+EXIT_PENDING = 10  # `status`: no outcome recorded for the request yet
+EXIT_INCOMPLETE = 11  # `history --verify`: candles are missing (or the report is unknown)
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (errors.ConfigError, EXIT_USAGE),
     (errors.InvalidRequest, EXIT_USAGE),
     (errors.SubmitRejected, EXIT_REJECTED),
+    (errors.FeedRefused, EXIT_REJECTED),
     (errors.HistoryFailed, EXIT_FAILED),
+    (errors.FeedUnavailable, EXIT_FAILED),
     (errors.MdTimeout, EXIT_TIMEOUT),
     (errors.RelayUnavailable, EXIT_UNAVAILABLE),
     (errors.StorageError, EXIT_STORAGE),
@@ -94,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mdclient",
         description="History, live and legacy client of the market-data platform.",
         epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data, "
-        "7 relay unreachable, 8 storage, 9 protocol, 130 Ctrl-C.",
+        "7 relay unreachable, 8 storage, 9 protocol, 10 pending (status), "
+        "11 incomplete (--verify), 130 Ctrl-C.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -111,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument(
         "--no-pin", action="store_true", help="read the current snapshot, not the notified one"
     )
+    history.add_argument(
+        "--refetch",
+        action="store_true",
+        help="fetch the whole range from the exchange even where it is stored",
+    )
+    history.add_argument(
+        "--verify",
+        action="store_true",
+        help="exit 11 unless the integrity report shows no missing candles",
+    )
 
     legacy = sub.add_parser(
         "legacy", parents=[common, range_args], help="deprecated synchronous OHLCRequest"
@@ -125,6 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     live.add_argument("--count", type=int, help="stop after N messages (exit 0)")
     live.add_argument("--duration", type=float, help="stop after N seconds (exit 0)")
+
+    status = sub.add_parser(
+        "status",
+        parents=[common],
+        help="a history request's outcome from the requests table (needs no relay)",
+    )
+    status.add_argument("request_id", help="the request_id the submit was acknowledged with")
+    markets = sub.add_parser(
+        "markets", parents=[common], help="an exchange's markets (Iceberg market.markets)"
+    )
+    markets.add_argument("exchange", help="e.g. BINANCE")
+    markets.add_argument("--active", action="store_true", help="only markets that trade")
 
     from mdclient import trigger_cli
 
@@ -173,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     _setup_logging(args.verbose)
     from rich.console import Console
+    from rich.markup import escape  # server reasons and codes ("[no_ingestor]") are not markup
 
     err = Console(stderr=True, quiet=False)
     try:
@@ -182,14 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print("interrupted")
         return EXIT_INTERRUPTED
     except UsageError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except errors.MdClientError as exc:
-        err.print(f"[red]{type(exc).__name__}:[/] {exc}", highlight=False, markup=True)
+        err.print(f"[red]{type(exc).__name__}:[/] {escape(str(exc))}", highlight=False)
         return exit_code_for(exc)
     except Exception as exc:
         log.debug("unexpected error", exc_info=True)
-        err.print(f"[red]internal error:[/] {type(exc).__name__}: {exc} (run with -v)")
+        err.print(f"[red]internal error:[/] {type(exc).__name__}: {escape(str(exc))} (run with -v)")
         return EXIT_INTERNAL
 
 
@@ -239,6 +268,7 @@ def _fetch(args: argparse.Namespace, err: Console, *, legacy: bool) -> int:
                 ticker, period, start_ms, end_ms,
                 timeout_s=args.timeout, attempts=args.attempts,
                 progress=progress.update, pin_snapshot=False if args.no_pin else None,
+                refetch=args.refetch,
             )  # fmt: skip
     return _emit(args, err, result, what, period)
 
@@ -251,12 +281,16 @@ def _emit(
     from mdclient import output
 
     snapshot = f", snapshot {result.snapshot_id}" if result.snapshot_id else ""
+    note = result.notification
+    integrity = None if note is None else output.integrity_line(note)
     if not args.quiet:
         err.print(
             f"{result.status}: {len(result)} rows, request {result.request_id}{snapshot}, "
             f"{result.attempts} attempt(s), {result.elapsed_s:.1f}s",
             highlight=False,
         )
+        if integrity is not None:
+            err.print(f"integrity: {integrity}", highlight=False)
     if args.csv:
         output.write_csv(result.table, args.csv)
     if args.parquet:
@@ -264,6 +298,13 @@ def _emit(
     if result.empty:
         err.print(f"no candles for {what}", highlight=False)
         return EXIT_NOT_FOUND
+    if getattr(args, "verify", False):  # `history` only; legacy answers carry no report
+        if note is None or integrity is None:
+            err.print("cannot verify: the platform sent no integrity report", highlight=False)
+            return EXIT_INCOMPLETE
+        if note.missing_candles:
+            err.print(f"incomplete: {note.missing_candles} candles missing", highlight=False)
+            return EXIT_INCOMPLETE
     if args.chart:
         from mdclient.chart import candlestick_png
 
@@ -279,6 +320,7 @@ def _emit(
 def cmd_live(args: argparse.Namespace, err: Console) -> int:
     from rich.console import Console
 
+    from mdclient.live import describe_status
     from mdclient.output import live_line
 
     ticker = _ticker(args.ticker)
@@ -291,7 +333,14 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     out = Console(highlight=False, soft_wrap=True)
     deadline = time.monotonic() + args.duration if args.duration else None
     shown = 0
-    with _client(settings) as client, client.live(ticker, ticks=want_ticks, ohlc=periods) as s:
+
+    def on_status(status: FeedStatus) -> None:  # stderr: stdout stays data only
+        err.print(f"status: {describe_status(status)}", highlight=False, markup=False)
+
+    with (
+        _client(settings) as client,
+        client.live(ticker, ticks=want_ticks, ohlc=periods, on_status=on_status) as s,
+    ):
         if not args.quiet:
             err.print(f"streaming {', '.join(s.topics)} (Ctrl-C to stop)", highlight=False)
         while args.count is None or shown < args.count:
@@ -300,11 +349,68 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
                 break
             message = s.get(timeout_s=remaining)
             if message is None:
+                if s.error is not None:
+                    raise s.error  # FAILED/REFUSED: reason on stderr, exit 4/3
                 continue
             out.print(live_line(message), markup=False)
             shown += 1
         if s.dropped and not args.quiet:
             err.print(f"{s.dropped} messages dropped (terminal too slow)")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, err: Console) -> int:
+    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.request_status import status_from_row
+
+    settings = settings_from_args(args)
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    status = status_from_row(
+        args.request_id, reader.read_request(settings.requests_table, args.request_id)
+    )
+    note = status.notification
+    if note is None:
+        print(f"{args.request_id}: PENDING (no outcome recorded in {settings.requests_table})")
+        return EXIT_PENDING
+    where = describe(note.ticker, note.period_seconds, note.start_time_ms, note.end_time_ms)
+    reason = f", {note.error_code or 'error'}: {note.reason}" if status.state == "ERROR" else ""
+    snapshot = f", {note.iceberg_table} snapshot {note.snapshot_id}" if note.snapshot_id else ""
+    done = timeparse.format_ms(note.completed_at_ms) if note.completed_at_ms else "?"
+    print(
+        f"{note.request_id}: {status.state}, {note.row_count} rows, {where}{snapshot}"
+        f"{reason}, completed {done}"
+    )
+    from mdclient.output import integrity_line
+
+    integrity = integrity_line(note)
+    if integrity is not None:
+        print(f"integrity: {integrity}")
+    return {"OK": EXIT_OK, "NOT_FOUND": EXIT_NOT_FOUND}.get(status.state, EXIT_FAILED)
+
+
+def cmd_markets(args: argparse.Namespace, err: Console) -> int:
+    """Reads Iceberg only (no relay): works while the relay is down."""
+    import pyarrow.compute as pc
+    from rich.console import Console
+
+    from mdclient.client import exchange_name
+    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.output import market_table
+
+    exchange = exchange_name(args.exchange)
+    settings = settings_from_args(args)
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    rows = reader.read_markets(settings.markets_table, exchange)
+    if args.active:
+        rows = rows.filter(pc.field("active"))
+    if rows.num_rows == 0:
+        which = "active markets" if args.active else "markets"
+        err.print(f"no {which} of {exchange} in {settings.markets_table}", highlight=False)
+        return EXIT_NOT_FOUND
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=max(out.width, 160))
+    out.print(market_table(rows, title=f"{exchange}: {rows.num_rows} markets"))
     return EXIT_OK
 
 
@@ -319,6 +425,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "history": cmd_history,
     "legacy": cmd_legacy,
     "live": cmd_live,
+    "status": cmd_status,
+    "markets": cmd_markets,
     "trigger": cmd_trigger,
 }
 

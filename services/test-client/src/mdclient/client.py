@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mdclient import timeparse
 from mdclient.config import ClientSettings, NotifyName, load_settings
 from mdclient.dispatch import Dispatcher
-from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable
+from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable, StorageError
 from mdclient.history import (
     PATTERNS,
     HistoryOutcome,
@@ -33,7 +33,8 @@ from mdclient.history import (
     wait_for_history,
 )
 from mdclient.legacy import fetch_sync
-from mdclient.live import LiveCallback, LiveStream, live_topics
+from mdclient.live import LiveCallback, LiveStream, StatusCallback, live_topics
+from mdclient.request_status import RequestStatus, status_from_row
 from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
 from mdclient.transport import Transport
@@ -45,9 +46,18 @@ from mdclient.triggers import (
     parse_condition,
 )
 from mdproto import envelope, topics
-from mdproto.messages import CEPCondition, CEPTriggerAck, CEPTriggerRequest, NotifyPattern, Status
+from mdproto.messages import (
+    CEPCondition,
+    CEPTriggerAck,
+    CEPTriggerRequest,
+    HistoryReadyNotification,
+    NotifyPattern,
+    Status,
+)
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from mdclient.iceberg_reader import IcebergReader
 
 log = logging.getLogger(__name__)
@@ -63,6 +73,14 @@ def new_request_id() -> str:
 
 def new_client_id() -> str:
     return f"mdc-{uuid.uuid4().hex[:16]}"
+
+
+def exchange_name(text: str) -> str:
+    """`binance` or `BINANCE:` -> `BINANCE`; InvalidRequest if it cannot name an exchange."""
+    name = text.strip().upper().rstrip(":")
+    if not topics.is_valid_exchange(name):
+        raise InvalidRequest(f"{text!r} is not an exchange name such as BINANCE")
+    return name
 
 
 class Client(Closeable):
@@ -194,8 +212,13 @@ class Client(Closeable):
         timeout_s: float | None = None,
         attempts: int | None = None,
         progress: ProgressCallback | None = None,
+        refetch: bool = False,
     ) -> HistoryOutcome:
-        """Subscribe, submit, wait (with retries): the notification, without reading rows."""
+        """Subscribe, submit, wait (with retries): the notification, without reading rows.
+
+        `refetch` asks the platform to fetch the whole range from the exchange even
+        where it is stored (by default only what is not stored is fetched).
+        """
         pattern_name = notify or self.settings.notify
         if pattern_name not in PATTERNS:
             raise InvalidRequest(f"notify must be one of {sorted(PATTERNS)}")
@@ -214,7 +237,25 @@ class Client(Closeable):
             policy=policy,
             new_request_id=new_request_id,
             progress=progress,
+            recover=self._recorded_outcome if self.settings.recover_from_table else None,
+            refetch=refetch,
         )
+
+    def status(self, request_id: str) -> RequestStatus:
+        """A history request's outcome from the requests table (PENDING while there is none).
+
+        Needs only the Iceberg catalog, not the relay: a client that lost its
+        notification, or its process, recovers with the request_id alone.
+        """
+        row = self.reader().read_request(self.settings.requests_table, request_id)
+        return status_from_row(request_id, row)
+
+    def _recorded_outcome(self, request_id: str) -> HistoryReadyNotification | None:
+        try:
+            return self.status(request_id).notification
+        except StorageError as exc:  # the wait already failed; do not hide that behind this
+            log.warning("cannot look up request %s in the requests table: %s", request_id, exc)
+            return None
 
     def history(
         self,
@@ -228,11 +269,17 @@ class Client(Closeable):
         attempts: int | None = None,
         progress: ProgressCallback | None = None,
         pin_snapshot: bool | None = None,
+        refetch: bool = False,
     ) -> HistoryResult:
         """Candles of [start, end): request, wait for the notification, read Iceberg."""
         query = self.query(ticker, period, start, end)
         outcome = self.wait_history(
-            query, notify=notify, timeout_s=timeout_s, attempts=attempts, progress=progress
+            query,
+            notify=notify,
+            timeout_s=timeout_s,
+            attempts=attempts,
+            progress=progress,
+            refetch=refetch,
         )
         note = outcome.notification
         snapshot = note.snapshot_id or None
@@ -279,6 +326,15 @@ class Client(Closeable):
                 )
             return self._reader
 
+    def markets(self, exchange: str) -> pa.Table:
+        """The exchange's markets from Iceberg `market.markets` (one row per ticker:
+        active, precisions, limits; 0 = not given), sorted by ticker.
+
+        Empty when the exchange has none; `StorageError` (`no_table`) while the table
+        does not exist yet. Reads Iceberg only: the relay is not asked.
+        """
+        return self.reader().read_markets(self.settings.markets_table, exchange_name(exchange))
+
     # --- legacy ---
 
     def fetch_ohlc_sync(
@@ -323,11 +379,15 @@ class Client(Closeable):
         ticks: bool | None = None,
         ohlc: Iterable[PeriodLike] = (),
         callback: LiveCallback | None = None,
+        on_status: StatusCallback | None = None,
     ) -> LiveStream:
-        """Subscribe to `{ticker}|tick` and/or `{ticker}|ohlc:{period}`.
+        """Subscribe to `{ticker}|status`, then `{ticker}|tick` and/or `{ticker}|ohlc:{period}`.
 
         Without `callback`, iterate the returned stream; with one, it is called
         on the receiving thread. `ticks` defaults to True when no period is given.
+        Feed state changes (STARTED, LOST, RECOVERED...) go to `on_status` (receiving
+        thread) or the log; FAILED, or REFUSED for a period asked here, ends the
+        stream: iterating raises FeedUnavailable/FeedRefused, `stream.error` holds it.
         Close the stream (or use it as a context manager) to unsubscribe.
         """
         try:
@@ -340,11 +400,15 @@ class Client(Closeable):
             topic_list = live_topics(ticker, ticks=want_ticks, ohlc_periods=periods)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        # The status topic first: a REFUSED answering the data subscription finds it in place.
+        topic_list = [topics.status_topic(ticker), *topic_list]
         stream = LiveStream(
             topic_list,
             self._close_stream,
             maxsize=self.settings.live_queue_size,
             callback=callback,
+            periods=periods,
+            on_status=on_status,
         )
         with self._streams_lock:
             self._streams.add(stream)
@@ -366,9 +430,10 @@ class Client(Closeable):
         *,
         ticks: bool | None = None,
         ohlc: Iterable[PeriodLike] = (),
+        on_status: StatusCallback | None = None,
     ) -> LiveStream:
         """Callback form of `live`; returns the handle to `close()`."""
-        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback)
+        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback, on_status=on_status)
 
     def _close_stream(self, stream: LiveStream) -> None:
         with self._streams_lock:

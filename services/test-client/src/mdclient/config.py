@@ -16,6 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from mdclient.errors import ConfigError
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
+from mdproto.runtime.iceberg import pyiceberg_properties
 
 NotifyName = Literal["per_client", "per_request"]
 
@@ -57,6 +58,9 @@ class ClientSettings(runtime.FileSettings):
     s3_secret_key: str = ""
     s3_region: str = "us-east-1"
     ohlc_table: str = contracts.ICEBERG_OHLC
+    requests_table: str = contracts.ICEBERG_REQUESTS
+    recover_from_table: bool = True  # after a wait times out, ask requests_table first
+    markets_table: str = contracts.ICEBERG_MARKETS
     pin_snapshot: bool = True
 
     @property
@@ -69,20 +73,14 @@ class ClientSettings(runtime.FileSettings):
 
     def catalog_properties(self) -> dict[str, str]:
         """Properties for pyiceberg `load_catalog` (REST catalog, S3 FileIO)."""
-        props = {
-            "type": "rest",
-            "uri": self.catalog_uri,
-            "s3.endpoint": self.s3_endpoint,
-            "s3.region": self.s3_region,
-            "s3.path-style-access": "true",
-        }
-        if self.warehouse:
-            props["warehouse"] = self.warehouse
-        if self.s3_access_key:
-            props["s3.access-key-id"] = self.s3_access_key
-        if self.s3_secret_key:
-            props["s3.secret-access-key"] = self.s3_secret_key
-        return props
+        return pyiceberg_properties(
+            self.catalog_uri,
+            s3_endpoint=self.s3_endpoint,
+            s3_region=self.s3_region,
+            warehouse=self.warehouse,
+            s3_access_key=self.s3_access_key,
+            s3_secret_key=self.s3_secret_key,
+        )
 
 
 def load_settings(config_path: str | Path | None = None, **overrides: Any) -> ClientSettings:

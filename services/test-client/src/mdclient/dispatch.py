@@ -5,8 +5,9 @@ ZeroMQ subscriptions are *prefix* matches: a SUB subscribed to
 receives `...|ohlc:600`. So nothing is delivered on the subscription alone:
 a notification must arrive on exactly the topic its waiter subscribed to and
 carry a request_id that waiter registered; market data must arrive on exactly
-the topic a live stream asked for; a CEP trigger event on exactly a topic a
-trigger stream watches (which then checks the trigger id).
+the topic a live stream asked for, and so must a FeedStatus (`{ticker}|status`,
+the stream then checks the period of a REFUSED); a CEP trigger event on exactly
+a topic a trigger stream watches (which then checks the trigger id).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope
-from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Tick
+from mdproto.messages import OHLC, CEPTriggerEvent, FeedStatus, HistoryReadyNotification, Tick
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class Dispatcher:
             return
         if isinstance(message, HistoryReadyNotification):
             self._notify(topic, message)
-        elif isinstance(message, Tick | OHLC):
+        elif isinstance(message, Tick | OHLC | FeedStatus):  # statuses: `{ticker}|status`
             with self._lock:
                 sinks = list(self._sinks.get(topic, ()))
             if not sinks:

@@ -7,6 +7,11 @@ from "nobody answered".
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mdproto.messages import HistoryReadyNotification
+
 
 class MdClientError(Exception):
     """Base class. `reason` is human-readable, `error_code` machine-readable."""
@@ -44,7 +49,22 @@ class SubmitRejected(MdClientError):  # noqa: N818 (public API names)
 
 
 class HistoryFailed(MdClientError):  # noqa: N818 (public API names)
-    """The platform gave up on the request (ERROR notification or legacy ERROR)."""
+    """The platform gave up on the request (ERROR notification or legacy ERROR).
+
+    `notification` is the ERROR notification itself (None for legacy): its
+    integrity report says how many candles are missing.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        error_code: str = "",
+        request_id: str = "",
+        notification: HistoryReadyNotification | None = None,
+    ) -> None:
+        super().__init__(reason, error_code=error_code, request_id=request_id)
+        self.notification = notification
 
 
 class MdTimeout(MdClientError):  # noqa: N818 (public API names)
@@ -68,6 +88,29 @@ class HistoryTimeout(MdTimeout):
     ) -> None:
         super().__init__(reason, error_code=error_code, request_id=request_id)
         self.request_ids = request_ids
+
+
+class FeedUnavailable(MdClientError):  # noqa: N818 (public API names)
+    """A live feed cannot be served: FAILED (unknown symbol, exchange down) from the
+    ingestor, or REFUSED (unsupported candle period) by the relay, on `{ticker}|status`."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        error_code: str = "",
+        state: str = "",
+        ticker: str = "",
+        period_seconds: int = 0,
+    ) -> None:
+        super().__init__(reason, error_code=error_code)
+        self.state = state  # FAILED or REFUSED
+        self.ticker = ticker
+        self.period_seconds = period_seconds  # REFUSED: the candle period refused
+
+
+class FeedRefused(FeedUnavailable):
+    """REFUSED: the platform does not serve this (e.g. a candle period outside its list)."""
 
 
 class StorageError(MdClientError):

@@ -8,8 +8,11 @@ Per attempt (each with a NEW request_id):
     SubmitHistoricalRequest  -> SubmitResponse (REJECTED: raise, no retry)
     wait for HistoryReadyNotification up to history_timeout_s
       OK / NOT_FOUND -> done; ERROR -> raise HistoryFailed (no retry)
-      nothing        -> next attempt; a late notification for an earlier
-                        attempt still completes the call (same query)
+      nothing        -> ask the requests table (`recover`) for every accepted
+                        attempt: a recorded outcome completes the call (the
+                        notification was lost); else the next attempt. A late
+                        notification for an earlier attempt still completes
+                        the call (same query)
 
 Subscriptions are reference-counted by the transport, so the per-client
 topic subscribed at connect stays subscribed after a call ends.
@@ -95,6 +98,11 @@ class HistoryOutcome:
     request_ids: tuple[str, ...]  # every attempt's id, in order
     attempts: int
     elapsed_s: float
+    recovered: bool = False  # from the requests table: the notification itself was lost
+
+
+# request_id -> its recorded outcome, or None while there is none (mdclient.request_status).
+Recover = Callable[[str], HistoryReadyNotification | None]
 
 
 class HistoryPorts(Protocol):
@@ -110,7 +118,7 @@ class _Call:
     started: float
     request_ids: list[str] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
-    accepted: int = 0
+    accepted_ids: list[str] = field(default_factory=list)
 
 
 def wait_for_history(
@@ -123,6 +131,8 @@ def wait_for_history(
     policy: RetryPolicy,
     new_request_id: Callable[[], str],
     progress: ProgressCallback | None = None,
+    recover: Recover | None = None,
+    refetch: bool = False,
     clock: Callable[[], float] = time.monotonic,
 ) -> HistoryOutcome:
     """Run the flow above; raises SubmitRejected, HistoryFailed or a timeout."""
@@ -152,6 +162,7 @@ def wait_for_history(
                 start_time_ms=query.start_ms,
                 end_time_ms=query.end_ms,
                 notify=pattern,  # type: ignore[arg-type]
+                refetch=refetch,
             )
             try:
                 reply = ports.request(envelope.encode(request), policy.submit_timeout_s)
@@ -159,13 +170,22 @@ def wait_for_history(
                 report("retrying", attempt, request_id, str(exc))
                 continue
             check_submit_reply(reply, request_id, topic)
-            call.accepted += 1
+            call.accepted_ids.append(request_id)
             notification = _wait(waiter, policy, attempt, request_id, report, clock)
+            recovered = False
+            if notification is None and recover is not None:
+                notification = _recorded(recover, call.accepted_ids)
+                recovered = notification is not None
             if notification is not None:
                 raise_for_status(notification)
-                report("done", attempt, notification.request_id)
+                detail = "recovered from the requests table" if recovered else ""
+                report("done", attempt, notification.request_id, detail)
                 return HistoryOutcome(
-                    notification, tuple(call.request_ids), attempt, clock() - call.started
+                    notification,
+                    tuple(call.request_ids),
+                    attempt,
+                    clock() - call.started,
+                    recovered=recovered,
                 )
             report("retrying", attempt, request_id, "no notification")
         raise _timeout(call, policy)
@@ -247,6 +267,7 @@ def raise_for_status(notification: HistoryReadyNotification) -> None:
         notification.reason or f"history request ended with status {name}",
         error_code=notification.error_code or name.lower(),
         request_id=notification.request_id,
+        notification=notification,
     )
 
 
@@ -269,9 +290,18 @@ def _wait(
         report("waiting", attempt, request_id, "")
 
 
+def _recorded(recover: Recover, request_ids: Sequence[str]) -> HistoryReadyNotification | None:
+    """The newest accepted attempt's recorded outcome (any attempt answers the same query)."""
+    for request_id in reversed(request_ids):
+        notification = recover(request_id)
+        if notification is not None:
+            return notification
+    return None
+
+
 def _timeout(call: _Call, policy: RetryPolicy) -> Exception:
     ids = tuple(call.request_ids)
-    if call.accepted == 0:
+    if not call.accepted_ids:
         return RequestTimeout(
             f"relay did not acknowledge any of {policy.attempts} submit attempt(s) "
             f"within {policy.submit_timeout_s:g}s each",

@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, LessThan
 
 from mdclient import frames
@@ -20,6 +21,7 @@ from mdclient.errors import StorageError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +75,7 @@ class IcebergReader:
         snapshot_id: int | None = None,
     ) -> pa.Table:
         """The candle frame (frames.SCHEMA) for the range, sorted by open_time."""
-        try:
-            table = self.catalog().load_table(table_name)
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise StorageError(
-                f"cannot load Iceberg table {table_name}: {exc}", error_code="no_table"
-            ) from exc
+        table = self._table(table_name)
         scan_args: dict[str, Any] = {
             "row_filter": ohlc_filter(ticker, period_seconds, start_ms, end_ms),
             "selected_fields": frames.COLUMNS,
@@ -101,3 +96,55 @@ class IcebergReader:
                 f"reading {table_name} for {ticker} failed: {exc}", error_code="scan_failed"
             ) from exc
         return frames.normalise(arrow)
+
+    def read_request(self, table_name: str, request_id: str) -> dict[str, Any] | None:
+        """The `market.requests` row of `request_id`, or None (no outcome recorded yet)."""
+        try:
+            table = self._table(table_name)
+        except StorageError as exc:
+            if exc.error_code == "no_table":  # nothing was ever notified: still pending
+                return None
+            raise
+        try:
+            rows = table.scan(row_filter=_predicate(EqualTo, "request_id", request_id)).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for request {request_id} failed: {exc}",
+                error_code="scan_failed",
+            ) from exc
+        found: list[dict[str, Any]] = rows.to_pylist()
+        # One row per request_id (the pipeline MERGEs on it); the latest wins all the same.
+        return max(found, key=lambda r: r.get("completed_at") or 0, default=None)
+
+    def read_markets(self, table_name: str, exchange: str) -> pa.Table:
+        """One exchange's rows of the markets table (docs/protocol.md), sorted by ticker."""
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start and fills it from the Kafka topic "
+            "market.markets, which the ingestors write",
+        )
+        try:
+            arrow = table.scan(row_filter=_predicate(EqualTo, "exchange", exchange)).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for {exchange} failed: {exc}", error_code="scan_failed"
+            ) from exc
+        return arrow.sort_by("ticker")
+
+    def _table(self, table_name: str, missing: str = "") -> Table:
+        """`missing`: who creates the table, for the error when it does not exist yet."""
+        try:
+            return self.catalog().load_table(table_name)
+        except StorageError:
+            raise
+        except (NoSuchTableError, NoSuchNamespaceError) as exc:
+            reason = (
+                f"Iceberg table {table_name} does not exist yet: {missing}"
+                if missing
+                else (f"no Iceberg table {table_name}")
+            )
+            raise StorageError(reason, error_code="no_table") from exc
+        except Exception as exc:
+            raise StorageError(
+                f"cannot load Iceberg table {table_name}: {exc}", error_code="load_failed"
+            ) from exc

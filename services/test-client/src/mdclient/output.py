@@ -11,12 +11,31 @@ from rich.table import Table
 
 from mdclient.live import LiveMessage
 from mdclient.timeparse import format_ms, format_period
-from mdproto.messages import OHLC, TakerSide
+from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, TakerSide
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 PRICE_COLUMNS = ("open", "high", "low", "close")
+
+
+_SOURCES = {
+    HistorySource.SOURCE_EXCHANGE: "from the exchange",
+    HistorySource.SOURCE_STORAGE: "from storage (the exchange was not asked)",
+    HistorySource.SOURCE_STORAGE_AND_EXCHANGE: "from storage, the gaps from the exchange",
+}
+
+
+def integrity_line(note: HistoryReadyNotification) -> str | None:
+    """The notification's integrity report in one line; None from a platform without it."""
+    if note.expected_candles == 0:
+        return None
+    missing = f"{note.missing_candles} missing" if note.missing_candles else "none missing"
+    return (
+        f"{note.expected_candles} candle slots: {note.row_count} rows, "
+        f"{note.exchange_gaps} without trades at the exchange, {missing}; "
+        f"{_SOURCES.get(note.source, 'source unknown')}"
+    )
 
 
 def check_writable(path: Path) -> None:
@@ -41,11 +60,8 @@ def decimals_for(values: list[float]) -> int:
     return 8
 
 
-def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
-    """A rich table; with more than `max_rows` rows shows the head and the tail."""
-    rows = table.to_pylist()
-    decimals = decimals_for([row["close"] for row in rows])
-    out = Table(
+def _table(title: str) -> Table:
+    return Table(
         title=title,
         title_justify="left",
         header_style="bold",
@@ -53,6 +69,13 @@ def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
         pad_edge=False,
         collapse_padding=True,
     )
+
+
+def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
+    """A rich table; with more than `max_rows` rows shows the head and the tail."""
+    rows = table.to_pylist()
+    decimals = decimals_for([row["close"] for row in rows])
+    out = _table(title)
     out.add_column("open_time (UTC)", no_wrap=True)
     for name in (*PRICE_COLUMNS, "volume", "trades"):
         out.add_column(name, justify="right", no_wrap=True)
@@ -71,6 +94,37 @@ def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
             *(f"{row[name]:.{decimals}f}" for name in PRICE_COLUMNS),
             f"{row['volume']:.4f}",
             "" if row["trade_count"] is None else str(row["trade_count"]),  # unknown: blank
+        )
+    return out
+
+
+MARKET_NUMBERS = (
+    ("price step", "price_precision"),
+    ("amount step", "amount_precision"),
+    ("min amount", "min_amount"),
+    ("max amount", "max_amount"),
+    ("min price", "min_price"),
+    ("max price", "max_price"),
+    ("min cost", "min_cost"),
+)
+
+
+def market_table(table: pa.Table, *, title: str) -> Table:
+    """Rows of Iceberg `market.markets`: 0 in a precision or limit is "not given" (-)."""
+    out = _table(title)
+    out.add_column("ticker", no_wrap=True)
+    out.add_column("active")
+    for header, _ in MARKET_NUMBERS:
+        out.add_column(header, justify="right", no_wrap=True)
+    out.add_column("updated (UTC)", no_wrap=True)
+    for row in table.to_pylist():
+        updated = row["updated_at"]
+        out.add_row(
+            row["ticker"],
+            "yes" if row["active"] else "no",
+            *(f"{row[name]:g}" if row[name] else "-" for _, name in MARKET_NUMBERS),
+            updated.strftime("%Y-%m-%d %H:%M:%S") if updated is not None else "-",
+            style=None if row["active"] else "dim",
         )
     return out
 

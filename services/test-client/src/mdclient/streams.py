@@ -2,11 +2,15 @@
 
 The subscriber thread `put`s into a queue; the caller iterates or `get`s with a
 timeout, and a `close()` from any thread ends a blocked `get` within one poll
-step (0.25 s), so no stream needs its own wake-up socket.
+step (0.25 s), so no stream needs its own wake-up socket. A stream that `fail`s
+(the subscriber thread learnt it cannot be served) ends the same way, once the
+queued messages are read: iteration then raises the error, `get` returns None
+and `error` says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -44,10 +48,19 @@ class QueueStream(Closeable, Iterator[T]):
         self.topics = tuple(dict.fromkeys(topic_list))
         self.subscribed: list[str] = []  # filled by the client as subscriptions go live
         self._closer: Callable[[Any], None] = closer
-        self._queue: queue.Queue[T] = queue.Queue(maxsize)  # 0: unbounded
+        # 0: unbounded. None wakes a waiting `get` (after `fail`), it is never a message.
+        self._queue: queue.Queue[T | None] = queue.Queue(maxsize)
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self.received = 0
+        self.error: Exception | None = None  # set by `fail`
+
+    def fail(self, error: Exception) -> None:
+        """End the stream with `error` (any thread); the first error wins."""
+        if self.error is None:
+            self.error = error
+            with contextlib.suppress(queue.Full):  # full: the reader is busy, its next step sees it
+                self._queue.put_nowait(None)
 
     @property
     def closed(self) -> bool:
@@ -59,9 +72,13 @@ class QueueStream(Closeable, Iterator[T]):
         waited = 0.0
         while True:
             try:
-                return self._queue.get(timeout=step)
+                message = self._queue.get(timeout=step)
+                if message is not None:
+                    return message
+                if self.error is not None:
+                    return None
             except queue.Empty:
-                if self._closed.is_set():
+                if self._closed.is_set() or self.error is not None:
                     return None
                 waited += step
                 if timeout_s is not None and waited >= timeout_s:
@@ -73,6 +90,9 @@ class QueueStream(Closeable, Iterator[T]):
     def __next__(self) -> T:
         message = self.get()
         if message is None:
+            if self.error is not None:
+                self.close()
+                raise self.error
             raise StopIteration
         return message
 

@@ -1,0 +1,183 @@
+"""Which parts of a history request are already stored, complete, in Iceberg.
+
+Why here: the ingestor is the only part that would touch the exchange, and it
+already receives every request; the relay stays stateless (spec 001) and the
+pipeline learns the outcome only after the fetch. So the ingestor plans: it
+reads the pipeline's `market.requests` table (one row per notified request,
+written in the commit that made the rows visible), keeps the ranges earlier
+requests answered completely, and fetches only what is left.
+
+A stored request covers `[start, covered_end)` of its (ticker, period) when it
+ended OK with an integrity report saying nothing was missing
+(`expected_candles > 0`, `missing_candles == 0`). `covered_end` is the end of
+its last closed slot (`first slot + expected_candles * period`): the part that
+was still open when it was fetched is not covered, so the recent edge is
+always fetched again. Weekly and longer candles (phase not on the epoch grid)
+are never planned from storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ingestor.candles import FetchPlan
+from mdproto.messages import HistorySource
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+WEEK_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Span:
+    """Half-open `[start_ms, end_ms)`."""
+
+    start_ms: int
+    end_ms: int
+
+
+def first_slot(start_ms: int, period_ms: int) -> int:
+    return -(-start_ms // period_ms) * period_ms
+
+
+def stored_span(row: Mapping[str, Any]) -> Span | None:
+    """What one `market.requests` row proves is stored, or None."""
+    period_s = int(row.get("period_seconds") or 0)
+    expected = int(row.get("expected_candles") or 0)
+    if row.get("status") != "OK" or not 0 < period_s < WEEK_S or expected <= 0:
+        return None
+    if int(row.get("missing_candles") or 0) != 0:
+        return None
+    start = int(row.get("start_time_ms") or 0)
+    period_ms = period_s * 1000
+    first = first_slot(start, period_ms)
+    end = min(int(row.get("end_time_ms") or 0), first + expected * period_ms)
+    return Span(start, end) if end > start else None
+
+
+def merge(spans: Iterable[Span]) -> list[Span]:
+    """Union of spans, sorted, touching ones joined."""
+    merged: list[Span] = []
+    for span in sorted(spans):
+        if merged and span.start_ms <= merged[-1].end_ms:
+            last = merged[-1]
+            merged[-1] = Span(last.start_ms, max(last.end_ms, span.end_ms))
+        else:
+            merged.append(span)
+    return merged
+
+
+def missing(start_ms: int, end_ms: int, covered: Sequence[Span], period_ms: int) -> list[Span]:
+    """The parts of `[start_ms, end_ms)` no covered span holds, on the candle grid.
+
+    Each piece is widened to whole candle slots, so a candle that straddles a
+    covered span's edge is fetched rather than lost.
+    """
+    pieces: list[Span] = []
+    cursor = start_ms
+    for span in merge(covered):
+        if span.end_ms <= cursor or span.start_ms >= end_ms:
+            continue
+        if span.start_ms > cursor:
+            pieces.append(Span(cursor, span.start_ms))
+        cursor = max(cursor, span.end_ms)
+    if cursor < end_ms:
+        pieces.append(Span(cursor, end_ms))
+    grid = [
+        Span(s.start_ms // period_ms * period_ms, min(end_ms, first_slot(s.end_ms, period_ms)))
+        for s in pieces
+    ]
+    return merge(Span(max(start_ms, s.start_ms), s.end_ms) for s in grid if s.end_ms > s.start_ms)
+
+
+def fetch_plans(plan: FetchPlan, stored: Sequence[Span]) -> tuple[list[FetchPlan], int]:
+    """(the parts of `plan` to fetch, the answer's HistorySource)."""
+    if plan.empty or not stored:
+        return [plan], HistorySource.SOURCE_EXCHANGE
+    spans = missing(plan.start_ms, plan.end_ms, stored, plan.period_ms)
+    parts = [replace(plan, start_ms=s.start_ms, end_ms=s.end_ms) for s in spans]
+    if not parts:
+        return [], HistorySource.SOURCE_STORAGE
+    if len(parts) == 1 and (parts[0].start_ms, parts[0].end_ms) == (plan.start_ms, plan.end_ms):
+        return [plan], HistorySource.SOURCE_EXCHANGE
+    return parts, HistorySource.SOURCE_STORAGE_AND_EXCHANGE
+
+
+class CoverageSource(Protocol):
+    """Stored, complete spans of one (ticker, period)."""
+
+    async def stored(self, ticker: str, period_seconds: int) -> list[Span]: ...
+
+
+class NoCoverage:
+    """Coverage planning off: everything is fetched."""
+
+    async def stored(self, ticker: str, period_seconds: int) -> list[Span]:
+        return []
+
+
+NO_COVERAGE = NoCoverage()
+
+
+class IcebergCoverage:
+    """Reads `market.requests` through the REST catalog (pyiceberg, off the event loop).
+
+    A read that fails (catalog down, no table yet) plans nothing from storage:
+    the request is fetched whole, as before; it is logged, never an error.
+    """
+
+    def __init__(self, properties: Mapping[str, str], table: str, catalog_name: str) -> None:
+        self._properties = dict(properties)
+        self._table = table
+        self._catalog_name = catalog_name
+        self._catalog: Catalog | None = None
+        self._lock = threading.Lock()
+
+    async def stored(self, ticker: str, period_seconds: int) -> list[Span]:
+        try:
+            rows = await asyncio.to_thread(self._read, ticker, period_seconds)
+        except Exception as exc:
+            log.warning(
+                "coverage of %s %ss unknown (%s): fetching it all", ticker, period_seconds, exc
+            )
+            return []
+        return merge(span for row in rows if (span := stored_span(row)) is not None)
+
+    def _read(self, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
+        from pyiceberg.exceptions import NoSuchTableError
+        from pyiceberg.expressions import And, EqualTo
+
+        try:
+            table = self._load().load_table(self._table)
+        except NoSuchTableError:
+            return []  # nothing was ever notified
+        eq: Any = EqualTo  # pyiceberg's pydantic predicates hide (term, literal) from mypy
+        condition = And(
+            eq("ticker", ticker), eq("period_seconds", period_seconds), eq("status", "OK")
+        )
+        columns = (
+            "status", "period_seconds", "start_time_ms", "end_time_ms",
+            "expected_candles", "missing_candles",
+        )  # fmt: skip
+        if "expected_candles" not in {f.name for f in table.schema().fields}:
+            return []  # a table from before the integrity report: nothing is provably complete
+        rows: list[dict[str, Any]] = (
+            table.scan(row_filter=condition, selected_fields=columns).to_arrow().to_pylist()
+        )
+        return rows
+
+    def _load(self) -> Catalog:
+        from pyiceberg.catalog import load_catalog
+
+        with self._lock:
+            if self._catalog is None:
+                self._catalog = load_catalog(self._catalog_name, **self._properties)
+            return self._catalog

@@ -1,0 +1,205 @@
+"""FeedStatus on `{ticker}|status`: forwarded from ingestors, replayed, repeated, refused."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from mdproto import envelope
+from mdproto.messages import DataRequest, FeedStatus
+from relay.feedstatus import MAX_REFUSALS, StatusBoard, refused_period, status_ticker
+
+if TYPE_CHECKING:
+    from conftest import FakePipeline, RelayFactory
+
+    from relay.sockets import Socket
+
+TICKER = "BINANCE:BTC/USDT"
+TICK = f"{TICKER}|tick"
+STATUS = f"{TICKER}|status"
+
+
+def next_status(sub: Socket, timeout: float = 5.0) -> tuple[str, FeedStatus]:
+    if not sub.poll(int(timeout * 1000)):
+        raise AssertionError(f"no FeedStatus within {timeout} s")
+    topic, message = envelope.decode_sub(sub.recv_multipart())
+    assert isinstance(message, FeedStatus)
+    return topic, message
+
+
+def failed(ticker: str = TICKER) -> FeedStatus:
+    return FeedStatus(
+        ticker=ticker,
+        state=FeedStatus.FAILED,
+        error_code="bad_symbol",
+        reason="binance does not have market symbol",
+        ingestor_id="ing-1",
+        at_ms=1,
+    )
+
+
+def test_an_ingestors_status_reaches_the_tickers_status_subscribers(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    relay = make_relay(realtime_refresh_s=600)
+    ingestor = relay.ingestor()
+    sub = relay.subscriber(STATUS, TICK)
+    other = relay.subscriber("BINANCE:ETH/USDT|status")
+    pipeline.wait_subscribed(STATUS, TICK, "BINANCE:ETH/USDT|status")
+    ingestor.next_work(DataRequest.REALTIME)
+    started = FeedStatus(ticker=TICKER, state=FeedStatus.STARTED, ingestor_id="ing-1")
+    ingestor.respond(started)
+    topic, status = next_status(sub)
+    assert (topic, status) == (STATUS, started)
+    ingestor.respond(failed())
+    assert next_status(sub)[1] == failed()
+    assert not other.poll(300)  # another ticker's status topic: filtered by the XPUB
+    assert relay.sample("relay_feed_status_total", state="FAILED", source="ingestor") == 1
+
+
+def test_a_late_subscriber_learns_a_failed_feed_at_once(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    relay = make_relay(realtime_refresh_s=600, status_repeat_s=600)
+    ingestor = relay.ingestor()
+    relay.subscriber(TICK)
+    ingestor.next_work(DataRequest.REALTIME)
+    ingestor.respond(failed())
+    relay.wait_until(
+        lambda: relay.sample("relay_feed_status_total", state="FAILED", source="ingestor") == 1
+    )
+    subscribed_at = time.monotonic()
+    late = relay.subscriber(STATUS)
+    assert next_status(late, timeout=1.0)[1] == failed()  # replayed on the subscription edge
+    assert time.monotonic() - subscribed_at < 1.0
+
+
+def test_a_second_subscriber_learns_it_from_the_repeat(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    """No subscription edge reaches the relay for the second client: the repeat tells it."""
+    relay = make_relay(realtime_refresh_s=600, status_repeat_s=0.2)
+    ingestor = relay.ingestor()
+    first = relay.subscriber(STATUS, TICK)
+    pipeline.wait_subscribed(STATUS, TICK)
+    ingestor.next_work(DataRequest.REALTIME)
+    ingestor.respond(failed())
+    assert next_status(first)[1] == failed()
+    second = relay.subscriber(STATUS)
+    assert next_status(second, timeout=1.0)[1] == failed()
+
+
+def test_statuses_of_tickers_that_are_not_live_are_forwarded_not_kept(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    relay = make_relay(realtime_refresh_s=600, status_repeat_s=0.1)
+    ingestor = relay.ingestor()
+    sub = relay.subscriber(STATUS)  # a status topic alone starts no feed
+    pipeline.wait_subscribed(STATUS)
+    ingestor.respond(failed())
+    assert next_status(sub)[1] == failed()
+    assert not sub.poll(500)  # not live: never repeated
+    assert relay.sample("relay_live_tickers") == 0
+
+
+def test_an_unsupported_period_is_refused_and_starts_nothing(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    relay = make_relay(realtime_refresh_s=600, live_periods=[60, 300])
+    ingestor = relay.ingestor()
+    sub = relay.subscriber(STATUS, f"{TICKER}|ohlc:900")
+    topic, refused = next_status(sub)
+    assert topic == STATUS
+    assert (refused.ticker, refused.state, refused.error_code, refused.period_seconds) == (
+        TICKER,
+        FeedStatus.REFUSED,
+        "unsupported_period",
+        900,
+    )
+    assert "60, 300" in refused.reason and not refused.ingestor_id
+    assert not ingestor.work.poll(300)  # no REALTIME for an unsupported period
+    assert relay.sample("relay_live_tickers") == 0
+    relay.subscriber(f"{TICKER}|ohlc:60")  # a served period starts the feed
+    _, start = ingestor.next_work(DataRequest.REALTIME)
+    assert start.ticker == TICKER
+
+
+def test_ticks_still_start_the_feed_next_to_a_refused_period(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    relay = make_relay(realtime_refresh_s=600, status_repeat_s=0.2)
+    ingestor = relay.ingestor()
+    sub = relay.subscriber(STATUS, f"{TICKER}|ohlc:600", TICK)  # 600: a prefix of nothing served
+    assert next_status(sub)[1].period_seconds == 600
+    _, start = ingestor.next_work(DataRequest.REALTIME)
+    assert start.ticker == TICKER
+    assert next_status(sub, timeout=1.0)[1].state == FeedStatus.REFUSED  # repeated while held
+    sub.unsubscribe(f"{TICKER}|ohlc:600".encode())
+    pipeline.wait_subscribed(STATUS, TICK)
+    relay.wait_until(lambda: relay.sample("relay_subscribed_topics") == 2)
+    while sub.poll(0):  # repeats already on their way
+        sub.recv_multipart()
+    assert not sub.poll(500)
+
+
+def test_wrong_message_types_from_an_ingestor_are_counted(make_relay: RelayFactory) -> None:
+    relay = make_relay()
+    ingestor = relay.ingestor()
+    ingestor.respond(DataRequest(request_id="x"))
+    relay.wait_until(
+        lambda: (
+            relay.sample("relay_bad_frames_total", socket="ingestor", error_code="unexpected_type")
+            == 1
+        )
+    )
+
+
+# --- the pure parts -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic", "period"),
+    [
+        (f"{TICKER}|ohlc:900", 900),
+        (f"{TICKER}|ohlc:6", 6),  # a prefix of ohlc:60 on the wire, but not a served period
+        (f"{TICKER}|ohlc:60", None),
+        (f"{TICKER}|ohlc:", None),
+        (TICK, None),
+        (STATUS, None),
+        ("RESPONSE:c1", None),
+    ],
+)
+def test_refused_period(topic: str, period: int | None) -> None:
+    assert refused_period(topic, (60, 300, 3600)) == period
+
+
+def test_status_ticker() -> None:
+    assert status_ticker(STATUS) == TICKER
+    assert status_ticker(f"{TICKER}|statusx") is None
+    assert status_ticker(TICK) is None
+
+
+def test_board_keeps_one_status_per_live_ticker_and_repeats_the_bad_ones() -> None:
+    board = StatusBoard(live_periods=[60], repeat_s=1.0, now=0.0)
+    board.record(FeedStatus(ticker=TICKER, state=FeedStatus.STARTED), live=True)
+    assert board.next_deadline() is None  # nothing to repeat
+    board.record(failed(), live=True)
+    board.record(failed("BINANCE:ETH/USDT"), live=False)
+    refusal = board.refuse(f"{TICKER}|ohlc:900", at_ms=5)
+    assert refusal is not None and board.refuse(f"{TICKER}|ohlc:60", at_ms=5) is None
+    assert board.latest(TICKER) == [failed(), refusal]
+    assert board.latest("BINANCE:ETH/USDT") == []
+    assert board.due(0.5) == [] and board.next_deadline() == 1.0
+    assert board.due(1.0) == [failed(), refusal]
+    board.unsubscribed(f"{TICKER}|ohlc:900")
+    board.forget(TICKER)
+    assert len(board) == 0 and board.due(5.0) == []
+
+
+def test_board_keeps_a_bounded_number_of_refusals() -> None:
+    board = StatusBoard(live_periods=[60], repeat_s=1.0, now=0.0)
+    for period in range(1000, 1000 + MAX_REFUSALS + 10):
+        assert board.refuse(f"{TICKER}|ohlc:{period}", at_ms=1) is not None  # always told once
+    assert len(board) == MAX_REFUSALS and len(board.due(1.0)) == MAX_REFUSALS
