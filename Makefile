@@ -57,8 +57,9 @@ down-local:
 status:
 	$(BIN)/python -m infra.localstack status
 
+# EXCHANGES=okx,kraken (ccxt ids) serves those exchanges instead of Binance.
 run: jars proto
-	$(BIN)/python -m infra.platform run $(ARGS)
+	$(if $(EXCHANGES),PLATFORM_EXCHANGES=$(EXCHANGES) )$(BIN)/python -m infra.platform run $(ARGS)
 
 stop:
 	$(BIN)/python -m infra.platform stop

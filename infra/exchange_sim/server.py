@@ -26,6 +26,8 @@ from .binance import DEFAULT_WEIGHT_LIMIT, WEIGHTS, BinanceRest, BinanceStreams,
 from .coinbase import CoinbaseRest, coinbase_error
 from .faults import Fault, FaultError, parse_fault
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
+from .okx import PREFIX as OKX_PREFIX
+from .okx import OkxRest, okx_error
 from .state import SimClock, SimState, Stats
 
 T = TypeVar("T")
@@ -36,6 +38,8 @@ COINBASE_PREFIXES = ("/products", "/currencies", "/time")
 
 def exchange_of(path: str) -> str:
     """Which simulated exchange a request path belongs to."""
+    if path.startswith(OKX_PREFIX):
+        return "okx"
     return "coinbase" if path.startswith(COINBASE_PREFIXES) else "binance"
 
 
@@ -85,6 +89,7 @@ class SimulatorServer:
             self.state, stream_model_trades=stream_model_trades, pump_interval=pump_interval
         )
         self.coinbase = CoinbaseRest(self.state)
+        self.okx = OkxRest(self.state)
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -108,6 +113,7 @@ class SimulatorServer:
         app = web.Application(middlewares=[self._middleware])
         app.add_routes(self.binance.routes())
         app.add_routes(self.coinbase.routes())
+        app.add_routes(self.okx.routes())
         for path in ("/ws", "/ws/{tail:.*}", "/stream", "/stream/{tail:.*}"):
             app.router.add_get(path, self.streams.handle)
         app.add_routes(
@@ -314,6 +320,8 @@ class SimulatorServer:
         if fault.kind == "unknown_symbol":
             if binance:
                 return binance_error(400, -1121, "Invalid symbol.", headers=headers)
+            if exchange == "okx":
+                return okx_error("51001", "Instrument ID does not exist")
             return coinbase_error(404, "NotFound")
         # "error": arbitrary status and body
         if fault.body is not None:

@@ -64,7 +64,8 @@ def _wait_for_ctrl_c(platform: Platform) -> None:
     e = platform.endpoints
     _say(
         "\n[platform] running. Try, in another shell:\n"
-        f"  .venv/bin/mdclient live BINANCE:BTC/USDT --ticks     (relay {e.request})\n"
+        f"  .venv/bin/mdclient live {platform.config.prefixes[0]}:BTC/USDT --ticks"
+        f"     (relay {e.request})\n"
         f"  curl -s {e.relay_metrics}/metrics | grep relay_\n"
         f"  logs: {platform.config.data_dir / 'logs'}\n"
         "Ctrl-C stops everything (or `make stop` from another shell)."
@@ -83,11 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.platform", description=__doc__)
     parser.add_argument("command", choices=["run", "stop", "status"])
     parser.add_argument("--once", action="store_true", help="run: stop after the demo request")
-    parser.add_argument("--ticker", default="BINANCE:BTC/USDT")
+    parser.add_argument("--ticker", help="default: <first exchange's prefix>:BTC/USDT")
     parser.add_argument("--period", default="1m")
     parser.add_argument("--start", default="-24h", help="history start (default: last 24 h)")
     args = parser.parse_args(argv)
     config = PlatformConfig()
+    args.ticker = args.ticker or f"{config.prefixes[0]}:BTC/USDT"
 
     if args.command != "run":
         platform = Platform(config, use_simulator=True)
@@ -97,7 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_status(platform)
         return 0
 
-    platform = Platform(config)
+    try:
+        platform = Platform(config)
+    except StackError as exc:  # e.g. an exchange the simulator does not speak
+        _say(f"[platform] ERROR: {exc}")
+        return 1
     t0 = time.monotonic()
     try:
         endpoints = platform.up()

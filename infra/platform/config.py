@@ -1,22 +1,27 @@
 """What `make run` starts and where: service ports, exchange source, data dir.
 
 Defaults are the spec's ports (docs/protocol.md); tests use `ServicePorts.free()`.
-Environment overrides use the `PLATFORM_` prefix, e.g. `PLATFORM_EXCHANGE=binance`
-or `PLATFORM_PORTS__CLIENT_REQUEST=15559`.
+Environment overrides use the `PLATFORM_` prefix, e.g. `PLATFORM_EXCHANGES=okx`,
+`PLATFORM_EXCHANGE=real` or `PLATFORM_PORTS__CLIENT_REQUEST=15559`.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from infra.localstack.config import REPO_ROOT
+from ingestor.venues import venue_for
 from mdproto import contracts
+
+#: ccxt ids whose wire format the bundled simulator speaks (infra/exchange_sim).
+SIMULATED_EXCHANGES = ("binance", "coinbaseexchange", "okx")
 
 
 class ServicePorts(BaseModel):
@@ -51,12 +56,43 @@ class PlatformConfig(BaseSettings):
 
     data_dir: Path = REPO_ROOT / ".data"
     ports: ServicePorts = Field(default_factory=ServicePorts)
-    #: `simulator`: the bundled exchange simulator; `binance`: the real exchange when
-    #: reachable (falls back to the simulator, saying so, when it is not).
-    exchange: Literal["simulator", "binance"] = "simulator"
+    #: ccxt ids of the exchanges to serve (`okx,kraken`); tickers use each
+    #: exchange's prefix (`OKX:BTC/USDT`, see services/ingestor/README.md).
+    exchanges: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["binance"])
+    #: `simulator`: the bundled exchange simulator (it speaks Binance, Coinbase and OKX);
+    #: `real`: the real exchanges when reachable (falling back to the simulator,
+    #: saying so, when one is not and the simulator speaks them all);
+    #: `binance`: the old name of `real`.
+    exchange: Literal["simulator", "real", "binance"] = "simulator"
     #: Spark master for the pipeline in local mode.
     spark_master: str = "local[2]"
     #: Seconds each service may take to become ready (Spark needs the most).
     start_timeout_s: float = 300.0
     #: Extra environment for the services, e.g. {"PIPELINE_LIVE__WATERMARK_S": "2"}.
     service_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("exchanges", mode="before")
+    @classmethod
+    def _split_exchanges(cls, value: Any) -> Any:
+        """Accept a list, a JSON list or `okx,kraken` from the environment."""
+        if isinstance(value, str):
+            text = value.strip()
+            value = json.loads(text) if text.startswith("[") else text.split(",")
+        return value
+
+    @field_validator("exchanges")
+    @classmethod
+    def _some_exchanges(cls, value: list[str]) -> list[str]:
+        ids = [v.strip().lower() for v in value if v.strip()]
+        if not ids:
+            raise ValueError("configure at least one exchange (ccxt ids, e.g. binance,okx)")
+        return ids
+
+    @property
+    def prefixes(self) -> list[str]:
+        """The platform prefixes of `exchanges` (tickers `PREFIX:BASE/QUOTE`)."""
+        return [venue_for(i).platform_prefix(i) for i in self.exchanges]
+
+    def not_simulated(self) -> list[str]:
+        """The configured exchanges whose wire format the simulator does not speak."""
+        return [i for i in self.exchanges if i not in SIMULATED_EXCHANGES]

@@ -195,9 +195,13 @@ class Ingestor(Service):
             "INGESTOR_RELAY_RESPONSE_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_response}",
             "INGESTOR_INGESTOR_ID": "ingestor-local-1",
             **coverage_env(self.endpoints),
+            # Exactly these exchanges, whatever the ingestor's config file lists.
+            "INGESTOR_SERVE": ",".join(self.platform.exchanges),
         }
         if self.exchange_url is not None:
-            overrides["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] = self.exchange_url
+            for exchange_id in self.platform.exchanges:
+                key = f"INGESTOR_EXCHANGES__{exchange_id.upper()}__API_BASE_URL"
+                overrides[key] = self.exchange_url
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:

@@ -26,11 +26,11 @@ from infra.localstack.config import LOOPBACK
 from infra.localstack.endpoints import StackEndpoints
 from infra.localstack.process import ExitWatcher, PidFile, StackError, wait_group_gone
 from infra.localstack.stack import ComponentStatus
-from infra.platform.config import PlatformConfig
+from infra.platform.config import SIMULATED_EXCHANGES, PlatformConfig
 from infra.platform.services import ExchangeSimulator, Ingestor, Pipeline, Relay
+from ingestor.venues import venue_for
 
 Log = Callable[[str], None]
-BINANCE_PING = "https://api.binance.com/api/v3/ping"
 
 
 def _stderr(msg: str) -> None:
@@ -63,10 +63,13 @@ class PlatformEndpoints:
         }
 
 
-def binance_reachable(timeout_s: float = 3.0) -> bool:
-    """One ping to the real exchange, only when the user asked for it."""
+def exchange_reachable(exchange_id: str, timeout_s: float = 3.0) -> bool:
+    """One request to the real exchange's status endpoint, only when the user asked for it."""
+    url = venue_for(exchange_id).status_url
+    if not url:
+        return False
     try:
-        with urllib.request.urlopen(BINANCE_PING, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return int(resp.status) == 200
     except OSError:
         return False
@@ -89,6 +92,12 @@ class Platform:
         self._log = log or _stderr
         if use_simulator is None:
             use_simulator = self.config.exchange == "simulator" or not self._real_exchange_ok()
+        if use_simulator and self.config.not_simulated():
+            raise StackError(
+                f"the exchange simulator speaks only {', '.join(SIMULATED_EXCHANGES)};"
+                f" {', '.join(self.config.not_simulated())} need PLATFORM_EXCHANGE=real"
+                " (and the real exchange reachable)"
+            )
         self.use_simulator = use_simulator
         port = self.config.ports.exchange_sim
         self.exchange_url = f"http://{LOOPBACK}:{port}" if use_simulator else None
@@ -106,10 +115,15 @@ class Platform:
         ]
 
     def _real_exchange_ok(self) -> bool:
-        self._log("[platform] checking that the real Binance API is reachable ...")
-        if binance_reachable():
+        names = ", ".join(self.config.exchanges)
+        self._log(f"[platform] checking that the real exchange APIs are reachable ({names}) ...")
+        unreachable = [i for i in self.config.exchanges if not exchange_reachable(i)]
+        if not unreachable:
             return True
-        self._log("[platform] Binance is not reachable: using the bundled exchange simulator")
+        self._log(
+            f"[platform] {', '.join(unreachable)} not reachable: using the bundled exchange"
+            " simulator"
+        )
         return False
 
     def _services(self, config: StackConfig, endpoints: StackEndpoints) -> list[Component]:

@@ -121,3 +121,24 @@ def test_final_requires_flush_and_nothing_after_final() -> None:
 def test_batch_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         BatchBuilder(metadata_for(REQUEST, "x"), 0)
+
+
+def test_reported_extras_are_set_and_unreported_ones_stay_unset() -> None:
+    from ingestor.batches import ohlc_row
+
+    reported = Candle(0, 1.0, 2.0, 0.5, 1.5, 3.0, 0, 4.5, 1.0, 1.5)
+    unknown = Candle(60_000, 1.0, 2.0, 0.5, 1.5, 3.0)
+    builder = BatchBuilder(metadata_for(REQUEST, "ing"), 10)
+    [record] = builder.add([reported, unknown]) + builder.flush()
+    legacy = [ohlc_row("T", 60, reported), ohlc_row("T", 60, unknown)]
+    for first, second in (record.rows, legacy):
+        assert first.HasField("trade_count") and first.trade_count == 0  # a real zero
+        assert (first.quote_volume, first.taker_buy_volume, first.taker_buy_quote_volume) == (
+            4.5,
+            1.0,
+            1.5,
+        )
+        assert not any(
+            second.HasField(f)
+            for f in ("trade_count", "quote_volume", "taker_buy_volume", "taker_buy_quote_volume")
+        )

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingestor.candles import (
+    PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
     count_slots,
@@ -96,11 +97,12 @@ def test_next_since_is_last_open_plus_period() -> None:
     assert next_since(plan, page, 0) == 1000 * MIN
 
 
-def test_next_since_stops_on_empty_page_end_or_no_progress() -> None:
+def test_next_since_stops_on_empty_page_or_end_and_refuses_no_progress() -> None:
     plan = plan_fetch(0, 100 * MIN, 60, "1m", 10**12, 1000)
     assert next_since(plan, [], 0) is None
     assert next_since(plan, [candle(99 * MIN)], 0) is None  # next page would start at the end
-    assert next_since(plan, [candle(5 * MIN)], 6 * MIN) is None  # exchange went backwards
+    with pytest.raises(PagingStalledError, match="up to 300000 only"):
+        next_since(plan, [candle(5 * MIN)], 6 * MIN)  # exchange went backwards: not "done"
 
 
 def test_pagination_covers_2500_minutes_in_three_pages() -> None:

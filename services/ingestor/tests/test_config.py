@@ -72,6 +72,8 @@ def test_missing_config_file_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
         "exchanges: {binance: {prefix: 'binance:'}}\n",
         "exchanges: {}\n",
         "exchanges: {binance: {prefix: X}, okx: {prefix: X}}\n",
+        "exchanges: {binance: {prefix: OKX}}\nserve: [binance, okx]\n",  # okx defaults to OKX
+        "serve: []\n",
         "history: {batch_size: 0}\n",
         "no_such_key: 1\n",
     ],
@@ -84,6 +86,27 @@ def test_bad_config_is_rejected(
     monkeypatch.setenv("CONFIG_PATH", str(path))
     with pytest.raises(ValidationError):
         load_settings()
+
+
+def test_an_ingestor_serves_the_exchanges_it_is_told_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("exchanges: {binance: {prefix: BINANCE}, okx: {page_limit: 100}}\n")
+    monkeypatch.setenv("CONFIG_PATH", str(path))
+    served = load_settings().served()
+    assert {i: (e.prefix, e.page_limit) for i, e in served.items()} == {
+        "binance": ("BINANCE", 1000),
+        "okx": ("OKX", 100),  # the venue's prefix
+    }
+    monkeypatch.setenv("INGESTOR_SERVE", "okx,kraken")  # no Binance, whatever the file says
+    served = load_settings().served()
+    assert {i: (e.prefix, e.page_limit) for i, e in served.items()} == {
+        "okx": ("OKX", 100),
+        "kraken": ("KRAKEN", 1000),
+    }
+    monkeypatch.setenv("INGESTOR_SERVE", "")  # empty: everything configured
+    assert list(load_settings().served()) == ["binance", "okx"]
 
 
 def test_api_keys_come_from_the_environment_and_are_never_printed(

@@ -80,6 +80,15 @@ def test_multi_page_backfill_equals_the_simulator_candles(harness: Any, run_inge
     expected = expected_klines("BTC/USDT", "1m", start, start + 2500 * MIN - 1, model=sim.model)
     assert len(expected) == 2500
     assert rows_of(batches) == [tuple(k.ohlcv()) for k in expected]
+    # What Binance reports beyond OHLCV travels too (ccxt's OHLCV drops it).
+    assert [
+        (r.trade_count, r.quote_volume, r.taker_buy_volume, r.taker_buy_quote_volume)
+        for b in batches[:-1]
+        for r in b.rows
+    ] == [
+        (k.trades, float(k.quote_volume), float(k.taker_buy_base), float(k.taker_buy_quote))
+        for k in expected
+    ]
 
     data, final = batches[:-1], batches[-1]
     assert [b.sequence for b in batches] == list(range(8))  # 7 data records (400 rows) + marker
@@ -250,7 +259,8 @@ def test_markets_are_published_at_start_and_on_config_update(
 
 
 def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> None:
-    """Coinbase Exchange: 300 candles per call and bounded windows, same records."""
+    """Coinbase Exchange: 300 candles per call and bounded windows (the venue's
+    default, not configured), same records; no trade count reported: unset."""
     sim = harness.sim
     start = past_start(sim, 1000)
     request = history_request("hist-coinbase", start, 700, ticker="COINBASE:BTC/USDT")
@@ -258,7 +268,6 @@ def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> Non
         "prefix": "COINBASE",
         "api_base_url": sim.base_url,
         "enable_rate_limit": False,
-        "bounded_pages": True,
         "live": False,
     }
     _, ingestor, results = asyncio.run(
@@ -267,8 +276,31 @@ def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> Non
     expected = expected_klines("BTC/USDT", "1m", start, start + 700 * MIN - 1, model=sim.model)
     assert rows_of(results["hist-coinbase"]) == [tuple(k.ohlcv()) for k in expected]
     assert results["hist-coinbase"][-1].metadata.status == Status.OK
+    rows = [r for b in results["hist-coinbase"] for r in b.rows]
+    assert not any(r.HasField("trade_count") or r.HasField("quote_volume") for r in rows)
     adapter = ingestor.adapter("COINBASE:")
     assert adapter.page_limit == 300 and adapter.rest_calls == 3
+
+
+def test_third_exchange_format_okx_newest_first_pages(harness: Any, run_ingestor: Any) -> None:
+    """OKX returns a window's NEWEST candles: small bounded pages still store every
+    candle once, with OKX's quote volume and no trade count (OKX reports none)."""
+    sim = harness.sim
+    start = past_start(sim, 1000)
+    request = history_request("hist-okx", start, 700, ticker="OKX:BTC/USDT")
+    okx = {"api_base_url": sim.base_url, "enable_rate_limit": False, "page_limit": 50}
+    _, ingestor, results = asyncio.run(
+        serve(harness, run_ingestor, [request], exchanges={"okx": okx})
+    )
+    expected = expected_klines("BTC/USDT", "1m", start, start + 700 * MIN - 1, model=sim.model)
+    assert rows_of(results["hist-okx"]) == [tuple(k.ohlcv()) for k in expected]
+    rows = [r for b in results["hist-okx"] for r in b.rows]
+    assert [r.quote_volume for r in rows] == [float(k.quote_volume) for k in expected]
+    assert not any(r.HasField("trade_count") for r in rows)
+    meta = results["hist-okx"][-1].metadata
+    assert (meta.status, meta.total_rows, meta.expected_gaps) == (Status.OK, 700, 0)
+    adapter = ingestor.adapter("OKX:")
+    assert (adapter.page_limit, adapter.bounded_pages, adapter.rest_calls) == (50, True, 14)
 
 
 def test_metrics_count_outcomes_rows_and_kafka_deliveries(harness: Any, run_ingestor: Any) -> None:

@@ -60,6 +60,11 @@ def test_request_batches_become_iceberg_rows_and_one_ok_notification(
 ) -> None:
     t0 = build.T0
     rows = [build.candle(i, t0=t0) for i in range(2500)]
+    for i, row in enumerate(rows):  # what exchanges report beyond OHLCV, or not
+        if i % 2:
+            row.ClearField("trade_count")  # not reported: null, not 0
+        if i % 3 == 0:
+            row.quote_volume, row.taker_buy_volume, row.taker_buy_quote_volume = i + 0.5, 1.0, 2.0
     meta = build.metadata(
         "hist-ok-1", client_id="client-ok", start=t0, end=t0 + 2500 * build.MINUTE
     )
@@ -82,6 +87,26 @@ def test_request_batches_become_iceberg_rows_and_one_ok_notification(
     stored = pipeline.lake.rows("ohlc", _range_filter(build, t0, n.end_time_ms), n.snapshot_id)
     got = sorted((int(r["open_time"].timestamp() * 1000), r["open"], r["close"]) for r in stored)
     assert got == [(c.open_time_ms, c.open, c.close) for c in rows]
+    kept = {
+        int(r["open_time"].timestamp() * 1000): (
+            r["trade_count"],
+            r["quote_volume"],
+            r["taker_buy_volume"],
+            r["taker_buy_quote_volume"],
+        )
+        for r in stored
+    }
+    assert kept == {
+        c.open_time_ms: (
+            c.trade_count if c.HasField("trade_count") else None,
+            *(
+                (c.quote_volume, c.taker_buy_volume, c.taker_buy_quote_volume)
+                if c.HasField("quote_volume")
+                else (None, None, None)
+            ),
+        )
+        for c in rows
+    }
     assert {r["source"] for r in stored} == {"history"}
     assert {r["request_id"] for r in stored} == {"hist-ok-1"}
 
@@ -292,6 +317,46 @@ def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, bu
     while stored_trades() != list(range(1, 13)) and time.monotonic() < deadline:
         time.sleep(1)  # poll: ticks-persist commits every 2 s
     assert stored_trades() == list(range(1, 13))  # each trade once, the late one too
+
+
+def test_an_ohlc_table_from_before_the_volume_columns_gets_them_at_start(
+    make_run: Any, tools: Any, build: Any
+) -> None:
+    """A table created by an older pipeline: ALTER TABLE adds the columns, old rows read null."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+
+    from pipeline.records import OHLC_SCHEMA, OPTIONAL_VOLUMES
+
+    run = make_run()
+    catalog = load_catalog(
+        run.endpoints.catalog_name, **run.endpoints.pyiceberg_catalog_properties()
+    )
+    catalog.create_namespace(run.namespace)
+    old_schema = pa.schema([f for f in OHLC_SCHEMA if f.name not in OPTIONAL_VOLUMES])
+    old = catalog.create_table(f"{run.namespace}.ohlc", schema=old_schema)
+    old_row = {f.name: None for f in old_schema}
+    old_row.update(
+        ticker=build.TICKER, period_seconds=60, open_time=pa.scalar(0, pa.timestamp("us", "UTC"))
+    )
+    old.append(pa.Table.from_pylist([old_row], schema=old_schema))
+    run.start()
+    run.wait_ready()
+    kafka = tools.Kafka(run.endpoints.kafka_bootstrap)
+    candle = build.candle(0)
+    candle.quote_volume = 12.5
+    meta = build.metadata("hist-evolved", start=build.T0, end=build.T0 + build.MINUTE)
+    kafka.send(run.batches_topic, build.request_records("hist-evolved", [candle], meta=meta))
+    lake = tools.Lake(run.endpoints, run.namespace)
+    deadline = time.monotonic() + 120
+    while not (rows := lake.rows("ohlc", f"ticker = '{build.TICKER}'")) or len(rows) < 2:
+        assert time.monotonic() < deadline, "the request never reached the evolved table"
+        time.sleep(1)
+    by_time = {int(r["open_time"].timestamp() * 1000): r for r in rows}
+    assert by_time[0]["quote_volume"] is None  # written before the column existed
+    assert by_time[build.T0]["quote_volume"] == 12.5
+    assert by_time[build.T0]["taker_buy_volume"] is None
+    run.stop()
 
 
 def test_an_older_requests_table_gains_the_integrity_report(

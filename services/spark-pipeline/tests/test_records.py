@@ -35,6 +35,36 @@ def test_request_becomes_candle_rows_and_one_final_marker(build: Any) -> None:
     assert marker.metadata is not None and marker.metadata.total_rows == 2500
 
 
+def test_an_unreported_trade_count_is_null_and_a_reported_zero_stays_zero(build: Any) -> None:
+    unknown = build.candle(0)
+    unknown.ClearField("trade_count")  # the exchange did not say
+    zero = build.candle(1)
+    zero.trade_count = 0  # it said: no trades
+    values = build.request_records("req-1", [unknown, zero, build.candle(2)])
+
+    batch = records.decode_history(build.kafka_table(values))
+
+    assert batch.candles.column("trade_count").to_pylist() == [None, 0, 7]
+
+
+def test_reported_volumes_are_kept_and_unreported_ones_are_null(build: Any) -> None:
+    binance = build.candle(0)
+    binance.quote_volume, binance.taker_buy_volume, binance.taker_buy_quote_volume = 9.5, 1.0, 6.5
+    bybit = build.candle(1)
+    bybit.quote_volume = 0.0  # reported, and zero
+    coinbase = build.candle(2)
+    broken = build.candle(3)
+    broken.quote_volume = math.inf
+    values = build.request_records("req-1", [binance, bybit, coinbase, broken])
+
+    batch = records.decode_history(build.kafka_table(values))
+
+    rows = batch.candles.select(list(records.OPTIONAL_VOLUMES)).to_pylist()
+    assert [tuple(r.values()) for r in rows] == [(9.5, 1.0, 6.5), (0.0, None, None), (None,) * 3]
+    assert batch.candles.schema == records.OHLC_SCHEMA
+    assert [r.code for r in batch.rejects] == ["bad_row"]  # the non-finite volume
+
+
 def test_duplicate_delivery_in_one_batch_keeps_one_row_per_key_the_last(build: Any) -> None:
     first = build.request_records("req-1", [build.candle(i) for i in range(3)])
     second = build.request_records("req-1", [build.candle(i, close=1.0) for i in range(3)])

@@ -26,6 +26,19 @@ def test_ddl_partitions_for_client_queries() -> None:
     assert all("IF NOT EXISTS" in statement for statement in tables.ddl(NAMES))
 
 
+def test_ohlc_ddl_lists_the_record_columns_in_order_and_older_tables_get_the_new_ones() -> None:
+    from pipeline.records import OHLC_SCHEMA
+
+    ddl = tables.create_ohlc(NAMES)
+    body = ddl[ddl.index("(") + 1 : ddl.index(")\nUSING")]
+    assert [line.split()[0] for line in body.splitlines() if line.strip()] == OHLC_SCHEMA.names
+    assert tables.add_columns(NAMES.ohlc, tables.OHLC_ADDED_COLUMNS) == (
+        "ALTER TABLE lake.market.ohlc ADD COLUMNS"
+        " (quote_volume DOUBLE, taker_buy_volume DOUBLE, taker_buy_quote_volume DOUBLE)"
+    )
+    assert set(tables.OHLC_ADDED_COLUMNS) <= set(tables.OHLC_VALUE_COLUMNS)
+
+
 def test_timestamp_literal_is_utc_with_microseconds() -> None:
     assert tables.timestamp_literal(1_700_000_040_123) == (
         "TIMESTAMP '2023-11-14 22:14:00.123000+00:00'"

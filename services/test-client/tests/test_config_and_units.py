@@ -14,7 +14,7 @@ from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import ConfigError
 from mdclient.frames import SCHEMA, candles_from_ohlc, normalise
 from mdclient.iceberg_reader import ohlc_filter
-from mdclient.output import candle_table, decimals_for, write_csv, write_parquet
+from mdclient.output import candle_table, decimals_for, live_line, write_csv, write_parquet
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Status
 
@@ -173,6 +173,24 @@ def test_csv_and_parquet_writers(tmp_path: Path) -> None:
     assert lines[1] == f"BINANCE:BTC/USDT,60,2026-11-20T00:00:00Z,{T0},100.0,102.0,99.0,101.0,1.5,0"
     write_parquet(_frame(2), tmp_path / "a.parquet")
     assert pq.read_table(tmp_path / "a.parquet").equals(_frame(2))
+
+
+def test_an_unknown_trade_count_is_blank_and_a_zero_stays_zero(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    rows = [OHLC(ticker="BINANCE:BTC/USDT", period_seconds=60, open_time_ms=T0, volume=1.5)]
+    rows.append(OHLC(ticker="BINANCE:BTC/USDT", period_seconds=60, open_time_ms=T0 + 60_000))
+    rows[1].trade_count = 0  # reported: no trades
+    frame = candles_from_ohlc(rows)
+    assert frame.column("trade_count").to_pylist() == [None, 0]
+    write_csv(frame, tmp_path / "a.csv")
+    lines = (tmp_path / "a.csv").read_text().splitlines()
+    assert lines[1].endswith(",1.5,") and lines[2].endswith(",0.0,0")
+    console = Console(width=120, record=True)
+    console.print(candle_table(frame, title="t"))
+    first, second = [ln for ln in console.export_text().splitlines() if "2026-11-20" in ln]
+    assert first.rstrip(" │").endswith("1.5000") and second.rstrip(" │").endswith("0")
+    assert live_line(rows[0]).endswith("n ") and live_line(rows[1]).endswith("n 0")
 
 
 def test_shipped_config_yaml_mirrors_the_built_in_defaults() -> None:

@@ -185,7 +185,7 @@ class Ingestor:
     # --- start-up ---------------------------------------------------------
 
     def _open_exchanges(self) -> None:
-        for exchange_id, cfg in self.settings.exchanges.items():
+        for exchange_id, cfg in self.settings.served().items():
             if exchange_id not in self._adapters:
                 self._adapters[exchange_id] = ExchangeAdapter(
                     exchange_id, cfg, credentials_for(exchange_id)
@@ -485,7 +485,8 @@ class Ingestor:
         return FetchEnv(
             policy=self.settings.retry.policy(),
             page_limit=adapter.page_limit,
-            bounded_pages=adapter.settings.bounded_pages,
+            bounded_pages=adapter.bounded_pages,
+            venue=adapter.venue,
             observe=lambda fault: self._observe(adapter.prefix, fault),
         )
 

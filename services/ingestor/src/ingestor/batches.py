@@ -34,6 +34,8 @@ def metadata_for(request: DataRequest, ingestor_id: str) -> BatchMetadata:
 
 
 def ohlc_row(ticker: str, period_seconds: int, candle: Candle) -> OHLC:
+    """The OHLC row of a closed candle; fields the exchange did not report stay unset
+    (protobuf treats a None keyword as unset)."""
     return OHLC(
         ticker=ticker,
         period_seconds=period_seconds,
@@ -44,6 +46,9 @@ def ohlc_row(ticker: str, period_seconds: int, candle: Candle) -> OHLC:
         close=candle.close,
         volume=candle.volume,
         trade_count=candle.trade_count,
+        quote_volume=candle.quote_volume,
+        taker_buy_volume=candle.taker_buy_volume,
+        taker_buy_quote_volume=candle.taker_buy_quote_volume,
         closed=True,
     )
 
@@ -131,7 +136,10 @@ class BatchBuilder:
                 low=c.low,
                 close=c.close,
                 volume=c.volume,
-                trade_count=c.trade_count,
+                trade_count=c.trade_count,  # None: unset, the exchange did not say
+                quote_volume=c.quote_volume,
+                taker_buy_volume=c.taker_buy_volume,
+                taker_buy_quote_volume=c.taker_buy_quote_volume,
                 closed=True,
             )
         self._sequence += 1

@@ -121,38 +121,48 @@ def plan_fetch(
 def accept_page(plan: FetchPlan, page: Sequence[Candle], after_ms: int | None) -> list[Candle]:
     """The page's candles that belong to the request, ascending and unique.
 
-    Drops candles outside [start, end) (including the still-open one), and those
+    Drops candles outside [start, end) (including the still-open one), those
     at or before `after_ms` (the last open time already accepted), so pages that
-    overlap never produce duplicate rows.
+    overlap never produce duplicate rows, and those the exchange itself marks
+    not final (OKX `confirm=0`, after Kraken's `last`) even if the local clock
+    says they closed: a still-forming candle is never written.
     """
     floor = plan.start_ms if after_ms is None else max(plan.start_ms, after_ms + 1)
     accepted: list[Candle] = []
     last = -1
     for candle in sorted(page, key=lambda c: c.open_time_ms):
         t = candle.open_time_ms
-        if floor <= t < plan.end_ms and t != last:
+        if floor <= t < plan.end_ms and t != last and candle.final is not False:
             accepted.append(candle)
             last = t
     return accepted
+
+
+class PagingStalledError(ValueError):
+    """A page made no progress: continuing would loop, stopping would lose candles."""
 
 
 def next_since(plan: FetchPlan, page: Sequence[Candle], since_ms: int) -> int | None:
     """Where the next page starts (last open + period), or None when done.
 
     Done when the page is empty (the exchange has nothing at or after `since`;
-    with bounded pages: nothing in the window, so go on after it), when the
-    next page would start at or past the end, or when the exchange made no
-    progress (a guard against looping forever on a misbehaving API).
+    with bounded pages: nothing in the window, so go on after it) or when the
+    next page would start at or past the end. A page whose candles all open
+    before `since` (an exchange ignoring the parameter) is a PagingStalledError:
+    stopping there would report the rest of the range as gaps.
     """
     if not page:
         if plan.bounded:
             following = plan.page_until(since_ms) + 1
             return following if following < plan.end_ms else None
         return None
-    following = max(c.open_time_ms for c in page) + plan.period_ms
-    if following >= plan.end_ms or following <= since_ms:
-        return None
-    return following
+    last = max(c.open_time_ms for c in page)
+    following = last + plan.period_ms
+    if following <= since_ms:
+        raise PagingStalledError(
+            f"the exchange answered a page from {since_ms} with candles up to {last} only"
+        )
+    return following if following < plan.end_ms else None
 
 
 def count_slots(start_ms: int, end_ms: int, period_ms: int, phase_ms: int = 0) -> int:

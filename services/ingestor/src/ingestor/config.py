@@ -12,16 +12,18 @@ never logged; the YAML file cannot carry them (unknown keys are rejected).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from ingestor.retry import RetryPolicy
+from ingestor.venues import venue_for
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
 from mdproto.runtime.iceberg import CatalogSettings
@@ -43,14 +45,19 @@ class _Section(BaseModel):
 class ExchangeSettings(_Section):
     """One exchange served by this ingestor, keyed by its ccxt id (`binance`)."""
 
-    prefix: str = Field(description="platform prefix without colon, e.g. BINANCE")
+    # Platform prefix without colon, e.g. BINANCE; None: the venue's (BINANCE,
+    # OKX, BYBIT, KRAKEN, COINBASE; the ccxt id in upper case otherwise).
+    prefix: str | None = None
     api_base_url: str | None = None  # point every API URL here (simulator), see urls.py
     ws_base_url: str | None = None  # websocket base when it differs from api_base_url
     enable_rate_limit: bool = True
     rate_limit_ms: int | None = None  # ccxt rateLimit override (ms between calls)
     timeout_ms: int = 10_000
-    page_limit: int = 1000  # candles per REST call (capped by what ccxt says the exchange allows)
-    bounded_pages: bool = False  # ask for at most page_limit periods per call (coinbaseexchange)
+    page_limit: int = Field(default=1000, gt=0)  # candles per call (capped by the venue's page cap)
+    # Windows of at most page_limit periods per call. None: as the venue needs
+    # (ingestor.venues); true forces them; false is refused for venues that
+    # return a window's newest candles (it would lose the oldest).
+    bounded_pages: bool | None = None
     markets: list[str] = Field(default_factory=list)  # BASE/QUOTE to publish; empty = all
     live: bool = True  # accept REALTIME requests
     # ccxt.pro keeps this many trades per symbol between two watch_trades calls;
@@ -62,8 +69,8 @@ class ExchangeSettings(_Section):
 
     @field_validator("prefix")
     @classmethod
-    def _check_prefix(cls, value: str) -> str:
-        if not _PREFIX.match(value):
+    def _check_prefix(cls, value: str | None) -> str | None:
+        if value is not None and not _PREFIX.match(value):
             raise ValueError(f"prefix {value!r} must be upper case like BINANCE (no colon)")
         return value
 
@@ -180,6 +187,11 @@ class Settings(runtime.FileSettings):
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # GET /metrics and /healthz; 0 = off (compose: 9561)
     exchanges: dict[str, ExchangeSettings] = Field(default_factory=_default_exchanges)
+    # ccxt ids this ingestor serves (`okx,kraken` from the environment); None:
+    # every entry of `exchanges`. An id without an `exchanges` entry gets the
+    # defaults and its venue's prefix, so INGESTOR_SERVE=okx alone is an OKX
+    # ingestor, whatever the file lists.
+    serve: Annotated[list[str], NoDecode] | None = None
     kafka: KafkaSettings = Field(default_factory=lambda: KafkaSettings())
     history: HistorySettings = Field(default_factory=lambda: HistorySettings())
     retry: RetrySettings = Field(default_factory=lambda: RetrySettings())
@@ -189,15 +201,36 @@ class Settings(runtime.FileSettings):
     health: HealthSettings = Field(default_factory=lambda: HealthSettings())
     coverage: CoverageSettings = Field(default_factory=lambda: CoverageSettings())
 
-    @field_validator("exchanges")
+    @field_validator("serve", mode="before")
     @classmethod
-    def _unique_prefixes(cls, value: dict[str, ExchangeSettings]) -> dict[str, ExchangeSettings]:
-        if not value:
+    def _split_serve(cls, value: Any) -> Any:
+        """Accept a YAML list, a JSON list or `okx,kraken`; an empty string is None."""
+        if isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return None
+            return json.loads(text) if text.startswith("[") else text.split(",")
+        return value
+
+    @model_validator(mode="after")
+    def _check_served(self) -> Settings:
+        served = self.served()
+        if not served:
             raise ValueError("configure at least one exchange")
-        prefixes = [e.prefix for e in value.values()]
+        prefixes = [e.prefix for e in served.values()]
         if len(set(prefixes)) != len(prefixes):
             raise ValueError(f"two exchanges share a prefix: {prefixes}")
-        return value
+        return self
+
+    def served(self) -> dict[str, ExchangeSettings]:
+        """The exchanges to open, by ccxt id, each with its prefix filled in."""
+        ids = list(self.exchanges) if self.serve is None else [i.strip() for i in self.serve]
+        result = {}
+        for exchange_id in filter(None, ids):
+            cfg = self.exchanges.get(exchange_id) or ExchangeSettings()
+            prefix = cfg.prefix or venue_for(exchange_id).platform_prefix(exchange_id)
+            result[exchange_id] = cfg.model_copy(update={"prefix": prefix})
+        return result
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import ccxt.async_support as ccxt_async
@@ -18,9 +19,10 @@ import ccxt.pro as ccxt_pro
 from ccxt.base import errors as ccxt_errors
 
 from ingestor.config import Credentials, ExchangeSettings
-from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, Trade
+from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, RawFields, Trade
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
+from ingestor.venues import Venue, venue_for
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +32,30 @@ _LAST_HTTP_ERROR: contextvars.ContextVar[tuple[int, dict[str, str], str] | None]
     contextvars.ContextVar("ingestor_last_http_error", default=None)
 )
 
+# The decoded body of the last REST response this task received: the raw candle
+# rows, for the fields ccxt's OHLCV drops. Per task, like _LAST_HTTP_ERROR.
+_LAST_RESPONSE: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "ingestor_last_response", default=None
+)
+
+#: What answers ccxt's HTTP calls instead of the network: (url, method, headers,
+#: body) -> the decoded JSON body, or a ccxt error raised. Tests inject one that
+#: replays recorded exchange payloads (cryptofeed's injected connection style).
+Transport = Callable[[str, str, Mapping[str, str] | None, Any], Awaitable[Any]]
+
 # ccxt precisionMode values (ccxt.base.decimal_to_precision).
 _DECIMAL_PLACES = 2
 _SIGNIFICANT_DIGITS = 3
 
 
-def _capturing(cls: type[Any]) -> type[Any]:
+def _capturing(cls: type[Any], transport: Transport | None = None) -> type[Any]:
     """A subclass of a ccxt exchange class that records HTTP error responses.
 
     ccxt raises DDoSProtection for a 429 without the Retry-After header; the
     header is only on the (shared) `last_response_headers`. Recording it here,
-    per task, lets the retry policy honour it safely.
+    per task, lets the retry policy honour it safely. With a `transport`, every
+    REST call goes to it instead of the network; ccxt still builds the request
+    and parses the answer, so replayed payloads take the production path.
     """
 
     def handle_errors(
@@ -62,7 +77,24 @@ def _capturing(cls: type[Any]) -> type[Any]:
             code, reason, url, method, headers, body, response, request_headers, request_body
         )
 
-    subclass: type[Any] = type(cls.__name__, (cls,), {"handle_errors": handle_errors})
+    async def fetch(
+        self: Any,
+        url: str,
+        method: str = "GET",
+        headers: Mapping[str, str] | None = None,
+        body: Any = None,
+    ) -> Any:
+        if transport is not None:
+            response = await transport(url, method, headers, body)
+        else:
+            parent: Any = super(subclass, self)
+            response = await parent.fetch(url, method, headers, body)
+        _LAST_RESPONSE.set(response)
+        return response
+
+    subclass: type[Any] = type(
+        cls.__name__, (cls,), {"handle_errors": handle_errors, "fetch": fetch}
+    )
     return subclass
 
 
@@ -119,6 +151,22 @@ def _tick_size(value: Any, mode: Any) -> float:
     return number
 
 
+def paging_mode(venue: Venue, configured: bool | None) -> bool:
+    """Whether pages are bounded windows: the venue's need unless configured.
+
+    Refuses unbounded pages for a venue that returns a window's newest candles:
+    such a request would silently lose the oldest candles of every long range.
+    """
+    if configured is None:
+        return venue.bounded
+    if not configured and venue.bounded:
+        raise ValueError(
+            f"bounded_pages: false cannot serve {venue.exchange_id}: it returns the newest"
+            " candles of a window, so unbounded pages would lose the oldest ones"
+        )
+    return configured
+
+
 class ExchangeAdapter:
     """One exchange, REST and websocket, as the rest of the ingestor sees it."""
 
@@ -127,9 +175,12 @@ class ExchangeAdapter:
         exchange_id: str,
         settings: ExchangeSettings,
         credentials: Credentials | None = None,
+        *,
+        transport: Transport | None = None,
     ) -> None:
         self.exchange_id = exchange_id
-        self.prefix = settings.prefix
+        self.venue: Venue = venue_for(exchange_id)
+        self.prefix = settings.prefix or self.venue.platform_prefix(exchange_id)
         self.settings = settings
         self.rest_calls = 0  # candle pages requested (tests, benchmarks)
         base = getattr(ccxt_pro, exchange_id, None) or getattr(ccxt_async, exchange_id, None)
@@ -144,22 +195,28 @@ class ExchangeAdapter:
             config["rateLimit"] = settings.rate_limit_ms
         if credentials is not None:
             config.update(credentials.ccxt_config())
-        self._exchange: Any = _capturing(base)(config)
+        self._exchange: Any = _capturing(base, transport)(config)
         if settings.api_base_url:
             # A new dict: class-level defaults shared with other instances stay untouched.
             urls = dict(self._exchange.urls)
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
+        self.bounded_pages = paging_mode(self.venue, settings.bounded_pages)
         features = (self._exchange.features or {}).get("spot") or {}
         exchange_limit = (features.get("fetchOHLCV") or {}).get("limit")
-        self.page_limit = min(settings.page_limit, exchange_limit or settings.page_limit)
+        caps = (settings.page_limit, self.venue.page_cap, exchange_limit)
+        self.page_limit = min(int(c) for c in caps if c)
 
     async def load_markets(self, reload: bool = False) -> None:
         try:
             await self._exchange.load_markets(reload)
         except Exception as exc:
             raise fault_from(exc) from exc
+
+    def preload_markets(self, markets: Sequence[Mapping[str, Any]]) -> None:
+        """Use these ccxt market dicts instead of loading them (replayed payloads)."""
+        self._exchange.set_markets([dict(m) for m in markets])
 
     async def probe(self) -> None:
         """One cheap call to see whether the exchange answers: its server time
@@ -212,19 +269,53 @@ class ExchangeAdapter:
         """One page of candles opening in [since, until] (the exchange may return fewer)."""
         self.rest_calls += 1
         _LAST_HTTP_ERROR.set(None)
+        _LAST_RESPONSE.set(None)
         try:
-            rows = await self._exchange.fetch_ohlcv(
-                symbol, timeframe, since_ms, limit, {"until": until_ms}
-            )
+            params = self.venue.until_params(until_ms)
+            rows = await self._exchange.fetch_ohlcv(symbol, timeframe, since_ms, limit, params)
         except Exception as exc:
             raise fault_from(exc) from exc
-        try:  # fast path: ccxt hands out floats already
+        extra = self._raw_fields(symbol) if rows else {}
+        none: tuple[()] = ()
+        try:  # fast path: ccxt hands out floats already; one constructor call per candle
             return [
-                Candle(int(r[0]), r[1] + 0.0, r[2] + 0.0, r[3] + 0.0, r[4] + 0.0, r[5] + 0.0)
+                Candle(
+                    int(r[0]),
+                    r[1] + 0.0,
+                    r[2] + 0.0,
+                    r[3] + 0.0,
+                    r[4] + 0.0,
+                    r[5] + 0.0,
+                    *extra.get(r[0], none),
+                )
                 for r in rows
             ]
         except (TypeError, IndexError):  # a None or short row somewhere: convert carefully
-            return [_candle(r) for r in rows if r and r[0] is not None]
+            candles = [_candle(r) for r in rows if r and r[0] is not None]
+            return [
+                Candle(c.open_time_ms, c.open, c.high, c.low, c.close, c.volume, *fields)
+                if (fields := extra.get(c.open_time_ms))
+                else c
+                for c in candles
+            ]
+
+    def _raw_fields(self, symbol: str) -> dict[int, RawFields]:
+        """What ccxt dropped from this task's last raw candle response (venue's reader).
+
+        An unreadable raw response costs the extra fields (left None, i.e.
+        unknown), never the candles ccxt parsed.
+        """
+        reader = self.venue.raw_fields
+        body = _LAST_RESPONSE.get()
+        if reader is None or body is None:
+            return {}
+        try:
+            return reader(body, str(self._exchange.market(symbol)["id"]))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            log.warning(
+                "%s: raw candle fields unreadable (%s); left unknown", self.exchange_id, exc
+            )
+            return {}
 
     async def watch_trades(self, symbol: str) -> list[Trade]:
         """Trades received since the previous call; reconnects after a drop."""

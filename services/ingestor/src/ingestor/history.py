@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar
 from ingestor.batches import BatchBuilder, metadata_for
 from ingestor.candles import (
     FetchPlan,
+    PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
     candle_slots,
@@ -27,8 +28,9 @@ from ingestor.candles import (
     timeframe_for,
 )
 from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
-from ingestor.model import Candle, ExchangeCallError
+from ingestor.model import Candle, ExchangeCallError, FaultKind
 from ingestor.retry import GiveUp, RetryPolicy, decide
+from ingestor.venues import GENERIC, HistoryUnavailableError, Venue
 from mdproto import rules
 from mdproto.messages import DataRequest, OHLCBatch, Status
 
@@ -40,6 +42,7 @@ T = TypeVar("T")
 # bad_request, not_supported, exchange_error); see docs/protocol.md.
 INVALID_REQUEST = "invalid_request"
 UNSUPPORTED_PERIOD = "unsupported_period"
+HISTORY_UNAVAILABLE = "history_unavailable"
 KAFKA_DELIVERY = "kafka_delivery"
 INTERNAL = "internal"
 ABANDONED = "abandoned"  # every ingestor that held the request stopped without finishing it
@@ -78,14 +81,18 @@ def _unobserved(fault: ExchangeCallError | None) -> None:
 
 @dataclass(frozen=True)
 class FetchEnv:
-    """Retry policy and the clock, sleep and randomness the loop uses (injectable).
+    """How to page one exchange, and the clock, sleep and randomness the loop uses.
 
-    `observe` sees every exchange call's outcome (None: success), for `health.HealthBook`.
+    `page_limit` and `bounded_pages` are the adapter's effective values (the
+    venue's paging unless configured otherwise); `venue` supplies the rest of
+    the exchange's limits (its history window). `observe` sees every exchange
+    call's outcome (None: success), for `health.HealthBook`.
     """
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     page_limit: int = 1000
     bounded_pages: bool = False
+    venue: Venue = GENERIC
     now_ms: Callable[[], int] = wall_clock_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rand: Callable[[], float] = random.random
@@ -117,12 +124,17 @@ def plan_request(
         timeframe = timeframe_for(request.period_seconds, source.timeframes())
     except UnsupportedPeriodError as exc:
         raise RequestFailedError(UNSUPPORTED_PERIOD, str(exc)) from None
+    now = env.now_ms()
+    try:
+        env.venue.check_history(request.start_time_ms, now, request.period_seconds * 1000)
+    except HistoryUnavailableError as exc:
+        raise RequestFailedError(HISTORY_UNAVAILABLE, str(exc)) from None
     plan = plan_fetch(
         request.start_time_ms,
         request.end_time_ms,
         request.period_seconds,
         timeframe,
-        env.now_ms(),
+        now,
         env.page_limit,
         env.bounded_pages,
     )
@@ -173,7 +185,10 @@ async def iter_pages(
         if accepted:
             after = accepted[-1].open_time_ms
             yield accepted
-        since = next_since(plan, page, since)
+        try:
+            since = next_since(plan, page, since)
+        except PagingStalledError as exc:
+            raise RequestFailedError(FaultKind.EXCHANGE_ERROR.value, str(exc)) from None
 
 
 async def _settle(deliveries: list[Awaitable[object]]) -> str | None:

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
 class Candle:
-    """One closed OHLCV candle as the exchange reported it."""
+    """One OHLCV candle as the exchange reported it.
+
+    The optional fields are None where the exchange does not report them (so a
+    real zero and "unknown" stay apart). `final` is the exchange's own "this
+    candle is complete" flag where it has one (OKX `confirm`, Kraken `last`).
+    """
 
     open_time_ms: int
     open: float
@@ -20,7 +26,25 @@ class Candle:
     low: float
     close: float
     volume: float
-    trade_count: int = 0
+    trade_count: int | None = None
+    quote_volume: float | None = None
+    taker_buy_volume: float | None = None
+    taker_buy_quote_volume: float | None = None
+    final: bool | None = None
+
+
+class RawFields(NamedTuple):
+    """A candle's fields that ccxt's OHLCV drops, read from the raw response.
+
+    A tuple in `Candle`'s order of its optional fields, so a candle is completed
+    with one constructor call (`Candle(*ohlcv, *fields)`), cheap at 1000 a page.
+    """
+
+    trade_count: int | None = None
+    quote_volume: float | None = None
+    taker_buy_volume: float | None = None
+    taker_buy_quote_volume: float | None = None
+    final: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,12 +63,17 @@ class Lake:
             self.names.requests: history_notices.REQUESTS_SCHEMA.names,
             self.names.markets: tables.MARKET_COLUMNS,
         }
-        added = history_notices.ADDED_COLUMNS
-        have = set(self._spark.table(self.names.requests).columns)
-        if any(c not in have for c in added):  # a table from before the integrity report
+        evolving = {  # tables from before these columns get them (older rows read null)
+            self.names.requests: history_notices.ADDED_COLUMNS,  # the integrity report
+            self.names.ohlc: tables.OHLC_ADDED_COLUMNS,  # what exchanges report beyond OHLCV
+        }
+        for table, added in evolving.items():
+            have = set(self._spark.table(table).columns)
             new = {c: t for c, t in added.items() if c not in have}
-            log.info("adding columns %s to %s", sorted(new), self.names.requests)
-            self._spark.sql(tables.add_columns(self.names.requests, new))
+            if new:
+                log.info("adding columns %s to %s", sorted(new), table)
+                self._spark.sql(tables.add_columns(table, new))
+                self._spark.catalog.refreshTable(table)
         for table, columns in expected.items():
             have = set(self._spark.table(table).columns)
             missing = [c for c in columns if c not in have]

@@ -236,6 +236,8 @@ def _live_ohlc_rows(rows: pa.Table) -> pa.Table:
     columns["source"] = pa.array([records.SOURCE_LIVE] * n, pa.string())
     columns["request_id"] = pa.nulls(n, pa.string())
     columns["ingested_at"] = pa.array([now_us] * n, pa.int64()).cast(records.UTC_US)
+    for name in records.OPTIONAL_VOLUMES:  # what an exchange reports; not ours to guess
+        columns[name] = pa.nulls(n, pa.float64())
     table = pa.table(columns)
     return table.select(records.OHLC_SCHEMA.names).cast(records.OHLC_SCHEMA)
 

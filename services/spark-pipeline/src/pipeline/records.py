@@ -16,7 +16,7 @@ import functools
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +45,20 @@ OHLC_SCHEMA = pa.schema(
         pa.field("source", pa.string()),
         pa.field("request_id", pa.string()),
         pa.field("ingested_at", UTC_US),
+        # What the exchange reports besides OHLCV; null where it does not. Last,
+        # where ALTER TABLE ADD COLUMNS puts them in a table created before them.
+        pa.field("quote_volume", pa.float64()),
+        pa.field("taker_buy_volume", pa.float64()),
+        pa.field("taker_buy_quote_volume", pa.float64()),
     ]
+)
+
+#: OHLC fields that are optional in the message and nullable in ``ohlc``, trade_count aside.
+OptionalVolume = Literal["quote_volume", "taker_buy_volume", "taker_buy_quote_volume"]
+OPTIONAL_VOLUMES: tuple[OptionalVolume, ...] = (
+    "quote_volume",
+    "taker_buy_volume",
+    "taker_buy_quote_volume",
 )
 
 #: Row layout of Iceberg ``market.ticks`` and of the candle aggregation's input.
@@ -171,6 +184,9 @@ class _CandleColumns:
         self.open_time: list[int] = []
         self.numbers: dict[str, list[float]] = {c: [] for c in self.NUMERIC}
         self.trade_count: list[int] = []
+        self.trade_count_known: list[bool] = []  # unset in the OHLC: not reported -> null
+        self.optional: dict[str, list[float]] = {c: [] for c in OPTIONAL_VOLUMES}
+        self.optional_known: dict[str, list[bool]] = {c: [] for c in OPTIONAL_VOLUMES}
         # One entry per record with rows:
         self.counts: list[int] = []
         self.default_ticker: list[str] = []
@@ -200,6 +216,10 @@ class _CandleColumns:
         self.numbers["close"].extend([r.close for r in rows])
         self.numbers["volume"].extend([r.volume for r in rows])
         self.trade_count.extend([r.trade_count for r in rows])
+        self.trade_count_known.extend([r.HasField("trade_count") for r in rows])
+        for name in OPTIONAL_VOLUMES:
+            self.optional[name].extend([getattr(r, name) for r in rows])
+            self.optional_known[name].extend([r.HasField(name) for r in rows])
         self.counts.append(len(rows))
         self.default_ticker.append(default_ticker)
         self.default_period.append(default_period)
@@ -231,6 +251,10 @@ class _CandleColumns:
         ok &= trade_count <= np.uint64(2**63 - 1)
         for values in numbers.values():
             ok &= np.isfinite(values)
+        optional = {c: np.array(v, dtype=np.float64) for c, v in self.optional.items()}
+        known = {c: np.array(v, dtype=bool) for c, v in self.optional_known.items()}
+        for name, values in optional.items():
+            ok &= np.isfinite(values) | ~known[name]
         dropped = np.bincount(record_of_row[~ok], minlength=len(self.counts))
         bad = {self.order[i]: int(n) for i, n in enumerate(dropped) if n}
 
@@ -246,12 +270,16 @@ class _CandleColumns:
                 "period_seconds": pa.array(period[ok].astype(np.int32)),
                 "open_time": pa.array(open_time[ok] * 1000).cast(UTC_US),
                 **{c: pa.array(v[ok]) for c, v in numbers.items()},
-                "trade_count": pa.array(trade_count[ok].astype(np.int64)),
+                "trade_count": pa.array(
+                    trade_count[ok].astype(np.int64),
+                    mask=~np.array(self.trade_count_known, dtype=bool)[ok],
+                ),
                 "source": pa.array([source] * len(rec), pa.string()),
                 "request_id": pa.array(self.request_id, pa.string()).take(rec),
                 "ingested_at": pa.array(np.array(self.ingested_at, dtype=np.int64) * 1000)
                 .take(rec)
                 .cast(UTC_US),
+                **{c: pa.array(v[ok], mask=~known[c][ok]) for c, v in optional.items()},
             }
         )
         return table, bad

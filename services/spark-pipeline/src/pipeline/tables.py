@@ -13,7 +13,24 @@ from datetime import UTC, datetime
 
 from mdproto import topics
 
-OHLC_VALUE_COLUMNS = ("open", "high", "low", "close", "volume", "trade_count")
+OHLC_VALUE_COLUMNS = (
+    "open",
+    "high",
+    "low",
+    "close",
+    "volume",
+    "trade_count",
+    "quote_volume",
+    "taker_buy_volume",
+    "taker_buy_quote_volume",
+)
+#: ``ohlc`` columns added after the table's first release: added to an older
+#: table at start (ALTER TABLE ADD COLUMNS: metadata only, old rows read null).
+OHLC_ADDED_COLUMNS = {
+    "quote_volume": "DOUBLE",
+    "taker_buy_volume": "DOUBLE",
+    "taker_buy_quote_volume": "DOUBLE",
+}
 
 _COMMON_PROPERTIES = {
     "format-version": "2",
@@ -95,7 +112,10 @@ def create_ohlc(names: TableNames) -> str:
   trade_count BIGINT,
   source STRING,
   request_id STRING,
-  ingested_at TIMESTAMP)
+  ingested_at TIMESTAMP,
+  quote_volume DOUBLE,
+  taker_buy_volume DOUBLE,
+  taker_buy_quote_volume DOUBLE)
 USING iceberg
 PARTITIONED BY (ticker, period_seconds, months(open_time))
 TBLPROPERTIES (

@@ -46,7 +46,7 @@ def candles_from_ohlc(rows: Iterable[OHLC]) -> pa.Table:
             "low": [r.low for r in items],
             "close": [r.close for r in items],
             "volume": [r.volume for r in items],
-            "trade_count": [r.trade_count for r in items],
+            "trade_count": [r.trade_count if r.HasField("trade_count") else None for r in items],
         },
         schema=SCHEMA,
     )

@@ -93,7 +93,7 @@ def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
             row["open_time"].strftime("%Y-%m-%d %H:%M:%S"),
             *(f"{row[name]:.{decimals}f}" for name in PRICE_COLUMNS),
             f"{row['volume']:.4f}",
-            str(row["trade_count"]),
+            "" if row["trade_count"] is None else str(row["trade_count"]),  # unknown: blank
         )
     return out
 
@@ -131,6 +131,12 @@ def market_table(table: pa.Table, *, title: str) -> Table:
 
 def write_csv(table: pa.Table, path: Path) -> None:
     """CSV with ISO-8601 UTC open_time plus open_time_ms for scripts."""
+    import pyarrow as pa
+
+    # As text, an unknown (null) trade count is an empty field; as a pandas int
+    # column with nulls it would turn every count into a float ("7.0").
+    index = table.schema.get_field_index("trade_count")
+    table = table.set_column(index, "trade_count", table.column(index).cast(pa.string()))
     frame = table.to_pandas()
     frame.insert(3, "open_time_ms", frame["open_time"].astype("int64") // 1000)
     frame["open_time"] = frame["open_time"].dt.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -147,11 +153,12 @@ def live_line(message: LiveMessage) -> str:
     """One terminal line per live message."""
     if isinstance(message, OHLC):
         state = "closed" if message.closed else "open  "
+        trades = message.trade_count if message.HasField("trade_count") else ""
         return (
             f"{format_ms(message.open_time_ms)}  {message.ticker}  "
             f"ohlc:{format_period(message.period_seconds):>3} {state}  "
             f"O {message.open:g}  H {message.high:g}  L {message.low:g}  C {message.close:g}  "
-            f"V {message.volume:g}  n {message.trade_count}"
+            f"V {message.volume:g}  n {trades}"
         )
     side = TakerSide.Name(message.side).replace("SIDE_UNSPECIFIED", "-")
     return (

@@ -1,0 +1,142 @@
+"""OKX front-end (ccxt id ``okx``), REST only: markets and candles.
+
+The third wire format, and the first whose candle pages hold the NEWEST
+``limit`` candles of a window (``before < ts < after``, both exclusive, newest
+first, at most 300), as the real OKX does: an ingestor paging it like Binance
+loses the oldest candles of every long range. Same deterministic model as
+Binance and Coinbase. ``/api/v5/public/time`` answers the platform's probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from .binance import fmt8
+from .model import SymbolSpec, UnknownSymbolError, interval_ms
+from .state import SimState
+
+#: OKX `bar` values -> the model's intervals (ccxt appends "utc" from 6 h up).
+BAR_TO_INTERVAL = {
+    "1m": "1m",
+    "3m": "3m",
+    "5m": "5m",
+    "15m": "15m",
+    "30m": "30m",
+    "1H": "1h",
+    "2H": "2h",
+    "4H": "4h",
+    "6Hutc": "6h",
+    "12Hutc": "12h",
+    "1Dutc": "1d",
+}
+MAX_LIMIT = 300
+PREFIX = "/api/v5/"
+
+
+def okx_error(code: str, message: str, status: int = 200) -> web.Response:
+    """OKX's error body; most errors come with HTTP 200 and a non-zero code."""
+    return web.json_response({"code": code, "msg": message, "data": []}, status=status)
+
+
+def _ok(data: list[Any]) -> web.Response:
+    return web.json_response({"code": "0", "msg": "", "data": data})
+
+
+class OkxRest:
+    """Handlers of the OKX public REST endpoints ccxt uses for markets and candles."""
+
+    def __init__(self, state: SimState) -> None:
+        self.state = state
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/api/v5/public/time", self.server_time),
+            web.get("/api/v5/public/instruments", self.instruments),
+            web.get("/api/v5/market/candles", self.candles),
+            web.get("/api/v5/market/history-candles", self.candles),
+        ]
+
+    def _spec(self, inst_id: str) -> SymbolSpec | None:
+        try:
+            spec = self.state.model.spec(inst_id)
+        except UnknownSymbolError:
+            return None
+        return spec if spec.coinbase_id == inst_id else None  # OKX ids are BASE-QUOTE too
+
+    def _instrument(self, spec: SymbolSpec) -> dict[str, Any]:
+        online = spec.trading_at(self.state.clock.now_ms())
+        return {
+            "instType": "SPOT",
+            "instId": spec.coinbase_id,
+            "instFamily": "",
+            "uly": "",
+            "baseCcy": spec.base,
+            "quoteCcy": spec.quote,
+            "settleCcy": "",
+            "ctVal": "",
+            "ctMult": "",
+            "ctValCcy": "",
+            "ctType": "",
+            "listTime": str(spec.listed_ms),
+            "expTime": "",
+            "lever": "",
+            "tickSz": spec.tick,
+            "lotSz": spec.step,
+            "minSz": spec.step,
+            "maxLmtSz": "9999999999",
+            "maxMktSz": "1000000",
+            "state": "live" if online else "suspend",
+        }
+
+    async def server_time(self, request: web.Request) -> web.Response:
+        return _ok([{"ts": str(self.state.clock.now_ms())}])
+
+    async def instruments(self, request: web.Request) -> web.Response:
+        if request.query.get("instType") != "SPOT":
+            return _ok([])  # the simulator lists spot markets only
+        return _ok([self._instrument(s) for s in self.state.model.specs.values()])
+
+    async def candles(self, request: web.Request) -> web.Response:
+        """``[[ts, o, h, l, c, vol, volCcy, volCcyQuote, confirm], ...]`` newest first."""
+        query = request.query
+        spec = self._spec(query.get("instId", ""))
+        if spec is None:
+            return okx_error("51001", "Instrument ID does not exist")
+        interval = BAR_TO_INTERVAL.get(query.get("bar", "1m"))
+        if interval is None:
+            return okx_error("51000", "Parameter bar error")
+        try:
+            limit = int(query.get("limit", "100"))
+            after = int(query["after"]) if "after" in query else None
+            before = int(query["before"]) if "before" in query else None
+        except ValueError:
+            return okx_error("51000", "Parameter error")
+        if not 1 <= limit <= MAX_LIMIT:
+            return okx_error("51000", "Parameter limit error")
+        now = self.state.clock.now_ms()
+        high = min(now, after - 1) if after is not None else now
+        low = before + 1 if before is not None else high - limit * interval_ms(interval)
+        if low > high:
+            return _ok([])
+        rows = await asyncio.to_thread(
+            self.state.model.klines, spec.symbol, interval, low, high, now
+        )
+        return _ok(
+            [
+                [
+                    str(k.open_time),
+                    fmt8(k.open),
+                    fmt8(k.high),
+                    fmt8(k.low),
+                    fmt8(k.close),
+                    fmt8(k.volume),
+                    fmt8(k.quote_volume),
+                    fmt8(k.quote_volume),
+                    "1" if k.closed else "0",
+                ]
+                for k in list(reversed(rows))[:limit]
+            ]
+        )

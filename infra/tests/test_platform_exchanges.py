@@ -1,0 +1,73 @@
+"""`make run` for chosen exchanges: what the platform tells the relay and the ingestor.
+
+No process is started: the environment each service would get is fed to that
+service's own settings loader, so the chain config -> env -> settings is real.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.localstack import StackConfig
+from infra.localstack.endpoints import StackEndpoints
+from infra.localstack.process import StackError
+from infra.platform.config import PlatformConfig
+from infra.platform.services import Ingestor, Relay
+from infra.platform.supervisor import Platform
+
+ENDPOINTS = StackEndpoints(
+    kafka_bootstrap="127.0.0.1:1",
+    s3_endpoint="http://127.0.0.1:2",
+    s3_access_key="a",
+    s3_secret_key="s",
+    s3_region="r",
+    s3_bucket="b",
+    warehouse="s3://b/w",
+    catalog_uri="http://127.0.0.1:3",
+    catalog_name="c",
+)
+
+
+def service_env(
+    component: type[Relay] | type[Ingestor], platform: PlatformConfig, **kw: str | None
+) -> dict[str, str]:
+    config = StackConfig.load(data_dir=platform.data_dir)
+    service = component(config, ENDPOINTS, platform, **kw)
+    return service.command()[1]
+
+
+def test_exchanges_come_from_the_environment_as_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLATFORM_EXCHANGES", "OKX, kraken")
+    config = PlatformConfig()
+    assert (config.exchanges, config.prefixes) == (["okx", "kraken"], ["OKX", "KRAKEN"])
+    with pytest.raises(ValueError, match="at least one exchange"):
+        PlatformConfig(exchanges=[" "])
+
+
+def test_a_platform_without_binance_configures_the_ingestor_for_okx_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ingestor.config import load_settings as ingestor_settings
+    from relay.config import load_settings as relay_settings
+
+    platform = PlatformConfig(exchanges=["okx"], exchange="real")
+    for key, value in service_env(Relay, platform).items():
+        monkeypatch.setenv(key, value)
+    assert relay_settings().known_exchanges == []  # routes whatever the ingestors serve
+    for key, value in service_env(Ingestor, platform, exchange_url=None).items():
+        monkeypatch.setenv(key, value)  # CONFIG_PATH: the shipped file, which lists Binance
+    served = ingestor_settings().served()
+    assert {i: s.prefix for i, s in served.items()} == {"okx": "OKX"}
+    assert served["okx"].api_base_url is None  # the real exchange
+
+
+def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> None:
+    platform = PlatformConfig(exchanges=["binance", "coinbaseexchange"])
+    env = service_env(Ingestor, platform, exchange_url="http://127.0.0.1:8765")
+    assert env["INGESTOR_SERVE"] == "binance,coinbaseexchange"
+    assert env["INGESTOR_EXCHANGES__COINBASEEXCHANGE__API_BASE_URL"] == "http://127.0.0.1:8765"
+    assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
+    with pytest.raises(StackError, match="simulator speaks only binance, coinbaseexchange, okx"):
+        Platform(PlatformConfig(exchanges=["okx", "kraken"]), use_simulator=True)
+    okx_alone = Platform(PlatformConfig(exchanges=["okx"]), use_simulator=True)
+    assert okx_alone.exchange_url is not None  # OKX's wire format is simulated

@@ -1,0 +1,111 @@
+"""The shape of a venue description (see `ingestor.venues`)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ingestor.model import RawFields
+
+#: (decoded response body, exchange market id) -> {open time ms: fields ccxt drops}
+RawReader = Callable[[Any, str], dict[int, RawFields]]
+
+
+class Paging(enum.Enum):
+    """Which candles an exchange returns when a window holds more than `limit`.
+
+    OLDEST_FROM_SINCE: the first `limit` candles opening at or after `since`
+    (Binance, Kraken). A page may span the whole rest of the range and skip
+    empty stretches in one call; the next page starts after its last candle.
+
+    NEWEST_IN_WINDOW: the last `limit` candles of [since, until] (OKX, Bybit,
+    Coinbase). Asking for the whole range would lose its oldest candles, so each
+    call asks for a window of at most `limit` periods, which comes back whole.
+    """
+
+    OLDEST_FROM_SINCE = "oldest_from_since"
+    NEWEST_IN_WINDOW = "newest_in_window"
+
+
+class HistoryUnavailableError(ValueError):
+    """The exchange does not serve candles that old (e.g. Kraken's last 720 entries)."""
+
+    def __init__(self, exchange_id: str, start_ms: int, earliest_ms: int) -> None:
+        super().__init__(
+            f"{exchange_id or 'the exchange'} serves candles of this period only from"
+            f" {_iso(earliest_ms)} ({earliest_ms} ms) on, its latest entries;"
+            f" the request starts at {_iso(start_ms)} ({start_ms} ms)"
+        )
+        self.earliest_ms = earliest_ms
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Venue:
+    """One exchange's candle paging facts.
+
+    `page_cap`: the most candles one call returns (None: whatever ccxt says).
+    `history_entries`: the exchange serves only its latest N candles of a
+    period (counting the one still open); older ranges are refused with the
+    earliest time it can serve, never returned as gaps.
+    `sends_until`: ccxt maps `params["until"]` to the exchange's end parameter;
+    where it does not, ccxt would pass it on raw, so it is left out.
+    `until_exclusive`: the exchange's end parameter excludes its own instant
+    (OKX `after`), so the inclusive bound is sent one millisecond later.
+    `raw_fields`: reads what ccxt's OHLCV drops (trade count, quote and taker
+    volumes, the final flag) from the raw candle response; None: nothing to add.
+    `prefix`: the platform prefix (tickers `PREFIX:BASE/QUOTE`) when the
+    configuration names none. `status_url`: a cheap public endpoint that
+    answers when the real exchange is reachable (the platform's probe).
+    """
+
+    exchange_id: str
+    paging: Paging
+    page_cap: int | None
+    prefix: str = ""
+    status_url: str = ""
+    history_entries: int | None = None
+    sends_until: bool = True
+    until_exclusive: bool = False
+    raw_fields: RawReader | None = None
+
+    def platform_prefix(self, exchange_id: str) -> str:
+        """`prefix`, or the ccxt id in upper case for an exchange without a module."""
+        return self.prefix or re.sub(r"[^A-Z0-9_]", "_", exchange_id.upper())
+
+    def until_params(self, until_ms: int) -> dict[str, int]:
+        """ccxt `params` carrying the inclusive end `until_ms` the way this exchange reads it."""
+        if not self.sends_until:
+            return {}
+        return {"until": until_ms + 1 if self.until_exclusive else until_ms}
+
+    @property
+    def bounded(self) -> bool:
+        """Each call must ask for a window of at most `limit` periods."""
+        return self.paging is Paging.NEWEST_IN_WINDOW
+
+    def earliest_open_ms(self, now_ms: int, period_ms: int) -> int | None:
+        """The oldest open time a request planned at `now_ms` can rely on, if windowed.
+
+        The window holds `history_entries` candles ending with the open one; its
+        oldest is left out because the window slides past it at the next period
+        boundary, possibly before the first page is fetched: refusing one candle
+        too many is a clear error, losing it would be a silent gap.
+        """
+        if self.history_entries is None:
+            return None
+        current_open = now_ms - now_ms % period_ms
+        return current_open - (self.history_entries - 2) * period_ms
+
+    def check_history(self, start_ms: int, now_ms: int, period_ms: int) -> None:
+        """HistoryUnavailableError when [start, ...) begins before the exchange's window."""
+        earliest = self.earliest_open_ms(now_ms, period_ms)
+        if earliest is not None and start_ms < earliest:
+            raise HistoryUnavailableError(self.exchange_id, start_ms, earliest)

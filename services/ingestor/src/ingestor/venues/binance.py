@@ -1,0 +1,33 @@
+"""Binance spot: GET /api/v3/klines.
+
+`startTime`/`endTime` are inclusive and the first `limit` (max 1000) klines
+opening at or after `startTime` come back, oldest first, so one call skips any
+empty stretch. The whole history is served. A row is [open time, open, high,
+low, close, volume, close time, quote volume, trades, taker buy base volume,
+taker buy quote volume, ignore]; ccxt keeps the first six.
+"""
+
+from typing import Any
+
+from ingestor.model import RawFields
+from ingestor.venues.base import Paging, Venue
+
+
+def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
+    # Positional (trade count, quote volume, taker buy base, taker buy quote):
+    # this runs for every candle of a 1000-candle page.
+    return {
+        int(r[0]): RawFields(int(r[8]), float(r[7]), float(r[9]), float(r[10]))
+        for r in body
+        if len(r) > 10
+    }
+
+
+VENUE = Venue(
+    exchange_id="binance",
+    paging=Paging.OLDEST_FROM_SINCE,
+    page_cap=1000,
+    raw_fields=raw_fields,
+    prefix="BINANCE",
+    status_url="https://api.binance.com/api/v3/ping",
+)
