@@ -55,7 +55,7 @@ from mdproto.messages import (
 from mdproto.rules import BAD_SYMBOL
 from mdproto.runtime.metrics_http import Health, MetricsServer
 from mdproto.topics import parse_market_topic, status_topic
-from relay import sockets
+from relay import curve, sockets
 from relay.config import RelaySettings
 from relay.feedstatus import StatusBoard, state_name, status_ticker
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
@@ -110,6 +110,16 @@ class Relay:
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
         s = self._s = settings
+        problem = curve.exposure_problem(s.bind_address, s.published_host, s.curve_on)
+        if problem is not None:
+            raise curve.CurveConfigError(problem)
+        self._auth = (
+            curve.ClientAuth.from_files(
+                s.curve_secret_key_file, s.curve_client_keys_dir, self._on_auth_refused
+            )
+            if s.curve_on
+            else None
+        )
         self._clock = clock
         self._wall_ms = wall_ms
         self._new_id = new_id
@@ -153,13 +163,14 @@ class Relay:
         self._loop_beat = now
         self._http: MetricsServer | None = None
         self.endpoints: Endpoints | None = None
+        keys = self._auth.keys if self._auth else None
         ctx = self._ctx = zmq.Context()
         try:  # sockets exist from here on, so close() needs no guards; start() binds them
-            self._client = sockets.client_router(ctx, s)
+            self._client = sockets.client_router(ctx, s, keys)
             self._work = sockets.ingestor_xpub(ctx, s)
             self._responses = sockets.response_router(ctx, s)
             self._control = sockets.ingestor_xpub(ctx, s)
-            self._market = sockets.market_xpub(ctx, s)
+            self._market = sockets.market_xpub(ctx, s, keys)
             self._upstream = sockets.upstream_xsub(ctx, s)
             # Monitors go on before any peer can connect (no event is missed) and
             # before the sockets move to the proxy thread.
@@ -180,6 +191,8 @@ class Relay:
         """Bind everything and start the proxy thread; raises if a port is taken."""
         s = self._s
         try:
+            if self._auth is not None:  # ZAP answers before a client socket can accept
+                self._auth.start(self._ctx)
             self.endpoints = Endpoints(
                 client_request=sockets.bind(self._client, s, s.client_request_port),
                 ingestor_work=sockets.bind(self._work, s, s.ingestor_work_port),
@@ -220,6 +233,15 @@ class Relay:
             f"http://{s.metrics_host}:{self.metrics_port}" if self._http else "off",
             ",".join(s.known_exchanges) or "any an ingestor serves",
         )
+        if self._auth is not None:
+            log.info(
+                "CURVE on the client sockets: relay public key %s, %d client keys allowed (%s)",
+                self._auth.public_key(),
+                len(self._auth.allow_list),
+                s.curve_client_keys_dir,
+            )
+        else:
+            log.info("CURVE off: client sockets accept any peer in clear text (loopback only)")
         return self.endpoints
 
     def check_symbol(self, ticker: str, live: bool = True) -> str | None:
@@ -241,6 +263,8 @@ class Relay:
     def close(self) -> None:
         """Stop the proxy thread, close every socket, stop the HTTP server."""
         self._proxy.stop()
+        if self._auth is not None:
+            self._auth.stop()
         if not self._ctx.closed:
             self._ctx.destroy(linger=0)
         if self._http is not None:
@@ -265,7 +289,10 @@ class Relay:
             "live_tickers": int(m.sample("relay_live_tickers")),
             "legacy_pending": int(m.sample("relay_legacy_pending")),
         }
-        return Health(proxy_alive and loop_age < 5.0 + self._s.stats_interval_s, details)
+        zap_ok = self._auth is None or self._auth.alive  # dead ZAP: every handshake stalls
+        if self._auth is not None:
+            details["zap_alive"] = zap_ok
+        return Health(proxy_alive and zap_ok and loop_age < 5.0 + self._s.stats_interval_s, details)
 
     # --- the loop ---------------------------------------------------------------
 
@@ -793,6 +820,20 @@ class Relay:
         elif event == zmq.EVENT_DISCONNECTED:
             self._market_connections = max(0, self._market_connections - 1)
         self.metrics.market_data_connections.set(self._market_connections)
+
+    def _on_auth_refused(self, domain: str, key: str, peer: str) -> None:
+        """A CURVE handshake with a key not on the allow-list (ZAP thread)."""
+        self.metrics.auth_failures.labels(domain).inc()
+        suffix = self._throttle(f"auth:{domain}", self._clock())
+        if suffix is not None:
+            log.warning(
+                "CURVE client key %s from %s refused on the %s socket: not in %s%s",
+                key,
+                peer or "?",
+                domain,
+                self._s.curve_client_keys_dir,
+                suffix,
+            )
 
     def _bad_frame(self, socket: str, exc: ProtocolError, now: float) -> None:
         self.metrics.bad_frames.labels(socket, exc.code).inc()

@@ -1,16 +1,22 @@
-"""`relay` console script: config from CONFIG_PATH, serve until SIGTERM/SIGINT."""
+"""`relay` console script: config from CONFIG_PATH, serve until SIGTERM/SIGINT.
+
+`relay keys generate DIR NAME...` writes CURVE key pairs (docs/protocol.md, Security).
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
 from pydantic import ValidationError
 
+from relay import curve
 from relay.app import Relay
 from relay.config import config_path_from_env, load_settings
 
@@ -30,7 +36,31 @@ def configure_logging(level: str | int, stream: IO[str] | None = None) -> None:
     )
 
 
+def keys_main(argv: list[str]) -> int:
+    """`relay keys generate DIR NAME...`: NAME.key (public) and NAME.key_secret per name."""
+    parser = argparse.ArgumentParser(
+        prog="relay keys",
+        description="Generate CURVE key pairs with zmq.auth.create_certificates: give the "
+        "relay its NAME.key_secret, copy each client's NAME.key into the relay's "
+        "curve_client_keys_dir and the relay's NAME.key to the clients.",
+    )
+    parser.add_argument("action", choices=["generate"])
+    parser.add_argument("directory", help="where the files go (created if missing)")
+    parser.add_argument("names", nargs="+", metavar="NAME", help="e.g. relay alice")
+    args = parser.parse_args(argv)
+    for name in args.names:
+        if (Path(args.directory) / f"{name}.key_secret").exists():
+            print(f"{args.directory}/{name}.key_secret exists: not overwritten", file=sys.stderr)
+            return 1
+    for name in args.names:
+        public, secret = curve.generate(args.directory, name)
+        print(f"{name}: public {public}, secret {secret}")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["keys"]:
+        return keys_main(sys.argv[2:])
     configure_logging(os.environ.get("LOG_LEVEL", "INFO"))
     path, explicit = config_path_from_env()
     try:
@@ -39,7 +69,11 @@ def main() -> int:
         log.error("bad configuration (%s): %s", path, exc)
         return 2
     log.info("config: %s", path if path.exists() else "built-in defaults (no config file)")
-    relay = Relay(settings)
+    try:
+        relay = Relay(settings)
+    except curve.CurveConfigError as exc:
+        log.error("%s", exc)
+        return 2
     try:
         relay.start()
     except Exception as exc:

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from mdproto import contracts
@@ -124,6 +124,14 @@ class RelaySettings(runtime.FileSettings):
     upstream_subscription_hwm: int = Field(default=1_000_000, ge=0)
     stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    # CURVE on the client sockets :5558/:5559 (relay/curve.py, docs/protocol.md "Security"):
+    # on when curve_secret_key_file is set; then curve_client_keys_dir is the allow-list.
+    curve_secret_key_file: str = ""  # the relay's NAME.key_secret (`relay keys generate`)
+    curve_client_keys_dir: str = ""  # *.key public files of the clients allowed in
+    # Where the client ports are reachable when that differs from bind_address (a
+    # container's published ports; compose passes MDP_BIND). Beyond loopback the
+    # relay refuses to start without CURVE.
+    published_host: str = ""
 
     @field_validator("known_exchanges", "live_periods", mode="before")
     @classmethod
@@ -156,6 +164,19 @@ class RelaySettings(runtime.FileSettings):
         if "://" not in value:
             raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
         return value
+
+    @model_validator(mode="after")
+    def _curve_pair(self) -> RelaySettings:
+        if bool(self.curve_secret_key_file) != bool(self.curve_client_keys_dir):
+            raise ValueError(
+                "curve_secret_key_file and curve_client_keys_dir go together (CURVE needs "
+                "the relay's key pair and an allow-list of client keys)"
+            )
+        return self
+
+    @property
+    def curve_on(self) -> bool:
+        return bool(self.curve_secret_key_file)
 
     @classmethod
     def loopback(cls, upstream: str, **overrides: Any) -> RelaySettings:

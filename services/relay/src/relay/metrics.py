@@ -164,6 +164,13 @@ class RelayMetrics:
             ["exchange", "state"],
             registry=r,
         )
+        self.auth_failures = Counter(
+            "relay_auth_failures",
+            "CURVE handshakes refused on the client sockets (key not on the allow-list), "
+            "by socket (requests, market_data)",
+            ["socket"],
+            registry=r,
+        )
         self.trigger_sink_errors = Counter(
             "relay_trigger_sink_errors", "CEP triggers the sink could not store", registry=r
         )

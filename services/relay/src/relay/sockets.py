@@ -9,6 +9,10 @@
 | 5558 | XPUB bind | clients' SUB: market data fan-out |
 | 5557 | XSUB connect | pipeline PUB |
 
+The client sockets (:5559, :5558) take CURVE server options when the relay has
+keys (relay/curve.py); they are set here, before bind and before the XPUB moves
+to the proxy thread. The ingestor and pipeline sockets stay NULL (internal).
+
 The work and control sockets are XPUBs rather than plain PUBs (same wire
 behaviour for SUB peers) so the relay sees ingestors subscribe: it announces
 live tickers to a joining ingestor at once and exposes who is listening.
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from relay import curve
 from relay.config import RelaySettings
 
 Socket = zmq.Socket[bytes]
@@ -57,10 +62,12 @@ def bind(sock: Socket, s: RelaySettings, port: int) -> str:
     return endpoint.decode()
 
 
-def client_router(ctx: Context, s: RelaySettings) -> Socket:
+def client_router(ctx: Context, s: RelaySettings, keys: curve.ServerKeys | None = None) -> Socket:
     """:5559. ROUTER_MANDATORY turns an unroutable or full reply into an error we count."""
     sock = ctx.socket(zmq.ROUTER)
     _common(sock, s)
+    if keys is not None:
+        curve.apply_server(sock, keys, curve.REQUESTS)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.MAXMSGSIZE, s.max_message_size)
     sock.sndhwm = s.high_water_mark
@@ -86,10 +93,12 @@ def ingestor_xpub(ctx: Context, s: RelaySettings) -> Socket:
     return sock
 
 
-def market_xpub(ctx: Context, s: RelaySettings) -> Socket:
+def market_xpub(ctx: Context, s: RelaySettings, keys: curve.ServerKeys | None = None) -> Socket:
     """:5558. Non-verbose on purpose: it passes up topic edges (first sub, last unsub)."""
     sock = ctx.socket(zmq.XPUB)
     _common(sock, s)
+    if keys is not None:
+        curve.apply_server(sock, keys, curve.MARKET_DATA)
     sock.sndhwm = s.high_water_mark
     sock.rcvhwm = s.high_water_mark
     return sock
