@@ -37,7 +37,7 @@ from mdclient.live import LiveCallback, LiveStream, StatusCallback, live_topics
 from mdclient.request_status import RequestStatus, status_from_row
 from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
-from mdclient.transport import Transport
+from mdclient.transport import CurveKeys, Transport
 from mdclient.triggers import (
     TriggerEvents,
     build_register,
@@ -134,6 +134,9 @@ class Client(Closeable):
             self.settings.market_data_address,
             self._dispatcher.handle,
             settle_s=self.settings.subscribe_settle_ms / 1000,
+            curve=CurveKeys.load(
+                self.settings.curve_secret_key_file, self.settings.curve_server_key_file
+            ),
         )
         self._closed = False
         try:
@@ -149,7 +152,7 @@ class Client(Closeable):
         if not self._transport.subscriber.wait_connected(timeout):
             raise RelayUnavailable(
                 f"relay market-data socket {self.settings.market_data_address} not reachable "
-                f"within {timeout:g}s",
+                f"within {timeout:g}s{self._transport.subscriber.hint()}",
                 error_code="relay_unavailable",
             )
         if self.settings.notify == "per_client":

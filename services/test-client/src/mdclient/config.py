@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from mdclient.errors import ConfigError
@@ -33,6 +33,11 @@ class ClientSettings(runtime.FileSettings):
     market_data_port: int = Field(default=contracts.MARKET_DATA_PORT, gt=0, lt=65536)
     request_endpoint: str = ""
     market_data_endpoint: str = ""
+    # CURVE (docs/protocol.md, "Security"): both or neither. This client's key pair
+    # (a NAME.key_secret from `relay keys generate`; its NAME.key goes on the relay's
+    # allow-list) and the relay's public NAME.key. Empty: plain ZMTP (loopback relays).
+    curve_secret_key_file: str = ""
+    curve_server_key_file: str = ""
 
     # Identity and notification pattern.
     client_id: str = ""  # empty: a fresh random id per Client
@@ -62,6 +67,15 @@ class ClientSettings(runtime.FileSettings):
     recover_from_table: bool = True  # after a wait times out, ask requests_table first
     markets_table: str = contracts.ICEBERG_MARKETS
     pin_snapshot: bool = True
+
+    @model_validator(mode="after")
+    def _curve_pair(self) -> ClientSettings:
+        if bool(self.curve_secret_key_file) != bool(self.curve_server_key_file):
+            raise ValueError(
+                "curve_secret_key_file and curve_server_key_file go together (this client's "
+                "key pair and the relay's public key)"
+            )
+        return self
 
     @property
     def request_address(self) -> str:

@@ -5,6 +5,11 @@ closed and replaced, so no stale reply or late retry). `Subscriber`: a SUB to
 :5558 owned by one thread that applies (un)subscribe commands and hands every
 message to `on_message`; `subscribe()` returns once the subscription is on a
 live connection and has had `settle_s` to reach the pipeline. Why: docs/adr/0003.
+
+Both take CURVE client keys when the relay requires them (`CurveKeys`,
+docs/protocol.md "Security"). A refused key is silent in ZeroMQ (the handshake
+fails and is retried), so timeouts name authentication as a possible cause and
+the subscriber's socket monitor reports what it saw.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import zmq
+import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from mdclient.errors import RelayUnavailable, RequestTimeout
+from mdclient.errors import ConfigError, RelayUnavailable, RequestTimeout
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +37,86 @@ _MONITOR_EVENTS = (
     | zmq.EVENT_CLOSED
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_MONITOR_STOPPED
 )
 _HEARTBEAT_IVL_MS = 5_000
 _HEARTBEAT_TIMEOUT_MS = 15_000
 _SUB_RCVHWM = 100_000
 _pipe_ids = itertools.count()
+_CURVE_HINT = (
+    "CURVE is on: a client key the relay does not allow, or a wrong relay public key "
+    "(curve_server_key_file), looks like this too; the relay logs refused keys"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CurveKeys:
+    """This client's CURVE key pair and the relay's public key (z85)."""
+
+    public: bytes
+    secret: bytes
+    server: bytes
+
+    @classmethod
+    def load(cls, secret_key_file: str, server_key_file: str) -> CurveKeys | None:
+        """From `zmq.auth` certificate files; None when CURVE is not configured."""
+        if not secret_key_file:
+            return None
+        try:
+            public, secret = zmq.auth.load_certificate(secret_key_file)
+            server, _ = zmq.auth.load_certificate(server_key_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read CURVE keys: {exc}") from None
+        if not secret:
+            raise ConfigError(
+                f"{secret_key_file} holds no secret key: curve_secret_key_file is the "
+                "client's .key_secret file"
+            )
+        return cls(public, secret, server)
+
+    def apply(self, sock: zmq.Socket[bytes]) -> None:
+        """Client options; set before connect."""
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server)
+
+
+def handshake_problem(event: int, value: int, curve: bool) -> str | None:
+    """What a failed-handshake monitor event says about security, if anything (pure)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"the relay refused this client's CURVE key (ZAP status {value})"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == int(
+        zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+    ):
+        if curve:
+            return "the relay does not use CURVE but this client does (curve_* settings)"
+        return (
+            "the relay requires CURVE: set curve_secret_key_file and curve_server_key_file "
+            "(MDCLIENT_CURVE_SECRET_KEY_FILE, MDCLIENT_CURVE_SERVER_KEY_FILE)"
+        )
+    if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+        return "the security handshake with the relay failed" + (
+            f"; {_CURVE_HINT}" if curve else ""
+        )
+    return None
 
 
 class RequestChannel:
     """REQ socket to the relay with lazy-pirate recovery; one request at a time."""
 
-    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], address: str) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        *,
+        curve: CurveKeys | None = None,
+        hint: Callable[[], str] = str,
+    ) -> None:
         self._context = context
         self._address = address
+        self._curve = curve
+        self._hint = hint  # why the relay may be silent (the subscriber's handshake news)
         self._socket: zmq.Socket[bytes] | None = None
         self._lock = threading.Lock()
         self.resets = 0  # sockets discarded after a lost reply (for tests and logs)
@@ -57,14 +129,16 @@ class RequestChannel:
                 sock.send_multipart(list(frames))
                 if sock.poll(max(1, int(timeout_s * 1000)), zmq.POLLIN) == 0:
                     raise RequestTimeout(
-                        f"relay at {self._address} did not answer within {timeout_s:g}s",
+                        f"relay at {self._address} did not answer within {timeout_s:g}s"
+                        + self._hint(),
                         error_code="request_timeout",
                     )
                 return sock.recv_multipart()
             except zmq.Again:
                 self._discard()
                 raise RequestTimeout(
-                    f"could not send to relay at {self._address} within {timeout_s:g}s",
+                    f"could not send to relay at {self._address} within {timeout_s:g}s"
+                    + self._hint(),
                     error_code="send_timeout",
                 ) from None
             except BaseException:
@@ -82,6 +156,8 @@ class RequestChannel:
         sock = self._context.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDTIMEO, 5_000)
+        if self._curve is not None:
+            self._curve.apply(sock)
         sock.connect(self._address)
         self._socket = sock
         return sock
@@ -112,9 +188,13 @@ class Subscriber:
         on_message: Callable[[list[bytes]], None],
         *,
         settle_s: float = 0.025,
+        curve: CurveKeys | None = None,
     ) -> None:
         self._context = context
         self._address = address
+        self._curve = curve
+        # The last failed handshake's security news; cleared by a successful one.
+        self.handshake_problem: str | None = None
         self._on_message = on_message
         self._settle_s = settle_s
         self._pipe_address = f"inproc://mdclient-sub-{next(_pipe_ids)}"
@@ -161,12 +241,18 @@ class Subscriber:
             self._send(_Command("unsub", topic), timeout_s)
             raise RelayUnavailable(
                 f"no connection to the relay's market-data socket {self._address} "
-                f"within {timeout_s:g}s",
+                f"within {timeout_s:g}s{self.hint()}",
                 error_code="relay_unavailable",
             )
         if command.newly and self._settle_s > 0:
             # No ack exists in ZeroMQ: give the frame time to reach the XPUB.
             time.sleep(self._settle_s)
+
+    def hint(self) -> str:
+        """ "; <why>" when a handshake failed or CURVE could be the cause, else ""."""
+        if self.handshake_problem:
+            return f"; {self.handshake_problem}"
+        return f"; {_CURVE_HINT}" if self._curve is not None and not self.connected else ""
 
     def unsubscribe(self, topic: str, timeout_s: float = 5.0) -> None:
         self._send(_Command("unsub", topic), timeout_s)
@@ -214,6 +300,8 @@ class Subscriber:
             sub.setsockopt(zmq.RCVHWM, _SUB_RCVHWM)
             sub.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
             sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+            if self._curve is not None:
+                self._curve.apply(sub)
             monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
             sockets.append(monitor)
             sub.connect(self._address)
@@ -250,8 +338,14 @@ class Subscriber:
 
     def _on_monitor(self, monitor: zmq.Socket[bytes]) -> None:
         while monitor.poll(0, zmq.POLLIN):
-            event = recv_monitor_message(monitor)["event"]
+            message = recv_monitor_message(monitor)
+            event = message["event"]
+            problem = handshake_problem(event, message["value"], self._curve is not None)
+            if problem is not None and problem != self.handshake_problem:
+                log.warning("handshake with %s failed: %s", self._address, problem)
+                self.handshake_problem = problem
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.handshake_problem = None
                 self.handshakes += 1
                 self._connected.set()
                 log.debug("connected to %s", self._address)
@@ -307,11 +401,14 @@ class Transport:
         on_message: Callable[[list[bytes]], None],
         *,
         settle_s: float,
+        curve: CurveKeys | None = None,
     ) -> None:
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.requests = RequestChannel(self._context, request_address)
         self.subscriber = Subscriber(
-            self._context, market_data_address, on_message, settle_s=settle_s
+            self._context, market_data_address, on_message, settle_s=settle_s, curve=curve
+        )
+        self.requests = RequestChannel(
+            self._context, request_address, curve=curve, hint=self.subscriber.hint
         )
 
     def close(self) -> None:
