@@ -107,15 +107,16 @@ def raw_compose() -> dict[str, Any]:
 
 
 @functools.cache
-def resolved_compose() -> dict[str, Any]:
-    """``docker-compose config`` with every profile: defaults interpolated, long syntax."""
+def resolved_compose(**variables: str) -> dict[str, Any]:
+    """``docker-compose config`` with every profile: defaults (or `variables`) interpolated,
+    long syntax."""
     args = [_tool("docker-compose")]
     for profile in ALL_PROFILES:
         args += ["--profile", profile]
     result = subprocess.run(
         [*args, "config", "--format", "json"],
         cwd=REPO,
-        env=_clean_env(),
+        env={**_clean_env(), **variables},
         capture_output=True,
         text=True,
         check=False,
@@ -358,6 +359,7 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         "services/relay/src/relay.egg-info/PKG-INFO",
         "README.md",
         "e2e/test_x.py",
+        "infra/compose/curve/relay.key_secret",
     ):
         assert ignored(rel), rel
     for rel in (
@@ -706,6 +708,30 @@ def test_config_mounts_and_config_paths() -> None:
             continue
         assert config_path is not None and config_path.startswith(target + "/"), name
         assert (COMPOSE_DIR / rel_dir / Path(config_path).name).is_file(), name
+
+
+@pytest.mark.usefixtures("clean_config_env")
+@pytest.mark.parametrize(
+    ("variables", "refused"),
+    [
+        ({}, False),
+        ({"MDP_BIND": "0.0.0.0"}, True),
+        ({"MDP_BIND": "0.0.0.0", "MDP_CURVE": "1"}, False),
+    ],
+)
+def test_the_relay_refuses_compose_beyond_localhost_without_curve(
+    variables: dict[str, str], refused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's own start-up rule (relay/curve.py) applied to what compose hands it."""
+    from relay.curve import exposure_problem
+
+    environment = resolved_compose(**variables)["services"]["relay"]["environment"]
+    for key, value in environment.items():
+        if key.startswith("RELAY_"):
+            monkeypatch.setenv(key, value)
+    relay = load_relay_settings(COMPOSE_DIR / "relay/config.yaml")
+    problem = exposure_problem(relay.bind_address, relay.published_host, relay.curve_on)
+    assert (problem is not None) is refused, problem
 
 
 @pytest.mark.usefixtures("clean_config_env")
