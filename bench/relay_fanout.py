@@ -17,7 +17,10 @@ relay runs alternate, `--reps` times each, and the medians are compared:
 The endpoints are Python, so on a 2-core machine they, not the proxy, bound
 the throughput; CPU per message isolates the cost of the forwarding itself.
 
-Run: .venv/bin/python bench/relay_fanout.py [--reps 3] [--messages 100000]
+`--curve` compares the relay with CURVE off and on instead (end to end only: the
+subscribers hold allow-listed keys; every message is encrypted once per subscriber).
+
+Run: .venv/bin/python bench/relay_fanout.py [--reps 3] [--messages 100000] [--curve]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+import zmq.auth
 
 from infra.testing import free_port
 
@@ -88,13 +92,22 @@ def publisher(port: int, go: Event, count: int, size: int, rate: float) -> None:
     ctx.term()
 
 
-def subscriber(endpoint: str, n: int, ready: Event, results: Any, timed: bool) -> None:
+def subscriber(
+    endpoint: str,
+    n: int,
+    ready: Event,
+    results: Any,
+    timed: bool,
+    curve: tuple[bytes, bytes, bytes] | None = None,  # public, secret, server public
+) -> None:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     socks = []
     poller = zmq.Poller()
     for _ in range(n):
         s = ctx.socket(zmq.SUB)
         s.rcvhwm = 0
+        if curve is not None:
+            s.curve_publickey, s.curve_secretkey, s.curve_serverkey = curve
         s.connect(endpoint)
         s.subscribe(TOPIC)
         poller.register(s, zmq.POLLIN)
@@ -163,10 +176,12 @@ class BareProxy:
 class RelayHost:
     """The real Relay, configured like production except ports and HWMs."""
 
-    def __init__(self, upstream: str) -> None:
+    client_keys: tuple[bytes, bytes, bytes] | None = None
+
+    def __init__(self, upstream: str, **overrides: str) -> None:
         from relay import Relay, RelaySettings
 
-        settings = RelaySettings.loopback(upstream, high_water_mark=0)
+        settings = RelaySettings.loopback(upstream, high_water_mark=0, **overrides)
         self.relay = Relay(settings)
         self.endpoint = self.relay.start().market_data
         self.thread = threading.Thread(target=self.relay.run, daemon=True)
@@ -178,7 +193,34 @@ class RelayHost:
         self.relay.close()
 
 
-HOSTS: dict[str, Callable[[str], BareProxy | RelayHost]] = {"bare": BareProxy, "relay": RelayHost}
+class CurveRelayHost(RelayHost):
+    """The relay with CURVE on its client sockets; one allow-listed client key pair."""
+
+    def __init__(self, upstream: str) -> None:
+        from relay import curve
+
+        self._dir = tempfile.TemporaryDirectory()
+        keys = Path(self._dir.name)
+        server, _ = curve.generate(keys / "server", "relay")
+        _, secret = curve.generate(keys / "clients", "bench")
+        public_key, secret_key = zmq.auth.load_certificate(secret)
+        self.client_keys = (public_key, secret_key or b"", zmq.auth.load_certificate(server)[0])
+        super().__init__(
+            upstream,
+            curve_secret_key_file=str(keys / "server" / "relay.key_secret"),
+            curve_client_keys_dir=str(keys / "clients"),
+        )
+
+    def close(self) -> None:
+        super().close()
+        self._dir.cleanup()
+
+
+HOSTS: dict[str, Callable[[str], BareProxy | RelayHost]] = {
+    "bare": BareProxy,
+    "relay": RelayHost,
+    "relay-curve": CurveRelayHost,
+}
 
 
 @dataclass
@@ -196,7 +238,8 @@ def one_run(mode: str, subs: int, size: int, count: int, paced_rate: float) -> R
     go, ready = spawn.Event(), spawn.Event()
     results = spawn.Queue()
     timed = paced_rate > 0
-    sub = spawn.Process(target=subscriber, args=(host.endpoint, subs, ready, results, timed))
+    keys = getattr(host, "client_keys", None)
+    sub = spawn.Process(target=subscriber, args=(host.endpoint, subs, ready, results, timed, keys))
     pub = spawn.Process(target=publisher, args=(port, go, count, size, paced_rate))
     sub.start()
     pub.start()
@@ -375,8 +418,12 @@ def main() -> None:
     parser.add_argument("--capacity-reps", type=int, default=7)
     parser.add_argument("--capacity-messages", type=int, default=200_000)
     parser.add_argument("--capacity-only", action="store_true")
+    parser.add_argument("--curve", action="store_true", help="relay with CURVE off vs on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.curve:
+        end_to_end(args, ("relay", "relay-curve"))
+        return
     if args.one:  # one capacity run (used under valgrind by --instructions)
         mode, subs, size, count = args.one
         print(capacity_run(mode, int(subs), int(size), int(count)))
@@ -408,18 +455,24 @@ def main() -> None:
             )
     if args.capacity_only:
         return
+    end_to_end(args, ("bare", "relay"))
+
+
+def end_to_end(args: argparse.Namespace, modes: tuple[str, str]) -> None:
+    """Throughput, host CPU and latency of two hosts, alternated, medians compared."""
+    a, b = modes
     print("\nEnd to end (Python publisher and subscriber processes, TCP):\n")
     print(
-        "| payload | subs | bare msg/s | relay msg/s | ratio | bare CPU us/msg | relay CPU us/msg "
-        "| bare p50/p99 us | relay p50/p99 us |"
+        f"| payload | subs | {a} msg/s | {b} msg/s | ratio | {a} CPU us/msg | {b} CPU us/msg "
+        f"| ratio | {a} p50/p99 us | {b} p50/p99 us |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for size in (64, 1024):
         for subs in (1, 10):
             count = args.messages if subs == 1 else args.messages // 5
-            runs: dict[str, list[Run]] = {"bare": [], "relay": []}
+            runs: dict[str, list[Run]] = {a: [], b: []}
             for _ in range(args.reps):
-                for mode in ("bare", "relay"):
+                for mode in modes:
                     thr = one_run(mode, subs, size, count, 0.0)
                     lat = one_run(mode, subs, size, args.latency_messages, args.latency_rate)
                     runs[mode].append(Run(thr.rate, thr.cpu_us, lat.p50_us, lat.p99_us))
@@ -428,11 +481,12 @@ def main() -> None:
                 return float(statistics.median(getattr(r, field) for r in runs[mode]))
 
             print(
-                f"| {size} B | {subs} | {med('bare', 'rate'):,.0f} | {med('relay', 'rate'):,.0f} "
-                f"| {med('relay', 'rate') / med('bare', 'rate'):.2f} "
-                f"| {med('bare', 'cpu_us'):.2f} | {med('relay', 'cpu_us'):.2f} "
-                f"| {med('bare', 'p50_us'):.0f}/{med('bare', 'p99_us'):.0f} "
-                f"| {med('relay', 'p50_us'):.0f}/{med('relay', 'p99_us'):.0f} |",
+                f"| {size} B | {subs} | {med(a, 'rate'):,.0f} | {med(b, 'rate'):,.0f} "
+                f"| {med(b, 'rate') / med(a, 'rate'):.2f} "
+                f"| {med(a, 'cpu_us'):.2f} | {med(b, 'cpu_us'):.2f} "
+                f"| {med(b, 'cpu_us') / med(a, 'cpu_us'):.2f} "
+                f"| {med(a, 'p50_us'):.0f}/{med(a, 'p99_us'):.0f} "
+                f"| {med(b, 'p50_us'):.0f}/{med(b, 'p99_us'):.0f} |",
                 flush=True,
             )
 
