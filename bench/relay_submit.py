@@ -14,7 +14,10 @@ drains the relay's work socket (the relay refuses work no ingestor can take),
 so the DataRequests really travel over TCP, and the client process does that
 extra work too.
 
-Run: .venv/bin/python bench/relay_submit.py [--reps 3] [--seconds 2]
+`--curve` compares the relay (WARNING logs) with CURVE off and on instead: the
+client sockets then hold an allow-listed key pair.
+
+Run: .venv/bin/python bench/relay_submit.py [--reps 3] [--seconds 2] [--curve]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import zmq
+import zmq.auth
 
 from mdproto import envelope
 from mdproto.messages import SubmitHistoricalRequest
@@ -71,17 +75,28 @@ def echo_server(announce: Announce, stop: Stop) -> None:
     ctx.destroy(linger=0)
 
 
-def relay_server(announce: Announce, stop: Stop, log_level: int) -> None:
+def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = False) -> None:
     from relay import Relay, RelaySettings
     from relay.cli import configure_logging
 
-    with tempfile.NamedTemporaryFile("w", suffix=".log") as log_file:
+    with (
+        tempfile.NamedTemporaryFile("w", suffix=".log") as log_file,
+        tempfile.TemporaryDirectory() as keys,
+    ):
         configure_logging(log_level, stream=log_file)  # as the `relay` script does, into a file
+        overrides = _curve_keys(Path(keys)) if curve else {}
         # Nothing upstream: not measured here.
-        settings = RelaySettings.loopback("tcp://127.0.0.1:1", client_rate_limit=1e9)
+        settings = RelaySettings.loopback(
+            "tcp://127.0.0.1:1",
+            client_rate_limit=1e9,
+            curve_secret_key_file=overrides.get("server_secret", ""),
+            curve_client_keys_dir=overrides.get("clients", ""),
+        )
         relay = Relay(settings)
         ep = relay.start()
-        announce({"client_request": ep.client_request, "ingestor_work": ep.ingestor_work})
+        announce(
+            {"client_request": ep.client_request, "ingestor_work": ep.ingestor_work, **overrides}
+        )
 
         def stopper() -> None:
             stop.wait()
@@ -92,11 +107,32 @@ def relay_server(announce: Announce, stop: Stop, log_level: int) -> None:
         relay.close()
 
 
+def _curve_keys(keys: Path) -> dict[str, str]:
+    """A relay key pair and one allowed client pair; the paths go to the clients."""
+    from relay import curve
+
+    curve.generate(keys / "server", "relay")
+    curve.generate(keys / "clients", "bench")
+    return {
+        "server_secret": str(keys / "server" / "relay.key_secret"),
+        "server_public": str(keys / "server" / "relay.key"),
+        "clients": str(keys / "clients"),
+        "client_secret": str(keys / "clients" / "bench.key_secret"),
+    }
+
+
+def _apply_client_keys(sock: zmq.Socket[bytes], ep: dict[str, str]) -> None:
+    if "client_secret" in ep:
+        sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(ep["client_secret"])
+        sock.curve_serverkey = zmq.auth.load_certificate(ep["server_public"])[0]
+
+
 def serve(mode: str, announce: Announce, stop: Stop) -> None:
     if mode == "echo":
         echo_server(announce, stop)
     else:
-        relay_server(announce, stop, logging.INFO if mode == "relay" else logging.WARNING)
+        level = logging.INFO if mode == "relay" else logging.WARNING
+        relay_server(announce, stop, level, curve=mode == "relay-curve")
 
 
 def serve_in_process(mode: str, endpoints: Queue[Any], stop: Event) -> None:
@@ -105,7 +141,7 @@ def serve_in_process(mode: str, endpoints: Queue[Any], stop: Event) -> None:
 
 
 def clients(
-    endpoint: str, work: str, n: int, start_at: float, seconds: float, results: Queue[Any]
+    ep: dict[str, str], work: str, n: int, start_at: float, seconds: float, results: Queue[Any]
 ) -> None:
     """`n` REQ sockets in one process, each in a closed loop; counts the measured window."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -113,7 +149,8 @@ def clients(
     socks = []
     for _ in range(n):
         sock = ctx.socket(zmq.REQ)
-        sock.connect(endpoint)
+        _apply_client_keys(sock, ep)
+        sock.connect(ep["client_request"])
         poller.register(sock, zmq.POLLIN)
         socks.append(sock)
     ingestor = None
@@ -187,7 +224,7 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
         spawn.Process(
             target=clients,
             args=(
-                ep["client_request"],
+                ep,
                 ep["ingestor_work"] if i == 0 else "",
                 n_clients // procs,
                 start_at,
@@ -311,6 +348,30 @@ def instructions_table(small: int, large: int) -> None:
     )
 
 
+def curve_table(reps: int, seconds: float) -> None:
+    """The relay (WARNING logs) with CURVE off and on, alternated, medians compared."""
+    print("| clients | plain rt/s | CURVE rt/s | ratio | p50/p99 ms plain | CURVE |")
+    print("|---|---|---|---|---|---|")
+    modes = ("relay-quiet", "relay-curve")
+    for n in (1, 10, 100):
+        runs: dict[str, list[Result]] = {m: [] for m in modes}
+        for _ in range(reps):
+            for mode in modes:
+                runs[mode].append(one_run(mode, n, seconds))
+        med = {
+            m: Result(
+                *(statistics.median(getattr(r, f) for r in runs[m]) for f in Result.__annotations__)
+            )
+            for m in modes
+        }
+        plain, curve = med["relay-quiet"], med["relay-curve"]
+        print(
+            f"| {n} | {plain.rate:,.0f} | {curve.rate:,.0f} | {curve.rate / plain.rate:.2f} "
+            f"| {plain.p50_ms:.2f}/{plain.p99_ms:.2f} | {curve.p50_ms:.2f}/{curve.p99_ms:.2f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -319,9 +380,13 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="also count instructions with valgrind"
     )
+    parser.add_argument("--curve", action="store_true", help="relay with CURVE off vs on")
     args = parser.parse_args()
     if args.serve:
         serve_cli(*args.serve)
+        return
+    if args.curve:
+        curve_table(args.reps, args.seconds)
         return
     if args.instructions:
         instructions_table(500, 2500)
