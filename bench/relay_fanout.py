@@ -253,6 +253,9 @@ def one_run(mode: str, subs: int, size: int, count: int, paced_rate: float) -> R
     finally:
         pub.join(30)
         sub.join(30)
+        for proc in (pub, sub):  # a failed run must not leave a child waiting forever
+            if proc.is_alive():
+                proc.terminate()
         host.close()
     if any(c != count for c in result["counts"]):
         raise RuntimeError(f"{mode}: lost messages: {result['counts']} of {count}")
