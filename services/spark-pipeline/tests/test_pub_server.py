@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from mdproto import envelope
-from mdproto.messages import HistoryReadyNotification, Tick
+from mdproto.messages import OHLC, HistoryReadyNotification, Tick
 from pipeline.config import Settings
 from pipeline.pub_server import Publisher, PubServer
 
@@ -73,8 +73,39 @@ def test_messages_arrive_as_mdproto_envelopes(server: tuple[PubServer, Publisher
     publisher.publish("RESPONSE:c1", n)
 
     topic, message = envelope.decode_sub(sub.recv_multipart())
+    assert isinstance(message, HistoryReadyNotification)
+    assert message.sequence == 1 and message.publisher_epoch > 0  # stamped by the server
+    n.sequence, n.publisher_epoch = 1, message.publisher_epoch
     assert (topic, message) == ("RESPONSE:c1", n)
     sub.close(0)
+
+
+def test_a_late_subscriber_gets_the_last_value_and_early_ones_a_duplicate(
+    server: tuple[PubServer, Publisher],
+) -> None:
+    _, publisher = server
+    topic = "BINANCE:BTC/USDT|ohlc:60"
+    early = _subscriber(publisher, b"BINANCE:BTC/USDT|ohlc:")
+    publisher.publish_many((topic, OHLC(open_time_ms=0, close=float(i))) for i in range(3))
+    publisher.publish("BINANCE:BTC/USDT|ohlc:300", OHLC(close=9.0))
+    seen = [envelope.decode_sub(early.recv_multipart()) for _ in range(4)]
+    assert [(t, m.sequence, m.close) for t, m in seen] == [  # type: ignore[attr-defined]
+        (topic, 1, 0.0),
+        (topic, 2, 1.0),
+        (topic, 3, 2.0),
+        ("BINANCE:BTC/USDT|ohlc:300", 1, 9.0),
+    ]
+
+    late = zmq.Context.instance().socket(zmq.SUB)
+    late.setsockopt(zmq.RCVTIMEO, 5000)
+    late.setsockopt(zmq.SUBSCRIBE, topic.encode())  # nothing more is published
+    late.connect(publisher.endpoint)
+    got_topic, last = envelope.decode_sub(late.recv_multipart())
+    assert (got_topic, last) == seen[2]  # same sequence: a duplicate for everyone else
+    again = envelope.decode_sub(early.recv_multipart())  # re-sent to all: dropped by sequence
+    assert again == seen[2]
+    late.close(0)
+    early.close(0)
 
 
 def test_concurrent_publishers_never_interleave_frames(server: tuple[PubServer, Publisher]) -> None:
