@@ -404,9 +404,17 @@ class Client(Closeable):
         ticks: bool | None = None,
         ohlc: Iterable[PeriodLike] = (),
         on_status: StatusCallback | None = None,
+        on_sequence: SequenceCallback | None = None,
     ) -> LiveStream:
         """Callback form of `live`; returns the handle to `close()`."""
-        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback, on_status=on_status)
+        return self.live(
+            ticker,
+            ticks=ticks,
+            ohlc=ohlc,
+            callback=callback,
+            on_status=on_status,
+            on_sequence=on_sequence,
+        )
 
     def _closed_candles(self, ticker: str, period: int, start_ms: int, end_ms: int) -> list[OHLC]:
         """What a live stream's gap recovery reads: the stored candles of [start, end)."""
