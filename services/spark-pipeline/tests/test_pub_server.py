@@ -16,7 +16,8 @@ import zmq
 from mdproto import envelope
 from mdproto.messages import OHLC, HistoryReadyNotification, Tick
 from pipeline.config import Settings
-from pipeline.pub_server import Publisher, PubServer
+from pipeline.pub_server import Outlet, Publisher, PubServer
+from pipeline.sequencing import Sequencer
 
 
 def _settings(endpoint: str = "tcp://127.0.0.1:*") -> Settings:
@@ -173,3 +174,33 @@ def test_the_server_dies_with_a_killed_driver_and_frees_the_port() -> None:
     while not _port_free(port):
         assert time.monotonic() < deadline, f"port {port} still bound after the driver died"
         time.sleep(0.1)
+
+
+def test_the_tick_path_numbers_each_topic_and_keeps_its_last_tick() -> None:
+    ctx = zmq.Context.instance()
+    xpub = ctx.socket(zmq.XPUB)
+    xpub.bind("tcp://127.0.0.1:*")
+    outlet = Outlet(xpub, Sequencer(epoch=99))
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"BINANCE:")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(xpub.getsockopt(zmq.LAST_ENDPOINT).decode())  # type: ignore[union-attr]
+    assert xpub.poll(5000)  # the subscription arrived: nothing sent is lost
+    outlet.answer_subscriptions()
+    tickers = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:BTC/USDT"]
+    sent = outlet.send_ticks(
+        (f"{t}|tick", Tick(ticker=t, trade_id=str(i))) for i, t in enumerate(tickers)
+    )
+
+    got = [envelope.decode_sub(sub.recv_multipart()) for _ in range(3)]
+    assert sent == 3
+    assert [(m.ticker, m.sequence, m.publisher_epoch) for _, m in got] == [  # type: ignore[attr-defined]
+        ("BINANCE:BTC/USDT", 1, 99),
+        ("BINANCE:ETH/USDT", 1, 99),
+        ("BINANCE:BTC/USDT", 2, 99),
+    ]
+    assert outlet.last.frames["BINANCE:BTC/USDT|tick"] == envelope.encode_pub(
+        "BINANCE:BTC/USDT|tick", got[2][1]
+    )
+    sub.close(0)
+    xpub.close(0)

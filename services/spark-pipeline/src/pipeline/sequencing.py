@@ -37,22 +37,23 @@ class Sequencer:
     """Per-topic counters of one publisher epoch. Not thread-safe: the caller holds
     the lock it sends under, so numbers follow the order on the wire."""
 
-    __slots__ = ("_next", "epoch")
+    __slots__ = ("counters", "epoch")
 
     def __init__(self, epoch: int | None = None) -> None:
         self.epoch = new_epoch() if epoch is None else epoch
-        self._next: dict[str, int] = {}
+        #: topic -> the next number (public for the tick loop, which inlines `stamp`).
+        self.counters: dict[str, int] = {}
 
     def stamp(self, topic: str, message: Message) -> None:
         """Set the message's ``sequence`` and ``publisher_epoch`` (it must have both)."""
-        n = self._next.get(topic, 1)
-        self._next[topic] = n + 1
+        n = self.counters.get(topic, 1)
+        self.counters[topic] = n + 1
         message.sequence = n  # type: ignore[attr-defined]
         message.publisher_epoch = self.epoch  # type: ignore[attr-defined]
 
     def last(self, topic: str) -> int:
         """The last number given on `topic` (0: none yet)."""
-        return self._next.get(topic, 1) - 1
+        return self.counters.get(topic, 1) - 1
 
 
 def sequenced(message: Message) -> bool:
@@ -63,23 +64,24 @@ def sequenced(message: Message) -> bool:
 class LastValues:
     """The frames last published on each market-data topic."""
 
-    __slots__ = ("_frames",)
+    __slots__ = ("frames",)
 
     def __init__(self) -> None:
-        self._frames: dict[str, list[bytes]] = {}
+        #: topic -> frames (public for the tick loop, which inlines `put`).
+        self.frames: dict[str, list[bytes]] = {}
 
     def put(self, topic: str, frames: list[bytes]) -> None:
         if is_snapshot_topic(topic):
-            self._frames[topic] = frames
+            self.frames[topic] = frames
 
     def matching(self, prefix: str) -> Iterator[list[bytes]]:
         """What a new subscription to `prefix` (a ZeroMQ prefix match) should receive."""
-        exact = self._frames.get(prefix)
+        exact = self.frames.get(prefix)
         if exact is not None:
             yield exact
-        for topic, frames in list(self._frames.items()):
+        for topic, frames in list(self.frames.items()):
             if topic != prefix and topic.startswith(prefix):
                 yield frames
 
     def __len__(self) -> int:
-        return len(self._frames)
+        return len(self.frames)
