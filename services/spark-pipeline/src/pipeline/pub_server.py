@@ -375,21 +375,29 @@ def _shut_down(
 
 
 def _forward(pull: zmq.Socket[bytes], outlet: Outlet, stop: threading.Event) -> None:
-    """PULL -> outlet, and last values for new subscriptions, until `stop`."""
+    """PULL -> outlet, and last values for new subscriptions, until `stop`; then what
+    the driver had already handed over (its `close` flushes before the stop)."""
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     try:
         while not stop.is_set():
             if poller.poll(SUBSCRIPTION_CHECK_MS):
-                for _ in range(1000):  # bounded: subscriptions are answered in between
-                    try:
-                        frames = pull.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    outlet.forward(frames)
+                _forward_waiting(pull, outlet, 1000)  # bounded: subscriptions are answered
             outlet.answer_subscriptions()
+        _forward_waiting(pull, outlet, None)
     except zmq.ContextTerminated:
         pass
+
+
+def _forward_waiting(pull: zmq.Socket[bytes], outlet: Outlet, limit: int | None) -> None:
+    count = 0
+    while limit is None or count < limit:
+        try:
+            frames = pull.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        outlet.forward(frames)
+        count += 1
 
 
 def _die_with_parent(parent_pid: int) -> None:
