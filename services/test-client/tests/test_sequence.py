@@ -184,3 +184,26 @@ def test_tick_gaps_are_reported_on_the_tick_topic(caplog: pytest.LogCaptureFixtu
         stream.deliver(Tick(ticker=T, trade_id=str(seq), sequence=seq, publisher_epoch=EPOCH))
     assert "BINANCE:BTC/USDT|tick: 2 message(s) lost (sequence gap)" in caplog.text
     assert stream.missed == 2
+
+
+def test_a_gap_revealed_by_an_already_recovered_candle_is_still_reported() -> None:
+    stored = _Stored([_candle(0, 0, closed=True)])
+    stream, events = _stream(stored)
+    stream.deliver(_candle(1, 0))
+    stream.deliver(_candle(3, 60_000))
+    assert stream.recovery_done.wait(5)  # type: ignore[attr-defined]
+    stream.recovery_done.clear()  # type: ignore[attr-defined]
+    stream.deliver(_candle(7, 0, closed=True))  # recovered already; 4-6 lost
+    assert stream.recovery_done.wait(5)  # type: ignore[attr-defined]
+    assert [(e.kind, e.missed) for e in events] == [
+        ("gap", 1),
+        ("recovered", 0),
+        ("gap", 3),
+        ("recovered", 0),
+    ]
+    assert stream.duplicates == 1
+    assert [(m.open_time_ms, m.closed) for m in _drain(stream)] == [
+        (0, False),
+        (60_000, False),
+        (0, True),
+    ]

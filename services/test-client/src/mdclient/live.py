@@ -163,11 +163,11 @@ class LiveStream(QueueStream[LiveMessage]):
             # Where the lost closed candles start: decided before this message counts.
             start = self._backfill_start(message) if lost and isinstance(message, OHLC) else None
             fresh = check.deliver and (not isinstance(message, OHLC) or self._first(message))
-            if not fresh:
+            if fresh:
+                self.received += 1
+                self._accept(message)
+            else:  # also a closed candle that recovery delivered already
                 self.duplicates += 1
-                return
-            self.received += 1
-            self._accept(message)
         if not lost:
             return
         if check.verdict is Verdict.GAP:
@@ -236,15 +236,18 @@ class LiveStream(QueueStream[LiveMessage]):
             daemon=True,
         ).start()
 
-    def _recovery(self, ticker: str, period: int, start_ms: int | None) -> None:
+    def _recovery(self, ticker: str, period: int, start_ms: int) -> None:
         key = (ticker, period)
-        while start_ms is not None and not self._closed.is_set():
-            self._recover_once(ticker, period, start_ms)
-            with self._lock:
-                start_ms = self._recovering[key]
+        while True:
+            if not self._closed.is_set():
+                self._recover_once(ticker, period, start_ms)
+            with self._lock:  # a gap meanwhile left where to start again
+                pending = self._recovering[key]
+                if pending is None or self._closed.is_set():
+                    del self._recovering[key]
+                    return
                 self._recovering[key] = None
-        with self._lock:
-            self._recovering.pop(key, None)
+            start_ms = pending
 
     def _recover_once(self, ticker: str, period: int, start_ms: int) -> None:
         """Read [start_ms, now) from Iceberg; deliver the closed candles not delivered yet."""
