@@ -74,6 +74,9 @@ def subscriber(endpoint: str, ready: Event, stop: Event, out: Queue[list[float]]
     for ticker in TICKERS:
         sub.setsockopt(zmq.SUBSCRIBE, topics.tick_topic(ticker).encode())
     sub.connect(endpoint)
+    # The pipeline answers a subscription with each topic's last value (docs/protocol.md
+    # "Sequence numbers and recovery"): a tick from before this subscriber is not a sample.
+    since_ms = time.time_ns() // 1_000_000
     ready.set()
     latencies: list[float] = []
     # After `stop`, keep reading until the stream has been quiet for 3 s (the tail).
@@ -84,7 +87,8 @@ def subscriber(endpoint: str, ready: Event, stop: Event, out: Queue[list[float]]
         now = time.time_ns() / 1e6
         _, tick = envelope.decode_sub(frames)
         assert isinstance(tick, Tick)
-        latencies.append(now - tick.ingested_at_ms)
+        if tick.ingested_at_ms >= since_ms:
+            latencies.append(now - tick.ingested_at_ms)
     out.put(latencies)
     ctx.destroy(linger=0)
 

@@ -309,7 +309,12 @@ class Received:
 
 
 class Subscriber:
-    """A SUB on the pipeline's PUB that records every message (subscribed to everything)."""
+    """A SUB on the pipeline's PUB that records every message (subscribed to everything).
+
+    Like any client it drops duplicates by sequence number (docs/protocol.md "Sequence
+    numbers and recovery"): the last values the XPUB re-sends when another SUB
+    subscribes; they are counted in `duplicates`.
+    """
 
     def __init__(self, endpoint: str) -> None:
         import zmq
@@ -320,6 +325,8 @@ class Subscriber:
         self._socket.setsockopt(zmq.RCVTIMEO, 200)
         self._socket.connect(endpoint)
         self._messages: list[Received] = []
+        self._last: dict[str, tuple[int, int]] = {}  # topic -> (epoch, sequence)
+        self.duplicates = 0
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -336,9 +343,23 @@ class Subscriber:
             except zmq.Again:
                 continue
             topic, message = envelope.decode_sub(frames)
+            if self._duplicate(topic, message):
+                continue
             with self._cond:
                 self._messages.append(Received(time.time(), topic, message))
                 self._cond.notify_all()
+
+    def _duplicate(self, topic: str, message: Message) -> bool:
+        sequence = getattr(message, "sequence", 0)
+        if not sequence:
+            return False
+        epoch = message.publisher_epoch  # type: ignore[attr-defined]
+        last = self._last.get(topic)
+        if last is not None and last[0] == epoch and sequence <= last[1]:
+            self.duplicates += 1
+            return True
+        self._last[topic] = (epoch, sequence)
+        return False
 
     def matching(self, predicate: Callable[[Received], bool]) -> list[Received]:
         with self._cond:

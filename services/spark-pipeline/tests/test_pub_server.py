@@ -14,9 +14,10 @@ import pytest
 import zmq
 
 from mdproto import envelope
-from mdproto.messages import HistoryReadyNotification, Tick
+from mdproto.messages import OHLC, HistoryReadyNotification, Tick
 from pipeline.config import Settings
-from pipeline.pub_server import Publisher, PubServer
+from pipeline.pub_server import Outlet, Publisher, PubServer
+from pipeline.sequencing import Sequencer
 
 
 def _settings(endpoint: str = "tcp://127.0.0.1:*") -> Settings:
@@ -73,8 +74,39 @@ def test_messages_arrive_as_mdproto_envelopes(server: tuple[PubServer, Publisher
     publisher.publish("RESPONSE:c1", n)
 
     topic, message = envelope.decode_sub(sub.recv_multipart())
+    assert isinstance(message, HistoryReadyNotification)
+    assert message.sequence == 1 and message.publisher_epoch > 0  # stamped by the server
+    n.sequence, n.publisher_epoch = 1, message.publisher_epoch
     assert (topic, message) == ("RESPONSE:c1", n)
     sub.close(0)
+
+
+def test_a_late_subscriber_gets_the_last_value_and_early_ones_a_duplicate(
+    server: tuple[PubServer, Publisher],
+) -> None:
+    _, publisher = server
+    topic = "BINANCE:BTC/USDT|ohlc:60"
+    early = _subscriber(publisher, b"BINANCE:BTC/USDT|ohlc:")
+    publisher.publish_many((topic, OHLC(open_time_ms=0, close=float(i))) for i in range(3))
+    publisher.publish("BINANCE:BTC/USDT|ohlc:300", OHLC(close=9.0))
+    seen = [envelope.decode_sub(early.recv_multipart()) for _ in range(4)]
+    assert [(t, m.sequence, m.close) for t, m in seen] == [  # type: ignore[attr-defined]
+        (topic, 1, 0.0),
+        (topic, 2, 1.0),
+        (topic, 3, 2.0),
+        ("BINANCE:BTC/USDT|ohlc:300", 1, 9.0),
+    ]
+
+    late = zmq.Context.instance().socket(zmq.SUB)
+    late.setsockopt(zmq.RCVTIMEO, 5000)
+    late.setsockopt(zmq.SUBSCRIBE, topic.encode())  # nothing more is published
+    late.connect(publisher.endpoint)
+    got_topic, last = envelope.decode_sub(late.recv_multipart())
+    assert (got_topic, last) == seen[2]  # same sequence: a duplicate for everyone else
+    again = envelope.decode_sub(early.recv_multipart())  # re-sent to all: dropped by sequence
+    assert again == seen[2]
+    late.close(0)
+    early.close(0)
 
 
 def test_concurrent_publishers_never_interleave_frames(server: tuple[PubServer, Publisher]) -> None:
@@ -142,3 +174,33 @@ def test_the_server_dies_with_a_killed_driver_and_frees_the_port() -> None:
     while not _port_free(port):
         assert time.monotonic() < deadline, f"port {port} still bound after the driver died"
         time.sleep(0.1)
+
+
+def test_the_tick_path_numbers_each_topic_and_keeps_its_last_tick() -> None:
+    ctx = zmq.Context.instance()
+    xpub = ctx.socket(zmq.XPUB)
+    xpub.bind("tcp://127.0.0.1:*")
+    outlet = Outlet(xpub, Sequencer(epoch=99))
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"BINANCE:")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(xpub.getsockopt(zmq.LAST_ENDPOINT).decode())  # type: ignore[union-attr]
+    assert xpub.poll(5000)  # the subscription arrived: nothing sent is lost
+    outlet.answer_subscriptions()
+    tickers = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:BTC/USDT"]
+    sent = outlet.send_ticks(
+        (f"{t}|tick", Tick(ticker=t, trade_id=str(i))) for i, t in enumerate(tickers)
+    )
+
+    got = [envelope.decode_sub(sub.recv_multipart()) for _ in range(3)]
+    assert sent == 3
+    assert [(m.ticker, m.sequence, m.publisher_epoch) for _, m in got] == [  # type: ignore[attr-defined]
+        ("BINANCE:BTC/USDT", 1, 99),
+        ("BINANCE:ETH/USDT", 1, 99),
+        ("BINANCE:BTC/USDT", 2, 99),
+    ]
+    assert outlet.last.frames["BINANCE:BTC/USDT|tick"] == envelope.encode_pub(
+        "BINANCE:BTC/USDT|tick", got[2][1]
+    )
+    sub.close(0)
+    xpub.close(0)

@@ -208,6 +208,26 @@ def test_live_streams_until_count(fake_relay: Any, kit: Any, capsys: Any) -> Non
     assert "ohlc: 1m" in lines[1]
 
 
+def test_live_prints_a_sequence_gap_to_stderr_and_drops_a_duplicate(
+    fake_relay: Any, capsys: Any
+) -> None:
+    tick_topic = topics.tick_topic(TICKER)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(_run(fake_relay, "live", TICKER, "--count", "2"))
+    )
+    thread.start()
+    fake_relay.wait_for(lambda ev: ("sub", tick_topic) in ev)
+    for seq in (1, 1, 4):  # a duplicate, then two ticks lost
+        tick = Tick(ticker=TICKER, trade_id=str(seq), sequence=seq, publisher_epoch=9)
+        fake_relay.publish(tick_topic, tick)
+    thread.join(10)
+    assert codes == [EXIT_OK]
+    captured = capsys.readouterr()
+    assert ["#1" in line for line in captured.out.splitlines()] == [True, False]
+    assert f"sequence: {tick_topic}: 2 message(s) lost (sequence gap)" in captured.err
+
+
 def test_live_duration_ends_with_0(fake_relay: Any) -> None:
     assert _run(fake_relay, "live", TICKER, "--duration", "0.3", "-q") == EXIT_OK
 

@@ -102,6 +102,27 @@ def test_dispatcher_needs_exact_topic_and_registered_request_id() -> None:
     assert waiter.wait(0.05) is None
 
 
+def test_dispatcher_drops_duplicate_notifications_and_reports_lost_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dispatcher = Dispatcher()
+    waiter = NotificationWaiter()
+    for request_id in ("r1", "r2"):
+        dispatcher.expect(request_id, "RESPONSE:alice", waiter)
+
+    def note(request_id: str, seq: int) -> list[bytes]:
+        n = HistoryReadyNotification(request_id=request_id, sequence=seq, publisher_epoch=5)
+        return envelope.encode_pub("RESPONSE:alice", n)
+
+    dispatcher.handle(note("r1", 1))
+    dispatcher.handle(note("r1", 1))  # the same message twice
+    dispatcher.handle(note("r2", 4))  # 2 and 3 were lost
+    assert [waiter.wait(1).request_id, waiter.wait(1).request_id] == ["r1", "r2"]  # type: ignore[union-attr]
+    assert waiter.wait(0.05) is None
+    assert (dispatcher.stats["duplicate"], dispatcher.stats["lost"]) == (1, 2)
+    assert "2 message(s) lost on RESPONSE:alice" in caplog.text
+
+
 def test_dispatcher_routes_market_data_by_exact_topic() -> None:
     dispatcher = Dispatcher()
     got: list[Any] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zmq
 from pyiceberg.catalog import load_catalog
 
 from mdclient import Client, InvalidRequest, StorageError
@@ -25,8 +28,12 @@ from mdclient.cli import (
 from mdclient.config import ClientSettings
 from mdclient.frames import SCHEMA
 from mdclient.iceberg_reader import IcebergReader
-from mdproto.messages import HistorySource, Status
+from mdclient.sequence import SequenceEvent
+from mdproto import envelope, topics
+from mdproto.messages import OHLC, HistorySource, Status, Tick
+from pipeline.config import Settings as PipelineSettings
 from pipeline.history_notices import REQUESTS_SCHEMA  # the table as the pipeline writes it
+from pipeline.pub_server import Publisher, PubServer
 
 pytestmark = pytest.mark.stack
 
@@ -432,3 +439,101 @@ def test_cli_prints_an_exchanges_markets(
     assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_STORAGE
     err = capsys.readouterr().err
     assert "does not exist yet" in err and "no_table" in err
+
+
+# --- live: sequence gaps against the real pipeline publisher, recovery from real Iceberg ---
+
+
+def _last_value(endpoint: str, topic: str) -> Any:
+    """What a fresh SUB of `topic` receives at once: the pipeline's last value (no publish)."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+    sub.connect(endpoint)
+    try:
+        return envelope.decode_sub(sub.recv_multipart())[1]
+    finally:
+        sub.close(0)
+
+
+def _candle(close: float, open_ms: int, *, closed: bool = False) -> OHLC:
+    return OHLC(ticker=BTC, period_seconds=60, open_time_ms=open_ms, close=close, closed=closed)
+
+
+def _next(stream: Any, until: Callable[[Any], bool], timeout_s: float = 30.0) -> list[Any]:
+    """Messages from the stream up to and including the first that satisfies `until`."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = stream.get(0.25)
+        if message is not None:
+            got.append(message)
+            if until(message):
+                return got
+    raise AssertionError(f"no matching message within {timeout_s} s; got {got}")
+
+
+def test_live_late_join_gets_the_last_value_and_a_gap_is_recovered_from_iceberg(
+    fake_relay: Any, seeded: Any
+) -> None:
+    """The SDK on the pipeline's real XPUB: joins late (last value), misses three messages
+    (two closed candles among them), reports the gap, reads the lost closed candles from
+    Iceberg and delivers every closed candle exactly once."""
+    server = PubServer(
+        PipelineSettings.model_validate(
+            {"pub_endpoint": "tcp://127.0.0.1:*", "live": {"enabled": False}}
+        )
+    )
+    endpoint = server.start()
+    publisher = Publisher(server.pull_endpoint, endpoint)
+    topic = topics.ohlc_topic(BTC, 60)
+    settings = _stack_settings(fake_relay, seeded).model_copy(
+        update={"market_data_endpoint": endpoint, "ohlc_table": seeded["table"]}
+    )
+    events: list[SequenceEvent] = []
+    try:
+        publisher.publish(topic, _candle(1.0, T0))
+        publisher.publish(topic, _candle(2.0, T0))
+        publisher.publish(topics.tick_topic(ETH), Tick(ticker=ETH, trade_id="e1"))
+        assert _last_value(endpoint, topic).sequence == 2  # the server has both
+        assert _last_value(endpoint, topics.tick_topic(ETH)).trade_id == "e1"
+        with Client(settings=settings) as client:
+            stream = client.live(BTC, ohlc=["1m"], on_sequence=events.append)
+            joined = stream.get(5)  # nothing published since: the last value
+            assert isinstance(joined, OHLC) and (joined.sequence, joined.close) == (2, 2.0)
+            publisher.publish(topic, _candle(3.0, T0, closed=True))
+            assert _next(stream, lambda m: m.closed)[-1].sequence == 3
+
+            # The client misses the next three: its subscription is withdrawn. A
+            # later subscription on the same connection being answered proves the
+            # withdrawal reached the XPUB (it handles them in order).
+            client.unsubscribe(topic)
+            probe = client.live(ETH, ticks=True)
+            assert probe.get(5) is not None
+            publisher.publish(topic, _candle(4.0, T0 + MINUTE, closed=True))
+            publisher.publish(topic, _candle(5.0, T0 + 2 * MINUTE, closed=True))
+            publisher.publish(topic, _candle(6.0, T0 + 3 * MINUTE))
+            assert _last_value(endpoint, topic).sequence == 6
+            client.subscribe(topic)  # back: the last value (6) reveals the gap
+
+            got = _next(stream, lambda m: m.closed and m.open_time_ms == T0 + 119 * MINUTE)
+            deadline = time.monotonic() + 10
+            while not any(e.kind == "recovered" for e in events):
+                assert time.monotonic() < deadline, events
+                time.sleep(0.05)
+            publisher.publish(topic, _candle(7.0, T0 + 3 * MINUTE, closed=True))  # recovered
+            publisher.publish(topic, _candle(8.0, T0 + 4 * MINUTE))
+            got += _next(stream, lambda m: m.sequence == 8)
+            probe.close()
+    finally:
+        publisher.close()
+        server.stop()
+
+    assert [(e.kind, e.missed) for e in events] == [("gap", 2), ("recovered", 0)]
+    assert events[0].topic == topic and events[1].candles == 119  # T0+1m .. T0+119m stored
+    assert (got[0].sequence, got[0].open_time_ms, got[0].closed) == (6, T0 + 3 * MINUTE, False)
+    closed = [m for m in got if m.closed]
+    assert [m.open_time_ms for m in closed] == [T0 + i * MINUTE for i in range(1, 120)]
+    assert closed[0].trade_count == 101  # the stored candle, not the lost live one
+    assert stream.duplicates == 1  # closed T0+3m, published live after it was recovered
+    assert (stream.gaps, stream.missed) == (1, 2)

@@ -1,10 +1,14 @@
-"""The pipeline's ZeroMQ PUB (port 5557), in a process of its own: the only zmq module.
+"""The pipeline's ZeroMQ XPUB (port 5557), in a process of its own: the only zmq module.
 
-Driver threads PUSH over ipc to this process, whose C proxy forwards to the PUB;
-the tick publisher thread PUSHes over inproc. A process, so tick publication
-never waits for the driver's GIL (docs/adr/0002). The PUB drops past its HWM,
-hence a large ``sndhwm``; the driver's PUSH blocks instead (up to 10 s, then
-raises): a notification is never dropped on our side.
+Driver threads PUSH over ipc to this process; its forwarding thread stamps each
+message with its topic's sequence number (pipeline.sequencing) and sends it on
+the XPUB. The tick publisher thread stamps and sends ticks itself, under the
+same lock, without a hop. A process, so tick publication never waits for the
+driver's GIL (docs/adr/0002). An XPUB rather than a PUB so a new subscription
+is answered with the topic's last value (zguide "last value cache"; checked
+every `SUBSCRIPTION_CHECK_MS`). The XPUB drops past its HWM, hence a large
+``sndhwm`` (subscribers see the gap in the sequence); the driver's PUSH blocks
+instead (up to 10 s, then raises): a notification is never dropped on our side.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from google.protobuf.message import Message
 
-from mdproto import envelope
+from mdproto import ProtocolError, envelope
 from pipeline.config import Settings
+from pipeline.sequencing import LastValues, Sequencer, new_epoch, sequenced
 
 if TYPE_CHECKING:
     from pipeline.tick_publisher import TickPublisher
@@ -35,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_MS = 10_000
+#: How often the forwarding thread answers new subscriptions with last values.
+SUBSCRIPTION_CHECK_MS = 20
+_SUBSCRIBE = 1
 _PR_SET_PDEATHSIG = 1
 
 
@@ -49,6 +57,8 @@ class ServerConfig:
     parent_pid: int
     #: None: no tick relay (live path off, or ``live.publisher: spark``).
     relay_settings: Settings | None
+    #: ``publisher_epoch`` of every message this server publishes.
+    epoch: int
 
 
 class PubServer:
@@ -65,6 +75,7 @@ class PubServer:
             niceness=settings.live.relay_niceness if settings.live.enabled else 0,
             relay_settings=settings if relay else None,
             parent_pid=os.getpid(),
+            epoch=new_epoch(),
         )
         self._conn: Connection | None = None
         self._process: Any = None
@@ -188,13 +199,15 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
         return
     pull = _bind_pull(ctx, config.pull_endpoint)
     conn.send({"endpoint": _last_endpoint(pub)})
-    forwarder = _start_forwarder(ctx, pull, pub)
+    outlet = Outlet(pub, Sequencer(config.epoch))
+    stop = threading.Event()
+    forwarder = _start_forwarder(pull, outlet, stop)
     ticks = None
     if config.relay_settings is not None:
-        ticks = _start_tick_publisher(ctx, config.relay_settings)
+        ticks = _start_tick_publisher(config.relay_settings, outlet)
         conn.send(_assignment(ticks))
     _wait_for_stop(conn, ticks)
-    _shut_down(ctx, forwarder, ticks)
+    _shut_down(ctx, forwarder, stop, ticks)
 
 
 def _prepare_process(config: ServerConfig) -> None:
@@ -214,8 +227,12 @@ def _prepare_process(config: ServerConfig) -> None:
 
 
 def _pub_socket(ctx: zmq.Context[zmq.Socket[bytes]], sndhwm: int) -> zmq.Socket[bytes]:
-    pub = ctx.socket(zmq.PUB)
+    """XPUB_VERBOSE: every subscribe reaches us (the relay's, or a second direct SUB's),
+    so each one is answered with the last values; unread ones never block sending."""
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.XPUB_VERBOSE, 1)
     pub.setsockopt(zmq.SNDHWM, sndhwm)
+    pub.setsockopt(zmq.RCVHWM, 0)
     pub.setsockopt(zmq.LINGER, 1000)
     # Notice vanished peers (no FIN) so their queues are freed.
     pub.setsockopt(zmq.HEARTBEAT_IVL, 5000)
@@ -224,11 +241,10 @@ def _pub_socket(ctx: zmq.Context[zmq.Socket[bytes]], sndhwm: int) -> zmq.Socket[
 
 
 def _bind_pull(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
-    """The driver's ipc endpoint and the tick publisher's inproc one, both unbounded."""
+    """The driver's ipc endpoint, unbounded."""
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.RCVHWM, 0)
     pull.bind(endpoint)
-    pull.bind("inproc://ticks")
     return pull
 
 
@@ -238,24 +254,85 @@ def _last_endpoint(socket: zmq.Socket[bytes]) -> str:
     return last.decode() if isinstance(last, bytes) else str(last)
 
 
+class Outlet:
+    """The XPUB and all that sends on it, under one lock: sequence numbers follow the
+    order on the wire, and the last value of each market-data topic is kept."""
+
+    def __init__(self, xpub: zmq.Socket[bytes], sequencer: Sequencer) -> None:
+        self._xpub = xpub
+        self._lock = threading.Lock()
+        self.sequencer = sequencer
+        self.last = LastValues()
+        self.snapshots_sent = 0
+
+    def send_ticks(self, items: Iterable[tuple[str, Message]]) -> int:
+        """The tick publisher's batch (``SendMany``): stamp, encode, send; the count.
+
+        `Sequencer.stamp` and `LastValues.put` inlined (tick topics always keep a
+        last value): this loop runs 10,000 times a second."""
+        counters, epoch, last = self.sequencer.counters, self.sequencer.epoch, self.last.frames
+        send, encode = self._xpub.send_multipart, envelope.encode_pub
+        count = 0
+        with self._lock:
+            for topic, message in items:
+                n = counters.get(topic, 1)
+                counters[topic] = n + 1
+                message.sequence = n  # type: ignore[attr-defined]
+                message.publisher_epoch = epoch  # type: ignore[attr-defined]
+                frames = encode(topic, message)
+                send(frames)
+                last[topic] = frames
+                count += 1
+        return count
+
+    def forward(self, frames: list[bytes]) -> None:
+        """A message from the driver: stamped if its type carries sequence fields."""
+        try:
+            topic, message = envelope.decode_sub(frames)
+        except ProtocolError as exc:
+            log.error("PUB server: undecodable message from the driver not published: %s", exc)
+            return
+        with self._lock:
+            if sequenced(message):
+                self.sequencer.stamp(topic, message)
+                frames = envelope.encode_pub(topic, message)
+            self._xpub.send_multipart(frames)
+            self.last.put(topic, frames)
+
+    def answer_subscriptions(self) -> int:
+        """Send the last values matching each new subscription; how many were sent."""
+        sent = 0
+        with self._lock:
+            while True:
+                try:
+                    event = self._xpub.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if event[:1] != bytes([_SUBSCRIBE]):
+                    continue  # an unsubscription
+                prefix = event[1:].decode("utf-8", errors="replace")
+                for frames in self.last.matching(prefix):
+                    self._xpub.send_multipart(frames)
+                    sent += 1
+        self.snapshots_sent += sent
+        return sent
+
+
 def _start_forwarder(
-    ctx: zmq.Context[zmq.Socket[bytes]], pull: zmq.Socket[bytes], pub: zmq.Socket[bytes]
+    pull: zmq.Socket[bytes], outlet: Outlet, stop: threading.Event
 ) -> threading.Thread:
     forwarder = threading.Thread(
-        target=_forward, args=(ctx, pull, pub), name="pub-forward", daemon=True
+        target=_forward, args=(pull, outlet, stop), name="pub-forward", daemon=True
     )
     forwarder.start()
     return forwarder
 
 
-def _start_tick_publisher(ctx: zmq.Context[zmq.Socket[bytes]], settings: Settings) -> TickPublisher:
-    """Kafka ticks -> inproc PUSH -> the forwarder (imported here: Kafka only when used)."""
+def _start_tick_publisher(settings: Settings, outlet: Outlet) -> TickPublisher:
+    """Kafka ticks -> the outlet (imported here: Kafka only when used)."""
     from pipeline.tick_publisher import TickPublisher
 
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.SNDHWM, 0)
-    push.connect("inproc://ticks")
-    ticks = TickPublisher(settings, _sender(push))
+    ticks = TickPublisher(settings, outlet.send_ticks)
     ticks.start()
     return ticks
 
@@ -284,40 +361,43 @@ def _wait_for_stop(conn: Connection, ticks: TickPublisher | None) -> None:
 
 
 def _shut_down(
-    ctx: zmq.Context[zmq.Socket[bytes]], forwarder: threading.Thread, ticks: TickPublisher | None
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    forwarder: threading.Thread,
+    stop: threading.Event,
+    ticks: TickPublisher | None,
 ) -> None:
-    """Tick publisher first, then TERMINATE to the forwarder's proxy, then the sockets."""
+    """Tick publisher first, then the forwarding thread, then the sockets."""
     if ticks is not None:
         ticks.stop()
-    control = ctx.socket(zmq.PAIR)
-    control.connect("inproc://steer")
-    control.send(b"TERMINATE")
+    stop.set()
     forwarder.join(5)
     ctx.destroy(linger=1000)
 
 
-def _forward(
-    ctx: zmq.Context[zmq.Socket[bytes]], pull: zmq.Socket[bytes], pub: zmq.Socket[bytes]
-) -> None:
-    """PULL -> PUB in C until TERMINATE arrives on the steering socket."""
-    steer = ctx.socket(zmq.PAIR)
-    steer.bind("inproc://steer")
-    with contextlib.suppress(zmq.ContextTerminated):
-        zmq.proxy_steerable(pull, pub, None, steer)
-    steer.close(0)
+def _forward(pull: zmq.Socket[bytes], outlet: Outlet, stop: threading.Event) -> None:
+    """PULL -> outlet, and last values for new subscriptions, until `stop`; then what
+    the driver had already handed over (its `close` flushes before the stop)."""
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    try:
+        while not stop.is_set():
+            if poller.poll(SUBSCRIPTION_CHECK_MS):
+                _forward_waiting(pull, outlet, 1000)  # bounded: subscriptions are answered
+            outlet.answer_subscriptions()
+        _forward_waiting(pull, outlet, None)
+    except zmq.ContextTerminated:
+        pass
 
 
-def _sender(push: zmq.Socket[bytes]) -> Any:
-    """``publish_many`` for the relay thread (it alone uses this socket)."""
-
-    def send_many(items: Iterable[tuple[str, Message]]) -> int:
-        count = 0
-        for topic, message in items:
-            push.send_multipart(envelope.encode_pub(topic, message))
-            count += 1
-        return count
-
-    return send_many
+def _forward_waiting(pull: zmq.Socket[bytes], outlet: Outlet, limit: int | None) -> None:
+    count = 0
+    while limit is None or count < limit:
+        try:
+            frames = pull.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        outlet.forward(frames)
+        count += 1
 
 
 def _die_with_parent(parent_pid: int) -> None:

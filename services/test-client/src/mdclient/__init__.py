@@ -24,6 +24,7 @@ from mdclient.errors import (
 from mdclient.history import HistoryOutcome, HistoryQuery, ProgressEvent
 from mdclient.live import LiveStream
 from mdclient.results import HistoryResult
+from mdclient.sequence import SequenceEvent
 from mdclient.triggers import TriggerEvents, TriggerRejected
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "ProtocolMismatch",
     "RelayUnavailable",
     "RequestTimeout",
+    "SequenceEvent",
     "StorageError",
     "SubmitRejected",
     "TriggerEvents",

@@ -322,6 +322,7 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
 
     from mdclient.live import describe_status
     from mdclient.output import live_line
+    from mdclient.sequence import SequenceEvent
 
     ticker = _ticker(args.ticker)
     try:
@@ -337,9 +338,14 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     def on_status(status: FeedStatus) -> None:  # stderr: stdout stays data only
         err.print(f"status: {describe_status(status)}", highlight=False, markup=False)
 
+    def on_sequence(event: SequenceEvent) -> None:  # gaps and their recovery, also stderr
+        err.print(f"sequence: {event.describe()}", highlight=False, markup=False)
+
     with (
         _client(settings) as client,
-        client.live(ticker, ticks=want_ticks, ohlc=periods, on_status=on_status) as s,
+        client.live(
+            ticker, ticks=want_ticks, ohlc=periods, on_status=on_status, on_sequence=on_sequence
+        ) as s,
     ):
         if not args.quiet:
             err.print(f"streaming {', '.join(s.topics)} (Ctrl-C to stop)", highlight=False)

@@ -33,7 +33,7 @@ from mdclient.history import (
     wait_for_history,
 )
 from mdclient.legacy import fetch_sync
-from mdclient.live import LiveCallback, LiveStream, StatusCallback, live_topics
+from mdclient.live import LiveCallback, LiveStream, SequenceCallback, StatusCallback, live_topics
 from mdclient.request_status import RequestStatus, status_from_row
 from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
@@ -47,6 +47,7 @@ from mdclient.triggers import (
 )
 from mdproto import envelope, topics
 from mdproto.messages import (
+    OHLC,
     CEPCondition,
     CEPTriggerAck,
     CEPTriggerRequest,
@@ -383,6 +384,7 @@ class Client(Closeable):
         ohlc: Iterable[PeriodLike] = (),
         callback: LiveCallback | None = None,
         on_status: StatusCallback | None = None,
+        on_sequence: SequenceCallback | None = None,
     ) -> LiveStream:
         """Subscribe to `{ticker}|status`, then `{ticker}|tick` and/or `{ticker}|ohlc:{period}`.
 
@@ -412,6 +414,8 @@ class Client(Closeable):
             callback=callback,
             periods=periods,
             on_status=on_status,
+            on_sequence=on_sequence,
+            recover=self._closed_candles,
         )
         with self._streams_lock:
             self._streams.add(stream)
@@ -434,9 +438,24 @@ class Client(Closeable):
         ticks: bool | None = None,
         ohlc: Iterable[PeriodLike] = (),
         on_status: StatusCallback | None = None,
+        on_sequence: SequenceCallback | None = None,
     ) -> LiveStream:
         """Callback form of `live`; returns the handle to `close()`."""
-        return self.live(ticker, ticks=ticks, ohlc=ohlc, callback=callback, on_status=on_status)
+        return self.live(
+            ticker,
+            ticks=ticks,
+            ohlc=ohlc,
+            callback=callback,
+            on_status=on_status,
+            on_sequence=on_sequence,
+        )
+
+    def _closed_candles(self, ticker: str, period: int, start_ms: int, end_ms: int) -> list[OHLC]:
+        """What a live stream's gap recovery reads: the stored candles of [start, end)."""
+        from mdclient.frames import closed_ohlc
+
+        table = self.reader().read_ohlc(self.settings.ohlc_table, ticker, period, start_ms, end_ms)
+        return closed_ohlc(table)
 
     def _close_stream(self, stream: LiveStream) -> None:
         with self._streams_lock:

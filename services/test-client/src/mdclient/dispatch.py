@@ -8,6 +8,12 @@ carry a request_id that waiter registered; market data must arrive on exactly
 the topic a live stream asked for, and so must a FeedStatus (`{ticker}|status`,
 the stream then checks the period of a REFUSED); a CEP trigger event on exactly
 a topic a trigger stream watches (which then checks the trigger id).
+
+Notifications and trigger events carry sequence numbers per topic too
+(docs/protocol.md "Sequence numbers and recovery"): a duplicate is dropped
+(`stats["duplicate"]`), a gap is logged at WARNING and counted
+(`stats["lost"]`): a history call recovers its notification from the requests
+table, a lost trigger event is only reported. Live data is checked per stream.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from collections.abc import Callable, Sequence
 
 from google.protobuf.message import Message
 
-from mdproto import ProtocolError, envelope
+from mdclient.sequence import SequenceTracker, Verdict
+from mdproto import ProtocolError, envelope, topics
 from mdproto.messages import OHLC, CEPTriggerEvent, FeedStatus, HistoryReadyNotification, Tick
 
 log = logging.getLogger(__name__)
@@ -54,8 +61,10 @@ class Dispatcher:
         self._waiters: dict[str, tuple[str, NotificationWaiter]] = {}
         self._sinks: dict[str, list[MarketSink]] = {}
         self._event_sinks: dict[str, list[EventSink]] = {}
-        #: received, bad_frames, unclaimed_notification, unrouted_market, ignored
+        #: received, bad_frames, unclaimed_notification, unrouted_market, ignored,
+        #: duplicate, lost (notifications and trigger events)
         self.stats: Counter[str] = Counter()
+        self._sequences = SequenceTracker()  # subscriber thread only
 
     def expect(self, request_id: str, topic: str, waiter: NotificationWaiter) -> None:
         """Deliver `request_id`'s notification, if it arrives on `topic`, to `waiter`."""
@@ -64,7 +73,9 @@ class Dispatcher:
 
     def forget(self, request_id: str) -> None:
         with self._lock:
-            self._waiters.pop(request_id, None)
+            entry = self._waiters.pop(request_id, None)
+        if entry is not None and entry[0] == topics.history_ready_topic(request_id):
+            self._sequences.forget(entry[0])  # a topic of its own: never used again
 
     def add_sink(self, topic: str, sink: MarketSink) -> None:
         with self._lock:
@@ -99,6 +110,10 @@ class Dispatcher:
             self.stats["bad_frames"] += 1
             log.warning("dropped undecodable message: %s", exc)
             return
+        if isinstance(message, HistoryReadyNotification | CEPTriggerEvent) and not self._fresh(
+            topic, message
+        ):
+            return
         if isinstance(message, HistoryReadyNotification):
             self._notify(topic, message)
         elif isinstance(message, Tick | OHLC | FeedStatus):  # statuses: `{ticker}|status`
@@ -116,6 +131,21 @@ class Dispatcher:
         else:
             self.stats["ignored"] += 1
             log.debug("ignored %s on %s", message.DESCRIPTOR.name, topic)
+
+    def _fresh(self, topic: str, message: HistoryReadyNotification | CEPTriggerEvent) -> bool:
+        check = self._sequences.check(topic, message.publisher_epoch, message.sequence)
+        if check.verdict is Verdict.DUPLICATE:
+            self.stats["duplicate"] += 1
+            return False
+        if check.verdict is Verdict.GAP:
+            self.stats["lost"] += check.missed
+            log.warning(
+                "%d message(s) lost on %s before this %s (sequence gap)",
+                check.missed,
+                topic,
+                message.DESCRIPTOR.name,
+            )
+        return True
 
     def _notify(self, topic: str, notification: HistoryReadyNotification) -> None:
         with self._lock:

@@ -65,3 +65,17 @@ def sort_candles(table: pa.Table) -> pa.Table:
     if table.num_rows < 2:
         return table
     return table.take(pc.sort_indices(table, sort_keys=[("open_time", "ascending")]))
+
+
+def closed_ohlc(table: pa.Table) -> list[OHLC]:
+    """Candle frame -> `OHLC(closed=True)` messages (stored candles are closed)."""
+    micros = table.column("open_time").cast(pa.int64()).to_pylist()
+    rows = table.drop_columns(["open_time"]).to_pylist()
+    return [
+        OHLC(
+            open_time_ms=us // 1000,
+            closed=True,
+            **{k: v for k, v in row.items() if v is not None},
+        )
+        for us, row in zip(micros, rows, strict=True)
+    ]
