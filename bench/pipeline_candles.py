@@ -56,6 +56,19 @@ def tickers(n: int) -> list[str]:
     return [f"BENCH:T{i:03d}/USDT" for i in range(n)]
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of every live process in a process group."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after "(comm)": state, ppid, pgrp, ...
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def values(c: Any) -> tuple[float, ...]:
     return (c.open, c.high, c.low, c.close, c.volume, float(c.trade_count))
 
@@ -232,9 +245,13 @@ def run(args: argparse.Namespace) -> None:
                 started = time.perf_counter()
                 pipeline.start()
                 print(f"{name}: ready in {time.perf_counter() - started:.1f} s", flush=True)
+                assert pipeline.process is not None
+                cpu = group_cpu_s(pipeline.process.pid)
                 time.sleep(args.warmup)
+                idle_cpu = (group_cpu_s(pipeline.process.pid) - cpu) / args.warmup
                 load = os.getloadavg()[0]
                 r = measure(pipeline, names, args)
+                r["idle_cpu"] = idle_cpu
                 r["load"] = (load + os.getloadavg()[0]) / 2
                 pipeline.stop()
                 results.setdefault(name, []).append(r)
@@ -243,7 +260,7 @@ def run(args: argparse.Namespace) -> None:
         cols = "".join(f" {f'p50/p99/max {p}s (s)':>24}" for p in args.periods)
         print(
             f"{'case':<12}{cols} {'windows':>8} {'missing':>8} {'dup':>4} {'corr':>5} "
-            f"{'pub!=ref':>8} {'row!=ref':>8} {'load':>5}"
+            f"{'pub!=ref':>8} {'row!=ref':>8} {'load':>5} {'idle cpu':>8}"
         )
         for name, rs in results.items():
             cells = "".join(
@@ -258,7 +275,8 @@ def run(args: argparse.Namespace) -> None:
                 f"{sum(r['corrections'] for r in rs):5d} "
                 f"{sum(r['published_differs'] for r in rs):8d} "
                 f"{sum(r['stored_differs'] for r in rs):8d} "
-                f"{median([r['load'] for r in rs]):5.1f}"
+                f"{median([r['load'] for r in rs]):5.1f} "
+                f"{median([r['idle_cpu'] for r in rs]):8.2f}"
             )
 
 
@@ -268,7 +286,9 @@ def main() -> None:
     parser.add_argument("--tickers", type=int, default=20)
     parser.add_argument("--rate", type=int, default=200, help="ticks/s over all tickers")
     parser.add_argument("--periods", type=int, nargs="+", default=[10, 60])
-    parser.add_argument("--warmup", type=float, default=10.0, help="after the pipeline is ready")
+    parser.add_argument(
+        "--warmup", type=float, default=20.0, help="idle, after the pipeline is ready (CPU)"
+    )
     parser.add_argument("--wait", type=float, default=90.0, help="for the last windows")
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--case", nargs="+", default=DEFAULT_CASES, help="NAME=K=V,K=V")
