@@ -12,9 +12,11 @@ from mdproto.messages import OHLC, Tick
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
-#: A closed candle arrives ~1 s after its window ends; a loaded machine takes longer.
-#: The previous watermark design took persist + watermark + close triggers (~17 s here).
-CLOSE_BOUND_S = 10.0
+#: A later trade (the simulator's model trades) or the idle timeout (live.close_idle_s)
+#: closes the minute: ~1 s after its end on a quiet machine, but the first micro-batches
+#: of a just-started pipeline on two loaded cores took up to ~45 s
+#: (docs/pipeline-benchmarks.md). Generous: this asserts "soon", the bench measures it.
+CLOSE_BOUND_S = 45.0
 
 
 def test_live_ticks_and_candles_reach_a_subscriber_and_stop_after_it_leaves(
@@ -38,8 +40,8 @@ def test_live_ticks_and_candles_reach_a_subscriber_and_stop_after_it_leaves(
                 tick = message
             elif isinstance(message, OHLC) and message.period_seconds == 60:
                 candle = message
-        # The trade's minute closes about a second after it ends (docs/protocol.md), not
-        # after a watermark: bounded generously here; bench/pipeline_candles.py measures it.
+        # The trade's minute closes soon after it ends (docs/protocol.md), with no later
+        # trade: bounded generously here; bench/pipeline_candles.py measures the latency.
         window = trade["time_ms"] - trade["time_ms"] % 60_000
         end_s = (window + 60_000) / 1000
         while closed is None and time.time() < end_s + CLOSE_BOUND_S:
@@ -58,6 +60,7 @@ def test_live_ticks_and_candles_reach_a_subscriber_and_stop_after_it_leaves(
     assert candle.low <= candle.open <= candle.high and candle.low <= candle.close <= candle.high
     assert closed is not None, f"the trade's 1-minute candle did not close within {CLOSE_BOUND_S} s"
     assert closed_after_end_s < CLOSE_BOUND_S
+    assert not closed.correction
     assert closed.low <= 151.23 <= closed.high and closed.trade_count >= 1
     # The last subscriber left: after the relay's grace period the feed is cancelled.
     sim.wait_for_subscribers("SOL/USDT", count=0, timeout_s=90)
