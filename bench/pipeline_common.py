@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import zmq
 from infra.localstack import StackEndpoints, start_on_free_ports
 from infra.testing import free_port, pipeline_env
 from mdproto import envelope
+from mdproto.messages import TakerSide, Tick
 
 WAIT_S = 300.0
 
@@ -179,6 +181,39 @@ class Collector:
         self._stop.set()
         self._thread.join(5)
         self._ctx.destroy(linger=0)
+
+
+def produce_ticks(
+    bootstrap: str, topic: str, tickers: list[str], rate: int, seconds: float, done: Queue[int]
+) -> None:
+    """`rate` ticks/s round-robin over `tickers` for `seconds`, in 10 ms slices; report the
+    count. Trade time and `ingested_at_ms` = wall clock at produce time."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
+    run = uuid.uuid4().hex[:6]
+    sent = 0
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        due = int(elapsed * rate) + 1
+        while sent < due:
+            now = time.time_ns() // 1_000_000
+            ticker = tickers[sent % len(tickers)]
+            tick = Tick(
+                ticker=ticker,
+                trade_id=f"{run}-{sent}",
+                price=100.0 + sent % 17,
+                amount=0.5,
+                timestamp_ms=now,
+                side=TakerSide.BUY,
+                ingested_at_ms=now,
+            )
+            p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
+            sent += 1
+        p.poll(0)
+        time.sleep(0.005)
+    p.flush(30)
+    done.put(sent)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -28,43 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from pipeline_common import PipelineProcess, median, percentile, stack, workdir
+from pipeline_common import PipelineProcess, median, percentile, produce_ticks, stack, workdir
 
 from infra.testing import free_port
 from mdproto import envelope, topics
-from mdproto.messages import TakerSide, Tick
+from mdproto.messages import Tick
 
 TICKERS = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:SOL/USDT", "BINANCE:XRP/USDT"]
-
-
-def producer(bootstrap: str, topic: str, rate: int, seconds: float, done: Queue[int]) -> None:
-    """Produce `rate` ticks/s for `seconds`, in 10 ms slices; report the count."""
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
-    run = uuid.uuid4().hex[:6]
-    sent = 0
-    started = time.monotonic()
-    while (elapsed := time.monotonic() - started) < seconds:
-        due = int(elapsed * rate) + 1
-        while sent < due:
-            now = time.time_ns() // 1_000_000
-            ticker = TICKERS[sent % len(TICKERS)]
-            tick = Tick(
-                ticker=ticker,
-                trade_id=f"{run}-{sent}",
-                price=100.0 + sent % 17,
-                amount=0.5,
-                timestamp_ms=now,
-                side=TakerSide.BUY,
-                ingested_at_ms=now,
-            )
-            p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
-            sent += 1
-        p.poll(0)
-        time.sleep(0.005)
-    p.flush(30)
-    done.put(sent)
 
 
 def subscriber(endpoint: str, ready: Event, stop: Event, out: Queue[list[float]]) -> None:
@@ -132,7 +102,7 @@ def measure(
     sub.start()
     ready.wait(30)
     # Warm-up traffic (not measured) so the first batches of a cold query do not count.
-    warm = ctx.Process(target=producer, args=(bootstrap, topic, rate, warmup, done))
+    warm = ctx.Process(target=produce_ticks, args=(bootstrap, topic, TICKERS, rate, warmup, done))
     warm.start()
     warm.join()
     done.get()
@@ -144,7 +114,7 @@ def measure(
     sub.start()
     ready.wait(30)
     time.sleep(0.5)  # the SUB's subscription must reach the PUB before ticks flow
-    prod = ctx.Process(target=producer, args=(bootstrap, topic, rate, seconds, done))
+    prod = ctx.Process(target=produce_ticks, args=(bootstrap, topic, TICKERS, rate, seconds, done))
     prod.start()
     prod.join()
     sent = done.get()

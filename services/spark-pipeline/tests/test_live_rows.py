@@ -51,6 +51,15 @@ def test_candle_rows_become_ohlc_messages_on_period_topics(build: Any) -> None:
         closed=True,
     )
     assert not live.ohlc_messages(_candle_rows(build), closed=False)[1][1].closed
+    assert not out[0][1].correction
+
+
+def test_a_correction_column_marks_amended_candles(build: Any) -> None:
+    rows = _candle_rows(build).append_column("correction", pa.array([False, True]))
+
+    out = live.ohlc_messages(rows, closed=True)
+
+    assert [(m.closed, m.correction) for _, m in out] == [(True, False), (True, True)]
 
 
 def test_closed_candles_become_live_ohlc_rows(build: Any) -> None:

@@ -63,6 +63,13 @@ def test_live_and_tick_merges_only_insert() -> None:
     assert "t.ticker = s.ticker AND t.trade_id = s.trade_id" in ticks
 
 
+def test_amending_live_merge_updates_only_changed_live_candles() -> None:
+    sql = tables.merge_live_candles("lake.market.ohlc", "src", 0, 1, amend=True)
+    assert "WHEN MATCHED AND t.source = 'live' AND (NOT (t.open <=> s.open) OR " in sql
+    assert "NOT (t.trade_count <=> s.trade_count)) THEN UPDATE SET *" in sql
+    assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
+
+
 def test_range_probe_and_count_queries() -> None:
     r = SeriesRange("BINANCE:BTC/USDT", 60, 0, 120_000)
     probe = tables.select_any_ohlc("lake.market.ohlc", [r, r])

@@ -6,7 +6,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, t
 -> live: market.ticks  -> tick relay (in the PUB process)   -> PUB Tick
                        -> ticks-persist query  -> MERGE ticks
                        -> candles-update query -> PUB OHLC closed=false
-         Iceberg ticks -> candles-close query  -> MERGE ohlc -> PUB OHLC closed=true
+                       -> candles-close query  -> PUB OHLC closed=true -> MERGE ohlc
+                          (close_mode watermark: over Iceberg ticks, MERGE then PUB)
 -> cep query: cep.triggers + market.ticks -> engine (driver) -> PUB CEPTriggerEvent
                                                              -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)

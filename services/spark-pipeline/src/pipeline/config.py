@@ -71,7 +71,16 @@ class LiveConfig(_Section):
     enabled: bool = True
     periods: list[int] = Field(default_factory=lambda: list(contracts.LIVE_PERIODS))
     #: Event-time lateness accepted by the candle aggregation; later ticks miss their candle.
+    #: close_mode event: a trade this late (behind the ticker's newest) still amends its
+    #: closed candle (a correction); close_mode watermark: closing waits this long.
     watermark_s: float = Field(default=10.0, ge=0)
+    #: How candles-close closes a window. "event": as soon as a trade of a later window
+    #: arrives, or the ticker was quiet for close_idle_s (state per ticker, Kafka ticks);
+    #: "watermark": over the Iceberg ticks once the watermark passed (~25 s later).
+    close_mode: Literal["event", "watermark"] = "event"
+    #: close_mode event: quiet time (processing time) after which event time is taken to
+    #: run on with the wall clock, closing the window of an idle ticker.
+    close_idle_s: float = Field(default=1.0, gt=0)
     #: Who publishes ticks: "kafka" (a consumer thread on the driver, see tick_publisher.py) or
     #: "spark" (a micro-batch query, trigger publish_trigger_s; seconds behind under load).
     publisher: Literal["kafka", "spark"] = "kafka"
@@ -83,7 +92,8 @@ class LiveConfig(_Section):
     publish_trigger_s: float = Field(default=0.1, ge=0)
     persist_trigger_s: float = Field(default=10.0, ge=0)
     candle_update_trigger_s: float = Field(default=1.0, ge=0)
-    candle_close_trigger_s: float = Field(default=5.0, ge=0)
+    #: close_mode event runs a batch every trigger even without data (idle closes).
+    candle_close_trigger_s: float = Field(default=0.5, ge=0)
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
 
     @field_validator("periods")

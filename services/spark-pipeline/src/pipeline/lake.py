@@ -112,11 +112,13 @@ class Lake:
                 session.catalog.dropTempView(view)
             return "merge"
 
-    def merge_live_candles(self, candles: DataFrame, lo_ms: int, hi_ms: int) -> None:
+    def merge_live_candles(
+        self, candles: DataFrame, lo_ms: int, hi_ms: int, *, amend: bool = False
+    ) -> None:
         view = _view_name("live")
         candles.createOrReplaceTempView(view)
         try:
-            statement = tables.merge_live_candles(self.names.ohlc, view, lo_ms, hi_ms)
+            statement = tables.merge_live_candles(self.names.ohlc, view, lo_ms, hi_ms, amend=amend)
             with self.ohlc_lock:
                 self._run(candles.sparkSession, statement)
         finally:

@@ -73,10 +73,13 @@ def start_query(
     output_mode: str = "append",
     identity: QueryIdentity | None = None,
     pool: str | None = None,
+    checkpoint: str | None = None,
 ) -> StreamingQuery:
     """Start a foreachBatch query; ``pool`` is its FAIR scheduler pool (see session.py).
 
     The query's thread inherits the pool from the thread that starts it.
+    ``checkpoint`` names its checkpoint directory (default: ``name``), for a query
+    whose plan changed incompatibly under the same name.
     """
     context = frame.sparkSession.sparkContext
     context.setLocalProperty("spark.scheduler.pool", pool)  # type: ignore[arg-type]
@@ -85,7 +88,7 @@ def start_query(
             frame.writeStream.queryName(name)
             .outputMode(output_mode)
             .foreachBatch(function)
-            .option("checkpointLocation", settings.checkpoint_for(name))
+            .option("checkpointLocation", settings.checkpoint_for(checkpoint or name))
             .trigger(processingTime=trigger_interval(trigger_s))
             .start()
         )

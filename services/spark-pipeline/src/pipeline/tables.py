@@ -241,12 +241,22 @@ WHEN MATCHED AND ({changed}) THEN UPDATE SET *
 WHEN NOT MATCHED THEN INSERT *"""
 
 
-def merge_live_candles(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
-    """Insert closed live candles whose key is new: history (the exchange) wins."""
+def merge_live_candles(
+    target: str, source_view: str, lo_ms: int, hi_ms: int, *, amend: bool = False
+) -> str:
+    """Insert closed live candles whose key is new: history (the exchange) wins.
+
+    ``amend``: a stored *live* candle whose values differ is updated (a late trade's
+    correction, or a replay); an exchange candle is still never touched.
+    """
+    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in OHLC_VALUE_COLUMNS)
+    update = (
+        f"WHEN MATCHED AND t.source = 'live' AND ({changed}) THEN UPDATE SET *\n" if amend else ""
+    )
     return f"""MERGE INTO {target} t
 USING {source_view} s
 ON {_ohlc_on(lo_ms, hi_ms)}
-WHEN NOT MATCHED THEN INSERT *"""
+{update}WHEN NOT MATCHED THEN INSERT *"""
 
 
 def merge_ticks(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:

@@ -1,0 +1,199 @@
+"""Event-time closing (pipeline.candle_close): when a candle closes, what it holds, corrections."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from candle_oracle import aggregate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mdproto.messages import Tick
+from pipeline.candle_close import Closing, TickerCandles, step
+
+T = "BINANCE:ETH/USDT"
+B = 1_704_067_200_000  # 2024-01-01T00:00:00Z, aligned to 1, 5 and 60 minutes
+CFG = Closing(periods=(60, 300), lateness_s=10.0, idle_s=1.0)
+
+
+def tick(trade_id: int, price: float, at_ms: int, amount: float = 1.0) -> Tick:
+    return Tick(ticker=T, trade_id=str(trade_id), price=price, amount=amount, timestamp_ms=at_ms)
+
+
+def chunk(*ticks: Tick) -> dict[str, list[Any]]:
+    return {
+        "ticker": [t.ticker for t in ticks],
+        "exchange": ["BINANCE"] * len(ticks),
+        "symbol": ["ETH/USDT"] * len(ticks),
+        "trade_id": [t.trade_id for t in ticks],
+        "price": [t.price for t in ticks],
+        "amount": [t.amount for t in ticks],
+        "trade_us": [t.timestamp_ms * 1000 for t in ticks],
+    }
+
+
+class Run:
+    """Feeds batches through ``step`` with the state serialised in between, like Spark."""
+
+    def __init__(self, cfg: Closing = CFG) -> None:
+        self.cfg = cfg
+        self.state: str | None = None
+        self.emitted: list[dict[str, Any]] = []
+        self.candles = TickerCandles()
+
+    def batch(self, now_ms: int, *ticks: Tick) -> list[dict[str, Any]]:
+        trades = [chunk(*ticks)] if ticks else []
+        cols, self.candles = step(self.cfg, T, self.state, trades, now_ms)
+        self.state = self.candles.to_json()
+        rows = [dict(zip(cols, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+        self.emitted += rows
+        return rows
+
+
+def key(row: dict[str, Any]) -> tuple[int, int]:
+    return (row["period_seconds"], row["open_time_ms"])
+
+
+def values(row: dict[str, Any]) -> tuple[float, ...]:
+    return (row["open"], row["high"], row["low"], row["close"], row["volume"], row["trade_count"])
+
+
+def test_a_trade_of_the_next_window_closes_the_candle_with_trade_time_open_and_close() -> None:
+    run = Run()
+    minute0 = [
+        tick(2, 101.0, B + 10_000, 0.5),
+        tick(1, 100.0, B + 7_000),
+        tick(3, 104.0, B + 30_000, 2.0),
+        tick(3, 104.0, B + 30_000, 2.0),  # re-delivered: counts once
+        tick(5, 103.0, B + 56_000, 0.25),
+    ]
+    assert run.batch(B + 57_000, *minute0) == []
+    assert run.batch(B + 57_500, tick(4, 98.0, B + 50_000)) == []  # late, same window
+    # Minute 1's first trade closes minute 0 at once: no watermark wait.
+    [closed] = run.batch(B + 60_100, tick(6, 102.0, B + 60_000))
+    assert key(closed) == (60, B)
+    assert values(closed) == (100.0, 104.0, 98.0, 103.0, 4.75, 5)
+    assert closed["correction"] is False
+    assert (closed["exchange"], closed["symbol"]) == ("BINANCE", "ETH/USDT")
+
+
+def test_a_quiet_ticker_closes_by_processing_time_after_the_idle_timeout() -> None:
+    run = Run()
+    run.batch(B + 50_200, tick(1, 100.0, B + 50_000))
+    # Due when the frontier (50 s) plus the quiet time beyond 1 s reaches 60 s.
+    assert run.candles.timeout_ms(CFG, B + 50_200) == 10_000 + 1_000
+    assert run.batch(B + 61_100) == []
+    [closed] = run.batch(B + 61_200)
+    assert key(closed) == (60, B) and not closed["correction"]
+    assert run.candles.timeout_ms(CFG, B + 61_200) == 240_000  # the 5-minute candle next
+    assert run.batch(B + 70_000) == []  # nothing twice
+
+
+def test_a_late_trade_amends_closed_candles_and_publishes_corrections() -> None:
+    run = Run()
+    run.batch(B + 1_000, tick(1, 100.0, B + 1_000), tick(2, 101.0, B + 59_000))
+    [closed] = run.batch(B + 61_000, tick(3, 102.0, B + 61_000))
+    assert values(closed) == (100.0, 101.0, 100.0, 101.0, 2.0, 2)
+    # Trade 4 (minute 0, 55 s) arrives after minute 0 was published: within the lateness.
+    [correction] = run.batch(B + 62_000, tick(4, 90.0, B + 55_000))
+    assert key(correction) == (60, B) and correction["correction"] is True
+    assert values(correction) == (100.0, 101.0, 90.0, 101.0, 3.0, 3)
+    # Re-delivered late trade: no change, nothing published.
+    assert run.batch(B + 63_000, tick(4, 90.0, B + 55_000)) == []
+
+
+def test_a_trade_later_than_the_lateness_misses_its_candle() -> None:
+    run = Run()
+    run.batch(B + 1_000, tick(1, 100.0, B + 1_000))
+    run.batch(B + 75_000, tick(2, 100.0, B + 75_000))  # frontier 75 s
+    assert run.batch(B + 76_000, tick(3, 500.0, B + 50_000)) == []  # 25 s behind: too late
+    assert run.candles.too_late == 1
+    # Closed minute 0 was evicted from the state, the open 5-minute candle kept its values.
+    [five] = [r for r in run.batch(B + 300_500, tick(5, 100.0, B + 300_000)) if key(r)[0] == 300]
+    assert values(five) == (100.0, 100.0, 100.0, 100.0, 2.0, 2)
+
+
+def test_state_round_trip_keeps_dedup_ids_and_emitted_flags() -> None:
+    run = Run()
+    run.batch(B + 1_000, tick(1, 100.0, B + 1_000))
+    restored = TickerCandles.from_json(run.state or "")
+    assert restored.to_json() == run.state
+    assert restored.ids == {B * 1000: {"1"}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_random_streams_publish_each_window_once_and_end_equal_to_the_oracle(seed: int) -> None:
+    """Random trades, re-deliveries, arrival jitter < lateness, random batches and gaps.
+
+    Every window is published closed exactly once; its last publication (closed
+    or correction) equals the oracle over all trades, as no trade is too late.
+    """
+    rnd = random.Random(seed)
+    trades = [
+        tick(i, float(rnd.randint(90, 110)), B + rnd.randint(0, 600_000), rnd.choice([0.5, 1.0]))
+        for i in range(rnd.randint(1, 80))
+    ]
+    trades.sort(key=lambda t: t.timestamp_ms)
+    # Arrival: trade time plus up to 5 s of jitter; some trades delivered twice.
+    arrivals = sorted(
+        [(t.timestamp_ms + rnd.randint(0, 5_000), t) for t in trades]
+        + [
+            (t.timestamp_ms + rnd.randint(0, 8_000), t)
+            for t in rnd.sample(trades, len(trades) // 5)
+        ],
+        key=lambda a: a[0],
+    )
+    run = Run()
+    now = B
+    i = 0
+    while i < len(arrivals):
+        now += rnd.choice([100, 500, 2_000])
+        batch = []
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            batch.append(arrivals[i][1])
+            i += 1
+        run.batch(now, *batch)
+    run.batch(now + 3_600_000)  # long quiet: every window closes by the idle timeout
+    assert run.candles.too_late == 0
+    closed = [key(r) for r in run.emitted if not r["correction"]]
+    assert len(closed) == len(set(closed))
+    final = {key(r): values(r) for r in run.emitted}
+    expected = {
+        (c.period_seconds, c.open_time_ms): (
+            c.open,
+            c.high,
+            c.low,
+            c.close,
+            c.volume,
+            c.trade_count,
+        )
+        for c in aggregate(trades, [60, 300])
+    }
+    assert final == expected
+
+
+def test_state_info_offsets_stay_integers_with_null_padding_rows() -> None:
+    import pyarrow as pa
+    from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
+
+    info = pa.struct(
+        [
+            ("properties", pa.string()),
+            ("keyRowAsUnsafe", pa.binary()),
+            ("object", pa.binary()),
+            ("startOffset", pa.int32()),
+            ("numRows", pa.int32()),
+            ("isLastChunk", pa.bool_()),
+        ]
+    )
+    row = {"properties": "{}", "keyRowAsUnsafe": b"k", "object": None}
+    padding = dict.fromkeys(info.names)
+    column = pa.array([{**row, "startOffset": 3, "numRows": 2, "isLastChunk": True}, padding], info)
+    serializer = ApplyInPandasWithStateSerializer("UTC", False, True, None, 10_000, False)
+
+    first = serializer.arrow_to_pandas(column).iloc[0]
+
+    assert (first["startOffset"], first["numRows"]) == (3, 2)
+    assert isinstance(first["startOffset"], int)
