@@ -355,6 +355,7 @@ def second_ingestor(platform: Platform) -> Iterator[subprocess.Popen[bytes]]:
                 proc.wait()
 
 
+@pytest.mark.local  # two ingestor processes; the compose stack runs one ingestor container
 def test_claim_winner_killed_mid_fetch_is_taken_over_and_notified_once(
     platform: Platform,
     client_settings: ClientSettings,

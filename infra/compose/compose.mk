@@ -58,4 +58,4 @@ e2e: venv proto
 	else \
 		echo "e2e: no Docker engine here, the compose e2e tests will skip"; \
 	fi
-	MDP_E2E_STACK=compose $(BIN)/pytest -m "e2e or compose" --timeout=3600 e2e infra/tests/test_compose.py $(E2E_ARGS)
+	MDP_E2E_STACK=compose $(BIN)/pytest -m "(e2e or compose) and not local" --timeout=3600 e2e infra/tests/test_compose.py $(E2E_ARGS)
