@@ -66,7 +66,8 @@ def test_live_and_tick_merges_only_insert() -> None:
 def test_amending_live_merge_updates_only_changed_live_candles() -> None:
     sql = tables.merge_live_candles("lake.market.ohlc", "src", 0, 1, amend=True)
     assert "WHEN MATCHED AND t.source = 'live' AND (NOT (t.open <=> s.open) OR " in sql
-    assert "NOT (t.trade_count <=> s.trade_count)) THEN UPDATE SET *" in sql
+    assert "NOT (t.trade_count <=> s.trade_count)" in sql
+    assert "NOT (t.taker_buy_quote_volume <=> s.taker_buy_quote_volume)) THEN UPDATE SET *" in sql
     assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
 
 

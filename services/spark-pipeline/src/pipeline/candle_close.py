@@ -33,14 +33,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.tables import OHLC_VALUE_COLUMNS
+from pipeline.tables import LIVE_VALUE_COLUMNS
 
 TradeKey = tuple[int, int, str]  # (trade time us, len(trade_id), trade_id)
 
 #: Columns of the rows ``close_candles`` emits (Spark DDL of ``OUTPUT_SCHEMA``).
 OUTPUT_COLUMNS = (
     *("ticker", "exchange", "symbol", "period_seconds", "open_time_ms"),
-    *OHLC_VALUE_COLUMNS,
+    *LIVE_VALUE_COLUMNS,
     "correction",
 )
 OUTPUT_SCHEMA = (

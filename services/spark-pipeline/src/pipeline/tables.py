@@ -13,13 +13,11 @@ from datetime import UTC, datetime
 
 from mdproto import topics
 
+#: What a candle built from trades has (live candles).
+LIVE_VALUE_COLUMNS = ("open", "high", "low", "close", "volume", "trade_count")
+#: ... plus what an exchange may report besides (history candles; null otherwise).
 OHLC_VALUE_COLUMNS = (
-    "open",
-    "high",
-    "low",
-    "close",
-    "volume",
-    "trade_count",
+    *LIVE_VALUE_COLUMNS,
     "quote_volume",
     "taker_buy_volume",
     "taker_buy_quote_volume",
