@@ -54,12 +54,16 @@ class Stages:
 
     def row(self) -> str:
         ingest = (self.last_record_ms - self.submit_ms) / 1000
-        commit = (self.snapshot_ms - self.last_record_ms) / 1000
-        notify = (self.notified_ms - self.snapshot_ms) / 1000
+        if self.snapshot_ms < self.last_record_ms:  # answered from storage: no new commit
+            commit_text = "-"
+            notify = (self.notified_ms - self.last_record_ms) / 1000
+        else:
+            commit_text = f"{(self.snapshot_ms - self.last_record_ms) / 1000:.1f}"
+            notify = (self.notified_ms - self.snapshot_ms) / 1000
         read = (self.rows_ms - self.notified_ms) / 1000
         rate = self.rows / self.total_s if self.total_s else 0.0
         return (
-            f"| {self.label} | {self.rows:,} | {ingest:.1f} | {commit:.1f} | {notify:.2f} "
+            f"| {self.label} | {self.rows:,} | {ingest:.1f} | {commit_text} | {notify:.2f} "
             f"| {read:.1f} | **{self.total_s:.1f}** | {rate:,.0f} |"
         )
 
