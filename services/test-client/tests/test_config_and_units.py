@@ -219,3 +219,14 @@ def test_shipped_config_yaml_mirrors_the_built_in_defaults() -> None:
 
     shipped = Path(__file__).resolve().parents[1] / "config.yaml"
     assert load_settings(shipped).model_dump() == ClientSettings().model_dump()
+
+
+def test_live_lines_tell_open_closed_and_corrected_candles_apart() -> None:
+    from mdclient.output import live_line
+
+    def candle(**flags: bool) -> OHLC:
+        return OHLC(ticker="BINANCE:BTC/USDT", period_seconds=60, open_time_ms=T0, **flags)
+
+    assert " open   " in live_line(candle())
+    assert " closed " in live_line(candle(closed=True))
+    assert " fixed " in live_line(candle(closed=True, correction=True))

@@ -152,7 +152,8 @@ def write_parquet(table: pa.Table, path: Path) -> None:
 def live_line(message: LiveMessage) -> str:
     """One terminal line per live message."""
     if isinstance(message, OHLC):
-        state = "closed" if message.closed else "open  "
+        # A correction re-publishes a closed candle a late trade changed (docs/protocol.md).
+        state = "fixed " if message.correction else "closed" if message.closed else "open  "
         trades = message.trade_count if message.HasField("trade_count") else ""
         return (
             f"{format_ms(message.open_time_ms)}  {message.ticker}  "
