@@ -216,10 +216,6 @@ async def _send_final(sink: RecordSink, key: str, final: OHLCBatch) -> bool:
     return True
 
 
-def _series(request: DataRequest) -> tuple[str, int]:
-    return request.ticker, request.period_seconds
-
-
 async def write_error_marker(
     request: DataRequest, sink: RecordSink, *, ingestor_id: str, error_code: str, reason: str
 ) -> bool:
@@ -260,7 +256,8 @@ async def run_history_job(
 
     try:
         symbol, plan = plan_request(request, source, env)
-        held = [] if request.refetch or plan.empty else await stored.stored(*_series(request))
+        skip_storage = request.refetch or plan.empty
+        held = [] if skip_storage else await stored.stored(request.ticker, request.period_seconds)
         parts, origin = fetch_plans(plan, held)
         builder.set_source(origin)
         for part in parts:  # the whole plan, or the pieces storage does not hold
