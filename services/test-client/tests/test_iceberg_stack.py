@@ -456,6 +456,16 @@ def _last_value(endpoint: str, topic: str) -> Any:
         sub.close(0)
 
 
+def _last_value_after(endpoint: str, topic: str, sequence: int, timeout_s: float = 10.0) -> Any:
+    """The last value once the server has taken in `sequence`: publishing is a PUSH to the
+    server's thread, so a subscriber racing it may still see the previous value."""
+    deadline = time.monotonic() + timeout_s
+    while (value := _last_value(endpoint, topic)).sequence < sequence:
+        assert time.monotonic() < deadline, f"last value still {value.sequence} < {sequence}"
+        time.sleep(0.02)
+    return value
+
+
 def _candle(close: float, open_ms: int, *, closed: bool = False) -> OHLC:
     return OHLC(ticker=BTC, period_seconds=60, open_time_ms=open_ms, close=close, closed=closed)
 
@@ -495,8 +505,8 @@ def test_live_late_join_gets_the_last_value_and_a_gap_is_recovered_from_iceberg(
         publisher.publish(topic, _candle(1.0, T0))
         publisher.publish(topic, _candle(2.0, T0))
         publisher.publish(topics.tick_topic(ETH), Tick(ticker=ETH, trade_id="e1"))
-        assert _last_value(endpoint, topic).sequence == 2  # the server has both
-        assert _last_value(endpoint, topics.tick_topic(ETH)).trade_id == "e1"
+        assert _last_value_after(endpoint, topic, 2).sequence == 2  # the server has both
+        assert _last_value_after(endpoint, topics.tick_topic(ETH), 1).trade_id == "e1"
         with Client(settings=settings) as client:
             stream = client.live(BTC, ohlc=["1m"], on_sequence=events.append)
             joined = stream.get(5)  # nothing published since: the last value
@@ -513,7 +523,7 @@ def test_live_late_join_gets_the_last_value_and_a_gap_is_recovered_from_iceberg(
             publisher.publish(topic, _candle(4.0, T0 + MINUTE, closed=True))
             publisher.publish(topic, _candle(5.0, T0 + 2 * MINUTE, closed=True))
             publisher.publish(topic, _candle(6.0, T0 + 3 * MINUTE))
-            assert _last_value(endpoint, topic).sequence == 6
+            assert _last_value_after(endpoint, topic, 6).sequence == 6
             client.subscribe(topic)  # back: the last value (6) reveals the gap
 
             got = _next(stream, lambda m: m.closed and m.open_time_ms == T0 + 119 * MINUTE)
