@@ -1,6 +1,7 @@
-"""Faults on running services: Kafka restarted, the relay restarted, an ingestor crashed,
-the claim winner of two ingestors killed mid-fetch (taken over by the other), and the
-platform driven from inside the compose network by service names.
+"""Faults on running services: Kafka restarted (on the three-broker cluster: a broker
+killed), the relay restarted, an ingestor crashed, the claim winner of two ingestors
+killed mid-fetch (taken over by the other), and the platform driven from inside the
+compose network by service names.
 
 Each fault is injected while the work it could spoil is in flight: the exchange
 simulator serves slow pages, and the fault waits until the pipeline has committed
@@ -38,6 +39,7 @@ from infra.testing import exchange_rows, notified_request_ids, result_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult, SubmitRejected
 from mdproto import contracts, envelope, topics
 from mdproto.messages import IngestClaim, Tick
+from mdproto.runtime.kafka import end_offsets
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -145,6 +147,79 @@ def test_kafka_restart_while_ingesting_loses_no_acknowledged_record(
     assert result.status == "OK" and result.attempts == 1
     assert result_rows(result) == expected  # nothing lost, nothing twice
     assert result.reported_rows == len(expected)
+
+
+#: Topics the services create; on the cluster each must have three replicas.
+PLATFORM_TOPICS = (
+    contracts.KAFKA_OHLC_BATCHES,
+    contracts.KAFKA_TICKS,
+    contracts.KAFKA_MARKETS,
+    contracts.KAFKA_INGEST_CLAIMS,
+)
+
+
+def broker_service(broker_id: int) -> str:
+    """infra/compose/kafka-cluster.yml's service of a broker (node) id."""
+    return "kafka" if broker_id == 1 else f"kafka-{broker_id}"
+
+
+def partition_being_written(consumer: Consumer, topic: str, before: dict[int, int]) -> int:
+    """The first partition of `topic` whose end moved past `before` (a readiness check:
+    the request's records are arriving in Kafka)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        now = end_offsets(consumer, topic, timeout_s=5.0) or {}
+        grown = [p for p, end in sorted(now.items()) if end > before.get(p, 0)]
+        if grown:
+            return grown[0]
+        time.sleep(0.2)
+    pytest.fail(f"no record reached {topic} within {WAIT_S:g}s")
+
+
+@pytest.mark.compose
+@pytest.mark.kafka_cluster
+def test_a_kafka_broker_killed_mid_ingest_loses_no_acknowledged_record(
+    compose: ComposePlatform,
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
+    slow_pages: Callable[[float, int], None],
+) -> None:
+    """On the three-broker cluster (replication 3, min in-sync 2): the leader of the
+    partition a year of candles is being written to is killed (SIGKILL) mid-request. The
+    request completes with one attempt and every candle the exchange served, once."""
+    ticker, symbol = "BINANCE:BTC/USDT", "BTC/USDT"
+    start, end = past_range(days_ago=400, days=365)  # 525,600 candles: 526 exchange pages
+    expected = exchange_rows(symbol, start, end)
+    slow_pages(0.1, 600)  # the fetch lasts a minute: the kill lands mid-request
+    consumer = Consumer(
+        {"bootstrap.servers": compose.endpoints.kafka_bootstrap, "group.id": "e2e-cluster"}
+    )
+    try:
+        topics_meta = consumer.list_topics(timeout=30).topics
+        for name in PLATFORM_TOPICS:
+            replicas = {len(p.replicas) for p in topics_meta[name].partitions.values()}
+            assert replicas == {3}, f"{name}: {replicas} replicas"
+        topic = contracts.KAFKA_OHLC_BATCHES
+        before = end_offsets(consumer, topic, timeout_s=10.0) or {}
+
+        def ask() -> HistoryResult:
+            with Client(settings=client_settings, client_id="e2e-kafka-cluster") as c:
+                return c.history(ticker, "1m", start, end, timeout_s=600, attempts=1)
+
+        request = InFlight(ask)
+        partition = partition_being_written(consumer, topic, before)
+        leader = consumer.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+        assert pages_served(sim, symbol, start, end) < 500, "nothing left in flight"
+        compose.kill(broker_service(leader))
+        request.join(timeout_s=660)
+    finally:
+        consumer.close()
+    assert not request.errors, request.errors
+    [result] = request.results
+    assert result.status == "OK" and result.attempts == 1
+    assert result_rows(result) == expected  # nothing lost, nothing twice
+    assert result.reported_rows == len(expected)
+    compose.start(broker_service(leader))
 
 
 @pytest.mark.compose

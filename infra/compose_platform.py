@@ -83,7 +83,21 @@ PORT_VARIABLES: dict[str, str] = {
     "exchange_sim_port": "MDP_PORT_EXCHANGE_SIM",
     "prometheus_port": "MDP_PORT_PROMETHEUS",
 }
+#: The three-broker Kafka override: brokers 2 and 3 publish their own EXTERNAL
+#: listeners (a host client is sent to each partition's leader).
+KAFKA_CLUSTER_FILE = "infra/compose/kafka-cluster.yml"
+KAFKA_PEER_PORT_VARIABLES: dict[str, str] = {
+    "kafka_2_port": "MDP_PORT_KAFKA_2",
+    "kafka_3_port": "MDP_PORT_KAFKA_3",
+}
 HOST = "127.0.0.1"
+
+
+def port_variables(files: list[str]) -> dict[str, str]:
+    """The published ports of a stack of these compose files (field -> variable)."""
+    if KAFKA_CLUSTER_FILE in files:
+        return {**PORT_VARIABLES, **KAFKA_PEER_PORT_VARIABLES}
+    return dict(PORT_VARIABLES)
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,7 @@ class ComposeEndpoints:
     exchange_sim_port: int
     prometheus_port: int
     offline: bool
+    kafka_peer_ports: tuple[int, ...] = ()  # brokers 2 and 3 of the Kafka cluster override
     s3_access_key: str = S3_ACCESS_KEY
     s3_secret_key: str = S3_SECRET_KEY
     s3_region: str = S3_REGION
@@ -114,7 +129,9 @@ class ComposeEndpoints:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.relay_host}:{self.kafka_port}"
+        """Every broker: a host client still finds the cluster while one is down."""
+        ports = (self.kafka_port, *self.kafka_peer_ports)
+        return ",".join(f"{self.relay_host}:{port}" for port in ports)
 
     @property
     def catalog_uri(self) -> str:
@@ -213,6 +230,7 @@ def endpoints_for(project: str, ports: Mapping[str, int], *, offline: bool) -> C
         spark_ui_port=ports["spark_ui_port"],
         exchange_sim_port=ports["exchange_sim_port"],
         prometheus_port=ports["prometheus_port"],
+        kafka_peer_ports=tuple(ports[f] for f in KAFKA_PEER_PORT_VARIABLES if f in ports),
     )
 
 
@@ -302,7 +320,8 @@ def compose_environment(
         "MDP_BIND": HOST,
         "MDP_KAFKA_HOST": HOST,
     }
-    env.update({PORT_VARIABLES[field]: str(port) for field, port in ports.items()})
+    variables = {**PORT_VARIABLES, **KAFKA_PEER_PORT_VARIABLES}
+    env.update({variables[field]: str(port) for field, port in ports.items()})
     if image_tag:
         env["MDP_IMAGE_TAG"] = image_tag
     return env
@@ -528,7 +547,8 @@ def compose_session(
     chosen = files or compose_files()
     profiles = PROFILES_OFFLINE if offline else ()
     name = project or f"mdp-e2e-{uuid.uuid4().hex[:8]}"
-    ports = dict(zip(PORT_VARIABLES, free_ports(len(PORT_VARIABLES)), strict=True))
+    variables = port_variables(chosen)
+    ports = dict(zip(variables, free_ports(len(variables)), strict=True))
     endpoints = endpoints_for(name, ports, offline=offline)
     env = compose_environment(ports, name, image_tag)
     compose = DockerCompose(

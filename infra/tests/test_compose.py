@@ -1181,7 +1181,7 @@ def test_submit_script_stops_only_the_python_driver_on_sigterm(tmp_path: Path) -
 
 def test_compose_makefile_fragment_has_the_targets() -> None:
     text = (COMPOSE_DIR / "compose.mk").read_text()
-    for target in ("up", "down", "logs", "e2e"):
+    for target in ("up", "down", "logs", "e2e", "e2e-kafka-cluster"):
         assert re.search(rf"^{target}:", text, re.MULTILINE), target
     assert "MDP_E2E_STACK=compose" in text
 
@@ -1432,3 +1432,87 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
             r"\b((?:relay|ingestor|pipeline)_[a-z_]+?)(?:_total)?\b", rule["expr"]
         ):
             assert f'"{metric}"' in sources, f"{rule['alert']}: no service exports {metric}"
+
+
+# ----------------------------------------------------------------------------- Kafka cluster
+
+KAFKA_CLUSTER_FILES = [
+    "docker-compose.yml",
+    "infra/images/compose.yml",
+    "infra/compose/kafka-cluster.yml",
+    "infra/images/kafka-cluster.yml",
+]
+KAFKA_CLIENTS = {"relay": "RELAY_", "ingestor": "INGESTOR_", "spark-pipeline": "PIPELINE_"}
+
+
+def cluster_compose(**variables: str) -> dict[str, Any]:
+    """`docker-compose config` of the offline cluster stack (every profile)."""
+    args = [_tool("docker-compose")]
+    for file in KAFKA_CLUSTER_FILES:
+        args += ["-f", str(REPO / file)]
+    for profile in ALL_PROFILES:
+        args += ["--profile", profile]
+    result = subprocess.run(
+        [*args, "config", "--format", "json"],
+        cwd=REPO,
+        env={**_clean_env(), **variables},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_kafka_cluster_override_makes_three_replicated_brokers() -> None:
+    doc = cluster_compose()
+    brokers = {name: doc["services"][name] for name in ("kafka", "kafka-2", "kafka-3")}
+    v = load_versions()
+    voters = {svc["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"] for svc in brokers.values()}
+    assert voters == {"1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    ids = {name: svc["environment"]["KAFKA_NODE_ID"] for name, svc in brokers.items()}
+    assert ids == {"kafka": "1", "kafka-2": "2", "kafka-3": "3"}
+    volumes = set()
+    for name, svc in brokers.items():
+        env = svc["environment"]
+        assert env["KAFKA_ADVERTISED_LISTENERS"].startswith(f"PLAINTEXT://{name}:9092,")
+        assert (env["KAFKA_DEFAULT_REPLICATION_FACTOR"], env["KAFKA_MIN_INSYNC_REPLICAS"]) == (
+            "3",
+            "2",
+        )
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "3"
+        assert env["CLUSTER_ID"] == brokers["kafka"]["environment"]["CLUSTER_ID"]
+        assert svc["image"] == f"mdp-offline/kafka:{v.kafka}" and "healthcheck" in svc
+        [volume] = svc["volumes"]
+        volumes.add(volume["source"])
+    assert len(volumes) == 3 and "kafka-data" not in volumes  # never the single node's
+    for name, prefix in KAFKA_CLIENTS.items():
+        svc = doc["services"][name]
+        assert svc["environment"][f"{prefix}KAFKA__BOOTSTRAP_SERVERS"] == (
+            "kafka:9092,kafka-2:9092,kafka-3:9092"
+        )
+        assert svc["environment"][f"{prefix}KAFKA__REPLICATION_FACTOR"] == "3"
+        for broker in brokers:
+            assert svc["depends_on"][broker]["condition"] == "service_healthy"
+
+
+def test_kafka_cluster_publishes_every_broker_on_a_chosen_port(
+    compose_stack_module: ModuleType,
+) -> None:
+    mod = compose_stack_module
+    variables = mod.port_variables(KAFKA_CLUSTER_FILES)
+    ports = dict(zip(variables, mod.free_ports(len(variables)), strict=True))
+    doc = cluster_compose(**mod.compose_environment(ports, "mdp-e2e-cluster"))
+    host_ports = {
+        int(p["published"]) for svc in doc["services"].values() for p in svc.get("ports", [])
+    }
+    assert host_ports == set(ports.values())
+    endpoints = mod.endpoints_for("p", ports, offline=True)
+    for host_port in endpoints.kafka_bootstrap.split(","):
+        assert any(
+            f"EXTERNAL://{host_port}"
+            in doc["services"][b]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+            for b in ("kafka", "kafka-2", "kafka-3")
+        ), host_port
+    assert len(endpoints.kafka_bootstrap.split(",")) == 3
