@@ -107,10 +107,12 @@ def raw_compose() -> dict[str, Any]:
 
 
 @functools.cache
-def resolved_compose(**variables: str) -> dict[str, Any]:
-    """``docker-compose config`` with every profile: defaults (or `variables`) interpolated,
-    long syntax."""
+def resolved_compose(files: tuple[str, ...] = (), **variables: str) -> dict[str, Any]:
+    """``docker-compose config`` of docker-compose.yml (or `files`) with every profile:
+    defaults (or `variables`) interpolated, long syntax."""
     args = [_tool("docker-compose")]
+    for file in files:
+        args += ["-f", str(REPO / file)]
     for profile in ALL_PROFILES:
         args += ["--profile", profile]
     result = subprocess.run(
@@ -1436,37 +1438,17 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
 
 # ----------------------------------------------------------------------------- Kafka cluster
 
-KAFKA_CLUSTER_FILES = [
+KAFKA_CLUSTER_FILES = (
     "docker-compose.yml",
     "infra/images/compose.yml",
     "infra/compose/kafka-cluster.yml",
     "infra/images/kafka-cluster.yml",
-]
+)
 KAFKA_CLIENTS = {"relay": "RELAY_", "ingestor": "INGESTOR_", "spark-pipeline": "PIPELINE_"}
 
 
-def cluster_compose(**variables: str) -> dict[str, Any]:
-    """`docker-compose config` of the offline cluster stack (every profile)."""
-    args = [_tool("docker-compose")]
-    for file in KAFKA_CLUSTER_FILES:
-        args += ["-f", str(REPO / file)]
-    for profile in ALL_PROFILES:
-        args += ["--profile", profile]
-    result = subprocess.run(
-        [*args, "config", "--format", "json"],
-        cwd=REPO,
-        env={**_clean_env(), **variables},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
-
-
 def test_kafka_cluster_override_makes_three_replicated_brokers() -> None:
-    doc = cluster_compose()
+    doc = resolved_compose(KAFKA_CLUSTER_FILES)
     brokers = {name: doc["services"][name] for name in ("kafka", "kafka-2", "kafka-3")}
     v = load_versions()
     voters = {svc["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"] for svc in brokers.values()}
@@ -1501,9 +1483,9 @@ def test_kafka_cluster_publishes_every_broker_on_a_chosen_port(
     compose_stack_module: ModuleType,
 ) -> None:
     mod = compose_stack_module
-    variables = mod.port_variables(KAFKA_CLUSTER_FILES)
+    variables = mod.port_variables(list(KAFKA_CLUSTER_FILES))
     ports = dict(zip(variables, mod.free_ports(len(variables)), strict=True))
-    doc = cluster_compose(**mod.compose_environment(ports, "mdp-e2e-cluster"))
+    doc = resolved_compose(KAFKA_CLUSTER_FILES, **mod.compose_environment(ports, "mdp-e2e-cluster"))
     host_ports = {
         int(p["published"]) for svc in doc["services"].values() for p in svc.get("ports", [])
     }
