@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline_common import (
-    Collector,
+    WAIT_S,
     PipelineProcess,
     median,
     percentile,
@@ -43,6 +43,7 @@ from pipeline_common import (
     workdir,
 )
 
+from infra.testing import Subscriber
 from mdproto.messages import OHLC, Tick
 
 ORACLES = Path(__file__).resolve().parents[1] / "services/spark-pipeline/tests/oracles"
@@ -77,7 +78,7 @@ def measure(
     pipeline: PipelineProcess, names: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
     prefixes = [f"{t}|ohlc:".encode() for t in names]
-    collector = Collector(pipeline.pub_endpoint, prefixes)
+    collector = Subscriber(pipeline.pub_endpoint, prefixes, wait_s=WAIT_S)
     time.sleep(1.0)  # the subscription reaches the PUB
     ctx = mp.get_context("spawn")
     done: Queue[int] = ctx.Queue()
@@ -112,7 +113,7 @@ def measure(
             isinstance(m, OHLC)
             and m.closed
             and (m.ticker, m.period_seconds, m.open_time_ms) == (t, p, s)
-            for _, _, m in collector.received
+            for m in (r.message for r in collector.received)
         )
 
     # Every window closed, or give up after the baseline's worst case and a margin.
@@ -127,7 +128,8 @@ def measure(
     final: dict[tuple[str, int, int], OHLC] = {}
     published: dict[tuple[str, int, int], int] = {}
     corrections = 0
-    for at, _, m in collector.received:
+    for received in collector.received:
+        at, m = received.at, received.message
         if not isinstance(m, OHLC) or not m.closed:
             continue
         key = (m.ticker, m.period_seconds, m.open_time_ms)
@@ -142,7 +144,7 @@ def measure(
         "windows": len(windows),
         "corrections": corrections,
         "received_ohlc": len(collector.received),
-        "received_closed": sum(1 for _, _, m in collector.received if getattr(m, "closed", 0)),
+        "received_closed": sum(1 for r in collector.received if getattr(r.message, "closed", 0)),
     }
     for period in args.periods:
         lat = [

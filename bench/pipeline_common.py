@@ -1,4 +1,4 @@
-"""Shared pieces of the pipeline benchmarks: a stack, the pipeline process, a SUB.
+"""Shared pieces of the pipeline benchmarks: a stack, the pipeline process, a tick producer.
 
 The pipeline runs as `python -m pipeline` (the production entry point) in its own
 process group, configured through PIPELINE_* variables like `make run` does.
@@ -13,16 +13,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
-from typing import Any
-
-import zmq
 
 from infra.localstack import StackEndpoints, start_on_free_ports
 from infra.testing import free_port, pipeline_env
@@ -133,54 +129,6 @@ class PipelineProcess:
             for line in self.log_file.read_text(errors="replace").splitlines()
             if needle in line
         ]
-
-
-class Collector:
-    """A SUB recording (receive time, topic, message) for the given prefixes."""
-
-    def __init__(self, endpoint: str, prefixes: list[bytes]) -> None:
-        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._socket = self._ctx.socket(zmq.SUB)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.setsockopt(zmq.RCVTIMEO, 200)
-        for prefix in prefixes:
-            self._socket.setsockopt(zmq.SUBSCRIBE, prefix)
-        self._socket.connect(endpoint)
-        self.received: list[tuple[float, str, Any]] = []
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                frames = self._socket.recv_multipart()
-            except zmq.Again:
-                continue
-            now = time.time()
-            topic, message = envelope.decode_sub(frames)
-            with self._cond:
-                self.received.append((now, topic, message))
-                self._cond.notify_all()
-
-    def wait_for(self, predicate: Callable[[str, Any], bool], timeout_s: float = WAIT_S) -> float:
-        """Receive time of the first message matching ``predicate``."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                for at, topic, message in self.received:
-                    if predicate(topic, message):
-                        return at
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("no matching message")
-                self._cond.wait(min(left, 1.0))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._ctx.destroy(linger=0)
 
 
 def produce_ticks(

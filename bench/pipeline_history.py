@@ -31,9 +31,10 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Producer
-from pipeline_common import Collector, PipelineProcess, median, stack, workdir
+from pipeline_common import WAIT_S, PipelineProcess, median, stack, workdir
 
 from infra.localstack import StackEndpoints
+from infra.testing import Subscriber
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, HistoryReadyNotification, OHLCBatch, Status
 
@@ -148,7 +149,9 @@ def run(args: argparse.Namespace) -> None:
                 "PIPELINE_HISTORY__TRIGGER_S": str(args.trigger),
             },
         )
-        collector = Collector(pipeline.pub_endpoint, [topics.response_topic(CLIENT).encode()])
+        collector = Subscriber(
+            pipeline.pub_endpoint, [topics.response_topic(CLIENT).encode()], wait_s=WAIT_S
+        )
         cleanup.callback(pipeline.stop)  # also when a measurement fails
         started = time.perf_counter()
         pipeline.start()
@@ -164,13 +167,15 @@ def run(args: argparse.Namespace) -> None:
             values = request_records(request_id, n, t0)
             landed = produce(producer, pipeline.batches_topic, values)
             got = collector.wait_for(
-                lambda _t, m: isinstance(m, HistoryReadyNotification) and m.request_id == request_id
-            )
-            message = next(
-                m for _, _, m in collector.received if getattr(m, "request_id", "") == request_id
-            )
+                lambda r: (
+                    isinstance(r.message, HistoryReadyNotification)
+                    and r.message.request_id == request_id
+                )
+            )[0]
+            message = got.message
+            assert isinstance(message, HistoryReadyNotification)
             assert message.status == Status.OK, message
-            return got - landed, (request_id, t0)
+            return got.at - landed, (request_id, t0)
 
         cold, _ = request(1000)
         print(f"cold first request (1,000 candles): {cold:.2f} s", flush=True)

@@ -7,7 +7,10 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +18,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import zmq
     from confluent_kafka import Consumer, Message
+    from google.protobuf.message import Message as ProtoMessage
 
     from infra.localstack import StackEndpoints
     from mdclient import HistoryResult
@@ -121,3 +125,104 @@ def notified_request_ids(sub: zmq.Socket[bytes], quiet_ms: int = 1000) -> list[s
         seen.append(message.request_id)
     sub.close(linger=0)
     return seen
+
+
+@dataclass(frozen=True)
+class Received:
+    at: float  # time.time() when the SUB received it
+    topic: str
+    message: ProtoMessage
+
+
+class Subscriber:
+    """A SUB on a PUB (the pipeline's, the relay's) recording every message under `prefixes`
+    (default: everything) on its own thread; tests and benchmarks wait on it with deadlines.
+
+    Like any client it drops duplicates by sequence number (docs/protocol.md "Sequence
+    numbers and recovery"): the last values the XPUB re-sends when another SUB
+    subscribes; they are counted in `duplicates`.
+    """
+
+    def __init__(
+        self, endpoint: str, prefixes: Sequence[bytes] = (b"",), *, wait_s: float = 240.0
+    ) -> None:
+        import zmq
+
+        self.wait_s = wait_s  # wait_for's default deadline
+        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+        for prefix in prefixes:
+            self._socket.setsockopt(zmq.SUBSCRIBE, prefix)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.RCVTIMEO, 200)
+        self._socket.connect(endpoint)
+        self._messages: list[Received] = []
+        self._last: dict[str, tuple[int, int]] = {}  # topic -> (epoch, sequence)
+        self.duplicates = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        from mdproto import envelope
+
+        while not self._stop.is_set():
+            try:
+                frames = self._socket.recv_multipart()
+            except zmq.Again:
+                continue
+            topic, message = envelope.decode_sub(frames)
+            if self._duplicate(topic, message):
+                continue
+            with self._cond:
+                self._messages.append(Received(time.time(), topic, message))
+                self._cond.notify_all()
+
+    def _duplicate(self, topic: str, message: ProtoMessage) -> bool:
+        sequence = getattr(message, "sequence", 0)
+        if not sequence:
+            return False
+        epoch = message.publisher_epoch  # type: ignore[attr-defined]
+        last = self._last.get(topic)
+        if last is not None and last[0] == epoch and sequence <= last[1]:
+            self.duplicates += 1
+            return True
+        self._last[topic] = (epoch, sequence)
+        return False
+
+    @property
+    def received(self) -> list[Received]:
+        """Everything recorded so far, in arrival order."""
+        with self._cond:
+            return list(self._messages)
+
+    def matching(self, predicate: Callable[[Received], bool]) -> list[Received]:
+        with self._cond:
+            return [m for m in self._messages if predicate(m)]
+
+    def wait_for(
+        self, predicate: Callable[[Received], bool], count: int = 1, timeout_s: float | None = None
+    ) -> list[Received]:
+        """The first `count` matching messages; AssertionError after the deadline."""
+        timeout_s = self.wait_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                found = [m for m in self._messages if predicate(m)]
+                if len(found) >= count:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    topics = sorted({m.topic for m in self._messages})
+                    raise AssertionError(
+                        f"{len(found)}/{count} matching messages in {timeout_s} s; topics seen: "
+                        f"{topics[:20]}"
+                    )
+                self._cond.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._socket.close(0)

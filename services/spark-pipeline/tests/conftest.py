@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -18,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
-from google.protobuf.message import Message
 
 from infra.localstack.process import wait_group_gone
-from infra.testing import free_port, pipeline_env
+from infra.testing import Received, Subscriber, free_port, pipeline_env
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, Tick
 
@@ -299,94 +297,6 @@ class PipelineRun:
             (self.workdir / f"pipeline-{i}.log").read_text(errors="replace")
             for i in range(1, self.starts + 1)
         )
-
-
-@dataclass(frozen=True)
-class Received:
-    at: float
-    topic: str
-    message: Message
-
-
-class Subscriber:
-    """A SUB on the pipeline's PUB that records every message (subscribed to everything).
-
-    Like any client it drops duplicates by sequence number (docs/protocol.md "Sequence
-    numbers and recovery"): the last values the XPUB re-sends when another SUB
-    subscribes; they are counted in `duplicates`.
-    """
-
-    def __init__(self, endpoint: str) -> None:
-        import zmq
-
-        self._socket = zmq.Context.instance().socket(zmq.SUB)
-        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
-        self._socket.setsockopt(zmq.RCVHWM, 0)
-        self._socket.setsockopt(zmq.RCVTIMEO, 200)
-        self._socket.connect(endpoint)
-        self._messages: list[Received] = []
-        self._last: dict[str, tuple[int, int]] = {}  # topic -> (epoch, sequence)
-        self.duplicates = 0
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import zmq
-
-        from mdproto import envelope
-
-        while not self._stop.is_set():
-            try:
-                frames = self._socket.recv_multipart()
-            except zmq.Again:
-                continue
-            topic, message = envelope.decode_sub(frames)
-            if self._duplicate(topic, message):
-                continue
-            with self._cond:
-                self._messages.append(Received(time.time(), topic, message))
-                self._cond.notify_all()
-
-    def _duplicate(self, topic: str, message: Message) -> bool:
-        sequence = getattr(message, "sequence", 0)
-        if not sequence:
-            return False
-        epoch = message.publisher_epoch  # type: ignore[attr-defined]
-        last = self._last.get(topic)
-        if last is not None and last[0] == epoch and sequence <= last[1]:
-            self.duplicates += 1
-            return True
-        self._last[topic] = (epoch, sequence)
-        return False
-
-    def matching(self, predicate: Callable[[Received], bool]) -> list[Received]:
-        with self._cond:
-            return [m for m in self._messages if predicate(m)]
-
-    def wait_for(
-        self, predicate: Callable[[Received], bool], count: int = 1, timeout_s: float = WAIT_S
-    ) -> list[Received]:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                found = [m for m in self._messages if predicate(m)]
-                if len(found) >= count:
-                    return found
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    topics = sorted({m.topic for m in self._messages})
-                    raise AssertionError(
-                        f"{len(found)}/{count} matching messages in {timeout_s} s; topics seen: "
-                        f"{topics[:20]}"
-                    )
-                self._cond.wait(min(left, 1.0))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._socket.close(0)
 
 
 class Kafka:

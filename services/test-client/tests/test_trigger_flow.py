@@ -146,3 +146,20 @@ def test_cli_add_watch_list_cancel(
     assert main(["trigger", "cancel", "t6", *endpoints]) == 0
     assert main(["trigger", "add", TICKER, "pct:5", *endpoints]) == 2  # needs a window
     assert "needs a window" in capsys.readouterr().err
+
+
+def test_add_trigger_sends_what_register_sends_and_refuses_unknown_options(
+    fake_relay: Any, settings_for: Any, kit: Any
+) -> None:
+    fake_relay.handler = store(kit)
+    options: dict[str, Any] = {"within": "1m", "repeating": True, "per_trigger": True}
+    with Client(settings=settings_for(fake_relay, client_id="erin")) as c:
+        ack = c.add_trigger(TICKER, ["below:95", "above:100"], trigger_id="a1", **options)
+        assert ack.status == Status.OK and ack.event_topic == "CEP:a1"
+        with c.register_trigger(TICKER, ["below:95", "above:100"], trigger_id="r1", **options):
+            pass
+        with pytest.raises(TypeError, match="repeat"):
+            c.add_trigger(TICKER, ["above:100"], repeat=True)  # type: ignore[call-arg]
+    added, registered = [m for m in fake_relay.requests if isinstance(m, CEPTriggerRequest)]
+    registered.trigger_id = "a1"
+    assert added == registered

@@ -1,4 +1,5 @@
-"""Per-client token buckets, so one flooding client cannot starve the others.
+"""Per-client token buckets, so one flooding client cannot starve the others;
+and a log throttle, so one flooding cause cannot drown the log.
 
 Keyed by ROUTER identity (one per connection: a client that reconnects starts
 with a full bucket, which bounds the damage but is not an authentication).
@@ -7,6 +8,7 @@ The table is an LRU bounded to `max_keys` entries. Pure: `now` is passed in.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -53,3 +55,20 @@ class TokenBuckets:
         first = not bucket.limited
         bucket.limited = True
         return False, first
+
+
+class LogThrottle:
+    """At most one log line per key per second; counts the ones it swallowed."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, key: str, now: float) -> str | None:
+        """None: stay quiet; else a suffix for the line about suppressed repeats."""
+        if now - self._last.get(key, -math.inf) < 1.0:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        return f" ({skipped} similar suppressed)" if skipped else ""

@@ -74,7 +74,7 @@ def decode_markets(kafka: pa.Table) -> MarketBatch:
     A ticker's records share a partition (key = ticker), so Kafka order is their
     order; across batches the MERGE compares ``updated_at``.
     """
-    partitions, offsets = records._coordinates(kafka)
+    partitions, offsets = records.kafka_coordinates(kafka)
     keys: list[bytes | None] = kafka.column("key").to_pylist()
     values: list[bytes | None] = kafka.column("value").to_pylist()
     latest: dict[str, Market | None] = {}

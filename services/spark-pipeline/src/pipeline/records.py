@@ -150,7 +150,7 @@ def _column(table: pa.Table | pa.RecordBatch, name: str) -> list[Any]:
     return values
 
 
-def _coordinates(table: pa.Table | pa.RecordBatch) -> tuple[list[int], list[int]]:
+def kafka_coordinates(table: pa.Table | pa.RecordBatch) -> tuple[list[int], list[int]]:
     n = table.num_rows
     names = table.schema.names
     partitions = _column(table, "partition") if "partition" in names else [0] * n
@@ -158,7 +158,7 @@ def _coordinates(table: pa.Table | pa.RecordBatch) -> tuple[list[int], list[int]
     return partitions, offsets
 
 
-def _timestamps_ms(table: pa.Table | pa.RecordBatch, n: int, default_ms: int) -> list[int]:
+def kafka_timestamps_ms(table: pa.Table | pa.RecordBatch, n: int, default_ms: int) -> list[int]:
     """Kafka record timestamps in ms (a deterministic ``ingested_at`` on replays)."""
     if "timestamp" not in table.schema.names:
         return [default_ms] * n
@@ -304,8 +304,8 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
     keys: list[bytes | None] = (
         _column(kafka, "key") if "key" in kafka.schema.names else [None] * len(values)
     )
-    partitions, offsets = _coordinates(kafka)
-    stamps = _timestamps_ms(kafka, len(values), now_ms)
+    partitions, offsets = kafka_coordinates(kafka)
+    stamps = kafka_timestamps_ms(kafka, len(values), now_ms)
     cols = _CandleColumns()
     batch = HistoryBatch(candles=OHLC_SCHEMA.empty_table(), records=len(values))
     for i, value in enumerate(values):
@@ -378,7 +378,7 @@ def dedupe_last(table: pa.Table, key: Sequence[str]) -> pa.Table:
 
 def decode_ticks(kafka: pa.Table | pa.RecordBatch) -> TickBatch:
     """Decode and validate ``Tick`` records (the publisher re-publishes these messages)."""
-    partitions, offsets = _coordinates(kafka)
+    partitions, offsets = kafka_coordinates(kafka)
     return decode_tick_values(_column(kafka, "value"), partitions, offsets)
 
 
@@ -450,7 +450,7 @@ def kafka_ticks_to_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Record
     """``mapInArrow`` body: Kafka rows -> valid tick rows (rejects are logged by the publisher)."""
     for kafka in batches:
         values = _column(kafka, "value")
-        stamps = _timestamps_ms(kafka, len(values), 0)
+        stamps = kafka_timestamps_ms(kafka, len(values), 0)
         ticks: list[Tick] = []
         fallback: list[int] = []
         for value, stamp in zip(values, stamps, strict=True):

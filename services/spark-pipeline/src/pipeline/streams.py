@@ -16,20 +16,31 @@ BatchFunction = Callable[["DataFrame", int], None]
 
 
 def kafka_source(
-    spark: SparkSession, settings: Settings, topic: str, max_offsets: int | None
+    spark: SparkSession,
+    settings: Settings,
+    topic: str,
+    max_offsets: int | None,
+    *,
+    starting_offsets: str | None = None,
+    fail_on_data_loss: bool | None = None,
+    large_fetches: bool = True,
 ) -> DataFrame:
-    """Spark's Kafka source on one topic: rows of key, value, partition, offset, timestamp."""
+    """Spark's Kafka source on one topic: rows of key, value, partition, offset, timestamp.
+
+    `starting_offsets` and `fail_on_data_loss` default to the `kafka` section's."""
     k = settings.kafka
+    if fail_on_data_loss is None:
+        fail_on_data_loss = k.fail_on_data_loss
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", k.bootstrap_servers)
         .option("subscribe", topic)
-        .option("startingOffsets", k.starting_offsets)
-        .option("failOnDataLoss", str(k.fail_on_data_loss).lower())
+        .option("startingOffsets", starting_offsets or k.starting_offsets)
+        .option("failOnDataLoss", str(fail_on_data_loss).lower())
     )
-    # Fewer, larger fetches: a year of 1-minute candles is ~40 MB of records.
-    reader = reader.option("kafka.max.partition.fetch.bytes", str(16 * 2**20))
-    reader = reader.option("kafka.fetch.max.bytes", str(64 * 2**20))
+    if large_fetches:  # fewer, larger fetches: a year of 1-minute candles is ~40 MB of records
+        reader = reader.option("kafka.max.partition.fetch.bytes", str(16 * 2**20))
+        reader = reader.option("kafka.fetch.max.bytes", str(64 * 2**20))
     if max_offsets is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
     for key, value in k.options.items():

@@ -4,7 +4,7 @@ Importing this package is cheap: pyarrow, pandas and pyiceberg are imported
 only when rows are read.
 """
 
-from mdclient.client import Client, new_client_id, new_request_id
+from mdclient.client import Client, TriggerOptions, new_client_id, new_request_id
 from mdclient.config import ClientSettings, load_settings
 from mdclient.errors import (
     ConfigError,
@@ -50,6 +50,7 @@ __all__ = [
     "StorageError",
     "SubmitRejected",
     "TriggerEvents",
+    "TriggerOptions",
     "TriggerRejected",
     "load_settings",
     "new_client_id",

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from mdclient import timeparse
 from mdclient.config import ClientSettings, NotifyName, load_settings
@@ -65,6 +65,18 @@ log = logging.getLogger(__name__)
 
 TimeLike = int | datetime | str
 PeriodLike = int | str
+
+
+class TriggerOptions(TypedDict, total=False):
+    """The optional arguments of `Client.register_trigger` and `Client.add_trigger`."""
+
+    trigger_id: str | None  # default: a new random id
+    period: PeriodLike  # candle period the conditions are evaluated on; 0: ticks
+    within: PeriodLike  # a two-condition sequence: the second at most this after the first
+    repeating: bool  # fire again after each match (default: once, then final)
+    expires: TimeLike | None  # when the trigger ends on its own (default: never)
+    per_trigger: bool | None  # events on CEP:{trigger_id}; default from settings.notify
+    check: bool  # False: skip the client-side checks (the relay still validates)
 
 
 def new_request_id() -> str:
@@ -472,27 +484,18 @@ class Client(Closeable):
         self,
         ticker: str,
         conditions: Sequence[str | CEPCondition],
-        *,
-        trigger_id: str | None = None,
-        period: PeriodLike = 0,
-        within: PeriodLike = 0,
-        repeating: bool = False,
-        expires: TimeLike | None = None,
-        per_trigger: bool | None = None,
-        check: bool = True,
+        **options: Unpack[TriggerOptions],
     ) -> TriggerEvents:
         """Subscribe to the trigger's event topic, then register it; iterate the result.
 
         Conditions are CEPConditions or `KIND:THRESHOLD[@WINDOW]` strings (`above:100`,
         `pct:5@60s`); two of them are a sequence, the second at most `within` after the
-        first. The stream yields ARMED (the pipeline evaluates the trigger), FIRED ...
-        and ends after the trigger's final event. Closing it does not cancel the trigger.
-        `check=False` skips the client-side checks (the relay still validates).
+        first (options: `TriggerOptions`). The stream yields ARMED (the pipeline
+        evaluates the trigger), FIRED ... and ends after the trigger's final event.
+        Closing it does not cancel the trigger.
         Raises TriggerRejected (with the relay's reason) or InvalidRequest.
         """
-        request = self._trigger_request(
-            ticker, conditions, trigger_id, period, within, repeating, expires, per_trigger, check
-        )
+        request = self._trigger_request(ticker, conditions, options)
         stream = self._open_events([event_topic(request)], [request.trigger_id], until_final=True)
         try:
             stream.ack = self._trigger_call(request)  # subscribed first: no event can slip by
@@ -505,20 +508,10 @@ class Client(Closeable):
         self,
         ticker: str,
         conditions: Sequence[str | CEPCondition],
-        *,
-        trigger_id: str | None = None,
-        period: PeriodLike = 0,
-        within: PeriodLike = 0,
-        repeating: bool = False,
-        expires: TimeLike | None = None,
-        per_trigger: bool | None = None,
-        check: bool = True,
+        **options: Unpack[TriggerOptions],
     ) -> CEPTriggerAck:
         """Register without subscribing (bulk registration; watch with `trigger_events`)."""
-        request = self._trigger_request(
-            ticker, conditions, trigger_id, period, within, repeating, expires, per_trigger, check
-        )
-        return self._trigger_call(request)
+        return self._trigger_call(self._trigger_request(ticker, conditions, options))
 
     def cancel_trigger(self, trigger_id: str) -> CEPTriggerAck:
         """Cancel by id; the trigger's stream then gets a final CANCELLED event."""
@@ -543,17 +536,15 @@ class Client(Closeable):
         return self._open_events(topic_list, ids, until_final=until_final)
 
     def _trigger_request(
-        self,
-        ticker: str,
-        conditions: Sequence[str | CEPCondition],
-        trigger_id: str | None,
-        period: PeriodLike,
-        within: PeriodLike,
-        repeating: bool,
-        expires: TimeLike | None,
-        per_trigger: bool | None,
-        check: bool,
+        self, ticker: str, conditions: Sequence[str | CEPCondition], options: TriggerOptions
     ) -> CEPTriggerRequest:
+        unknown = set(options) - set(TriggerOptions.__annotations__)
+        if unknown:  # what a signature would refuse, refused the same way
+            raise TypeError(f"unexpected trigger options: {', '.join(sorted(unknown))}")
+        period = options.get("period", 0)
+        within = options.get("within", 0)
+        expires = options.get("expires")
+        per_trigger = options.get("per_trigger")
         try:
             period_s = 0 if period in (0, "0") else timeparse.parse_period(period)
             within_s = 0 if within in (0, "0") else timeparse.parse_period(within)
@@ -567,16 +558,16 @@ class Client(Closeable):
         if per_trigger is None:
             per_trigger = self.settings.notify == "per_request"
         fields = {
-            "trigger_id": trigger_id or new_request_id(),
+            "trigger_id": options.get("trigger_id") or new_request_id(),
             "client_id": self.client_id,
             "ticker": ticker,
             "conditions": parsed,
             "period_seconds": period_s,
             "within_seconds": within_s,
-            "repeating": repeating,
+            "repeating": options.get("repeating", False),
             "expires_at_ms": expires_ms,
         }
-        if check:
+        if options.get("check", True):
             return build_register(**fields, per_client=not per_trigger)  # type: ignore[arg-type]
         notify = (
             NotifyPattern.NOTIFY_PER_REQUEST if per_trigger else NotifyPattern.NOTIFY_PER_CLIENT

@@ -28,7 +28,7 @@ from pipeline.cep.state import SnapshotStore, local_path
 from pipeline.config import Settings
 from pipeline.pub_server import Publisher
 from pipeline.session import FAST_POOL
-from pipeline.streams import start_query
+from pipeline.streams import kafka_source, start_query
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -38,30 +38,6 @@ log = logging.getLogger(__name__)
 
 QUERY_NAME = "cep"
 COLUMNS = ("topic", "key", "value", "timestamp", "partition", "offset")
-
-
-def _source(
-    spark: SparkSession,
-    settings: Settings,
-    topic: str,
-    *,
-    starting_offsets: str,
-    fail_on_data_loss: bool,
-    max_offsets: int | None,
-) -> DataFrame:
-    k = settings.kafka
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", k.bootstrap_servers)
-        .option("subscribe", topic)
-        .option("startingOffsets", starting_offsets)
-        .option("failOnDataLoss", str(fail_on_data_loss).lower())
-    )
-    if max_offsets is not None:
-        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
-    for key, value in k.options.items():
-        reader = reader.option(key if key.startswith("kafka.") else f"kafka.{key}", value)
-    return reader.load().select(*COLUMNS)
 
 
 class CepQuery:
@@ -124,22 +100,23 @@ def start(spark: SparkSession, settings: Settings, publisher: Publisher) -> CepQ
         bootstrap=lambda: kafka.read_all(k.bootstrap_servers, k.topic_cep_triggers),
         new_engine=new_engine,
     )
-    triggers = _source(
+    triggers = kafka_source(
         spark,
         settings,
         k.topic_cep_triggers,
+        None,
         starting_offsets="earliest",  # every registration, whatever the checkpoint's age
         fail_on_data_loss=False,  # compaction removes offsets by design
-        max_offsets=None,
-    )
-    ticks = _source(
+        large_fetches=False,
+    ).select(*COLUMNS)
+    ticks = kafka_source(
         spark,
         settings,
         k.topic_ticks,
+        cep.max_offsets_per_trigger,
         starting_offsets=cep.ticks_starting_offsets,
-        fail_on_data_loss=k.fail_on_data_loss,
-        max_offsets=cep.max_offsets_per_trigger,
-    )
+        large_fetches=False,
+    ).select(*COLUMNS)
 
     def batch(batch_df: DataFrame, batch_id: int) -> None:
         runner(batch_df.toArrow(), batch_id)

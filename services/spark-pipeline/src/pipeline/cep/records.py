@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from mdproto import ProtocolError, envelope, topics
 from mdproto.messages import CEPTriggerRequest, Tick
-from pipeline.records import Reject, tick_problem
+from pipeline.records import Reject, kafka_coordinates, kafka_timestamps_ms, tick_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +48,8 @@ def decode_batch(kafka: pa.Table, trigger_topic: str, *, now_ms: int = 0) -> Cep
     topic_col = kafka.column("topic").to_pylist() if "topic" in names else [""] * n
     keys = kafka.column("key").to_pylist() if "key" in names else [None] * n
     values = kafka.column("value").to_pylist()
-    partitions = kafka.column("partition").to_pylist() if "partition" in names else [0] * n
-    offsets = kafka.column("offset").to_pylist() if "offset" in names else list(range(n))
-    stamps = _millis(kafka, n, now_ms)
+    partitions, offsets = kafka_coordinates(kafka)
+    stamps = kafka_timestamps_ms(kafka, n, now_ms)
     keyed: list[tuple[tuple[int, int, str, int, int], TriggerRecord | TickRecord]] = []
     out = CepBatch()
     for i in range(n):
@@ -97,12 +95,3 @@ def _trigger(key: bytes | None, value: bytes | None, stamp: int) -> TriggerRecor
     if key_id and key_id != trigger_id:
         return f"record key {key_id!r} differs from trigger_id {trigger_id!r}"
     return TriggerRecord(trigger_id, request, stamp)
-
-
-def _millis(table: pa.Table, n: int, default_ms: int) -> list[int]:
-    if "timestamp" not in table.schema.names:
-        return [default_ms] * n
-    col = table.column("timestamp")
-    if pa.types.is_timestamp(col.type):
-        col = pc.cast(col, pa.timestamp("ms", tz=col.type.tz)).cast(pa.int64())
-    return [default_ms if v is None else int(v) for v in col.to_pylist()]

@@ -1,0 +1,301 @@
+"""Client requests on the ROUTER :5559: every one gets exactly one reply.
+
+    frames -> rate limit (ratelimit.py) -> decode -> rules (validation.py) -> symbols
+        SubmitHistoricalRequest -> no ingestor? refused : DataRequest{HISTORICAL} -> SubmitResponse
+        CEPTriggerRequest -> TriggerSink (store, cancel, list) -> CEPTriggerAck
+        OHLCRequest (legacy) -> pending map (legacy.py) + DataRequest{legacy_sync};
+            the Response follows when the ingestor's DataResponse arrives, or TIMEOUT
+
+Undecodable frames and unknown types are answered `Response{ERROR}`; refusals
+use the reply type the request expects. Loop thread only.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+
+import zmq
+from google.protobuf.message import Message
+
+from mdproto import envelope
+from mdproto.errors import ProtocolError
+from mdproto.messages import (
+    CEPTriggerAck,
+    CEPTriggerRequest,
+    DataResponse,
+    OHLCRequest,
+    Response,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+)
+from relay import sockets
+from relay.config import RelaySettings
+from relay.ingestors import Ingestors
+from relay.legacy import Admission, PendingRequests, response_from, timeout_response
+from relay.live_feeds import LiveFeeds
+from relay.metrics import RelayMetrics
+from relay.ratelimit import LogThrottle, TokenBuckets
+from relay.sockets import Socket
+from relay.triggers import TriggerSink, TriggerSinkError
+from relay.validation import (
+    Policy,
+    Rejection,
+    SymbolCheck,
+    check_legacy,
+    check_submit,
+    check_trigger,
+)
+
+log = logging.getLogger(__name__)
+
+RATE_LIMITED = "rate_limited"
+INTERNAL = "internal"
+SINK_ERROR = "sink_error"
+UNEXPECTED_TYPE = "unexpected_type"
+
+BadFrame = Callable[[str, ProtocolError, float], None]
+
+
+class ClientRequests:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        metrics: RelayMetrics,
+        throttle: LogThrottle,
+        client: Socket,
+        ingestors: Ingestors,
+        live: LiveFeeds,
+        sink: TriggerSink,
+        *,
+        symbols: SymbolCheck | None,
+        wall_ms: Callable[[], int],
+        new_id: Callable[[], str],
+        bad_frame: BadFrame,
+    ) -> None:
+        s = self._s = settings
+        self._metrics = m = metrics
+        self._throttle = throttle
+        self._client = client
+        self._ingestors = ingestors
+        self._live = live
+        self._sink = sink
+        self._symbols = symbols
+        self._wall_ms = wall_ms
+        self._new_id = new_id
+        self._bad_frame = bad_frame
+        # Label lookups cost more than the increment: bind the hot ones once.
+        self._accepted = {k: m.requests.labels(k, "accepted") for k in ("submit", "legacy", "cep")}
+        self._policy = Policy.of(s.known_exchanges, s.max_candles_per_request, s.max_future_ms)
+        self._pending = PendingRequests(s.max_pending_requests, s.request_timeout_s)
+        self._buckets = TokenBuckets(
+            s.client_rate_limit, s.client_rate_burst, s.max_tracked_clients
+        )
+
+    def next_deadline(self) -> float | None:
+        return self._pending.next_deadline()
+
+    def on_frames(self, frames: list[bytes], now: float) -> None:
+        try:
+            route, body = envelope.split_routed(frames)
+        except ProtocolError as exc:  # a ROUTER always prepends an identity: not expected
+            self._bad_frame("client", exc, now)
+            return
+        try:
+            reply = self._handle(route, body, now)
+        except Exception:
+            log.exception("unexpected error handling a client request")
+            reply = Response(status=Status.ERROR, reason="internal error", error_code=INTERNAL)
+        if reply is not None:
+            self._reply(route, reply, now)
+
+    def _handle(self, route: list[bytes], body: list[bytes], now: float) -> Message | None:
+        """The immediate reply to one request, or None when it comes later (legacy)."""
+        try:
+            message: Message | None = envelope.decode(body, max_payload=self._s.max_request_payload)
+            error: ProtocolError | None = None
+        except ProtocolError as exc:
+            message, error = None, exc
+        allowed, first_refusal = self._buckets.take(route[0], now)
+        if not allowed:
+            self._metrics.rate_limited.inc()
+            if first_refusal:
+                log.warning(
+                    "client %s exceeds %g requests/s: refusing",
+                    route[0].hex(),
+                    self._s.client_rate_limit,
+                )
+            return _refusal(message, RATE_LIMITED, "too many requests from this client; slow down")
+        if isinstance(message, SubmitHistoricalRequest):
+            return self._submit(message, now)
+        if isinstance(message, OHLCRequest):
+            return self._legacy_request(route, message, now)
+        if isinstance(message, CEPTriggerRequest):
+            return self._trigger(message, now)
+        if error is None:
+            assert message is not None
+            error = ProtocolError(
+                UNEXPECTED_TYPE, f"{message.DESCRIPTOR.name} is not a request the relay accepts"
+            )
+        self._bad_frame("client", error, now)
+        return Response(status=Status.ERROR, reason=error.reason, error_code=error.code)
+
+    # --- history (asynchronous: answered now, data arrives through Kafka/Iceberg) ------
+
+    def _submit(self, req: SubmitHistoricalRequest, now: float) -> SubmitResponse:
+        outcome = check_submit(
+            req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
+        )
+        if outcome.work is None:
+            self._rejected(
+                "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
+            )
+            return outcome.reply
+        unserved = self._ingestors.unserved(outcome.work.topic, now)
+        if unserved is not None:  # refused now, not an OK followed by minutes of silence
+            self._rejected("submit", req.request_id, unserved.error_code, unserved.reason, now)
+            return SubmitResponse(
+                request_id=outcome.reply.request_id,
+                status=Status.REJECTED,
+                reason=unserved.reason,
+                error_code=unserved.error_code,
+            )
+        self._accepted["submit"].inc()
+        self._ingestors.publish_work(outcome.work.topic, outcome.work.request, "historical", now)
+        return outcome.reply
+
+    # --- CEP triggers ----------------------------------------------------------------
+
+    def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
+        outcome = check_trigger(req, self._policy, self._wall_ms(), symbols=self._symbols)
+        if not outcome.accepted:
+            self._rejected(
+                "cep", req.trigger_id, outcome.reply.error_code, outcome.reply.reason, now
+            )
+            return outcome.reply
+        try:
+            if req.action == CEPTriggerRequest.LIST:
+                listed = self._sink.list(req.client_id, self._wall_ms())
+            else:
+                self._sink.submit(req)
+        except TriggerSinkError as exc:
+            if req.action != CEPTriggerRequest.LIST:  # the metric counts records not stored
+                self._metrics.trigger_sink_errors.inc()
+            log.error("CEP trigger %s not handled: %s", req.trigger_id or req.client_id, exc)
+            self._metrics.rejections.labels("cep", SINK_ERROR).inc()
+            return CEPTriggerAck(
+                trigger_id=req.trigger_id,
+                status=Status.ERROR,
+                reason=str(exc),
+                error_code=SINK_ERROR,
+            )
+        self._accepted["cep"].inc()
+        if req.action == CEPTriggerRequest.LIST:
+            outcome.reply.triggers.extend(listed)
+        elif req.action == CEPTriggerRequest.REGISTER:
+            self._live.sync_trigger_tickers(now)  # start its live data now, not at the next sync
+        return outcome.reply
+
+    # --- legacy synchronous flow -----------------------------------------------------
+
+    def _legacy_request(self, route: list[bytes], req: OHLCRequest, now: float) -> Response | None:
+        log.info("Client request routing: legacy OHLCRequest request_id=%s", req.request_id or "-")
+        checked = check_legacy(
+            req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
+        )
+        if isinstance(checked, Rejection):
+            self._rejected("legacy", req.request_id, checked.error_code, checked.reason, now)
+            return _legacy_refusal(req.request_id, checked.error_code, checked.reason)
+        request_id = checked.request.request_id
+        unserved = self._ingestors.unserved(checked.topic, now)
+        if unserved is not None:
+            self._rejected("legacy", request_id, unserved.error_code, unserved.reason, now)
+            return _legacy_refusal(request_id, unserved.error_code, unserved.reason)
+        admission = self._pending.add(request_id, route, now)
+        if admission is not Admission.ADDED:
+            reason = (
+                f"{self._s.max_pending_requests} legacy requests already waiting"
+                if admission is Admission.FULL
+                else f"request {request_id} is already waiting for an answer"
+            )
+            self._rejected("legacy", request_id, admission.value, reason, now)
+            return _legacy_refusal(request_id, admission.value, reason)
+        self._accepted["legacy"].inc()
+        self._metrics.legacy_pending.set(len(self._pending))
+        self._ingestors.publish_work(checked.topic, checked.request, "legacy", now)
+        return None
+
+    def on_legacy_response(self, data: DataResponse, now: float) -> None:
+        """An ingestor's DataResponse: the Response to the client that waits for it."""
+        log.info(
+            "Received response from ingestor: request_id=%s, status=%s, candles=%d, ingestor=%s",
+            data.request_id,
+            Status.Name(data.status) if data.status in Status.values() else data.status,
+            len(data.candles),
+            data.ingestor_id or "-",
+        )
+        pending = self._pending.resolve(data.request_id)
+        if pending is None:
+            self._metrics.legacy_responses.labels("unmatched").inc()
+            log.info("no client waits for request_id=%s (late or answered)", data.request_id)
+            return
+        self._metrics.legacy_responses.labels("matched").inc()
+        self._metrics.legacy_pending.set(len(self._pending))
+        if self._reply(pending.route, response_from(data), now):
+            log.info("Sent response to client: request_id=%s", data.request_id)
+
+    def expire_legacy(self, now: float) -> None:
+        expired = self._pending.expire(now)
+        if expired:
+            self._metrics.legacy_pending.set(len(self._pending))
+        for pending in expired:
+            self._metrics.legacy_timeouts.inc()
+            log.warning(
+                "Request timed out: request_id=%s (pending requests: %d)",
+                pending.request_id,
+                len(self._pending),
+            )
+            self._reply(pending.route, timeout_response(pending, self._s.request_timeout_s), now)
+
+    # --- replies ---------------------------------------------------------------------
+
+    def _rejected(self, kind: str, request_id: str, code: str, reason: str, now: float) -> None:
+        self._metrics.requests.labels(kind, "rejected").inc()
+        self._metrics.rejections.labels(kind, code).inc()
+        suffix = self._throttle(f"reject:{kind}:{code}", now)
+        if suffix is not None:
+            log.info("rejected %s request %r: %s: %s%s", kind, request_id, code, reason, suffix)
+
+    def _reply(self, route: list[bytes], message: Message, now: float) -> bool:
+        try:
+            sockets.send_frames(self._client, envelope.encode_routed(route, message))
+            return True
+        except zmq.Again:
+            reason = "hwm"
+        except zmq.ZMQError as exc:
+            reason = "unreachable" if exc.errno == errno.EHOSTUNREACH else "error"
+        self._metrics.reply_failures.labels(reason).inc()
+        suffix = self._throttle(f"reply:{reason}", now)
+        if suffix is not None:
+            log.warning("reply to client %s dropped: %s%s", route[0].hex(), reason, suffix)
+        return False
+
+
+def _refusal(message: Message | None, code: str, reason: str) -> Message:
+    """A refusal in the reply type the client's request expects."""
+    if isinstance(message, SubmitHistoricalRequest):
+        return SubmitResponse(
+            request_id=message.request_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    if isinstance(message, CEPTriggerRequest):
+        return CEPTriggerAck(
+            trigger_id=message.trigger_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    request_id = message.request_id if isinstance(message, OHLCRequest) else ""
+    return _legacy_refusal(request_id, code, reason)
+
+
+def _legacy_refusal(request_id: str, code: str, reason: str) -> Response:
+    return Response(request_id=request_id, status=Status.REJECTED, reason=reason, error_code=code)

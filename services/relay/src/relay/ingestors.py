@@ -1,0 +1,208 @@
+"""The relay's side toward the ingestors.
+
+    work      XPUB :5555 -> DataRequest (history, legacy, live announcements)
+    control   XPUB :5560 -> IngestorControl (CANCEL_REALTIME, operator CONFIG_UPDATE)
+    heartbeat ROUTER :5556 <- IngestorStatus -> Liveness: served, no_ingestor, breaker open
+
+Both XPUBs are verbose, so the relay knows which prefixes an ingestor listens
+to: work published where nobody listens is counted as lost, and an exchange is
+only served while an ingestor subscribes to its prefix (relay/liveness.py has
+the rule). Loop thread only, except `config_update` (queued for the loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+
+import zmq
+
+from mdproto import envelope
+from mdproto.messages import DataRequest, IngestorControl, IngestorStatus
+from relay import sockets
+from relay.config import RelaySettings
+from relay.liveness import Liveness, State, Verdict
+from relay.metrics import RelayMetrics
+from relay.proxy import parse_subscription
+from relay.ratelimit import LogThrottle
+from relay.sockets import Socket
+from relay.subscriptions import Announce, Cancel
+
+log = logging.getLogger(__name__)
+
+_PUBLISHED_KIND = {"start": "realtime_start", "refresh": "realtime_refresh"}
+
+
+class Ingestors:
+    def __init__(
+        self,
+        settings: RelaySettings,
+        metrics: RelayMetrics,
+        throttle: LogThrottle,
+        work: Socket,
+        control: Socket,
+        *,
+        clock: Callable[[], float],
+        wall_ms: Callable[[], int],
+        wake: Callable[[], None],
+    ) -> None:
+        self._metrics = m = metrics
+        self._throttle = throttle
+        self._work = work
+        self._control = control
+        self._clock = clock
+        self._wall_ms = wall_ms
+        self._wake = wake
+        # Label lookups cost more than the increment: bind the hot ones once.
+        self._published = {
+            k: m.published.labels(k)
+            for k in ("historical", "legacy", "realtime_start", "realtime_refresh", "realtime_join")
+        }
+        self._subs: dict[str, set[str]] = {"work": set(), "control": set()}
+        self._liveness = Liveness(expiry_intervals=settings.ingestor_expiry_intervals)
+        self._routing: dict[str, State] = {}  # last state per prefix, logged on change
+        for exchange in settings.known_exchanges:  # 0 until an ingestor serves it: alertable
+            m.exchange_served.labels(f"{exchange}:").set(0)
+        # Operator commands arrive on HTTP threads; only the loop touches sockets.
+        self._operator: queue.SimpleQueue[tuple[str, IngestorControl]] = queue.SimpleQueue()
+
+    # --- can work be taken? ---------------------------------------------------------
+
+    def served(self, topic: str) -> bool:
+        """An ingestor subscribes to a prefix of `topic` on the work socket right now."""
+        return any(topic.startswith(p) for p in self._subs["work"])
+
+    def unserved(self, topic: str, now: float) -> Verdict | None:
+        """Why no ingestor can take work published on `topic` now (no_ingestor,
+        exchange_unavailable), or None if one can (relay.liveness has the rule)."""
+        verdict = self._liveness.verdict(topic, self.served(topic), now)
+        return None if verdict.state is State.SERVED else verdict
+
+    # --- work and control out ---------------------------------------------------------
+
+    def publish_work(self, topic: str, request: DataRequest, kind: str, now: float) -> None:
+        sockets.send_frames(self._work, envelope.encode_pub(topic, request))
+        self._published[kind].inc()
+        if not self.served(topic):  # live announcements: history and legacy were refused
+            self._metrics.unrouted.labels(topic).inc()
+            suffix = self._throttle(f"unrouted:{topic}", now)
+            if suffix is not None:
+                log.warning("no ingestor is subscribed to %s: request lost%s", topic, suffix)
+        if kind in ("historical", "legacy"):
+            log.info(
+                "Forwarded request to ingestors: prefix=%s, request_id=%s, kind=%s",
+                topic,
+                request.request_id,
+                kind,
+            )
+
+    def announce(self, action: Announce) -> None:
+        """DataRequest{REALTIME}: start a live feed, or refresh its lease."""
+        request = DataRequest(
+            request_id=action.request_id,
+            kind=DataRequest.REALTIME,
+            ticker=action.ticker,
+            submitted_at_ms=self._wall_ms(),
+        )
+        self._work.send_multipart(envelope.encode_pub(action.prefix, request), zmq.NOBLOCK)
+        self._metrics.published.labels(_PUBLISHED_KIND.get(action.why, "realtime_join")).inc()
+        level = logging.DEBUG if action.why == "refresh" else logging.INFO
+        log.log(
+            level, "live data %s: %s (request_id=%s)", action.why, action.ticker, action.request_id
+        )
+
+    def cancel(self, action: Cancel) -> None:
+        """IngestorControl{CANCEL_REALTIME}: nobody wants the feed any more."""
+        control = IngestorControl(
+            action=IngestorControl.CANCEL_REALTIME,
+            ticker=action.ticker,
+            request_id=action.request_id,
+            issued_at_ms=self._wall_ms(),
+        )
+        self._control.send_multipart(envelope.encode_pub(action.prefix, control), zmq.NOBLOCK)
+        self._metrics.published.labels("cancel_realtime").inc()
+        log.info("live data cancelled: %s (no subscriber left)", action.ticker)
+
+    # --- operator commands (HTTP, the metrics port; never a client socket) ----------
+
+    def config_update(self, exchange: str, config: dict[str, str]) -> str | None:
+        """Queue IngestorControl{CONFIG_UPDATE} for an exchange's ingestors (any thread).
+
+        Returns why it cannot be delivered, or None once it is queued for the loop.
+        """
+        prefix = f"{exchange.upper()}:"
+        if not config or not all(isinstance(v, str) for v in config.values()):
+            return "the body must be a non-empty JSON object of string values"
+        if prefix not in self._subs["control"]:
+            return f"no ingestor of {prefix.rstrip(':')} listens for control messages"
+        control = IngestorControl(
+            action=IngestorControl.CONFIG_UPDATE, config=config, issued_at_ms=self._wall_ms()
+        )
+        self._operator.put((prefix, control))
+        self._wake()
+        return None
+
+    def send_operator_controls(self) -> None:
+        while not self._operator.empty():
+            prefix, control = self._operator.get_nowait()
+            self._control.send_multipart(envelope.encode_pub(prefix, control), zmq.NOBLOCK)
+            self._metrics.published.labels("config_update").inc()
+            log.info("CONFIG_UPDATE to %s ingestors: %s", prefix, dict(control.config))
+
+    # --- who listens (XPUB_VERBOSE: every subscribe, the last unsubscribe) -----------
+
+    def on_work_subscription(self, frames: list[bytes]) -> str | None:
+        """Track a work subscription; the prefix an ingestor just subscribed to, if any."""
+        event = self._subscription("work", frames)
+        return event[1] if event is not None and event[0] else None
+
+    def on_control_subscription(self, frames: list[bytes], now: float) -> None:
+        self._subscription("control", frames)
+
+    def _subscription(self, socket: str, frames: list[bytes]) -> tuple[bool, str] | None:
+        event = parse_subscription(frames)
+        if event is None:
+            return None
+        subscribe, prefix = event
+        subs = self._subs[socket]
+        if subscribe:
+            subs.add(prefix)
+        else:
+            subs.discard(prefix)
+        log.info("ingestor %s %s %r", "subscribed to" if subscribe else "left", socket, prefix)
+        self._metrics.ingestor_subscriptions.labels(socket).set(len(subs))
+        if socket == "work":
+            if not subscribe:
+                self._liveness.unsubscribed(prefix)
+            self.refresh_routing(self._clock())
+        return event
+
+    # --- liveness and exchange health (IngestorStatus on :5556) -----------------------
+
+    def on_status(self, status: IngestorStatus, now: float) -> None:
+        """Record a heartbeat; raises BadStatusError for one the relay cannot use."""
+        self._liveness.status(status, now)
+        self._metrics.ingestor_statuses.inc()
+        self.refresh_routing(now)  # a health change opens or closes a breaker at once
+
+    def refresh_routing(self, now: float) -> None:
+        """Gauges per exchange prefix, and one log line whenever a prefix changes state."""
+        for ingestor_id in self._liveness.forget_dead(now):
+            log.info("ingestor %s silent for an hour: forgotten", ingestor_id)
+        m = self._metrics
+        prefixes = self._liveness.prefixes | self._subs["work"] | set(self._routing)
+        for prefix in sorted(prefixes):
+            verdict = self._liveness.verdict(prefix, self.served(prefix), now)
+            m.exchange_served.labels(prefix).set(verdict.state is not State.UNSERVED)
+            m.breaker_open.labels(prefix).set(verdict.state is State.BREAKER_OPEN)
+            m.ingestors_alive.labels(prefix).set(verdict.alive)
+            before = self._routing.get(prefix, State.UNSERVED)
+            if verdict.state is before:
+                continue
+            self._routing[prefix] = verdict.state
+            if verdict.state is State.SERVED:
+                log.info("%s served (%d live ingestors report status)", prefix, verdict.alive)
+            else:
+                log.warning("%s refused from now on: %s: %s", prefix, verdict.error_code,
+                            verdict.reason)  # fmt: skip
