@@ -214,7 +214,10 @@ def test_a_kafka_broker_killed_mid_ingest_loses_no_acknowledged_record(
         request.join(timeout_s=660)
     finally:
         consumer.close()
-    assert not request.errors, request.errors
+    assert not request.errors, (
+        f"{request.errors}; {pages_served(sim, symbol, start, end)} of 526 pages served "
+        f"(broker {leader} killed); logs:\n{compose.logs('ingestor', 'spark-pipeline', tail=40)}"
+    )
     [result] = request.results
     assert result.status == "OK" and result.attempts == 1
     assert result_rows(result) == expected  # nothing lost, nothing twice

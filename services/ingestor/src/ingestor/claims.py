@@ -298,7 +298,12 @@ class Claims:
                 await self._publish(key, envelope.encode_record(record))
         except Exception as exc:  # Kafka trouble: at worst another ingestor fetches it again
             self.stats.publish_failures += 1
-            log.warning("claims %s for %s not delivered: %s", what, key, exc)
+            reason = (
+                f"no delivery report within {self._wait_timeout_s:g} s"
+                if isinstance(exc, TimeoutError)
+                else exc
+            )
+            log.warning("claims %s for %s not delivered: %s", what, key, reason)
             return False
         return True
 
