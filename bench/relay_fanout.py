@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.auth
@@ -216,7 +216,15 @@ class CurveRelayHost(RelayHost):
         self._dir.cleanup()
 
 
-HOSTS: dict[str, Callable[[str], BareProxy | RelayHost]] = {
+class Host(Protocol):
+    """What one_run needs of the thing under test (bench/relay_chain.py adds hosts)."""
+
+    endpoint: str  # where the subscribers connect
+
+    def close(self) -> None: ...
+
+
+HOSTS: dict[str, Callable[[str], Host]] = {
     "bare": BareProxy,
     "relay": RelayHost,
     "relay-curve": CurveRelayHost,

@@ -83,6 +83,8 @@ def test_missing_default_file_means_defaults(tmp_path: Path) -> None:
         "request_timeout_secs: 0\n",
         "known_exchanges: ['bin ance']\n",
         "flink_market_data_endpoint: localhost:5557\n",
+        "flink_market_data_endpoint: ''\n",  # no upstream at all
+        "upstream_market_data: ['relay-a:5558']\n",
     ],
 )
 def test_bad_config_is_an_error(tmp_path: Path, text: str) -> None:
@@ -119,3 +121,12 @@ def test_live_periods_default_to_the_contract_and_accept_a_list_from_the_environ
     monkeypatch.setenv("RELAY_LIVE_PERIODS", "0")
     with pytest.raises(ValidationError, match="positive"):
         RelaySettings()
+
+
+def test_parent_relays_as_upstreams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A branch of a relay tree: parent relays' :5558, with or without the pipeline."""
+    monkeypatch.setenv("RELAY_UPSTREAM_MARKET_DATA", "tcp://relay-a:5558, tcp://relay-b:5558")
+    s = RelaySettings()
+    assert s.upstreams == [s.flink_market_data_endpoint, "tcp://relay-a:5558", "tcp://relay-b:5558"]
+    monkeypatch.setenv("RELAY_FLINK_MARKET_DATA_ENDPOINT", "")
+    assert RelaySettings().upstreams == ["tcp://relay-a:5558", "tcp://relay-b:5558"]

@@ -52,6 +52,7 @@ from relay.proxy import MarketDataProxy, ProxyStats
 from relay.ratelimit import LogThrottle
 from relay.sockets import Endpoints, Socket, WakeupSocket
 from relay.triggers import LoggingTriggerSink, TriggerSink
+from relay.upstream import UpstreamLinks
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class Relay:
         self.markets = _default_markets(s, m)  # market.markets reader; None without Kafka
         self._symbols = self.markets.check if self.markets is not None else None
         self._market_connections = 0
+        self._links = UpstreamLinks(s.upstreams)  # the pipeline and/or parent relays
         self._throttle = LogThrottle()
         self._wakeup = WakeupSocket()
         self._stopping = False
@@ -164,9 +166,10 @@ class Relay:
                 ingestor_response=sockets.bind(self._responses, s, s.ingestor_response_port),
                 ingestor_control=sockets.bind(self._control, s, s.ingestor_control_port),
                 market_data=sockets.bind(self._market, s, s.market_data_pub_port),
-                upstream=s.flink_market_data_endpoint,
+                upstream=self._links.describe(),
             )
-            self._upstream.connect(s.flink_market_data_endpoint)
+            for upstream in self._links.endpoints:
+                self._upstream.connect(upstream)
             self._proxy.start()
             start_sink = getattr(self._sink, "start", None)
             if start_sink is not None:
@@ -375,17 +378,17 @@ class Relay:
             self.metrics.set_proxy_stats(stats)
 
     def _on_upstream_event(self, frames: list[bytes], now: float) -> None:
-        event = sockets.monitor_event(frames)
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self.metrics.upstream_connected.set(1)
-            log.info("connected to the pipeline at %s", self._s.flink_market_data_endpoint)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self.metrics.upstream_connected.set(0)
+        change = self._links.on_event(sockets.monitor_event(frames), frames[-1].decode())
+        if change is None:
+            return
+        self.metrics.upstream_connected.set(change.connected)
+        if change.up:
+            log.info("connected to upstream %s (%d of %d)", change.endpoint, change.connected,
+                     change.total)  # fmt: skip
+        else:
             self.metrics.upstream_disconnects.inc()
-            log.warning(
-                "pipeline connection %s lost; reconnecting (subscriptions are resent)",
-                self._s.flink_market_data_endpoint,
-            )
+            log.warning("upstream %s lost; reconnecting (subscriptions are resent)",
+                        change.endpoint)  # fmt: skip
 
     def _on_market_event(self, frames: list[bytes], now: float) -> None:
         event = sockets.monitor_event(frames)

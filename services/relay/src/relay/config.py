@@ -122,6 +122,10 @@ class RelaySettings(runtime.FileSettings):
     # SNDHWM of the XSUB: it bounds how many subscriptions libzmq resends after
     # the upstream reconnects (libzmq #2258); the default of 1000 loses the rest.
     upstream_subscription_hwm: int = Field(default=1_000_000, ge=0)
+    # More upstreams for the XSUB: other relays' market-data XPUBs (:5558), which makes
+    # this relay a branch of a relay tree (relay/upstream.py). With them,
+    # flink_market_data_endpoint may be "" (no pipeline connection of its own).
+    upstream_market_data: Annotated[list[str], NoDecode] = Field(default_factory=list)
     stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     # CURVE on the client sockets :5558/:5559 (relay/curve.py, docs/protocol.md "Security"):
@@ -133,12 +137,14 @@ class RelaySettings(runtime.FileSettings):
     # relay refuses to start without CURVE.
     published_host: str = ""
 
-    @field_validator("known_exchanges", "live_periods", mode="before")
+    @field_validator("known_exchanges", "live_periods", "upstream_market_data", mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         """Accept a YAML list, a JSON list or `BINANCE,COINBASE` (`60,300`) from the environment."""
         if isinstance(value, str):
             text = value.strip()
+            if not text:
+                return []
             return json.loads(text) if text.startswith("[") else text.split(",")
         return value
 
@@ -158,12 +164,24 @@ class RelaySettings(runtime.FileSettings):
             raise ValueError(f"live_periods must be positive seconds, at least one: {value}")
         return sorted(set(value))
 
-    @field_validator("bind_address", "flink_market_data_endpoint")
+    @field_validator("bind_address")
     @classmethod
     def _endpoint(cls, value: str) -> str:
         if "://" not in value:
             raise ValueError(f"{value!r} is not a ZeroMQ endpoint such as tcp://host")
         return value
+
+    @model_validator(mode="after")
+    def _upstreams(self) -> RelaySettings:
+        bad = [e for e in self.upstreams if "://" not in e]
+        if bad:
+            raise ValueError(f"upstream endpoints must look like tcp://host:port: {bad}")
+        if not self.upstreams:
+            raise ValueError(
+                "no upstream: set flink_market_data_endpoint (the pipeline) and/or "
+                "upstream_market_data (other relays' market-data ports)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _curve_pair(self) -> RelaySettings:
@@ -173,6 +191,12 @@ class RelaySettings(runtime.FileSettings):
                 "the relay's key pair and an allow-list of client keys)"
             )
         return self
+
+    @property
+    def upstreams(self) -> list[str]:
+        """Every endpoint the XSUB connects to: the pipeline first, then parent relays."""
+        first = [self.flink_market_data_endpoint.strip()] if self.flink_market_data_endpoint else []
+        return first + [e.strip() for e in self.upstream_market_data if e.strip()]
 
     @property
     def curve_on(self) -> bool:

@@ -142,7 +142,9 @@ class RelayMetrics:
             "relay_ingestor_statuses", "IngestorStatus heartbeats received on :5556", registry=r
         )
         self.upstream_connected = Gauge(
-            "relay_upstream_connected", "1 while the XSUB is connected to the pipeline", registry=r
+            "relay_upstream_connected",
+            "Upstreams (pipeline, parent relays) the XSUB is connected to",
+            registry=r,
         )
         self.upstream_disconnects = Counter(
             "relay_upstream_disconnects", "Times the pipeline connection was lost", registry=r

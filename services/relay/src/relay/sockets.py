@@ -43,7 +43,7 @@ class Endpoints:
     ingestor_response: str
     ingestor_control: str
     market_data: str
-    upstream: str  # the pipeline PUB the XSUB connects to
+    upstream: str  # what the XSUB connects to: the pipeline PUB and/or parent relays, ", "-joined
 
 
 def _common(sock: Socket, s: RelaySettings) -> None:

@@ -1,0 +1,90 @@
+"""Relay trees: a relay whose upstream is another relay's market-data XPUB (real sockets).
+
+    FakePipeline (XPUB) -> root relay -> middle relay -> leaf relay -> client SUB
+
+The branches have no pipeline connection of their own (flink_market_data_endpoint
+""), only `upstream_market_data`, so whatever the client sees came down the chain.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mdproto import envelope
+from mdproto.messages import Tick
+
+if TYPE_CHECKING:
+    from conftest import FakePipeline, RelayFactory, RunningRelay
+
+TICK = "BINANCE:BTC/USDT|tick"
+OTHER = "BINANCE:ETH/USDT|tick"
+
+
+def _chain(make_relay: RelayFactory, levels: int, **overrides: object) -> list[RunningRelay]:
+    relays = [make_relay(**overrides)]
+    for _ in range(levels - 1):
+        parent = relays[-1].endpoints.market_data
+        relays.append(
+            make_relay(flink_market_data_endpoint="", upstream_market_data=[parent], **overrides)
+        )
+    return relays
+
+
+def test_three_level_chain_delivers_every_message_in_order(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    # Unbounded HWMs: this checks the chain's forwarding, not drop policy under overload.
+    root, middle, leaf = _chain(make_relay, 3, high_water_mark=0)
+    sub = leaf.subscriber(TICK)
+    pipeline.wait_subscribed(TICK)  # the leaf client's subscription travelled up 3 relays
+    assert OTHER not in pipeline.subscriptions
+    for r in (middle, leaf):
+        r.wait_until(lambda r=r: r.sample("relay_upstream_connected") == 1)
+    # The middle relay sees its child's subscription as a client subscription: a tree
+    # starts live feeds at the root, where the ingestors are.
+    middle.wait_until(lambda: middle.sample("relay_subscribed_topics") == 1)
+    root.wait_until(lambda: root.sample("relay_subscribed_topics") == 1)
+
+    count = 20_000
+    for seq in range(1, count + 1):
+        tick = Tick(ticker="BINANCE:BTC/USDT", trade_id=str(seq), sequence=seq, publisher_epoch=7)
+        pipeline.publish(TICK, tick)
+        if seq % 500 == 0:  # another topic in between: filtered out on the way
+            pipeline.publish(OTHER, Tick(ticker="BINANCE:ETH/USDT", sequence=seq))
+    seen = []
+    for _ in range(count):
+        topic, message = envelope.decode_sub(leaf.recv(sub))
+        assert topic == TICK and isinstance(message, Tick)
+        seen.append(message.sequence)
+    assert seen == list(range(1, count + 1))
+    assert not sub.poll(100)  # nothing else arrived
+
+    # The last unsubscribe travels up too: the pipeline stops sending the topic.
+    sub.unsubscribe(TICK.encode())
+
+    def unsubscribed() -> bool:
+        pipeline.poll_subscriptions(0.05)
+        return TICK not in pipeline.subscriptions
+
+    leaf.wait_until(unsubscribed, what="the unsubscribe to reach the pipeline")
+
+
+def test_branch_resubscribes_when_its_parent_restarts(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    """A parent relay that comes back gets its children's subscriptions again."""
+    root, leaf = _chain(make_relay, 2)
+    sub = leaf.subscriber(TICK)
+    pipeline.wait_subscribed(TICK)
+    port = root.endpoints.market_data.rsplit(":", 1)[1]
+    root.stop()
+    leaf.wait_until(lambda: leaf.sample("relay_upstream_connected") == 0)
+    pipeline.poll_subscriptions(0.2, quiet=0.2)  # the old root's unsubscribe, if any
+    pipeline.subscriptions.clear()
+    again = make_relay(market_data_pub_port=int(port))
+    again.wait_until(lambda: again.sample("relay_upstream_connected") == 1)
+    pipeline.wait_subscribed(TICK, timeout=10)  # resent by the leaf's XSUB, forwarded up
+    tick = Tick(ticker="BINANCE:BTC/USDT", trade_id="after", sequence=1, publisher_epoch=8)
+    pipeline.publish(TICK, tick)
+    assert envelope.decode_sub(leaf.recv(sub, 10)) == (TICK, tick)
+    assert leaf.sample("relay_upstream_disconnects_total") >= 1
