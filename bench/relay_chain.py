@@ -12,7 +12,10 @@ medians are reported as ratios against direct:
 
 - throughput: messages published / time until the subscriber had them all;
 - latency: one-way publisher -> subscriber at a paced rate, p50 and p99; the
-  per-hop cost is (chain p50 - direct p50) / hops.
+  per-hop cost is (chain p50 - direct p50) / hops;
+- relay CPU per message and hop: CPU time of the host process (every relay's
+  proxy thread, libzmq I/O thread and Python loop) / messages / hops. Less
+  sensitive to a loaded machine than the wall-clock figures.
 
 All relays of a chain share one host process (each its own ZeroMQ context and
 I/O thread): on a 2-core machine every extra hop competes for the same cores
@@ -83,15 +86,18 @@ def main() -> None:
         return float(statistics.median(getattr(r, field) for r in runs[mode]))
 
     print(f"\n{args.size} B payload, 1 subscriber, medians of {args.reps} runs:\n")
-    print("| path | hops | msg/s | ratio to direct | p50 / p99 us | p50 added per hop us |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| path | hops | msg/s | ratio to direct | p50 / p99 us | p50 added per hop us "
+        "| relay CPU us/msg per hop |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for hops, mode in enumerate(modes):
         per_hop = (med(mode, "p50_us") - med("direct", "p50_us")) / hops if hops else 0.0
         print(
             f"| {mode} | {hops} | {med(mode, 'rate'):,.0f} "
             f"| {med(mode, 'rate') / med('direct', 'rate'):.2f} "
             f"| {med(mode, 'p50_us'):.0f} / {med(mode, 'p99_us'):.0f} "
-            f"| {per_hop:.0f} |",
+            f"| {per_hop:.0f} | {med(mode, 'cpu_us') / hops if hops else 0.0:.2f} |",
             flush=True,
         )
 

@@ -119,3 +119,22 @@ def test_api_keys_come_from_the_environment_and_are_never_printed(
     assert creds.ccxt_config() == {"apiKey": "k-123", "secret": "s-456"}
     assert "k-123" not in repr(creds) and "s-456" not in str(creds)
     assert credentials_for("okx").ccxt_config() == {}
+
+
+def test_several_relays_as_a_list_or_comma_separated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Active/active relays: every socket lists the same relays, in the same order."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "relay_work_endpoint: [tcp://a:5555, tcp://b:5555]\n"
+        "relay_control_endpoint: [tcp://a:5560, tcp://b:5560]\n"
+        "relay_response_endpoint: [tcp://a:5556, tcp://b:5556]\n"
+    )
+    monkeypatch.setenv("CONFIG_PATH", str(path))
+    s = load_settings()
+    assert s.relays("work") == ["tcp://a:5555", "tcp://b:5555"]
+    assert s.relays("response") == ["tcp://a:5556", "tcp://b:5556"]
+    monkeypatch.setenv("INGESTOR_RELAY_CONTROL_ENDPOINT", "tcp://a:5560")  # one relay short
+    with pytest.raises(ValidationError, match="same relays"):
+        load_settings()

@@ -324,4 +324,5 @@ def kit() -> Any:
         topic_for=topic_for,
         candle=candle,
         legacy_ok=legacy_ok,
+        FakeRelay=FakeRelay,  # tests that need several relays
     )

@@ -152,12 +152,12 @@ class Ingestor:
             if s.market_metadata.refresh_s > 0:
                 self._spawn(self._refresh_markets_periodically(), "markets-refresh")
             self._responder = LegacyResponder(
-                context, s.relay_response_endpoint, self.ingestor_id, s.zmq_heartbeat_ivl_ms
+                context, s.relays("response"), self.ingestor_id, s.zmq_heartbeat_ivl_ms
             )
             self.intake = WorkIntake(
                 context,
-                s.relay_work_endpoint,
-                s.relay_control_endpoint,
+                s.relays("work"),
+                s.relays("control"),
                 list(self._by_prefix),
                 max_payload=s.max_payload_bytes,
                 heartbeat_ivl_ms=s.zmq_heartbeat_ivl_ms,

@@ -179,6 +179,8 @@ class Settings(runtime.FileSettings):
 
     ingestor_id: str = Field(default_factory=_default_ingestor_id)
     log_level: str = "INFO"  # the LOG_LEVEL variable, when set, wins
+    # Several relays (active/active, docs/protocol.md "Failover and chaining"): a YAML
+    # list or comma-separated endpoints, relay by relay in the same order for all three.
     relay_work_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_WORK_PORT}"
     relay_control_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_CONTROL_PORT}"
     relay_response_endpoint: str = f"tcp://127.0.0.1:{contracts.INGESTOR_RESPONSE_PORT}"
@@ -211,6 +213,29 @@ class Settings(runtime.FileSettings):
                 return None
             return json.loads(text) if text.startswith("[") else text.split(",")
         return value
+
+    @field_validator(
+        "relay_work_endpoint", "relay_control_endpoint", "relay_response_endpoint", mode="before"
+    )
+    @classmethod
+    def _join_relays(cls, value: Any) -> Any:
+        """A YAML list of relays is kept as `a,b` (what the environment gives)."""
+        return ",".join(value) if isinstance(value, list) else value
+
+    @model_validator(mode="after")
+    def _check_relays(self) -> Settings:
+        counts = {len(self.relays(k)) for k in ("work", "control", "response")}
+        if counts != {len(self.relays("work"))} or 0 in counts:
+            raise ValueError(
+                "relay_work_endpoint, relay_control_endpoint and relay_response_endpoint "
+                "must name the same relays, in the same order"
+            )
+        return self
+
+    def relays(self, socket: str) -> list[str]:
+        """Every relay's endpoint for one socket: work, control or response."""
+        value: str = getattr(self, f"relay_{socket}_endpoint")
+        return [e.strip() for e in value.split(",") if e.strip()]
 
     @model_validator(mode="after")
     def _check_served(self) -> Settings:

@@ -6,6 +6,11 @@
   logged and counted, never fatal.
 - `LegacyResponder`: DEALER to the relay's ROUTER (:5556) for `DataResponse`s,
   and `send`/`post` for any other message to the relay (IngestorStatus, FeedStatus).
+
+Several relays (active/active, docs/protocol.md "Failover and chaining"): the
+SUBs connect to all of them (a request published by both arrives twice; the app
+drops a repeated request_id), and every message to the relays goes to each one
+over a DEALER of its own (one DEALER would round-robin between them).
 """
 
 from __future__ import annotations
@@ -49,8 +54,8 @@ class WorkIntake:
     def __init__(
         self,
         context: zmq.asyncio.Context,
-        work_endpoint: str,
-        control_endpoint: str,
+        work_endpoint: str | Sequence[str],
+        control_endpoint: str | Sequence[str],
         prefixes: Sequence[str],
         *,
         max_payload: int,
@@ -63,10 +68,12 @@ class WorkIntake:
         self._control = context.socket(zmq.SUB)
         for sock in (self._work, self._control):
             _tune(sock, heartbeat_ivl_ms)
-        self._work.connect(work_endpoint)
+        for endpoint in _listed(work_endpoint):
+            self._work.connect(endpoint)
         for prefix in self._prefixes:
             self._work.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-        self._control.connect(control_endpoint)
+        for endpoint in _listed(control_endpoint):
+            self._control.connect(endpoint)
         # Control topics are an exchange prefix or empty; a prefix subscription
         # cannot express "exactly empty", so take all and filter below.
         self._control.setsockopt(zmq.SUBSCRIBE, b"")
@@ -131,44 +138,82 @@ class WorkIntake:
         self._control.close(0)
 
 
+def _listed(endpoint: str | Sequence[str]) -> list[str]:
+    return [endpoint] if isinstance(endpoint, str) else list(endpoint)
+
+
 class LegacyResponder:
-    """DEALER -> relay ROUTER :5556. Sends the bare envelope (no delimiter)."""
+    """DEALER -> relay ROUTER :5556, one per relay. Sends the bare envelope (no delimiter).
+
+    With several relays a message goes to every relay that can take it at once
+    (ZMQ_IMMEDIATE: nothing queues for a relay that is down); only when none can
+    does `send` wait, for the first ones that can, up to its timeout.
+    """
 
     def __init__(
-        self, context: zmq.asyncio.Context, endpoint: str, identity: str, heartbeat_ivl_ms: int
+        self,
+        context: zmq.asyncio.Context,
+        endpoint: str | Sequence[str],
+        identity: str,
+        heartbeat_ivl_ms: int,
     ) -> None:
-        self._socket = context.socket(zmq.DEALER)
-        _tune(self._socket, heartbeat_ivl_ms)
-        self._socket.setsockopt(zmq.ROUTING_ID, identity.encode()[:255] or b"ingestor")
-        self._socket.setsockopt(zmq.SNDHWM, 1000)
-        self._socket.connect(endpoint)
+        endpoints = _listed(endpoint)
+        self._sockets: list[zmq.asyncio.Socket] = []
+        for address in endpoints:
+            sock = context.socket(zmq.DEALER)
+            _tune(sock, heartbeat_ivl_ms)
+            sock.setsockopt(zmq.ROUTING_ID, identity.encode()[:255] or b"ingestor")
+            sock.setsockopt(zmq.SNDHWM, 1000)
+            if len(endpoints) > 1:
+                sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.connect(address)
+            self._sockets.append(sock)
         self._lock = asyncio.Lock()
-        # Same socket, used synchronously: `post` never waits (one event-loop thread).
-        self._now: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
+        # Same sockets, used synchronously: `post` never waits (one event-loop thread).
+        self._now: list[zmq.Socket[bytes]] = [
+            zmq.Socket.shadow(s.underlying) for s in self._sockets
+        ]
 
     async def send(self, message: Message, timeout_s: float = 10.0) -> bool:
-        """Send one message; False if the relay could not take it in time."""
+        """Send one message; False if no relay could take it in time."""
+        frames = envelope.encode(message)
         async with self._lock:
+            if self._post(frames):
+                return True
+            sends = [asyncio.ensure_future(s.send_multipart(frames)) for s in self._sockets]
             try:
-                async with asyncio.timeout(timeout_s):
-                    await self._socket.send_multipart(envelope.encode(message))
-            except TimeoutError:
-                what = getattr(message, "request_id", "") or ""
-                log.error("%s %s not sent: relay unreachable", type(message).__name__, what)
-                return False
-        return True
-
-    def post(self, message: Message) -> bool:
-        """Queue one message for the relay without waiting; False (logged) if the queue is full."""
-        try:
-            self._now.send_multipart(envelope.encode(message), zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("%s to the relay dropped: queue full", message.DESCRIPTOR.name)
+                done, _ = await asyncio.wait(
+                    sends, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for send in sends:  # a late send would reach a relay out of order
+                    send.cancel()
+        if not any(send.exception() is None for send in done):
+            what = getattr(message, "request_id", "") or ""
+            log.error("%s %s not sent: relay unreachable", type(message).__name__, what)
             return False
         return True
 
+    def post(self, message: Message) -> bool:
+        """Queue one message for the relays without waiting; False (logged) if none took it."""
+        if self._post(envelope.encode(message)):
+            return True
+        log.warning("%s to the relay dropped: queue full", message.DESCRIPTOR.name)
+        return False
+
+    def _post(self, frames: list[bytes]) -> bool:
+        taken = False
+        for sock in self._now:
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+                taken = True
+            except zmq.Again:
+                continue
+        return taken
+
     def close(self) -> None:
-        self._socket.close(0)
+        for sock in self._sockets:
+            sock.close(0)
 
 
 def new_context() -> zmq.asyncio.Context:

@@ -143,10 +143,11 @@ class Client(Closeable):
         self._streams_lock = threading.Lock()
         self._dispatcher = Dispatcher()
         self._transport = Transport(
-            self.settings.request_address,
-            self.settings.market_data_address,
+            self.settings.request_addresses,
+            self.settings.market_data_addresses,
             self._dispatcher.handle,
             settle_s=self.settings.subscribe_settle_ms / 1000,
+            failover_s=self.settings.failover_timeout_s,
             curve=CurveKeys.load(
                 self.settings.curve_secret_key_file, self.settings.curve_server_key_file
             ),
@@ -181,6 +182,16 @@ class Client(Closeable):
         for stream in streams:
             stream.close()
         self._transport.close()
+
+    @property
+    def relays_connected(self) -> int:
+        """Relays whose market-data socket this client holds a connection to right now."""
+        return self._transport.subscriber.links
+
+    @property
+    def request_failovers(self) -> int:
+        """Requests resent to another relay because one was silent (several relays)."""
+        return self._transport.requests.failovers
 
     @property
     def dispatch_stats(self) -> dict[str, int]:

@@ -27,7 +27,9 @@ class ClientSettings(runtime.FileSettings):
     model_config = SettingsConfigDict(env_prefix="MDCLIENT_", extra="forbid")
     renamed = {"s3_access_key_id": "s3_access_key", "s3_secret_access_key": "s3_secret_key"}
 
-    # Relay (ZeroMQ). An explicit endpoint wins over host + port.
+    # Relay (ZeroMQ). An explicit endpoint wins over host + port. Several relays
+    # (active/active, docs/protocol.md "Failover and chaining"): comma-separated hosts
+    # or endpoints; the client subscribes on all and submits to one at a time.
     relay_host: str = "127.0.0.1"
     request_port: int = Field(default=contracts.CLIENT_REQUEST_PORT, gt=0, lt=65536)
     market_data_port: int = Field(default=contracts.MARKET_DATA_PORT, gt=0, lt=65536)
@@ -46,6 +48,8 @@ class ClientSettings(runtime.FileSettings):
     # Timeouts and retries.
     connect_timeout_s: float = Field(default=5.0, gt=0)
     submit_timeout_s: float = Field(default=30.0, gt=0)  # spec: REQ/REP 30 s
+    # With several relays: a relay silent this long gets the same request resent to the next.
+    failover_timeout_s: float = Field(default=2.0, gt=0)
     history_timeout_s: float = Field(default=120.0, gt=0)  # per attempt
     attempts: int = Field(default=3, ge=1)
     subscribe_settle_ms: int = Field(default=25, ge=0)
@@ -78,12 +82,22 @@ class ClientSettings(runtime.FileSettings):
         return self
 
     @property
+    def request_addresses(self) -> list[str]:
+        """Every relay's request endpoint, in the order submits try them."""
+        return _endpoints(self.request_endpoint, self.relay_host, self.request_port)
+
+    @property
+    def market_data_addresses(self) -> list[str]:
+        """Every relay's market-data endpoint (the SUB connects to all)."""
+        return _endpoints(self.market_data_endpoint, self.relay_host, self.market_data_port)
+
+    @property
     def request_address(self) -> str:
-        return self.request_endpoint or f"tcp://{self.relay_host}:{self.request_port}"
+        return ", ".join(self.request_addresses)
 
     @property
     def market_data_address(self) -> str:
-        return self.market_data_endpoint or f"tcp://{self.relay_host}:{self.market_data_port}"
+        return ", ".join(self.market_data_addresses)
 
     def catalog_properties(self) -> dict[str, str]:
         """Properties for pyiceberg `load_catalog` (REST catalog, S3 FileIO)."""
@@ -95,6 +109,13 @@ class ClientSettings(runtime.FileSettings):
             s3_access_key=self.s3_access_key,
             s3_secret_key=self.s3_secret_key,
         )
+
+
+def _endpoints(explicit: str, hosts: str, port: int) -> list[str]:
+    """`tcp://a:1,tcp://b:1` as given, else one endpoint per comma-separated host."""
+    if explicit:
+        return [e.strip() for e in explicit.split(",") if e.strip()]
+    return [f"tcp://{h.strip()}:{port}" for h in hosts.split(",") if h.strip()]
 
 
 def load_settings(config_path: str | Path | None = None, **overrides: Any) -> ClientSettings:

@@ -6,6 +6,12 @@ closed and replaced, so no stale reply or late retry). `Subscriber`: a SUB to
 message to `on_message`; `subscribe()` returns once the subscription is on a
 live connection and has had `settle_s` to reach the pipeline. Why: docs/adr/0003.
 
+Both take several relays (active/active, docs/protocol.md "Failover and
+chaining"): the SUB connects to every one (the SDK drops the second copy of
+each message by its sequence number), the REQ to one at a time: a relay silent
+for `failover_s` gets the same frames (same request_id) resent to the next, and
+the one that answers is kept.
+
 Both take CURVE client keys when the relay requires them (`CurveKeys`,
 docs/protocol.md "Security"). A refused key is silent in ZeroMQ (the handshake
 fails and is retried), so timeouts name authentication as a possible cause and
@@ -102,27 +108,66 @@ def handshake_problem(event: int, value: int, curve: bool) -> str | None:
     return None
 
 
+def _addresses(address: str | Sequence[str]) -> list[str]:
+    return [address] if isinstance(address, str) else list(address)
+
+
 class RequestChannel:
-    """REQ socket to the relay with lazy-pirate recovery; one request at a time."""
+    """REQ socket to one relay at a time with lazy-pirate recovery; one request at a time."""
 
     def __init__(
         self,
         context: zmq.Context[zmq.Socket[bytes]],
-        address: str,
+        address: str | Sequence[str],
         *,
         curve: CurveKeys | None = None,
         hint: Callable[[], str] = str,
+        failover_s: float = 2.0,
     ) -> None:
         self._context = context
-        self._address = address
+        self._addresses = _addresses(address)
+        self._current = 0  # the relay requests go to; moves on when one is silent
+        self._failover_s = failover_s
+        self.failovers = 0  # requests resent to another relay (tests and logs)
         self._curve = curve
         self._hint = hint  # why the relay may be silent (the subscriber's handshake news)
         self._socket: zmq.Socket[bytes] | None = None
         self._lock = threading.Lock()
         self.resets = 0  # sockets discarded after a lost reply (for tests and logs)
 
+    @property
+    def _address(self) -> str:
+        return self._addresses[self._current]
+
     def request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]:
-        """Send `frames`, return the reply frames; RequestTimeout after `timeout_s`."""
+        """Send `frames`, return the reply frames; RequestTimeout after `timeout_s`.
+
+        With several relays, each gets `failover_s` (at most what is left of
+        `timeout_s`) before the same frames go to the next one, round the list
+        until `timeout_s` is spent. The frames are resent unchanged: every
+        request the relay takes is idempotent by its id (docs/protocol.md).
+        """
+        if len(self._addresses) == 1:
+            return self._request(frames, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return self._request(frames, min(self._failover_s, left))
+            except RequestTimeout as exc:
+                if deadline - time.monotonic() <= 0.001:
+                    raise RequestTimeout(
+                        f"no relay of {', '.join(self._addresses)} answered within "
+                        f"{timeout_s:g}s" + self._hint(),
+                        error_code=exc.error_code,
+                    ) from None
+                silent = self._address
+                with self._lock:
+                    self._current = (self._current + 1) % len(self._addresses)
+                self.failovers += 1
+                log.warning("relay %s silent: %s; resending to %s", silent, exc, self._address)
+
+    def _request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]:
         with self._lock:
             sock = self._socket if self._socket is not None else self._open()
             try:
@@ -184,14 +229,16 @@ class Subscriber:
     def __init__(
         self,
         context: zmq.Context[zmq.Socket[bytes]],
-        address: str,
+        address: str | Sequence[str],
         on_message: Callable[[list[bytes]], None],
         *,
         settle_s: float = 0.025,
         curve: CurveKeys | None = None,
     ) -> None:
         self._context = context
-        self._address = address
+        self._addresses = _addresses(address)
+        self._address = ", ".join(self._addresses)
+        self._links: set[str] = set()  # relays with a live connection (subscriber thread)
         self._curve = curve
         # The last failed handshake's security news; cleared by a successful one.
         self.handshake_problem: str | None = None
@@ -227,8 +274,13 @@ class Subscriber:
         return self._connected.is_set()
 
     def wait_connected(self, timeout_s: float) -> bool:
-        """True once the SUB has a live, handshaken connection to the relay's XPUB."""
+        """True once the SUB has a live, handshaken connection to a relay's XPUB."""
         return self._connected.wait(timeout_s)
+
+    @property
+    def links(self) -> int:
+        """Relays the SUB is connected to right now (several: active/active)."""
+        return len(self._links)
 
     def subscribe(self, topic: str, timeout_s: float) -> None:
         """Subscribe and return once the subscription is live (handshake above).
@@ -304,7 +356,8 @@ class Subscriber:
                 self._curve.apply(sub)
             monitor = sub.get_monitor_socket(_MONITOR_EVENTS)
             sockets.append(monitor)
-            sub.connect(self._address)
+            for address in self._addresses:
+                sub.connect(address)
         except Exception as exc:
             self._failure = exc
             for sock in sockets:
@@ -344,14 +397,23 @@ class Subscriber:
             if problem is not None and problem != self.handshake_problem:
                 log.warning("handshake with %s failed: %s", self._address, problem)
                 self.handshake_problem = problem
+            endpoint = message.get("endpoint", b"")
+            relay = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshake_problem = None
                 self.handshakes += 1
+                self._links.add(relay)
                 self._connected.set()
-                log.debug("connected to %s", self._address)
+                log.debug("connected to %s", relay)
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-                self._connected.clear()
-                log.info("lost connection to %s; ZeroMQ reconnects", self._address)
+                self._links.discard(relay)
+                if not self._links:
+                    self._connected.clear()
+                log.info(
+                    "lost connection to %s; ZeroMQ reconnects (%d other relay(s) connected)",
+                    relay,
+                    len(self._links),
+                )
 
     def _drain(self, sub: zmq.Socket[bytes]) -> None:
         for _ in range(1000):  # bounded so commands are never starved
@@ -396,19 +458,24 @@ class Transport:
 
     def __init__(
         self,
-        request_address: str,
-        market_data_address: str,
+        request_address: str | Sequence[str],
+        market_data_address: str | Sequence[str],
         on_message: Callable[[list[bytes]], None],
         *,
         settle_s: float,
         curve: CurveKeys | None = None,
+        failover_s: float = 2.0,
     ) -> None:
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.subscriber = Subscriber(
             self._context, market_data_address, on_message, settle_s=settle_s, curve=curve
         )
         self.requests = RequestChannel(
-            self._context, request_address, curve=curve, hint=self.subscriber.hint
+            self._context,
+            request_address,
+            curve=curve,
+            hint=self.subscriber.hint,
+            failover_s=failover_s,
         )
 
     def close(self) -> None:

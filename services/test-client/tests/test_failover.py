@@ -1,0 +1,132 @@
+"""Several relays (active/active, docs/protocol.md "Failover and chaining"): the SDK side.
+
+Two fake relays stand in for two real ones (services/ingestor/tests/test_stack_failover.py
+runs real relay processes): the client subscribes on both, drops the second copy
+of every message by its sequence number, and resends a request that one relay
+leaves unanswered to the other, unchanged (same request_id).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import Message
+
+from mdclient import Client
+from mdclient.config import ClientSettings
+from mdclient.sequence import SequenceEvent
+from mdproto import topics
+from mdproto.messages import Status, SubmitHistoricalRequest, SubmitResponse, Tick
+
+TICKER = "BINANCE:BTC/USDT"
+START = 1_795_132_800_000
+END = START + 3_600_000
+
+
+def two_relays(a: Any, b: Any, **overrides: Any) -> ClientSettings:
+    values: dict[str, Any] = {
+        "request_endpoint": f"{a.request_endpoint},{b.request_endpoint}",
+        "market_data_endpoint": f"{a.market_data_endpoint},{b.market_data_endpoint}",
+        "connect_timeout_s": 5.0,
+        "submit_timeout_s": 5.0,
+        "history_timeout_s": 5.0,
+        "failover_timeout_s": 0.3,
+        "attempts": 1,
+    }
+    values.update(overrides)
+    return ClientSettings(**values)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _submits(relay: Any) -> list[SubmitHistoricalRequest]:
+    return [m for m in relay.requests if isinstance(m, SubmitHistoricalRequest)]
+
+
+def test_settings_list_several_relays() -> None:
+    s = ClientSettings(relay_host="relay-a, relay-b")
+    assert s.request_addresses == ["tcp://relay-a:5559", "tcp://relay-b:5559"]
+    assert s.market_data_addresses == ["tcp://relay-a:5558", "tcp://relay-b:5558"]
+    s = ClientSettings(request_endpoint="tcp://x:1,tcp://y:2", relay_host="ignored")
+    assert s.request_addresses == ["tcp://x:1", "tcp://y:2"]
+
+
+def test_unanswered_submit_is_resent_unchanged_to_the_other_relay(
+    kit: Any, fake_reader: Any
+) -> None:
+    a, b = kit.FakeRelay(), kit.FakeRelay()
+    try:
+        a.handler = lambda message: kit.Action(None)  # takes the request, never answers
+
+        def accept_on_b(message: Message) -> Any:
+            """B acks; the pipeline's notification reaches the client through both relays."""
+            assert isinstance(message, SubmitHistoricalRequest)
+            topic = kit.topic_for(message)
+            note = kit.notification_for(message, topic)
+            note.sequence, note.publisher_epoch = len(_submits(b)), 9
+            a.publish(topic, note)
+            ack = SubmitResponse(
+                request_id=message.request_id, status=Status.OK, notification_topic=topic
+            )
+            return kit.Action(ack, [(topic, note)])
+
+        b.handler = accept_on_b
+        with Client(settings=two_relays(a, b, client_id="ff"), reader=fake_reader) as c:
+            response = topics.response_topic("ff")
+            for relay in (a, b):  # subscribed on both relays at connect
+                relay.wait_for(lambda ev: ("sub", response) in ev)
+            assert c.relays_connected == 2
+            began = time.monotonic()
+            first = c.history(TICKER, "1m", START, END)
+            took = time.monotonic() - began
+            second = c.history(TICKER, "1m", START, END)  # straight to B now: it answered
+            wait_until(lambda: c.dispatch_stats.get("duplicate", 0) == 2, "A's copies dropped")
+            assert c.request_failovers == 1
+        assert [s.request_id for s in _submits(a)] == [first.request_id]
+        assert [s.request_id for s in _submits(b)] == [first.request_id, second.request_id]
+        assert _submits(a)[0] == _submits(b)[0]  # the same request, not a new attempt
+        assert 0.3 <= took < 3.0
+        assert first.status == second.status == "OK"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_live_stream_through_two_relays_delivers_each_message_once(kit: Any) -> None:
+    a, b = kit.FakeRelay(), kit.FakeRelay()
+    got: list[int] = []
+    events: list[SequenceEvent] = []
+    try:
+        with Client(settings=two_relays(a, b)) as c:
+            stream = c.live(
+                TICKER, callback=lambda t: got.append(t.sequence), on_sequence=events.append
+            )
+            topic = f"{TICKER}|tick"
+            for relay in (a, b):
+                relay.wait_for(lambda ev: ("sub", topic) in ev)
+
+            def tick(seq: int) -> Tick:
+                return Tick(ticker=TICKER, trade_id=str(seq), sequence=seq, publisher_epoch=3)
+
+            for seq in range(1, 301):
+                a.publish(topic, tick(seq))
+                b.publish(topic, tick(seq))
+            a.close()  # one relay dies; the other goes on
+            for seq in range(301, 601):
+                b.publish(topic, tick(seq))
+            wait_until(lambda: got[-1:] == [600], "the last tick")
+            assert got == list(range(1, 601))
+            assert stream.duplicates == 300
+            assert events == []  # no gap, no restart
+            wait_until(lambda: c.relays_connected == 1, "A's connection to drop")
+    finally:
+        a.close()
+        b.close()
