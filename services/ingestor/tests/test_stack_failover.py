@@ -293,10 +293,11 @@ def test_killing_one_of_two_relays_loses_nothing_and_fetches_once(
     assert figures["duplicates"] > 0  # both relays delivered: copies were there to drop
     assert figures["live_gap_at_kill_s"] < 2.0  # the aim for failover time
     assert figures["relays_connected_after"] == 1
-    # Requests: A silent -> the same frames to B after failover_timeout_s; then B directly.
+    # Requests: A refuses connections (dead) -> the same frames to B at once, not after
+    # failover_timeout_s (that is for a silent relay: test-client tests); then B directly.
     assert {k: a.status for k, a in acks.items()} == dict.fromkeys(acks, Status.OK)
     assert figures["failovers"] == 1
-    assert 2.0 <= figures["resend_s"] < 8.0
+    assert figures["resend_s"] < 2.0
     # Exactly once: one claim, one fetch, one set of records per request_id.
     for request_id, written in batches.items():
         finals = [b for b in written if b.is_final]

@@ -100,6 +100,31 @@ def test_unanswered_submit_is_resent_unchanged_to_the_other_relay(
         b.close()
 
 
+def test_a_relay_that_refuses_connections_is_left_at_once(kit: Any, fake_reader: Any) -> None:
+    """A dead relay (port closed) costs no failover_timeout_s: the REQ's monitor sees it."""
+    from infra.testing import free_port
+
+    b = kit.FakeRelay()
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    try:
+        settings = two_relays(b, b, failover_timeout_s=3.0).model_copy(
+            update={
+                "request_endpoint": f"{dead},{b.request_endpoint}",
+                "market_data_endpoint": f"{dead},{b.market_data_endpoint}",
+            }
+        )
+        with Client(settings=settings, reader=fake_reader) as c:
+            assert c.relays_connected == 1
+            began = time.monotonic()
+            result = c.history(TICKER, "1m", START, END)
+            took = time.monotonic() - began
+            assert c.request_failovers == 1
+        assert result.status == "OK" and len(_submits(b)) == 1
+        assert took < 1.5  # not the 3 s a silent relay would cost
+    finally:
+        b.close()
+
+
 def test_live_stream_through_two_relays_delivers_each_message_once(kit: Any) -> None:
     a, b = kit.FakeRelay(), kit.FakeRelay()
     got: list[int] = []

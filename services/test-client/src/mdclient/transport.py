@@ -10,7 +10,8 @@ Both take several relays (active/active, docs/protocol.md "Failover and
 chaining"): the SUB connects to every one (the SDK drops the second copy of
 each message by its sequence number), the REQ to one at a time: a relay silent
 for `failover_s` gets the same frames (same request_id) resent to the next, and
-the one that answers is kept.
+the one that answers is kept; a relay whose connection is lost or refused while
+a reply is awaited is left at once (a socket monitor on the REQ), once per request.
 
 Both take CURVE client keys when the relay requires them (`CurveKeys`,
 docs/protocol.md "Security"). A refused key is silent in ZeroMQ (the handshake
@@ -50,6 +51,7 @@ _HEARTBEAT_IVL_MS = 5_000
 _HEARTBEAT_TIMEOUT_MS = 15_000
 _SUB_RCVHWM = 100_000
 _pipe_ids = itertools.count()
+_UNREACHABLE = "relay_unreachable"
 _CURVE_HINT = (
     "CURVE is on: a client key the relay does not allow, or a wrong relay public key "
     "(curve_server_key_file), looks like this too; the relay logs refused keys"
@@ -132,6 +134,7 @@ class RequestChannel:
         self._curve = curve
         self._hint = hint  # why the relay may be silent (the subscriber's handshake news)
         self._socket: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None  # several relays: the REQ's monitor
         self._lock = threading.Lock()
         self.resets = 0  # sockets discarded after a lost reply (for tests and logs)
 
@@ -150,11 +153,15 @@ class RequestChannel:
         if len(self._addresses) == 1:
             return self._request(frames, timeout_s)
         deadline = time.monotonic() + timeout_s
+        gone: set[int] = set()  # relays left at once for a lost connection: once each
         while True:
             left = deadline - time.monotonic()
+            early = self._current not in gone
             try:
-                return self._request(frames, min(self._failover_s, left))
+                return self._request(frames, min(self._failover_s, left), early=early)
             except RequestTimeout as exc:
+                if exc.error_code == _UNREACHABLE:
+                    gone.add(self._current)
                 if deadline - time.monotonic() <= 0.001:
                     raise RequestTimeout(
                         f"no relay of {', '.join(self._addresses)} answered within "
@@ -167,12 +174,14 @@ class RequestChannel:
                 self.failovers += 1
                 log.warning("relay %s silent: %s; resending to %s", silent, exc, self._address)
 
-    def _request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]:
+    def _request(
+        self, frames: Sequence[bytes], timeout_s: float, *, early: bool = False
+    ) -> list[bytes]:
         with self._lock:
             sock = self._socket if self._socket is not None else self._open()
             try:
                 sock.send_multipart(list(frames))
-                if sock.poll(max(1, int(timeout_s * 1000)), zmq.POLLIN) == 0:
+                if not self._await_reply(sock, timeout_s, early):
                     raise RequestTimeout(
                         f"relay at {self._address} did not answer within {timeout_s:g}s"
                         + self._hint(),
@@ -191,11 +200,33 @@ class RequestChannel:
                 self._discard()
                 raise
 
+    def _await_reply(self, sock: zmq.Socket[bytes], timeout_s: float, early: bool) -> bool:
+        """True once the reply waits, False after `timeout_s`. With `early` (several
+        relays), a lost or refused connection raises RequestTimeout(relay_unreachable) at once."""
+        deadline = time.monotonic() + timeout_s
+        monitor = self._monitor if early else None
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
+        while True:
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            ready = dict(poller.poll(left_ms))
+            if sock in ready:
+                return True
+            if monitor is not None and monitor in ready:
+                event = recv_monitor_message(monitor)["event"]
+                if event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
+                    raise RequestTimeout(
+                        f"relay at {self._address} is unreachable (connection lost or refused)",
+                        error_code=_UNREACHABLE,
+                    )
+            if time.monotonic() >= deadline:
+                return False
+
     def close(self) -> None:
         with self._lock:
-            if self._socket is not None:
-                self._socket.close(linger=0)
-                self._socket = None
+            self._close_socket()
 
     def _open(self) -> zmq.Socket[bytes]:
         sock = self._context.socket(zmq.REQ)
@@ -203,14 +234,29 @@ class RequestChannel:
         sock.setsockopt(zmq.SNDTIMEO, 5_000)
         if self._curve is not None:
             self._curve.apply(sock)
+        if len(self._addresses) > 1:
+            self._monitor = sock.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+            )
         sock.connect(self._address)
         self._socket = sock
         return sock
 
+    def _close_socket(self) -> bool:
+        if self._monitor is not None:
+            if self._socket is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._socket.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
+        if self._socket is None:
+            return False
+        self._socket.close(linger=0)
+        self._socket = None
+        return True
+
     def _discard(self) -> None:
-        if self._socket is not None:
-            self._socket.close(linger=0)
-            self._socket = None
+        if self._close_socket():
             self.resets += 1
             log.debug("discarded REQ socket to %s (lazy pirate)", self._address)
 
