@@ -88,3 +88,26 @@ def test_branch_resubscribes_when_its_parent_restarts(
     pipeline.publish(TICK, tick)
     assert envelope.decode_sub(leaf.recv(sub, 10)) == (TICK, tick)
     assert leaf.sample("relay_upstream_disconnects_total") >= 1
+
+
+def test_upstream_links_count_each_endpoint_once() -> None:
+    """Monitor events per endpoint: repeats and events of unknown links change nothing."""
+    import zmq
+
+    from relay.upstream import UpstreamLinks
+
+    links = UpstreamLinks(["tcp://p:5557", "tcp://r:5558"])
+    up, down = int(zmq.EVENT_HANDSHAKE_SUCCEEDED), int(zmq.EVENT_DISCONNECTED)
+    assert links.on_event(down, "tcp://p:5557") is None  # never connected
+    first = links.on_event(up, "tcp://p:5557")
+    assert first is not None and (first.up, first.connected, first.total) == (True, 1, 2)
+    assert links.on_event(up, "tcp://p:5557") is None  # a repeat
+    assert links.on_event(up, "tcp://r:5558") is not None and links.connected == 2
+    lost = links.on_event(down, "tcp://r:5558")
+    assert lost is not None and (lost.endpoint, lost.up, lost.connected) == (
+        "tcp://r:5558",
+        False,
+        1,
+    )
+    assert links.on_event(None, "tcp://p:5557") is None  # a malformed monitor message
+    assert links.describe() == "tcp://p:5557, tcp://r:5558"
