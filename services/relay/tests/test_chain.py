@@ -8,6 +8,7 @@ The branches have no pipeline connection of their own (flink_market_data_endpoin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mdproto import envelope
@@ -111,3 +112,40 @@ def test_upstream_links_count_each_endpoint_once() -> None:
     )
     assert links.on_event(None, "tcp://p:5557") is None  # a malformed monitor message
     assert links.describe() == "tcp://p:5557, tcp://r:5558"
+
+
+def test_branch_reaches_a_curve_parent_with_its_own_keys(
+    make_relay: RelayFactory, pipeline: FakePipeline, tmp_path: Path
+) -> None:
+    """A tree across sites: the parent's :5558 requires CURVE, the branch holds allowed keys."""
+    from relay import curve
+
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    for name in ("root", "branch", "stranger"):
+        curve.generate(keys, name)
+    allowed.mkdir()
+    (allowed / "branch.key").write_bytes((keys / "branch.key").read_bytes())
+    root = make_relay(
+        curve_secret_key_file=str(keys / "root.key_secret"), curve_client_keys_dir=str(allowed)
+    )
+
+    def branch(name: str) -> RunningRelay:
+        return make_relay(
+            flink_market_data_endpoint="",
+            upstream_market_data=[root.endpoints.market_data],
+            upstream_curve_secret_key_file=str(keys / f"{name}.key_secret"),
+            upstream_curve_server_key_file=str(keys / "root.key"),
+        )
+
+    leaf = branch("branch")
+    sub = leaf.subscriber(TICK)
+    pipeline.wait_subscribed(TICK)
+    tick = Tick(ticker="BINANCE:BTC/USDT", trade_id="1", sequence=1, publisher_epoch=1)
+    pipeline.publish(TICK, tick)
+    assert envelope.decode_sub(leaf.recv(sub)) == (TICK, tick)
+    outsider = branch("stranger")  # keys the root does not allow: refused and counted
+    root.wait_until(
+        lambda: root.sample("relay_auth_failures_total", socket="market_data") >= 1,
+        what="the stranger's handshake to be refused",
+    )
+    assert outsider.sample("relay_upstream_connected") == 0

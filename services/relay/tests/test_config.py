@@ -85,6 +85,9 @@ def test_missing_default_file_means_defaults(tmp_path: Path) -> None:
         "flink_market_data_endpoint: localhost:5557\n",
         "flink_market_data_endpoint: ''\n",  # no upstream at all
         "upstream_market_data: ['relay-a:5558']\n",
+        "upstream_curve_secret_key_file: b.key_secret\n",  # without the parent's key
+        # CURVE to every upstream, but the pipeline's PUB is plain ZMTP
+        "upstream_curve_secret_key_file: b.key_secret\nupstream_curve_server_key_file: r.key\n",
     ],
 )
 def test_bad_config_is_an_error(tmp_path: Path, text: str) -> None:

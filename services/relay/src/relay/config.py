@@ -126,6 +126,11 @@ class RelaySettings(runtime.FileSettings):
     # this relay a branch of a relay tree (relay/upstream.py). With them,
     # flink_market_data_endpoint may be "" (no pipeline connection of its own).
     upstream_market_data: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Parents whose :5558 requires CURVE (a tree across sites): this relay's key pair (its
+    # NAME.key on the parents' allow-list) and the parents' public NAME.key. The XSUB then
+    # speaks CURVE to every upstream, so it takes no pipeline (flink_market_data_endpoint "").
+    upstream_curve_secret_key_file: str = ""
+    upstream_curve_server_key_file: str = ""
     stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     # CURVE on the client sockets :5558/:5559 (relay/curve.py, docs/protocol.md "Security"):
@@ -180,6 +185,20 @@ class RelaySettings(runtime.FileSettings):
             raise ValueError(
                 "no upstream: set flink_market_data_endpoint (the pipeline) and/or "
                 "upstream_market_data (other relays' market-data ports)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _upstream_curve(self) -> RelaySettings:
+        if bool(self.upstream_curve_secret_key_file) != bool(self.upstream_curve_server_key_file):
+            raise ValueError(
+                "upstream_curve_secret_key_file and upstream_curve_server_key_file go together "
+                "(this relay's key pair and the parent relays' public key)"
+            )
+        if self.upstream_curve_secret_key_file and self.flink_market_data_endpoint:
+            raise ValueError(
+                "upstream CURVE applies to every upstream of the XSUB: the pipeline's PUB "
+                'speaks plain ZMTP, so set flink_market_data_endpoint to "" (parents only)'
             )
         return self
 

@@ -79,6 +79,19 @@ def generate(directory: str | Path, name: str) -> tuple[Path, Path]:
     return Path(public), Path(secret)
 
 
+def apply_client(sock: zmq.Socket[bytes], secret_key_file: str, server_key_file: str) -> None:
+    """CURVE client options: a branch relay's XSUB to parent relays' :5558 (set before connect)."""
+    own = load_server_keys(secret_key_file)  # the same `.key_secret` format: both keys
+    try:
+        server, _ = zmq.auth.load_certificate(server_key_file)
+    except (OSError, ValueError) as exc:
+        raise CurveConfigError(
+            f"cannot read the parent relay's public key {server_key_file}: {exc}"
+        ) from None
+    sock.curve_publickey, sock.curve_secretkey = own.public, own.secret
+    sock.curve_serverkey = server
+
+
 # --- the exposure rule (pure) ----------------------------------------------------
 
 

@@ -115,6 +115,8 @@ def upstream_xsub(ctx: Context, s: RelaySettings) -> Socket:
     sock.sndhwm = s.upstream_subscription_hwm
     sock.setsockopt(zmq.RECONNECT_IVL, s.upstream_reconnect_ivl_ms)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, s.upstream_reconnect_ivl_max_ms)
+    if s.upstream_curve_secret_key_file:  # parent relays with CURVE on their :5558
+        curve.apply_client(sock, s.upstream_curve_secret_key_file, s.upstream_curve_server_key_file)
     return sock  # the caller attaches its monitor, then connects
 
 
