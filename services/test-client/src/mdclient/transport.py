@@ -396,6 +396,9 @@ class Subscriber:
             sockets.append(sub)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, _SUB_RCVHWM)
+            # A relay that restarts gets the subscriptions resent from here, at most SNDHWM
+            # of them (libzmq #2258: the default 1000 silently loses the rest).
+            sub.setsockopt(zmq.SNDHWM, 0)
             sub.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL_MS)
             sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
             if self._curve is not None:
