@@ -338,6 +338,11 @@ class Lake:
         return list(scan.to_arrow().to_pylist())
 
 
+def subscriber(endpoint: str) -> Subscriber:
+    """infra.testing.Subscriber waiting up to this module's WAIT_S by default."""
+    return Subscriber(endpoint, wait_s=WAIT_S)
+
+
 def is_notification(request_id: str) -> Callable[[Received], bool]:
     def check(m: Received) -> bool:
         return getattr(m.message, "request_id", None) == request_id and m.topic.startswith(
@@ -408,7 +413,7 @@ class StackTools:
     """Stack helpers for tests (conftest is not importable in importlib mode)."""
 
     WAIT_S = WAIT_S
-    Subscriber = Subscriber
+    Subscriber = staticmethod(subscriber)
     Kafka = Kafka
     Lake = Lake
     Harness = Harness

@@ -126,7 +126,7 @@ class BatchBuilder:
             record.metadata.CopyFrom(meta)
         rows = record.rows
         ticker, period = meta.ticker, meta.period_seconds
-        for c in chunk:
+        for c in chunk:  # ohlc_row's fields again: sharing them as a dict made this 3x slower
             rows.add(
                 ticker=ticker,
                 period_seconds=period,

@@ -115,39 +115,18 @@ class Relay:
             )
             self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
             self._ingestors = Ingestors(
-                s,
-                m,
-                self._throttle,
-                self._work,
-                self._control,
-                clock=clock,
-                wall_ms=wall_ms,
-                wake=self._wakeup.wake,
-            )
+                s, m, self._throttle, self._work, self._control,
+                clock=clock, wall_ms=wall_ms, wake=self._wakeup.wake,
+            )  # fmt: skip
             self._live = LiveFeeds(
-                s,
-                m,
-                self._ingestors,
-                self._proxy,
-                check_symbol=self.check_symbol,
+                s, m, self._ingestors, self._proxy, check_symbol=self.check_symbol,
                 trigger_tickers=getattr(self._sink, "tickers", None),
-                wall_ms=wall_ms,
-                new_id=new_id,
-                now=now,
-            )
+                wall_ms=wall_ms, new_id=new_id, now=now,
+            )  # fmt: skip
             self._requests = ClientRequests(
-                s,
-                m,
-                self._throttle,
-                self._client,
-                self._ingestors,
-                self._live,
-                self._sink,
-                symbols=self._symbols,
-                wall_ms=wall_ms,
-                new_id=new_id,
-                bad_frame=self._bad_frame,
-            )
+                s, m, self._throttle, self._client, self._ingestors, self._live, self._sink,
+                symbols=self._symbols, wall_ms=wall_ms, new_id=new_id, bad_frame=self._bad_frame,
+            )  # fmt: skip
         except BaseException:
             ctx.destroy(linger=0)
             raise

@@ -93,12 +93,7 @@ def candles(ticks: DataFrame, periods: Sequence[int], watermark_s: float) -> Dat
                 "symbol",
                 sf.lit(period).cast("int").alias("period_seconds"),
                 sf.col("window.start").alias("open_time"),
-                "open",
-                "high",
-                "low",
-                "close",
-                "volume",
-                "trade_count",
+                *CANDLE_COLUMNS[5:],  # open ... trade_count
             )
         )
     result = frames[0]
