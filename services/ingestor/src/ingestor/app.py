@@ -322,6 +322,7 @@ class Ingestor:
         self, request: DataRequest, adapter: ExchangeAdapter | None, attempt: int
     ) -> None:
         claims = self._claims
+        started = time.monotonic()
         if claims is not None and attempt == 0 and not await claims.claim(request):
             self.stats.skipped_claimed += 1
             log.info("request %s claimed by another ingestor; skipped", request.request_id)
@@ -330,7 +331,8 @@ class Ingestor:
             if attempt > self.settings.claims.max_takeovers:
                 delivered = await self._give_up(request, attempt)
             else:
-                delivered = await self._fetch(request, adapter)
+                claimed_ms = (time.monotonic() - started) * 1000
+                delivered = await self._fetch(request, adapter, claimed_ms)
         finally:  # no longer heartbeated; without a DONE (cancelled, undelivered) it is taken over
             if claims is not None:
                 claims.abandon(request.request_id)
@@ -347,7 +349,9 @@ class Ingestor:
             request, self.sink, ingestor_id=self.ingestor_id, error_code=ABANDONED, reason=reason
         )
 
-    async def _fetch(self, request: DataRequest, adapter: ExchangeAdapter | None) -> bool:
+    async def _fetch(
+        self, request: DataRequest, adapter: ExchangeAdapter | None, claimed_ms: float = 0.0
+    ) -> bool:
         """Fetch and write (or answer) one request; True once its final answer was delivered."""
         async with self._semaphore:
             if adapter is None:
@@ -371,13 +375,15 @@ class Ingestor:
             status = Status.Name(Status.ValueType(outcome.status))
             self.stats.outcomes[(status, outcome.error_code)] += 1
             log.info(
-                "request %s %s: %d rows in %d batches, %d gaps%s",
+                "request %s %s: %d rows in %d batches, %d gaps%s; claim %.0f ms, then %s",
                 request.request_id,
                 outcome.status,
                 outcome.rows,
                 outcome.batches,
                 outcome.expected_gaps,
                 f", {outcome.error_code}: {outcome.reason}" if outcome.error_code else "",
+                claimed_ms,
+                outcome.stages,
             )
             return outcome.delivered
 
@@ -486,6 +492,7 @@ class Ingestor:
             policy=self.settings.retry.policy(),
             page_limit=adapter.page_limit,
             bounded_pages=adapter.bounded_pages,
+            page_concurrency=self.settings.history.page_concurrency,
             venue=adapter.venue,
             observe=lambda fault: self._observe(adapter.prefix, fault),
         )
