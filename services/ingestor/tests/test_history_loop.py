@@ -336,3 +336,70 @@ def test_a_failed_window_stops_the_request_after_the_windows_before_it() -> None
     rows = [r.open_time_ms for _, b in sink.batches for r in b.rows]
     assert rows == list(range(0, 2000 * MIN, MIN))  # later windows fetched are not written
     assert sink.batches[-1][1].metadata.expected_candles == 6000
+
+
+def test_the_claim_is_decided_while_the_first_pages_are_fetched() -> None:
+    exchange = FakeExchange(make_candles(range(0, 3000 * MIN, MIN)))
+
+    async def scenario(won: bool) -> tuple[Any, FakeSink, int]:
+        sink = FakeSink()
+        verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        calls_at_verdict = -1
+
+        asked = asyncio.Event()
+        original = exchange.fetch_candles
+
+        async def fetch(symbol: str, tf: str, since: int, until: int, limit: int):  # type: ignore[no-untyped-def]
+            asked.set()
+            return await original(symbol, tf, since, until, limit)
+
+        exchange.fetch_candles = fetch
+
+        async def decide() -> None:
+            nonlocal calls_at_verdict
+            await asked.wait()  # the claim takes longer than the first page
+            await asyncio.sleep(0)
+            calls_at_verdict = len(exchange.calls)
+            assert sink.batches == []  # nothing written before the verdict
+            verdict.set_result(won)
+
+        decider = asyncio.create_task(decide())
+        outcome = await run_history_job(
+            request(0, 3000 * MIN),
+            exchange,
+            sink,
+            ingestor_id="ing",
+            batch_size=500,
+            env=env(),
+            claim=verdict,
+        )
+        await decider
+        return outcome, sink, calls_at_verdict
+
+    outcome, sink, overlapped = run(scenario(won=True))
+    assert outcome.claimed and outcome.status == Status.OK and outcome.rows == 3000
+    assert overlapped >= 1  # the exchange was already asked when the verdict came
+    exchange = FakeExchange(make_candles(range(0, 3000 * MIN, MIN)))
+    outcome, sink, _ = run(scenario(won=False))
+    assert not outcome.claimed and not outcome.delivered
+    assert sink.batches == []  # the winner writes the request, this ingestor nothing
+
+
+def test_a_lost_claim_writes_no_error_marker_either() -> None:
+    async def scenario() -> tuple[Any, FakeSink]:
+        sink = FakeSink()
+        verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        verdict.set_result(False)
+        outcome = await run_history_job(
+            request(10 * MIN, 0),  # invalid: would be an ERROR marker if this ingestor held it
+            FakeExchange([]),
+            sink,
+            ingestor_id="ing",
+            batch_size=500,
+            env=env(),
+            claim=verdict,
+        )
+        return outcome, sink
+
+    outcome, sink = run(scenario())
+    assert not outcome.claimed and sink.batches == []

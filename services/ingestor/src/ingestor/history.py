@@ -64,6 +64,10 @@ class RecordSink(Protocol):
         ...
 
 
+class ClaimLostError(Exception):
+    """Another ingestor's claim won while this one was already planning or fetching."""
+
+
 class RequestFailedError(Exception):
     """A request that cannot complete; becomes an ERROR marker / response."""
 
@@ -114,6 +118,7 @@ class JobOutcome:
     error_code: str = ""
     reason: str = ""
     delivered: bool = True  # the final marker reached Kafka
+    claimed: bool = True  # False: another ingestor won the claim; nothing was written
     stages: str = ""  # where the time went ("coverage 12 ms, first page 30 ms, ..."), for the log
 
 
@@ -294,12 +299,17 @@ async def run_history_job(
     batch_size: int,
     env: FetchEnv,
     stored: CoverageSource = NO_COVERAGE,
+    claim: Awaitable[bool] | None = None,
 ) -> JobOutcome:
     """Fetch [start, end) and write the request's OHLCBatch records, ending with a final marker.
 
     What `stored` holds complete is not fetched again (unless the request says
     `refetch`): the marker says where the answer came from, and the pipeline
     counts the rows in Iceberg.
+
+    `claim` (this ingestor's claim verdict, still being decided) is awaited
+    before the first record is written: the coverage read and the first pages
+    overlap the claim, and a lost claim writes nothing (`claimed=False`).
 
     The final marker is only sent once every data record has been delivered;
     a delivery failure turns it into an ERROR marker (code kafka_delivery).
@@ -308,6 +318,14 @@ async def run_history_job(
     builder = BatchBuilder(metadata_for(request, ingestor_id), batch_size)
     key = request.ticker
     deliveries: list[Awaitable[object]] = []
+
+    async def send(record: OHLCBatch) -> Awaitable[object]:
+        if not deliveries and claim is not None:
+            if not await claim:
+                raise ClaimLostError
+            clock.mark("claim won")
+        return await sink.send_batch(key, record)
+
     final: OHLCBatch
     gaps = 0
     plan: FetchPlan | None = None
@@ -329,9 +347,9 @@ async def run_history_job(
                     first_open = page[0].open_time_ms
                     clock.mark("first page")
                 for record in builder.add(page):
-                    deliveries.append(await sink.send_batch(key, record))
+                    deliveries.append(await send(record))
         for record in builder.flush():
-            deliveries.append(await sink.send_batch(key, record))
+            deliveries.append(await send(record))
         clock.mark("last page")
         gaps = expected_gaps(parts, builder.rows_emitted, first_open)
         failure = await _settle(deliveries)
@@ -341,6 +359,8 @@ async def run_history_job(
         else:
             reason = f"Kafka delivery failed: {failure}"
             final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
+    except ClaimLostError:
+        return JobOutcome(request.request_id, Status.ERROR, 0, 0, 0, delivered=False, claimed=False)
     except RequestFailedError as exc:
         await _settle(deliveries)
         final = builder.fail(exc.reason, exc.error_code, gaps, slots())
@@ -350,6 +370,8 @@ async def run_history_job(
         reason = f"internal error: {type(exc).__name__}: {exc}"
         final = builder.fail(reason, INTERNAL, gaps, slots())
 
+    if claim is not None and not await claim:  # nothing written yet (no rows, or a failure)
+        return JobOutcome(request.request_id, Status.ERROR, 0, 0, 0, delivered=False, claimed=False)
     delivered = await _send_final(sink, key, final)
     clock.mark("final delivered")
     if not delivered and final.metadata.status != Status.ERROR:
