@@ -370,7 +370,7 @@ def test_the_claim_is_decided_while_the_first_pages_are_fetched() -> None:
             sink,
             ingestor_id="ing",
             batch_size=500,
-            env=env(),
+            env=env(concurrency=4),
             claim=verdict,
         )
         await decider
@@ -383,6 +383,7 @@ def test_the_claim_is_decided_while_the_first_pages_are_fetched() -> None:
     outcome, sink, _ = run(scenario(won=False))
     assert not outcome.claimed and not outcome.delivered
     assert sink.batches == []  # the winner writes the request, this ingestor nothing
+    assert len(exchange.calls) == 1  # only the first page was asked for before the verdict
 
 
 def test_a_lost_claim_writes_no_error_marker_either() -> None:

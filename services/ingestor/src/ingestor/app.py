@@ -378,7 +378,6 @@ class Ingestor:
             if request.legacy_sync:
                 await self._legacy(request, adapter, env)
                 return True
-            self.stats.history_jobs += 1
             assert self.sink is not None
             outcome = await run_history_job(
                 request,
@@ -392,6 +391,7 @@ class Ingestor:
             )
             if not outcome.claimed:
                 raise ClaimLostError
+            self.stats.history_jobs += 1
             self.stats.rows += outcome.rows
             status = Status.Name(Status.ValueType(outcome.status))
             self.stats.outcomes[(status, outcome.error_code)] += 1

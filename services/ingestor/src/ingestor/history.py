@@ -217,8 +217,16 @@ async def iter_pages(
             raise RequestFailedError(FaultKind.EXCHANGE_ERROR.value, str(exc)) from None
 
 
+async def _proceed() -> None:
+    return None
+
+
 async def iter_pages_concurrently(
-    source: CandleSource, symbol: str, plan: FetchPlan, env: FetchEnv
+    source: CandleSource,
+    symbol: str,
+    plan: FetchPlan,
+    env: FetchEnv,
+    before_more: Callable[[], Awaitable[None]] = _proceed,
 ) -> AsyncIterator[list[Candle]]:
     """`iter_pages`, with up to `env.page_concurrency` windows of the plan fetched at once.
 
@@ -227,34 +235,47 @@ async def iter_pages_concurrently(
     failure's cut-off are those of the one-by-one loop; a failure cancels the
     windows still in flight. ccxt's throttle (`enableRateLimit`) queues the
     calls, so concurrency never exceeds the exchange's rate limit.
+    `before_more` is awaited before any window after the first is requested
+    (the claim verdict: an ingestor that loses it has asked for one page).
     """
     windows = split_plan(plan)
     if env.page_concurrency <= 1 or len(windows) == 1:
         async for page in iter_pages(source, symbol, plan, env):
             yield page
         return
-
-    async def collect(window: FetchPlan) -> list[list[Candle]]:
-        return [page async for page in iter_pages(source, symbol, window, env)]
-
-    waiting = iter(windows)
-    in_flight: deque[asyncio.Task[list[list[Candle]]]] = deque()
+    first = asyncio.create_task(collect_window(source, symbol, windows[0], env))
     try:
-        for window in waiting:
-            in_flight.append(asyncio.create_task(collect(window)))
-            if len(in_flight) >= env.page_concurrency:
-                break
+        await before_more()
+    except BaseException:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        raise
+
+    left = deque(windows[1:])
+    in_flight: deque[asyncio.Task[list[list[Candle]]]] = deque([first])
+
+    def launch() -> None:
+        while left and len(in_flight) < env.page_concurrency:
+            window = left.popleft()
+            in_flight.append(asyncio.create_task(collect_window(source, symbol, window, env)))
+
+    try:
+        launch()
         while in_flight:
             pages = await in_flight.popleft()
-            following = next(waiting, None)
-            if following is not None:
-                in_flight.append(asyncio.create_task(collect(following)))
+            launch()
             for page in pages:
                 yield page
     finally:
         for task in in_flight:
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
+
+
+async def collect_window(
+    source: CandleSource, symbol: str, window: FetchPlan, env: FetchEnv
+) -> list[list[Candle]]:
+    return [page async for page in iter_pages(source, symbol, window, env)]
 
 
 async def _settle(deliveries: list[Awaitable[object]]) -> str | None:
@@ -319,11 +340,19 @@ async def run_history_job(
     key = request.ticker
     deliveries: list[Awaitable[object]] = []
 
+    claim_won = False
+
+    async def admitted() -> None:
+        nonlocal claim_won
+        if claim is None or claim_won:
+            return
+        if not await claim:
+            raise ClaimLostError
+        claim_won = True
+        clock.mark("claim won")
+
     async def send(record: OHLCBatch) -> Awaitable[object]:
-        if not deliveries and claim is not None:
-            if not await claim:
-                raise ClaimLostError
-            clock.mark("claim won")
+        await admitted()
         return await sink.send_batch(key, record)
 
     final: OHLCBatch
@@ -342,7 +371,7 @@ async def run_history_job(
         parts, origin = fetch_plans(plan, held)
         builder.set_source(origin)
         for part in parts:  # the whole plan, or the pieces storage does not hold
-            async for page in iter_pages_concurrently(source, symbol, part, env):
+            async for page in iter_pages_concurrently(source, symbol, part, env, admitted):
                 if first_open is None:
                     first_open = page[0].open_time_ms
                     clock.mark("first page")
@@ -370,7 +399,9 @@ async def run_history_job(
         reason = f"internal error: {type(exc).__name__}: {exc}"
         final = builder.fail(reason, INTERNAL, gaps, slots())
 
-    if claim is not None and not await claim:  # nothing written yet (no rows, or a failure)
+    try:
+        await admitted()  # nothing written yet without it (no rows, or a failure)
+    except ClaimLostError:
         return JobOutcome(request.request_id, Status.ERROR, 0, 0, 0, delivered=False, claimed=False)
     delivered = await _send_final(sink, key, final)
     clock.mark("final delivered")
