@@ -338,7 +338,8 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
         )
         if record.is_final:
             batch.finals.append(FinalMarker(request_id, meta, partition, offset))
-        sizes.append((request_id, record.sequence, i, len(record.rows)))
+        if record.rows or not record.is_final:  # a bare marker's sequence holds no rows
+            sizes.append((request_id, record.sequence, i, len(record.rows)))
     table, bad = cols.to_table(SOURCE_HISTORY)
     batch.accepted = [(rid, seq, n - bad.get(i, 0)) for rid, seq, i, n in sizes]
     for order, count in bad.items():
