@@ -16,7 +16,12 @@ Stages are measured side by side, each against the same simulator:
 - `ccxt_fetch`: the ingestor's page loop through ccxt, no Kafka;
 - `batch_encode`: OHLCBatch building + envelope encoding only (CPU);
 - `kafka_produce`: producing the pre-encoded records, until delivered;
-- `end_to_end`: `run_history_job` (ccxt -> OHLCBatch -> Kafka, final marker delivered).
+- `end_to_end`: `run_history_job` (ccxt -> OHLCBatch -> Kafka, final marker delivered),
+  one page after another (`page_concurrency` 1);
+- `end_to_end xN`: the same with N pages in flight (`--page-concurrency`, the
+  ingestor's default 4), in the same run as the one-by-one loop.
+
+`--ticks 0` skips the live part.
 
 Ticks: `ws_baseline` is a bare aiohttp websocket client counting the trade
 messages of the same stream; `feed_to_kafka` is the ingestor's live feed
@@ -38,6 +43,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +120,7 @@ async def timed(fn: Callable[[], Awaitable[int]], repeat: int) -> tuple[float, i
 
 
 async def backfill(
-    base_url: str, bootstrap: str, candles: int, repeat: int, profile: bool
+    base_url: str, bootstrap: str, candles: int, repeat: int, profile: bool, concurrency: int
 ) -> dict[str, Any]:
     adapter = ExchangeAdapter(
         "binance",
@@ -219,6 +225,20 @@ async def backfill(
         return outcome.rows
 
     results["end_to_end"] = await timed(end_to_end, repeat)
+
+    async def end_to_end_concurrent() -> int:
+        outcome = await run_history_job(
+            request,
+            adapter,
+            sink,
+            ingestor_id="bench",
+            batch_size=500,
+            env=replace(env, page_concurrency=concurrency),
+        )
+        assert outcome.status == Status.OK and outcome.delivered, outcome
+        return outcome.rows
+
+    results[f"end_to_end x{concurrency}"] = await timed(end_to_end_concurrent, repeat)
     results["rest_pages"] = (candles + 999) // 1000
 
     if profile:
@@ -407,6 +427,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--kafka", default=None, help="bootstrap servers (default: start one)")
     parser.add_argument("--profile", action="store_true", help="pyinstrument the end-to-end run")
+    parser.add_argument("--page-concurrency", type=int, default=4)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ingestor-bench-") as tmp_name:
@@ -422,9 +443,20 @@ def main() -> int:
         sim, base_url = start_simulator(tmp)
         try:
             hist = asyncio.run(
-                backfill(base_url, bootstrap, args.candles, args.repeat, args.profile)
+                backfill(
+                    base_url,
+                    bootstrap,
+                    args.candles,
+                    args.repeat,
+                    args.profile,
+                    args.page_concurrency,
+                )
             )
-            live = asyncio.run(ticks(base_url, bootstrap, args.ticks, args.profile))
+            live = (
+                asyncio.run(ticks(base_url, bootstrap, args.ticks, args.profile))
+                if args.ticks > 0
+                else None
+            )
         finally:
             sim.terminate()
             sim.wait(10)
@@ -437,25 +469,26 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|")
     base_s = hist["http_baseline"][0]
     stages = ("http_baseline", "ccxt_parse", "ccxt_fetch", "batch_encode", "kafka_produce")
-    for stage in (*stages, "end_to_end"):
+    for stage in (*stages, "end_to_end", f"end_to_end x{args.page_concurrency}"):
         seconds, items, cpu = hist[stage]
         baseline = None if stage == "http_baseline" else base_s
         print(f"{report(stage, seconds, items, baseline, 'candles')} {cpu / items * 1e6:13.1f} |")
-    print("\nTicks (ratio = stage rate / ws_baseline rate)")
-    print("| stage | ticks | seconds | rate | ratio | CPU us/tick | id gaps |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    ws_s, ws_n = live["ws_baseline"]
-    print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "             |       0 |")
-    for cache in (10_000, 1000):
-        r = live[f"feed_cache_{cache}"]
-        line = report(
-            f"feed tl={cache}", r["seconds"], r["ticks"], ws_s * r["ticks"] / ws_n, "ticks"
-        )
-        print(f"{line} {r['cpu'] / max(r['ticks'], 1) * 1e6:11.1f} | {r['gaps']:7} |")
-    if "profile" in live["feed_cache_10000"]:
-        print("\nLive feed profile (tl=10000): share of sampled CPU by library")
-        for name, share in live["feed_cache_10000"]["profile"].items():
-            print(f"  {name:<18} {share:6.1%}")
+    if live is not None:
+        print("\nTicks (ratio = stage rate / ws_baseline rate)")
+        print("| stage | ticks | seconds | rate | ratio | CPU us/tick | id gaps |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        ws_s, ws_n = live["ws_baseline"]
+        print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "             |       0 |")
+        for cache in (10_000, 1000):
+            r = live[f"feed_cache_{cache}"]
+            line = report(
+                f"feed tl={cache}", r["seconds"], r["ticks"], ws_s * r["ticks"] / ws_n, "ticks"
+            )
+            print(f"{line} {r['cpu'] / max(r['ticks'], 1) * 1e6:11.1f} | {r['gaps']:7} |")
+        if "profile" in live["feed_cache_10000"]:
+            print("\nLive feed profile (tl=10000): share of sampled CPU by library")
+            for name, share in live["feed_cache_10000"]["profile"].items():
+                print(f"  {name:<18} {share:6.1%}")
     if "profile" in hist:
         print("\nEnd-to-end backfill profile: share of sampled CPU by library")
         for name, share in hist["profile"].items():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ingestor.candles import (
+    FetchPlan,
     PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
@@ -14,6 +17,7 @@ from ingestor.candles import (
     expected_gaps,
     next_since,
     plan_fetch,
+    split_plan,
     timeframe_for,
     timeframe_map,
     timeframe_seconds,
@@ -176,3 +180,25 @@ def test_bounded_pagination_crosses_a_long_gap() -> None:
         calls += 1
     assert [c.open_time_ms for c in rows] == data
     assert calls <= 10
+
+
+@given(
+    st.integers(0, 10_000),
+    st.integers(1, 5_000),
+    st.sampled_from([60, 3600, 7 * 86400]),
+    st.integers(1, 1000),
+    st.integers(0, 6),
+)
+def test_split_plan_puts_every_open_time_in_exactly_one_window(
+    start_slot: int, slots: int, period_s: int, limit: int, phase_days: int
+) -> None:
+    period = period_s * 1000
+    phase = phase_days * 86_400_000 % period  # weekly candles open on Mondays, not on the grid
+    start = start_slot * period + phase // 2
+    plan = FetchPlan(start, start + slots * period, period, "1m", limit)
+    windows = split_plan(plan)
+    assert windows[0].start_ms == plan.start_ms and windows[-1].end_ms == plan.end_ms
+    for before, after in itertools.pairwise(windows):
+        assert before.end_ms == after.start_ms  # contiguous: no open time falls between
+    assert all(0 < w.end_ms - w.start_ms <= limit * period for w in windows)
+    assert len(windows) == -(-slots // limit)  # one window per page of the one-by-one loop

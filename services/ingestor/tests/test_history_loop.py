@@ -36,7 +36,7 @@ def request(
     )
 
 
-def env(sleeps: list[float] | None = None, **policy: float) -> FetchEnv:
+def env(sleeps: list[float] | None = None, concurrency: int = 1, **policy: float) -> FetchEnv:
     async def sleep(delay: float) -> None:
         if sleeps is not None:
             sleeps.append(delay)
@@ -44,6 +44,7 @@ def env(sleeps: list[float] | None = None, **policy: float) -> FetchEnv:
     return FetchEnv(
         policy=RetryPolicy(**policy),  # type: ignore[arg-type]
         page_limit=1000,
+        page_concurrency=concurrency,
         now_ms=lambda: NOW,
         sleep=sleep,
         rand=lambda: 0.5,
@@ -280,3 +281,126 @@ def test_refetch_ignores_what_is_stored() -> None:
     outcome = stored_job(exchange, sink, req, stored)
     assert outcome.rows == 100 and stored.asked == []
     assert sink.batches[-1][1].metadata.source == HistorySource.SOURCE_EXCHANGE
+
+
+class SlowExchange:
+    """Answers each page after yielding to the loop, and records the most calls in flight."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    def timeframes(self) -> list[str]:
+        return list(self.inner.timeframes())
+
+    async def fetch_candles(self, symbol: str, tf: str, since: int, until: int, limit: int):  # type: ignore[no-untyped-def]
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return await self.inner.fetch_candles(symbol, tf, since, until, limit)
+        finally:
+            self.in_flight -= 1
+
+
+def test_concurrent_pages_write_the_same_records_as_one_by_one() -> None:
+    opens = [t * MIN for t in range(12_345) if t % 997 != 5]  # gaps in several windows
+    written = []
+    for concurrency in (1, 4):
+        exchange = SlowExchange(FakeExchange(make_candles(opens), page_cap=700))
+        sink = FakeSink()
+        outcome = job(exchange, sink, request(0, 12_345 * MIN), env(concurrency=concurrency))  # type: ignore[arg-type]
+        assert outcome.status == Status.OK and outcome.rows == len(opens)
+        assert exchange.most_in_flight == concurrency
+        written.append([[r.open_time_ms for r in b.rows] for _, b in sink.batches])
+        final = sink.batches[-1][1].metadata
+        assert (final.expected_candles, final.expected_gaps) == (12_345, 12_345 - len(opens))
+    assert written[0] == written[1]  # same rows, same records, same order
+
+
+def test_a_failed_window_stops_the_request_after_the_windows_before_it() -> None:
+    exchange = SlowExchange(FakeExchange(make_candles(range(0, 6000 * MIN, MIN))))
+    original = exchange.inner.fetch_candles
+
+    async def flaky(symbol: str, tf: str, since: int, until: int, limit: int):  # type: ignore[no-untyped-def]
+        if 2000 * MIN <= since < 3000 * MIN:
+            raise ExchangeCallError(FaultKind.BAD_REQUEST, "nope")
+        return await original(symbol, tf, since, until, limit)
+
+    exchange.inner.fetch_candles = flaky
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 6000 * MIN), env(concurrency=3), batch=1000)  # type: ignore[arg-type]
+    assert outcome.status == Status.ERROR and outcome.rows == 2000
+    rows = [r.open_time_ms for _, b in sink.batches for r in b.rows]
+    assert rows == list(range(0, 2000 * MIN, MIN))  # later windows fetched are not written
+    assert sink.batches[-1][1].metadata.expected_candles == 6000
+
+
+def test_the_claim_is_decided_while_the_first_pages_are_fetched() -> None:
+    exchange = FakeExchange(make_candles(range(0, 3000 * MIN, MIN)))
+
+    async def scenario(won: bool) -> tuple[Any, FakeSink, int]:
+        sink = FakeSink()
+        verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        calls_at_verdict = -1
+
+        asked = asyncio.Event()
+        original = exchange.fetch_candles
+
+        async def fetch(symbol: str, tf: str, since: int, until: int, limit: int):  # type: ignore[no-untyped-def]
+            asked.set()
+            return await original(symbol, tf, since, until, limit)
+
+        exchange.fetch_candles = fetch
+
+        async def decide() -> None:
+            nonlocal calls_at_verdict
+            await asked.wait()  # the claim takes longer than the first page
+            await asyncio.sleep(0)
+            calls_at_verdict = len(exchange.calls)
+            assert sink.batches == []  # nothing written before the verdict
+            verdict.set_result(won)
+
+        decider = asyncio.create_task(decide())
+        outcome = await run_history_job(
+            request(0, 3000 * MIN),
+            exchange,
+            sink,
+            ingestor_id="ing",
+            batch_size=500,
+            env=env(concurrency=4),
+            claim=verdict,
+        )
+        await decider
+        return outcome, sink, calls_at_verdict
+
+    outcome, sink, overlapped = run(scenario(won=True))
+    assert outcome.claimed and outcome.status == Status.OK and outcome.rows == 3000
+    assert overlapped >= 1  # the exchange was already asked when the verdict came
+    exchange = FakeExchange(make_candles(range(0, 3000 * MIN, MIN)))
+    outcome, sink, _ = run(scenario(won=False))
+    assert not outcome.claimed and not outcome.delivered
+    assert sink.batches == []  # the winner writes the request, this ingestor nothing
+    assert len(exchange.calls) == 1  # only the first page was asked for before the verdict
+
+
+def test_a_lost_claim_writes_no_error_marker_either() -> None:
+    async def scenario() -> tuple[Any, FakeSink]:
+        sink = FakeSink()
+        verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        verdict.set_result(False)
+        outcome = await run_history_job(
+            request(10 * MIN, 0),  # invalid: would be an ERROR marker if this ingestor held it
+            FakeExchange([]),
+            sink,
+            ingestor_id="ing",
+            batch_size=500,
+            env=env(),
+            claim=verdict,
+        )
+        return outcome, sink
+
+    outcome, sink = run(scenario())
+    assert not outcome.claimed and sink.batches == []

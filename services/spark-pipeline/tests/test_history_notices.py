@@ -241,3 +241,52 @@ def test_an_answer_from_storage_is_counted_not_sent(build: Any) -> None:
     assert (n.status, n.row_count, n.exchange_gaps, n.missing_candles) == (Status.OK, 97, 3, 0)
     empty = history_notices.reconcile(request, 0)
     assert (empty.status, empty.snapshot_id) == (Status.NOT_FOUND, 0)
+
+
+def test_accepted_rows_give_the_count_once_every_record_was_seen(build: Any) -> None:
+    accepted = history_notices.AcceptedRows()
+    done = marker(build, "r1", rows=25)
+    assert done.metadata is not None
+    done.metadata.total_batches = 3
+    accepted.add([("r1", 0, 10), ("r1", 2, 5)])
+    assert accepted.total(done) is None  # sequence 1 came before this process started
+    accepted.add([("r1", 1, 10), ("r1", 1, 10)])  # a replayed record is not added twice
+    assert accepted.total(done) == 25
+    accepted.add([("r1", 3, 7)])  # a record beyond the marker's (a dead holder's) is not its
+    assert history_notices.known_counts([done], accepted) == {"r1": 25}
+    accepted.forget(["r1"])
+    assert accepted.total(done) is None
+
+
+def test_answers_from_storage_are_never_derived_and_old_requests_are_evicted(build: Any) -> None:
+    accepted = history_notices.AcceptedRows(capacity=2)
+    stored = marker(build, "r1", rows=0)
+    assert stored.metadata is not None
+    stored.metadata.source = HistorySource.SOURCE_STORAGE_AND_EXCHANGE
+    stored.metadata.total_batches = 1
+    accepted.add([("r1", 0, 10), ("r2", 0, 1), ("r3", 0, 1)])
+    assert history_notices.known_counts([stored], accepted) == {}  # stored rows have no record
+    fresh = marker(build, "r2", rows=1)
+    assert fresh.metadata is not None
+    fresh.metadata.total_batches = 1
+    assert history_notices.known_counts([fresh], accepted) == {"r2": 1}
+    accepted.add([("r4", 0, 1)])  # capacity 2: r2, the oldest, is forgotten
+    assert history_notices.known_counts([fresh], accepted) == {}
+
+
+def test_a_derived_count_below_the_announced_rows_is_incomplete(build: Any) -> None:
+    m = marker(build, "r1", rows=10)
+    assert m.metadata is not None
+    m.metadata.total_batches = 1
+    accepted = history_notices.AcceptedRows()
+    accepted.add([("r1", 0, 9)])  # a row Iceberg cannot hold was dropped
+    plan = history_notices.plan(
+        [m], {}, iceberg_table=TABLE, snapshot_id=7, completed_at_ms=1, query_id="q", batch_id=1
+    )
+    fixed = history_notices.apply_counts(plan, history_notices.known_counts([m], accepted))
+    [request] = fixed.publish
+    assert (request.status, request.error_code, request.row_count) == (
+        Status.ERROR,
+        "incomplete",
+        9,
+    )

@@ -206,3 +206,14 @@ def test_ticks_to_rows_for_spark_workers(build: Any) -> None:
         build.T0 + 9,
     ]
     assert rows[0]["side"] == "BUY" and rows[0]["symbol"] == "BTC/USDT"
+
+
+def test_each_record_reports_the_valid_rows_it_brought(build: Any) -> None:
+    rows = [build.candle(i) for i in range(5)]
+    rows[3] = build.candle(3, open=math.nan)
+    values = build.request_records("req-1", rows, per_record=2)
+
+    batch = records.decode_history(build.kafka_table(values))
+
+    # sequence 1 lost its NaN row; the bare final marker (sequence 3) is not a data record
+    assert batch.accepted == [("req-1", 0, 2), ("req-1", 1, 1), ("req-1", 2, 1)]

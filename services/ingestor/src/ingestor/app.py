@@ -32,6 +32,7 @@ from ingestor.exchanges import ExchangeAdapter
 from ingestor.health import HealthBook
 from ingestor.history import (
     ABANDONED,
+    ClaimLostError,
     FetchEnv,
     RequestFailedError,
     call_with_retry,
@@ -134,6 +135,8 @@ class Ingestor:
             self.sink = KafkaSink(s.kafka, self.ingestor_id)
             await self.sink.start(self._topics_to_ensure() if s.kafka.ensure_topics else ())
             self._spawn(self._initial_markets(), "markets-initial")
+            if isinstance(self._coverage, IcebergCoverage):
+                self._spawn(self._coverage.warm(), "coverage-warm")
             if s.claims.enabled:
                 await self._start_claims()
             self.feeds = LiveFeeds(
@@ -322,20 +325,31 @@ class Ingestor:
         self, request: DataRequest, adapter: ExchangeAdapter | None, attempt: int
     ) -> None:
         claims = self._claims
-        if claims is not None and attempt == 0 and not await claims.claim(request):
-            self.stats.skipped_claimed += 1
-            log.info("request %s claimed by another ingestor; skipped", request.request_id)
-            return
+        verdict: asyncio.Task[bool] | None = None
+        if claims is not None and attempt == 0:
+            # Decided while the job reads coverage and fetches its first pages; the job
+            # writes nothing before it (legacy answers, sent in one go, wait for it here).
+            verdict = asyncio.create_task(claims.claim(request))
+            if request.legacy_sync and not await verdict:
+                return self._skipped(request)
         try:
             if attempt > self.settings.claims.max_takeovers:
                 delivered = await self._give_up(request, attempt)
             else:
-                delivered = await self._fetch(request, adapter)
+                delivered = await self._fetch(request, adapter, verdict)
+        except ClaimLostError:
+            return self._skipped(request)
         finally:  # no longer heartbeated; without a DONE (cancelled, undelivered) it is taken over
+            if verdict is not None and not verdict.done():
+                verdict.cancel()
             if claims is not None:
                 claims.abandon(request.request_id)
         if claims is not None and delivered:
             await claims.done(request.request_id)
+
+    def _skipped(self, request: DataRequest) -> None:
+        self.stats.skipped_claimed += 1
+        log.info("request %s claimed by another ingestor; skipped", request.request_id)
 
     async def _give_up(self, request: DataRequest, attempt: int) -> bool:
         """Every holder so far died mid-fetch: end the request with an ERROR, not another try."""
@@ -347,8 +361,16 @@ class Ingestor:
             request, self.sink, ingestor_id=self.ingestor_id, error_code=ABANDONED, reason=reason
         )
 
-    async def _fetch(self, request: DataRequest, adapter: ExchangeAdapter | None) -> bool:
-        """Fetch and write (or answer) one request; True once its final answer was delivered."""
+    async def _fetch(
+        self,
+        request: DataRequest,
+        adapter: ExchangeAdapter | None,
+        claim: asyncio.Task[bool] | None = None,
+    ) -> bool:
+        """Fetch and write (or answer) one request; True once its final answer was delivered.
+
+        ClaimLostError when `claim` (still running) says another ingestor won it.
+        """
         async with self._semaphore:
             if adapter is None:
                 adapter = next(iter(self._adapters.values()))  # plan_request reports the bad ticker
@@ -356,7 +378,6 @@ class Ingestor:
             if request.legacy_sync:
                 await self._legacy(request, adapter, env)
                 return True
-            self.stats.history_jobs += 1
             assert self.sink is not None
             outcome = await run_history_job(
                 request,
@@ -366,18 +387,23 @@ class Ingestor:
                 batch_size=self._batch_size,
                 env=env,
                 stored=self._coverage,
+                claim=claim,
             )
+            if not outcome.claimed:
+                raise ClaimLostError
+            self.stats.history_jobs += 1
             self.stats.rows += outcome.rows
             status = Status.Name(Status.ValueType(outcome.status))
             self.stats.outcomes[(status, outcome.error_code)] += 1
             log.info(
-                "request %s %s: %d rows in %d batches, %d gaps%s",
+                "request %s %s: %d rows in %d batches, %d gaps%s; %s",
                 request.request_id,
                 outcome.status,
                 outcome.rows,
                 outcome.batches,
                 outcome.expected_gaps,
                 f", {outcome.error_code}: {outcome.reason}" if outcome.error_code else "",
+                outcome.stages,
             )
             return outcome.delivered
 
@@ -486,6 +512,7 @@ class Ingestor:
             policy=self.settings.retry.policy(),
             page_limit=adapter.page_limit,
             bounded_pages=adapter.bounded_pages,
+            page_concurrency=self.settings.history.page_concurrency,
             venue=adapter.venue,
             observe=lambda fault: self._observe(adapter.prefix, fault),
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ingestor.model import Candle
 
@@ -116,6 +116,22 @@ def plan_fetch(
     closed_end = now_ms - period_ms + 1  # open < closed_end  <=>  open + period <= now
     end = min(end_ms, closed_end)
     return FetchPlan(start_ms, end, period_ms, timeframe, page_limit, bounded)
+
+
+def split_plan(plan: FetchPlan) -> list[FetchPlan]:
+    """`plan` cut into consecutive windows of `page_limit` periods, each pageable alone.
+
+    Every open time in [start, end) lies in exactly one window, whatever the
+    candles' phase, so windows fetched independently (and concurrently) yield
+    each candle once; a window is normally one exchange call.
+    """
+    if plan.empty:
+        return [plan]
+    width = plan.page_limit * plan.period_ms
+    return [
+        replace(plan, start_ms=start, end_ms=min(plan.end_ms, start + width))
+        for start in range(plan.start_ms, plan.end_ms, width)
+    ]
 
 
 def accept_page(plan: FetchPlan, page: Sequence[Candle], after_ms: int | None) -> list[Candle]:

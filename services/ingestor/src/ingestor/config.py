@@ -99,6 +99,7 @@ class KafkaSettings(_Section):
 class HistorySettings(_Section):
     batch_size: int = Field(default=500, gt=0)  # rows per OHLCBatch record
     max_concurrent: int = Field(default=4, gt=0)  # historical requests fetched at once
+    page_concurrency: int = Field(default=4, gt=0)  # exchange pages of one request in flight
     legacy_max_candles: int = Field(default=50_000, gt=0)  # cap for an inline DataResponse
 
 

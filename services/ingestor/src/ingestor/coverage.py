@@ -151,6 +151,13 @@ class IcebergCoverage:
             return []
         return merge(span for row in rows if (span := stored_span(row)) is not None)
 
+    async def warm(self) -> None:
+        """Import pyiceberg and open the catalog ahead of the first request (~2 s once)."""
+        try:
+            await asyncio.to_thread(self._load)
+        except Exception as exc:  # the first request retries, and logs what fails
+            log.info("catalog for coverage not opened yet: %s", exc)
+
     def _read(self, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
         from pyiceberg.exceptions import NoSuchTableError
         from pyiceberg.expressions import And, EqualTo

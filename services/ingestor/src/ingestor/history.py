@@ -11,6 +11,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -25,6 +26,7 @@ from ingestor.candles import (
     expected_gaps,
     next_since,
     plan_fetch,
+    split_plan,
     timeframe_for,
 )
 from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
@@ -62,6 +64,10 @@ class RecordSink(Protocol):
         ...
 
 
+class ClaimLostError(Exception):
+    """Another ingestor's claim won while this one was already planning or fetching."""
+
+
 class RequestFailedError(Exception):
     """A request that cannot complete; becomes an ERROR marker / response."""
 
@@ -85,13 +91,16 @@ class FetchEnv:
 
     `page_limit` and `bounded_pages` are the adapter's effective values (the
     venue's paging unless configured otherwise); `venue` supplies the rest of
-    the exchange's limits (its history window). `observe` sees every exchange
-    call's outcome (None: success), for `health.HealthBook`.
+    the exchange's limits (its history window). `page_concurrency` pages of
+    one request are requested at once (ccxt's throttle still spaces the calls
+    by the exchange's rate limit). `observe` sees every exchange call's
+    outcome (None: success), for `health.HealthBook`.
     """
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     page_limit: int = 1000
     bounded_pages: bool = False
+    page_concurrency: int = 1
     venue: Venue = GENERIC
     now_ms: Callable[[], int] = wall_clock_ms
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -109,6 +118,23 @@ class JobOutcome:
     error_code: str = ""
     reason: str = ""
     delivered: bool = True  # the final marker reached Kafka
+    claimed: bool = True  # False: another ingestor won the claim; nothing was written
+    stages: str = ""  # where the time went ("coverage 12 ms, first page 30 ms, ..."), for the log
+
+
+class StageClock:
+    """Milliseconds between the named points of one request, for its log line."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._marks: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        self._marks.append((name, self._clock()))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {(at - self._start) * 1000:.0f} ms" for name, at in self._marks)
 
 
 def plan_request(
@@ -191,6 +217,67 @@ async def iter_pages(
             raise RequestFailedError(FaultKind.EXCHANGE_ERROR.value, str(exc)) from None
 
 
+async def _proceed() -> None:
+    return None
+
+
+async def iter_pages_concurrently(
+    source: CandleSource,
+    symbol: str,
+    plan: FetchPlan,
+    env: FetchEnv,
+    before_more: Callable[[], Awaitable[None]] = _proceed,
+) -> AsyncIterator[list[Candle]]:
+    """`iter_pages`, with up to `env.page_concurrency` windows of the plan fetched at once.
+
+    Pages still come out in range order (a window's pages are held until the
+    windows before it are out), so the records, the first candle and a
+    failure's cut-off are those of the one-by-one loop; a failure cancels the
+    windows still in flight. ccxt's throttle (`enableRateLimit`) queues the
+    calls, so concurrency never exceeds the exchange's rate limit.
+    `before_more` is awaited before any window after the first is requested
+    (the claim verdict: an ingestor that loses it has asked for one page).
+    """
+    windows = split_plan(plan)
+    if env.page_concurrency <= 1 or len(windows) == 1:
+        async for page in iter_pages(source, symbol, plan, env):
+            yield page
+        return
+    first = asyncio.create_task(collect_window(source, symbol, windows[0], env))
+    try:
+        await before_more()
+    except BaseException:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        raise
+
+    left = deque(windows[1:])
+    in_flight: deque[asyncio.Task[list[list[Candle]]]] = deque([first])
+
+    def launch() -> None:
+        while left and len(in_flight) < env.page_concurrency:
+            window = left.popleft()
+            in_flight.append(asyncio.create_task(collect_window(source, symbol, window, env)))
+
+    try:
+        launch()
+        while in_flight:
+            pages = await in_flight.popleft()
+            launch()
+            for page in pages:
+                yield page
+    finally:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+
+
+async def collect_window(
+    source: CandleSource, symbol: str, window: FetchPlan, env: FetchEnv
+) -> list[list[Candle]]:
+    return [page async for page in iter_pages(source, symbol, window, env)]
+
+
 async def _settle(deliveries: list[Awaitable[object]]) -> str | None:
     """Wait for every delivery; the first error message, or None if all arrived."""
     results = await asyncio.gather(*deliveries, return_exceptions=True)
@@ -233,6 +320,7 @@ async def run_history_job(
     batch_size: int,
     env: FetchEnv,
     stored: CoverageSource = NO_COVERAGE,
+    claim: Awaitable[bool] | None = None,
 ) -> JobOutcome:
     """Fetch [start, end) and write the request's OHLCBatch records, ending with a final marker.
 
@@ -240,12 +328,33 @@ async def run_history_job(
     `refetch`): the marker says where the answer came from, and the pipeline
     counts the rows in Iceberg.
 
+    `claim` (this ingestor's claim verdict, still being decided) is awaited
+    before the first record is written: the coverage read and the first pages
+    overlap the claim, and a lost claim writes nothing (`claimed=False`).
+
     The final marker is only sent once every data record has been delivered;
     a delivery failure turns it into an ERROR marker (code kafka_delivery).
     """
+    clock = StageClock()
     builder = BatchBuilder(metadata_for(request, ingestor_id), batch_size)
     key = request.ticker
     deliveries: list[Awaitable[object]] = []
+
+    claim_won = False
+
+    async def admitted() -> None:
+        nonlocal claim_won
+        if claim is None or claim_won:
+            return
+        if not await claim:
+            raise ClaimLostError
+        claim_won = True
+        clock.mark("claim won")
+
+    async def send(record: OHLCBatch) -> Awaitable[object]:
+        await admitted()
+        return await sink.send_batch(key, record)
+
     final: OHLCBatch
     gaps = 0
     plan: FetchPlan | None = None
@@ -258,23 +367,29 @@ async def run_history_job(
         symbol, plan = plan_request(request, source, env)
         skip_storage = request.refetch or plan.empty
         held = [] if skip_storage else await stored.stored(request.ticker, request.period_seconds)
+        clock.mark("coverage")
         parts, origin = fetch_plans(plan, held)
         builder.set_source(origin)
         for part in parts:  # the whole plan, or the pieces storage does not hold
-            async for page in iter_pages(source, symbol, part, env):
+            async for page in iter_pages_concurrently(source, symbol, part, env, admitted):
                 if first_open is None:
                     first_open = page[0].open_time_ms
+                    clock.mark("first page")
                 for record in builder.add(page):
-                    deliveries.append(await sink.send_batch(key, record))
+                    deliveries.append(await send(record))
         for record in builder.flush():
-            deliveries.append(await sink.send_batch(key, record))
+            deliveries.append(await send(record))
+        clock.mark("last page")
         gaps = expected_gaps(parts, builder.rows_emitted, first_open)
         failure = await _settle(deliveries)
+        clock.mark("rows delivered")
         if failure is None:
             final = builder.final(gaps, slots())
         else:
             reason = f"Kafka delivery failed: {failure}"
             final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
+    except ClaimLostError:
+        return JobOutcome(request.request_id, Status.ERROR, 0, 0, 0, delivered=False, claimed=False)
     except RequestFailedError as exc:
         await _settle(deliveries)
         final = builder.fail(exc.reason, exc.error_code, gaps, slots())
@@ -284,7 +399,12 @@ async def run_history_job(
         reason = f"internal error: {type(exc).__name__}: {exc}"
         final = builder.fail(reason, INTERNAL, gaps, slots())
 
+    try:
+        await admitted()  # nothing written yet without it (no rows, or a failure)
+    except ClaimLostError:
+        return JobOutcome(request.request_id, Status.ERROR, 0, 0, 0, delivered=False, claimed=False)
     delivered = await _send_final(sink, key, final)
+    clock.mark("final delivered")
     if not delivered and final.metadata.status != Status.ERROR:
         # The rows arrived but the marker did not: try to tell the pipeline it failed.
         reason = "Kafka delivery of the final marker failed"
@@ -300,4 +420,5 @@ async def run_history_job(
         error_code=meta.error_code,
         reason=meta.reason,
         delivered=delivered,
+        stages=str(clock),
     )

@@ -7,6 +7,11 @@ Per micro-batch, on the driver (foreachBatch):
 3. for the final markers: look up ``requests``, record the new ones (second
    commit), then publish their notifications on the PUB.
 
+A request's row count comes from the rows its records brought
+(`history_notices.AcceptedRows`); only answers from storage, and requests
+whose records this process did not all see, are counted in ``ohlc`` at the
+new snapshot, and that count runs alongside the ``requests`` lookup.
+
 A request's records share a Kafka key, hence a partition, so when its final
 marker is processed every row it announced is in this or an earlier (already
 committed) micro-batch. If the driver dies anywhere, Spark replays the batch:
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -48,7 +53,8 @@ class HistorySink:
         self._lake = lake
         self._publisher = publisher
         self._identity = identity
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-lookup")
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="history-lookup")
+        self._accepted = history_notices.AcceptedRows()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         laps = Laps()
@@ -65,12 +71,12 @@ class HistorySink:
         lookup = self._pool.submit(self._lake.find_requests, session, ids) if ids else None
         how = self._lake.write_history(session, decoded.candles)
         faults.crash_point("history-after-ohlc-commit")
+        self._accepted.add(decoded.accepted)
         laps.lap(how)
         plan = history_notices.Plan()
         if lookup is not None:
-            existing = lookup.result()
-            laps.lap("lookup")
-            plan = self._complete(session, decoded.finals, existing, batch_id, laps)
+            plan = self._complete(session, decoded.finals, lookup, batch_id, laps)
+            self._accepted.forget(ids)
         log.info(
             "history batch %d: %d records, %d candles (%d duplicates), %d final markers -> "
             "%d notified (%d again after a restart, %d duplicates skipped); %s; "
@@ -91,27 +97,42 @@ class HistorySink:
         self,
         session: SparkSession,
         finals: list[records.FinalMarker],
-        existing: dict[str, history_notices.CompletedRequest],
+        lookup: Future[dict[str, history_notices.CompletedRequest]],
         batch_id: int,
         laps: Laps,
     ) -> history_notices.Plan:
         names = self._lake.names
-        plan = history_notices.plan(
-            finals,
-            existing,
-            iceberg_table=names.ohlc_for_clients,
-            snapshot_id=self._lake.snapshot_id(names.ohlc),
-            completed_at_ms=_now_ms(),
-            query_id=self._identity.get(),
-            batch_id=batch_id,
+
+        def plan_for(existing: dict[str, history_notices.CompletedRequest]) -> history_notices.Plan:
+            return history_notices.plan(
+                finals,
+                existing,
+                iceberg_table=names.ohlc_for_clients,
+                snapshot_id=snapshot,
+                completed_at_ms=completed_at,
+                query_id=self._identity.get(),
+                batch_id=batch_id,
+            )
+
+        snapshot, completed_at = self._lake.snapshot_id(names.ohlc), _now_ms()
+        found = history_notices.known_counts(finals, self._accepted)
+        # Counted before the lookup says which requests are new: a duplicate's count is wasted.
+        to_count = [
+            r
+            for r in plan_for({}).record
+            if history_notices.needs_count(r) and r.request_id not in found
+        ]
+        counting = (
+            self._pool.submit(self._lake.count_request_rows, session, snapshot, to_count)
+            if to_count
+            else None
         )
-        laps.lap("plan")
-        to_count = [r for r in plan.record if history_notices.needs_count(r)]
-        if to_count:
-            snapshot = to_count[0].snapshot_id
-            found = self._lake.count_request_rows(session, snapshot, to_count)
-            plan = history_notices.apply_counts(plan, found)
-            laps.lap("count")
+        plan = plan_for(lookup.result())
+        laps.lap("lookup")
+        if counting is not None:
+            found |= counting.result()
+            laps.lap(f"count {len(to_count)}")
+        plan = history_notices.apply_counts(plan, found)
         self._lake.record_requests(session, plan.record)
         faults.crash_point("history-after-requests-commit")
         laps.lap("record")

@@ -12,6 +12,7 @@ re-publication after a crash carries exactly the bytes of the first one.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -310,6 +311,61 @@ def apply_counts(plan: Plan, found: Mapping[str, int]) -> Plan:
         duplicates=plan.duplicates,
         republished=plan.republished,
     )
+
+
+class AcceptedRows:
+    """Valid rows the pipeline took in per request and record sequence, since it started.
+
+    Why: a request's row count is then known when its final marker arrives, so
+    it needs no count in Iceberg after the commit. Records of one request share
+    a Kafka partition, so they arrive before its final marker; a request some of
+    whose records this process did not see (it started after them) has no
+    known total and is counted in Iceberg as before. Keyed by sequence, so a
+    replayed batch or a second ingestor's copy of a record is not added twice.
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._rows: OrderedDict[str, dict[int, int]] = OrderedDict()
+        self._capacity = capacity
+
+    def add(self, accepted: Iterable[tuple[str, int, int]]) -> None:
+        for request_id, sequence, rows in accepted:
+            per_record = self._rows.get(request_id)
+            if per_record is None:
+                per_record = self._rows[request_id] = {}
+                while len(self._rows) > self._capacity:  # unfinished requests must not pile up
+                    self._rows.popitem(last=False)
+            per_record[sequence] = rows
+
+    def total(self, marker: FinalMarker) -> int | None:
+        """Rows of the request's data records 0..total_batches-1, or None if one was not seen."""
+        meta = marker.metadata
+        per_record = self._rows.get(marker.request_id)
+        if meta is None or per_record is None:
+            return None
+        rows = [per_record.get(seq) for seq in range(meta.total_batches)]
+        # Only its own data records: a dead holder's extra records of a takeover do not count.
+        return None if None in rows else sum(r for r in rows if r is not None)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            self._rows.pop(request_id, None)
+
+
+def known_counts(markers: Iterable[FinalMarker], accepted: AcceptedRows) -> dict[str, int]:
+    """Row counts known without counting in Iceberg: exchange answers whose records were all seen.
+
+    An answer from storage (even partly) holds rows no record of it carried: counted.
+    """
+    known: dict[str, int] = {}
+    for marker in markers:
+        meta = marker.metadata
+        if meta is None or meta.source in FROM_STORAGE:
+            continue
+        total = accepted.total(marker)
+        if total is not None:
+            known[marker.request_id] = total
+    return known
 
 
 def to_table(requests: Sequence[CompletedRequest]) -> pa.Table:

@@ -118,6 +118,9 @@ class HistoryBatch:
     rejects: list[Reject] = field(default_factory=list)
     records: int = 0
     duplicate_rows: int = 0
+    #: (request_id, sequence, valid rows) of every decoded record: what each request's
+    #: records brought, before rows shared with other requests are deduplicated.
+    accepted: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -308,6 +311,7 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
     stamps = kafka_timestamps_ms(kafka, len(values), now_ms)
     cols = _CandleColumns()
     batch = HistoryBatch(candles=OHLC_SCHEMA.empty_table(), records=len(values))
+    sizes: list[tuple[str, int, int, int]] = []
     for i, value in enumerate(values):
         partition, offset = partitions[i], offsets[i]
         try:
@@ -334,7 +338,10 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
         )
         if record.is_final:
             batch.finals.append(FinalMarker(request_id, meta, partition, offset))
+        if record.rows or not record.is_final:  # a bare marker's sequence holds no rows
+            sizes.append((request_id, record.sequence, i, len(record.rows)))
     table, bad = cols.to_table(SOURCE_HISTORY)
+    batch.accepted = [(rid, seq, n - bad.get(i, 0)) for rid, seq, i, n in sizes]
     for order, count in bad.items():
         batch.rejects.append(
             Reject(
