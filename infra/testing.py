@@ -280,7 +280,12 @@ def own_platform(data_dir: Path, exchanges: Sequence[str]) -> Iterator[Platform]
     from infra.localstack import Ports, StackConfig
     from infra.platform import Platform, PlatformConfig, ServicePorts
 
-    config = PlatformConfig(data_dir=data_dir, ports=ServicePorts.free(), exchanges=list(exchanges))
+    config = PlatformConfig(
+        data_dir=data_dir,
+        ports=ServicePorts.free(),
+        exchanges=list(exchanges),
+        start_timeout_s=600.0,  # Spark alone took 300 s at load ~100 (two cores shared)
+    )
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as running:
         yield running
