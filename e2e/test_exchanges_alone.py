@@ -52,7 +52,8 @@ def test_one_exchange_alone_answers_a_multi_page_history_request(alone: Platform
     hours = {"okx": 12, "bybit": 36}[exchange_id]
     start = (int(time.time() * 1000) - 3 * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
     end = start + hours * HOUR_MS
-    settings = platform_client(alone, history_timeout_s=120.0, attempts=1)
+    # Generous: the first micro-batches of a just-started pipeline took minutes on loaded cores.
+    settings = platform_client(alone, history_timeout_s=480.0, attempts=1)
     with Client(settings=settings, client_id=f"e2e-{exchange_id}") as client:
         result = client.history(f"{prefix}:BTC/USDT", "1m", start, end)
         assert result.status == "OK"
