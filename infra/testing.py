@@ -257,9 +257,14 @@ def assert_live_equals_exchange(run: LiveRun, exchange_id: str, symbol: str, per
     reached = run.reached_ms
     exchange = exchange_candles(run.exchange_url, exchange_id, symbol, period, start, reached)
     exchange = {t: c for t, c in exchange.items() if t + period_ms <= reached - 60_000}
-    live = {t: c for (p, t), c in run.closed.items() if p == period and t in exchange}
+    seen_whole = range(start, reached - 60_000 - period_ms + 1)
+    live = {t: c for (p, t), c in run.closed.items() if p == period and t in seen_whole}
     assert exchange, f"the exchange served no {period} s candle in [{start}, {reached})"
-    assert sorted(live) == sorted(exchange), "closed live windows differ from the exchange's"
+    assert run.closed, "no closed live candle arrived at all: the pipeline closed nothing in time"
+    missing = sorted(exchange.keys() - live.keys())
+    assert not missing, f"{len(missing)} of {len(exchange)} windows never closed live: {missing}"
+    extra = sorted(live.keys() - exchange.keys())
+    assert not extra, f"live candles for windows the exchange has none of: {extra}"
     for open_ms, (o, h, low, c, volume, count) in exchange.items():
         candle = live[open_ms]
         assert (candle.open, candle.high, candle.low, candle.close) == (o, h, low, c), open_ms
