@@ -9,7 +9,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +21,11 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
     from google.protobuf.message import Message as ProtoMessage
 
+    from infra.exchange_sim.control import SimulatorControl
     from infra.localstack import StackEndpoints
-    from mdclient import HistoryResult
+    from infra.platform import Platform
+    from mdclient import ClientSettings, HistoryResult
+    from mdproto.messages import OHLC
 
 
 def free_port() -> int:
@@ -97,6 +101,50 @@ def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
         for k in expected_klines(symbol, "1m", start, end)
         if k.open_time < end
     ]
+
+
+#: (open, high, low, close, volume, trade count or None where the exchange reports none)
+ExchangeCandle = tuple[float, float, float, float, float, int | None]
+
+
+def exchange_candles(
+    base_url: str, exchange_id: str, symbol: str, period_s: int, start_ms: int, end_ms: int
+) -> dict[int, ExchangeCandle]:
+    """The simulator's own candles opening in [start, end), read over one exchange
+    front-end's REST API in that exchange's wire format: {open ms: ExchangeCandle}.
+
+    Why over REST and not from the model: this is what the exchange says, the
+    reference the live candles built by the pipeline must equal.
+    """
+    import urllib.parse
+    import urllib.request
+
+    market_id = symbol.replace("/", "")
+    query: dict[str, str | int]
+    if exchange_id == "binance":
+        interval = {60: "1m", 300: "5m", 900: "15m", 3600: "1h"}[period_s]
+        path, query = "/api/v3/klines", {"symbol": market_id, "interval": interval}
+        query |= {"startTime": start_ms, "endTime": end_ms - 1, "limit": 1000}
+    elif exchange_id == "bybit":
+        path, query = "/v5/market/kline", {"category": "spot", "symbol": market_id}
+        query |= {"interval": str(period_s // 60), "start": start_ms, "end": end_ms - 1}
+        query["limit"] = 1000
+    else:
+        raise ValueError(f"no candle reader for {exchange_id!r}")
+    url = f"{base_url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=30) as response:
+        body = json.loads(response.read())
+    rows = body if exchange_id == "binance" else body["result"]["list"]
+    if len(rows) >= 1000:
+        raise ValueError(f"{url}: a full page; ask for a shorter range")
+    candles: dict[int, ExchangeCandle] = {}
+    for r in rows:
+        if start_ms <= int(r[0]) < end_ms:
+            o, h, low, c, v = (float(x) for x in r[1:6])
+            count = int(r[8]) if exchange_id == "binance" else None  # Bybit reports none
+            candles[int(r[0])] = (o, h, low, c, v, count)
+    return candles
 
 
 def result_rows(result: HistoryResult) -> list[tuple[float, ...]]:
@@ -226,3 +274,135 @@ class Subscriber:
         self._stop.set()
         self._thread.join(5)
         self._socket.close(0)
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """What `closed_live_candles` saw: simulator times and the closed candles."""
+
+    exchange_url: str
+    subscribed_ms: int  # sim time once the stream was subscribed
+    reached_ms: int  # sim time at the end of the run
+    closed: dict[tuple[int, int], OHLC]  # (period s, open ms) -> first closed candle
+    corrections: list[OHLC]
+
+
+def closed_live_candles(
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
+    ticker: str,
+    periods: Sequence[int],
+    *,
+    speedup: float = 200.0,
+    settle_s: float = 360.0,
+) -> LiveRun:
+    """Subscribe to `ticker`'s live candles and run the simulator's clock `speedup` times
+    faster than the wall until a whole window of the longest period has passed.
+
+    Why a fast clock: a closed 1 h candle would otherwise take up to two hours. The
+    simulator streams its model trades as its clock passes them, in order, so the
+    ingestor and the pipeline see the same trades as at normal speed, only denser.
+    Windows opening after the subscription and ending a minute before the time
+    reached were seen whole; the wait for them to close lasts up to `settle_s`
+    (generous: the first micro-batches of a just-started pipeline on loaded cores
+    took minutes; it ends as soon as they are all in).
+    """
+    from mdclient import Client
+    from mdproto.messages import OHLC
+
+    symbol = ticker.split(":", 1)[1]
+    longest_ms = max(periods) * 1000
+    closed: dict[tuple[int, int], OHLC] = {}
+    corrections: list[OHLC] = []
+
+    def take(message: object) -> None:
+        if isinstance(message, OHLC) and message.closed:
+            key = (message.period_seconds, message.open_time_ms)
+            if message.correction:
+                corrections.append(message)
+            else:
+                closed.setdefault(key, message)
+
+    with (
+        Client(settings=client_settings) as client,
+        client.live(ticker, ticks=False, ohlc=list(periods)) as stream,
+    ):
+        sim.wait_for_subscribers(symbol, count=1, timeout_s=120)
+        subscribed = sim.now_ms()  # the stream carries every model trade from here on
+        first = subscribed - subscribed % longest_ms + longest_ms  # first whole window
+        target = first + longest_ms + 60_000  # trades of a later minute close the last window
+        wall = time.monotonic()
+        while (now := sim.now_ms()) < target:
+            deadline = time.monotonic() + 0.1
+            while (left := deadline - time.monotonic()) > 0:  # read while time runs
+                take(stream.get(timeout_s=left))
+            elapsed_ms = (time.monotonic() - wall) * 1000
+            wall = time.monotonic()
+            sim.advance_time(min(int(elapsed_ms * (speedup - 1)), target - now))
+        expected = {
+            (p, t)
+            for p in periods
+            for t in range(subscribed - subscribed % (p * 1000) + p * 1000, target, p * 1000)
+            if t + p * 1000 <= target - 60_000
+        }
+        deadline = time.monotonic() + settle_s
+        # A window nobody traded in never closes: use a symbol that trades every minute.
+        while not expected <= closed.keys() and time.monotonic() < deadline:
+            take(stream.get(timeout_s=max(0.0, deadline - time.monotonic())))
+    return LiveRun(sim.base_url, subscribed, target, closed, corrections)
+
+
+def assert_live_equals_exchange(run: LiveRun, exchange_id: str, symbol: str, period: int) -> None:
+    """Each closed live candle of `period` whose window the subscription saw whole
+    equals the exchange's own candle for that window (read over its REST API)."""
+    period_ms = period * 1000
+    start = run.subscribed_ms - run.subscribed_ms % period_ms + period_ms
+    reached = run.reached_ms
+    exchange = exchange_candles(run.exchange_url, exchange_id, symbol, period, start, reached)
+    exchange = {t: c for t, c in exchange.items() if t + period_ms <= reached - 60_000}
+    seen_whole = range(start, reached - 60_000 - period_ms + 1)
+    live = {t: c for (p, t), c in run.closed.items() if p == period and t in seen_whole}
+    assert exchange, f"the exchange served no {period} s candle in [{start}, {reached})"
+    assert run.closed, "no closed live candle arrived at all: the pipeline closed nothing in time"
+    missing = sorted(exchange.keys() - live.keys())
+    assert not missing, f"{len(missing)} of {len(exchange)} windows never closed live: {missing}"
+    extra = sorted(live.keys() - exchange.keys())
+    assert not extra, f"live candles for windows the exchange has none of: {extra}"
+    for open_ms, (o, h, low, c, volume, count) in exchange.items():
+        candle = live[open_ms]
+        assert (candle.open, candle.high, candle.low, candle.close) == (o, h, low, c), open_ms
+        # A float sum of the trades' amounts vs the exchange's decimal total.
+        assert abs(candle.volume - volume) <= 1e-9 * volume, (open_ms, candle.volume, volume)
+        if count is not None:  # where the exchange reports a trade count
+            assert candle.trade_count == count, open_ms
+        # Built from trades: what only the exchange reports stays unset live.
+        assert not candle.HasField("quote_volume") and not candle.HasField("taker_buy_volume")
+    late = [m for m in run.corrections if m.period_seconds == period]
+    assert not late, f"{len(late)} closed candle(s) amended by late trades"
+
+
+@contextmanager
+def own_platform(data_dir: Path, exchanges: Sequence[str]) -> Iterator[Platform]:
+    """A whole local platform on free ports serving `exchanges` from the simulator
+    (for a test module that must not share the session's platform)."""
+    from infra.localstack import Ports, StackConfig
+    from infra.platform import Platform, PlatformConfig, ServicePorts
+
+    config = PlatformConfig(
+        data_dir=data_dir,
+        ports=ServicePorts.free(),
+        exchanges=list(exchanges),
+        start_timeout_s=600.0,  # Spark alone took 300 s at load ~100 (two cores shared)
+    )
+    stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
+    with Platform(config, stack_config=stack_config, use_simulator=True) as running:
+        yield running
+
+
+def platform_client(platform: Platform, **overrides: object) -> ClientSettings:
+    """Client settings for `platform` (its endpoints), with `overrides` on top."""
+    from mdclient import ClientSettings
+
+    env = platform.endpoints.client_env()
+    fields = {key.removeprefix("MDCLIENT_").lower(): value for key, value in env.items()}
+    return ClientSettings.model_validate({**fields, **overrides})

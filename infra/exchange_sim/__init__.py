@@ -1,4 +1,5 @@
-"""Offline exchange simulator: Binance spot (REST + streams) and Coinbase Exchange (REST).
+"""Offline exchange simulator: Binance and Bybit spot (REST + trade streams), Coinbase
+Exchange and OKX (REST).
 
 Unmodified ccxt talks to it once ``point_ccxt_at`` has rewritten the
 exchange's URLs; data come from a deterministic model so tests can recompute

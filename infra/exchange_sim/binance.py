@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from . import bybit
 from .model import (
     INTERVAL_MS,
     MAX_TRADES_PER_MINUTE,
@@ -27,6 +28,7 @@ from .model import (
     SymbolSpec,
     Trade,
     UnknownSymbolError,
+    fmt8,
 )
 from .state import SimState
 
@@ -44,11 +46,6 @@ WEIGHTS: dict[str, int] = {
 DEFAULT_WEIGHT_LIMIT = 6000
 MAX_BACKLOG_MS = 10 * MINUTE_MS  # streams never replay more than this after a clock jump
 _STREAM_RE = re.compile(r"^[a-z0-9]+@[A-Za-z0-9_]+$")
-_FMT = "{:.8f}"
-
-
-def fmt8(value: Decimal) -> str:
-    return _FMT.format(value)
 
 
 def binance_error(
@@ -416,11 +413,14 @@ class _Conn:
     request: web.Request
     combined: bool
     streams: set[str] = field(default_factory=set)
+    dialect: str = "binance"  # or "bybit": how messages are read and trades written
     queue: asyncio.Queue[str | None] = field(default_factory=lambda: asyncio.Queue(maxsize=100_000))
 
 
 def _stream_symbol(stream: str) -> str:
-    """``btcusdt@trade`` -> ``BTCUSDT``."""
+    """``btcusdt@trade`` (Binance) or ``publicTrade.BTCUSDT`` (Bybit) -> ``BTCUSDT``."""
+    if stream.startswith(bybit.TOPIC):
+        return bybit.topic_symbol(stream)
     return stream.split("@", 1)[0].upper()
 
 
@@ -431,6 +431,8 @@ class BinanceStreams:
     wraps them as ``{"stream": name, "data": payload}``; subscriptions come from
     the URL (``/ws/btcusdt@trade``, ``/stream?streams=a/b``) or from
     ``{"method": "SUBSCRIBE", "params": [...], "id": n}`` messages.
+    Bybit's spot stream (``handle_bybit``, protocol in ``bybit.py``) shares the
+    bookkeeping: subscribers, model-trade pump, injection and drops.
     """
 
     def __init__(
@@ -460,6 +462,7 @@ class BinanceStreams:
 
     # ------------------------------------------------------------ handler
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Binance: ``/ws/...`` and ``/stream...``."""
         # Binance pings every 20 s; ccxt answers, so dead clients get noticed.
         ws = web.WebSocketResponse(autoping=True, heartbeat=20.0)
         if not ws.can_prepare(request).ok:
@@ -471,10 +474,24 @@ class BinanceStreams:
         initial = [s for s in segments if "@" in s]  # /ws/btcusdt@trade
         if "streams" in request.query:
             initial.extend(request.query["streams"].split("/"))
+        return await self._serve(conn, [s for s in initial if _STREAM_RE.match(s)])
+
+    async def handle_bybit(self, request: web.Request) -> web.StreamResponse:
+        """Bybit's public spot stream: subscriptions by ``op`` messages only."""
+        # Bybit expects the client's {"op": "ping"} every 20 s; ccxt sends it.
+        ws = web.WebSocketResponse(autoping=True, heartbeat=20.0)
+        if not ws.can_prepare(request).ok:
+            return web.json_response({"retCode": 10001, "retMsg": "websocket upgrade required"})
+        await ws.prepare(request)
+        conn = _Conn(next(self._conn_ids), ws, request, combined=False, dialect="bybit")
+        return await self._serve(conn, [])
+
+    async def _serve(self, conn: _Conn, initial: Sequence[str]) -> web.WebSocketResponse:
+        ws = conn.ws
         self.state.stats.ws_connections_total += 1
         self._conns.add(conn)
         sender = asyncio.create_task(self._sender(conn))
-        self._subscribe(conn, [s for s in initial if _STREAM_RE.match(s)])
+        self._subscribe(conn, initial)
         try:
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -511,6 +528,15 @@ class BinanceStreams:
             self.state.stats.ws_messages_discarded += 1
 
     def _on_text(self, conn: _Conn, text: str) -> None:
+        if conn.dialect == "bybit":
+            reply, op, topics = bybit.on_message(text, conn.id)
+            self._send(conn, reply)  # ack before any event
+            if op == "subscribe":
+                self._subscribe(conn, topics)
+            elif op == "unsubscribe":
+                conn.streams.difference_update(topics)
+                self._notify()
+            return
         try:
             msg = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -572,12 +598,13 @@ class BinanceStreams:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _symbol_streams(self, symbol: str) -> tuple[str, str]:
-        lower = self.state.model.spec(symbol).binance_id.lower()
-        return f"{lower}@trade", f"{lower}@aggTrade"
+    def _symbol_streams(self, symbol: str) -> tuple[str, str, str]:
+        market_id = self.state.model.spec(symbol).binance_id
+        lower = market_id.lower()
+        return f"{lower}@trade", f"{lower}@aggTrade", bybit.TOPIC + market_id
 
     def subscribers(self, symbol: str) -> int:
-        """Open connections subscribed to ``symbol``'s trade or aggTrade stream."""
+        """Open connections subscribed to ``symbol``'s trades (any stream of any dialect)."""
         names = self._symbol_streams(symbol)
         return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
 
@@ -607,10 +634,15 @@ class BinanceStreams:
         if not trades:
             return 0
         spec = self.state.model.spec(symbol)
-        trade_stream, agg_stream = self._symbol_streams(symbol)
+        trade_stream, agg_stream, topic = self._symbol_streams(symbol)
         event_ms = self.state.clock.now_ms()
         reached = 0
         for conn in list(self._conns):
+            if conn.dialect == "bybit":
+                if topic in conn.streams:
+                    self._send(conn, bybit.trade_message(spec.binance_id, trades, event_ms))
+                    reached += 1
+                continue
             hit = False
             for name, kind in ((trade_stream, "trade"), (agg_stream, "aggTrade")):
                 if name not in conn.streams:

@@ -17,8 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .binance import fmt8
-from .model import SymbolSpec, Trade, UnknownSymbolError, interval_open
+from .model import SymbolSpec, Trade, UnknownSymbolError, fmt8, interval_open
 from .state import SimState
 
 GRANULARITY_TO_INTERVAL = {60: "1m", 300: "5m", 900: "15m", 3600: "1h", 21600: "6h", 86400: "1d"}

@@ -16,7 +16,7 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class SimulatorControl:
     def __init__(self, base_url: str, timeout_s: float = 120.0) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url.rstrip("/")  # the exchanges' base URL too
         self.timeout_s = timeout_s
 
     def _call(self, method: str, path: str, body: object | None = None) -> Any:
@@ -53,3 +53,9 @@ class SimulatorControl:
 
     def now_ms(self) -> int:
         return int(self._call("GET", "health")["now_ms"])
+
+    def advance_time(self, delta_ms: int) -> int:
+        """Move the simulator's clock on and stream the model trades now due; returns
+        how many were streamed (its REST answers follow the same clock)."""
+        answer = self._call("POST", "clock", {"advance_ms": delta_ms})
+        return int(answer["trades_streamed"])

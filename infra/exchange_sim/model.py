@@ -103,6 +103,11 @@ def _align_up(interval: str, t_ms: int) -> int:
     return start if start == t_ms else start + interval_ms(interval)
 
 
+def fmt8(value: Decimal) -> str:
+    """A decimal as exchanges print it: eight places."""
+    return f"{value:.8f}"
+
+
 def _utc_ms(year: int, month: int, day: int) -> int:
     return int(datetime(year, month, day, tzinfo=UTC).timestamp() * 1000)
 

@@ -14,8 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .binance import fmt8
-from .model import SymbolSpec, UnknownSymbolError, interval_ms
+from .model import SymbolSpec, UnknownSymbolError, fmt8, interval_ms
 from .state import SimState
 
 #: OKX `bar` values -> the model's intervals (ccxt appends "utc" from 6 h up).

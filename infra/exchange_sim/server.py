@@ -1,7 +1,8 @@
 """The simulator's aiohttp application, its control API and embedding helpers.
 
-Why one server for both exchanges: their REST paths do not overlap
-(``/api``, ``/fapi``, ``/dapi`` vs ``/products``, ``/currencies``, ``/time``)
+Why one server for every exchange: their REST paths do not overlap
+(``/api``, ``/fapi``, ``/dapi`` vs ``/products``, ``/currencies``, ``/time`` vs
+OKX's ``/api/v5`` vs Bybit's ``/v5``)
 and websocket URLs are namespaced by ``point_ccxt_at``, so one port serves
 both and tests need a single base URL.
 
@@ -23,6 +24,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from .binance import DEFAULT_WEIGHT_LIMIT, WEIGHTS, BinanceRest, BinanceStreams, binance_error
+from .bybit import PREFIX as BYBIT_PREFIX
+from .bybit import WS_PATH as BYBIT_WS_PATH
+from .bybit import BybitRest, bybit_error
 from .coinbase import CoinbaseRest, coinbase_error
 from .faults import Fault, FaultError, parse_fault
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
@@ -40,6 +44,8 @@ def exchange_of(path: str) -> str:
     """Which simulated exchange a request path belongs to."""
     if path.startswith(OKX_PREFIX):
         return "okx"
+    if path.startswith(BYBIT_PREFIX) or path == BYBIT_WS_PATH:
+        return "bybit"
     return "coinbase" if path.startswith(COINBASE_PREFIXES) else "binance"
 
 
@@ -55,7 +61,7 @@ def _trade_json(trade: Trade) -> dict[str, Any]:
 
 
 class SimulatorServer:
-    """Binance + Coinbase simulator on ``host:port`` (port 0 picks a free one).
+    """Binance, Coinbase, OKX and Bybit simulator on ``host:port`` (port 0 picks a free one).
 
     ``model`` is the deterministic world (default ``DEFAULT_MODEL``);
     ``trade_rate`` (trades/second, float or per-symbol mapping) derives a model
@@ -90,6 +96,7 @@ class SimulatorServer:
         )
         self.coinbase = CoinbaseRest(self.state)
         self.okx = OkxRest(self.state)
+        self.bybit = BybitRest(self.state)
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -114,6 +121,8 @@ class SimulatorServer:
         app.add_routes(self.binance.routes())
         app.add_routes(self.coinbase.routes())
         app.add_routes(self.okx.routes())
+        app.add_routes(self.bybit.routes())
+        app.router.add_get(BYBIT_WS_PATH, self.streams.handle_bybit)  # before /stream/{tail}
         for path in ("/ws", "/ws/{tail:.*}", "/stream", "/stream/{tail:.*}"):
             app.router.add_get(path, self.streams.handle)
         app.add_routes(
@@ -322,6 +331,8 @@ class SimulatorServer:
                 return binance_error(400, -1121, "Invalid symbol.", headers=headers)
             if exchange == "okx":
                 return okx_error("51001", "Instrument ID does not exist")
+            if exchange == "bybit":
+                return bybit_error(10001, "Not supported symbols", self.state.clock.now_ms())
             return coinbase_error(404, "NotFound")
         # "error": arbitrary status and body
         if fault.body is not None:

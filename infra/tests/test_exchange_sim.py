@@ -402,7 +402,9 @@ def test_pro_watch_trades_injected_then_reconnects_after_drop(
     assert sim.stats()["ws"]["connections_total"] == 2
 
 
-def test_pro_model_trade_stream_matches_the_kline(sim: ThreadedSimulator) -> None:
+@pytest.mark.parametrize("exchange_id", ["binance", "bybit"])
+def test_pro_model_trade_stream_matches_the_kline(sim: ThreadedSimulator, exchange_id: str) -> None:
+    """Both trade streams carry exactly the minute's model trades; unwatching ends them."""
     minute = interval_open("1m", FROZEN_NOW)
     sim.set_time(minute - 1)
     (kline,) = expected_klines("SOL/USDT", "1m", minute, minute)
@@ -410,7 +412,7 @@ def test_pro_model_trade_stream_matches_the_kline(sim: ThreadedSimulator) -> Non
     filler = {"price": "1", "qty": "1", "time_ms": minute + MINUTE_MS}  # outside the minute
 
     async def run() -> list[Any]:
-        exchange = ccxt_pro.binance(SPOT_ONLY)
+        exchange = getattr(ccxt_pro, exchange_id)(SPOT_ONLY)
         point_ccxt_at(exchange, sim.base_url)
         try:
             await exchange.load_markets()
@@ -424,6 +426,8 @@ def test_pro_model_trade_stream_matches_the_kline(sim: ThreadedSimulator) -> Non
             for _ in range(kline.trades + 1):
                 cache = exchange.trades["SOL/USDT"]
                 if wanted <= {int(t["id"]) for t in cache}:
+                    await asyncio.wait_for(exchange.un_watch_trades("SOL/USDT"), 10)
+                    await asyncio.to_thread(sim.wait_for_subscribers, "SOL/USDT", 0)
                     return [t for t in cache if int(t["id"]) in wanted]
                 watch = asyncio.ensure_future(exchange.watch_trades("SOL/USDT"))
                 await asyncio.to_thread(sim.inject_trades, "SOL/USDT", [filler])
@@ -433,11 +437,13 @@ def test_pro_model_trade_stream_matches_the_kline(sim: ThreadedSimulator) -> Non
             await exchange.close()
 
     trades = sorted(asyncio.run(run()), key=lambda t: int(t["id"]))
+    amount = {"binance": "q", "bybit": "v"}[exchange_id]
     assert len(trades) == kline.trades
     assert Decimal(trades[0]["info"]["p"]) == kline.open
     assert Decimal(trades[-1]["info"]["p"]) == kline.close
-    assert sum(Decimal(t["info"]["q"]) for t in trades) == kline.volume
+    assert sum(Decimal(t["info"][amount]) for t in trades) == kline.volume
     assert all(minute <= t["timestamp"] < minute + MINUTE_MS for t in trades)
+    assert all(t["symbol"] == "SOL/USDT" for t in trades)
 
 
 def test_raw_websocket_wire_formats(sim: ThreadedSimulator) -> None:

@@ -67,7 +67,9 @@ def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> 
     assert env["INGESTOR_SERVE"] == "binance,coinbaseexchange"
     assert env["INGESTOR_EXCHANGES__COINBASEEXCHANGE__API_BASE_URL"] == "http://127.0.0.1:8765"
     assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
-    with pytest.raises(StackError, match="simulator speaks only binance, coinbaseexchange, okx"):
+    with pytest.raises(
+        StackError, match="simulator speaks only binance, bybit, coinbaseexchange, okx"
+    ):
         Platform(PlatformConfig(exchanges=["okx", "kraken"]), use_simulator=True)
     okx_alone = Platform(PlatformConfig(exchanges=["okx"]), use_simulator=True)
     assert okx_alone.exchange_url is not None  # OKX's wire format is simulated

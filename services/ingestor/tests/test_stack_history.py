@@ -282,24 +282,29 @@ def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> Non
     assert adapter.page_limit == 300 and adapter.rest_calls == 3
 
 
-def test_third_exchange_format_okx_newest_first_pages(harness: Any, run_ingestor: Any) -> None:
-    """OKX returns a window's NEWEST candles: small bounded pages still store every
-    candle once, with OKX's quote volume and no trade count (OKX reports none)."""
+@pytest.mark.parametrize("exchange_id", ["okx", "bybit"])
+def test_newest_first_exchanges_page_every_candle_once(
+    harness: Any, run_ingestor: Any, exchange_id: str
+) -> None:
+    """OKX and Bybit return a window's NEWEST candles: small bounded pages still store
+    every candle once, with the quote volume and no trade count (neither reports one)."""
     sim = harness.sim
     start = past_start(sim, 1000)
-    request = history_request("hist-okx", start, 700, ticker="OKX:BTC/USDT")
-    okx = {"api_base_url": sim.base_url, "enable_rate_limit": False, "page_limit": 50}
+    prefix = exchange_id.upper()
+    request = history_request(f"hist-{exchange_id}", start, 700, ticker=f"{prefix}:BTC/USDT")
+    config = {"api_base_url": sim.base_url, "enable_rate_limit": False, "page_limit": 50}
     _, ingestor, results = asyncio.run(
-        serve(harness, run_ingestor, [request], exchanges={"okx": okx})
+        serve(harness, run_ingestor, [request], exchanges={exchange_id: config})
     )
+    batches = results[f"hist-{exchange_id}"]
     expected = expected_klines("BTC/USDT", "1m", start, start + 700 * MIN - 1, model=sim.model)
-    assert rows_of(results["hist-okx"]) == [tuple(k.ohlcv()) for k in expected]
-    rows = [r for b in results["hist-okx"] for r in b.rows]
+    assert rows_of(batches) == [tuple(k.ohlcv()) for k in expected]
+    rows = [r for b in batches for r in b.rows]
     assert [r.quote_volume for r in rows] == [float(k.quote_volume) for k in expected]
     assert not any(r.HasField("trade_count") for r in rows)
-    meta = results["hist-okx"][-1].metadata
+    meta = batches[-1].metadata
     assert (meta.status, meta.total_rows, meta.expected_gaps) == (Status.OK, 700, 0)
-    adapter = ingestor.adapter("OKX:")
+    adapter = ingestor.adapter(f"{prefix}:")
     assert (adapter.page_limit, adapter.bounded_pages, adapter.rest_calls) == (50, True, 14)
 
 

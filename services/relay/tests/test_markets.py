@@ -106,6 +106,42 @@ def test_book_applies_records_tombstones_and_junk() -> None:
     assert book.snapshot().counts() == {}  # no markets left: the exchange is not judged
 
 
+class _Record:
+    def __init__(self, m: Market) -> None:
+        self.m = m
+
+    def error(self) -> None:
+        return None
+
+    def key(self) -> bytes:
+        return self.m.ticker.encode()
+
+    def value(self) -> bytes:
+        return envelope.encode_record(self.m)
+
+
+class _Polls:
+    """A consumer whose polls return these batches, then nothing."""
+
+    def __init__(self, *batches: list[Market]) -> None:
+        self.batches = [[_Record(m) for m in b] for b in batches]
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Record]:
+        return self.batches.pop(0) if self.batches else []
+
+
+def test_markets_arriving_over_several_polls_make_one_snapshot() -> None:
+    """One ingestor's markets land on several partitions and can arrive one poll apart
+    (seen at platform start): a snapshot of the first poll alone refused BTC/USDT."""
+    from relay.markets import MarketDirectory
+
+    tickers = ["BYBIT:ETH/USDT", "BYBIT:BTC/USDT", "BYBIT:SOL/USDT"]
+    polls = _Polls([market(tickers[0])], [market(t) for t in tickers[1:]])
+    book = MarketBook()
+    MarketDirectory("127.0.0.1:1", "market.markets")._drain(polls, book)
+    assert all(book.snapshot().check(t) is None for t in tickers)
+
+
 def test_validation_refuses_bad_symbols_last_for_every_request_kind() -> None:
     check = BINANCE.check
     ok = SubmitHistoricalRequest(

@@ -9,6 +9,7 @@ from candle_oracle import aggregate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mdproto import contracts
 from mdproto.messages import Tick
 from pipeline.candle_close import Closing, TickerCandles, step
 
@@ -197,3 +198,30 @@ def test_state_info_offsets_stay_integers_with_null_padding_rows() -> None:
 
     assert (first["startOffset"], first["numRows"]) == (3, 2)
     assert isinstance(first["startOffset"], int)
+
+
+def test_candles_of_the_exchanges_trades_equal_the_exchanges_candles() -> None:
+    """The simulator's model trades, streamed in batches as the exchange sends them, close
+    into exactly the candles its REST API serves (Binance klines: counts included) for
+    each live period; volume within float rounding (decimal total vs float sum)."""
+    from infra.exchange_sim import DEFAULT_MODEL, expected_klines
+
+    cfg = Closing(periods=contracts.LIVE_PERIODS, lateness_s=10.0, idle_s=1.0)
+    run = Run(cfg)
+    end = B + 2 * 3_600_000
+    trades = list(DEFAULT_MODEL.iter_trades("ETH/USDT", B, end + 60_000))
+    for i in range(0, len(trades), 97):  # uneven batches, arrival in trade order
+        batch = [tick(t.id, float(t.price), t.time_ms, float(t.qty)) for t in trades[i : i + 97]]
+        run.batch(batch[-1].timestamp_ms, *batch)
+    closed = {key(r): r for r in run.emitted if not r["correction"]}
+    for period in contracts.LIVE_PERIODS:
+        interval = {60: "1m", 300: "5m", 3600: "1h"}[period]
+        klines = expected_klines("ETH/USDT", interval, B, end - 1)
+        assert len(klines) == 2 * 3600 // period
+        for k in klines:
+            row = closed[(period, k.open_time)]
+            exchange = (float(k.open), float(k.high), float(k.low), float(k.close))
+            assert (row["open"], row["high"], row["low"], row["close"]) == exchange
+            assert row["trade_count"] == k.trades
+            assert abs(row["volume"] - float(k.volume)) <= 1e-9 * float(k.volume)
+    assert not [r for r in run.emitted if r["correction"]]

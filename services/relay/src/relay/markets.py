@@ -22,6 +22,7 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -39,6 +40,8 @@ _SUGGESTIONS = 3
 _CUTOFF = 0.6
 
 
+#: Longest a run of arriving records delays the next snapshot (a steady stream).
+_DRAIN_S = 1.0
 _HINTS_KEPT = 1024  # memoised suggestions per exchange: a repeated typo costs one lookup
 
 
@@ -243,16 +246,28 @@ class MarketDirectory:
         try:
             self._load(consumer, book)
             while not self._stop.is_set():
-                batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.2)
-                for msg in batch:
-                    if msg.error() is None:
-                        book.apply_record(msg.key(), msg.value())
+                self._drain(consumer, book)
                 if book.changed:
                     self._publish(book)
         except Exception:  # the relay keeps serving on the last snapshot
             log.exception("market metadata reader failed; symbols are checked on stale data")
         finally:
             consumer.close()
+
+    def _drain(self, consumer: Any, book: MarketBook) -> None:
+        """Apply what arrives, reading on until a poll comes back empty (at most
+        `_DRAIN_S`): one ingestor's markets land on several partitions and may arrive in
+        separate polls, and a snapshot of part of them would refuse the rest
+        (bad_symbol) until the next poll."""
+        deadline = time.monotonic() + _DRAIN_S
+        batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.2)
+        while batch:
+            for msg in batch:
+                if msg.error() is None:
+                    book.apply_record(msg.key(), msg.value())
+            if time.monotonic() > deadline:
+                return
+            batch = consumer.consume(num_messages=1000, timeout=0.2)
 
     def _load(self, consumer: Any, book: MarketBook) -> None:
         ends = kafka.wait_end_offsets(consumer, self.topic, self._stop)

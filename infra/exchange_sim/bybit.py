@@ -1,0 +1,269 @@
+"""Bybit spot front-end (ccxt id ``bybit``): v5 REST markets, klines and trades, and the
+public spot trade stream.
+
+Why these shapes: unmodified ccxt (``bybit``, ``async_support.bybit``,
+``pro.bybit``) must parse every response, so bodies follow Bybit's v5 wire
+format: ``{"retCode": 0, "retMsg": "OK", "result": {...}, "time": ms}``, errors
+with HTTP 200 and a non-zero ``retCode``. Candle pages hold the NEWEST
+``limit`` klines of ``[start, end]`` (both inclusive), newest first, at most
+1000, as the real Bybit does. Rows carry no trade count (Bybit reports none).
+Same deterministic model as the other front-ends.
+
+The stream (``wss://stream.bybit.com/v5/public/spot``, served at
+``/stream/v5/public/spot`` by ``point_ccxt_at``'s rule) speaks ``{"op":
+"subscribe", "args": ["publicTrade.BTCUSDT"], "req_id": n}`` and pushes
+``{"topic": "publicTrade.BTCUSDT", "type": "snapshot", "ts": ms, "data":
+[trades]}``; the connection bookkeeping is shared with Binance's streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from .model import SymbolSpec, Trade, fmt8, interval_ms
+from .state import SimState
+
+#: Bybit `interval` values -> the model's intervals.
+INTERVALS = {
+    "1": "1m",
+    "3": "3m",
+    "5": "5m",
+    "15": "15m",
+    "30": "30m",
+    "60": "1h",
+    "120": "2h",
+    "240": "4h",
+    "360": "6h",
+    "720": "12h",
+    "D": "1d",
+    "W": "1w",
+}
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 200
+MAX_TRADES_LIMIT = 60  # spot recent-trade
+PREFIX = "/v5/"
+WS_PATH = "/stream/v5/public/spot"
+TOPIC = "publicTrade."
+
+
+def bybit_error(code: int, message: str, now_ms: int, status: int = 200) -> web.Response:
+    """Bybit's error body; most errors come with HTTP 200 and a non-zero retCode."""
+    body = {"retCode": code, "retMsg": message, "result": {}, "retExtInfo": {}, "time": now_ms}
+    return web.json_response(body, status=status)
+
+
+def _ok(result: dict[str, Any], now_ms: int) -> web.Response:
+    body = {"retCode": 0, "retMsg": "OK", "result": result, "retExtInfo": {}, "time": now_ms}
+    return web.json_response(body)
+
+
+class BybitRest:
+    """Handlers of the Bybit v5 public REST endpoints ccxt uses."""
+
+    def __init__(self, state: SimState) -> None:
+        self.state = state
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/v5/market/time", self.server_time),
+            web.get("/v5/market/instruments-info", self.instruments),
+            web.get("/v5/market/kline", self.klines),
+            web.get("/v5/market/recent-trade", self.recent_trades),
+        ]
+
+    def _spec(self, market_id: str) -> SymbolSpec | None:
+        """The market of a Bybit id (``BTCUSDT``, as Binance's), if listed."""
+        specs = self.state.model.specs.values()
+        return next((s for s in specs if s.binance_id == market_id), None)
+
+    def _instrument(self, spec: SymbolSpec) -> dict[str, Any]:
+        online = spec.trading_at(self.state.clock.now_ms())
+        return {
+            "symbol": spec.binance_id,
+            "baseCoin": spec.base,
+            "quoteCoin": spec.quote,
+            "innovation": "0",
+            "status": "Trading" if online else "Closed",
+            "marginTrading": "none",
+            "stTag": "0",
+            "lotSizeFilter": {
+                "basePrecision": spec.step,
+                "quotePrecision": "0.00000001",
+                "minOrderQty": spec.step,
+                "maxOrderQty": spec.max_qty,
+                "minOrderAmt": spec.min_notional,
+                "maxOrderAmt": "2000000",
+            },
+            "priceFilter": {"tickSize": spec.tick},
+            "riskParameters": {"priceLimitRatioX": "0.05", "priceLimitRatioY": "0.05"},
+        }
+
+    async def server_time(self, request: web.Request) -> web.Response:
+        now = self.state.clock.now_ms()
+        return _ok({"timeSecond": str(now // 1000), "timeNano": str(now * 1_000_000)}, now)
+
+    async def instruments(self, request: web.Request) -> web.Response:
+        now = self.state.clock.now_ms()
+        category = request.query.get("category", "")
+        if category not in ("spot", "linear", "inverse", "option"):
+            return bybit_error(10001, "params error: category is invalid", now)
+        wanted = request.query.get("symbol")
+        specs = [
+            s
+            for s in (self.state.model.specs.values() if category == "spot" else ())
+            if wanted is None or s.binance_id == wanted
+        ]
+        result = {"category": category, "list": [self._instrument(s) for s in specs]}
+        return _ok({**result, "nextPageCursor": ""}, now)
+
+    def _market(self, request: web.Request) -> SymbolSpec | web.Response:
+        now = self.state.clock.now_ms()
+        if request.query.get("category") != "spot":
+            return bybit_error(10001, "params error: the simulator serves category=spot", now)
+        spec = self._spec(request.query.get("symbol", ""))
+        return spec if spec is not None else bybit_error(10001, "Not supported symbols", now)
+
+    async def klines(self, request: web.Request) -> web.Response:
+        """``[[start, o, h, l, c, volume, turnover], ...]`` newest first."""
+        now = self.state.clock.now_ms()
+        spec = self._market(request)
+        if isinstance(spec, web.Response):
+            return spec
+        query = request.query
+        interval = INTERVALS.get(query.get("interval", ""))
+        if interval is None:
+            return bybit_error(10001, "Invalid period!", now)
+        try:
+            limit = int(query.get("limit", str(DEFAULT_LIMIT)))
+            start = int(query["start"]) if "start" in query else None
+            end = int(query["end"]) if "end" in query else None
+        except ValueError:
+            return bybit_error(10001, "params error", now)
+        if not 1 <= limit <= MAX_LIMIT:
+            limit = min(max(limit, 1), MAX_LIMIT)  # Bybit clamps the limit
+        high = min(now, end) if end is not None else now
+        low = start if start is not None else high - limit * interval_ms(interval)
+        rows = (
+            []
+            if low > high
+            else await asyncio.to_thread(
+                self.state.model.klines, spec.symbol, interval, low, high, now
+            )
+        )
+        return _ok(
+            {
+                "symbol": spec.binance_id,
+                "category": "spot",
+                "list": [
+                    [
+                        str(k.open_time),
+                        fmt8(k.open),
+                        fmt8(k.high),
+                        fmt8(k.low),
+                        fmt8(k.close),
+                        fmt8(k.volume),
+                        fmt8(k.quote_volume),
+                    ]
+                    for k in list(reversed(rows))[:limit]
+                ],
+            },
+            now,
+        )
+
+    async def recent_trades(self, request: web.Request) -> web.Response:
+        """The latest trades, newest first (spot: at most 60)."""
+        now = self.state.clock.now_ms()
+        spec = self._market(request)
+        if isinstance(spec, web.Response):
+            return spec
+        try:
+            limit = min(max(int(request.query.get("limit", "60")), 1), MAX_TRADES_LIMIT)
+        except ValueError:
+            return bybit_error(10001, "params error", now)
+        model = self.state.model
+        trades = list(itertools.islice(model.iter_trades_backward(spec.symbol, now), limit))
+        rows = [
+            {
+                "execId": str(t.id),
+                "symbol": spec.binance_id,
+                "price": fmt8(t.price),
+                "size": fmt8(t.qty),
+                "side": taker_side(t),
+                "time": str(t.time_ms),
+                "isBlockTrade": False,
+                "isRPITrade": False,
+            }
+            for t in trades
+        ]
+        return _ok({"category": "spot", "list": rows}, now)
+
+
+def taker_side(trade: Trade) -> str:
+    """Bybit's ``Buy``/``Sell`` is the taker's side; a maker buyer means a selling taker."""
+    return "Sell" if trade.buyer_is_maker else "Buy"
+
+
+def topic_symbol(topic: str) -> str:
+    """``publicTrade.BTCUSDT`` -> ``BTCUSDT``."""
+    return topic.removeprefix(TOPIC)
+
+
+def trade_message(market_id: str, trades: Sequence[Trade], event_ms: int) -> dict[str, Any]:
+    """One push of the ``publicTrade`` stream (Bybit batches the trades of a moment)."""
+    return {
+        "topic": TOPIC + market_id,
+        "type": "snapshot",
+        "ts": event_ms,
+        "data": [
+            {
+                "T": t.time_ms,
+                "s": market_id,
+                "S": taker_side(t),
+                "v": fmt8(t.qty),
+                "p": fmt8(t.price),
+                "L": "ZeroPlusTick",
+                "i": str(t.id),
+                "BT": False,
+                "RPI": False,
+            }
+            for t in trades
+        ],
+    }
+
+
+def on_message(text: str, conn_id: int) -> tuple[dict[str, Any], str, list[str]]:
+    """A client message -> (the reply, ``subscribe``/``unsubscribe``/"" , its topics).
+
+    Replies as Bybit does: ``{"success": true, "ret_msg": "", "op": ..., "req_id":
+    ..., "conn_id": ...}``; a ping gets ``ret_msg: "pong"``; bad requests get
+    ``success: false`` with a reason.
+    """
+    reply: dict[str, Any] = {"success": True, "ret_msg": "", "conn_id": f"sim-{conn_id}"}
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {**reply, "success": False, "ret_msg": f"invalid JSON: {exc}"}, "", []
+    if not isinstance(msg, dict):
+        return {**reply, "success": False, "ret_msg": "request must be an object"}, "", []
+    op, req_id = msg.get("op"), msg.get("req_id")
+    if req_id is not None:
+        reply["req_id"] = str(req_id)
+    reply["op"] = op
+    if op == "ping":
+        return {**reply, "ret_msg": "pong"}, "", []
+    if op in ("subscribe", "unsubscribe"):
+        args = msg.get("args")
+        if not isinstance(args, list) or not args:
+            return {**reply, "success": False, "ret_msg": "args must be a non-empty list"}, "", []
+        bad = [a for a in args if not isinstance(a, str) or not a.startswith(TOPIC)]
+        if bad:
+            return {**reply, "success": False, "ret_msg": f"handler not found:{bad[0]}"}, "", []
+        ack = {**reply, "ret_msg": "subscribe"} if op == "subscribe" else reply
+        return ack, str(op), [str(a) for a in args]
+    return {**reply, "success": False, "ret_msg": f"unknown op {op!r}"}, "", []
