@@ -109,6 +109,7 @@ def test_messages_become_plain_json_with_numbers_enums_and_nulls() -> None:
 def test_history_body_and_format_negotiation() -> None:
     params = parse_history({"ticker": T, "period": "1m", "start": "-2h", "refetch": True})
     assert (params.period, params.start, params.end, params.refetch) == ("1m", "-2h", "now", True)
+    bad: object
     for bad in (
         {"ticker": T, "period": 60},
         {"ticker": T, "period": 60, "start": 0, "x": 1},

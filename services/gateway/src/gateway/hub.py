@@ -52,6 +52,9 @@ class Session:
         self._size = queue_size
         self._ready = asyncio.Event()
         self.topics: set[str] = set()
+        #: Topics being opened upstream -> what arrived meanwhile: held back so that
+        #: `subscribed` comes first.
+        self.held: dict[str, list[str]] = {}
         self.dropped = 0  # total, reported to the client as it happens
         self._unreported = 0
         self.sent = 0
@@ -107,7 +110,9 @@ class Hub:
             return
         session.topics.add(name)
         self._subscribers.setdefault(name, set()).add(session)
+        held: list[str] = []
         if name not in self._handles:
+            session.held[name] = held
             try:
                 await self._open(topic)
             except GatewayError as exc:
@@ -115,11 +120,15 @@ class Hub:
                 self._discard(session, name)
                 session.push(error_frame(exc.error_code, exc.reason, name))
                 return
+            finally:
+                session.held.pop(name, None)
         if name not in session.topics:  # unsubscribed (or failed) while opening
             return
         session.push(control_frame("subscribed", name))
-        if name in self._last:
-            session.push(self._last[name])
+        if not held and name in self._last:
+            held.append(self._last[name])
+        for text in held:
+            session.push(text)
 
     async def _open(self, topic: Topic) -> None:
         name = topic.name
@@ -165,7 +174,11 @@ class Hub:
             self._last[name] = text
         self.messages += 1
         for session in self._subscribers.get(name, ()):
-            session.push(text)
+            held = session.held.get(name)
+            if held is None:
+                session.push(text)
+            else:
+                held.append(text)
 
     def _fail(self, name: str, error_code: str, reason: str) -> None:
         """The upstream ended (FAILED or REFUSED feed): tell and drop every subscriber."""
