@@ -55,7 +55,7 @@ def test_websocket_serves_live_ticks_and_candles_on_exact_topics(gateway: str) -
             unsupported, _ = await _until(
                 ws, lambda f: f["type"] == "error" and f["topic"] == f"{TICKER}|ohlc:6", 30
             )
-            assert time.monotonic() - start < 10
+            assert time.monotonic() - start < 15  # 0.05 s on a quiet machine
             frames: list[Frame] = []
             kinds: set[str] = set()
             # The first live data of a just-started pipeline on loaded cores is slow
@@ -93,7 +93,9 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
     body = {"ticker": TICKER, "period": "1m", "start": "-3h", "end": "-1h"}
 
     async def scenario() -> tuple[Any, ...]:
-        async with aiohttp.ClientSession() as http:
+        # No client-side limit: the gateway bounds a history call itself (its SDK timeout
+        # and attempts, then 504), and a just-started pipeline on loaded cores is slow.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
             async with http.post(f"{gateway}/history", json=body) as resp:
                 assert resp.status == 200, await resp.text()
                 as_json = await resp.json()

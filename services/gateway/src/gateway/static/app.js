@@ -9,7 +9,7 @@ const $ = (id) => document.getElementById(id);
 const state = (window.chartState = {
   ticker: "", period: 0, candles: 0, historyCandles: 0, liveUpdates: 0, lastLive: null,
   trades: 0, integrity: null, requestId: null, feed: null, errors: [], ready: false,
-  loadedAt: null, firstChartAt: null,
+  loadedAt: null, answeredAt: null, firstChartAt: null, // ms since navigation start
 });
 
 function showStatus(text, isError) {
@@ -133,6 +133,7 @@ async function load() {
       body: JSON.stringify({ ticker, period, start: $("range").value, end: "now" }),
     });
     const answer = await resp.json();
+    state.answeredAt = performance.now();
     if (!resp.ok) throw new Error(`${answer.error_code}: ${answer.reason}`);
     for (const c of answer.candles) {
       const b = bar(c);
