@@ -90,7 +90,9 @@ def test_websocket_serves_live_ticks_and_candles_on_exact_topics(gateway: str) -
 
 
 def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> None:
-    body = {"ticker": TICKER, "period": "1m", "start": "-3h", "end": "-1h"}
+    # One fixed range for the three answers (relative times would move between them).
+    end_ms = int(time.time() * 1000) // 60_000 * 60_000 - 3_600_000
+    body = {"ticker": TICKER, "period": "1m", "start": end_ms - 7_200_000, "end": end_ms}
 
     async def scenario() -> tuple[Any, ...]:
         # No client-side limit: the gateway bounds a history call itself (its SDK timeout
@@ -126,12 +128,13 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
     report = as_json["integrity"]
     assert report["expected_candles"] >= len(candles)
     assert report["missing_candles"] == 0 and report["source"].startswith("SOURCE_")
+    assert report["row_count"] == len(candles)
     table = pa.ipc.open_stream(arrow).read_all()
     assert table.num_rows == int(arrow_headers["X-Row-Count"])
     assert arrow_headers["X-Missing-Candles"] == "0"
     from_parquet = pq.read_table(io.BytesIO(parquet))
     assert from_parquet.column("close").to_pylist() == table.column("close").to_pylist()
-    assert abs(table.num_rows - len(candles)) <= 1  # the newest minute may have closed since
+    assert table.num_rows == len(candles)
     assert status["state"] == "OK" and status["notification"]["request_id"] == as_json["request_id"]
     assert pending == {"request_id": "never-submitted-0", "state": "PENDING", "notification": None}
     assert rejected[0] == 400 and rejected[1]["error_code"]

@@ -80,6 +80,9 @@ def _wait(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
     raise AssertionError(f"{what} not within {timeout_s} s")
 
 
+# The session's platform may start inside this test (minutes on loaded cores), and the
+# page's first history request waits for a just-started pipeline.
+@pytest.mark.timeout(1500)
 def test_the_chart_page_draws_history_and_live_updates(
     gateway: str, browser: Any, tmp_path: Path
 ) -> None:
