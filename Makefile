@@ -10,7 +10,9 @@ INSTALLED := $(VENV)/.installed
 GENERATED := proto/src/mdproto/gen/marketdata_pb2.py
 ARGS ?=
 
-.PHONY: help venv proto jars lint test test-unit run stop up-local down-local status clean
+GATEWAY_JS := services/gateway/src/gateway/static/vendor/lightweight-charts.standalone.production.js
+
+.PHONY: help venv proto jars gateway-assets lint test test-unit run stop up-local down-local status clean
 
 help:
 	@echo "make run      start the whole platform locally and answer a history request"
@@ -36,13 +38,19 @@ $(GENERATED): proto/*.proto proto/build_proto.py $(INSTALLED)
 jars: venv
 	$(BIN)/python -m infra.artifacts
 
+# The gateway page's chart library, from the npm registry at a pinned version and digest.
+gateway-assets: $(GATEWAY_JS)
+
+$(GATEWAY_JS): services/gateway/src/gateway/assets.py $(INSTALLED)
+	$(BIN)/python -m gateway.assets
+
 lint: venv proto
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(wildcard proto/src infra services/*/src bench)
 
 # The compose platform's tests (marker `compose`) run in `make e2e`.
-test: lint jars
+test: lint jars gateway-assets
 	$(BIN)/pytest -m "not compose" $(TESTS)
 
 test-unit: venv proto
@@ -58,7 +66,7 @@ status:
 	$(BIN)/python -m infra.localstack status
 
 # EXCHANGES=okx,kraken (ccxt ids) serves those exchanges instead of Binance.
-run: jars proto
+run: jars proto gateway-assets
 	$(if $(EXCHANGES),PLATFORM_EXCHANGES=$(EXCHANGES) )$(BIN)/python -m infra.platform run $(ARGS)
 
 stop:

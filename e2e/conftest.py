@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.config import GatewaySettings
+from gateway.server import GatewayThread
 from infra.compose_platform import STACK_ENV, STACK_NAME, ComposePlatform
 from infra.compose_platform import compose_stack as compose_stack  # the fixture
 from infra.exchange_sim.control import SimulatorControl
@@ -86,3 +88,15 @@ def client_settings(endpoints: PlatformEndpoints) -> ClientSettings:
 def sim(endpoints: PlatformEndpoints) -> SimulatorControl:
     assert endpoints.exchange_url is not None
     return SimulatorControl(endpoints.exchange_url)
+
+
+@pytest.fixture(scope="session")
+def gateway(request: pytest.FixtureRequest, endpoints: PlatformEndpoints) -> Iterator[str]:
+    """The WebSocket/HTTP gateway's base URL: the local platform's gateway process, or
+    on compose (which runs none yet) one in this process over the compose platform."""
+    if endpoints.gateway:
+        yield endpoints.gateway
+        return
+    client_settings: ClientSettings = request.getfixturevalue("client_settings")
+    with GatewayThread(GatewaySettings(port=0), client_settings) as running:
+        yield running.url

@@ -63,7 +63,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def _wait_for_ctrl_c(platform: Platform) -> None:
     e = platform.endpoints
     _say(
-        "\n[platform] running. Try, in another shell:\n"
+        "\n[platform] running. Open the live chart in a browser:\n"
+        f"  {e.gateway}/?ticker={platform.config.prefixes[0]}:BTC/USDT\n"
+        "Or try, in another shell:\n"
         f"  .venv/bin/mdclient live {platform.config.prefixes[0]}:BTC/USDT --ticks"
         f"     (relay {e.request})\n"
         f"  curl -s {e.relay_metrics}/metrics | grep relay_\n"

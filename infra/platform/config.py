@@ -37,6 +37,7 @@ class ServicePorts(BaseModel):
     ingestor_control: int = contracts.INGESTOR_CONTROL_PORT
     relay_metrics: int = 9560
     exchange_sim: int = 8765
+    gateway: int = 8090
 
     @classmethod
     def free(cls) -> ServicePorts:

@@ -7,7 +7,8 @@ of its own config keys) and how we know it is ready:
 - exchange simulator: answers `GET /api/v3/ping`;
 - relay: `GET /healthz` is 200;
 - pipeline: wrote its ready file (every streaming query runs, PUB bound);
-- ingestor: the relay sees its subscription to the exchange prefix (relay metric).
+- ingestor: the relay sees its subscription to the exchange prefix (relay metric);
+- gateway: `GET /healthz` is 200 (it connected to the relay before it listens).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode(errors="replace")
     except (urllib.error.URLError, OSError) as exc:
         raise NotReadyError(f"GET {url} failed: {exc}") from exc
+
+
+def _healthy(base_url: str) -> None:
+    status, body = _get(f"{base_url}/healthz")
+    if status != 200:
+        raise NotReadyError(f"/healthz answered HTTP {status}: {body[:200]}")
 
 
 class Service(Component):
@@ -119,9 +126,7 @@ class Relay(Service):
         return [str(BIN / "relay")], env
 
     def probe(self) -> None:
-        status, body = _get(f"{self.metrics_url}/healthz")
-        if status != 200:
-            raise NotReadyError(f"/healthz answered HTTP {status}: {body[:200]}")
+        _healthy(self.metrics_url)
 
     @property
     def address(self) -> str:
@@ -210,6 +215,53 @@ class Ingestor(Service):
         match = re.search(r'^relay_ingestor_subscriptions\{socket="work"\} (\S+)$', body, re.M)
         if status != 200 or match is None or float(match[1]) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
+
+
+def client_env(request: str, market_data: str, s: StackEndpoints) -> dict[str, str]:
+    """`mdclient` configuration (MDCLIENT_* environment) for a platform's relay and stack."""
+    return {
+        "MDCLIENT_REQUEST_ENDPOINT": request,
+        "MDCLIENT_MARKET_DATA_ENDPOINT": market_data,
+        "MDCLIENT_CATALOG_NAME": s.catalog_name,
+        "MDCLIENT_CATALOG_URI": s.catalog_uri,
+        "MDCLIENT_WAREHOUSE": s.warehouse,
+        "MDCLIENT_S3_ENDPOINT": s.s3_endpoint,
+        "MDCLIENT_S3_ACCESS_KEY": s.s3_access_key,
+        "MDCLIENT_S3_SECRET_KEY": s.s3_secret_key,
+        "MDCLIENT_S3_REGION": s.s3_region,
+    }
+
+
+class Gateway(Service):
+    """The WebSocket/HTTP gateway and its chart page: an SDK client of the relay."""
+
+    name = "gateway"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"gateway": self.service_ports.gateway}
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.service_ports.gateway}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.url}/"
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        p = self.service_ports
+        relay = f"tcp://{LOOPBACK}"
+        env = self.env(
+            GATEWAY_HOST=LOOPBACK,
+            GATEWAY_PORT=str(p.gateway),
+            GATEWAY_TICKERS=",".join(f"{x}:BTC/USDT,{x}:ETH/USDT" for x in self.platform.prefixes),
+            **client_env(f"{relay}:{p.client_request}", f"{relay}:{p.market_data}", self.endpoints),
+        )
+        return [str(BIN / "gateway")], env
+
+    def probe(self) -> None:
+        _healthy(self.url)
 
 
 def coverage_env(e: StackEndpoints) -> dict[str, str]:

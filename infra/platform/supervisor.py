@@ -27,7 +27,14 @@ from infra.localstack.endpoints import StackEndpoints
 from infra.localstack.process import ExitWatcher, PidFile, StackError, wait_group_gone
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import SIMULATED_EXCHANGES, PlatformConfig
-from infra.platform.services import ExchangeSimulator, Ingestor, Pipeline, Relay
+from infra.platform.services import (
+    ExchangeSimulator,
+    Gateway,
+    Ingestor,
+    Pipeline,
+    Relay,
+    client_env,
+)
 from ingestor.venues import venue_for
 
 Log = Callable[[str], None]
@@ -47,20 +54,11 @@ class PlatformEndpoints:
     exchange_url: str | None
     stack: StackEndpoints
 
+    gateway: str = ""  # the gateway's page and API ("" where none runs)
+
     def client_env(self) -> dict[str, str]:
         """`mdclient` configuration (MDCLIENT_* environment) for this platform."""
-        s = self.stack
-        return {
-            "MDCLIENT_REQUEST_ENDPOINT": self.request,
-            "MDCLIENT_MARKET_DATA_ENDPOINT": self.market_data,
-            "MDCLIENT_CATALOG_NAME": s.catalog_name,
-            "MDCLIENT_CATALOG_URI": s.catalog_uri,
-            "MDCLIENT_WAREHOUSE": s.warehouse,
-            "MDCLIENT_S3_ENDPOINT": s.s3_endpoint,
-            "MDCLIENT_S3_ACCESS_KEY": s.s3_access_key,
-            "MDCLIENT_S3_SECRET_KEY": s.s3_secret_key,
-            "MDCLIENT_S3_REGION": s.s3_region,
-        }
+        return client_env(self.request, self.market_data, self.stack)
 
 
 def exchange_reachable(exchange_id: str, timeout_s: float = 3.0) -> bool:
@@ -110,7 +108,7 @@ class Platform:
             self.stack,
             LocalStack(services_config, log=self._log, label="platform", components=self._services),
             LocalStack(
-                services_config, log=self._log, label="platform", components=self._ingestors
+                services_config, log=self._log, label="platform", components=self._relay_clients
             ),
         ]
 
@@ -135,8 +133,12 @@ class Platform:
             services.insert(0, ExchangeSimulator(config, endpoints, self.config))
         return services
 
-    def _ingestors(self, config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
-        return [Ingestor(config, endpoints, self.config, self.exchange_url)]
+    def _relay_clients(self, config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
+        """Started once the relay is ready: the gateway connects at start."""
+        return [
+            Ingestor(config, endpoints, self.config, self.exchange_url),
+            Gateway(config, endpoints, self.config),
+        ]
 
     @property
     def endpoints(self) -> PlatformEndpoints:
@@ -147,6 +149,7 @@ class Platform:
             relay_metrics=f"http://{LOOPBACK}:{p.relay_metrics}",
             exchange_url=self.exchange_url,
             stack=self.stack.endpoints,
+            gateway=f"http://{LOOPBACK}:{p.gateway}",
         )
 
     def up(self) -> PlatformEndpoints:

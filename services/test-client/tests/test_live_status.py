@@ -84,3 +84,23 @@ def test_status_rules() -> None:
     stream = LiveStream([STATUS], lambda _: None, periods=(60,))
     stream.deliver(refused)  # another period's refusal
     assert stream.error is None and stream.status is None
+
+
+def test_watch_delivers_every_message_of_exactly_its_topic_until_closed(
+    fake_relay: Any, settings_for: Any
+) -> None:
+    import queue
+
+    got: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    with Client(settings=settings_for(fake_relay)) as c:
+        handle = c.watch(STATUS, lambda topic, message: got.put((topic, message)))
+        fake_relay.wait_for(lambda ev: ("sub", STATUS) in ev)
+        lost = status(FeedStatus.LOST, "network_error")
+        fake_relay.publish(STATUS + "x", status(FeedStatus.FAILED))  # a prefix match only
+        fake_relay.publish(STATUS, lost)
+        fake_relay.publish(STATUS, lost)  # raw: repeats are not folded as `live` does
+        assert [got.get(timeout=5) for _ in range(2)] == [(STATUS, lost), (STATUS, lost)]
+        assert got.empty()
+        handle.close()
+        handle.close()
+        fake_relay.wait_for(lambda ev: ("unsub", STATUS) in ev)

@@ -15,9 +15,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypedDict, Unpack
+
+from google.protobuf.message import Message
 
 from mdclient import timeparse
 from mdclient.config import ClientSettings, NotifyName, load_settings
@@ -94,6 +96,22 @@ def exchange_name(text: str) -> str:
     if not topics.is_valid_exchange(name):
         raise InvalidRequest(f"{text!r} is not an exchange name such as BINANCE")
     return name
+
+
+class _Watch(Closeable):
+    """Handle of `Client.watch`; closing it twice is harmless."""
+
+    def __init__(
+        self, client: Client, topic: str, callback: Callable[[str, Message], None]
+    ) -> None:
+        self.topic = topic
+        self._client: Client | None = client
+        self._callback = callback
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client._unwatch(self.topic, self._callback)
 
 
 class Client(Closeable):
@@ -472,6 +490,29 @@ class Client(Closeable):
             on_status=on_status,
             on_sequence=on_sequence,
         )
+
+    def watch(self, topic: str, callback: Callable[[str, Message], None]) -> Closeable:
+        """Every message on exactly `topic`, of any type, to `callback` (subscriber thread).
+
+        The raw form of `live` and `trigger_events` for programs that relay topics as
+        they are (the gateway): no feed-status handling, no gap recovery; notifications
+        and trigger events are still deduplicated by sequence. Close the handle to
+        unsubscribe.
+        """
+        if not topic:
+            raise InvalidRequest("an empty topic would subscribe to everything")
+        self._dispatcher.add_topic_sink(topic, callback)
+        try:
+            self.subscribe(topic)
+        except BaseException:
+            self._dispatcher.remove_topic_sink(topic, callback)
+            raise
+        return _Watch(self, topic, callback)
+
+    def _unwatch(self, topic: str, callback: Callable[[str, Message], None]) -> None:
+        self._dispatcher.remove_topic_sink(topic, callback)
+        if not self._closed:
+            self.unsubscribe(topic)
 
     def _closed_candles(self, ticker: str, period: int, start_ms: int, end_ms: int) -> list[OHLC]:
         """What a live stream's gap recovery reads: the stored candles of [start, end)."""

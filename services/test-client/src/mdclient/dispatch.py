@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 MarketSink = Callable[[Message], None]
 EventSink = Callable[[str, CEPTriggerEvent], None]
+#: Every message on exactly one topic, whatever its type (Client.watch).
+TopicSink = Callable[[str, Message], None]
 
 
 class NotificationWaiter:
@@ -61,6 +63,7 @@ class Dispatcher:
         self._waiters: dict[str, tuple[str, NotificationWaiter]] = {}
         self._sinks: dict[str, list[MarketSink]] = {}
         self._event_sinks: dict[str, list[EventSink]] = {}
+        self._topic_sinks: dict[str, list[TopicSink]] = {}
         #: received, bad_frames, unclaimed_notification, unrouted_market, ignored,
         #: duplicate, lost (notifications and trigger events)
         self.stats: Counter[str] = Counter()
@@ -102,6 +105,19 @@ class Dispatcher:
             if not sinks:
                 self._event_sinks.pop(topic, None)
 
+    def add_topic_sink(self, topic: str, sink: TopicSink) -> None:
+        """Every message arriving on exactly `topic` also goes to `sink` (any type)."""
+        with self._lock:
+            self._topic_sinks.setdefault(topic, []).append(sink)
+
+    def remove_topic_sink(self, topic: str, sink: TopicSink) -> None:
+        with self._lock:
+            sinks = self._topic_sinks.get(topic, [])
+            if sink in sinks:
+                sinks.remove(sink)
+            if not sinks:
+                self._topic_sinks.pop(topic, None)
+
     def handle(self, frames: Sequence[bytes]) -> None:
         self.stats["received"] += 1
         try:
@@ -114,12 +130,18 @@ class Dispatcher:
             topic, message
         ):
             return
+        watched = topic in self._topic_sinks
+        if watched:
+            with self._lock:
+                topic_sinks = list(self._topic_sinks.get(topic, ()))
+            for topic_sink in topic_sinks:
+                topic_sink(topic, message)
         if isinstance(message, HistoryReadyNotification):
             self._notify(topic, message)
         elif isinstance(message, Tick | OHLC | FeedStatus):  # statuses: `{ticker}|status`
             with self._lock:
                 sinks = list(self._sinks.get(topic, ()))
-            if not sinks:
+            if not sinks and not watched:
                 self.stats["unrouted_market"] += 1
             for sink in sinks:
                 sink(message)
@@ -128,7 +150,7 @@ class Dispatcher:
                 event_sinks = list(self._event_sinks.get(topic, ()))
             for event_sink in event_sinks:
                 event_sink(topic, message)
-        else:
+        elif not watched:
             self.stats["ignored"] += 1
             log.debug("ignored %s on %s", message.DESCRIPTOR.name, topic)
 

@@ -1,0 +1,250 @@
+"""The aiohttp application: WebSocket `/ws`, `POST /history`, `GET /status/{id}`, the page.
+
+An adapter only: parsing and encoding live in gateway.messages, fan-out in
+gateway.hub, the platform behind gateway.platform.SdkUpstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import io
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from gateway import messages
+from gateway.config import GatewaySettings
+from gateway.hub import Hub, Session
+from gateway.messages import GatewayError, HistoryFormat
+from gateway.platform import SdkUpstream
+from mdclient import (
+    HistoryFailed,
+    HistoryResult,
+    HistoryTimeout,
+    InvalidRequest,
+    MdClientError,
+    RelayUnavailable,
+    RequestTimeout,
+    SubmitRejected,
+)
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(str(resources.files("gateway") / "static"))
+CHART_JS = STATIC / "vendor" / "lightweight-charts.standalone.production.js"
+
+HUB = web.AppKey("hub", Hub)
+UPSTREAM = web.AppKey("upstream", SdkUpstream)
+SETTINGS = web.AppKey("settings", GatewaySettings)
+HISTORY_POOL = web.AppKey("history_pool", ThreadPoolExecutor)
+
+#: SDK error -> HTTP status (the body always carries error_code and reason).
+_HTTP_STATUS: tuple[tuple[type[MdClientError], int], ...] = (
+    (InvalidRequest, 400),
+    (SubmitRejected, 422),
+    (HistoryFailed, 502),
+    (HistoryTimeout, 504),
+    (RequestTimeout, 504),
+    (RelayUnavailable, 503),
+)
+
+
+def error_response(status: int, error_code: str, reason: str, **extra: Any) -> web.Response:
+    body = {"error_code": error_code, "reason": reason, **extra}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def require_token(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """With `token` set, every route but /healthz needs it (header, or `?token=` for the
+    page and browsers' WebSockets, which cannot set headers)."""
+    token = request.app[SETTINGS].token
+    if token and request.path != "/healthz":
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        given = given or request.query.get("token", "")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            log.warning(
+                "refused %s %s from %s: bad token", request.method, request.path, request.remote
+            )
+            return error_response(401, "unauthorized", "a valid bearer token is required")
+    return await handler(request)
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    ws = web.WebSocketResponse(heartbeat=20)
+    await ws.prepare(request)
+    hub = request.app[HUB]
+    session = Session(ws.send_str, request.app[SETTINGS].client_queue_size)
+    try:
+        async for frame in ws:
+            if frame.type != WSMsgType.TEXT:
+                if frame.type == WSMsgType.BINARY:
+                    session.push(messages.error_frame("bad_request", "send JSON text frames"))
+                continue
+            try:
+                op = messages.parse_op(frame.data)
+            except GatewayError as exc:
+                session.push(messages.error_frame(exc.error_code, exc.reason))
+                continue
+            if op.op == "subscribe":
+                # Not awaited inline: a slow upstream subscribe must not hold the others.
+                task = asyncio.create_task(hub.subscribe(session, op.topic))
+                session.pending.add(task)
+                task.add_done_callback(session.pending.discard)
+            else:
+                await hub.unsubscribe(session, op.topic.name)
+    finally:
+        await hub.leave(session)
+    return ws
+
+
+async def history(request: web.Request) -> web.StreamResponse:
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return error_response(400, "bad_request", "the body must be a JSON object")
+    try:
+        params = messages.parse_history(body)
+        fmt = messages.choose_format(
+            request.query.get("format") or (body.get("format") if isinstance(body, dict) else None),
+            request.headers.get("Accept"),
+        )
+    except GatewayError as exc:
+        return error_response(400, exc.error_code, exc.reason)
+    app = request.app
+    loop = asyncio.get_running_loop()
+    try:
+        result = await loop.run_in_executor(
+            app[HISTORY_POOL], app[UPSTREAM].history, params, app[SETTINGS].history_timeout_s
+        )
+    except MdClientError as exc:
+        return _sdk_error(exc)
+    body_bytes = await loop.run_in_executor(app[HISTORY_POOL], encode_history, result, fmt)
+    return web.Response(
+        body=body_bytes,
+        content_type=messages.MEDIA_TYPES[fmt],
+        headers=history_headers(result),
+    )
+
+
+def _sdk_error(exc: MdClientError) -> web.Response:
+    status = next((code for cls, code in _HTTP_STATUS if isinstance(exc, cls)), 502)
+    extra: dict[str, Any] = {"request_id": exc.request_id}
+    note = getattr(exc, "notification", None)
+    if note is not None:
+        extra["notification"] = messages.to_dict(note)
+    return error_response(status, exc.error_code or type(exc).__name__, exc.reason, **extra)
+
+
+def history_headers(result: HistoryResult) -> dict[str, str]:
+    report = messages.integrity(result.notification)
+    headers = {"X-Request-Id": result.request_id, "X-Status": result.status}
+    headers.update({f"X-{k.replace('_', '-').title()}": str(v) for k, v in report.items()})
+    return headers
+
+
+def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
+    """Rows as JSON (open_time in epoch ms), an Arrow IPC stream, or Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = result.table
+    if fmt == "arrow":
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+    if fmt == "parquet":
+        sink = io.BytesIO()
+        pq.write_table(table, sink)
+        return sink.getvalue()
+    times = table.column("open_time").cast(pa.int64()).to_pylist()
+    columns = ("open", "high", "low", "close", "volume", "trade_count")
+    values = [table.column(name).to_pylist() for name in columns]
+    candles = [
+        {"open_time_ms": t // 1000, **dict(zip(columns, row, strict=True))}
+        for t, *row in zip(times, *values, strict=True)
+    ]
+    note = result.notification
+    return messages.dumps(
+        {
+            "request_id": result.request_id,
+            "status": result.status,
+            "ticker": note.ticker if note is not None else "",
+            "period_seconds": note.period_seconds if note is not None else 0,
+            "attempts": result.attempts,
+            "elapsed_s": round(result.elapsed_s, 3),
+            "snapshot_id": result.snapshot_id,
+            "integrity": messages.integrity(note),
+            "candles": candles,
+        }
+    ).encode()
+
+
+async def status(request: web.Request) -> web.Response:
+    request_id = request.match_info["request_id"]
+    loop = asyncio.get_running_loop()
+    try:
+        answer = await loop.run_in_executor(
+            request.app[HISTORY_POOL], request.app[UPSTREAM].status, request_id
+        )
+    except MdClientError as exc:
+        return _sdk_error(exc)
+    note = answer.notification
+    return web.json_response(
+        {
+            "request_id": answer.request_id,
+            "state": answer.state,
+            "notification": messages.to_dict(note) if note is not None else None,
+        },
+        dumps=messages.dumps,
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return web.json_response({"status": "ok", "topics": hub.topic_count, "messages": hub.messages})
+
+
+async def info(request: web.Request) -> web.Response:
+    """What the page offers: tickers and candle periods (config `tickers`, `periods`)."""
+    s = request.app[SETTINGS]
+    return web.json_response({"tickers": s.tickers, "periods": s.periods})
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    if not CHART_JS.is_file():
+        log.error("chart library missing (%s): run `make gateway-assets`", CHART_JS)
+    return web.FileResponse(STATIC / "index.html")
+
+
+def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Application:
+    """The application over an SDK client the caller owns (and closes)."""
+    app = web.Application(middlewares=[require_token])
+    app[SETTINGS] = settings
+    app[UPSTREAM] = upstream
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        app[HUB] = Hub(upstream)
+        app[HISTORY_POOL] = ThreadPoolExecutor(settings.history_workers, "gateway-history")
+        yield
+        await app[HUB].close()
+        app[HISTORY_POOL].shutdown(wait=False, cancel_futures=True)
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/", index)
+    app.router.add_get("/ws", websocket)
+    app.router.add_post("/history", history)
+    app.router.add_get("/status/{request_id}", status)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/info", info)
+    app.router.add_static("/static", STATIC)
+    return app

@@ -1,0 +1,224 @@
+"""The gateway's JSON messages (docs/gateway-messages.schema.json), pure: no I/O.
+
+Client -> gateway: `{"op": "subscribe" | "unsubscribe", "topic": "..."}`. Gateway ->
+client: `subscribed`, `unsubscribed`, `message` (a platform message as JSON),
+`feed_status` and `sequence` (what the SDK learnt about a live topic), `dropped`
+(this client fell behind), `error`. Topics are the platform's exact topics; prefixes
+are refused, so a subscriber gets exactly the topic it named (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from google.protobuf.message import Message
+
+from mdproto import ProtocolError, topics
+
+TopicKind = Literal["tick", "ohlc", "status", "response", "history_ready", "cep"]
+#: Kinds whose latest message a late subscriber gets at once (state, not events),
+#: like the pipeline's last-value cache (docs/protocol.md).
+LAST_VALUE_KINDS: frozenset[TopicKind] = frozenset({"tick", "ohlc", "status"})
+_ID_PREFIXES: tuple[tuple[str, TopicKind], ...] = (
+    (topics.RESPONSE_PREFIX, "response"),
+    (topics.HISTORY_READY_PREFIX, "history_ready"),
+    (topics.CEP_PREFIX, "cep"),
+)
+
+
+class GatewayError(Exception):
+    """A refusal with a machine-readable code, sent to the client as `error`."""
+
+    def __init__(self, error_code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.error_code = error_code
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    """An exact platform topic a WebSocket client may subscribe to."""
+
+    name: str
+    kind: TopicKind
+    ticker: str = ""
+    period_seconds: int = 0
+
+    @property
+    def live(self) -> bool:
+        """Ticks and candles: served by an SDK live stream (feed status, gap recovery)."""
+        return self.kind in ("tick", "ohlc")
+
+
+def parse_topic(text: object) -> Topic:
+    """`text` as an exact topic, or GatewayError(`bad_topic`) saying what is accepted."""
+    if not isinstance(text, str) or not text:
+        raise GatewayError("bad_topic", "topic must be a non-empty string")
+    for prefix, kind in _ID_PREFIXES:
+        if text.startswith(prefix):
+            if not topics.is_valid_id(text.removeprefix(prefix)):
+                raise GatewayError(
+                    "bad_topic", f"{text!r}: the id must be 1-128 characters of [A-Za-z0-9_.-]"
+                )
+            return Topic(text, kind)
+    ticker, _, rest = text.partition("|")
+    market = topics.parse_market_topic(text)
+    if market is not None and (market.kind == "tick" or market.period_seconds):
+        return Topic(text, market.kind, market.ticker, market.period_seconds or 0)
+    if rest == topics.STATUS:
+        try:
+            topics.parse_ticker(ticker)
+        except ProtocolError as exc:
+            raise GatewayError("bad_topic", exc.reason) from None
+        return Topic(text, "status", ticker)
+    raise GatewayError(
+        "bad_topic",
+        f"{text!r} is not an exact topic: use EXCHANGE:BASE/QUOTE|tick, |ohlc:SECONDS, "
+        "|status, RESPONSE:id, HISTORY_READY:id or CEP:id (prefixes are not accepted)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    op: Literal["subscribe", "unsubscribe"]
+    topic: Topic
+
+
+def parse_op(text: str | bytes) -> Op:
+    """A client frame as an operation, or GatewayError (`bad_request`, `bad_topic`)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise GatewayError("bad_request", "a frame must be one JSON object") from None
+    if not isinstance(data, dict):
+        raise GatewayError("bad_request", "a frame must be one JSON object")
+    op = data.get("op")
+    if op not in ("subscribe", "unsubscribe"):
+        raise GatewayError("bad_request", f"op must be subscribe or unsubscribe, not {op!r}")
+    return Op(op, parse_topic(data.get("topic")))
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    """A protobuf message as plain JSON values, field names as in the .proto.
+
+    Unlike json_format's proto3 mapping, int64 stays a number (every time, id and
+    sequence here is below 2**53), every field is present, an unset optional field
+    (proto3 `optional`: "not reported") is null, and enums are their names.
+    """
+    out: dict[str, Any] = {}
+    field: Any
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            out[field.name] = {k: _plain(field, v, map_value=True) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.name] = [_plain(field, v) for v in value]
+        elif field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = _plain(field, value)
+    return out
+
+
+def _plain(field: Any, value: Any, *, map_value: bool = False) -> Any:
+    if map_value:
+        field = field.message_type.fields_by_name["value"]
+    if field.message_type is not None:
+        return to_dict(value)
+    if field.enum_type is not None:
+        names = field.enum_type.values_by_number
+        return names[value].name if value in names else value
+    return value
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def message_frame(topic: str, message: Message) -> str:
+    """What every subscriber of `topic` receives: encoded once, sent to all."""
+    return dumps(
+        {
+            "type": "message",
+            "topic": topic,
+            "message_type": message.DESCRIPTOR.name,
+            "data": to_dict(message),
+        }
+    )
+
+
+def control_frame(frame_type: str, topic: str, /, **extra: Any) -> str:
+    return dumps({"type": frame_type, "topic": topic, **extra})
+
+
+def error_frame(error_code: str, reason: str, topic: str | None = None) -> str:
+    return dumps({"type": "error", "topic": topic, "error_code": error_code, "reason": reason})
+
+
+# --- HTTP history -----------------------------------------------------------------
+
+HistoryFormat = Literal["json", "arrow", "parquet"]
+MEDIA_TYPES: dict[HistoryFormat, str] = {
+    "json": "application/json",
+    "arrow": "application/vnd.apache.arrow.stream",
+    "parquet": "application/vnd.apache.parquet",
+}
+
+
+def choose_format(query_format: str | None, accept: str | None) -> HistoryFormat:
+    """`format=` wins, then the first Accept media type we serve; JSON by default."""
+    if query_format:
+        if query_format not in MEDIA_TYPES:
+            raise GatewayError(
+                "bad_format", f"format must be one of {sorted(MEDIA_TYPES)}, not {query_format!r}"
+            )
+        return query_format
+    by_type = {media: name for name, media in MEDIA_TYPES.items()}
+    for part in (accept or "").split(","):
+        media = part.split(";")[0].strip().lower()
+        if media in by_type:
+            return by_type[media]
+    return "json"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryParams:
+    ticker: str
+    period: int | str
+    start: int | str
+    end: int | str = "now"
+    refetch: bool = False
+
+
+def parse_history(body: object) -> HistoryParams:
+    """The POST /history body; times and periods as the SDK takes them (ms, `-24h`, `1m`)."""
+    if not isinstance(body, dict):
+        raise GatewayError("bad_request", "the body must be a JSON object")
+    unknown = set(body) - {"ticker", "period", "start", "end", "refetch", "format"}
+    if unknown:
+        raise GatewayError("bad_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+    for name in ("ticker", "period", "start"):
+        if name not in body:
+            raise GatewayError("bad_request", f"missing field {name!r}")
+    ticker = body["ticker"]
+    if not isinstance(ticker, str):
+        raise GatewayError("bad_request", "ticker must be a string")
+    for name in ("period", "start", "end"):
+        value = body.get(name, "now")
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise GatewayError("bad_request", f"{name} must be a number or a string")
+    refetch = body.get("refetch", False)
+    if not isinstance(refetch, bool):
+        raise GatewayError("bad_request", "refetch must be true or false")
+    return HistoryParams(ticker, body["period"], body["start"], body.get("end", "now"), refetch)
+
+
+def integrity(note: Message | None) -> dict[str, Any]:
+    """The integrity report of a HistoryReadyNotification (docs/protocol.md)."""
+    if note is None:
+        return {}
+    data = to_dict(note)
+    keys = ("expected_candles", "missing_candles", "exchange_gaps", "source", "row_count")
+    return {key: data[key] for key in keys}

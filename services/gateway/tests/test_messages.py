@@ -1,0 +1,145 @@
+"""The gateway's JSON messages and topic rules (pure: no sockets)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.messages import (
+    GatewayError,
+    choose_format,
+    integrity,
+    message_frame,
+    parse_history,
+    parse_op,
+    parse_topic,
+    to_dict,
+)
+from mdproto.messages import (
+    OHLC,
+    CEPTriggerEvent,
+    HistoryReadyNotification,
+    HistorySource,
+    TakerSide,
+    Tick,
+)
+
+T = "BINANCE:BTC/USDT"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "period"),
+    [
+        (f"{T}|tick", "tick", 0),
+        (f"{T}|ohlc:60", "ohlc", 60),
+        (f"{T}|ohlc:86400", "ohlc", 86400),
+        (f"{T}|status", "status", 0),
+        ("RESPONSE:desk-7", "response", 0),
+        ("HISTORY_READY:abc123", "history_ready", 0),
+        ("CEP:t.1", "cep", 0),
+    ],
+)
+def test_exact_topics_are_accepted(text: str, kind: str, period: int) -> None:
+    topic = parse_topic(text)
+    assert (topic.name, topic.kind, topic.period_seconds) == (text, kind, period)
+    assert topic.live == (kind in ("tick", "ohlc"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{T}|ohlc:",
+        f"{T}|ohlc:0",
+        f"{T}|ohlc:x",
+        "BINANCE:",
+        f"{T}|",
+        T,
+        "btc|tick",
+        "RESPONSE:",
+        "CEP:a b",
+        "",
+        None,
+        5,
+        f"{T}|statusx",
+    ],
+)
+def test_prefixes_and_junk_are_refused_as_bad_topic(text: object) -> None:
+    with pytest.raises(GatewayError) as info:
+        parse_topic(text)
+    assert info.value.error_code == "bad_topic" and info.value.reason
+
+
+def test_ops_parse_or_say_why() -> None:
+    op = parse_op('{"op": "subscribe", "topic": "CEP:t1"}')
+    assert (op.op, op.topic.name) == ("subscribe", "CEP:t1")
+    for bad, code in [
+        ("nope", "bad_request"),
+        ("[1]", "bad_request"),
+        ('{"op": "publish", "topic": "CEP:t1"}', "bad_request"),
+        ('{"op": "unsubscribe", "topic": "CEP:"}', "bad_topic"),
+    ]:
+        with pytest.raises(GatewayError) as info:
+            parse_op(bad)
+        assert info.value.error_code == code
+
+
+def test_messages_become_plain_json_with_numbers_enums_and_nulls() -> None:
+    candle = OHLC(
+        ticker=T,
+        period_seconds=60,
+        open_time_ms=1_795_132_800_000,
+        open=1.5,
+        closed=True,
+        sequence=7,
+        publisher_epoch=1_795_132_800_000_123,
+    )
+    data = json.loads(message_frame(f"{T}|ohlc:60", candle))
+    assert data["type"] == "message" and data["message_type"] == "OHLC"
+    assert data["data"]["open_time_ms"] == 1_795_132_800_000  # a number, not "1795..."
+    assert data["data"]["publisher_epoch"] == 1_795_132_800_000_123
+    assert data["data"]["trade_count"] is None  # proto3 optional, not reported
+    assert data["data"]["closed"] is True and data["data"]["volume"] == 0.0
+    tick = to_dict(Tick(ticker=T, side=TakerSide.SELL, trade_id="9"))
+    assert tick["side"] == "SELL"
+    event = to_dict(CEPTriggerEvent(trigger_id="t", values={"price": 3.0}))
+    assert event["values"] == {"price": 3.0} and event["kind"] == "FIRED"
+
+
+def test_history_body_and_format_negotiation() -> None:
+    params = parse_history({"ticker": T, "period": "1m", "start": "-2h", "refetch": True})
+    assert (params.period, params.start, params.end, params.refetch) == ("1m", "-2h", "now", True)
+    bad: object
+    for bad in (
+        {"ticker": T, "period": 60},
+        {"ticker": T, "period": 60, "start": 0, "x": 1},
+        {"ticker": 1, "period": 60, "start": 0},
+        [],
+        {"ticker": T, "period": True, "start": 0},
+    ):
+        with pytest.raises(GatewayError):
+            parse_history(bad)
+    assert choose_format(None, None) == "json"
+    assert choose_format(None, "text/html, application/vnd.apache.parquet;q=0.9") == "parquet"
+    assert choose_format("arrow", "application/json") == "arrow"  # format= wins
+    with pytest.raises(GatewayError) as info:
+        choose_format("csv", None)
+    assert info.value.error_code == "bad_format"
+
+
+def test_integrity_report_comes_from_the_notification() -> None:
+    note = HistoryReadyNotification(
+        expected_candles=10,
+        missing_candles=1,
+        exchange_gaps=2,
+        row_count=7,
+        source=HistorySource.SOURCE_STORAGE,
+    )
+    assert integrity(note) == {
+        "expected_candles": 10,
+        "missing_candles": 1,
+        "exchange_gaps": 2,
+        "source": "SOURCE_STORAGE",
+        "row_count": 7,
+    }
+    assert integrity(None) == {}
