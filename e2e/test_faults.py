@@ -130,7 +130,9 @@ def test_kafka_restart_while_ingesting_loses_no_acknowledged_record(
     ticker, symbol = "BINANCE:SOL/USDT", "SOL/USDT"
     start, end = past_range(days_ago=45, days=5)  # 7,200 candles: 8 exchange pages
     expected = exchange_rows(symbol, start, end)
-    slow_pages(3.0, 8)
+    # Pages are fetched four at a time (history.page_concurrency): two rounds of 8 s
+    # (under the ingestor's 10 s exchange timeout).
+    slow_pages(8.0, 8)
 
     def ask() -> HistoryResult:
         with Client(settings=client_settings, client_id=f"e2e-kafka-{uuid.uuid4().hex[:6]}") as c:
@@ -275,7 +277,7 @@ def test_ingestor_crash_mid_fetch_ends_in_rows_or_an_error_never_silence(
     ticker, symbol = "BINANCE:ETH/USDT", "ETH/USDT"
     start, end = past_range(days_ago=55, days=3)  # 4,320 candles: 5 exchange pages
     expected = exchange_rows(symbol, start, end)
-    slow_pages(4.0, 5)  # every page slow: the fetch lasts at least 20 s
+    slow_pages(8.0, 5)  # every page slow; four at a time: the fetch lasts at least 16 s
     attempt_s, attempts = 60.0, 3
 
     def ask() -> HistoryResult:
