@@ -63,6 +63,7 @@ class Stats:
 
     def record(self, entry: dict[str, Any]) -> None:
         self.requests_total += 1
+        entry["seq"] = self.requests_total  # a log position that survives the log's trimming
         self.by_endpoint[f"{entry['method']} {entry['route']}"] += 1
         self.by_status[str(entry["status"])] += 1
         self.log.append(entry)
