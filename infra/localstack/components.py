@@ -260,6 +260,30 @@ class Kafka(Component):
             raise NotReadyError("no broker registered yet")
 
 
+#: SeaweedFS's volume server stops taking writes when less than 1 % of its disk is
+#: free (its `minFreeSpace` default); we ask for that plus room for a few volumes.
+WEED_MIN_FREE_FRACTION = 0.01
+WEED_HEADROOM_BYTES = 1 << 30
+
+
+def check_disk_for_weed(data_dir: Path) -> None:
+    """Refuse to start SeaweedFS on a nearly full disk.
+
+    Below its threshold weed starts and answers health checks, but registers no
+    volume capacity: every S3 PUT then fails and Spark commits hang. A clear error
+    at start is the only visible form of that failure.
+    """
+    usage = shutil.disk_usage(data_dir)
+    needed = int(usage.total * WEED_MIN_FREE_FRACTION) + WEED_HEADROOM_BYTES
+    if usage.free < needed:
+        gib = 1 << 30
+        raise StackError(
+            f"seaweedfs: only {usage.free / gib:.1f} GiB free on the disk of {data_dir} "
+            f"(needs {needed / gib:.1f} GiB: SeaweedFS takes no writes below 1 % free): "
+            "free disk space (docker image prune, old worktrees) or move the data dir"
+        )
+
+
 class SeaweedFS(Component):
     """SeaweedFS ``weed mini``: master, volume, filer and the S3 gateway in one process."""
 
@@ -283,6 +307,7 @@ class SeaweedFS(Component):
 
     def prepare(self) -> None:
         super().prepare()
+        check_disk_for_weed(self.data_dir)
         (self.data_dir / "master").mkdir(exist_ok=True)
         # `weed mini` saves its flags to mini.options and reloads them on the next
         # start; we pass every option explicitly, so drop the file to let ours rule.

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
 from infra.localstack import KafkaSettings, Ports, StackConfig, endpoints_for
-from infra.localstack.components import IcebergRest, Kafka, SeaweedFS, base_env
+from infra.localstack.components import IcebergRest, Kafka, SeaweedFS, base_env, check_disk_for_weed
 from infra.localstack.config import REPO_ROOT
+from infra.localstack.process import StackError
 
 
 @pytest.fixture(autouse=True)
@@ -163,3 +166,18 @@ def test_base_env_drops_variables_that_would_reconfigure_components(
     assert "CATALOG_WAREHOUSE" not in env
     assert "AWS_PROFILE" not in env
     assert env["KEEP_ME"] == "1"
+
+
+def test_a_nearly_full_disk_is_refused_before_seaweedfs_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    gib = 1 << 30
+
+    def usage(total: int, free: int) -> SimpleNamespace:
+        return SimpleNamespace(total=total, used=total - free, free=free)
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(252 * gib, 2 * gib))
+    with pytest.raises(StackError, match=r"only 2\.0 GiB free .*needs 3\.5 GiB"):
+        check_disk_for_weed(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(252 * gib, 52 * gib))
+    check_disk_for_weed(tmp_path)  # plenty: no error
