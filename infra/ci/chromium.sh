@@ -5,18 +5,12 @@
 #
 #   infra/ci/chromium.sh
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 
 say() { echo "chromium: $*" >&2; }
 
 installed() { command -v chromium >/dev/null && command -v chromedriver >/dev/null; }
 
 installed && exit 0
-if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-    say "not installed, and this is not a root Debian machine: install chromium and chromium-driver"
-    exit 1
-fi
-say "installing Debian's chromium and chromium-driver"
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    chromium chromium-driver >/dev/null
+apt_install_or_explain "chromium and chromium-driver" chromium chromium-driver
 installed || { say "installed, but chromium or chromedriver is still not on PATH"; exit 1; }

@@ -8,6 +8,7 @@
 #
 #   infra/ci/docker-engine.sh        exit 0 when `docker info` and `docker compose` work
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/../.."
 
 log=${DOCKERD_LOG:-/var/log/mdp-dockerd.log}
@@ -17,14 +18,8 @@ say() { echo "docker-engine: $*" >&2; }
 engine_up() { docker info >/dev/null 2>&1; }
 
 install_engine() {
-    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-        say "no Docker engine, and this is not a root Debian machine: install Docker Engine and Compose v2"
-        exit 1
-    fi
-    say "installing Debian's docker.io, iptables, debootstrap"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        docker.io iptables debootstrap >/dev/null
+    apt_install_or_explain "Docker Engine (docker.io), iptables and debootstrap" \
+        docker.io iptables debootstrap
 }
 
 start_engine() {
