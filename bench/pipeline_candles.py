@@ -23,6 +23,7 @@ Default cases: `watermark` (the closing query over Iceberg ticks behind
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import importlib
 import multiprocessing as mp
@@ -82,6 +83,7 @@ def measure(
     time.sleep(1.0)  # the subscription reaches the PUB
     ctx = mp.get_context("spawn")
     done: Queue[int] = ctx.Queue()
+    produced: Queue[list[tuple[str, int]]] = ctx.Queue()
     start_ms = time.time_ns() // 1_000_000
     prod = ctx.Process(
         target=produce_ticks,
@@ -92,9 +94,11 @@ def measure(
             args.rate,
             args.seconds,
             done,
+            produced,
         ),
     )
     prod.start()
+    trade_times = produced.get()  # before join: a child blocks until its queue is drained
     prod.join()
     sent = done.get()
     stop_ms = time.time_ns() // 1_000_000
@@ -156,10 +160,37 @@ def measure(
         result[f"p99_{period}"] = percentile(lat, 99)
         result[f"max_{period}"] = max(lat) if lat else float("nan")
         result[f"n_{period}"] = len(lat)
+    previews = preview_latencies(collector.received, trade_times)
+    result["preview_p50"] = percentile(previews, 50)
+    result["preview_p99"] = percentile(previews, 99)
     result["missing"] = sum(1 for k in windows if k not in first)
     result["duplicated"] = sum(1 for k in windows if published.get(k, 0) > 1)
     result.update(check_lake(pipeline, windows, final))
     return result
+
+
+def preview_latencies(received: list[Any], trade_times: list[tuple[str, int]]) -> list[float]:
+    """Seconds from the newest trade a preview holds to the preview's arrival.
+
+    A preview (`closed=false`) with `trade_count` n holds its window's first n
+    trades of the ticker (one Kafka key per ticker, so they arrive in order); the
+    n-th one's produce time is when the update became possible.
+    """
+    by_ticker: dict[str, list[int]] = {}
+    for ticker, at_ms in trade_times:
+        by_ticker.setdefault(ticker, []).append(at_ms)
+    latencies = []
+    for r in received:
+        m = r.message
+        if not isinstance(m, OHLC) or m.closed or m.trade_count <= 0:
+            continue
+        times = by_ticker.get(m.ticker, [])
+        first = bisect.bisect_left(times, m.open_time_ms)
+        newest = first + m.trade_count - 1
+        end = m.open_time_ms + m.period_seconds * 1000
+        if newest < len(times) and times[newest] < end:
+            latencies.append(r.at - times[newest] / 1000)
+    return latencies
 
 
 def check_lake(
@@ -262,7 +293,8 @@ def run(args: argparse.Namespace) -> None:
         cols = "".join(f" {f'p50/p99/max {p}s (s)':>24}" for p in args.periods)
         print(
             f"{'case':<12}{cols} {'windows':>8} {'missing':>8} {'dup':>4} {'corr':>5} "
-            f"{'pub!=ref':>8} {'row!=ref':>8} {'load':>5} {'idle cpu':>8}"
+            f"{'pub!=ref':>8} {'row!=ref':>8} {'load':>5} {'idle cpu':>8} "
+            f"{'preview p50/p99 (s)':>20}"
         )
         for name, rs in results.items():
             cells = "".join(
@@ -278,7 +310,9 @@ def run(args: argparse.Namespace) -> None:
                 f"{sum(r['published_differs'] for r in rs):8d} "
                 f"{sum(r['stored_differs'] for r in rs):8d} "
                 f"{median([r['load'] for r in rs]):5.1f} "
-                f"{median([r['idle_cpu'] for r in rs]):8.2f}"
+                f"{median([r['idle_cpu'] for r in rs]):8.2f} "
+                f"{median([r['preview_p50'] for r in rs]):9.2f}/"
+                f"{median([r['preview_p99'] for r in rs]):.2f}"
             )
 
 

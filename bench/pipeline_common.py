@@ -132,15 +132,23 @@ class PipelineProcess:
 
 
 def produce_ticks(
-    bootstrap: str, topic: str, tickers: list[str], rate: int, seconds: float, done: Queue[int]
+    bootstrap: str,
+    topic: str,
+    tickers: list[str],
+    rate: int,
+    seconds: float,
+    done: Queue[int],
+    produced: Queue[list[tuple[str, int]]] | None = None,
 ) -> None:
     """`rate` ticks/s round-robin over `tickers` for `seconds`, in 10 ms slices; report the
-    count. Trade time and `ingested_at_ms` = wall clock at produce time."""
+    count (and, with `produced`, every tick's (ticker, trade time) in produce order).
+    Trade time and `ingested_at_ms` = wall clock at produce time."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
     run = uuid.uuid4().hex[:6]
     sent = 0
+    times: list[tuple[str, int]] = []
     started = time.monotonic()
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(elapsed * rate) + 1
@@ -157,10 +165,13 @@ def produce_ticks(
                 ingested_at_ms=now,
             )
             p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
+            times.append((ticker, now))
             sent += 1
         p.poll(0)
         time.sleep(0.005)
     p.flush(30)
+    if produced is not None:
+        produced.put(times)
     done.put(sent)
 
 
