@@ -200,11 +200,15 @@ def test_a_missed_notification_is_recovered_from_the_request_status(
     assert table_rows(table) == exchange_rows("BTC/USDT", start, end)
 
 
-def _klines_calls(sim: SimulatorControl, symbol: str, after_seq: int = 0) -> list[dict[str, Any]]:
-    """The symbol's klines calls the simulator served after log position `after_seq`.
+def _klines_calls(
+    sim: SimulatorControl, symbol: str, start: int, end: int, after_seq: int
+) -> list[dict[str, Any]]:
+    """Klines calls for the symbol's [start, end) the simulator served after log position
+    `after_seq`.
 
     By position, not by list index: the log keeps the last 2,000 requests of a
-    whole test session, so it is trimmed at the front while a test reads it.
+    whole test session, so it is trimmed at the front while a test reads it. By
+    symbol and range: an earlier test's request may still be retrying its pages.
     """
     log = sim.stats(include_log=True)["log"]
     return [
@@ -212,6 +216,7 @@ def _klines_calls(sim: SimulatorControl, symbol: str, after_seq: int = 0) -> lis
         for entry in log
         if entry["path"] == "/api/v3/klines"
         and entry["query"].get("symbol") == symbol
+        and start <= int(entry["query"].get("startTime", -1)) < end
         and entry["seq"] > after_seq
     ]
 
@@ -229,9 +234,9 @@ def test_stored_ranges_are_answered_from_iceberg_and_only_gaps_are_fetched(
         first = client.history(ticker, "1m", start, end)
         before = _log_position(sim)
         again = client.history(ticker, "1m", start, end)
-        stored_calls = _klines_calls(sim, "SOLUSDT", before)
+        stored_calls = _klines_calls(sim, "SOLUSDT", start, end + hour, before)
         wider = client.history(ticker, "1m", start, end + hour)
-        gap_calls = _klines_calls(sim, "SOLUSDT", before)
+        gap_calls = _klines_calls(sim, "SOLUSDT", start, end + hour, before)
         forced = client.history(ticker, "1m", start, end, refetch=True)
     expected = exchange_rows("SOL/USDT", start, end)
     assert result_rows(first) == result_rows(again) == result_rows(forced) == expected
