@@ -46,7 +46,8 @@ compose_plugin() {
 }
 
 # Hosts of the registries this machine's package tools are configured with:
-# apt's sources, pip's index (its default when unset), the Maven mirror of infra/maven.
+# apt's sources, pip's index (its default when unset), the Maven mirror of infra/maven,
+# and npm's registry (the gateway image fetches its chart library from it).
 registry_hosts() {
     grep -hs -E '^(URIs:|deb )' /etc/apt/sources.list.d/*.sources /etc/apt/sources.list |
         grep -o -E 'https?://[^/ ]+' | sed -E 's#https?://##'
@@ -61,6 +62,11 @@ print(urlsplit(index).hostname)
 print(PyPI.file_storage_domain)
 PY
     grep -o -E '<url>https?://[^/<]+' infra/maven/settings.xml | sed -E 's#<url>https?://##'
+    local npm_registry=${NPM_CONFIG_REGISTRY:-}
+    if [[ -z $npm_registry ]] && command -v npm >/dev/null; then
+        npm_registry=$(npm config get registry 2>/dev/null || true)
+    fi
+    echo "${npm_registry:-https://registry.npmjs.org/}" | sed -E 's#https?://##; s#[/:].*##'
 }
 
 restrict_egress() {
