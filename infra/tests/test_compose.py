@@ -1345,6 +1345,8 @@ def test_compose_environment_publishes_every_endpoint(compose_stack_module: Modu
     platform = endpoints.platform_endpoints()
     assert platform.request == f"tcp://127.0.0.1:{ports['request_port']}"
     assert platform.exchange_url == endpoints.exchange_sim_url
+    # The e2e `gateway` fixture's URL: the gateway container's published port.
+    assert platform.gateway == f"http://127.0.0.1:{ports['gateway_port']}"
     client_env = platform.client_env()
     assert client_env["MDCLIENT_S3_ENDPOINT"] == f"http://127.0.0.1:{ports['s3_port']}"
     assert client_env["MDCLIENT_CATALOG_URI"] == f"http://127.0.0.1:{ports['catalog_port']}"
