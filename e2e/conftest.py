@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import GatewaySettings
-from gateway.server import GatewayThread
 from infra.compose_platform import STACK_ENV, STACK_NAME, ComposePlatform
 from infra.compose_platform import compose_stack as compose_stack  # the fixture
 from infra.exchange_sim.control import SimulatorControl
@@ -91,12 +89,8 @@ def sim(endpoints: PlatformEndpoints) -> SimulatorControl:
 
 
 @pytest.fixture(scope="session")
-def gateway(request: pytest.FixtureRequest, endpoints: PlatformEndpoints) -> Iterator[str]:
+def gateway(endpoints: PlatformEndpoints) -> str:
     """The WebSocket/HTTP gateway's base URL: the local platform's gateway process, or
-    on compose (which runs none yet) one in this process over the compose platform."""
-    if endpoints.gateway:
-        yield endpoints.gateway
-        return
-    client_settings: ClientSettings = request.getfixturevalue("client_settings")
-    with GatewayThread(GatewaySettings(port=0), client_settings) as running:
-        yield running.url
+    the compose platform's `gateway` container (published on a free host port)."""
+    assert endpoints.gateway, "this platform runs no gateway"
+    return endpoints.gateway

@@ -82,6 +82,7 @@ PORT_VARIABLES: dict[str, str] = {
     "spark_ui_port": "MDP_PORT_SPARK_UI",
     "exchange_sim_port": "MDP_PORT_EXCHANGE_SIM",
     "prometheus_port": "MDP_PORT_PROMETHEUS",
+    "gateway_port": "MDP_PORT_GATEWAY",
 }
 #: The three-broker Kafka override: brokers 2 and 3 publish their own EXTERNAL
 #: listeners (a host client is sent to each partition's leader).
@@ -120,6 +121,7 @@ class ComposeEndpoints:
     spark_ui_port: int
     exchange_sim_port: int
     prometheus_port: int
+    gateway_port: int
     offline: bool
     kafka_peer_ports: tuple[int, ...] = ()  # brokers 2 and 3 of the Kafka cluster override
     s3_access_key: str = S3_ACCESS_KEY
@@ -145,6 +147,11 @@ class ComposeEndpoints:
     def prometheus_url(self) -> str:
         """Prometheus of the `monitoring` profile (the e2e stack always runs it)."""
         return f"http://{self.relay_host}:{self.prometheus_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway container's page, WebSocket and HTTP API."""
+        return f"http://{self.relay_host}:{self.gateway_port}"
 
     @property
     def exchange_sim_url(self) -> str | None:
@@ -190,6 +197,7 @@ class ComposeEndpoints:
             market_data=f"tcp://{self.relay_host}:{self.market_data_port}",
             relay_metrics=f"http://{self.relay_host}:{self.relay_metrics_port}",
             exchange_url=self.exchange_sim_url,
+            gateway=self.gateway_url,
             stack=self.stack_endpoints(),
         )
 
@@ -230,6 +238,7 @@ def endpoints_for(project: str, ports: Mapping[str, int], *, offline: bool) -> C
         spark_ui_port=ports["spark_ui_port"],
         exchange_sim_port=ports["exchange_sim_port"],
         prometheus_port=ports["prometheus_port"],
+        gateway_port=ports["gateway_port"],
         kafka_peer_ports=tuple(ports[f] for f in KAFKA_PEER_PORT_VARIABLES if f in ports),
     )
 

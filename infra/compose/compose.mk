@@ -3,6 +3,7 @@
 # that Makefile's $(BIN) and its `venv` and `proto` targets.
 #
 #   make up [OFFLINE=1] [MONITORING=1]  build the images, start the platform, wait until healthy
+#                               (the chart page: http://127.0.0.1:8090/, the gateway service)
 #                               (OFFLINE=1: exchange simulator instead of the real Binance;
 #                               MONITORING=1: Prometheus on :9090 with the alert rules)
 #   make down [PURGE=1]         stop and remove the containers (PURGE=1: the volumes too)

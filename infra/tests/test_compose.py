@@ -57,11 +57,13 @@ BUILT_SERVICES: dict[str, str] = {
     "spark-pipeline": "services/spark-pipeline/Dockerfile",
     "test-client": "services/test-client/Dockerfile",
     "exchange-sim": "infra/exchange_sim/Dockerfile",
+    "gateway": "services/gateway/Dockerfile",
 }
 PYTHON_DOCKERFILES = [
     "services/relay/Dockerfile",
     "services/ingestor/Dockerfile",
     "services/test-client/Dockerfile",
+    "services/gateway/Dockerfile",
     "infra/exchange_sim/Dockerfile",
 ]
 ALL_DOCKERFILES = sorted(set(BUILT_SERVICES.values()))
@@ -362,6 +364,8 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         "README.md",
         "e2e/test_x.py",
         "infra/compose/curve/relay.key_secret",
+        # The image fetches and checks its own copy (services/gateway/Dockerfile).
+        "services/gateway/src/gateway/static/vendor/lightweight-charts.standalone.production.js",
     ):
         assert ignored(rel), rel
     for rel in (
@@ -371,6 +375,7 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         "services/relay/pyproject.toml",
         "infra/maven/pom.xml",
         "infra/compose/healthcheck.py",
+        "services/gateway/src/gateway/static/app.js",
     ):
         assert not ignored(rel), rel
 
@@ -583,6 +588,7 @@ SERVICE_ENV_PREFIX = {
     "ingestor": "INGESTOR_",
     "spark-pipeline": "PIPELINE_",
     "test-client": "MDCLIENT_",
+    "gateway": "GATEWAY_",
 }
 
 
@@ -626,6 +632,12 @@ def load_client_settings(path: Path) -> Any:
     return load_settings(path)
 
 
+def load_gateway_settings(path: Path) -> Any:
+    from gateway.config import load
+
+    return load(path)
+
+
 # (service, file under infra/compose/, loader)
 CONFIG_FILES: list[tuple[str, str, Callable[[Path], Any]]] = [
     ("relay", "relay/config.yaml", load_relay_settings),
@@ -634,6 +646,7 @@ CONFIG_FILES: list[tuple[str, str, Callable[[Path], Any]]] = [
     ("spark-pipeline", "spark-pipeline/config.yaml", load_pipeline_settings),
     ("test-client", "test-client/config.yaml", load_client_settings),
     ("test-client", "test-client/config.host.yaml", load_client_settings),
+    ("gateway", "gateway/config.yaml", load_gateway_settings),
 ]
 
 
@@ -677,6 +690,7 @@ SETTINGS_CLASSES = {
     "ingestor": ("ingestor.config", "Settings"),
     "spark-pipeline": ("pipeline.config", "Settings"),
     "test-client": ("mdclient.config", "ClientSettings"),
+    "gateway": ("gateway.config", "GatewaySettings"),
 }
 
 
@@ -699,6 +713,7 @@ def test_config_mounts_and_config_paths() -> None:
         ("ingestor", "ingestor"),
         ("spark-pipeline", "spark-pipeline"),
         ("test-client", "test-client"),
+        ("gateway", "gateway"),
     ):
         svc = service(name)
         mounts = {Path(v["source"]): v["target"] for v in svc["volumes"] if v["type"] == "bind"}
@@ -710,6 +725,21 @@ def test_config_mounts_and_config_paths() -> None:
             continue
         assert config_path is not None and config_path.startswith(target + "/"), name
         assert (COMPOSE_DIR / rel_dir / Path(config_path).name).is_file(), name
+
+
+def export_compose_env(
+    monkeypatch: pytest.MonkeyPatch, svc: str, prefix: str, variables: dict[str, str]
+) -> dict[str, Any]:
+    """Set what compose (with `variables`) hands `svc` as `prefix`* environment, as the
+    container sees it; returns the resolved service."""
+    for key in list(os.environ):
+        if key.startswith(prefix):
+            monkeypatch.delenv(key)
+    resolved: dict[str, Any] = resolved_compose(**variables)["services"][svc]
+    for key, value in resolved["environment"].items():
+        if key.startswith(prefix):
+            monkeypatch.setenv(key, value)
+    return resolved
 
 
 @pytest.mark.usefixtures("clean_config_env")
@@ -727,13 +757,83 @@ def test_the_relay_refuses_compose_beyond_localhost_without_curve(
     """The relay's own start-up rule (relay/curve.py) applied to what compose hands it."""
     from relay.curve import exposure_problem
 
-    environment = resolved_compose(**variables)["services"]["relay"]["environment"]
-    for key, value in environment.items():
-        if key.startswith("RELAY_"):
-            monkeypatch.setenv(key, value)
+    export_compose_env(monkeypatch, "relay", "RELAY_", variables)
     relay = load_relay_settings(COMPOSE_DIR / "relay/config.yaml")
     problem = exposure_problem(relay.bind_address, relay.published_host, relay.curve_on)
     assert (problem is not None) is refused, problem
+
+
+@pytest.mark.usefixtures("clean_config_env")
+@pytest.mark.parametrize(
+    ("variables", "refused"),
+    [
+        ({}, False),
+        ({"MDP_BIND": "0.0.0.0"}, True),
+        ({"MDP_BIND": "0.0.0.0", "MDP_GATEWAY_TOKEN": "s3cret"}, False),
+    ],
+)
+def test_the_gateway_refuses_compose_beyond_localhost_without_a_token(
+    variables: dict[str, str], refused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's own start-up rule (gateway.cli) on what compose hands it: the
+    container listens on 0.0.0.0, the published address decides."""
+    export_compose_env(monkeypatch, "gateway", "GATEWAY_", variables)
+    gateway = load_gateway_settings(COMPOSE_DIR / "gateway/config.yaml")
+    assert gateway.host == "0.0.0.0"
+    assert gateway.exposed_without_token() is refused
+    assert gateway.token == variables.get("MDP_GATEWAY_TOKEN", "")
+
+
+@pytest.mark.usefixtures("clean_config_env")
+@pytest.mark.parametrize("curve", [False, True])
+def test_the_gateway_reaches_the_platform_like_the_test_client(
+    curve: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its MDCLIENT_* environment is a valid SDK config with the test-client's addresses,
+    and with MDP_CURVE=1 its own key pair from the mounted curve folder."""
+    from gateway.config import client_settings
+
+    svc = export_compose_env(
+        monkeypatch, "gateway", "MDCLIENT_", {"MDP_CURVE": "1"} if curve else {}
+    )
+    gateway = load_gateway_settings(COMPOSE_DIR / "gateway/config.yaml")
+    sdk = client_settings(gateway)
+    reference = load_client_settings(COMPOSE_DIR / "test-client/config.yaml")
+    for key in (
+        "relay_host",
+        "request_port",
+        "market_data_port",
+        "catalog_uri",
+        "warehouse",
+        "s3_endpoint",
+        "s3_access_key",
+        "s3_secret_key",
+        "s3_region",
+    ):
+        assert getattr(sdk, key) == getattr(reference, key), key
+    mounts = {v["target"]: Path(v["source"]) for v in svc["volumes"] if v["type"] == "bind"}
+    assert mounts["/etc/mdp/curve"] == COMPOSE_DIR / "curve"
+    if curve:
+        assert sdk.curve_secret_key_file == "/etc/mdp/curve/gateway.key_secret"
+        assert sdk.curve_server_key_file == "/etc/mdp/curve/relay.key"
+    else:
+        assert (sdk.curve_secret_key_file, sdk.curve_server_key_file) == ("", "")
+    assert set(svc["depends_on"]) == {"relay", "iceberg-rest"}
+    # The image's HEALTHCHECK probes the port the config listens on.
+    final = parse_dockerfile("services/gateway/Dockerfile").final
+    health = next(i.args for i in final.instructions if i.keyword == "HEALTHCHECK")
+    assert f"http://127.0.0.1:{gateway.port}/healthz" in health
+    assert published("gateway") == {gateway.port: gateway.port}
+
+
+def test_the_gateway_image_fetches_its_pinned_chart_library() -> None:
+    """The bundle is fetched and checked in the build (gateway/assets.py), before the
+    package is installed, so the image serves it without internet at run time."""
+    builder = parse_dockerfile("services/gateway/Dockerfile").stages[0]
+    runs = [i.args for i in builder.instructions if i.keyword == "RUN"]
+    fetch = next(i for i, r in enumerate(runs) if "services/gateway/src/gateway/assets.py" in r)
+    install = next(i for i, r in enumerate(runs) if "./services/gateway" in r)
+    assert fetch < install
 
 
 @pytest.mark.usefixtures("clean_config_env")
@@ -882,6 +982,7 @@ def test_service_ports_match_the_local_platform() -> None:
     assert published("relay")[9560] == ports.relay_metrics
     assert published("exchange-sim")[8765] == ports.exchange_sim
     assert published("spark-pipeline")[contracts.PIPELINE_PUB_PORT] == ports.pipeline_pub
+    assert published("gateway")[8090] == ports.gateway
 
 
 # ------------------------------------------------------------------ Dockerfiles
@@ -1244,6 +1345,8 @@ def test_compose_environment_publishes_every_endpoint(compose_stack_module: Modu
     platform = endpoints.platform_endpoints()
     assert platform.request == f"tcp://127.0.0.1:{ports['request_port']}"
     assert platform.exchange_url == endpoints.exchange_sim_url
+    # The e2e `gateway` fixture's URL: the gateway container's published port.
+    assert platform.gateway == f"http://127.0.0.1:{ports['gateway_port']}"
     client_env = platform.client_env()
     assert client_env["MDCLIENT_S3_ENDPOINT"] == f"http://127.0.0.1:{ports['s3_port']}"
     assert client_env["MDCLIENT_CATALOG_URI"] == f"http://127.0.0.1:{ports['catalog_port']}"

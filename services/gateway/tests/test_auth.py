@@ -50,18 +50,26 @@ def test_a_token_is_required_everywhere_but_healthz() -> None:
 
 
 @pytest.mark.parametrize(
-    ("host", "token", "exposed"),
+    ("host", "published", "token", "exposed"),
     [
-        ("127.0.0.1", "", False),
-        ("localhost", "", False),
-        ("::1", "", False),
-        ("0.0.0.0", "", True),
-        ("10.1.2.3", "", True),
-        ("0.0.0.0", "t", False),
+        ("127.0.0.1", "", "", False),
+        ("localhost", "", "", False),
+        ("::1", "", "", False),
+        ("0.0.0.0", "", "", True),
+        ("10.1.2.3", "", "", True),
+        ("0.0.0.0", "", "t", False),
+        # A container listens on 0.0.0.0; where compose publishes the port decides.
+        ("0.0.0.0", "127.0.0.1", "", False),
+        ("0.0.0.0", "0.0.0.0", "", True),
+        ("127.0.0.1", "192.168.1.5", "", True),
+        ("0.0.0.0", "0.0.0.0", "t", False),
     ],
 )
-def test_beyond_loopback_needs_a_token(host: str, token: str, exposed: bool) -> None:
-    assert GatewaySettings(host=host, token=token).exposed_without_token() is exposed
+def test_beyond_loopback_needs_a_token(
+    host: str, published: str, token: str, exposed: bool
+) -> None:
+    settings = GatewaySettings(host=host, published_host=published, token=token)
+    assert settings.exposed_without_token() is exposed
 
 
 def test_the_gateway_refuses_to_start_exposed_without_a_token(

@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error(
             "refusing to serve on %s without a token: set GATEWAY_TOKEN (docs/protocol.md "
             "'Gateway'), or bind 127.0.0.1",
-            settings.host,
+            settings.published_host or settings.host,
         )
         return 2
     if not CHART_JS.is_file():

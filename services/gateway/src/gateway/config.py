@@ -24,6 +24,10 @@ class GatewaySettings(runtime.FileSettings):
     )
 
     host: str = "127.0.0.1"
+    #: Where the port is reachable when that is not `host`: a container listens on
+    #: 0.0.0.0 and compose publishes its port on MDP_BIND. When set it decides the
+    #: refusal rule, as the relay's `published_host` does.
+    published_host: str = ""
     port: int = Field(default=8090, ge=0, le=65535)  # 0: an ephemeral port (tests)
     #: Bearer token every request needs (`Authorization: Bearer ...`, or `?token=` for
     #: browsers' WebSockets); "" = none, allowed only on a loopback host.
@@ -56,7 +60,7 @@ class GatewaySettings(runtime.FileSettings):
 
     def exposed_without_token(self) -> bool:
         """The refusal rule (docs/protocol.md "Gateway"): beyond loopback needs a token."""
-        return not self.token and not is_loopback(self.host)
+        return not self.token and not is_loopback(self.published_host or self.host)
 
 
 def is_loopback(host: str) -> bool:
