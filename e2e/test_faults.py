@@ -627,7 +627,18 @@ def relay_killer(compose: ComposePlatform) -> Iterator[Callable[[], float]]:
 
     yield kill
     if killed:
-        compose.start("relay")
+        restart_relay(compose)
+
+
+def restart_relay(compose: ComposePlatform) -> None:
+    """Start the killed relay; return once it is healthy and routes BINANCE: again (it
+    learns the ingestor from its reconnecting SUB and its next IngestorStatus)."""
+    compose.start("relay")
+    url, served = (
+        compose.endpoints.relay_metrics_urls["relay"],
+        'relay_exchange_served{prefix="BINANCE:"}',
+    )
+    wait_for(lambda: metric_sample(url, served) == 1, "the restarted relay to see the ingestor")
 
 
 @pytest.mark.compose
@@ -782,6 +793,6 @@ def test_relay_failover_2000_subscriptions_stay_on_the_survivor_and_come_back(
         ids = {str(t["id"]) for t in trades}
         wait_for(lambda: ids <= set(got), "trades injected after the kill, through relay-2")
         assert held >= total, f"relay-2 held {held:g} of {total} subscriptions"
-        compose.start("relay")
+        restart_relay(compose)
         wait_for(lambda: subscribed_topics(compose, "relay") >= total, "every one back")
         wait_for(lambda: client.relays_connected == 2, "the client's link to relay again")
