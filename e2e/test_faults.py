@@ -758,8 +758,8 @@ def test_relay_failover_history_in_flight_and_during_the_outage_completes_once(
     assert failovers == 1  # B: the dead relay, then relay-2 (same frames)
     print(
         f"history across a relay kill: A in flight ({served}/3 pages served at the kill), "
-        f"B submitted {b_s:.2f} s after the kill and notified through relay-2; "
-        "one claim, one DONE, one notification each"
+        f"B submitted right after it, its rows read {b_s:.2f} s after the kill (notified "
+        "through relay-2); one claim, one DONE, one notification each"
     )
 
 
