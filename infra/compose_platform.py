@@ -83,6 +83,13 @@ PORT_VARIABLES: dict[str, str] = {
     "exchange_sim_port": "MDP_PORT_EXCHANGE_SIM",
     "prometheus_port": "MDP_PORT_PROMETHEUS",
     "gateway_port": "MDP_PORT_GATEWAY",
+    # relay-2, the second relay (active/active): the same sockets on its own ports.
+    "relay2_work_port": "MDP_PORT_RELAY2_WORK",
+    "relay2_response_port": "MDP_PORT_RELAY2_RESPONSE",
+    "relay2_market_data_port": "MDP_PORT_RELAY2_MARKET_DATA",
+    "relay2_request_port": "MDP_PORT_RELAY2_REQUEST",
+    "relay2_control_port": "MDP_PORT_RELAY2_CONTROL",
+    "relay2_metrics_port": "MDP_PORT_RELAY2_METRICS",
 }
 #: The three-broker Kafka override: brokers 2 and 3 publish their own EXTERNAL
 #: listeners (a host client is sent to each partition's leader).
@@ -123,6 +130,12 @@ class ComposeEndpoints:
     prometheus_port: int
     gateway_port: int
     offline: bool
+    relay2_request_port: int
+    relay2_market_data_port: int
+    relay2_work_port: int
+    relay2_response_port: int
+    relay2_control_port: int
+    relay2_metrics_port: int
     kafka_peer_ports: tuple[int, ...] = ()  # brokers 2 and 3 of the Kafka cluster override
     s3_access_key: str = S3_ACCESS_KEY
     s3_secret_key: str = S3_SECRET_KEY
@@ -157,6 +170,24 @@ class ComposeEndpoints:
     def exchange_sim_url(self) -> str | None:
         """Base URL of the simulator's REST + control API (offline profile only)."""
         return f"http://{self.relay_host}:{self.exchange_sim_port}" if self.offline else None
+
+    @property
+    def relay_metrics_urls(self) -> dict[str, str]:
+        """Each relay service's /metrics on the host (``relay``, ``relay-2``)."""
+        return {
+            "relay": f"http://{self.relay_host}:{self.relay_metrics_port}/metrics",
+            "relay-2": f"http://{self.relay_host}:{self.relay2_metrics_port}/metrics",
+        }
+
+    def both_relays(self) -> dict[str, str]:
+        """Client settings listing both relays (active/active), ``relay`` first."""
+        host = self.relay_host
+        return {
+            "request_endpoint": f"tcp://{host}:{self.request_port},"
+            f"tcp://{host}:{self.relay2_request_port}",
+            "market_data_endpoint": f"tcp://{host}:{self.market_data_port},"
+            f"tcp://{host}:{self.relay2_market_data_port}",
+        }
 
     def client_settings(self) -> dict[str, Any]:
         """Keyword overrides for ``mdclient.config.load_settings`` (same keys as its YAML)."""
@@ -239,6 +270,12 @@ def endpoints_for(project: str, ports: Mapping[str, int], *, offline: bool) -> C
         exchange_sim_port=ports["exchange_sim_port"],
         prometheus_port=ports["prometheus_port"],
         gateway_port=ports["gateway_port"],
+        relay2_request_port=ports["relay2_request_port"],
+        relay2_market_data_port=ports["relay2_market_data_port"],
+        relay2_work_port=ports["relay2_work_port"],
+        relay2_response_port=ports["relay2_response_port"],
+        relay2_control_port=ports["relay2_control_port"],
+        relay2_metrics_port=ports["relay2_metrics_port"],
         kafka_peer_ports=tuple(ports[f] for f in KAFKA_PEER_PORT_VARIABLES if f in ports),
     )
 

@@ -78,6 +78,8 @@ CA_FOLDER = "infra/ca-certificates/"
 ONE_SHOT_IMAGES = {"services/test-client/Dockerfile"}
 ONE_SHOT_SERVICES = {"minio-init", "test-client"}
 SPARK_NODES = ("spark-master", "spark-worker", "spark-pipeline")
+# The relays, active/active (docs/protocol.md "Failover and chaining"): `relay` first.
+RELAYS = ("relay", "relay-2")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -431,7 +433,9 @@ def has_healthcheck(name: str) -> bool:
     svc = service(name)
     if svc.get("healthcheck", {}).get("test"):
         return not svc["healthcheck"].get("disable", False)
-    dockerfile = BUILT_SERVICES.get(name)
+    # A service that runs another's image (relay-2) has that image's HEALTHCHECK.
+    builders = {service(b)["image"]: b for b in BUILT_SERVICES}
+    dockerfile = BUILT_SERVICES.get(builders.get(svc.get("image", ""), name))
     if dockerfile is None:
         return False
     final = parse_dockerfile(dockerfile).final
@@ -465,6 +469,24 @@ def test_relay_publishes_the_contract_ports() -> None:
     assert expected <= set(ports)
     assert all(ports[p] == p for p in expected), "default host ports equal the contract ports"
     assert published("spark-pipeline") == {contracts.PIPELINE_PUB_PORT: contracts.PIPELINE_PUB_PORT}
+
+
+def test_the_second_relay_is_the_first_on_other_host_ports() -> None:
+    """relay-2 runs the relay's image, config and keys (only its host ports differ);
+    every service that talks to a relay waits for both."""
+    first, second = (dict(service(name)) for name in RELAYS)
+    first_ports, second_ports = published("relay"), published("relay-2")
+    assert set(first_ports) == set(second_ports), "the same container ports"
+    assert not set(first_ports.values()) & set(second_ports.values()), "own host ports"
+    assert "build" not in second, "one image: built by the relay service"
+    for svc in (first, second):
+        svc.pop("ports")
+        svc.pop("build", None)
+    assert first == second
+    services = resolved_compose()["services"]
+    for name in ("ingestor", "test-client"):
+        for relay in RELAYS:
+            assert services[name]["depends_on"][relay]["condition"] == "service_healthy"
 
 
 def test_infrastructure_ports_match_the_local_stack_defaults() -> None:
@@ -818,7 +840,7 @@ def test_the_gateway_reaches_the_platform_like_the_test_client(
         assert sdk.curve_server_key_file == "/etc/mdp/curve/relay.key"
     else:
         assert (sdk.curve_secret_key_file, sdk.curve_server_key_file) == ("", "")
-    assert set(svc["depends_on"]) == {"relay", "iceberg-rest"}
+    assert set(svc["depends_on"]) == {"relay", "relay-2", "iceberg-rest"}
     # The image's HEALTHCHECK probes the port the config listens on.
     final = parse_dockerfile("services/gateway/Dockerfile").final
     health = next(i.args for i in final.instructions if i.keyword == "HEALTHCHECK")
@@ -859,9 +881,13 @@ def test_configs_wire_the_services_together() -> None:
 
     for rel in ("ingestor/config.yaml", "ingestor/config.offline.yaml"):
         ing = load_ingestor_settings(COMPOSE_DIR / rel)
-        assert ing.relay_work_endpoint == f"tcp://relay:{contracts.INGESTOR_WORK_PORT}"
-        assert ing.relay_control_endpoint == f"tcp://relay:{contracts.INGESTOR_CONTROL_PORT}"
-        assert ing.relay_response_endpoint == f"tcp://relay:{contracts.INGESTOR_RESPONSE_PORT}"
+        # Every relay service, in one order (active/active: one DEALER per relay).
+        for kind, port in (
+            ("work", contracts.INGESTOR_WORK_PORT),
+            ("control", contracts.INGESTOR_CONTROL_PORT),
+            ("response", contracts.INGESTOR_RESPONSE_PORT),
+        ):
+            assert ing.relays(kind) == [f"tcp://{r}:{port}" for r in RELAYS], (rel, kind)
         assert ing.kafka.bootstrap_servers == "kafka:9092"
     online = load_ingestor_settings(COMPOSE_DIR / "ingestor/config.yaml")
     offline = load_ingestor_settings(COMPOSE_DIR / "ingestor/config.offline.yaml")
@@ -892,7 +918,7 @@ def test_configs_wire_the_services_together() -> None:
     )
 
     for rel, host, s3 in (
-        ("test-client/config.yaml", "relay", "http://minio:9000"),
+        ("test-client/config.yaml", ",".join(RELAYS), "http://minio:9000"),
         (
             "test-client/config.host.yaml",
             "127.0.0.1",
@@ -901,6 +927,7 @@ def test_configs_wire_the_services_together() -> None:
     ):
         client = load_client_settings(COMPOSE_DIR / rel)
         assert client.relay_host == host
+        assert len(client.request_addresses) == len(client.market_data_addresses) == len(RELAYS)
         assert client.request_port == contracts.CLIENT_REQUEST_PORT
         assert client.market_data_port == contracts.MARKET_DATA_PORT
         assert client.s3_endpoint == s3
@@ -1340,6 +1367,17 @@ def test_compose_environment_publishes_every_endpoint(compose_stack_module: Modu
     kafka_env = doc["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert f"EXTERNAL://{endpoints.kafka_bootstrap}" in kafka_env
     assert endpoints.client_settings()["request_port"] == ports["request_port"]
+    both = endpoints.both_relays()
+    assert both["request_endpoint"] == (
+        f"tcp://127.0.0.1:{ports['request_port']},tcp://127.0.0.1:{ports['relay2_request_port']}"
+    )
+    assert both["market_data_endpoint"].endswith(f":{ports['relay2_market_data_port']}")
+    relay2 = {int(p["target"]): int(p["published"]) for p in doc["services"]["relay-2"]["ports"]}
+    assert relay2[contracts.CLIENT_REQUEST_PORT] == ports["relay2_request_port"]
+    assert relay2[9560] == ports["relay2_metrics_port"]
+    assert endpoints.relay_metrics_urls["relay-2"].endswith(
+        f":{ports['relay2_metrics_port']}/metrics"
+    )
     assert endpoints.exchange_sim_url == f"http://127.0.0.1:{ports['exchange_sim_port']}"
     # The e2e suite's `endpoints` fixture type, so the same tests run on either stack.
     platform = endpoints.platform_endpoints()
@@ -1514,7 +1552,7 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
     relay = yaml.safe_load((COMPOSE_DIR / "relay" / "config.yaml").read_text())
     pipeline = yaml.safe_load((COMPOSE_DIR / "spark-pipeline" / "config.yaml").read_text())
     expected = {
-        f"relay:{relay.get('metrics_port', 9560)}",
+        *(f"{name}:{relay.get('metrics_port', 9560)}" for name in RELAYS),
         f"spark-pipeline:{pipeline['metrics_port']}",
     }
     for name in ("config.yaml", "config.offline.yaml"):
@@ -1547,7 +1585,12 @@ KAFKA_CLUSTER_FILES = (
     "infra/compose/kafka-cluster.yml",
     "infra/images/kafka-cluster.yml",
 )
-KAFKA_CLIENTS = {"relay": "RELAY_", "ingestor": "INGESTOR_", "spark-pipeline": "PIPELINE_"}
+KAFKA_CLIENTS = {
+    "relay": "RELAY_",
+    "relay-2": "RELAY_",
+    "ingestor": "INGESTOR_",
+    "spark-pipeline": "PIPELINE_",
+}
 
 
 def test_kafka_cluster_override_makes_three_replicated_brokers() -> None:

@@ -20,19 +20,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
 
-from infra.testing import free_port
+from infra.testing import free_port, metric_sample
 from ingestor.app import Ingestor
 from ingestor.claims import decode_claim
 from mdclient import Client
@@ -54,7 +52,6 @@ MIN = 60_000
 TICKER = "KRAKEN:BTC/USD"  # no ingestor serves KRAKEN here: the ticks are the fake pipeline's
 TICK_TOPIC = f"{TICKER}|tick"
 RELAY_CONFIG = Path(__file__).resolve().parents[2] / "relay" / "config.yaml"
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class RelayProcess:
@@ -84,14 +81,7 @@ class RelayProcess:
 
     def metric(self, name: str, labels: str = "") -> float | None:
         """One sample from /metrics (None while the relay does not answer)."""
-        try:
-            url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
-            with _NO_PROXY.open(url, timeout=2) as resp:
-                body = resp.read().decode()
-        except OSError:
-            return None
-        match = re.search(rf"^{re.escape(name + labels)} (\S+)$", body, re.M)
-        return float(match.group(1)) if match else None
+        return metric_sample(f"http://127.0.0.1:{self.ports['metrics']}/metrics", name + labels)
 
     def kill(self) -> None:
         self.proc.kill()
