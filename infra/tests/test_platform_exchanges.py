@@ -68,8 +68,9 @@ def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> 
     assert env["INGESTOR_EXCHANGES__COINBASEEXCHANGE__API_BASE_URL"] == "http://127.0.0.1:8765"
     assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
     with pytest.raises(
-        StackError, match="simulator speaks only binance, bybit, coinbaseexchange, okx"
+        StackError, match="simulator speaks only binance, bybit, coinbaseexchange, kraken, okx"
     ):
-        Platform(PlatformConfig(exchanges=["okx", "kraken"]), use_simulator=True)
-    okx_alone = Platform(PlatformConfig(exchanges=["okx"]), use_simulator=True)
-    assert okx_alone.exchange_url is not None  # OKX's wire format is simulated
+        Platform(PlatformConfig(exchanges=["okx", "gateio"]), use_simulator=True)
+    for exchange_id in ("okx", "kraken", "coinbaseexchange"):  # wire formats it speaks
+        alone = Platform(PlatformConfig(exchanges=[exchange_id]), use_simulator=True)
+        assert alone.exchange_url is not None
