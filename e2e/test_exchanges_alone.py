@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,13 @@ def alone(
         yield running
 
 
+def candle_calls(sim: SimulatorControl, after_seq: int) -> list[dict[str, Any]]:
+    """The simulator's candle requests after log position `after_seq` (any exchange)."""
+    log = sim.stats(include_log=True)["log"]
+    paths = ("candles", "/kline", "/OHLC")  # OKX and Coinbase, Bybit, Kraken
+    return [e for e in log if e["seq"] > after_seq and str(e["path"]).endswith(paths)]
+
+
 def test_one_exchange_alone_answers_a_multi_page_history_request(alone: Platform) -> None:
     [exchange_id], [prefix] = alone.config.exchanges, alone.config.prefixes
     now = int(time.time() * 1000)
@@ -69,8 +77,12 @@ def test_one_exchange_alone_answers_a_multi_page_history_request(alone: Platform
     end = start + HOURS * HOUR_MS
     # Generous: the first micro-batches of a just-started pipeline took minutes on loaded cores.
     settings = platform_client(alone, history_timeout_s=480.0, attempts=1)
+    assert alone.endpoints.exchange_url is not None
+    sim = SimulatorControl(alone.endpoints.exchange_url)
+    before = int(sim.stats()["requests_total"])
     with Client(settings=settings, client_id=f"e2e-{exchange_id}") as client:
         result = client.history(f"{prefix}:BTC/USDT", "1m", start, end)
+        assert len(candle_calls(sim, before)) >= HOURS * 60 // PAGE_LIMIT  # several pages
         assert result.status == "OK"
         assert result_rows(result) == exchange_rows("BTC/USDT", start, end)
         assert len(result) == result.reported_rows == HOURS * 60 > 2 * PAGE_LIMIT
