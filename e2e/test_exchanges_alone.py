@@ -1,10 +1,13 @@
 """A platform that serves one exchange alone (no Binance anywhere), end to end.
 
-Each its own platform, as `make run EXCHANGES=okx` (or `bybit`) starts it
-(PlatformConfig with `exchanges=[...]`): the relay knows only that exchange's
-prefix, the ingestor opens only that exchange, pointed at the simulator's
-front-end for it, which speaks the exchange's wire format and pages
-newest-first like the real one. History answers come back from Iceberg
+Each its own platform, as `make run EXCHANGES=okx` (or `bybit`, `kraken`,
+`coinbaseexchange`) starts it (PlatformConfig with `exchanges=[...]`): the
+relay knows only that exchange's prefix, the ingestor opens only that
+exchange, pointed at the simulator's front-end for it, which speaks the
+exchange's wire format and pages like the real one (OKX and Bybit: a window's
+newest candles; Kraken: the latest 720 entries from `since`; Coinbase: bounded
+windows of at most 300). The ingestor's pages are small (PAGE_LIMIT candles),
+so every request spans several. History answers come back from Iceberg
 through the client; Bybit's live candles, built by the pipeline from the
 simulator's Bybit trade stream, equal Bybit's own candles.
 """
@@ -13,9 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform import Platform
 from infra.testing import (
@@ -39,34 +44,54 @@ pytestmark = [
 ]
 
 HOUR_MS = 3_600_000
+#: Candles per ingestor call: a 5-hour 1-minute request takes three pages.
+PAGE_LIMIT = 100
+HOURS = 5
 
 
-@pytest.fixture(scope="module", params=["okx", "bybit"])
+@pytest.fixture(scope="module", params=["okx", "bybit", "kraken", "coinbaseexchange"])
 def alone(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
-    """The platform serving the exchange `request.param` alone."""
+    """The platform serving the exchange `request.param` alone, with small pages."""
     exchange_id = str(request.param)
-    with own_platform(tmp_path_factory.mktemp(f"platform-{exchange_id}"), [exchange_id]) as running:
+    pages = {f"INGESTOR_EXCHANGES__{exchange_id.upper()}__PAGE_LIMIT": str(PAGE_LIMIT)}
+    data_dir = tmp_path_factory.mktemp(f"platform-{exchange_id}")
+    with own_platform(data_dir, [exchange_id], service_env=pages) as running:
         yield running
 
 
+def candle_calls(sim: SimulatorControl, after_seq: int) -> list[dict[str, Any]]:
+    """The simulator's candle requests after log position `after_seq` (any exchange)."""
+    log = sim.stats(include_log=True)["log"]
+    paths = ("candles", "/kline", "/OHLC")  # OKX and Coinbase, Bybit, Kraken
+    return [e for e in log if e["seq"] > after_seq and str(e["path"]).endswith(paths)]
+
+
 def test_one_exchange_alone_answers_a_multi_page_history_request(alone: Platform) -> None:
-    [exchange_id] = alone.config.exchanges
-    prefix = exchange_id.upper()
-    # OKX pages hold 300 one-minute candles, Bybit's 1000: three pages each.
-    hours = {"okx": 12, "bybit": 36}[exchange_id]
-    start = (int(time.time() * 1000) - 3 * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
-    end = start + hours * HOUR_MS
+    [exchange_id], [prefix] = alone.config.exchanges, alone.config.prefixes
+    now = int(time.time() * 1000)
+    # Kraken serves only its latest 720 one-minute entries: a range inside them.
+    back = 10 * HOUR_MS if exchange_id == "kraken" else 3 * 24 * HOUR_MS
+    start = (now - back) // HOUR_MS * HOUR_MS
+    end = start + HOURS * HOUR_MS
     # Generous: the first micro-batches of a just-started pipeline took minutes on loaded cores.
     settings = platform_client(alone, history_timeout_s=480.0, attempts=1)
+    assert alone.endpoints.exchange_url is not None
+    sim = SimulatorControl(alone.endpoints.exchange_url)
+    before = int(sim.stats()["requests_total"])
     with Client(settings=settings, client_id=f"e2e-{exchange_id}") as client:
         result = client.history(f"{prefix}:BTC/USDT", "1m", start, end)
+        assert len(candle_calls(sim, before)) >= HOURS * 60 // PAGE_LIMIT  # several pages
         assert result.status == "OK"
         assert result_rows(result) == exchange_rows("BTC/USDT", start, end)
-        assert len(result) == result.reported_rows == hours * 60
-        # Neither exchange reports a trade count: unknown, not zero.
-        assert all(n is None for n in result.table.column("trade_count").to_pylist())
+        assert len(result) == result.reported_rows == HOURS * 60 > 2 * PAGE_LIMIT
+        # Kraken reports each candle's trade count (exact); the others none: null, not 0.
+        counts = result.table.column("trade_count").to_pylist()
+        if exchange_id == "kraken":
+            assert counts == [k.trades for k in expected_klines("BTC/USDT", "1m", start, end - 1)]
+        else:
+            assert all(n is None for n in counts)
         with pytest.raises(SubmitRejected) as refused:  # the relay knows no Binance here
             client.history("BINANCE:BTC/USDT", "1m", start, end)
     assert "BINANCE" in str(refused.value)

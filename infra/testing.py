@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,9 +398,12 @@ def assert_live_equals_exchange(run: LiveRun, exchange_id: str, symbol: str, per
 
 
 @contextmanager
-def own_platform(data_dir: Path, exchanges: Sequence[str]) -> Iterator[Platform]:
+def own_platform(
+    data_dir: Path, exchanges: Sequence[str], service_env: Mapping[str, str] | None = None
+) -> Iterator[Platform]:
     """A whole local platform on free ports serving `exchanges` from the simulator
-    (for a test module that must not share the session's platform)."""
+    (for a test module that must not share the session's platform); `service_env`:
+    extra service settings, e.g. small ingestor pages."""
     from infra.localstack import Ports, StackConfig
     from infra.platform import Platform, PlatformConfig, ServicePorts
 
@@ -409,6 +412,7 @@ def own_platform(data_dir: Path, exchanges: Sequence[str]) -> Iterator[Platform]
         ports=ServicePorts.free(),
         exchanges=list(exchanges),
         start_timeout_s=600.0,  # Spark alone took 300 s at load ~100 (two cores shared)
+        service_env=dict(service_env or {}),
     )
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as running:

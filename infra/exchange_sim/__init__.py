@@ -1,5 +1,5 @@
 """Offline exchange simulator: Binance and Bybit spot (REST + trade streams), Coinbase
-Exchange and OKX (REST).
+Exchange, OKX and Kraken (REST).
 
 Unmodified ccxt talks to it once ``point_ccxt_at`` has rewritten the
 exchange's URLs; data come from a deterministic model so tests can recompute

@@ -18,7 +18,6 @@ The stream (``wss://stream.bybit.com/v5/public/spot``, served at
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 from collections.abc import Sequence
@@ -26,8 +25,9 @@ from typing import Any
 
 from aiohttp import web
 
-from .model import SymbolSpec, Trade, fmt8, interval_ms
+from .model import SymbolSpec, Trade, fmt8
 from .state import SimState
+from .windows import newest_first
 
 #: Bybit `interval` values -> the model's intervals.
 INTERVALS = {
@@ -147,15 +147,7 @@ class BybitRest:
             return bybit_error(10001, "params error", now)
         if not 1 <= limit <= MAX_LIMIT:
             limit = min(max(limit, 1), MAX_LIMIT)  # Bybit clamps the limit
-        high = min(now, end) if end is not None else now
-        low = start if start is not None else high - limit * interval_ms(interval)
-        rows = (
-            []
-            if low > high
-            else await asyncio.to_thread(
-                self.state.model.klines, spec.symbol, interval, low, high, now
-            )
-        )
+        rows = await newest_first(self.state, spec.symbol, interval, start, end, limit)
         return _ok(
             {
                 "symbol": spec.binance_id,
@@ -170,7 +162,7 @@ class BybitRest:
                         fmt8(k.volume),
                         fmt8(k.quote_volume),
                     ]
-                    for k in list(reversed(rows))[:limit]
+                    for k in rows
                 ],
             },
             now,

@@ -9,13 +9,13 @@ Binance and Coinbase. ``/api/v5/public/time`` answers the platform's probe.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
-from .model import SymbolSpec, UnknownSymbolError, fmt8, interval_ms
+from .model import SymbolSpec, UnknownSymbolError, fmt8
 from .state import SimState
+from .windows import newest_first
 
 #: OKX `bar` values -> the model's intervals (ccxt appends "utc" from 6 h up).
 BAR_TO_INTERVAL = {
@@ -115,14 +115,9 @@ class OkxRest:
             return okx_error("51000", "Parameter error")
         if not 1 <= limit <= MAX_LIMIT:
             return okx_error("51000", "Parameter limit error")
-        now = self.state.clock.now_ms()
-        high = min(now, after - 1) if after is not None else now
-        low = before + 1 if before is not None else high - limit * interval_ms(interval)
-        if low > high:
-            return _ok([])
-        rows = await asyncio.to_thread(
-            self.state.model.klines, spec.symbol, interval, low, high, now
-        )
+        high = after - 1 if after is not None else None  # OKX's bounds are exclusive
+        low = before + 1 if before is not None else None
+        rows = await newest_first(self.state, spec.symbol, interval, low, high, limit)
         return _ok(
             [
                 [
@@ -136,6 +131,6 @@ class OkxRest:
                     fmt8(k.quote_volume),
                     "1" if k.closed else "0",
                 ]
-                for k in list(reversed(rows))[:limit]
+                for k in rows
             ]
         )

@@ -2,7 +2,7 @@
 
 Why one server for every exchange: their REST paths do not overlap
 (``/api``, ``/fapi``, ``/dapi`` vs ``/products``, ``/currencies``, ``/time`` vs
-OKX's ``/api/v5`` vs Bybit's ``/v5``)
+OKX's ``/api/v5`` vs Bybit's ``/v5`` vs Kraken's ``/0/public``)
 and websocket URLs are namespaced by ``point_ccxt_at``, so one port serves
 both and tests need a single base URL.
 
@@ -29,6 +29,8 @@ from .bybit import WS_PATH as BYBIT_WS_PATH
 from .bybit import BybitRest, bybit_error
 from .coinbase import CoinbaseRest, coinbase_error
 from .faults import Fault, FaultError, parse_fault
+from .kraken import PREFIX as KRAKEN_PREFIX
+from .kraken import KrakenRest, kraken_error
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
 from .okx import PREFIX as OKX_PREFIX
 from .okx import OkxRest, okx_error
@@ -46,6 +48,8 @@ def exchange_of(path: str) -> str:
         return "okx"
     if path.startswith(BYBIT_PREFIX) or path == BYBIT_WS_PATH:
         return "bybit"
+    if path.startswith(KRAKEN_PREFIX):
+        return "kraken"
     return "coinbase" if path.startswith(COINBASE_PREFIXES) else "binance"
 
 
@@ -61,7 +65,7 @@ def _trade_json(trade: Trade) -> dict[str, Any]:
 
 
 class SimulatorServer:
-    """Binance, Coinbase, OKX and Bybit simulator on ``host:port`` (port 0 picks a free one).
+    """Binance, Coinbase, OKX, Bybit and Kraken simulator on ``host:port`` (port 0: a free one).
 
     ``model`` is the deterministic world (default ``DEFAULT_MODEL``);
     ``trade_rate`` (trades/second, float or per-symbol mapping) derives a model
@@ -97,6 +101,7 @@ class SimulatorServer:
         self.coinbase = CoinbaseRest(self.state)
         self.okx = OkxRest(self.state)
         self.bybit = BybitRest(self.state)
+        self.kraken = KrakenRest(self.state)
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -122,6 +127,7 @@ class SimulatorServer:
         app.add_routes(self.coinbase.routes())
         app.add_routes(self.okx.routes())
         app.add_routes(self.bybit.routes())
+        app.add_routes(self.kraken.routes())
         app.router.add_get(BYBIT_WS_PATH, self.streams.handle_bybit)  # before /stream/{tail}
         for path in ("/ws", "/ws/{tail:.*}", "/stream", "/stream/{tail:.*}"):
             app.router.add_get(path, self.streams.handle)
@@ -333,6 +339,8 @@ class SimulatorServer:
                 return okx_error("51001", "Instrument ID does not exist")
             if exchange == "bybit":
                 return bybit_error(10001, "Not supported symbols", self.state.clock.now_ms())
+            if exchange == "kraken":
+                return kraken_error("EQuery:Unknown asset pair")
             return coinbase_error(404, "NotFound")
         # "error": arbitrary status and body
         if fault.body is not None:

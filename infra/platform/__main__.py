@@ -21,6 +21,7 @@ from infra.localstack.process import StackError
 from infra.platform.config import PlatformConfig
 from infra.platform.services import BIN
 from infra.platform.supervisor import Platform, PlatformEndpoints
+from ingestor.venues import venue_for
 
 
 def _say(msg: str) -> None:
@@ -82,16 +83,24 @@ def _wait_for_ctrl_c(platform: Platform) -> None:
         _say("\n[platform] stopping ...")
 
 
+def default_start(exchange_id: str) -> str:
+    """The demo request's start: the last 24 h, or less where the exchange serves only
+    its latest entries (Kraken: 720 one-minute ones, so the last 10 h), so that
+    `make run EXCHANGES=kraken` answers instead of refusing an older range."""
+    return "-24h" if venue_for(exchange_id).history_entries is None else "-10h"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.platform", description=__doc__)
     parser.add_argument("command", choices=["run", "stop", "status"])
     parser.add_argument("--once", action="store_true", help="run: stop after the demo request")
     parser.add_argument("--ticker", help="default: <first exchange's prefix>:BTC/USDT")
     parser.add_argument("--period", default="1m")
-    parser.add_argument("--start", default="-24h", help="history start (default: last 24 h)")
+    parser.add_argument("--start", help="history start (default: last 24 h; Kraken: 10 h)")
     args = parser.parse_args(argv)
     config = PlatformConfig()
     args.ticker = args.ticker or f"{config.prefixes[0]}:BTC/USDT"
+    args.start = args.start or default_start(config.exchanges[0])
 
     if args.command != "run":
         platform = Platform(config, use_simulator=True)

@@ -21,7 +21,7 @@ from ingestor.venues import venue_for
 from mdproto import contracts
 
 #: ccxt ids whose wire format the bundled simulator speaks (infra/exchange_sim).
-SIMULATED_EXCHANGES = ("binance", "bybit", "coinbaseexchange", "okx")
+SIMULATED_EXCHANGES = ("binance", "bybit", "coinbaseexchange", "kraken", "okx")
 
 
 class ServicePorts(BaseModel):
@@ -60,8 +60,8 @@ class PlatformConfig(BaseSettings):
     #: ccxt ids of the exchanges to serve (`okx,kraken`); tickers use each
     #: exchange's prefix (`OKX:BTC/USDT`, see services/ingestor/README.md).
     exchanges: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["binance"])
-    #: `simulator`: the bundled exchange simulator (it speaks Binance, Bybit, Coinbase and
-    #: OKX);
+    #: `simulator`: the bundled exchange simulator (it speaks Binance, Bybit, Coinbase,
+    #: Kraken and OKX);
     #: `real`: the real exchanges when reachable (falling back to the simulator,
     #: saying so, when one is not and the simulator speaks them all);
     #: `binance`: the old name of `real`.

@@ -75,3 +75,16 @@ def test_recent_trades_are_the_latest_model_trades(sim: ThreadedSimulator) -> No
     by_id = {t.id: t for t in latest}
     sides = ["sell" if by_id[int(t["id"])].buyer_is_maker else "buy" for t in trades]
     assert [t["side"] for t in trades] == sides
+
+
+def test_okx_candle_windows_share_the_newest_first_paging(sim: ThreadedSimulator) -> None:
+    """OKX's window (`before < ts < after`, exclusive) also holds its NEWEST `limit` candles."""
+    exchange = ccxt.okx(SPOT_ONLY)
+    point_ccxt_at(exchange, sim.base_url)
+    exchange.load_markets()
+    since = T0 - 600 * MINUTE_MS
+    until = since + 599 * MINUTE_MS
+    page = exchange.fetch_ohlcv("BTC/USDT", "1m", since=since, limit=200, params={"until": until})
+    # ccxt sends after=until, exclusive: the window ends one minute before `until`.
+    newest = expected_klines("BTC/USDT", "1m", since + 399 * MINUTE_MS, until - MINUTE_MS)
+    assert page == ohlcv(newest) and len(page) == 200

@@ -14,6 +14,8 @@ from infra.localstack.process import StackError
 from infra.platform.config import PlatformConfig
 from infra.platform.services import Ingestor, Relay
 from infra.platform.supervisor import Platform
+from ingestor.venues import venue_for
+from ingestor.venues.base import HistoryUnavailableError
 
 ENDPOINTS = StackEndpoints(
     kafka_bootstrap="127.0.0.1:1",
@@ -68,8 +70,23 @@ def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> 
     assert env["INGESTOR_EXCHANGES__COINBASEEXCHANGE__API_BASE_URL"] == "http://127.0.0.1:8765"
     assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
     with pytest.raises(
-        StackError, match="simulator speaks only binance, bybit, coinbaseexchange, okx"
+        StackError, match="simulator speaks only binance, bybit, coinbaseexchange, kraken, okx"
     ):
-        Platform(PlatformConfig(exchanges=["okx", "kraken"]), use_simulator=True)
-    okx_alone = Platform(PlatformConfig(exchanges=["okx"]), use_simulator=True)
-    assert okx_alone.exchange_url is not None  # OKX's wire format is simulated
+        Platform(PlatformConfig(exchanges=["okx", "gateio"]), use_simulator=True)
+    for exchange_id in ("okx", "kraken", "coinbaseexchange"):  # wire formats it speaks
+        alone = Platform(PlatformConfig(exchanges=[exchange_id]), use_simulator=True)
+        assert alone.exchange_url is not None
+
+
+def test_the_demo_request_asks_each_exchange_for_a_range_it_serves() -> None:
+    """`make run`'s request: Kraken serves only its latest 720 one-minute entries."""
+    from infra.platform.__main__ import default_start
+    from mdclient.timeparse import parse_time
+
+    now = 1_700_000_000_000
+    for exchange_id in ("binance", "okx", "bybit", "kraken", "coinbaseexchange"):
+        start = parse_time(default_start(exchange_id), now_ms=now)
+        venue_for(exchange_id).check_history(start, now, 60_000)  # raises if refused
+    assert default_start("okx") == "-24h"
+    with pytest.raises(HistoryUnavailableError):
+        venue_for("kraken").check_history(now - 24 * 3_600_000, now, 60_000)
