@@ -127,7 +127,9 @@ class Measure:
     delete_files: int
     snapshots: int
     metadata_json_bytes: int
+    manifests: int  # of the current snapshot: what scan planning reads
     manifest_bytes: int  # manifest list + manifests of the current snapshot
+    deleted_entries: int  # manifest entries with status DELETED (2): read, then skipped
     objects: int
     object_bytes: int
 
@@ -163,7 +165,8 @@ def measure(endpoints: StackEndpoints, table_name: str, reads: int) -> tuple[Mea
     snapshot = table.current_snapshot()
     assert snapshot is not None
     s3 = fs.S3FileSystem(**endpoints.s3_filesystem_options())
-    manifests = [snapshot.manifest_list, *(m.manifest_path for m in snapshot.manifests(table.io))]
+    manifest_files = snapshot.manifests(table.io)
+    manifests = [snapshot.manifest_list, *(m.manifest_path for m in manifest_files)]
     manifest_bytes = sum(s3.get_file_info(_bucket_path(p)).size or 0 for p in manifests)
     under = fs.FileSelector(_bucket_path(table.location()), recursive=True)
     objects = [info for info in s3.get_file_info(under) if info.type == fs.FileType.File]
@@ -176,7 +179,9 @@ def measure(endpoints: StackEndpoints, table_name: str, reads: int) -> tuple[Mea
         delete_files=len(table.inspect.delete_files()),
         snapshots=len(table.inspect.snapshots()),
         metadata_json_bytes=s3.get_file_info(_bucket_path(table.metadata_location)).size or 0,
+        manifests=len(manifest_files),
         manifest_bytes=manifest_bytes,
+        deleted_entries=table.inspect.entries()["status"].to_pylist().count(2),
         objects=len(objects),
         object_bytes=sum(o.size or 0 for o in objects),
     ), first
@@ -199,6 +204,9 @@ def report(before: Measure, after: Measure) -> str:
         ("snapshots", before.snapshots, after.snapshots, "d"),
         ("metadata.json (KiB)", before.metadata_json_bytes / 1024,
          after.metadata_json_bytes / 1024, ".0f"),
+        ("manifests of the current snapshot", before.manifests, after.manifests, "d"),
+        ("manifest entries of replaced files", before.deleted_entries, after.deleted_entries,
+         "d"),
         ("manifest list + manifests (KiB)", before.manifest_bytes / 1024,
          after.manifest_bytes / 1024, ".0f"),
         ("objects under the table", before.objects, after.objects, "d"),
