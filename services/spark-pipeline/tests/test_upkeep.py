@@ -18,9 +18,10 @@ T = 1_795_132_800_000  # 2026-11-20T00:00Z
 def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None:
     cfg = UpkeepConfig(snapshot_retain_s=3600, retain_last_snapshots=5, min_input_files=4)
     steps = plan(NAMES, cfg, now_ms=T)
-    assert [(s.table, s.action) for s in steps[:3]] == [
+    assert [(s.table, s.action) for s in steps[:4]] == [
         ("market.ohlc", "rewrite_data_files"),
         ("market.ohlc", "rewrite_position_delete_files"),
+        ("market.ohlc", "rewrite_manifests"),
         ("market.ohlc", "expire_snapshots"),
     ]
     assert {s.table for s in steps} == {
@@ -29,7 +30,8 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
         "market.requests",
         "market.markets",
     }
-    expire = steps[2].sql
+    assert steps[2].sql == "CALL lake.system.rewrite_manifests(table => 'market.ohlc')"
+    expire = steps[3].sql
     assert expire.startswith("CALL lake.system.expire_snapshots(table => 'market.ohlc'")
     assert "TIMESTAMP '2026-11-19 23:00:00.000000+00:00'" in expire  # one hour kept
     assert "retain_last => 5" in expire

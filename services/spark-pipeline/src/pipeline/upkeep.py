@@ -1,4 +1,4 @@
-"""Table upkeep: expire old snapshots, compact small data files and delete files.
+"""Table upkeep: compact small data files, delete files and manifests; expire old snapshots.
 
 Why: every history request and every live micro-batch commits. Merge-on-read
 MERGEs leave position-delete files, small requests leave small data files, and
@@ -37,12 +37,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Step:
     table: str  # namespace.table, as the procedures take it
-    action: str  # expire_snapshots, rewrite_data_files, rewrite_position_delete_files
+    action: str  # the procedure: rewrite_data_files, ..., expire_snapshots (see `plan`)
     sql: str
 
 
 def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
-    """The procedure calls of one round, per table: compact first, then expire.
+    """The procedure calls of one round, per table: compact files, then manifests, then
+    expire.
 
     Compaction writes new snapshots; expiring afterwards drops the files it
     replaced in the same round.
@@ -68,6 +69,13 @@ def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
                 "rewrite_position_delete_files",
                 f"CALL {catalog}.system.rewrite_position_delete_files(table => '{table}', "
                 f"options => map('min-input-files', '{cfg.min_input_files}'))",
+            ),
+            # The rewrites leave their replaced files as DELETED manifest entries and
+            # many small manifests: scan planning reads them all until this.
+            Step(
+                table,
+                "rewrite_manifests",
+                f"CALL {catalog}.system.rewrite_manifests(table => '{table}')",
             ),
             Step(
                 table,
