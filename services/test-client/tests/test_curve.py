@@ -15,7 +15,7 @@ import zmq
 from mdclient import Client
 from mdclient.config import ClientSettings
 from mdclient.errors import ConfigError, RelayUnavailable, RequestTimeout
-from mdclient.transport import CurveKeys, Transport
+from mdclient.transport import CurveKeys, Transport, handshake_problem
 from mdproto import envelope, topics
 from mdproto.messages import Status, SubmitHistoricalRequest, SubmitResponse, Tick
 from relay import Relay, RelaySettings, curve
@@ -147,3 +147,17 @@ def test_curve_settings_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read CURVE keys"):
         CurveKeys.load(str(tmp_path / "absent.key_secret"), str(tmp_path / "alice.key"))
     assert CurveKeys.load("", "") is None
+
+
+@pytest.mark.parametrize(
+    "event", [zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL]
+)
+def test_a_closed_greeting_blames_curve_only_when_curve_is_on(event: int) -> None:
+    """docker-proxy accepts before the relay listens and then closes: without CURVE the
+    message must not send the user hunting for keys."""
+    plain = handshake_problem(event, 0, curve=False)
+    assert plain is not None and "ZMTP greeting" in plain
+    assert "CURVE" not in plain and "security" not in plain
+    with_curve = handshake_problem(event, 0, curve=True)
+    assert with_curve is not None and "CURVE" in with_curve
+    assert handshake_problem(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, curve=False) is None

@@ -91,7 +91,7 @@ class CurveKeys:
 
 
 def handshake_problem(event: int, value: int, curve: bool) -> str | None:
-    """What a failed-handshake monitor event says about security, if anything (pure)."""
+    """What a failed-handshake monitor event tells the user, if anything (pure)."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return f"the relay refused this client's CURVE key (ZAP status {value})"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == int(
@@ -104,8 +104,14 @@ def handshake_problem(event: int, value: int, curve: bool) -> str | None:
             "(MDCLIENT_CURVE_SECRET_KEY_FILE, MDCLIENT_CURVE_SERVER_KEY_FILE)"
         )
     if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
-        return "the security handshake with the relay failed" + (
-            f"; {_CURVE_HINT}" if curve else ""
+        if curve:
+            return f"the CURVE handshake with the relay failed; {_CURVE_HINT}"
+        # Without CURVE there is no security to fail: the peer closed the connection or did
+        # not speak ZMTP. Behind a port proxy (docker-proxy) that is a relay not listening
+        # yet; the socket reconnects on its own.
+        return (
+            "the connection closed during the ZMTP greeting (the relay still starting behind "
+            "a port proxy, or something other than a relay at that address); retrying"
         )
     return None
 
