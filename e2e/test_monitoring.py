@@ -14,7 +14,7 @@ from infra.compose_platform import ComposePlatform
 
 pytestmark = [pytest.mark.e2e, pytest.mark.compose]
 
-JOBS = {"relay", "ingestor", "spark-pipeline"}
+JOBS = {"relay", "ingestor", "spark-pipeline", "gateway"}
 WAIT_S = 120.0
 
 

@@ -7,6 +7,7 @@ gateway.hub, the platform behind gateway.platform.SdkUpstream.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import io
 import logging
@@ -20,7 +21,7 @@ from aiohttp import WSMsgType, web
 
 from gateway import messages
 from gateway.config import GatewaySettings
-from gateway.hub import Hub, Session
+from gateway.hub import Hub
 from gateway.messages import GatewayError, HistoryFormat
 from gateway.platform import SdkUpstream
 from mdclient import (
@@ -43,6 +44,8 @@ HUB = web.AppKey("hub", Hub)
 UPSTREAM = web.AppKey("upstream", SdkUpstream)
 SETTINGS = web.AppKey("settings", GatewaySettings)
 HISTORY_POOL = web.AppKey("history_pool", ThreadPoolExecutor)
+#: POST /history answers by outcome: "ok" or the error_code sent (gateway.metrics).
+HISTORY_OUTCOMES = web.AppKey("history_outcomes", collections.Counter[str])
 
 #: SDK error -> HTTP status (the body always carries error_code and reason).
 _HTTP_STATUS: tuple[tuple[type[MdClientError], int], ...] = (
@@ -82,7 +85,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=20)
     await ws.prepare(request)
     hub = request.app[HUB]
-    session = Session(ws.send_str, request.app[SETTINGS].client_queue_size)
+    session = hub.session(ws.send_str, request.app[SETTINGS].client_queue_size)
     try:
         async for frame in ws:
             if frame.type != WSMsgType.TEXT:
@@ -126,7 +129,10 @@ async def history(request: web.Request) -> web.StreamResponse:
             app[HISTORY_POOL], app[UPSTREAM].history, params, app[SETTINGS].history_timeout_s
         )
     except MdClientError as exc:
-        return _sdk_error(exc)
+        response = _sdk_error(exc)
+        app[HISTORY_OUTCOMES][exc.error_code or type(exc).__name__] += 1
+        return response
+    app[HISTORY_OUTCOMES]["ok"] += 1
     body_bytes = await loop.run_in_executor(app[HISTORY_POOL], encode_history, result, fmt)
     return web.Response(
         body=body_bytes,
@@ -211,7 +217,9 @@ async def status(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     hub = request.app[HUB]
-    return web.json_response({"status": "ok", "topics": hub.topic_count, "messages": hub.messages})
+    return web.json_response(
+        {"status": "ok", "topics": hub.topic_count, "messages": hub.stats.upstream_messages}
+    )
 
 
 async def info(request: web.Request) -> web.Response:
@@ -231,6 +239,7 @@ def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Applicat
     app = web.Application(middlewares=[require_token])
     app[SETTINGS] = settings
     app[UPSTREAM] = upstream
+    app[HISTORY_OUTCOMES] = collections.Counter()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         app[HUB] = Hub(upstream)

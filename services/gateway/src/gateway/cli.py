@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from gateway import config
+from gateway import config, metrics
 from gateway.app import CHART_JS, create_app
 from gateway.platform import SdkUpstream
 from mdclient import Client, MdClientError
+from mdproto.runtime.metrics_http import MetricsServer
 
 log = logging.getLogger("gateway")
 
@@ -50,6 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     try:
         app = create_app(settings, SdkUpstream(client))
+        if settings.metrics_port:
+            MetricsServer(
+                settings.metrics_host,
+                settings.metrics_port,
+                metrics.registry(app),
+                lambda: metrics.health(app),
+                name="gateway-metrics",
+            ).start()
         log.info(
             "gateway on http://%s:%d (relay %s)",
             settings.host,

@@ -32,6 +32,10 @@ class GatewaySettings(runtime.FileSettings):
     #: Bearer token every request needs (`Authorization: Bearer ...`, or `?token=` for
     #: browsers' WebSockets); "" = none, allowed only on a loopback host.
     token: str = ""
+    #: GET /metrics and /healthz for operators, on a port of their own; 0 = off
+    #: (compose: 9563, scraped by the `monitoring` profile's Prometheus).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=0, ge=0, le=65535)
     client_config: str = ""  # an mdclient YAML file; "" = MDCLIENT_* environment only
     history_timeout_s: float = Field(default=120.0, gt=0)  # per attempt (SDK retries)
     history_workers: int = Field(default=4, ge=1)  # history calls served at once

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.messages import (
@@ -43,11 +44,26 @@ class Upstream(Protocol):
     ) -> Handle: ...
 
 
+@dataclass(slots=True)
+class FanoutStats:
+    """Plain counters of the hub and its sessions; gateway.metrics reads them at scrape
+    time, so the fan-out path pays one integer add per event."""
+
+    sessions: int = 0  # WebSocket clients connected now
+    sessions_total: int = 0
+    upstream_messages: int = 0  # from the platform, before fan-out
+    sent: int = 0  # frames written to clients
+    dropped: int = 0  # frames slow clients lost (their oldest)
+
+
 class Session:
     """One WebSocket client: its topics and its bounded send queue."""
 
-    def __init__(self, send: Send, queue_size: int) -> None:
+    def __init__(self, send: Send, queue_size: int, stats: FanoutStats | None = None) -> None:
         self._send = send
+        self._stats = stats if stats is not None else FanoutStats()
+        self._stats.sessions += 1
+        self._stats.sessions_total += 1
         self._queue: collections.deque[str] = collections.deque()
         self._size = queue_size
         self._ready = asyncio.Event()
@@ -61,12 +77,14 @@ class Session:
         #: Subscribes under way; left to finish after a disconnect, so an upstream
         #: opened meanwhile is closed again rather than leaked.
         self.pending: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._task = asyncio.get_running_loop().create_task(self._writer())
 
     def push(self, text: str) -> None:
         if len(self._queue) >= self._size:
             self._queue.popleft()
             self.dropped += 1
+            self._stats.dropped += 1
             self._unreported += 1
         self._queue.append(text)
         self._ready.set()
@@ -81,8 +99,13 @@ class Session:
                     await self._send(dumps({"type": "dropped", "count": count}))
                 await self._send(self._queue.popleft())
                 self.sent += 1
+                self._stats.sent += 1
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stats.sessions -= 1
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, ConnectionError):
             await self._task
@@ -96,11 +119,15 @@ class Hub:
         self._handles: dict[str, Handle] = {}
         self._opening: dict[str, asyncio.Future[None]] = {}
         self._last: dict[str, str] = {}
-        self.messages = 0  # upstream messages fanned out
+        self.stats = FanoutStats()
 
     @property
     def topic_count(self) -> int:
         return len(self._handles)
+
+    def session(self, send: Send, queue_size: int) -> Session:
+        """A new client, counted in this hub's stats."""
+        return Session(send, queue_size, self.stats)
 
     async def subscribe(self, session: Session, topic: Topic) -> None:
         """Subscribe `session`; its `subscribed` (or `error`) is queued before any message."""
@@ -172,7 +199,7 @@ class Hub:
     def _publish(self, name: str, text: str, keep_last: bool) -> None:
         if keep_last:
             self._last[name] = text
-        self.messages += 1
+        self.stats.upstream_messages += 1
         for session in self._subscribers.get(name, ()):
             held = session.held.get(name)
             if held is None:
