@@ -1551,9 +1551,11 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
     }
     relay = yaml.safe_load((COMPOSE_DIR / "relay" / "config.yaml").read_text())
     pipeline = yaml.safe_load((COMPOSE_DIR / "spark-pipeline" / "config.yaml").read_text())
+    gateway = yaml.safe_load((COMPOSE_DIR / "gateway" / "config.yaml").read_text())
     expected = {
         *(f"{name}:{relay.get('metrics_port', 9560)}" for name in RELAYS),
         f"spark-pipeline:{pipeline['metrics_port']}",
+        f"gateway:{gateway['metrics_port']}",
     }
     for name in ("config.yaml", "config.offline.yaml"):
         ingestor = yaml.safe_load((COMPOSE_DIR / "ingestor" / name).read_text())
