@@ -204,7 +204,7 @@ def summary(
 ) -> None:
     """Medians over reps per case and rate, p99 as a multiple of the baseline's."""
     print()
-    print(f"{'case':<22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}")
+    print(f"{'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}")
     for rate in rates:
         base = median([r["p99"] for r in results.get(f"{baseline} {rate}/s", [])])
         for case in [f"{c} {rate}/s" for c in [*cases, baseline]]:
@@ -213,7 +213,7 @@ def summary(
                 continue
             p99 = median([r["p99"] for r in rs])
             print(
-                f"{case:<22} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
+                f"{case:<26} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
                 f"{median([r['max'] for r in rs]):8.1f} "
                 f"{sum(r['received'] for r in rs) / max(1.0, sum(r['sent'] for r in rs)):10.4f} "
                 f"{p99 / base:6.1f}"
