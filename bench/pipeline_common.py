@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
 
-from infra.localstack import StackEndpoints, start_on_free_ports
+from infra.localstack import StackConfig, StackEndpoints, start_on_free_ports
+from infra.localstack.components import Component, Kafka, make_components
 from infra.testing import free_port, pipeline_env
 from mdproto import envelope
 from mdproto.messages import TakerSide, Tick
@@ -28,14 +29,21 @@ from mdproto.messages import TakerSide, Tick
 WAIT_S = 300.0
 
 
+def _kafka_alone(config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
+    return [Kafka(config, endpoints)]
+
+
 @contextlib.contextmanager
-def stack(stack_dir: Path | None) -> Iterator[StackEndpoints]:
-    """A running stack: the one in ``stack_dir`` (started by the CLI) or a fresh one."""
+def stack(stack_dir: Path | None, *, kafka_only: bool = False) -> Iterator[StackEndpoints]:
+    """A running stack: the one in ``stack_dir`` (started by the CLI) or a fresh one
+    (with ``kafka_only``, just the broker: its S3 and catalog endpoints then answer nothing)."""
     if stack_dir is not None:
         yield StackEndpoints.load(stack_dir)
         return
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-stack-") as tmp:
-        local = start_on_free_ports(Path(tmp))
+        local = start_on_free_ports(
+            Path(tmp), components=_kafka_alone if kafka_only else make_components
+        )
         try:
             yield local.endpoints
         finally:
@@ -95,32 +103,17 @@ class PipelineProcess:
             ready_file=self.workdir / f"ready-{self.tag}.json",
         )
         env.update(self.env_overrides)
-        with self.log_file.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        ready = self.workdir / f"ready-{self.tag}.json"
-        deadline = time.monotonic() + WAIT_S
-        while not ready.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(self.log_file.read_text(errors="replace").splitlines()[-40:])
-                self.stop()
-                raise RuntimeError(f"pipeline did not start:\n{tail}")
-            time.sleep(0.2)
+        self.process = start_until_ready(
+            [sys.executable, "-m", "pipeline"],
+            env,
+            self.log_file,
+            self.workdir / f"ready-{self.tag}.json",
+            "pipeline",
+        )
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process is not None:
+            stop_group(self.process)
         self.process = None
 
     def log_lines(self, needle: str) -> list[str]:
@@ -129,6 +122,35 @@ class PipelineProcess:
             for line in self.log_file.read_text(errors="replace").splitlines()
             if needle in line
         ]
+
+
+def start_until_ready(
+    argv: list[str], env: dict[str, str], log_file: Path, ready_file: Path, what: str
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own process group (output to ``log_file``) and return once it
+    wrote ``ready_file``; if it exits first or WAIT_S passes, stop it and raise with its log."""
+    with log_file.open("wb") as log:
+        process = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + WAIT_S
+    while not ready_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
+            stop_group(process)
+            raise RuntimeError(f"{what} did not start:\n{tail}")
+        time.sleep(0.2)
+    return process
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, up to 60 s to exit, then SIGKILL whatever is left of its process group."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def produce_ticks(

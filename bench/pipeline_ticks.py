@@ -22,6 +22,7 @@ import contextlib
 import multiprocessing as mp
 import time
 import uuid
+from collections.abc import Iterator
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -152,7 +153,6 @@ def run(args: argparse.Namespace) -> None:
         print(f"pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)
         bridge_endpoint = f"tcp://127.0.0.1:{free_port()}"
         bridge_topic = f"{pipeline.ticks_topic}.baseline"
-        ctx = mp.get_context("spawn")
         results: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.reps):
             for rate in args.rates:
@@ -166,44 +166,58 @@ def run(args: argparse.Namespace) -> None:
                 )
                 results.setdefault(f"pipeline {rate}/s", []).append(r)
                 print(f"  pipeline {rate}/s: {fmt(r)}", flush=True)
-                stop = ctx.Event()
-                b = ctx.Process(
-                    target=bridge,
-                    args=(endpoints.kafka_bootstrap, bridge_topic, bridge_endpoint, stop),
-                )
-                b.start()
-                time.sleep(2.0)  # consumer group join
-                r = measure(
-                    endpoints.kafka_bootstrap,
-                    bridge_topic,
-                    bridge_endpoint,
-                    rate,
-                    args.seconds,
-                    args.warmup,
-                )
-                stop.set()
-                b.join(30)
+                with bridge_running(endpoints.kafka_bootstrap, bridge_topic, bridge_endpoint):
+                    r = measure(
+                        endpoints.kafka_bootstrap,
+                        bridge_topic,
+                        bridge_endpoint,
+                        rate,
+                        args.seconds,
+                        args.warmup,
+                    )
                 results.setdefault(f"baseline {rate}/s", []).append(r)
                 print(f"  baseline {rate}/s: {fmt(r)}", flush=True)
-        print()
-        print(
-            f"{'case':<22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}"
-        )
-        for rate in args.rates:
-            base = median([r["p99"] for r in results[f"baseline {rate}/s"]])
-            for case in (f"pipeline {rate}/s", f"baseline {rate}/s"):
-                rs = results[case]
-                p99 = median([r["p99"] for r in rs])
-                print(
-                    f"{case:<22} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
-                    f"{median([r['max'] for r in rs]):8.1f} "
-                    f"{sum(r['received'] for r in rs) / sum(r['sent'] for r in rs):10.4f} "
-                    f"{p99 / base:6.1f}"
-                )
+        summary(results, args.rates, ["pipeline"], "baseline")
         print()
         for line in pipeline.log_lines("ticks-publish:")[-5:]:
             print("  " + line.split("pipeline.progress: ", 1)[-1])
         pipeline.stop()
+
+
+@contextlib.contextmanager
+def bridge_running(bootstrap: str, topic: str, endpoint: str) -> Iterator[None]:
+    """The baseline bridge in a process of its own, its consumer group joined."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    process = ctx.Process(target=bridge, args=(bootstrap, topic, endpoint, stop))
+    process.start()
+    try:
+        time.sleep(2.0)  # consumer group join
+        yield
+    finally:
+        stop.set()
+        process.join(30)
+
+
+def summary(
+    results: dict[str, list[dict[str, float]]], rates: list[int], cases: list[str], baseline: str
+) -> None:
+    """Medians over reps per case and rate, p99 as a multiple of the baseline's."""
+    print()
+    print(f"{'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}")
+    for rate in rates:
+        base = median([r["p99"] for r in results.get(f"{baseline} {rate}/s", [])])
+        for case in [f"{c} {rate}/s" for c in [*cases, baseline]]:
+            rs = results.get(case, [])
+            if not rs:
+                continue
+            p99 = median([r["p99"] for r in rs])
+            print(
+                f"{case:<26} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
+                f"{median([r['max'] for r in rs]):8.1f} "
+                f"{sum(r['received'] for r in rs) / max(1.0, sum(r['sent'] for r in rs)):10.4f} "
+                f"{p99 / base:6.1f}"
+            )
 
 
 def fmt(r: dict[str, Any]) -> str:
@@ -213,16 +227,21 @@ def fmt(r: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def measurement_arguments(parser: argparse.ArgumentParser, seconds: float) -> None:
+    """Options every tick-latency benchmark takes (rates, durations, reps, where to run)."""
     parser.add_argument("--rates", type=int, nargs="+", default=[100, 10_000])
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=seconds, help="per measurement")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--stack-dir", type=Path, help="use the stack started with this dir")
+    parser.add_argument("--workdir", type=Path, help="keep the logs here")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    measurement_arguments(parser, seconds=20.0)
     parser.add_argument("--publish-trigger", type=float, default=0.1)
     parser.add_argument("--env", nargs="*", default=[], help="extra PIPELINE_X=Y settings")
-    parser.add_argument("--stack-dir", type=Path, help="use the stack started with this dir")
-    parser.add_argument("--workdir", type=Path, help="keep the pipeline's logs here")
     run(parser.parse_args())
 
 

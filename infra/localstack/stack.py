@@ -314,19 +314,26 @@ class LocalStack:
 
 
 def start_on_free_ports(
-    data_dir: Path, *, attempts: int = 3, log: Log | None = None, **overrides: Any
+    data_dir: Path,
+    *,
+    attempts: int = 3,
+    log: Log | None = None,
+    components: Callable[[StackConfig, StackEndpoints], list[Component]] = make_components,
+    **overrides: Any,
 ) -> LocalStack:
     """Start a stack in ``data_dir`` on freshly picked free loopback ports.
 
     Retries with new ports when one was grabbed by another process between
     picking and binding (tests of several engineers run side by side).
+    ``components`` picks a subset (e.g. Kafka alone for a benchmark that needs no lake).
     """
     from infra.localstack.config import Ports
     from infra.localstack.process import PortInUseError
 
     last: StackError | None = None
     for _ in range(attempts):
-        stack = LocalStack(StackConfig(data_dir=data_dir, ports=Ports.free(), **overrides), log=log)
+        config = StackConfig(data_dir=data_dir, ports=Ports.free(), **overrides)
+        stack = LocalStack(config, log=log, components=components)
         try:
             stack.up()
         except PortInUseError as exc:
