@@ -1,14 +1,17 @@
-"""A platform that serves one exchange alone (no Binance anywhere), end to end.
+"""A platform that serves one exchange alone (no other anywhere), end to end.
 
 Each its own platform, as `make run EXCHANGES=okx` (or `bybit`, `kraken`,
-`coinbaseexchange`) starts it (PlatformConfig with `exchanges=[...]`): the
+`coinbaseexchange`, `binance`) starts it (PlatformConfig with `exchanges=[...]`): the
 relay knows only that exchange's prefix, the ingestor opens only that
 exchange, pointed at the simulator's front-end for it, which speaks the
 exchange's wire format and pages like the real one (OKX and Bybit: a window's
 newest candles; Kraken: the latest 720 entries from `since`; Coinbase: bounded
 windows of at most 300). The ingestor's pages are small (PAGE_LIMIT candles),
 so every request spans several. History answers come back from Iceberg
-through the client; Bybit's live candles, built by the pipeline from the
+through the client. Each platform also answers a request over candles
+recorded from the real exchange (ccxt's recordings, served by the simulator
+with the exchange's window semantics: infra.exchange_sim.replay) with exactly
+the recorded values. Bybit's live candles, built by the pipeline from the
 simulator's Bybit trade stream, equal Bybit's own candles.
 """
 
@@ -20,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from infra.exchange_sim import expected_klines
+from infra.exchange_sim import expected_klines, replay
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform import Platform
 from infra.testing import (
@@ -49,7 +52,7 @@ PAGE_LIMIT = 100
 HOURS = 5
 
 
-@pytest.fixture(scope="module", params=["okx", "bybit", "kraken", "coinbaseexchange"])
+@pytest.fixture(scope="module", params=["okx", "bybit", "kraken", "coinbaseexchange", "binance"])
 def alone(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
@@ -64,7 +67,7 @@ def alone(
 def candle_calls(sim: SimulatorControl, after_seq: int) -> list[dict[str, Any]]:
     """The simulator's candle requests after log position `after_seq` (any exchange)."""
     log = sim.stats(include_log=True)["log"]
-    paths = ("candles", "/kline", "/OHLC")  # OKX and Coinbase, Bybit, Kraken
+    paths = ("candles", "/kline", "/OHLC", "/klines")  # OKX and Coinbase, Bybit, Kraken, Binance
     return [e for e in log if e["seq"] > after_seq and str(e["path"]).endswith(paths)]
 
 
@@ -88,13 +91,43 @@ def test_one_exchange_alone_answers_a_multi_page_history_request(alone: Platform
         assert len(result) == result.reported_rows == HOURS * 60 > 2 * PAGE_LIMIT
         # Kraken reports each candle's trade count (exact); the others none: null, not 0.
         counts = result.table.column("trade_count").to_pylist()
-        if exchange_id == "kraken":
+        if exchange_id in ("kraken", "binance"):
             assert counts == [k.trades for k in expected_klines("BTC/USDT", "1m", start, end - 1)]
         else:
             assert all(n is None for n in counts)
-        with pytest.raises(SubmitRejected) as refused:  # the relay knows no Binance here
-            client.history("BINANCE:BTC/USDT", "1m", start, end)
-    assert "BINANCE" in str(refused.value)
+        other = "OKX" if exchange_id == "binance" else "BINANCE"
+        with pytest.raises(SubmitRejected) as refused:  # the relay knows no other exchange
+            client.history(f"{other}:BTC/USDT", "1m", start, end)
+    assert other in str(refused.value)
+
+
+def test_recorded_exchange_candles_come_back_exactly_through_the_whole_platform(
+    alone: Platform,
+) -> None:
+    """ccxt's recordings of the real exchange's candle response (infra.exchange_sim.replay),
+    cycled over three hours with some minutes left empty, served by the simulator with
+    the exchange's window semantics: ingestor pages, Kafka, Spark, Iceberg, and the
+    client reads back exactly the recorded values."""
+    [exchange_id], [prefix] = alone.config.exchanges, alone.config.prefixes
+    assert alone.endpoints.exchange_url is not None
+    sim = SimulatorControl(alone.endpoints.exchange_url)
+    # After the other test's range (Kraken: still inside its latest 720 entries).
+    start = (sim.now_ms() - 4 * HOUR_MS) // HOUR_MS * HOUR_MS
+    slots = 3 * 60
+    rows = replay.series(exchange_id, start, slots, {0, 1, 57, PAGE_LIMIT, slots - 1}, replay.MIN)
+    expected = [tuple(map(float, replay.WINDOWS[exchange_id].ohlcv(r))) for r in rows]
+    settings = platform_client(alone, history_timeout_s=480.0, attempts=1)
+    before = int(sim.stats()["requests_total"])
+    sim.replay(exchange_id, replay.MIN, rows)
+    try:
+        with Client(settings=settings, client_id=f"e2e-replay-{exchange_id}") as client:
+            result = client.history(f"{prefix}:BTC/USDT", "1m", start, start + slots * replay.MIN)
+    finally:
+        sim.clear_replays()
+    assert len(candle_calls(sim, before)) >= 2  # several pages
+    assert result.status == "OK"
+    assert result_rows(result) == expected
+    assert result.reported_rows == len(expected) == slots - 5
 
 
 # The simulator streams trades in Binance's and Bybit's formats (not OKX's).

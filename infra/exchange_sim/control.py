@@ -47,6 +47,16 @@ class SimulatorControl:
         answer = self._call("POST", "trades", {"symbol": symbol, "trades": trades})
         return list(answer["trades"])
 
+    def replay(self, exchange_id: str, period_ms: int, rows: list[list[Any]]) -> None:
+        """Serve these raw candle rows (infra.exchange_sim.replay.series) for the exchange's
+        BTC/USDT at `period_ms`, with its window semantics, until `clear_replays`."""
+        self._call(
+            "POST", "replay", {"exchange": exchange_id, "period_ms": period_ms, "rows": rows}
+        )
+
+    def clear_replays(self) -> None:
+        self._call("DELETE", "replay")
+
     def stats(self, *, include_log: bool = False) -> dict[str, Any]:
         """Request counters; with `include_log`, every request served (path, query)."""
         return dict(self._call("GET", f"stats?log={int(include_log)}"))

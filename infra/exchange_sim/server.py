@@ -34,6 +34,7 @@ from .kraken import KrakenRest, kraken_error
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
 from .okx import PREFIX as OKX_PREFIX
 from .okx import OkxRest, okx_error
+from .replay import WINDOWS, RefusedError, Replay
 from .state import SimClock, SimState, Stats
 
 T = TypeVar("T")
@@ -102,6 +103,7 @@ class SimulatorServer:
         self.okx = OkxRest(self.state)
         self.bybit = BybitRest(self.state)
         self.kraken = KrakenRest(self.state)
+        self.replays: dict[str, Replay] = {}  # exchange id -> recorded candles it serves
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -140,6 +142,8 @@ class SimulatorServer:
                 web.post("/_sim/faults", self._h_faults_add),
                 web.delete("/_sim/faults", self._h_faults_clear),
                 web.post("/_sim/trades", self._h_trades),
+                web.post("/_sim/replay", self._h_replay),
+                web.delete("/_sim/replay", self._h_replay_clear),
                 web.post("/_sim/ws/drop", self._h_ws_drop),
                 web.get("/_sim/subscribers", self._h_subscribers),
                 web.get("/_sim/clock", self._h_clock_get),
@@ -221,8 +225,9 @@ class SimulatorServer:
         return data
 
     def reset(self) -> None:
-        """Clear faults, counters and used weight (clock and connections are left alone)."""
+        """Clear faults, replays, counters and used weight (clock and connections stay)."""
         self.state.faults.clear()
+        self.replays.clear()
         self.state.stats = Stats(log_size=self.state.stats.log_size)
         self.binance.weights.reset()
 
@@ -291,6 +296,13 @@ class SimulatorServer:
                 await asyncio.sleep(fault.delay)
             else:
                 return self._fault_response(fault, exchange, weight_headers)
+        replay = self.replays.get("coinbaseexchange" if exchange == "coinbase" else exchange)
+        if replay is not None and replay.serves(request.path, request.query):
+            try:
+                body = replay.answer(self.state.clock.now_ms(), request.path, dict(request.query))
+            except RefusedError as exc:
+                return web.json_response({"error": str(exc)}, status=400, headers=weight_headers)
+            return web.json_response(body, headers=weight_headers)
         response = await handler(request)
         if weight_headers and not response.prepared:
             response.headers.update(weight_headers)
@@ -434,6 +446,27 @@ class SimulatorServer:
         except (UnknownSymbolError, ValueError) as exc:
             return self._bad(f"cannot inject: {exc}")
         return web.json_response({"trades": [_trade_json(t) for t in built], "subscribers": before})
+
+    async def _h_replay(self, request: web.Request) -> web.Response:
+        """Body: ``{"exchange": "okx", "period_ms": 60000, "rows": [[...], ...]}``: raw rows
+        (infra.exchange_sim.replay.series) the exchange then serves for its BTC/USDT."""
+        data = await self._json_body(request)
+        exchange, rows = str(data.get("exchange")), data.get("rows")
+        period = data.get("period_ms")
+        windows = WINDOWS.get(exchange)
+        if windows is None:
+            return self._bad(f"no replay for exchange {exchange!r}: one of {sorted(WINDOWS)}")
+        if not isinstance(period, int) or period not in windows.timeframes:
+            return self._bad(f"period_ms must be one of {sorted(windows.timeframes)}")
+        if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+            return self._bad("rows must be a list of raw candle rows")
+        self.replays[exchange] = Replay(exchange, period, sorted(rows, key=windows.open_ms))
+        return web.json_response({"exchange": exchange, "rows": len(rows)})
+
+    async def _h_replay_clear(self, request: web.Request) -> web.Response:
+        cleared = len(self.replays)
+        self.replays.clear()
+        return web.json_response({"cleared": cleared})
 
     async def _h_ws_drop(self, request: web.Request) -> web.Response:
         data = await self._json_body(request)

@@ -21,12 +21,10 @@ production; only the network is replaced.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import astuple, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -35,19 +33,22 @@ from ccxt.base import errors as ccxt_errors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from infra.exchange_sim.replay import (
+    HOUR,
+    MIN,
+    WINDOWS,
+    CoinbaseWindows,
+    KrakenWindows,
+    RefusedError,
+    recorded_rows,
+    recording,
+)
+from infra.exchange_sim.replay import series as replay_series
 from ingestor.config import ExchangeSettings
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import FetchEnv, RequestFailedError, iter_pages, plan_request
 from ingestor.model import Candle, ExchangeCallError, FaultKind
 from mdproto.messages import DataRequest, Status
-
-FIXTURES = Path(__file__).parent / "fixtures" / "exchanges"
-MIN = 60_000
-HOUR = 3_600_000
-
-
-def recorded(exchange_id: str) -> dict[str, Any]:
-    return dict(json.loads((FIXTURES / exchange_id / "fetch_ohlcv.json").read_text()))
 
 
 def ccxt_row(row: list[Any]) -> Candle:
@@ -72,235 +73,55 @@ def market(exchange_id: str, market_id: str) -> dict[str, Any]:
 
 
 class Wire:
-    """One exchange's candle endpoint over a fixed series of raw rows (ascending)."""
+    """An exchange's candle endpoint (infra.exchange_sim.replay) as ccxt's transport."""
 
-    exchange_id = ""
-    market_id = ""
-    max_limit = 0
-    timeframes: Mapping[int, str] = {}  # period ms -> the exchange's interval value
-
-    def __init__(self, rows: list[list[Any]], period_ms: int, now_ms: int) -> None:
+    def __init__(
+        self, exchange_id: str, rows: list[list[Any]], period_ms: int, now_ms: int
+    ) -> None:
+        self.windows = WINDOWS[exchange_id]()
         self.rows = rows
         self.period_ms = period_ms
         self.now_ms = now_ms
         self.requests: list[dict[str, str]] = []
 
-    # per exchange (defaults: rows [ms as text, open, high, low, close, volume, ...])
-    @staticmethod
-    def open_ms(row: list[Any]) -> int:
-        return int(row[0])
-
-    @staticmethod
-    def stamp(row: list[Any], open_ms: int, period_ms: int) -> list[Any]:
-        """The row re-stamped to open at `open_ms`."""
-        return [str(open_ms), *row[1:]]
-
-    @staticmethod
-    def candle(row: list[Any]) -> Candle:
-        """The exchange's documented row layout, read without ccxt (the oracle)."""
-        return ccxt_row(row)
-
-    def answer(self, path: str, query: dict[str, str]) -> Any:
-        raise NotImplementedError
-
-    # shared ---------------------------------------------------------------
     async def __call__(
         self, url: str, method: str, headers: Mapping[str, str] | None, body: Any
     ) -> Any:
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         assert method == "GET", url
+        assert parts.path in self.windows.paths, url
         self.requests.append(query)
-        return self.answer(parts.path, query)
-
-    def expect(self, keys: set[str], query: dict[str, str], required: set[str]) -> None:
-        unknown = set(query) - keys
-        if unknown:
-            raise ccxt_errors.BadRequest(f"{self.exchange_id}: unknown parameters {unknown}")
-        missing = required - set(query)
-        if missing:
-            raise ccxt_errors.BadRequest(f"{self.exchange_id}: missing parameters {missing}")
-
-    def limit(self, query: dict[str, str], default: int) -> int:
-        limit = int(query.get("limit", default))
-        if not 1 <= limit <= self.max_limit:
-            raise ccxt_errors.BadRequest(f"{self.exchange_id}: limit {limit} out of range")
-        return limit
-
-    def between(self, low: int, high: int) -> list[list[Any]]:
-        """Rows opening in [low, high], ascending."""
-        return [r for r in self.rows if low <= self.open_ms(r) <= high]
+        try:
+            return self.windows.answer(self.rows, self.period_ms, self.now_ms, parts.path, query)
+        except RefusedError as exc:
+            raise ccxt_errors.BadRequest(str(exc)) from None
 
 
-class BinanceWire(Wire):
-    """GET /api/v3/klines: startTime/endTime inclusive; the OLDEST `limit` (max 1000)."""
-
-    exchange_id, market_id, max_limit = "binance", "BTCUSDT", 1000
-    timeframes = {MIN: "1m", HOUR: "1h"}
-
-    @staticmethod
-    def stamp(row: list[Any], open_ms: int, period_ms: int) -> list[Any]:
-        return [open_ms, *row[1:6], open_ms + period_ms - 1, *row[7:]]
-
-    @staticmethod
-    def candle(row: list[Any]) -> Candle:
-        return replace(
-            ccxt_row(row),
-            trade_count=int(row[8]),
-            quote_volume=float(row[7]),
-            taker_buy_volume=float(row[9]),
-            taker_buy_quote_volume=float(row[10]),
-        )
-
-    def answer(self, path: str, query: dict[str, str]) -> Any:
-        assert path == "/api/v3/klines", path
-        keys = {"symbol", "interval", "startTime", "endTime", "limit"}
-        self.expect(keys, query, {"symbol", "interval", "startTime"})
-        assert query["symbol"] == self.market_id
-        assert query["interval"] == self.timeframes[self.period_ms]
-        limit = self.limit(query, 500)
-        end = int(query.get("endTime", 2**62))
-        return self.between(int(query["startTime"]), end)[:limit]
+def _binance(row: list[Any]) -> Candle:
+    return replace(
+        ccxt_row(row),
+        trade_count=int(row[8]),
+        quote_volume=float(row[7]),
+        taker_buy_volume=float(row[9]),
+        taker_buy_quote_volume=float(row[10]),
+    )
 
 
-class OkxWire(Wire):
-    """GET /api/v5/market/(history-)candles: rows with before < ts < after (both
-    exclusive), the NEWEST `limit` (max 300), newest first."""
-
-    exchange_id, market_id, max_limit = "okx", "BTC-USDT", 300
-    timeframes = {MIN: "1m", HOUR: "1H"}
-
-    @staticmethod
-    def candle(row: list[Any]) -> Candle:
-        return replace(ccxt_row(row), quote_volume=float(row[7]), final=row[8] == "1")
-
-    def answer(self, path: str, query: dict[str, str]) -> Any:
-        assert path in ("/api/v5/market/candles", "/api/v5/market/history-candles"), path
-        self.expect({"instId", "bar", "limit", "before", "after"}, query, {"instId", "bar"})
-        assert query["instId"] == self.market_id
-        assert query["bar"] == self.timeframes[self.period_ms]
-        limit = self.limit(query, 100)
-        low = int(query.get("before", -1)) + 1
-        high = int(query.get("after", 2**62)) - 1
-        newest_first = self.between(low, high)[::-1]
-        return {"code": "0", "msg": "", "data": newest_first[:limit]}
+def _kraken(row: list[Any]) -> Candle:
+    """A committed entry (the tests expect closed candles only)."""
+    return replace(Candle(*KrakenWindows.ohlcv(row)), trade_count=int(row[7]), final=True)
 
 
-class BybitWire(Wire):
-    """GET /v5/market/kline: start/end inclusive; the NEWEST `limit` (max 1000),
-    newest first."""
-
-    exchange_id, market_id, max_limit = "bybit", "BTCUSDT", 1000
-    timeframes = {MIN: "1", HOUR: "60"}
-
-    @staticmethod
-    def candle(row: list[Any]) -> Candle:
-        return replace(ccxt_row(row), quote_volume=float(row[6]))
-
-    def answer(self, path: str, query: dict[str, str]) -> Any:
-        assert path == "/v5/market/kline", path
-        keys = {"category", "symbol", "interval", "start", "end", "limit"}
-        self.expect(keys, query, {"category", "symbol", "interval"})
-        assert (query["category"], query["symbol"]) == ("spot", self.market_id)
-        assert query["interval"] == self.timeframes[self.period_ms]
-        limit = self.limit(query, 200)
-        rows = self.between(int(query.get("start", 0)), int(query.get("end", 2**62)))
-        return {
-            "retCode": 0,
-            "retMsg": "OK",
-            "result": {"category": "spot", "symbol": self.market_id, "list": rows[::-1][:limit]},
-            "retExtInfo": {},
-            "time": self.now_ms,
-        }
-
-
-class SecondsWire(Wire):
-    """Rows stamped with the open time in seconds, as a number."""
-
-    @staticmethod
-    def open_ms(row: list[Any]) -> int:
-        return int(row[0]) * 1000
-
-    @staticmethod
-    def stamp(row: list[Any], open_ms: int, period_ms: int) -> list[Any]:
-        return [open_ms // 1000, *row[1:]]
-
-
-class KrakenWire(SecondsWire):
-    """GET /0/public/OHLC: entries opening after `since` (seconds) among the latest
-    720 (the last one still open), oldest first; no end, no limit."""
-
-    exchange_id, market_id, max_limit = "kraken", "XBTUSDT", 720
-    timeframes = {MIN: "1", HOUR: "60"}
-
-    @staticmethod
-    def candle(row: list[Any]) -> Candle:
-        """A committed entry (the tests expect closed candles only)."""
-        values = [float(v) for v in (row[1], row[2], row[3], row[4], row[6])]
-        return Candle(int(row[0]) * 1000, *values, trade_count=int(row[7]), final=True)
-
-    def answer(self, path: str, query: dict[str, str]) -> Any:
-        assert path == "/0/public/OHLC", path
-        self.expect({"pair", "interval", "since"}, query, {"pair", "interval"})
-        assert query["pair"] == self.market_id
-        assert query["interval"] == self.timeframes[self.period_ms]
-        current = self.now_ms - self.now_ms % self.period_ms
-        oldest = current - 719 * self.period_ms
-        after = int(query.get("since", 0)) * 1000
-        rows = [r for r in self.between(oldest, current) if self.open_ms(r) > after]
-        closed = [self.open_ms(r) for r in rows if self.open_ms(r) < current]
-        last = (max(closed) if closed else oldest) // 1000
-        return {"error": [], "result": {self.market_id: rows, "last": last}}
-
-
-def _iso_ms(value: str) -> int:
-    return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-class CoinbaseWire(SecondsWire):
-    """GET /products/{id}/candles: start/end (ISO 8601) inclusive, at most 300
-    candles' span or HTTP 400; the whole window, newest first, rows
-    [time s, low, high, open, close, volume]."""
-
-    exchange_id, market_id, max_limit = "coinbaseexchange", "BTC-USDT", 300
-    timeframes = {MIN: "60", HOUR: "3600"}
-
-    @staticmethod
-    def candle(row: list[Any]) -> Candle:
-        return Candle(int(row[0]) * 1000, *(float(row[i]) for i in (3, 2, 1, 4, 5)))
-
-    def answer(self, path: str, query: dict[str, str]) -> Any:
-        assert path == f"/products/{self.market_id}/candles", path
-        keys = {"granularity", "start", "end"}
-        self.expect(keys, query, keys)
-        assert query["granularity"] == self.timeframes[self.period_ms]
-        start, end = _iso_ms(query["start"]), _iso_ms(query["end"])
-        if (end - start) // self.period_ms + 1 > self.max_limit:
-            raise ccxt_errors.BadRequest(
-                "granularity too small for the requested time range."
-                " Count of aggregations requested exceeds 300"
-            )
-        return self.between(start, end)[::-1]
-
-
-WIRES: dict[str, type[Wire]] = {
-    w.exchange_id: w for w in (BinanceWire, OkxWire, BybitWire, KrakenWire, CoinbaseWire)
+#: Each exchange's documented row layout, read without ccxt (the oracle), with
+#: what it reports beyond OHLCV.
+CANDLES: dict[str, Callable[[list[Any]], Candle]] = {
+    "binance": _binance,
+    "okx": lambda row: replace(ccxt_row(row), quote_volume=float(row[7]), final=row[8] == "1"),
+    "bybit": lambda row: replace(ccxt_row(row), quote_volume=float(row[6])),
+    "kraken": _kraken,
+    "coinbaseexchange": lambda row: Candle(*CoinbaseWindows.ohlcv(row)),
 }
-
-
-def recorded_rows(exchange_id: str) -> list[list[Any]]:
-    """The raw candle rows of the exchange's recorded response, ascending."""
-    body = recorded(exchange_id)["httpResponse"]
-    wire = WIRES[exchange_id]
-    if exchange_id == "okx":
-        rows = body["data"]
-    elif exchange_id == "bybit":
-        rows = body["result"]["list"]
-    elif exchange_id == "kraken":
-        rows = body["result"][wire.market_id]
-    else:
-        rows = body
-    return sorted(rows, key=wire.open_ms)
 
 
 def adapter_for(
@@ -309,7 +130,7 @@ def adapter_for(
     """An adapter whose REST calls go to `transport`: no session is opened, none to close."""
     settings = ExchangeSettings(prefix=prefix, enable_rate_limit=False, page_limit=page_limit)
     adapter = ExchangeAdapter(exchange_id, settings, transport=transport)
-    adapter.preload_markets([market(exchange_id, WIRES[exchange_id].market_id)])
+    adapter.preload_markets([market(exchange_id, WINDOWS[exchange_id].market_id)])
     return adapter
 
 
@@ -318,9 +139,9 @@ def adapter_for(
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("exchange_id", sorted(WIRES))
+@pytest.mark.parametrize("exchange_id", sorted(WINDOWS))
 def test_recorded_response_parses_to_the_recorded_values(exchange_id: str) -> None:
-    fixture = recorded(exchange_id)
+    fixture = recording(exchange_id)
     seen: list[str] = []
 
     async def replay(url: str, method: str, headers: Any, body: Any) -> Any:
@@ -380,12 +201,12 @@ KEPT: dict[str, dict[int, tuple[Any, ...]]] = {
 }
 
 
-@pytest.mark.parametrize("exchange_id", sorted(WIRES))
+@pytest.mark.parametrize("exchange_id", sorted(WINDOWS))
 def test_oracle_reads_the_recorded_rows_as_ccxt_does(exchange_id: str) -> None:
     """The fakes' own reading of each raw layout agrees with the recorded parse and KEPT."""
-    fixture = recorded(exchange_id)
+    fixture = recording(exchange_id)
     parsed = {c.open_time_ms: c for c in map(ccxt_row, fixture["parsedResponse"])}
-    mine = {c.open_time_ms: c for c in map(WIRES[exchange_id].candle, recorded_rows(exchange_id))}
+    mine = {c.open_time_ms: c for c in map(CANDLES[exchange_id], recorded_rows(exchange_id))}
     assert parsed
     for t, candle in parsed.items():
         assert replace(mine[t], **RAW_DEFAULTS) == candle
@@ -400,14 +221,9 @@ SLOTS = 60  # periods in the served series
 NOW_SLOT = SLOTS  # "now" is the open of slot 60: slots 0..59 closed, one still open
 
 
-def series(wire_cls: type[Wire], t0: int, holes: set[int], period_ms: int) -> list[list[Any]]:
+def series(exchange_id: str, t0: int, holes: set[int], period_ms: int) -> list[list[Any]]:
     """SLOTS + 1 rows (the last still open) cycling the recorded rows, none at `holes`."""
-    source = recorded_rows(wire_cls.exchange_id)
-    return [
-        wire_cls.stamp(source[i % len(source)], t0 + i * period_ms, period_ms)
-        for i in range(SLOTS + 1)
-        if i not in holes
-    ]
+    return replay_series(exchange_id, t0, SLOTS + 1, holes, period_ms)
 
 
 async def fetch_range(
@@ -433,13 +249,13 @@ async def fetch_range(
 
 
 def page_sizes(exchange_id: str) -> list[int]:
-    return [1, 2, 7, WIRES[exchange_id].max_limit]
+    return [1, 2, 7, WINDOWS[exchange_id].max_limit]
 
 
 T0 = 1_706_630_400_000  # the recordings' first hour, 2024-01-30T16:00Z
 
 
-@pytest.mark.parametrize("exchange_id", sorted(WIRES))
+@pytest.mark.parametrize("exchange_id", sorted(WINDOWS))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     holes=st.sets(st.integers(0, SLOTS), max_size=20),
@@ -451,18 +267,16 @@ T0 = 1_706_630_400_000  # the recordings' first hour, 2024-01-30T16:00Z
 def test_every_page_size_returns_every_candle_once(
     exchange_id: str, holes: set[int], first: int, length: int, period_ms: int, into_slot: int
 ) -> None:
-    wire_cls = WIRES[exchange_id]
-    rows = series(wire_cls, T0, holes, period_ms)
+    oracle, open_ms = CANDLES[exchange_id], WINDOWS[exchange_id].open_ms
+    rows = series(exchange_id, T0, holes, period_ms)
     now = T0 + NOW_SLOT * period_ms + into_slot  # somewhere in the still-open slot
     start = T0 + first * period_ms
     end = start + length * period_ms
     expected = [
-        wire_cls.candle(r)
-        for r in rows
-        if start <= wire_cls.open_ms(r) < min(end, T0 + NOW_SLOT * period_ms)
+        oracle(r) for r in rows if start <= open_ms(r) < min(end, T0 + NOW_SLOT * period_ms)
     ]
     for size in page_sizes(exchange_id):
-        wire = wire_cls(rows, period_ms, now)
+        wire = Wire(exchange_id, rows, period_ms, now)
         got = asyncio.run(fetch_range(exchange_id, wire, start, end, size, period_ms))
         assert got == expected, (size, len(wire.requests))
 
@@ -470,9 +284,8 @@ def test_every_page_size_returns_every_candle_once(
 @pytest.mark.parametrize("exchange_id", ["okx", "bybit", "coinbaseexchange"])
 def test_newest_first_exchanges_lose_nothing_of_a_long_range(exchange_id: str) -> None:
     """The issue's case: a range several pages long on a newest-first exchange."""
-    wire_cls = WIRES[exchange_id]
-    rows = series(wire_cls, T0, set(), MIN)
-    wire = wire_cls(rows, MIN, T0 + NOW_SLOT * MIN)
+    rows = series(exchange_id, T0, set(), MIN)
+    wire = Wire(exchange_id, rows, MIN, T0 + NOW_SLOT * MIN)
     got = asyncio.run(fetch_range(exchange_id, wire, T0, T0 + SLOTS * MIN, 7, MIN))
     assert [c.open_time_ms for c in got] == [T0 + i * MIN for i in range(SLOTS)]
     assert len(wire.requests) == -(-SLOTS // 7)  # one bounded window per page
@@ -480,19 +293,17 @@ def test_newest_first_exchanges_lose_nothing_of_a_long_range(exchange_id: str) -
 
 def test_a_candle_the_exchange_calls_unfinished_is_not_written() -> None:
     """OKX confirm=0 on a candle the local clock thinks closed (clock skew): left out."""
-    wire_cls = WIRES["okx"]
-    rows = series(wire_cls, T0, set(), MIN)
+    rows = series("okx", T0, set(), MIN)
     rows[SLOTS - 1] = [*rows[SLOTS - 1][:8], "0"]
-    wire = wire_cls(rows, MIN, T0 + NOW_SLOT * MIN + 1000)
+    wire = Wire("okx", rows, MIN, T0 + NOW_SLOT * MIN + 1000)
     got = asyncio.run(fetch_range("okx", wire, T0, T0 + SLOTS * MIN, 300, MIN))
     assert [c.open_time_ms for c in got] == [T0 + i * MIN for i in range(SLOTS - 1)]
     assert all(c.final for c in got)
 
 
 def test_kraken_refuses_a_range_older_than_its_720_entries() -> None:
-    wire_cls = WIRES["kraken"]
     now = T0 + 1000 * MIN
-    wire = wire_cls(series(wire_cls, T0, set(), MIN), MIN, now)
+    wire = Wire("kraken", series("kraken", T0, set(), MIN), MIN, now)
     earliest = now - 718 * MIN  # Kraken still has now - 719, but not for long
     with pytest.raises(RequestFailedError) as failure:
         asyncio.run(fetch_range("kraken", wire, earliest - MIN, now, 720, MIN))
@@ -506,8 +317,8 @@ def test_kraken_refuses_a_range_older_than_its_720_entries() -> None:
 
 
 def test_a_wider_window_than_coinbase_allows_is_an_error_not_a_gap() -> None:
-    wire_cls = WIRES["coinbaseexchange"]
-    wire = wire_cls(series(wire_cls, T0, set(), MIN), MIN, T0 + NOW_SLOT * MIN)
+    rows = series("coinbaseexchange", T0, set(), MIN)
+    wire = Wire("coinbaseexchange", rows, MIN, T0 + NOW_SLOT * MIN)
 
     adapter = adapter_for("coinbaseexchange", wire)
     with pytest.raises(ExchangeCallError, match="exceeds 300") as failure:
@@ -518,7 +329,7 @@ def test_a_wider_window_than_coinbase_allows_is_an_error_not_a_gap() -> None:
 def test_an_unreadable_extra_field_costs_the_extras_never_the_candles(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    body = recorded("binance")["httpResponse"]
+    body = recording("binance")["httpResponse"]
     garbled = [[*row[:8], "not a count", *row[9:]] for row in body]
 
     async def replay(url: str, method: str, headers: Any, payload: Any) -> Any:
@@ -527,7 +338,7 @@ def test_an_unreadable_extra_field_costs_the_extras_never_the_candles(
     adapter = adapter_for("binance", replay)
     candles = asyncio.run(adapter.fetch_candles("BTC/USDT", "1h", T0, T0 + 3 * HOUR, 3))
     assert [replace(c, **RAW_DEFAULTS) for c in candles] == [
-        ccxt_row(r) for r in recorded("binance")["parsedResponse"]
+        ccxt_row(r) for r in recording("binance")["parsedResponse"]
     ]
     assert all(kept(c) == (None,) * 5 for c in candles)  # unknown, not guessed
     assert "raw candle fields unreadable" in caplog.text
@@ -553,21 +364,22 @@ def row_values(row: Any) -> tuple[Any, ...]:
 
 
 @pytest.mark.stack
-@pytest.mark.parametrize("exchange_id", sorted(WIRES))
+@pytest.mark.parametrize("exchange_id", sorted(WINDOWS))
 def test_a_multi_page_request_reaches_kafka_as_exactly_the_exchanges_candles(
     exchange_id: str, harness: Any, run_ingestor: Any
 ) -> None:
     """Seven-candle pages of each exchange's wire format, through the ingestor to Kafka."""
     from ingestor.app import Ingestor
 
-    wire_cls = WIRES[exchange_id]
     now = int(time.time() * 1000)
     t0 = now - now % MIN - 90 * MIN  # recent: inside Kraken's 720 entries
-    rows = series(wire_cls, t0, {0, 3, 4, 17, 40, 59}, MIN)
-    wire = wire_cls(rows, MIN, now)
+    rows = series(exchange_id, t0, {0, 3, 4, 17, 40, 59}, MIN)
+    wire = Wire(exchange_id, rows, MIN, now)
     end = t0 + SLOTS * MIN
     expected = [
-        (*astuple(c)[:6], *kept(c)[:4]) for c in map(wire_cls.candle, rows) if c.open_time_ms < end
+        (*astuple(c)[:6], *kept(c)[:4])
+        for c in map(CANDLES[exchange_id], rows)
+        if c.open_time_ms < end
     ]
     prefix = "REPLAY"
     request = DataRequest(
