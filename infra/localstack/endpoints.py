@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mdproto.runtime.iceberg import CatalogSettings
+from mdproto.runtime.settings import CatalogSettings
 
 ENDPOINTS_FILE = Path("run") / "endpoints.json"
 

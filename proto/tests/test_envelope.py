@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from mdproto import envelope
 from mdproto import messages as m
+from mdproto.envelope import CLASS_BY_TYPE, MessageType, type_of
 from mdproto.errors import ProtocolError
-from mdproto.registry import CLASS_BY_TYPE, MessageType, type_of
 
 CANDLE = m.OHLC(
     ticker="BINANCE:BTC/USDT",

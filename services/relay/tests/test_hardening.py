@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mdproto import envelope
+from mdproto.envelope import MessageType
 from mdproto.messages import (
     CEPTriggerAck,
     DataResponse,
@@ -20,7 +21,6 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
-from mdproto.registry import MessageType
 
 if TYPE_CHECKING:
     from conftest import RelayFactory

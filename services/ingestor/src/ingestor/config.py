@@ -26,7 +26,7 @@ from ingestor.retry import RetryPolicy
 from ingestor.venues import venue_for
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
-from mdproto.runtime.iceberg import CatalogSettings
+from mdproto.runtime.settings import CatalogSettings
 
 #: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
 KAFKA_INGEST_CLAIMS = contracts.KAFKA_INGEST_CLAIMS

@@ -16,7 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from mdclient.errors import ConfigError
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
-from mdproto.runtime.iceberg import pyiceberg_properties
+from mdproto.runtime.settings import pyiceberg_properties
 
 NotifyName = Literal["per_client", "per_request"]
 
