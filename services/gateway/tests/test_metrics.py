@@ -87,11 +87,11 @@ def test_sessions_fan_out_drops_and_history_outcomes_are_scraped() -> None:
     server.close()
     assert refused == 422
     assert connected[("gateway_websocket_sessions", ())] == 1
-    assert connected[("gateway_websocket_sessions_total", ())] == 1
+    assert connected[("gateway_websocket_sessions_accepted_total", ())] == 1
     assert connected[("gateway_upstream_topics", ())] == 1
     assert connected[("gateway_upstream_messages_total", ())] == 3
     assert connected[("gateway_client_frames_total", (("state", "sent"),))] == 4  # + subscribed
     assert connected[("gateway_client_frames_total", (("state", "dropped"),))] == 0
     assert connected[("gateway_history_requests_total", (("outcome", "no_ingestor"),))] == 1
     assert after[("gateway_websocket_sessions", ())] == 0
-    assert after[("gateway_websocket_sessions_total", ())] == 1
+    assert after[("gateway_websocket_sessions_accepted_total", ())] == 1

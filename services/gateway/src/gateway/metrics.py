@@ -31,7 +31,9 @@ class GatewayCollector(Collector):
                 "gateway_websocket_sessions", "WebSocket clients connected now", value=s.sessions
             )
             yield CounterMetricFamily(
-                "gateway_websocket_sessions", "WebSocket clients accepted", value=s.sessions_total
+                "gateway_websocket_sessions_accepted",
+                "WebSocket clients accepted",
+                value=s.sessions_total,
             )
             yield GaugeMetricFamily(
                 "gateway_upstream_topics",
