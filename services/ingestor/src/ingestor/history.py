@@ -16,14 +16,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from ingestor.batches import BatchBuilder, metadata_for
 from ingestor.candles import (
+    BatchBuilder,
     FetchPlan,
     PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
     candle_slots,
     expected_gaps,
+    metadata_for,
     next_since,
     plan_fetch,
     split_plan,
