@@ -49,7 +49,7 @@ from typing import Any
 
 import aiohttp
 
-from ingestor.batches import BatchBuilder, metadata_for
+from ingestor.candles import BatchBuilder, metadata_for
 from ingestor.config import ExchangeSettings, KafkaSettings
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingestor.batches import BatchBuilder, metadata_for
+from ingestor.candles import BatchBuilder, metadata_for
 from ingestor.model import Candle
 from mdproto.messages import DataRequest, OHLCBatch, Status
 
@@ -124,7 +124,7 @@ def test_batch_size_must_be_positive() -> None:
 
 
 def test_reported_extras_are_set_and_unreported_ones_stay_unset() -> None:
-    from ingestor.batches import ohlc_row
+    from ingestor.candles import ohlc_row
 
     reported = Candle(0, 1.0, 2.0, 0.5, 1.5, 3.0, 0, 4.5, 1.0, 1.5)
     unknown = Candle(60_000, 1.0, 2.0, 0.5, 1.5, 3.0)

@@ -7,8 +7,7 @@ import asyncio
 
 import pytest
 
-from ingestor.health import HealthBook
-from ingestor.history import FetchEnv, RequestFailedError, call_with_retry
+from ingestor.history import FetchEnv, HealthBook, RequestFailedError, call_with_retry
 from ingestor.model import ExchangeCallError, FaultKind
 from ingestor.retry import RetryPolicy
 

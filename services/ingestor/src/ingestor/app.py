@@ -29,11 +29,11 @@ from ingestor.claims import Claims
 from ingestor.config import Settings, credentials_for
 from ingestor.coverage import NO_COVERAGE, CoverageSource, IcebergCoverage
 from ingestor.exchanges import ExchangeAdapter
-from ingestor.health import HealthBook
 from ingestor.history import (
     ABANDONED,
     ClaimLostError,
     FetchEnv,
+    HealthBook,
     RequestFailedError,
     call_with_retry,
     run_history_job,

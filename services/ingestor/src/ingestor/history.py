@@ -1,8 +1,12 @@
-"""Historical requests: the paginated fetch loop and the Kafka write of one request.
+"""Historical requests: exchange calls (retried, counted for health), pages, Kafka write.
 
-The exchange and the Kafka producer are injected (`CandleSource`,
-`RecordSink`), so the loop is tested with fakes; production passes
-`exchanges.ExchangeAdapter` and `kafka_sink.KafkaSink`.
+`plan_request` checks and plans a request (candles.py); `run_history_job` skips
+what storage holds (coverage.py), pages the rest through `call_with_retry`, whose
+every outcome feeds the `HealthBook` (the relay breaker's input, via
+`FetchEnv.observe`; market loads and probes feed it too), and writes the records,
+the final marker once all are delivered. Exchange and Kafka producer are injected
+(`CandleSource`, `RecordSink`: fakes in tests, `exchanges.ExchangeAdapter` and
+`kafka_sink.KafkaSink` in production); `HealthBook` is pure, time passed in.
 """
 
 from __future__ import annotations
@@ -12,18 +16,19 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from ingestor.batches import BatchBuilder, metadata_for
 from ingestor.candles import (
+    BatchBuilder,
     FetchPlan,
     PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
     candle_slots,
     expected_gaps,
+    metadata_for,
     next_since,
     plan_fetch,
     split_plan,
@@ -34,7 +39,7 @@ from ingestor.model import Candle, ExchangeCallError, FaultKind
 from ingestor.retry import GiveUp, RetryPolicy, decide
 from ingestor.venues import GENERIC, HistoryUnavailableError, Venue
 from mdproto import rules
-from mdproto.messages import DataRequest, OHLCBatch, Status
+from mdproto.messages import DataRequest, ExchangeHealth, IngestorStatus, OHLCBatch, Status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,7 +99,7 @@ class FetchEnv:
     the exchange's limits (its history window). `page_concurrency` pages of
     one request are requested at once (ccxt's throttle still spaces the calls
     by the exchange's rate limit). `observe` sees every exchange call's
-    outcome (None: success), for `health.HealthBook`.
+    outcome (None: success), for the `HealthBook`.
     """
 
     policy: RetryPolicy = field(default_factory=RetryPolicy)
@@ -190,6 +195,83 @@ async def call_with_retry(call: Callable[[], Awaitable[T]], env: FetchEnv, what:
         else:
             env.observe(None)
             return result
+
+
+_MAX_REASON = 300  # ccxt reasons carry the URL and the response body; the relay quotes this
+
+
+@dataclass(slots=True)
+class _State:
+    failures: int = 0
+    error_code: str = ""
+    reason: str = ""
+    healthy: bool = True
+    quiet_until: float = 0.0  # no probe before: the exchange asked to wait (Retry-After, ban)
+
+
+class HealthBook:
+    """Exchange health as this ingestor sees it: failed calls in a row per prefix (`BINANCE`).
+
+    Every exchange call that goes through `call_with_retry` (candle pages of
+    history and legacy requests, market loading) and every health probe is
+    recorded. A transient fault (rate_limited, exchange_unavailable, timeout,
+    network_error: the error_codes that a retry might cure) counts one failure; any
+    answer from the exchange, a permanent fault such as bad_symbol included, resets
+    the count. After `threshold` failures in a row the exchange is unhealthy, with
+    the last error, until a call succeeds again. Calls are counted, not requests:
+    with the default retry policy one request takes about a minute to give up, and
+    the breaker should open within seconds of an outage, not minutes.
+    """
+
+    def __init__(self, exchanges: Iterable[str], threshold: int) -> None:
+        self._threshold = threshold
+        self._states = {exchange: _State() for exchange in exchanges}
+
+    def record(self, exchange: str, fault: ExchangeCallError | None, now: float = 0.0) -> bool:
+        """One call's outcome (None: it succeeded) at `now` (monotonic seconds); True
+        when `healthy` flipped."""
+        state = self._states.setdefault(exchange, _State())
+        was = state.healthy
+        if fault is None or not fault.kind.transient:
+            state.failures, state.healthy, state.quiet_until = 0, True, 0.0
+        else:
+            state.failures += 1
+            state.error_code, state.reason = fault.kind.value, fault.reason[:_MAX_REASON]
+            if fault.retry_after_s is not None:
+                state.quiet_until = max(state.quiet_until, now + fault.retry_after_s)
+            if state.failures >= self._threshold:
+                state.healthy = False
+        return state.healthy is not was
+
+    def healthy(self, exchange: str) -> bool:
+        return self._states[exchange].healthy
+
+    def to_probe(self, now: float) -> list[str]:
+        """Unhealthy exchanges to probe now: they get no client traffic while the relay
+        refuses it. Not before a wait the exchange asked for: calls during a rate-limit
+        ban make Binance lengthen it."""
+        return [e for e, s in self._states.items() if not s.healthy and s.quiet_until <= now]
+
+    def describe(self, exchange: str) -> str:
+        s = self._states[exchange]
+        return f"{s.failures} failed calls in a row, last {s.error_code}: {s.reason}"
+
+    def status(self, ingestor_id: str, sent_at_ms: int, interval_ms: int) -> IngestorStatus:
+        return IngestorStatus(
+            ingestor_id=ingestor_id,
+            exchanges=[
+                ExchangeHealth(
+                    exchange=exchange,
+                    healthy=s.healthy,
+                    consecutive_failures=s.failures,
+                    error_code=s.error_code if s.failures else "",
+                    reason=s.reason if s.failures else "",
+                )
+                for exchange, s in sorted(self._states.items())
+            ],
+            sent_at_ms=sent_at_ms,
+            interval_ms=interval_ms,
+        )
 
 
 async def iter_pages(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from ingestor.batches import ohlc_row
+from ingestor.candles import ohlc_row
 from ingestor.history import (
     INTERNAL,
     CandleSource,
