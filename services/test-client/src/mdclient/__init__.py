@@ -21,9 +21,8 @@ from mdclient.errors import (
     StorageError,
     SubmitRejected,
 )
-from mdclient.history import HistoryOutcome, HistoryQuery, ProgressEvent
+from mdclient.history import HistoryOutcome, HistoryQuery, HistoryResult, ProgressEvent
 from mdclient.live import LiveStream
-from mdclient.results import HistoryResult
 from mdclient.sequence import SequenceEvent
 from mdclient.triggers import TriggerEvents, TriggerRejected
 

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from mdclient.client import Client
-    from mdclient.history import ProgressEvent
-    from mdclient.results import HistoryResult
+    from mdclient.history import HistoryResult, ProgressEvent
     from mdproto.messages import FeedStatus
 
 EXIT_OK = 0

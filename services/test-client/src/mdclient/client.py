@@ -29,6 +29,7 @@ from mdclient.history import (
     PATTERNS,
     HistoryOutcome,
     HistoryQuery,
+    HistoryResult,
     ProgressCallback,
     ProgressEvent,
     RetryPolicy,
@@ -37,7 +38,6 @@ from mdclient.history import (
 from mdclient.legacy import fetch_sync
 from mdclient.live import LiveCallback, LiveStream, SequenceCallback, StatusCallback, live_topics
 from mdclient.request_status import RequestStatus, status_from_row
-from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
 from mdclient.transport import CurveKeys, Transport
 from mdclient.triggers import (
