@@ -26,9 +26,9 @@ from mdclient.cli import (
     main,
 )
 from mdclient.config import ClientSettings
+from mdclient.dispatch import SequenceEvent
 from mdclient.frames import SCHEMA
 from mdclient.iceberg_reader import IcebergReader
-from mdclient.sequence import SequenceEvent
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, HistorySource, Status, Tick
 from pipeline.config import Settings as PipelineSettings

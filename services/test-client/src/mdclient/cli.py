@@ -319,9 +319,9 @@ def _emit(
 def cmd_live(args: argparse.Namespace, err: Console) -> int:
     from rich.console import Console
 
+    from mdclient.dispatch import SequenceEvent
     from mdclient.live import describe_status
     from mdclient.output import live_line
-    from mdclient.sequence import SequenceEvent
 
     ticker = _ticker(args.ticker)
     try:
