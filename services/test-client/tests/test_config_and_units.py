@@ -12,8 +12,7 @@ import pytest
 from mdclient.config import load_settings
 from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import ConfigError
-from mdclient.frames import SCHEMA, candles_from_ohlc, normalise
-from mdclient.iceberg_reader import ohlc_filter
+from mdclient.frames import SCHEMA, candles_from_ohlc, normalise, ohlc_filter
 from mdclient.output import candle_table, decimals_for, live_line, write_csv, write_parquet
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Status

@@ -365,7 +365,7 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, err: Console) -> int:
-    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.frames import IcebergReader
     from mdclient.request_status import status_from_row
 
     settings = settings_from_args(args)
@@ -399,7 +399,7 @@ def cmd_markets(args: argparse.Namespace, err: Console) -> int:
     from rich.console import Console
 
     from mdclient.client import exchange_name
-    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.frames import IcebergReader
     from mdclient.output import market_table
 
     exchange = exchange_name(args.exchange)
