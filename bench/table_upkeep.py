@@ -138,7 +138,7 @@ def measure(endpoints: StackEndpoints, table_name: str, reads: int) -> tuple[Mea
     """Client read time (median of `reads` after one warm-up) and the table's shape."""
     from pyarrow import fs
 
-    from mdclient.iceberg_reader import IcebergReader, ohlc_filter
+    from mdclient.frames import IcebergReader, ohlc_filter
 
     reader = IcebergReader(
         endpoints.pyiceberg_catalog_properties(), catalog_name=endpoints.catalog_name

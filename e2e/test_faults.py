@@ -39,7 +39,7 @@ from infra.platform.faults import Faults
 from infra.platform.services import Ingestor as IngestorService
 from infra.testing import exchange_rows, metric_sample, notified_request_ids, result_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult, SubmitRejected
-from mdclient.sequence import SequenceEvent
+from mdclient.dispatch import SequenceEvent
 from mdproto import contracts, envelope, topics
 from mdproto.messages import OHLC, IngestClaim, Tick
 from mdproto.runtime.kafka import end_offsets

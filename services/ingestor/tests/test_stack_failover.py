@@ -35,7 +35,7 @@ from ingestor.app import Ingestor
 from ingestor.claims import decode_claim
 from mdclient import Client
 from mdclient.config import ClientSettings
-from mdclient.sequence import SequenceEvent
+from mdclient.dispatch import SequenceEvent
 from mdproto import envelope
 from mdproto.messages import (
     IngestClaim,

@@ -478,7 +478,7 @@ def test_market_records_become_one_row_per_ticker(pipeline: Any, tools: Any) -> 
     assert len(rows) == 2
 
     # The SDK reads what Spark wrote (mdclient markets BINANCE).
-    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.frames import IcebergReader
 
     e = pipeline.run.endpoints
     reader = IcebergReader(e.pyiceberg_catalog_properties(), catalog_name=e.catalog_name)

@@ -9,12 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from mdclient.cli import candle_table, decimals_for, live_line, write_csv, write_parquet
 from mdclient.config import load_settings
 from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import ConfigError
-from mdclient.frames import SCHEMA, candles_from_ohlc, normalise
-from mdclient.iceberg_reader import ohlc_filter
-from mdclient.output import candle_table, decimals_for, live_line, write_csv, write_parquet
+from mdclient.frames import SCHEMA, candles_from_ohlc, normalise, ohlc_filter
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Status
 
@@ -222,7 +221,7 @@ def test_shipped_config_yaml_mirrors_the_built_in_defaults() -> None:
 
 
 def test_live_lines_tell_open_closed_and_corrected_candles_apart() -> None:
-    from mdclient.output import live_line
+    from mdclient.cli import live_line
 
     def candle(**flags: bool) -> OHLC:
         return OHLC(ticker="BINANCE:BTC/USDT", period_seconds=60, open_time_ms=T0, **flags)

@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 
 from mdclient import Client
 from mdclient.config import ClientSettings
-from mdclient.sequence import SequenceEvent
+from mdclient.dispatch import SequenceEvent
 from mdproto import envelope, topics
 from mdproto.messages import Status, SubmitHistoricalRequest, SubmitResponse, Tick
 

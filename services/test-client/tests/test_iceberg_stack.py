@@ -26,9 +26,8 @@ from mdclient.cli import (
     main,
 )
 from mdclient.config import ClientSettings
-from mdclient.frames import SCHEMA
-from mdclient.iceberg_reader import IcebergReader
-from mdclient.sequence import SequenceEvent
+from mdclient.dispatch import SequenceEvent
+from mdclient.frames import SCHEMA, IcebergReader
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, HistorySource, Status, Tick
 from pipeline.config import Settings as PipelineSettings

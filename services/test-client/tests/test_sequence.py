@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from mdclient.dispatch import SequenceEvent, SequenceTracker, Verdict, backfill_start
 from mdclient.live import LiveStream
-from mdclient.sequence import SequenceEvent, SequenceTracker, Verdict, backfill_start
 from mdproto.messages import OHLC, Tick
 
 EPOCH = 1_700_000_000_000_000

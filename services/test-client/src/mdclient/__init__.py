@@ -6,6 +6,7 @@ only when rows are read.
 
 from mdclient.client import Client, TriggerOptions, new_client_id, new_request_id
 from mdclient.config import ClientSettings, load_settings
+from mdclient.dispatch import SequenceEvent
 from mdclient.errors import (
     ConfigError,
     FeedRefused,
@@ -21,10 +22,8 @@ from mdclient.errors import (
     StorageError,
     SubmitRejected,
 )
-from mdclient.history import HistoryOutcome, HistoryQuery, ProgressEvent
+from mdclient.history import HistoryOutcome, HistoryQuery, HistoryResult, ProgressEvent
 from mdclient.live import LiveStream
-from mdclient.results import HistoryResult
-from mdclient.sequence import SequenceEvent
 from mdclient.triggers import TriggerEvents, TriggerRejected
 
 __all__ = [

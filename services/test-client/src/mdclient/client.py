@@ -29,6 +29,7 @@ from mdclient.history import (
     PATTERNS,
     HistoryOutcome,
     HistoryQuery,
+    HistoryResult,
     ProgressCallback,
     ProgressEvent,
     RetryPolicy,
@@ -37,7 +38,6 @@ from mdclient.history import (
 from mdclient.legacy import fetch_sync
 from mdclient.live import LiveCallback, LiveStream, SequenceCallback, StatusCallback, live_topics
 from mdclient.request_status import RequestStatus, status_from_row
-from mdclient.results import HistoryResult
 from mdclient.streams import Closeable
 from mdclient.transport import CurveKeys, Transport
 from mdclient.triggers import (
@@ -61,7 +61,7 @@ from mdproto.messages import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from mdclient.iceberg_reader import IcebergReader
+    from mdclient.frames import IcebergReader
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ class Client(Closeable):
         """The Iceberg reader (pyiceberg is imported on first use only)."""
         with self._reader_lock:
             if self._reader is None:
-                from mdclient.iceberg_reader import IcebergReader
+                from mdclient.frames import IcebergReader
 
                 self._reader = IcebergReader(
                     self.settings.catalog_properties(), catalog_name=self.settings.catalog_name

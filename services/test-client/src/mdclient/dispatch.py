@@ -1,4 +1,8 @@
-"""Routes what arrives on the SUB socket to whoever waits for it (no sockets here).
+"""What arrives on the SUB socket: routing to whoever waits, and per-topic sequence checks.
+
+No sockets here: the transport hands frames to `Dispatcher.handle` on its
+subscriber thread; the sequence checks (`SequenceTracker`, `backfill_start`)
+are pure and also serve each live stream (mdclient.live).
 
 ZeroMQ subscriptions are *prefix* matches: a SUB subscribed to
 `RESPONSE:alice` also receives `RESPONSE:alice2`, and `...|ohlc:60` also
@@ -9,24 +13,32 @@ the topic a live stream asked for, and so must a FeedStatus (`{ticker}|status`,
 the stream then checks the period of a REFUSED); a CEP trigger event on exactly
 a topic a trigger stream watches (which then checks the trigger id).
 
-Notifications and trigger events carry sequence numbers per topic too
-(docs/protocol.md "Sequence numbers and recovery"): a duplicate is dropped
-(`stats["duplicate"]`), a gap is logged at WARNING and counted
+Every Tick, OHLC, notification and trigger event carries ``sequence`` (1, 2,
+3, ... per topic) and ``publisher_epoch`` (one value per publisher start;
+docs/protocol.md "Sequence numbers and recovery"). Per topic: the next number
+is accepted, an older or equal one is a duplicate (a last value re-sent to a
+new subscriber, a copy), a jump is a gap (messages lost on the way), another
+epoch a restarted publisher (the numbering starts again: neither a gap nor a
+replay). ``sequence`` 0 comes from a publisher that predates numbering and is
+passed through unchecked. Here a duplicate notification or trigger event is
+dropped (`stats["duplicate"]`), a gap is logged at WARNING and counted
 (`stats["lost"]`): a history call recovers its notification from the requests
 table, a lost trigger event is only reported. Live data is checked per stream.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from google.protobuf.message import Message
 
-from mdclient.sequence import SequenceTracker, Verdict
 from mdproto import ProtocolError, envelope, topics
 from mdproto.messages import OHLC, CEPTriggerEvent, FeedStatus, HistoryReadyNotification, Tick
 
@@ -36,6 +48,107 @@ MarketSink = Callable[[Message], None]
 EventSink = Callable[[str, CEPTriggerEvent], None]
 #: Every message on exactly one topic, whatever its type (Client.watch).
 TopicSink = Callable[[str, Message], None]
+
+
+# --- sequence checks (pure) ---
+
+
+class Verdict(enum.Enum):
+    FIRST = "first"  # the topic's first message: the baseline
+    NEXT = "next"
+    DUPLICATE = "duplicate"
+    GAP = "gap"
+    RESTART = "restart"  # another publisher epoch
+    UNSEQUENCED = "unsequenced"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    verdict: Verdict
+    missed: int = 0  # GAP: how many numbers were skipped
+
+    @property
+    def deliver(self) -> bool:
+        return self.verdict is not Verdict.DUPLICATE
+
+
+_FIRST = Check(Verdict.FIRST)
+_NEXT = Check(Verdict.NEXT)
+_DUPLICATE = Check(Verdict.DUPLICATE)
+_RESTART = Check(Verdict.RESTART)
+_UNSEQUENCED = Check(Verdict.UNSEQUENCED)
+
+
+class SequenceTracker:
+    """The last (epoch, sequence) seen per topic key."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[Hashable, tuple[int, int]] = {}
+
+    def check(self, key: Hashable, epoch: int, sequence: int) -> Check:
+        if sequence == 0:
+            return _UNSEQUENCED
+        last = self._last.get(key)
+        if last is None:
+            self._last[key] = (epoch, sequence)
+            return _FIRST
+        last_epoch, last_sequence = last
+        if epoch != last_epoch:
+            self._last[key] = (epoch, sequence)
+            return _RESTART
+        if sequence <= last_sequence:
+            return _DUPLICATE
+        self._last[key] = (epoch, sequence)
+        if sequence == last_sequence + 1:
+            return _NEXT
+        return Check(Verdict.GAP, sequence - last_sequence - 1)
+
+    def forget(self, key: Hashable) -> None:
+        self._last.pop(key, None)
+
+
+SequenceKind = Literal["gap", "restart", "recovered", "recovery_failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceEvent:
+    """What a live stream reports about a topic's sequence (`on_sequence`, or the log).
+
+    gap: `missed` messages were lost (ticks stay lost live: they are in the
+    ``ticks`` table); restart: the publisher restarted; recovered: the closed
+    candles of the gap were read from Iceberg and delivered (`candles` of them);
+    recovery_failed: that read failed (`reason`).
+    """
+
+    topic: str
+    kind: SequenceKind
+    missed: int = 0
+    candles: int = 0
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "gap":
+            return f"{self.topic}: {self.missed} message(s) lost (sequence gap)"
+        if self.kind == "restart":
+            return f"{self.topic}: the publisher restarted (new epoch)"
+        if self.kind == "recovered":
+            return f"{self.topic}: recovered, {self.candles} closed candle(s) read from Iceberg"
+        return f"{self.topic}: recovery failed: {self.reason}"
+
+
+def backfill_start(closed_upto_ms: int | None, first_open_ms: int, period_seconds: int) -> int:
+    """The first open time whose closed candle a gap may have swallowed.
+
+    After the newest closed candle delivered before the gap, or from the first
+    candle the stream saw when none closed yet; the read runs to now. A window's
+    closed candle is stored before it is published, so the table holds each lost one.
+    """
+    return first_open_ms if closed_upto_ms is None else closed_upto_ms + period_seconds * 1000
+
+
+# --- routing ---
 
 
 class NotificationWaiter:

@@ -1,17 +1,38 @@
-"""The candle frame every read returns, whatever the source (Iceberg or legacy).
+"""The candle frame every read returns, and the Iceberg reader that fills it.
 
 Columns: ticker, period_seconds, open_time (UTC, microseconds), open, high,
-low, close, volume, trade_count; sorted by open_time.
+low, close, volume, trade_count; sorted by open_time. Built from OHLC
+messages (legacy replies) or read from Iceberg; pure conversions first, then
+`IcebergReader`, the adapter (also for the `market.requests` and
+`market.markets` rows).
+
+The reader goes through the REST catalog and is the only pyiceberg importer,
+lazily: importing this module needs pyarrow only. The candle scan is filtered
+on the natural key columns (ticker, period_seconds and the half-open open_time
+range) so Iceberg prunes files by partition and column statistics, and is
+pinned to the notification's snapshot when it names one: the rows the
+pipeline announced, even if more commits follow.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mdclient.errors import StorageError
 from mdproto.messages import OHLC
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.table import Table
+
+log = logging.getLogger(__name__)
 
 SCHEMA = pa.schema(
     [
@@ -79,3 +100,139 @@ def closed_ohlc(table: pa.Table) -> list[OHLC]:
         )
         for us, row in zip(micros, rows, strict=True)
     ]
+
+
+def ohlc_filter(ticker: str, period_seconds: int, start_ms: int, end_ms: int) -> BooleanExpression:
+    """Row filter for [start_ms, end_ms); open_time is timestamptz in microseconds."""
+    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+
+    return And(
+        _predicate(EqualTo, "ticker", ticker),
+        _predicate(EqualTo, "period_seconds", period_seconds),
+        _predicate(GreaterThanOrEqual, "open_time", start_ms * 1000),
+        _predicate(LessThan, "open_time", end_ms * 1000),
+    )
+
+
+def _predicate(cls: Any, column: str, value: object) -> BooleanExpression:
+    """pyiceberg's pydantic predicates hide their (term, literal) __init__ from mypy."""
+    result: BooleanExpression = cls(column, value)
+    return result
+
+
+def _equal(column: str, value: object) -> BooleanExpression:
+    from pyiceberg.expressions import EqualTo
+
+    return _predicate(EqualTo, column, value)
+
+
+class IcebergReader:
+    """Lazily connects to the catalog on first read; safe to share between threads."""
+
+    def __init__(self, properties: dict[str, str], *, catalog_name: str = "rest") -> None:
+        self._properties = dict(properties)
+        self._catalog_name = catalog_name
+        self._catalog: Catalog | None = None
+        self._lock = threading.Lock()
+
+    def catalog(self) -> Catalog:
+        with self._lock:
+            if self._catalog is None:
+                from pyiceberg.catalog import load_catalog
+
+                uri = self._properties.get("uri", "?")
+                try:
+                    self._catalog = load_catalog(self._catalog_name, **self._properties)
+                except Exception as exc:
+                    raise StorageError(
+                        f"cannot open Iceberg REST catalog at {uri}: {exc}",
+                        error_code="catalog_unavailable",
+                    ) from exc
+            return self._catalog
+
+    def read_ohlc(
+        self,
+        table_name: str,
+        ticker: str,
+        period_seconds: int,
+        start_ms: int,
+        end_ms: int,
+        *,
+        snapshot_id: int | None = None,
+    ) -> pa.Table:
+        """The candle frame (SCHEMA) for the range, sorted by open_time."""
+        table = self._table(table_name)
+        scan_args: dict[str, Any] = {
+            "row_filter": ohlc_filter(ticker, period_seconds, start_ms, end_ms),
+            "selected_fields": COLUMNS,
+        }
+        if snapshot_id:
+            if table.snapshot_by_id(snapshot_id) is None:
+                log.warning(
+                    "snapshot %s of %s is gone (expired?); reading the current one",
+                    snapshot_id,
+                    table_name,
+                )
+            else:
+                scan_args["snapshot_id"] = snapshot_id
+        try:
+            arrow = table.scan(**scan_args).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for {ticker} failed: {exc}", error_code="scan_failed"
+            ) from exc
+        return normalise(arrow)
+
+    def read_request(self, table_name: str, request_id: str) -> dict[str, Any] | None:
+        """The `market.requests` row of `request_id`, or None (no outcome recorded yet)."""
+        try:
+            table = self._table(table_name)
+        except StorageError as exc:
+            if exc.error_code == "no_table":  # nothing was ever notified: still pending
+                return None
+            raise
+        try:
+            rows = table.scan(row_filter=_equal("request_id", request_id)).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for request {request_id} failed: {exc}",
+                error_code="scan_failed",
+            ) from exc
+        found: list[dict[str, Any]] = rows.to_pylist()
+        # One row per request_id (the pipeline MERGEs on it); the latest wins all the same.
+        return max(found, key=lambda r: r.get("completed_at") or 0, default=None)
+
+    def read_markets(self, table_name: str, exchange: str) -> pa.Table:
+        """One exchange's rows of the markets table (docs/protocol.md), sorted by ticker."""
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start and fills it from the Kafka topic "
+            "market.markets, which the ingestors write",
+        )
+        try:
+            arrow = table.scan(row_filter=_equal("exchange", exchange)).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for {exchange} failed: {exc}", error_code="scan_failed"
+            ) from exc
+        return arrow.sort_by("ticker")
+
+    def _table(self, table_name: str, missing: str = "") -> Table:
+        """`missing`: who creates the table, for the error when it does not exist yet."""
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        try:
+            return self.catalog().load_table(table_name)
+        except StorageError:
+            raise
+        except (NoSuchTableError, NoSuchNamespaceError) as exc:
+            reason = (
+                f"Iceberg table {table_name} does not exist yet: {missing}"
+                if missing
+                else (f"no Iceberg table {table_name}")
+            )
+            raise StorageError(reason, error_code="no_table") from exc
+        except Exception as exc:
+            raise StorageError(
+                f"cannot load Iceberg table {table_name}: {exc}", error_code="load_failed"
+            ) from exc

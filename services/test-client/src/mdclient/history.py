@@ -1,4 +1,5 @@
-"""The asynchronous history flow (docs/protocol.md), minus the Iceberg read.
+"""The asynchronous history flow (docs/protocol.md), minus the Iceberg read,
+and `HistoryResult`, what a history (or legacy) call returns.
 
 Per attempt (each with a NEW request_id):
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import (
@@ -44,6 +45,9 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Phase = Literal["subscribing", "submitting", "waiting", "retrying", "reading", "done"]
 PATTERNS: dict[str, int] = {
@@ -99,6 +103,34 @@ class HistoryOutcome:
     attempts: int
     elapsed_s: float
     recovered: bool = False  # from the requests table: the notification itself was lost
+
+
+@dataclass(frozen=True)
+class HistoryResult:
+    """Candles (frames.SCHEMA) plus how they were obtained.
+
+    `status` is "OK" or "NOT_FOUND" (then `table` is empty); failures raise.
+    """
+
+    table: pa.Table
+    status: str
+    request_id: str
+    attempts: int
+    elapsed_s: float
+    snapshot_id: int | None = None
+    reported_rows: int = 0  # row_count of the notification (rows written for the request)
+    notification: HistoryReadyNotification | None = None
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    @property
+    def empty(self) -> bool:
+        return bool(self.table.num_rows == 0)
+
+    def to_pandas(self) -> Any:
+        """A pandas DataFrame (typed Any: pandas ships no type stubs here)."""
+        return self.table.to_pandas()
 
 
 # request_id -> its recorded outcome, or None while there is none (mdclient.request_status).

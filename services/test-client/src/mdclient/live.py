@@ -13,7 +13,7 @@ log (WARNING for LOST, FAILED, REFUSED; INFO otherwise). FAILED, or REFUSED for
 a period the stream asked for, ends the stream: iteration raises
 `FeedUnavailable` (`FeedRefused`) after the queued messages, and `error` holds it.
 
-Every Tick and OHLC carries a per-topic sequence number (mdclient.sequence):
+Every Tick and OHLC carries a per-topic sequence number (mdclient.dispatch):
 duplicates are dropped and counted in `duplicates`; a gap or a publisher
 restart goes to `on_sequence` (or the log, WARNING for a gap), and on a candle
 topic the closed candles the gap may have swallowed are read from Iceberg on a
@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 from google.protobuf.message import Message
 
+from mdclient.dispatch import SequenceEvent, SequenceTracker, Verdict, backfill_start
 from mdclient.errors import FeedRefused, FeedUnavailable
-from mdclient.sequence import SequenceEvent, SequenceTracker, Verdict, backfill_start
 from mdclient.streams import QueueStream
 from mdproto import topics
 from mdproto.messages import OHLC, FeedStatus, Tick
