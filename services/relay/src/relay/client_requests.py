@@ -1,20 +1,26 @@
 """Client requests on the ROUTER :5559: every one gets exactly one reply.
 
-    frames -> rate limit (ratelimit.py) -> decode -> rules (validation.py) -> symbols
+    frames -> rate limit (TokenBuckets) -> decode -> rules (validation.py) -> symbols
         SubmitHistoricalRequest -> no ingestor? refused : DataRequest{HISTORICAL} -> SubmitResponse
         CEPTriggerRequest -> TriggerSink (store, cancel, list) -> CEPTriggerAck
         OHLCRequest (legacy) -> pending map (legacy.py) + DataRequest{legacy_sync};
             the Response follows when the ingestor's DataResponse arrives, or TIMEOUT
 
 Undecodable frames and unknown types are answered `Response{ERROR}`; refusals
-use the reply type the request expects. Loop thread only.
+use the reply type the request expects. Loop thread only. The rate limit's
+parts at the end are pure (`now` is passed in) and tested without sockets:
+`TokenBuckets` (one flooding client cannot starve the others) and `LogThrottle`
+(one flooding cause cannot drown the log; app.py and ingestors.py use it too).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import zmq
 from google.protobuf.message import Message
@@ -37,7 +43,6 @@ from relay.ingestors import Ingestors
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
 from relay.live_feeds import LiveFeeds
 from relay.metrics import RelayMetrics
-from relay.ratelimit import LogThrottle, TokenBuckets
 from relay.sockets import Socket
 from relay.triggers import TriggerSink, TriggerSinkError
 from relay.validation import (
@@ -299,3 +304,71 @@ def _refusal(message: Message | None, code: str, reason: str) -> Message:
 
 def _legacy_refusal(request_id: str, code: str, reason: str) -> Response:
     return Response(request_id=request_id, status=Status.REJECTED, reason=reason, error_code=code)
+
+
+# --- rate limit and log throttle (pure: `now` is passed in) ------------------------
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    stamp: float
+    limited: bool = False  # currently refusing: lets the caller log once per episode
+
+
+class TokenBuckets:
+    """Keyed by ROUTER identity (one per connection: a client that reconnects starts
+    with a full bucket, which bounds the damage but is not an authentication); an LRU
+    bounded to `max_keys` entries."""
+
+    def __init__(self, rate: float, burst: int, max_keys: int) -> None:
+        self._rate = rate
+        self._burst = float(burst)
+        self._max_keys = max_keys
+        self._buckets: OrderedDict[bytes, _Bucket] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self._rate > 0
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, key: bytes, now: float) -> tuple[bool, bool]:
+        """(allowed, first refusal of an episode) for one request from `key`."""
+        if not self.enabled:
+            return True, False
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self._burst, now)
+            if len(self._buckets) > self._max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            elapsed = max(0.0, now - bucket.stamp)
+            bucket.tokens = min(self._burst, bucket.tokens + elapsed * self._rate)
+            bucket.stamp = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            bucket.limited = False
+            return True, False
+        first = not bucket.limited
+        bucket.limited = True
+        return False, first
+
+
+class LogThrottle:
+    """At most one log line per key per second; counts the ones it swallowed."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, key: str, now: float) -> str | None:
+        """None: stay quiet; else a suffix for the line about suppressed repeats."""
+        if now - self._last.get(key, -math.inf) < 1.0:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        return f" ({skipped} similar suppressed)" if skipped else ""

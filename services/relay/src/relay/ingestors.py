@@ -25,7 +25,6 @@ from relay.config import RelaySettings
 from relay.liveness import Liveness, State, Verdict
 from relay.metrics import RelayMetrics
 from relay.proxy import parse_subscription
-from relay.ratelimit import LogThrottle
 from relay.sockets import Socket
 from relay.subscriptions import Announce, Cancel
 
@@ -39,7 +38,7 @@ class Ingestors:
         self,
         settings: RelaySettings,
         metrics: RelayMetrics,
-        throttle: LogThrottle,
+        throttle: Callable[[str, float], str | None],  # client_requests.LogThrottle
         work: Socket,
         control: Socket,
         *,
