@@ -43,9 +43,8 @@ from mdproto.runtime.metrics_http import Health, MetricsServer
 from relay import curve, sockets
 from relay.client_requests import UNEXPECTED_TYPE, ClientRequests, LogThrottle
 from relay.config import RelaySettings
-from relay.ingestors import Ingestors
+from relay.ingestors import BadStatusError, Ingestors
 from relay.live_feeds import LiveFeeds
-from relay.liveness import BadStatusError
 from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
 from relay.proxy import MarketDataProxy, ProxyStats
