@@ -47,8 +47,7 @@ from relay.ingestors import BadStatusError, Ingestors
 from relay.live_feeds import LiveFeeds
 from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
-from relay.proxy import MarketDataProxy, ProxyStats
-from relay.sockets import Endpoints, Socket, WakeupSocket
+from relay.sockets import Endpoints, MarketDataProxy, ProxyStats, Socket, WakeupSocket
 from relay.triggers import LoggingTriggerSink, TriggerSink
 from relay.upstream import UpstreamLinks
 

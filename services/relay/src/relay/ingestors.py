@@ -28,8 +28,7 @@ from mdproto.messages import DataRequest, IngestorControl, IngestorStatus
 from relay import sockets
 from relay.config import RelaySettings
 from relay.metrics import RelayMetrics
-from relay.proxy import parse_subscription
-from relay.sockets import Socket
+from relay.sockets import Socket, parse_subscription
 from relay.subscriptions import Announce, Cancel
 
 log = logging.getLogger(__name__)
