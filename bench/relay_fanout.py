@@ -282,7 +282,7 @@ def capacity_run(mode: str, subs: int, size: int, count: int) -> tuple[float, fl
     proxy thread alone sets the pace. (The steerable proxy's PAUSE does not stop
     forwarding in libzmq 4.3.5, hence queueing before the start.)
     """
-    from relay.proxy import MarketDataProxy, ProxyStats
+    from relay.sockets import MarketDataProxy, ProxyStats
 
     assert mode in ("bare", "relay", "capture")
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

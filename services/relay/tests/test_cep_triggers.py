@@ -16,7 +16,7 @@ from mdproto.messages import (
     NotifyPattern,
     Status,
 )
-from relay import validation as v
+from relay import client_requests as v
 from relay.config import RelaySettings
 from relay.trigger_kafka import TriggerDirectory
 from relay.triggers import LoggingTriggerSink, TriggerSinkError

@@ -1,6 +1,6 @@
 """Ingestor liveness, the exchange breaker and dynamic exchanges.
 
-The pure rule (relay.liveness) with a hand-driven clock, then a running relay
+The pure rule (relay.ingestors.Liveness) with a hand-driven clock, then a running relay
 on real sockets with fake ingestors that send IngestorStatus on :5556.
 """
 
@@ -21,7 +21,7 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
-from relay.liveness import BadStatusError, Liveness, State
+from relay.ingestors import BadStatusError, Liveness, State
 
 if TYPE_CHECKING:
     from conftest import RelayFactory, RunningRelay

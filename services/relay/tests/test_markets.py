@@ -26,8 +26,8 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
+from relay import client_requests as v
 from relay import markets as markets_module
-from relay import validation as v
 from relay.markets import KnownMarkets, MarketBook
 
 if TYPE_CHECKING:

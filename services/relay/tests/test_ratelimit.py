@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.ratelimit import TokenBuckets
+from relay.client_requests import TokenBuckets
 
 
 def test_burst_then_refusal_then_refill() -> None:

@@ -18,7 +18,7 @@ from mdproto.messages import (
     Status,
     SubmitHistoricalRequest,
 )
-from relay import validation as v
+from relay import client_requests as v
 
 POLICY = v.Policy.of(["BINANCE", "COINBASE"], max_candles=100_000, max_future_ms=60_000)
 NOW = 1_700_000_000_000

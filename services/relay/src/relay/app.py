@@ -41,16 +41,13 @@ from mdproto.errors import ProtocolError
 from mdproto.messages import DataResponse, FeedStatus, IngestorStatus
 from mdproto.runtime.metrics_http import Health, MetricsServer
 from relay import curve, sockets
-from relay.client_requests import UNEXPECTED_TYPE, ClientRequests
+from relay.client_requests import UNEXPECTED_TYPE, ClientRequests, LogThrottle
 from relay.config import RelaySettings
-from relay.ingestors import Ingestors
+from relay.ingestors import BadStatusError, Ingestors
 from relay.live_feeds import LiveFeeds
-from relay.liveness import BadStatusError
 from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
-from relay.proxy import MarketDataProxy, ProxyStats
-from relay.ratelimit import LogThrottle
-from relay.sockets import Endpoints, Socket, WakeupSocket
+from relay.sockets import Endpoints, MarketDataProxy, ProxyStats, Socket, WakeupSocket
 from relay.triggers import LoggingTriggerSink, TriggerSink
 from relay.upstream import UpstreamLinks
 

@@ -1,29 +1,41 @@
 """Client requests on the ROUTER :5559: every one gets exactly one reply.
 
-    frames -> rate limit (ratelimit.py) -> decode -> rules (validation.py) -> symbols
+    frames -> rate limit (TokenBuckets) -> decode -> rules (check_*) -> symbols
         SubmitHistoricalRequest -> no ingestor? refused : DataRequest{HISTORICAL} -> SubmitResponse
         CEPTriggerRequest -> TriggerSink (store, cancel, list) -> CEPTriggerAck
         OHLCRequest (legacy) -> pending map (legacy.py) + DataRequest{legacy_sync};
             the Response follows when the ingestor's DataResponse arrives, or TIMEOUT
 
 Undecodable frames and unknown types are answered `Response{ERROR}`; refusals
-use the reply type the request expects. Loop thread only.
+use the reply type the request expects. `ClientRequests` is the adapter (loop
+thread only); the decisions it applies are pure sections below it, tested
+without sockets (`now`, ids and the symbol predicate are passed in):
+validation, the relay's policy (served exchanges, limits) over `mdproto.rules`
+(the client and the pipeline check the same rules) and the replies it builds,
+the market-metadata check (`relay.markets`) last; and the rate limit,
+`TokenBuckets` (one flooding client cannot starve the others) and `LogThrottle`
+(one flooding cause cannot drown the log; app.py and ingestors.py use it too).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import zmq
 from google.protobuf.message import Message
 
-from mdproto import envelope
+from mdproto import envelope, rules
 from mdproto.errors import ProtocolError
 from mdproto.messages import (
     CEPTriggerAck,
     CEPTriggerRequest,
+    DataRequest,
     DataResponse,
     OHLCRequest,
     Response,
@@ -31,23 +43,15 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
+from mdproto.rules import RuleViolation
 from relay import sockets
 from relay.config import RelaySettings
 from relay.ingestors import Ingestors
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
 from relay.live_feeds import LiveFeeds
 from relay.metrics import RelayMetrics
-from relay.ratelimit import LogThrottle, TokenBuckets
 from relay.sockets import Socket
 from relay.triggers import TriggerSink, TriggerSinkError
-from relay.validation import (
-    Policy,
-    Rejection,
-    SymbolCheck,
-    check_legacy,
-    check_submit,
-    check_trigger,
-)
 
 log = logging.getLogger(__name__)
 
@@ -299,3 +303,278 @@ def _refusal(message: Message | None, code: str, reason: str) -> Message:
 
 def _legacy_refusal(request_id: str, code: str, reason: str) -> Response:
     return Response(request_id=request_id, status=Status.REJECTED, reason=reason, error_code=code)
+
+
+# --- validation (pure: `now_ms`, `new_id` and `symbols` are passed in) -------------
+
+# Enum values looked up once: protobuf's module-level enum access costs ~1 us a time.
+_OK = Status.OK
+_REJECTED = Status.REJECTED
+_HISTORICAL = DataRequest.HISTORICAL
+
+SymbolCheck = Callable[[str, bool], str | None]
+"""Why a (well-formed) ticker cannot be served (the flag: live use, where an inactive
+market fails too), or None: `MarketDirectory.check`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The configurable limits validation applies."""
+
+    known_exchanges: frozenset[str]  # empty: any (whether one is served is decided later)
+    max_candles: int = 10_000_000
+    max_future_ms: int = 24 * 3600 * 1000
+
+    @classmethod
+    def of(cls, exchanges: Iterable[str], max_candles: int, max_future_ms: int) -> Policy:
+        return cls(frozenset(exchanges), max_candles, max_future_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    error_code: str
+    reason: str
+
+    @classmethod
+    def of(cls, violation: RuleViolation) -> Rejection:
+        return cls(violation.error_code, violation.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A `DataRequest` for the ingestors and its PUB topic (the exchange prefix)."""
+
+    topic: str
+    request: DataRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitOutcome:
+    reply: SubmitResponse
+    work: Work | None  # None: rejected
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerOutcome:
+    reply: CEPTriggerAck
+    accepted: bool
+
+
+def check_submit(
+    req: SubmitHistoricalRequest,
+    policy: Policy,
+    now_ms: int,
+    new_id: Callable[[], str],
+    *,
+    symbols: SymbolCheck | None = None,
+) -> SubmitOutcome:
+    """Validate a `SubmitHistoricalRequest` and build its `SubmitResponse`.
+
+    An empty request_id is generated when client_id is set (the client learns it
+    from the reply); with neither id there is nothing to notify, so it is rejected.
+    """
+    try:
+        request_id = _request_id(req.request_id, req.client_id, new_id)
+        prefix = _ticker_prefix(req.ticker, policy)
+        _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
+        topic = rules.notification_topic(req.notify, request_id, req.client_id)
+        _check_symbol(req.ticker, symbols)
+    except RuleViolation as bad:
+        return SubmitOutcome(_rejected_reply(SubmitResponse(request_id=req.request_id), bad), None)
+    work = _historical(req, request_id, now_ms, notification_topic=topic, refetch=req.refetch)
+    reply = SubmitResponse(request_id=request_id, status=_OK, notification_topic=topic)
+    return SubmitOutcome(reply, Work(prefix, work))
+
+
+def check_legacy(
+    req: OHLCRequest,
+    policy: Policy,
+    now_ms: int,
+    new_id: Callable[[], str],
+    *,
+    symbols: SymbolCheck | None = None,
+) -> Work | Rejection:
+    """Validate a legacy `OHLCRequest`; the client waits, so any request_id will do."""
+    try:
+        request_id = req.request_id or new_id()
+        rules.check_ids(request_id=request_id, client_id=req.client_id)
+        prefix = _ticker_prefix(req.ticker, policy)
+        _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
+        _check_symbol(req.ticker, symbols)
+    except RuleViolation as bad:
+        return Rejection.of(bad)
+    return Work(prefix, _historical(req, request_id, now_ms, legacy_sync=True, limit=req.limit))
+
+
+def _historical(
+    req: SubmitHistoricalRequest | OHLCRequest,
+    request_id: str,
+    now_ms: int,
+    *,
+    notification_topic: str = "",
+    legacy_sync: bool = False,
+    limit: int = 0,
+    refetch: bool = False,
+) -> DataRequest:
+    """The `DataRequest` of a validated history request, submitted or legacy (the
+    proto3 defaults of the flow-specific fields are what the other flow leaves unset)."""
+    return DataRequest(
+        request_id=request_id,
+        client_id=req.client_id,
+        kind=_HISTORICAL,
+        ticker=req.ticker,
+        period_seconds=req.period_seconds,
+        start_time_ms=req.start_time_ms,
+        end_time_ms=req.end_time_ms,
+        notification_topic=notification_topic,
+        legacy_sync=legacy_sync,
+        submitted_at_ms=now_ms,
+        limit=limit,
+        refetch=refetch,
+    )
+
+
+def check_trigger(
+    req: CEPTriggerRequest, policy: Policy, now_ms: int, *, symbols: SymbolCheck | None = None
+) -> TriggerOutcome:
+    """Validate a `CEPTriggerRequest` (REGISTER, CANCEL or LIST) and build its ack.
+
+    `event_topic` follows `notify`: RESPONSE:{client_id} per client (AUTO with a
+    client_id), else CEP:{trigger_id}. CANCEL needs only the trigger_id, LIST only
+    the client_id (the relay fills `triggers` in from its trigger store). Only
+    REGISTER is checked against market metadata: a CANCEL always goes through.
+    """
+    try:
+        if req.action == CEPTriggerRequest.LIST:
+            if not req.client_id:
+                raise RuleViolation(
+                    rules.MISSING_ID, "LIST needs the client_id whose triggers to list"
+                )
+            rules.check_ids(client_id=req.client_id)
+            return TriggerOutcome(CEPTriggerAck(trigger_id=req.trigger_id, status=_OK), True)
+        if req.action == CEPTriggerRequest.REGISTER:
+            event_topic = rules.register(req, now_ms)
+            _ticker_prefix(req.ticker, policy)
+            _check_symbol(req.ticker, symbols, live=True)
+        elif req.action == CEPTriggerRequest.CANCEL:
+            if not req.trigger_id:
+                raise RuleViolation(rules.MISSING_ID, "trigger_id is required")
+            rules.check_ids(trigger_id=req.trigger_id, client_id=req.client_id)
+            if req.ticker:
+                _ticker_prefix(req.ticker, policy)
+            event_topic = ""
+        else:
+            raise RuleViolation(
+                rules.BAD_ACTION, f"action must be REGISTER, CANCEL or LIST, got {req.action}"
+            )
+    except RuleViolation as bad:
+        return TriggerOutcome(_rejected_reply(CEPTriggerAck(trigger_id=req.trigger_id), bad), False)
+    ack = CEPTriggerAck(trigger_id=req.trigger_id, status=_OK, event_topic=event_topic)
+    return TriggerOutcome(ack, True)
+
+
+_Reply = TypeVar("_Reply", SubmitResponse, CEPTriggerAck)
+
+
+def _rejected_reply(reply: _Reply, bad: RuleViolation) -> _Reply:
+    reply.status, reply.reason, reply.error_code = _REJECTED, bad.reason, bad.error_code
+    return reply
+
+
+def _request_id(request_id: str, client_id: str, new_id: Callable[[], str]) -> str:
+    if not request_id:
+        if not client_id:
+            raise RuleViolation(rules.MISSING_ID, "request_id or client_id is required")
+        request_id = new_id()
+    rules.check_ids(request_id=request_id, client_id=client_id)
+    return request_id
+
+
+def _ticker_prefix(ticker: str, policy: Policy) -> str:
+    exchange = rules.ticker(ticker).exchange
+    if policy.known_exchanges and exchange not in policy.known_exchanges:
+        known = ", ".join(sorted(policy.known_exchanges))
+        raise RuleViolation(rules.UNKNOWN_EXCHANGE, f"exchange {exchange} is not served ({known})")
+    return f"{exchange}:"
+
+
+def _check_symbol(ticker: str, symbols: SymbolCheck | None, *, live: bool = False) -> None:
+    why = symbols(ticker, live) if symbols is not None else None
+    if why is not None:
+        raise RuleViolation(rules.BAD_SYMBOL, why)
+
+
+def _check_range(period: int, start_ms: int, end_ms: int, policy: Policy, now_ms: int) -> None:
+    rules.history_range(period, start_ms, end_ms)
+    rules.range_limits(
+        period, start_ms, end_ms, now_ms=now_ms, max_future_ms=policy.max_future_ms,
+        max_candles=policy.max_candles,
+    )  # fmt: skip
+
+
+# --- rate limit and log throttle (pure: `now` is passed in) ------------------------
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    stamp: float
+    limited: bool = False  # currently refusing: lets the caller log once per episode
+
+
+class TokenBuckets:
+    """Keyed by ROUTER identity (one per connection: a client that reconnects starts
+    with a full bucket, which bounds the damage but is not an authentication); an LRU
+    bounded to `max_keys` entries."""
+
+    def __init__(self, rate: float, burst: int, max_keys: int) -> None:
+        self._rate = rate
+        self._burst = float(burst)
+        self._max_keys = max_keys
+        self._buckets: OrderedDict[bytes, _Bucket] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self._rate > 0
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, key: bytes, now: float) -> tuple[bool, bool]:
+        """(allowed, first refusal of an episode) for one request from `key`."""
+        if not self.enabled:
+            return True, False
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self._burst, now)
+            if len(self._buckets) > self._max_keys:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            elapsed = max(0.0, now - bucket.stamp)
+            bucket.tokens = min(self._burst, bucket.tokens + elapsed * self._rate)
+            bucket.stamp = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            bucket.limited = False
+            return True, False
+        first = not bucket.limited
+        bucket.limited = True
+        return False, first
+
+
+class LogThrottle:
+    """At most one log line per key per second; counts the ones it swallowed."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, key: str, now: float) -> str | None:
+        """None: stay quiet; else a suffix for the line about suppressed repeats."""
+        if now - self._last.get(key, -math.inf) < 1.0:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        return f" ({skipped} similar suppressed)" if skipped else ""

@@ -23,7 +23,7 @@ from relay.config import RelaySettings
 from relay.feedstatus import StatusBoard, state_name, status_ticker
 from relay.ingestors import Ingestors
 from relay.metrics import RelayMetrics
-from relay.proxy import MarketDataProxy, parse_subscription
+from relay.sockets import MarketDataProxy, parse_subscription
 from relay.subscriptions import Action, Announce, LiveSubscriptions
 
 log = logging.getLogger(__name__)

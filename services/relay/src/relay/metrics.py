@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from relay.proxy import ProxyStats
+from relay.sockets import ProxyStats
 
 log = logging.getLogger(__name__)
 
