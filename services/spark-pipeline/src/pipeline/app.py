@@ -29,10 +29,9 @@ from prometheus_client import CollectorRegistry
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.config import Settings
-from pipeline.lake import Lake
+from pipeline.lake import Lake, TableNames
 from pipeline.progress import ProgressLogger
 from pipeline.pub_server import Publisher, PubServer
-from pipeline.tables import TableNames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
