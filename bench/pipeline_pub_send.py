@@ -24,8 +24,7 @@ from google.protobuf.message import Message
 
 from mdproto import envelope, topics
 from mdproto.messages import Tick
-from pipeline.pub_server import Outlet
-from pipeline.sequencing import Sequencer
+from pipeline.pub_server import Outlet, Sequencer
 
 TICKERS = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:SOL/USDT", "BINANCE:XRP/USDT"]
 BATCH = 100

@@ -221,9 +221,8 @@ def report(before: Measure, after: Measure) -> str:
 
 def run(args: argparse.Namespace) -> None:
     from pipeline.config import UpkeepConfig, load_settings
-    from pipeline.lake import Lake
+    from pipeline.lake import Lake, TableNames
     from pipeline.session import build_session
-    from pipeline.tables import TableNames
     from pipeline.upkeep import Upkeep
 
     namespace = f"upkeep_{uuid.uuid4().hex[:8]}"

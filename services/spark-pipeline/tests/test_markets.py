@@ -9,9 +9,9 @@ import pyarrow as pa
 
 from mdproto import envelope
 from mdproto.messages import Market
-from pipeline import tables
+from pipeline import lake
+from pipeline.lake import TableNames
 from pipeline.markets import MARKETS_SCHEMA, decode_markets
-from pipeline.tables import TableNames
 
 
 def market(ticker: str, updated_at_ms: int, **fields: Any) -> bytes:
@@ -66,10 +66,10 @@ def test_an_empty_batch_has_the_table_schema(build: Any) -> None:
 def test_table_columns_and_merge_follow_the_schema() -> None:
     names = TableNames("lake", "market")
     assert names.markets == "lake.market.markets"
-    assert tuple(MARKETS_SCHEMA.names) == tables.MARKET_COLUMNS
-    ddl = tables.create_markets(names)
+    assert tuple(MARKETS_SCHEMA.names) == lake.MARKET_COLUMNS
+    ddl = lake.create_markets(names)
     assert "PARTITIONED BY (exchange)" in ddl and "ticker STRING NOT NULL" in ddl
-    merge = tables.merge_markets(names.markets, "src")
+    merge = lake.merge_markets(names.markets, "src")
     assert "ON t.ticker = s.ticker" in merge
     assert "WHEN MATCHED AND s.deleted THEN DELETE" in merge
     assert "s.updated_at > t.updated_at" in merge  # a replayed (equal) record changes nothing

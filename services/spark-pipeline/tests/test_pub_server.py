@@ -16,8 +16,7 @@ import zmq
 from mdproto import envelope
 from mdproto.messages import OHLC, HistoryReadyNotification, Tick
 from pipeline.config import Settings
-from pipeline.pub_server import Outlet, Publisher, PubServer
-from pipeline.sequencing import Sequencer
+from pipeline.pub_server import Outlet, Publisher, PubServer, Sequencer
 
 
 def _settings(endpoint: str = "tcp://127.0.0.1:*") -> Settings:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Market, Tick
-from pipeline.sequencing import LastValues, Sequencer, is_snapshot_topic, new_epoch, sequenced
+from pipeline.pub_server import LastValues, Sequencer, is_snapshot_topic, new_epoch, sequenced
 
 T = "BINANCE:BTC/USDT"
 

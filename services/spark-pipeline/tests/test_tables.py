@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mdproto import ProtocolError
-from pipeline import tables
-from pipeline.tables import SeriesRange, TableNames
+from pipeline import lake
+from pipeline.lake import SeriesRange, TableNames
 
 NAMES = TableNames("lake", "market")
 
@@ -18,35 +18,35 @@ def test_table_names() -> None:
 
 
 def test_ddl_partitions_for_client_queries() -> None:
-    ohlc = tables.create_ohlc(NAMES)
+    ohlc = lake.create_ohlc(NAMES)
     assert "PARTITIONED BY (ticker, period_seconds, months(open_time))" in ohlc
     assert "open_time TIMESTAMP NOT NULL" in ohlc
-    assert "PARTITIONED BY (ticker, days(trade_time))" in tables.create_ticks(NAMES)
-    assert "PARTITIONED BY (bucket(16, request_id))" in tables.create_requests(NAMES)
-    assert all("IF NOT EXISTS" in statement for statement in tables.ddl(NAMES))
+    assert "PARTITIONED BY (ticker, days(trade_time))" in lake.create_ticks(NAMES)
+    assert "PARTITIONED BY (bucket(16, request_id))" in lake.create_requests(NAMES)
+    assert all("IF NOT EXISTS" in statement for statement in lake.ddl(NAMES))
 
 
 def test_ohlc_ddl_lists_the_record_columns_in_order_and_older_tables_get_the_new_ones() -> None:
     from pipeline.records import OHLC_SCHEMA
 
-    ddl = tables.create_ohlc(NAMES)
+    ddl = lake.create_ohlc(NAMES)
     body = ddl[ddl.index("(") + 1 : ddl.index(")\nUSING")]
     assert [line.split()[0] for line in body.splitlines() if line.strip()] == OHLC_SCHEMA.names
-    assert tables.add_columns(NAMES.ohlc, tables.OHLC_ADDED_COLUMNS) == (
+    assert lake.add_columns(NAMES.ohlc, lake.OHLC_ADDED_COLUMNS) == (
         "ALTER TABLE lake.market.ohlc ADD COLUMNS"
         " (quote_volume DOUBLE, taker_buy_volume DOUBLE, taker_buy_quote_volume DOUBLE)"
     )
-    assert set(tables.OHLC_ADDED_COLUMNS) <= set(tables.OHLC_VALUE_COLUMNS)
+    assert set(lake.OHLC_ADDED_COLUMNS) <= set(lake.OHLC_VALUE_COLUMNS)
 
 
 def test_timestamp_literal_is_utc_with_microseconds() -> None:
-    assert tables.timestamp_literal(1_700_000_040_123) == (
+    assert lake.timestamp_literal(1_700_000_040_123) == (
         "TIMESTAMP '2023-11-14 22:14:00.123000+00:00'"
     )
 
 
 def test_history_merge_matches_the_natural_key_and_updates_only_changes() -> None:
-    sql = tables.merge_history_candles("lake.market.ohlc", "src", 0, 60_000)
+    sql = lake.merge_history_candles("lake.market.ohlc", "src", 0, 60_000)
     assert "t.ticker = s.ticker AND t.period_seconds = s.period_seconds" in sql
     assert "AND t.open_time = s.open_time" in sql
     assert "t.open_time >= TIMESTAMP '1970-01-01 00:00:00.000000+00:00'" in sql
@@ -55,8 +55,8 @@ def test_history_merge_matches_the_natural_key_and_updates_only_changes() -> Non
 
 
 def test_live_and_tick_merges_only_insert() -> None:
-    live = tables.merge_live_candles("lake.market.ohlc", "src", 0, 1)
-    ticks = tables.merge_ticks("lake.market.ticks", "src", 0, 1)
+    live = lake.merge_live_candles("lake.market.ohlc", "src", 0, 1)
+    ticks = lake.merge_ticks("lake.market.ticks", "src", 0, 1)
     for sql in (live, ticks):
         assert "WHEN MATCHED" not in sql
         assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
@@ -64,7 +64,7 @@ def test_live_and_tick_merges_only_insert() -> None:
 
 
 def test_amending_live_merge_updates_only_changed_live_candles() -> None:
-    sql = tables.merge_live_candles("lake.market.ohlc", "src", 0, 1, amend=True)
+    sql = lake.merge_live_candles("lake.market.ohlc", "src", 0, 1, amend=True)
     assert "WHEN MATCHED AND t.source = 'live' AND (NOT (t.open <=> s.open) OR " in sql
     assert "NOT (t.trade_count <=> s.trade_count)" in sql
     assert "NOT (t.taker_buy_quote_volume <=> s.taker_buy_quote_volume)) THEN UPDATE SET *" in sql
@@ -73,10 +73,10 @@ def test_amending_live_merge_updates_only_changed_live_candles() -> None:
 
 def test_range_probe_and_count_queries() -> None:
     r = SeriesRange("BINANCE:BTC/USDT", 60, 0, 120_000)
-    probe = tables.select_any_ohlc("lake.market.ohlc", [r, r])
+    probe = lake.select_any_ohlc("lake.market.ohlc", [r, r])
     assert probe.count("ticker = 'BINANCE:BTC/USDT' AND period_seconds = 60") == 2
     assert probe.endswith("LIMIT 1")
-    count = tables.count_request_rows("lake.market.ohlc", 42, [("r1", r), ("r2", r)])
+    count = lake.count_request_rows("lake.market.ohlc", 42, [("r1", r), ("r2", r)])
     assert "VERSION AS OF 42" in count
     assert "open_time < TIMESTAMP '1970-01-01 00:02:00.000000+00:00'" in count  # half-open
     assert count.count("UNION ALL") == 1
@@ -84,6 +84,6 @@ def test_range_probe_and_count_queries() -> None:
 
 def test_values_that_would_break_the_sql_are_refused() -> None:
     with pytest.raises(ValueError, match="not a valid id"):
-        tables.select_requests("t", ["x' OR '1'='1"])
+        lake.select_requests("t", ["x' OR '1'='1"])
     with pytest.raises(ProtocolError):
-        tables.select_any_ohlc("t", [SeriesRange("X:A/B' --", 60, 0, 1)])
+        lake.select_any_ohlc("t", [SeriesRange("X:A/B' --", 60, 0, 1)])

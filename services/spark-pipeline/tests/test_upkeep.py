@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pipeline.config import UpkeepConfig
-from pipeline.tables import TableNames
+from pipeline.lake import TableNames
 from pipeline.upkeep import plan
 
 NAMES = TableNames("lake", "market")

@@ -29,10 +29,9 @@ from prometheus_client import CollectorRegistry
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.config import Settings
-from pipeline.lake import Lake
+from pipeline.lake import Lake, TableNames
 from pipeline.progress import ProgressLogger
 from pipeline.pub_server import Publisher, PubServer
-from pipeline.tables import TableNames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,16 +70,16 @@ class Pipeline:
         self.publisher = Publisher(self.pub_server.pull_endpoint, endpoint)
         log.info("PUB bound on %s", endpoint)
         self.spark = session.build_session(settings)
-        faults.set_jvm_pid(session.jvm_pid(self.spark))
+        crash = faults.armed(session.jvm_pid(self.spark))  # None in production: a test hook
         self.spark.streams.addListener(ProgressLogger(summarise={"ticks-publish": 10.0}))
         self._serve_metrics()
         self.lake = Lake(self.spark, self.names)
         self.lake.ensure_tables()
         if settings.history.enabled:
-            q = history.start(self.spark, settings, self.lake, self.publisher)
+            q = history.start(self.spark, settings, self.lake, self.publisher, crash)
             self.queries[history.QUERY_NAME] = q
         if settings.live.enabled:
-            for q in live.start(self.spark, settings, self.lake, self.publisher):
+            for q in live.start(self.spark, settings, self.lake, self.publisher, crash):
                 self.queries[str(q.name)] = q
         if settings.cep.enabled:
             from pipeline.cep import query as cep
@@ -161,13 +160,13 @@ class Pipeline:
             self.spark = None
 
     def _write_ready_file(self) -> None:
-        if not self.settings.ready_file or self.publisher is None:
+        if not self.settings.ready_file or self.publisher is None or self.spark is None:
             return
         path = Path(self.settings.ready_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "pid": os.getpid(),
-            "jvm_pid": faults.get_jvm_pid(),
+            "jvm_pid": session.jvm_pid(self.spark),
             "pub_endpoint": self.publisher.endpoint,
             "queries": {name: str(q.id) for name, q in self.queries.items()},
         }

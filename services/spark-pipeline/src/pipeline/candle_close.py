@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.tables import LIVE_VALUE_COLUMNS
+from pipeline.lake import LIVE_VALUE_COLUMNS
 
 TradeKey = tuple[int, int, str]  # (trade time us, len(trade_id), trade_id)
 

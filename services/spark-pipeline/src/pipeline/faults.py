@@ -1,15 +1,17 @@
 """Crash points for recovery tests: ``PIPELINE_CRASH_AT=<point>`` kills the driver there.
 
-The kill is SIGKILL of the Spark JVM and then of this process, the same as
-``kill -9`` of the driver at that line: no shutdown hook, no flush, no cleanup.
-Unset (production), `crash_point` is a dictionary lookup.
+Off the production path: app.py gives history and live `armed`'s hook only when
+the variable is set (else they hold a no-op). The kill is SIGKILL of the Spark
+JVM, then of this process: ``kill -9`` of the driver at that line, no cleanup.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
+from collections.abc import Callable
 
 CRASH_ENV = "PIPELINE_CRASH_AT"
 POINTS = frozenset(
@@ -21,27 +23,27 @@ POINTS = frozenset(
         "live-after-candles-commit",
     }
 )
+#: Called with a point's name where a recovery test may kill the driver.
+CrashPoint = Callable[[str], None]
 
 log = logging.getLogger(__name__)
-_jvm_pid: int | None = None
 
 
-def set_jvm_pid(pid: int | None) -> None:
-    """Remember the Spark JVM's pid so a crash takes it down too (local mode)."""
-    global _jvm_pid
-    _jvm_pid = pid
+def armed(jvm_pid: int | None) -> CrashPoint | None:
+    """SIGKILL of the driver and the JVM ``jvm_pid`` at ``PIPELINE_CRASH_AT``'s point; None
+    when unset (production). An unknown point refuses the start rather than never crashing."""
+    point = os.environ.get(CRASH_ENV)
+    if point and point not in POINTS:
+        raise ValueError(f"{CRASH_ENV}={point!r} is not one of {sorted(POINTS)}")
+    return functools.partial(_crash_at, point, jvm_pid) if point else None
 
 
-def get_jvm_pid() -> int | None:
-    return _jvm_pid
-
-
-def crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) != name:
+def _crash_at(point: str, jvm_pid: int | None, name: str) -> None:
+    if name != point:
         return
     log.critical("crash point %s reached: SIGKILL of the driver", name)
     for handler in logging.getLogger().handlers:
         handler.flush()
-    if _jvm_pid is not None:
-        os.kill(_jvm_pid, signal.SIGKILL)
+    if jvm_pid is not None:
+        os.kill(jvm_pid, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

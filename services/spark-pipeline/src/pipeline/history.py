@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto.messages import Status
-from pipeline import faults, history_notices, records
+from pipeline import history_notices, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
 from pipeline.pub_server import Publisher
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from pipeline.faults import CrashPoint
+
 log = logging.getLogger(__name__)
 QUERY_NAME = "history"
 KAFKA_COLUMNS = ("key", "value", "partition", "offset", "timestamp")
@@ -49,10 +51,13 @@ KAFKA_COLUMNS = ("key", "value", "partition", "offset", "timestamp")
 class HistorySink:
     """The foreachBatch function of the history query."""
 
-    def __init__(self, lake: Lake, publisher: Publisher, identity: QueryIdentity) -> None:
+    def __init__(
+        self, lake: Lake, publisher: Publisher, identity: QueryIdentity, crash_point: CrashPoint
+    ) -> None:
         self._lake = lake
         self._publisher = publisher
         self._identity = identity
+        self._crash_point = crash_point
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="history-lookup")
         self._accepted = history_notices.AcceptedRows()
 
@@ -70,7 +75,7 @@ class HistorySink:
         ids = sorted({m.request_id for m in decoded.finals})
         lookup = self._pool.submit(self._lake.find_requests, session, ids) if ids else None
         how = self._lake.write_history(session, decoded.candles)
-        faults.crash_point("history-after-ohlc-commit")
+        self._crash_point("history-after-ohlc-commit")
         self._accepted.add(decoded.accepted)
         laps.lap(how)
         plan = history_notices.Plan()
@@ -134,10 +139,10 @@ class HistorySink:
             laps.lap(f"count {len(to_count)}")
         plan = history_notices.apply_counts(plan, found)
         self._lake.record_requests(session, plan.record)
-        faults.crash_point("history-after-requests-commit")
+        self._crash_point("history-after-requests-commit")
         laps.lap("record")
         self._publisher.publish_many((r.notification_topic, r.notification()) for r in plan.publish)
-        faults.crash_point("history-after-publish")
+        self._crash_point("history-after-publish")
         laps.lap("publish")
         for request in plan.publish:
             log.info(
@@ -182,7 +187,11 @@ def _age(kafka: pa.Table) -> str:
 
 
 def start(
-    spark: SparkSession, settings: Settings, lake: Lake, publisher: Publisher
+    spark: SparkSession,
+    settings: Settings,
+    lake: Lake,
+    publisher: Publisher,
+    crash_point: CrashPoint | None = None,
 ) -> StreamingQuery:
     source = kafka_source(
         spark,
@@ -195,7 +204,7 @@ def start(
         source,
         name=QUERY_NAME,
         settings=settings,
-        function=HistorySink(lake, publisher, identity),
+        function=HistorySink(lake, publisher, identity, crash_point or (lambda _: None)),
         trigger_s=settings.history.trigger_s,
         identity=identity,
     )

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from mdproto import topics
 from mdproto.messages import OHLC
-from pipeline import candle_close, faults, records
+from pipeline import candle_close, records
 from pipeline.config import LiveConfig, Settings
 from pipeline.lake import Lake
 from pipeline.pub_server import Publisher
@@ -34,6 +34,8 @@ from pipeline.tick_publisher import RecentKeys
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from pipeline.faults import CrashPoint
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +159,9 @@ class TickPublisher:
 class TickPersister:
     """ticks-persist: decode on executors, MERGE new (ticker, trade_id) into ``ticks``."""
 
-    def __init__(self, lake: Lake) -> None:
+    def __init__(self, lake: Lake, crash_point: CrashPoint) -> None:
         self._lake = lake
+        self._crash_point = crash_point
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as sf
@@ -175,7 +178,7 @@ class TickPersister:
             if not n:
                 return
             self._lake.merge_ticks(ticks, stats["lo"][0].as_py(), stats["hi"][0].as_py())
-            faults.crash_point("live-after-ticks-commit")
+            self._crash_point("live-after-ticks-commit")
         finally:
             ticks.unpersist()
         log.info(
@@ -201,9 +204,10 @@ class CandleUpdatePublisher:
 class CandleCloser:
     """candles-close: MERGE closed windows into ``ohlc``, then publish ``closed=true``."""
 
-    def __init__(self, lake: Lake, publisher: Publisher) -> None:
+    def __init__(self, lake: Lake, publisher: Publisher, crash_point: CrashPoint) -> None:
         self._lake = lake
         self._publisher = publisher
+        self._crash_point = crash_point
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -215,7 +219,7 @@ class CandleCloser:
         bounds = pc.min_max(rows["open_time_ms"])
         frame = session.createDataFrame(table)
         self._lake.merge_live_candles(frame, bounds["min"].as_py(), bounds["max"].as_py())
-        faults.crash_point("live-after-candles-commit")
+        self._crash_point("live-after-candles-commit")
         self._publisher.publish_many(ohlc_messages(rows, closed=True))
         log.info(
             "candles-close batch %d: %d closed candles committed and published in %.0f ms",
@@ -259,9 +263,10 @@ class EventCandleCloser:
     a correction of a live candle updates it; an exchange candle always wins).
     """
 
-    def __init__(self, lake: Lake, publisher: Publisher) -> None:
+    def __init__(self, lake: Lake, publisher: Publisher, crash_point: CrashPoint) -> None:
         self._lake = lake
         self._publisher = publisher
+        self._crash_point = crash_point
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -277,7 +282,7 @@ class EventCandleCloser:
         self._lake.merge_live_candles(
             frame, bounds["min"].as_py(), bounds["max"].as_py(), amend=True
         )
-        faults.crash_point("live-after-candles-commit")
+        self._crash_point("live-after-candles-commit")
         corrections = pc.sum(rows["correction"].cast(pa.int64())).as_py() or 0
         log.info(
             "candles-close batch %d: %d closed candles (%d corrections) published in %.0f ms, "
@@ -323,9 +328,14 @@ def iceberg_ticks(spark: SparkSession, table: str) -> DataFrame:
 
 
 def start(
-    spark: SparkSession, settings: Settings, lake: Lake, publisher: Publisher
+    spark: SparkSession,
+    settings: Settings,
+    lake: Lake,
+    publisher: Publisher,
+    crash_point: CrashPoint | None = None,
 ) -> list[StreamingQuery]:
     live = settings.live
+    crash = crash_point or (lambda _: None)  # production: no crash points
 
     def kafka() -> DataFrame:
         topic = settings.kafka.topic_ticks
@@ -348,7 +358,7 @@ def start(
             kafka(),
             name="ticks-persist",
             settings=settings,
-            function=TickPersister(lake),
+            function=TickPersister(lake, crash),
             trigger_s=live.persist_trigger_s,
         ),
         start_query(
@@ -366,7 +376,7 @@ def start(
                 event_closed_candles(decoded_ticks(kafka()), live),
                 name="candles-close",
                 settings=settings,
-                function=EventCandleCloser(lake, publisher),
+                function=EventCandleCloser(lake, publisher, crash),
                 trigger_s=live.candle_close_trigger_s,
                 output_mode="update",
                 checkpoint="candles-close-event",
@@ -378,7 +388,7 @@ def start(
                 candles(iceberg_ticks(spark, lake.names.ticks), live.periods, live.watermark_s),
                 name="candles-close",
                 settings=settings,
-                function=CandleCloser(lake, publisher),
+                function=CandleCloser(lake, publisher, crash),
                 trigger_s=live.candle_close_trigger_s,
                 output_mode="append",
             )

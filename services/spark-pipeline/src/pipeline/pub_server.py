@@ -1,14 +1,18 @@
 """The pipeline's ZeroMQ XPUB (port 5557), in a process of its own: the only zmq module.
 
 Driver threads PUSH over ipc to this process; its forwarding thread stamps each
-message with its topic's sequence number (pipeline.sequencing) and sends it on
-the XPUB. The tick publisher thread stamps and sends ticks itself, under the
-same lock, without a hop. A process, so tick publication never waits for the
-driver's GIL (docs/adr/0002). An XPUB rather than a PUB so a new subscription
-is answered with the topic's last value (zguide "last value cache"; checked
-every `SUBSCRIPTION_CHECK_MS`). The XPUB drops past its HWM, hence a large
-``sndhwm`` (subscribers see the gap in the sequence); the driver's PUSH blocks
-instead (up to 10 s, then raises): a notification is never dropped on our side.
+message with its topic's sequence number and sends it on the XPUB. The tick
+publisher thread stamps and sends ticks itself, under the same lock, without a
+hop. A process, so tick publication never waits for the driver's GIL
+(docs/adr/0002). An XPUB rather than a PUB so a new subscription is answered
+with the topic's last value (zguide "last value cache"; checked every
+`SUBSCRIPTION_CHECK_MS`). The XPUB drops past its HWM, hence a large ``sndhwm``
+(subscribers see the gap in the sequence); the driver's PUSH blocks instead (up
+to 10 s, then raises): a notification is never dropped on our side.
+
+`Sequencer` (``sequence`` per topic, ``publisher_epoch`` per server start, so a
+subscriber sees gaps and restarts: docs/protocol.md) and `LastValues` are plain
+classes without sockets, driven by the `Outlet` under its send lock.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -30,9 +35,8 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from google.protobuf.message import Message
 
-from mdproto import ProtocolError, envelope
+from mdproto import ProtocolError, envelope, topics
 from pipeline.config import Settings
-from pipeline.sequencing import LastValues, Sequencer, new_epoch, sequenced
 
 if TYPE_CHECKING:
     from pipeline.tick_publisher import TickPublisher
@@ -252,6 +256,75 @@ def _last_endpoint(socket: zmq.Socket[bytes]) -> str:
     """The bound address (a ``*`` port resolved)."""
     last = socket.getsockopt(zmq.LAST_ENDPOINT)
     return last.decode() if isinstance(last, bytes) else str(last)
+
+
+#: Topics whose last value is re-sent on subscription: market data only. A
+#: notification or a trigger event re-sent to a late subscriber would be news.
+_SNAPSHOT_SUFFIXES = (f"|{topics.TICK}", f"|{topics.OHLC}:")
+
+
+def new_epoch() -> int:
+    """The epoch of a publisher process: its start time in microseconds (unique
+    per start, and later starts compare greater; clients only test equality)."""
+    return time.time_ns() // 1000
+
+
+def is_snapshot_topic(topic: str) -> bool:
+    return topic.endswith(_SNAPSHOT_SUFFIXES[0]) or _SNAPSHOT_SUFFIXES[1] in topic
+
+
+class Sequencer:
+    """Per-topic counters of one publisher epoch. Not thread-safe: the caller holds
+    the lock it sends under, so numbers follow the order on the wire."""
+
+    __slots__ = ("counters", "epoch")
+
+    def __init__(self, epoch: int | None = None) -> None:
+        self.epoch = new_epoch() if epoch is None else epoch
+        #: topic -> the next number (public for the tick loop, which inlines `stamp`).
+        self.counters: dict[str, int] = {}
+
+    def stamp(self, topic: str, message: Message) -> None:
+        """Set the message's ``sequence`` and ``publisher_epoch`` (it must have both)."""
+        n = self.counters.get(topic, 1)
+        self.counters[topic] = n + 1
+        message.sequence = n  # type: ignore[attr-defined]
+        message.publisher_epoch = self.epoch  # type: ignore[attr-defined]
+
+    def last(self, topic: str) -> int:
+        """The last number given on `topic` (0: none yet)."""
+        return self.counters.get(topic, 1) - 1
+
+
+def sequenced(message: Message) -> bool:
+    """Whether this message type carries sequence fields (Tick, OHLC, notifications, events)."""
+    return "publisher_epoch" in message.DESCRIPTOR.fields_by_name
+
+
+class LastValues:
+    """The frames last published on each market-data topic."""
+
+    __slots__ = ("frames",)
+
+    def __init__(self) -> None:
+        #: topic -> frames (public for the tick loop, which inlines `put`).
+        self.frames: dict[str, list[bytes]] = {}
+
+    def put(self, topic: str, frames: list[bytes]) -> None:
+        if is_snapshot_topic(topic):
+            self.frames[topic] = frames
+
+    def matching(self, prefix: str) -> Iterator[list[bytes]]:
+        """What a new subscription to `prefix` (a ZeroMQ prefix match) should receive."""
+        exact = self.frames.get(prefix)
+        if exact is not None:
+            yield exact
+        for topic, frames in list(self.frames.items()):
+            if topic != prefix and topic.startswith(prefix):
+                yield frames
+
+    def __len__(self) -> int:
+        return len(self.frames)
 
 
 class Outlet:

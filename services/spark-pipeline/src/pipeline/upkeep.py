@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pipeline.config import UpkeepConfig
+from pipeline.lake import TableNames
 from pipeline.session import BACKGROUND_POOL
-from pipeline.tables import TableNames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
