@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import faults
+from pipeline.preflight import StartupError
 
 
 def test_unset_means_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -14,7 +15,7 @@ def test_unset_means_no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_unknown_point_refuses_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(faults.CRASH_ENV, "history-after-lunch")
-    with pytest.raises(ValueError, match="history-after-lunch"):
+    with pytest.raises(StartupError, match="history-after-lunch"):
         faults.armed(jvm_pid=None)
 
 

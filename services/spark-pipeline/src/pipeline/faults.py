@@ -13,6 +13,8 @@ import os
 import signal
 from collections.abc import Callable
 
+from pipeline.preflight import StartupError
+
 CRASH_ENV = "PIPELINE_CRASH_AT"
 POINTS = frozenset(
     {
@@ -34,7 +36,7 @@ def armed(jvm_pid: int | None) -> CrashPoint | None:
     when unset (production). An unknown point refuses the start rather than never crashing."""
     point = os.environ.get(CRASH_ENV)
     if point and point not in POINTS:
-        raise ValueError(f"{CRASH_ENV}={point!r} is not one of {sorted(POINTS)}")
+        raise StartupError(f"{CRASH_ENV}={point!r} is not one of {sorted(POINTS)}")
     return functools.partial(_crash_at, point, jvm_pid) if point else None
 
 
