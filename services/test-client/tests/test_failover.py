@@ -149,6 +149,9 @@ def test_live_stream_through_two_relays_delivers_each_message_once(kit: Any) -> 
             for seq in range(1, 301):
                 a.publish(topic, tick(seq))
                 b.publish(topic, tick(seq))
+            # Both copies of 1..300 must be in before one relay dies: closing a relay
+            # drops what it has not sent yet, and then b's copy would be the first.
+            wait_until(lambda: stream.duplicates == 300, "both relays' copies of 1..300")
             a.close()  # one relay dies; the other goes on
             for seq in range(301, 601):
                 b.publish(topic, tick(seq))
