@@ -2,26 +2,45 @@
 
 `run` starts everything, waits for readiness, answers one real history request
 through the `mdclient` CLI (rows printed, candlestick chart written), then keeps
-the platform running until Ctrl-C, or stops at once with `--once`.
+the platform running until Ctrl-C or `stop`, restarting a component that crashes
+(`supervise`; when it gives up: `infra.platform.restarts`), or stops at once with `--once`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from infra.localstack.components import base_env
-from infra.localstack.process import StackError
+from infra.localstack.process import (
+    ExitWatcher,
+    PidFile,
+    ProcessRecord,
+    StackError,
+    _proc_start_ticks,
+    log_tail,
+)
+from infra.localstack.stack import ComponentStatus
 from infra.platform.config import PlatformConfig
+from infra.platform.restarts import GiveUp, RestartPolicy
 from infra.platform.services import BIN
 from infra.platform.supervisor import Platform, PlatformEndpoints
 from ingestor.venues import venue_for
+
+Say = Callable[[str], None]
+#: The `run` process's own pid file under `<data>/run/`, for `stop`.
+SUPERVISOR_PID_FILE = "platform.pid"
+#: Lines of a crashed component's log shown on the console.
+LOG_TAIL_LINES = 10
 
 
 def _say(msg: str) -> None:
@@ -61,7 +80,67 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _wait_for_ctrl_c(platform: Platform) -> None:
+def describe_exit(code: int | None) -> str:
+    """An exit status for people: `exit code 1`, `killed by SIGKILL`."""
+    if code is None:
+        return "exit status unknown: not started by this process"
+    if code >= 0:
+        return f"exit code {code}"
+    with contextlib.suppress(ValueError):
+        return f"killed by {signal.Signals(-code).name}"
+    return f"killed by signal {-code}"
+
+
+def _recover(platform: Platform, policy: RestartPolicy, dead: ComponentStatus, say: Say) -> str:
+    """Say how `dead` died and restart it until it is ready or `policy` gives up ("" if
+    it runs again, else why the platform stops). A failed start counts as a crash."""
+    cause = describe_exit(platform.exit_status(dead.pid)) if dead.pid is not None else "gone"
+    tail = textwrap.indent(log_tail(dead.log_file, LOG_TAIL_LINES), "  | ", lambda _: True)
+    say(f"[platform] {dead.name} died ({cause}); last lines of {dead.log_file}:\n{tail}")
+    while True:
+        action = policy.crashed(dead.name)
+        if isinstance(action, GiveUp):
+            return (
+                f"{dead.name} crashed {action.crashes} times within {action.window_s:g} s;"
+                " giving up (PLATFORM_CRASH_LIMIT, PLATFORM_CRASH_WINDOW_S)"
+            )
+        say(
+            f"[platform] restarting {dead.name} (crash {action.crashes} within"
+            f" {policy.window_s:g} s; at {action.limit} the platform stops)"
+        )
+        try:
+            platform.restart(dead.name)
+        except StackError as exc:
+            say(f"[platform] {dead.name} did not start again: {exc}")
+            continue
+        say(f"[platform] {dead.name} is ready again")
+        return ""
+
+
+def supervise(
+    platform: Platform,
+    stop: threading.Event,
+    clock: Callable[[], float] = time.monotonic,
+    *,
+    say: Say = _say,
+    poll_s: float = 1.0,
+) -> str:
+    """Keep the platform running: restart each component that crashes, as
+    `infra.platform.restarts` decides, until `stop` is set ("") or the platform must
+    stop (the reason). Ctrl-C and SIGTERM interrupt it (KeyboardInterrupt)."""
+    policy = RestartPolicy(platform.config.crash_limit, platform.config.crash_window_s, clock)
+    while not stop.wait(poll_s):
+        for row in platform.status():
+            if row.state == "stopped":  # its pid file removed: a `down` elsewhere, no crash
+                return f"{row.name} was stopped by another process"
+            if row.state != "running" and (reason := _recover(platform, policy, row, say)):
+                return reason
+    return ""
+
+
+def _wait_for_ctrl_c(platform: Platform) -> str:
+    """Say how to use the running platform, then `supervise` it: KeyboardInterrupt on
+    Ctrl-C or SIGTERM, else the reason it must stop."""
     e = platform.endpoints
     _say(
         "\n[platform] running. Open the live chart in a browser:\n"
@@ -71,16 +150,10 @@ def _wait_for_ctrl_c(platform: Platform) -> None:
         f"     (relay {e.request})\n"
         f"  curl -s {e.relay_metrics}/metrics | grep relay_\n"
         f"  logs: {platform.config.data_dir / 'logs'}\n"
-        "Ctrl-C stops everything (or `make stop` from another shell)."
+        "A component that crashes is restarted. Ctrl-C stops everything (or `make stop`"
+        " from another shell)."
     )
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        while all(s.state == "running" for s in platform.status()):
-            time.sleep(2)
-        stopped = [s.name for s in platform.status() if s.state != "running"]
-        _say(f"[platform] {', '.join(stopped)} stopped (see its log); shutting down")
-    except KeyboardInterrupt:
-        _say("\n[platform] stopping ...")
+    return supervise(platform, threading.Event())
 
 
 def default_start(exchange_id: str) -> str:
@@ -105,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "run":
         platform = Platform(config, use_simulator=True)
         if args.command == "stop":
-            platform.down()
+            _stop_supervisor(config.data_dir)
+            platform.down()  # what no supervisor stopped
         else:
             _print_status(platform)
         return 0
@@ -115,6 +189,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StackError as exc:  # e.g. an exchange the simulator does not speak
         _say(f"[platform] ERROR: {exc}")
         return 1
+    signal.signal(signal.SIGTERM, _interrupt)
+    pid_file = PidFile(config.data_dir / "run" / SUPERVISOR_PID_FILE)
+    pid_file.write(_this_process())
+    try:
+        return _run(platform, args)
+    finally:
+        pid_file.remove()
+
+
+def _run(platform: Platform, args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         endpoints = platform.up()
@@ -126,15 +210,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         platform.down()
         return 130
     _say(f"[platform] every component ready in {time.monotonic() - t0:.0f} s")
+    data_dir = platform.config.data_dir
     try:
-        code = history_demo(endpoints, config.data_dir, args.ticker, args.period, args.start)
-        if not args.once:
-            _wait_for_ctrl_c(platform)
+        code = history_demo(endpoints, data_dir, args.ticker, args.period, args.start)
+        if not args.once and (reason := _wait_for_ctrl_c(platform)):
+            _say(f"[platform] {reason}; shutting down")
+            code = 1
     except KeyboardInterrupt:
+        _say("\n[platform] stopping ...")
         code = 130
     finally:
         platform.down()
     return code
+
+
+def _this_process() -> ProcessRecord:
+    pid = os.getpid()
+    ticks = _proc_start_ticks(pid)
+    return ProcessRecord("platform", pid, ticks if ticks is not None else -1, {}, "", sys.argv)
+
+
+def _stop_supervisor(data_dir: Path, timeout_s: float = 120.0) -> None:
+    """`make stop` while `make run` supervises: SIGTERM `run` first, so that it stops
+    everything itself instead of restarting the components `down` stops under it."""
+    record = PidFile(data_dir / "run" / SUPERVISOR_PID_FILE).read()
+    if record is None or not record.alive or record.pid == os.getpid():
+        return
+    watcher = ExitWatcher(record.pid)
+    try:
+        os.kill(record.pid, signal.SIGTERM)
+        if not watcher.wait(timeout_s):
+            _say(f"[platform] `run` (pid {record.pid}) still runs after {timeout_s:g} s")
+    finally:
+        watcher.close()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Defaults are the spec's ports (docs/protocol.md); tests use `ServicePorts.free()`.
 Environment overrides use the `PLATFORM_` prefix, e.g. `PLATFORM_EXCHANGES=okx`,
-`PLATFORM_EXCHANGE=real` or `PLATFORM_PORTS__CLIENT_REQUEST=15559`.
+`PLATFORM_EXCHANGE=real`, `PLATFORM_PORTS__CLIENT_REQUEST=15559` or `PLATFORM_CRASH_LIMIT=5`.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ class PlatformConfig(BaseSettings):
     start_timeout_s: float = 300.0
     #: Extra environment for the services, e.g. {"PIPELINE_LIVE__WATERMARK_S": "2"}.
     service_env: dict[str, str] = Field(default_factory=dict)
+    #: `run` restarts a component that crashes, unless it crashed `crash_limit` times
+    #: within `crash_window_s` seconds: then it stops everything (1: at the first crash).
+    crash_limit: int = Field(default=3, ge=1)
+    crash_window_s: float = Field(default=300.0, gt=0)
 
     @field_validator("exchanges", mode="before")
     @classmethod

@@ -39,7 +39,8 @@ class Faults(Protocol):
         """SIGKILL the service's main process and let its supervisor bring it back.
 
         Compose: the container's restart policy restarts it, this returns at once.
-        Local: the processes have no restart policy, so this restarts it itself.
+        Local: a test's platform runs no supervisor (`make run`'s `supervise` is the
+        restart policy), so this restarts it itself.
         """
 
     def wait_ready(self, service: str, timeout_s: float = 300.0) -> None:

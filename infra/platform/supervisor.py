@@ -12,10 +12,10 @@ stops what `make run` started.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +97,8 @@ class Platform:
                 " (and the real exchange reachable)"
             )
         self.use_simulator = use_simulator
+        self._reap_lock = threading.Lock()  # `kill` and a supervisor thread both reap
+        self._exits: dict[int, int] = {}  # pid -> exit status, once reaped
         port = self.config.ports.exchange_sim
         self.exchange_url = f"http://{LOOPBACK}:{port}" if use_simulator else None
 
@@ -165,26 +167,51 @@ class Platform:
             raise
         return self.endpoints
 
+    def _phase_of(self, name: str) -> LocalStack:
+        for phase in self.phases:
+            if any(component.name == name for component in phase.components):
+                return phase
+        raise StackError(f"no component named {name}")
+
+    def restart(self, name: str) -> None:
+        """Start `name` again after a crash; returns once it answers its readiness probe.
+
+        Only its phase is brought up: `LocalStack.up` starts just what is not running
+        there, re-probes the rest, and on failure stops only what it started
+        (`up()` would also stop the earlier phases, the whole stack).
+        """
+        self._phase_of(name).up()
+
+    def exit_status(self, pid: int) -> int | None:
+        """How a dead component process ended: its exit code, or minus the signal that
+        killed it; None if unknown (another process started it, or it still runs).
+        Reaps it when this process started it (`kill` reaps its own victims)."""
+        with self._reap_lock:
+            try:
+                reaped, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return self._exits.get(pid)
+            if not reaped:
+                return None
+            self._exits[pid] = os.waitstatus_to_exitcode(status)
+            return self._exits[pid]
+
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
         """Signal a component's whole process group (a crash, for recovery tests).
 
-        `up()` afterwards restarts it (and only it). Returns the killed pid.
+        `up()` or `restart(name)` afterwards restarts it (and only it). Returns the
+        killed pid.
         """
-        for phase in self.phases:
-            for component in phase.components:
-                if component.name == name:
-                    record = PidFile(phase.run_dir / f"{name}.pid").read()
-                    if record is None or not record.alive:
-                        raise StackError(f"{name} is not running")
-                    watcher = ExitWatcher(record.pid)
-                    os.killpg(record.pid, sig)
-                    watcher.wait(timeout_s=30)
-                    watcher.close()
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(record.pid, os.WNOHANG)  # ours when this process started it
-                    wait_group_gone(record.pid, timeout_s=30)
-                    return record.pid
-        raise StackError(f"no component named {name}")
+        record = PidFile(self._phase_of(name).run_dir / f"{name}.pid").read()
+        if record is None or not record.alive:
+            raise StackError(f"{name} is not running")
+        watcher = ExitWatcher(record.pid)
+        os.killpg(record.pid, sig)
+        watcher.wait(timeout_s=30)
+        watcher.close()
+        self.exit_status(record.pid)  # reaped here when this process started it
+        wait_group_gone(record.pid, timeout_s=30)
+        return record.pid
 
     def down(self) -> None:
         for phase in reversed(self.phases):
