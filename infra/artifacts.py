@@ -7,7 +7,8 @@ fingerprint matches the poms and touches neither Maven nor the network.
 Cache layout (``$INFRA_CACHE_DIR``, default ``.cache/`` at the repository root)::
 
     kafka/          runtime classpath of the Kafka broker
-    iceberg-rest/   the Iceberg REST catalog fixture jar (java -jar)
+    iceberg-rest/   the Iceberg REST catalog server jar and the PostgreSQL JDBC driver,
+                    plus classes-<hash>/ (infra/catalog/CatalogServer.java, compiled)
     spark/          jars for spark.jars: Kafka source + Iceberg runtime + AWS bundle
     <dir>/.resolved.json   marker: pom fingerprint + the jar list
     maven.log       output of the last Maven run
@@ -213,12 +214,39 @@ def kafka_classpath(cache: Path | None = None) -> list[Path]:
     return list(ensure_artifacts(("kafka",), cache=cache)["kafka"].jars)
 
 
-def iceberg_rest_jar(cache: Path | None = None) -> Path:
-    """The self-contained Iceberg REST catalog fixture jar (``java -jar``)."""
-    jars = ensure_artifacts(("iceberg-rest",), cache=cache)["iceberg-rest"].jars
-    if len(jars) != 1:
-        raise ArtifactError(f"expected one iceberg-rest jar, found {[j.name for j in jars]}")
-    return jars[0]
+#: The catalog server's launcher (loopback bind, client defaults), compiled on first use.
+CATALOG_SERVER_SOURCE = REPO_ROOT / "infra" / "catalog" / "CatalogServer.java"
+CATALOG_SERVER_MAIN = "org.apache.iceberg.rest.CatalogServer"
+
+
+def catalog_server_classpath(cache: Path | None = None) -> list[Path]:
+    """Classpath of the Iceberg REST catalog server (run ``CATALOG_SERVER_MAIN``).
+
+    Iceberg's REST server jar and the PostgreSQL driver from Maven, plus our
+    launcher compiled with ``javac`` into a folder named after its source's hash,
+    so an edited launcher is rebuilt and an unchanged one never is.
+    """
+    resolved = ensure_artifacts(("iceberg-rest",), cache=cache)["iceberg-rest"]
+    source = CATALOG_SERVER_SOURCE.read_bytes()
+    classes = resolved.directory / f"classes-{hashlib.sha256(source).hexdigest()[:12]}"
+    if not (classes / "org" / "apache" / "iceberg" / "rest" / "CatalogServer.class").is_file():
+        javac = shutil.which("javac")
+        if javac is None:
+            raise ArtifactError("`javac` is not on PATH: install a JDK 17 (not only a JRE)")
+        tmp = classes.with_name(classes.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        cp = os.pathsep.join(str(j) for j in resolved.jars)
+        proc = subprocess.run(
+            [javac, "-d", str(tmp), "-cp", cp, str(CATALOG_SERVER_SOURCE)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise ArtifactError(f"javac {CATALOG_SERVER_SOURCE.name} failed:\n{proc.stderr}")
+        shutil.rmtree(classes, ignore_errors=True)
+        tmp.replace(classes)
+    return [classes, *resolved.jars]
 
 
 def _size_mib(paths: Sequence[Path]) -> float:
@@ -241,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     components = tuple(args.components) or COMPONENTS
     try:
         resolved = ensure_artifacts(components, cache=cache, offline=args.offline)
+        if "iceberg-rest" in resolved:
+            catalog_server_classpath(cache)
     except ArtifactError as exc:
         _stderr(f"[artifacts] ERROR: {exc}")
         return 1

@@ -28,6 +28,7 @@ class Versions:
     iceberg_spark_major: str
     kafka: str
     slf4j: str
+    postgresql_jdbc: str
 
     @property
     def coordinates(self) -> dict[str, list[str]]:
@@ -38,7 +39,10 @@ class Versions:
                 f"org.apache.kafka:kafka_{sb}:{self.kafka}",
                 f"org.slf4j:slf4j-simple:{self.slf4j}",
             ],
-            "iceberg-rest": [f"org.apache.iceberg:iceberg-open-api:{self.iceberg}"],
+            "iceberg-rest": [
+                f"org.apache.iceberg:iceberg-open-api:{self.iceberg}",
+                f"org.postgresql:postgresql:{self.postgresql_jdbc}",
+            ],
             "spark": [
                 f"org.apache.spark:spark-sql-kafka-0-10_{sb}:{self.spark}",
                 f"org.apache.spark:spark-token-provider-kafka-0-10_{sb}:"
@@ -71,4 +75,5 @@ def load_versions(pom: Path = POM) -> Versions:
         iceberg_spark_major=p["iceberg.spark.major"],
         kafka=p["kafka.version"],
         slf4j=p["slf4j.version"],
+        postgresql_jdbc=p["postgresql.jdbc.version"],
     )

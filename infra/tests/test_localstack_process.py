@@ -134,7 +134,7 @@ def test_status_and_down_on_an_empty_data_dir(
 ) -> None:
     assert localstack_cli(["status", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("stopped") == 3
+    assert out.count("stopped") == 4
     assert localstack_cli(["status", "--check", "--data-dir", str(tmp_path)]) == 3
     assert localstack_cli(["down", "--data-dir", str(tmp_path)]) == 0
 
@@ -162,7 +162,10 @@ def test_versions_come_from_the_pom_and_match_pyspark() -> None:
     v = load_versions()
     assert v.spark == pyspark.__version__
     assert v.iceberg_spark_major == ".".join(v.spark.split(".")[:2])
-    assert v.coordinates["iceberg-rest"] == [f"org.apache.iceberg:iceberg-open-api:{v.iceberg}"]
+    assert v.coordinates["iceberg-rest"] == [
+        f"org.apache.iceberg:iceberg-open-api:{v.iceberg}",
+        f"org.postgresql:postgresql:{v.postgresql_jdbc}",
+    ]
 
 
 def test_marker_must_match_the_pom_fingerprint(tmp_path: Path) -> None:
@@ -191,6 +194,6 @@ def test_resolved_cache_needs_no_maven(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(artifacts, "_run_maven", no_maven)
     monkeypatch.setenv(artifacts.CACHE_ENV, str(tmp_path))
     assert artifacts.spark_jars() == [tmp_path / "spark" / "spark.jar"]
-    assert artifacts.iceberg_rest_jar() == tmp_path / "iceberg-rest" / "iceberg-rest.jar"
+    assert artifacts.kafka_classpath() == [tmp_path / "kafka" / "kafka.jar"]
     marker = json.loads((tmp_path / "spark" / artifacts.MARKER).read_text())
     assert marker["coordinates"] == load_versions().coordinates["spark"]

@@ -49,9 +49,13 @@ def test_explicit_endpoint_beats_host_and_catalog_properties() -> None:
     )
     assert (s.request_address, s.market_data_address) == ("tcp://x:1", "tcp://h:5558")
     props = s.catalog_properties()
-    assert props["type"] == "rest" and props["s3.path-style-access"] == "true"
-    assert props["s3.access-key-id"] == "k" and props["warehouse"] == "s3://w"
-    assert "s3.secret-access-key" not in props  # unset keys fall back to AWS defaults
+    assert props["type"] == "rest" and props["warehouse"] == "s3://w"
+    assert props["s3.access-key-id"] == "k"
+    # Unset S3 settings are left to what the catalog hands out (GET /v1/config).
+    assert not {"s3.secret-access-key", "s3.endpoint", "s3.region"} & set(props)
+    with_endpoint = load_settings(s3_endpoint="http://s3:9000").catalog_properties()
+    assert with_endpoint["s3.endpoint"] == "http://s3:9000"
+    assert with_endpoint["s3.path-style-access"] == "true"
 
 
 @pytest.mark.parametrize(

@@ -175,14 +175,18 @@ def pyiceberg_properties(
     s3_access_key: str = "",
     s3_secret_key: str = "",
 ) -> dict[str, str]:
-    """Properties for `pyiceberg.catalog.load_catalog` (empty keys: the default AWS chain)."""
-    props = {
-        "type": "rest",
-        "uri": uri,
-        "s3.endpoint": s3_endpoint,
-        "s3.region": s3_region,
-        "s3.path-style-access": "true",
-    }
+    """Properties for `pyiceberg.catalog.load_catalog`.
+
+    Empty values are left out, so the catalog's own client defaults (`GET
+    /v1/config`: the S3 endpoint, path style, region and keys the platform's catalog
+    hands out) apply; anything set here wins over them.
+    """
+    props = {"type": "rest", "uri": uri}
+    if s3_endpoint:
+        props["s3.endpoint"] = s3_endpoint
+        props["s3.path-style-access"] = "true"
+    if s3_region:
+        props["s3.region"] = s3_region
     if warehouse:
         props["warehouse"] = warehouse
     if s3_access_key:
@@ -200,8 +204,9 @@ class CatalogSettings(BaseModel):
     name: str = "rest"
     uri: str = "http://127.0.0.1:8181"
     warehouse: str = ""
-    s3_endpoint: str = "http://127.0.0.1:8333"
-    s3_region: str = "us-east-1"
+    # Empty: what the catalog hands out (docs/adr/0007-iceberg-catalog.md).
+    s3_endpoint: str = ""
+    s3_region: str = ""
     s3_access_key: str = ""
     s3_secret_key: str = ""
 

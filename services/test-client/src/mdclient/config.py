@@ -58,14 +58,15 @@ class ClientSettings(runtime.FileSettings):
     progress_interval_s: float = Field(default=0.2, gt=0)
     live_queue_size: int = Field(default=10_000, ge=1)
 
-    # Iceberg (REST catalog + S3).
+    # Iceberg (REST catalog + S3). Empty S3 settings: those the catalog hands out
+    # (the platform's catalog tells clients its S3 endpoint, region and keys).
     catalog_name: str = "rest"
     catalog_uri: str = "http://127.0.0.1:8181"
     warehouse: str = ""
-    s3_endpoint: str = "http://127.0.0.1:8333"
+    s3_endpoint: str = ""
     s3_access_key: str = ""
     s3_secret_key: str = ""
-    s3_region: str = "us-east-1"
+    s3_region: str = ""
     ohlc_table: str = contracts.ICEBERG_OHLC
     requests_table: str = contracts.ICEBERG_REQUESTS
     recover_from_table: bool = True  # after a wait times out, ask requests_table first
