@@ -612,7 +612,7 @@ class IcebergRest(Component):
 
 
 def client_file_io_env(e: StackEndpoints) -> dict[str, str]:
-    """S3 FileIO properties in the CATALOG_ naming (`s3.path-style-access`: S3_PATH__STYLE__ACCESS)."""
+    """S3 FileIO properties named like CATALOG_* (s3.path-style-access: S3_PATH__STYLE__ACCESS)."""
     return {
         "S3_ENDPOINT": e.s3_endpoint,
         "S3_PATH__STYLE__ACCESS": "true",
