@@ -33,7 +33,7 @@ def own_stack(tmp_path: Path) -> Iterator[LocalStack]:
 
 
 def _assert_fully_stopped(stack: LocalStack) -> None:
-    assert [s.state for s in stack.status()] == ["stopped"] * 3
+    assert [s.state for s in stack.status()] == ["stopped"] * len(stack.components)
     for comp in stack.components:
         for port in comp.ports.values():
             assert port_is_free(port, "127.0.0.1"), f"{comp.name} still holds port {port}"
