@@ -50,8 +50,9 @@ lint: venv proto
 	$(BIN)/mypy $(wildcard proto/src infra services/*/src bench)
 
 # The compose platform's tests (marker `compose`) run in `make e2e`.
+# --durations: the slowest set-ups and tests, for docs/development.md's duration report.
 test: lint jars gateway-assets
-	$(BIN)/pytest -m "not compose" $(TESTS)
+	$(BIN)/pytest -m "not compose" --durations=40 $(TESTS)
 
 test-unit: venv proto
 	$(BIN)/pytest -m "not stack and not compose" $(TESTS)
