@@ -16,12 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 # Pinned versions: the compose file's upstream tags and these must move together
-# (infra/tests/test_compose.py checks Kafka, Iceberg and Spark against infra/versions.py).
+# (infra/tests/test_compose.py checks Kafka and Spark against infra/versions.py, and
+# PostgreSQL's major version against docker-compose.yml's catalog-db).
 MINIO_MODULE_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 MC_MODULE_VERSION=v0.0.0-20250313080218-cf909e1063a9
 SPARK_VERSION="$(sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' infra/maven/pom.xml)"
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' infra/maven/pom.xml)"
-ICEBERG_VERSION="$(sed -n 's:.*<iceberg.version>\(.*\)</iceberg.version>.*:\1:p' infra/maven/pom.xml)"
 
 DEBIAN=mdp-offline/debian:bookworm
 PYTHON=mdp-offline/python:3.11
@@ -29,11 +29,13 @@ JRE=mdp-offline/jre:17
 MAVEN=mdp-offline/maven:3-jdk17
 SPARK=mdp-offline/spark:${SPARK_VERSION}
 KAFKA=mdp-offline/kafka:${KAFKA_VERSION}
-ICEBERG_REST=mdp-offline/iceberg-rest-fixture:${ICEBERG_VERSION}
 MINIO=mdp-offline/minio:${MINIO_MODULE_VERSION}
 MC=mdp-offline/mc:${MC_MODULE_VERSION}
 # Debian bookworm's prometheus package; docker-compose.yml pins the same upstream release.
 PROMETHEUS=mdp-offline/prometheus:2.42.0
+# Debian bookworm's PostgreSQL (the catalog's database); docker-compose.yml pins an
+# upstream postgres:<same major>.x-bookworm.
+POSTGRES=mdp-offline/postgres:15
 
 phase() {
     local name=$1 start=$SECONDS
@@ -87,9 +89,9 @@ phase "jre" build jre "$JRE"
 phase "maven" build maven "$MAVEN"
 phase "spark" build spark "$SPARK" --build-arg "SPARK_VERSION=$SPARK_VERSION"
 phase "kafka" build kafka "$KAFKA"
-phase "iceberg-rest-fixture" build iceberg-rest "$ICEBERG_REST"
 phase "minio + mc (Go modules)" go_binaries
 phase "minio" build minio "$MINIO"
 phase "mc" build mc "$MC"
 phase "prometheus" build prometheus "$PROMETHEUS"
+phase "postgres" build postgres "$POSTGRES"
 printf '[images] offline image set ready in %ds\n' $((SECONDS - total))

@@ -6,7 +6,8 @@ truth: the compose file against the official Compose JSON schema (shipped inside
 the pinned ``docker-compose`` binary) and ``docker-compose config``; images and
 versions against ``infra/versions.py`` and ``constraints.txt``; ports against
 ``mdproto.contracts`` and the local stack's defaults; Kafka and Iceberg REST
-settings against what ``infra.localstack`` runs; every config file under
+settings against what ``infra.localstack`` runs (the catalog: Iceberg's REST server
+through our launcher, a JdbcCatalog on PostgreSQL); every config file under
 ``infra/compose/`` through the service's own config class; every Dockerfile
 through hadolint plus targeted rules; the helper scripts with stubs. The one
 test that needs an engine (the compose stack itself) skips with a reason.
@@ -37,7 +38,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.localstack.components import IcebergRest, Kafka
+from infra import artifacts
+from infra.localstack.components import CatalogDatabase, IcebergRest, Kafka
 from infra.localstack.config import StackConfig
 from infra.localstack.stack import endpoints_for
 from infra.versions import load_versions
@@ -58,6 +60,8 @@ BUILT_SERVICES: dict[str, str] = {
     "test-client": "services/test-client/Dockerfile",
     "exchange-sim": "infra/exchange_sim/Dockerfile",
     "gateway": "services/gateway/Dockerfile",
+    # The catalog: our launcher over Iceberg's REST server (infra/catalog/CatalogServer.java).
+    "iceberg-rest": "infra/images/iceberg-rest/Dockerfile",
 }
 PYTHON_DOCKERFILES = [
     "services/relay/Dockerfile",
@@ -70,13 +74,18 @@ ALL_DOCKERFILES = sorted(set(BUILT_SERVICES.values()))
 # The offline image set (infra/images): look-alikes of the third-party images.
 OFFLINE_IMAGES_DIR = REPO / "infra" / "images"
 OFFLINE_OVERRIDE = OFFLINE_IMAGES_DIR / "compose.yml"
+# (The catalog's Dockerfile lives there too, but it is a project image: ALL_DOCKERFILES.)
 OFFLINE_DOCKERFILES = sorted(
-    str(p.relative_to(REPO)) for p in OFFLINE_IMAGES_DIR.glob("*/Dockerfile")
+    str(p.relative_to(REPO))
+    for p in OFFLINE_IMAGES_DIR.glob("*/Dockerfile")
+    if str(p.relative_to(REPO)) not in ALL_DOCKERFILES
 )
 CA_FOLDER = "infra/ca-certificates/"
 # One-shot images: they exit when done, so HEALTHCHECK NONE is their honest answer.
 ONE_SHOT_IMAGES = {"services/test-client/Dockerfile"}
 ONE_SHOT_SERVICES = {"minio-init", "test-client"}
+# Restart policies that bring a crashed long-running service back.
+RESTARTING = {"unless-stopped", "always"}
 SPARK_NODES = ("spark-master", "spark-worker", "spark-pipeline")
 # The relays, active/active (docs/protocol.md "Failover and chaining"): `relay` first.
 RELAYS = ("relay", "relay-2")
@@ -394,7 +403,7 @@ def test_compose_services_share_one_network_and_named_volumes() -> None:
                 # Bind mounts are config dirs from infra/compose/, read-only.
                 assert vol["type"] == "bind" and vol.get("read_only"), (name, vol)
                 assert Path(vol["source"]).is_relative_to(COMPOSE_DIR), (name, vol)
-    assert set(doc["volumes"]) == {"kafka-data", "minio-data", "catalog-data", "pipeline-state"}
+    assert set(doc["volumes"]) == {"kafka-data", "minio-data", "catalog-db-data", "pipeline-state"}
 
 
 def test_profiles() -> None:
@@ -429,12 +438,14 @@ def test_dependencies_wait_for_health_and_one_shots_are_adopted() -> None:
     }
 
 
-def has_healthcheck(name: str) -> bool:
-    svc = service(name)
+def has_healthcheck(name: str, files: tuple[str, ...] = ()) -> bool:
+    """The service's compose healthcheck, else its image's HEALTHCHECK (project images)."""
+    services = resolved_compose(files)["services"]
+    svc = services[name]
     if svc.get("healthcheck", {}).get("test"):
         return not svc["healthcheck"].get("disable", False)
     # A service that runs another's image (relay-2) has that image's HEALTHCHECK.
-    builders = {service(b)["image"]: b for b in BUILT_SERVICES}
+    builders = {services[b]["image"]: b for b in BUILT_SERVICES}
     dockerfile = BUILT_SERVICES.get(builders.get(svc.get("image", ""), name))
     if dockerfile is None:
         return False
@@ -442,10 +453,31 @@ def has_healthcheck(name: str) -> bool:
     return any(i.keyword == "HEALTHCHECK" and i.args != "NONE" for i in final.instructions)
 
 
-def test_every_long_running_service_has_a_healthcheck() -> None:
-    for name in resolved_compose()["services"]:
-        if name not in ONE_SHOT_SERVICES:
-            assert has_healthcheck(name), name
+@pytest.mark.parametrize(
+    "files",
+    [
+        (),
+        ("docker-compose.yml", "infra/images/compose.yml"),
+        (
+            "docker-compose.yml",
+            "infra/images/compose.yml",
+            "infra/compose/kafka-cluster.yml",
+            "infra/images/kafka-cluster.yml",
+        ),
+    ],
+    ids=["upstream", "offline", "kafka-cluster"],
+)
+def test_every_long_running_service_restarts_and_has_a_healthcheck(files: tuple[str, ...]) -> None:
+    """A crashed service comes back (its restart policy), and `depends_on`/`--wait`
+    see whether it can serve (its health check); one-shot jobs are never restarted."""
+    services = resolved_compose(files)["services"]
+    assert set(services) >= ONE_SHOT_SERVICES
+    for name, svc in services.items():
+        if name in ONE_SHOT_SERVICES:
+            assert svc.get("restart") == "no", name
+            continue
+        assert svc.get("restart") in RESTARTING, f"{name}: restart {svc.get('restart')!r}"
+        assert has_healthcheck(name, files), f"{name} has no health check"
 
 
 def test_published_ports_bind_loopback_by_default() -> None:
@@ -494,12 +526,15 @@ def test_infrastructure_ports_match_the_local_stack_defaults() -> None:
     assert published("kafka")[9094] == ports.kafka
     assert published("minio")[9000] == ports.s3
     assert published("iceberg-rest")[8181] == ports.catalog
+    # The catalog's database is reached by the catalog alone, on the compose network.
+    assert not service("catalog-db").get("ports"), "catalog-db must not be published"
 
 
 def test_images_match_the_pinned_versions() -> None:
     v = load_versions()
     assert image_tag("kafka") == ("apache/kafka", v.kafka)
-    assert image_tag("iceberg-rest") == ("apache/iceberg-rest-fixture", v.iceberg)
+    # The catalog is built here (its jars from infra/maven at the pom's versions).
+    assert image_tag("iceberg-rest") == ("mdp/iceberg-rest", "dev")
     spark = parse_dockerfile("services/spark-pipeline/Dockerfile")
     assert spark.global_args["SPARK_IMAGE"] == (
         f"apache/spark:{v.spark}-scala{v.scala_binary}-java17-python3-ubuntu"
@@ -556,18 +591,104 @@ def test_kafka_settings_mirror_the_local_stack_broker() -> None:
     assert env["KAFKA_PROCESS_ROLES"] == props["process.roles"]
 
 
-def test_catalog_settings_mirror_the_local_stack_fixture() -> None:
-    env = service("iceberg-rest")["environment"]
+def test_catalog_settings_mirror_the_local_stack_catalog() -> None:
+    """The same server, catalog and client defaults as `make run`'s (IcebergRest.catalog_env);
+    only the addresses differ: service names, and every interface of the container."""
+    svc = service("iceberg-rest")
+    env = svc["environment"]
     config = StackConfig()
-    local = dict(IcebergRest(config, endpoints_for(config)).catalog_env())
-    # Differ by design: the sqlite path, the S3 host and the port (the image's default).
-    for key in ("CATALOG_URI", "CATALOG_S3_ENDPOINT", "CATALOG_REST_PORT"):
-        local.pop(key)
+    endpoints = endpoints_for(config)
+    local = dict(IcebergRest(config, endpoints).catalog_env())
+    database = CatalogDatabase(config, endpoints)
+    s3 = f"http://minio:{next(iter(published('minio')))}"
+    by_design = {
+        "REST_HOST": "0.0.0.0",  # the compose network is the boundary, `ports` the door
+        "CATALOG_URI": f"jdbc:postgresql://catalog-db:5432/{database.database}",
+        "CATALOG_S3_ENDPOINT": s3,
+        "CLIENT_S3_ENDPOINT": s3,
+    }
     for key, value in local.items():
-        assert env.get(key) == value, key
-    assert env["CATALOG_URI"].startswith("jdbc:sqlite:file:/home/iceberg/")
-    assert env["CATALOG_S3_ENDPOINT"] == "http://minio:9000"
-    assert any(v["target"] == "/home/iceberg" for v in service("iceberg-rest")["volumes"])
+        assert env.get(key) == by_design.get(key, value), key
+    # Nothing the local stack does not set, but the JVM options it passes on the command line.
+    assert set(env) - set(local) == {"JAVA_OPTS"}
+    assert env["JAVA_OPTS"].split() == [f"-Xmx{config.catalog_heap}", *config.jvm_options]
+    assert database.jdbc_uri.startswith("jdbc:postgresql://")
+    # A JdbcCatalog on catalog-db, with its credentials, once it is ready.
+    db = service("catalog-db")
+    db_env = db["environment"]
+    assert (db_env["POSTGRES_USER"], db_env["POSTGRES_PASSWORD"], db_env["POSTGRES_DB"]) == (
+        config.catalog_db_user,
+        config.catalog_db_password,
+        database.database,
+    )
+    assert (env["CATALOG_JDBC_USER"], env["CATALOG_JDBC_PASSWORD"]) == (
+        config.catalog_db_user,
+        config.catalog_db_password,
+    )
+    assert svc["depends_on"]["catalog-db"]["condition"] == "service_healthy"
+    assert svc["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+    # The server listens on the port compose publishes; no state of its own (no volume).
+    assert int(env["CATALOG_REST_PORT"]) in published("iceberg-rest")
+    assert not svc.get("volumes")
+    # The database keeps its data in a named volume at the images' PGDATA and is
+    # healthy when it accepts TCP connections for the catalog's user and database.
+    [volume] = db["volumes"]
+    assert (volume["type"], volume["source"], volume["target"]) == (
+        "volume",
+        "catalog-db-data",
+        "/var/lib/postgresql/data",
+    )
+    check = db["healthcheck"]["test"]
+    assert check[:2] == ["CMD", "pg_isready"]
+    assert {"--host=127.0.0.1", f"--username={config.catalog_db_user}"} <= set(check)
+    assert f"--dbname={database.database}" in check
+
+
+def test_catalog_image_runs_the_launcher_of_the_local_stack() -> None:
+    """The image compiles infra/catalog/CatalogServer.java against the jars `make jars`
+    resolves (Iceberg's REST server and the PostgreSQL driver) and runs its main class."""
+    catalog = parse_dockerfile(BUILT_SERVICES["iceberg-rest"])
+    build = catalog.stages[0]
+    runs = " ".join(i.args for i in build.instructions if i.keyword == "RUN")
+    assert "-f infra/maven/pom.xml" in runs and "-pl iceberg-rest" in runs
+    assert "-s infra/maven/settings.xml" in runs and "dependency:copy-dependencies" in runs
+    assert "iceberg-open-api-*.jar" in runs and "postgresql-*.jar" in runs
+    source = artifacts.CATALOG_SERVER_SOURCE.relative_to(REPO).as_posix()
+    assert f"javac -d /opt/iceberg-rest/classes -cp '/opt/iceberg-rest/lib/*' {source}" in runs
+    copies = [i.args for i in build.instructions if i.keyword == "COPY"]
+    assert f"{source} infra/catalog/" in copies
+    v = load_versions()
+    assert v.coordinates["iceberg-rest"] == [
+        f"org.apache.iceberg:iceberg-open-api:{v.iceberg}",
+        f"org.postgresql:postgresql:{v.postgresql_jdbc}",
+    ]
+    run = (OFFLINE_IMAGES_DIR / "iceberg-rest" / "bin" / "run.sh").read_text()
+    assert artifacts.CATALOG_SERVER_MAIN in run
+    final_env = " ".join(i.args for i in catalog.final.instructions if i.keyword == "ENV")
+    assert "REST_HOST=0.0.0.0" in final_env and "CATALOG_REST_PORT=8181" in final_env
+    # The builder is the Spark image's (one Maven/JDK base to mirror); the runtime a JRE 17.
+    spark = parse_dockerfile("services/spark-pipeline/Dockerfile")
+    assert catalog.global_args["MAVEN_IMAGE"] == spark.global_args["MAVEN_IMAGE"]
+    assert re.fullmatch(r"eclipse-temurin:17\.[\d.]+_\d+-jre-\w+", catalog.global_args["JRE_IMAGE"])
+
+
+def test_catalog_database_versions_agree() -> None:
+    """Upstream postgres:<major>.<minor>-bookworm; offline: Debian bookworm's package of
+    the same major (one data volume serves either image)."""
+    repo, tag = image_tag("catalog-db")
+    match = re.fullmatch(r"(\d+)\.\d+-bookworm", tag)
+    assert repo == "postgres" and match, f"{repo}:{tag}"
+    major = match[1]
+    override = yaml.safe_load(OFFLINE_OVERRIDE.read_text())["services"]
+    assert override["catalog-db"]["image"] == f"mdp-offline/postgres:{major}"
+    build_script = (OFFLINE_IMAGES_DIR / "build.sh").read_text()
+    assert f"POSTGRES=mdp-offline/postgres:{major}\n" in build_script
+    runs = " ".join(
+        i.args
+        for i in parse_dockerfile("infra/images/postgres/Dockerfile").final.instructions
+        if i.keyword in {"RUN", "ENV"}
+    )
+    assert f"postgresql-{major} " in runs and f"/usr/lib/postgresql/{major}/bin" in runs
 
 
 def test_credentials_and_warehouse_agree_everywhere() -> None:
@@ -1179,6 +1300,93 @@ def test_healthcheck_tcp_file_and_http(healthcheck: ModuleType, tmp_path: Path) 
     assert run(["bogus:x"]) == 2
 
 
+def test_catalog_healthcheck_needs_a_200_from_the_catalog(tmp_path: Path) -> None:
+    """infra/images/iceberg-rest/bin/healthcheck.sh (bash only: no curl in JRE bases):
+    healthy on 200 for GET /v1/namespaces (a query of the catalog's database), not on
+    a 500 (the database gone) or a closed port."""
+    script = str(OFFLINE_IMAGES_DIR / "iceberg-rest" / "bin" / "healthcheck.sh")
+    answers = {"/v1/namespaces": 200}
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(answers.get(self.path, 404))
+            self.end_headers()
+            self.wfile.write(b'{"namespaces": []}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = {"PATH": os.environ["PATH"], "CATALOG_REST_PORT": str(server.server_address[1])}
+    try:
+        assert subprocess.run([script], env=env, capture_output=True).returncode == 0
+        assert seen == ["/v1/namespaces"]
+        answers["/v1/namespaces"] = 500
+        failed = subprocess.run([script], env=env, capture_output=True, text=True)
+        assert failed.returncode == 1 and " 500 " in failed.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    closed = subprocess.run([script], env=env, capture_output=True)
+    assert closed.returncode != 0
+
+
+def test_postgres_entrypoint_initialises_an_empty_data_dir_once(tmp_path: Path) -> None:
+    """infra/images/postgres/bin/docker-entrypoint.sh with stub initdb/postgres: the
+    first start makes the cluster with the superuser and password, TCP clients need
+    the password (scram-sha-256), the database is created; later starts only exec."""
+    bin_dir, pgdata, tmpdir = tmp_path / "bin", tmp_path / "data", tmp_path / "tmp"
+    for folder in (bin_dir, pgdata, tmpdir):
+        folder.mkdir()
+    log = tmp_path / "log"
+    _stub(
+        bin_dir,
+        "initdb",
+        f'echo "initdb $*" >> {log}\n'
+        'pw=$(echo "$*" | sed -n "s/.*--pwfile=\\([^ ]*\\).*/\\1/p")\n'
+        f'echo "password $(cat "$pw")" >> {log}\n'
+        f"echo 15 > {pgdata}/PG_VERSION; : > {pgdata}/postgresql.conf; : > {pgdata}/pg_hba.conf\n",
+    )
+    _stub(
+        bin_dir,
+        "postgres",
+        f'if [ "$1" = --single ]; then echo "single $(cat)" >> {log}; exit 0; fi\n'
+        f'echo "server $*" >> {log}\n',
+    )
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PGDATA": str(pgdata),
+        "POSTGRES_USER": "iceberg",
+        "POSTGRES_PASSWORD": "localstack-catalog",
+        "POSTGRES_DB": "catalog",
+        "TMPDIR": str(tmpdir),
+    }
+    script = str(OFFLINE_IMAGES_DIR / "postgres" / "bin" / "docker-entrypoint.sh")
+    argv = [script, "postgres", "-c", "max_connections=50"]
+    subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith(f"initdb --pgdata={pgdata} --username=iceberg ")
+    assert "--auth-host=scram-sha-256" in lines[0]
+    assert lines[1] == "password localstack-catalog"
+    assert lines[2:] == ['single CREATE DATABASE "catalog";', "server -c max_connections=50"]
+    assert "listen_addresses = '*'" in (pgdata / "postgresql.conf").read_text()
+    assert "host all all all scram-sha-256" in (pgdata / "pg_hba.conf").read_text()
+    assert not list(tmpdir.iterdir()), "the password file is left behind"
+    # A second start finds the cluster: no initdb, no password needed.
+    log.unlink()
+    del env["POSTGRES_PASSWORD"]
+    subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    assert log.read_text().splitlines() == ["server -c max_connections=50"]
+    # An empty data dir without a password is refused with the reason.
+    (pgdata / "PG_VERSION").unlink()
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert refused.returncode != 0 and "POSTGRES_PASSWORD" in refused.stderr
+
+
 def test_pyproject_deps_drops_the_named_projects() -> None:
     deps = _load("infra/compose/bin/pyproject_deps.py", "mdp_compose_pyproject_deps")
     kept = deps.dependencies(
@@ -1483,7 +1691,16 @@ def test_offline_override_swaps_every_third_party_image_for_a_project_name() -> 
         repo = image.split(":")[0].removeprefix("mdp-offline/")
         assert f"mdp-offline/{repo}:" in build_script, f"build.sh does not build {image}"
     assert override["kafka"]["image"] == f"mdp-offline/kafka:{v.kafka}"
-    assert override["iceberg-rest"]["image"] == f"mdp-offline/iceberg-rest-fixture:{v.iceberg}"
+    # Every base of every project image is swapped for an offline one build.sh makes.
+    for svc, dockerfile in BUILT_SERVICES.items():
+        bases = {
+            k for k in parse_dockerfile(dockerfile).global_args if re.fullmatch(r"\w+_IMAGE", k)
+        }
+        args = override[svc]["build"]["args"]
+        assert set(args) == bases, svc
+        for image in args.values():
+            assert image.startswith("mdp-offline/"), (svc, image)
+            assert f"={image.split(':')[0]}:" in build_script, f"build.sh does not build {image}"
     assert override["spark-pipeline"]["build"]["args"]["SPARK_IMAGE"] == (
         f"mdp-offline/spark:{v.spark}"
     )
