@@ -59,6 +59,15 @@ def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert s.checkpoint_for("history") == "s3a://b/ck/history"
 
 
+def test_restart_policy_defaults_and_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = load_settings().restart
+    assert (r.max_restarts, r.window_s, r.backoff_initial_s, r.backoff_max_s) == (5, 300, 1, 60)
+    monkeypatch.setenv("PIPELINE_RESTART__MAX_RESTARTS", "2")
+    monkeypatch.setenv("PIPELINE_RESTART__BACKOFF_INITIAL_S", "0.5")
+    r = load_settings().restart
+    assert (r.max_restarts, r.backoff_initial_s) == (2, 0.5)
+
+
 def test_a_named_file_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="pipeline config file not found"):
         load_settings(tmp_path / "missing.yaml")

@@ -39,6 +39,32 @@ def test_ohlc_ddl_lists_the_record_columns_in_order_and_older_tables_get_the_new
     assert set(lake.OHLC_ADDED_COLUMNS) <= set(lake.OHLC_VALUE_COLUMNS)
 
 
+def test_commit_retries_ride_out_an_outage_on_new_and_existing_tables() -> None:
+    props = {k: int(v) for k, v in lake.COMMIT_RETRY_PROPERTIES.items()}
+    waits, wait, retries = 0, props["commit.retry.min-wait-ms"], 0
+    while waits < 20_000:  # Iceberg: min-wait doubling up to max-wait per retry
+        waits += wait
+        wait = min(2 * wait, props["commit.retry.max-wait-ms"])
+        retries += 1
+    assert retries <= props["commit.retry.num-retries"]
+    assert props["commit.retry.total-timeout-ms"] >= 20_000
+    for statement in lake.ddl(NAMES)[1:]:
+        assert "'commit.retry.num-retries' = '20'" in statement
+        assert "'commit.retry.total-timeout-ms' = '60000'" in statement
+    # A table from before: only what differs is set (each ALTER is a commit).
+    old = {"commit.retry.num-retries": "10", "commit.retry.min-wait-ms": "100", "x": "y"}
+    lacking = lake.properties_to_set(old, lake.COMMIT_RETRY_PROPERTIES)
+    assert lacking == {
+        "commit.retry.num-retries": "20",
+        "commit.retry.max-wait-ms": "5000",
+        "commit.retry.total-timeout-ms": "60000",
+    }
+    assert lake.properties_to_set(lake.COMMIT_RETRY_PROPERTIES, lake.COMMIT_RETRY_PROPERTIES) == {}
+    assert lake.set_properties(NAMES.ticks, {"a.b": "1", "c": "2"}) == (
+        "ALTER TABLE lake.market.ticks SET TBLPROPERTIES ('a.b' = '1', 'c' = '2')"
+    )
+
+
 def test_timestamp_literal_is_utc_with_microseconds() -> None:
     assert lake.timestamp_literal(1_700_000_040_123) == (
         "TIMESTAMP '2023-11-14 22:14:00.123000+00:00'"

@@ -12,7 +12,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, t
                                                              -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
 -> table upkeep thread: compact small and delete files, expire old snapshots (every 15 min)
--> run until SIGTERM/SIGINT, or a query or the PUB process fails
+-> run until SIGTERM/SIGINT; a failed query restarts from its checkpoint (backoff), and
+   the process exits 1 only when one keeps failing or the PUB process dies
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
@@ -32,6 +33,8 @@ from pipeline.config import Settings
 from pipeline.lake import Lake, TableNames
 from pipeline.progress import ProgressLogger
 from pipeline.pub_server import Publisher, PubServer
+from pipeline.restarts import Restarts, failure_cause
+from pipeline.streams import QueryStarter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -55,10 +58,12 @@ class Pipeline:
         self.spark: SparkSession | None = None
         self.lake: Lake | None = None
         self.queries: dict[str, StreamingQuery] = {}
+        self.starters: dict[str, QueryStarter] = {}
         self.pub_server: PubServer | None = None
         self.cep: CepQuery | None = None
         self.metrics_server: MetricsServer | None = None
         self.registry: CollectorRegistry | None = None
+        self.restarts_total: Counter | None = None
         self.upkeep: upkeep.Upkeep | None = None
 
     def start(self) -> None:
@@ -67,33 +72,52 @@ class Pipeline:
         # The PUB (and the tick relay) live in their own process: up before Spark.
         self.pub_server = PubServer(settings)
         endpoint = self.pub_server.start()
-        self.publisher = Publisher(self.pub_server.pull_endpoint, endpoint)
+        publisher = self.publisher = Publisher(self.pub_server.pull_endpoint, endpoint)
         log.info("PUB bound on %s", endpoint)
-        self.spark = session.build_session(settings)
-        crash = faults.armed(session.jvm_pid(self.spark))  # None in production: a test hook
-        self.spark.streams.addListener(ProgressLogger(summarise={"ticks-publish": 10.0}))
+        spark = self.spark = session.build_session(settings)
+        crash = faults.armed(session.jvm_pid(spark))  # None in production: a test hook
+        spark.streams.addListener(ProgressLogger(summarise={"ticks-publish": 10.0}))
         self._serve_metrics()
-        self.lake = Lake(self.spark, self.names)
-        self.lake.ensure_tables()
+        lake = self.lake = Lake(spark, self.names)
+        lake.ensure_tables()
         if settings.history.enabled:
-            q = history.start(self.spark, settings, self.lake, self.publisher, crash)
-            self.queries[history.QUERY_NAME] = q
+            self._launch(
+                history.QUERY_NAME,
+                lambda: history.start(spark, settings, lake, publisher, crash),
+            )
         if settings.live.enabled:
-            for q in live.start(self.spark, settings, self.lake, self.publisher, crash):
-                self.queries[str(q.name)] = q
+            for name, starter in live.starters(spark, settings, lake, publisher, crash).items():
+                self._launch(name, starter)
         if settings.cep.enabled:
             from pipeline.cep import query as cep
 
-            self.cep = cep.start(self.spark, settings, self.publisher)
-            self.queries[cep.QUERY_NAME] = self.cep.query
+            self._launch(cep.QUERY_NAME, self._start_cep)
         if settings.markets.enabled:
-            self.queries[markets.QUERY_NAME] = markets.start(self.spark, settings, self.lake)
+            self._launch(markets.QUERY_NAME, lambda: markets.start(spark, settings, lake))
         if settings.upkeep.enabled:
             report = metrics.UpkeepMetrics(self.registry) if self.registry else None
-            self.upkeep = upkeep.Upkeep(self.spark, self.names, settings.upkeep, report)
+            self.upkeep = upkeep.Upkeep(spark, self.names, settings.upkeep, report)
             self.upkeep.start()
         self._write_ready_file()
         log.info("pipeline running: %s", ", ".join(self.queries))
+
+    def _launch(self, name: str, starter: QueryStarter) -> None:
+        """Start a query and keep its starter: `wait` restarts it with that if it fails."""
+        self.starters[name] = starter
+        self.queries[name] = starter()
+        if self.restarts_total is not None:
+            self.restarts_total.labels(name)  # exported as 0 until a restart
+
+    def _start_cep(self) -> StreamingQuery:
+        """(Re)start cep with a new runner: it resumes from its engine snapshots, not from
+        an engine a failed batch may have left half-updated."""
+        from pipeline.cep import query as cep
+
+        assert self.spark is not None and self.publisher is not None
+        if self.cep is not None:
+            self.cep.stop()
+        self.cep = cep.start(self.spark, self.settings, self.publisher)
+        return self.cep.query
 
     def _serve_metrics(self) -> None:
         """/metrics and /healthz: batch progress from Spark's listener, liveness at scrape."""
@@ -103,6 +127,7 @@ class Pipeline:
         registry = self.registry = CollectorRegistry()
         self.spark.streams.addListener(metrics.QueryMetrics(registry))
         registry.register(metrics.LivenessCollector(self._queries_active, self._pub_alive))
+        self.restarts_total = metrics.query_restarts(registry)
         self.metrics_server = MetricsServer(
             s.metrics_host,
             s.metrics_port,
@@ -119,19 +144,61 @@ class Pipeline:
         return self.pub_server is not None and self.pub_server.alive
 
     def wait(self, stop: threading.Event) -> int:
-        """Block until ``stop`` is set (0) or a query dies (1)."""
-        assert self.spark is not None
+        """Block until ``stop`` is set (0), a query keeps failing or the PUB process dies (1).
+
+        A failed query is restarted from its checkpoint after a backoff, the others
+        running on (`restarts.Restarts` decides; every writer survives the replay).
+        """
+        restarts = Restarts(self.settings.restart)
         while not stop.is_set():
-            for name, query in self.queries.items():
-                if not query.isActive:
-                    error = query.exception()
-                    log.error("query %s terminated: %s", name, error)
+            for name, query in list(self.queries.items()):
+                if query.isActive or restarts.pending(name):
+                    continue
+                if not self._failed(name, failure_cause(query.exception()), restarts):
                     return 1
+            for name in restarts.due():
+                try:
+                    self._restart(name)
+                except Exception as exc:  # e.g. Kafka unreachable: a failure like the first
+                    if not self._failed(name, failure_cause(exc), restarts):
+                        return 1
             if self.pub_server is not None and not self.pub_server.alive:
                 log.error("the PUB server process exited (%s)", self.pub_server.exitcode)
                 return 1
-            stop.wait(1.0)
+            stop.wait(restarts.next_in(1.0))
         return 0
+
+    def _failed(self, name: str, cause: str, restarts: Restarts) -> bool:
+        """Log a query's failure and schedule its restart; False when it failed too often."""
+        delay = restarts.failed(name)
+        window = self.settings.restart.window_s
+        if delay is None:
+            log.error(
+                "query %s failed: %s; %d failures within %.0f s: giving up",
+                name,
+                cause,
+                restarts.recent(name),
+                window,
+            )
+            return False
+        log.error(
+            "query %s failed: %s; restarting it from its checkpoint in %.1f s "
+            "(failure %d within %.0f s)",
+            name,
+            cause,
+            delay,
+            restarts.recent(name),
+            window,
+        )
+        return True
+
+    def _restart(self, name: str) -> None:
+        old = self.queries[name]
+        old.stop()  # joins its thread: Spark has let go of the query id and checkpoint
+        self.queries[name] = self.starters[name]()
+        if self.restarts_total is not None:
+            self.restarts_total.labels(name).inc()
+        log.info("query %s restarted from its checkpoint", name)
 
     def stop(self) -> None:
         if self.upkeep is not None:

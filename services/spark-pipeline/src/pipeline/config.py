@@ -151,6 +151,23 @@ class MarketsConfig(_Section):
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
 
 
+class RestartConfig(_Section):
+    """A failed streaming query restarts from its checkpoint in-process (pipeline/restarts.py).
+
+    Every writer survives a replayed micro-batch (README "Exactly once per writer"),
+    so a restart loses and duplicates nothing; only a query that keeps failing
+    stops the process (exit 1, for a supervisor to see).
+    """
+
+    #: Restarts of one query allowed within ``window_s``; its next failure there gives up.
+    max_restarts: int = Field(default=5, ge=0)
+    window_s: float = Field(default=300.0, gt=0)
+    #: Wait before a restart: initial, doubled per earlier failure in the window, capped.
+    #: 1, 2, 4, 8, 16 s: five restarts spread over 31 s plus the failing batches' own time.
+    backoff_initial_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+
+
 class SparkConfig(_Section):
     #: Ignored under spark-submit, where --master decides.
     master: str = "local[*]"
@@ -192,6 +209,7 @@ class Settings(runtime.FileSettings):
     cep: CepConfig = Field(default_factory=CepConfig)
     upkeep: UpkeepConfig = Field(default_factory=UpkeepConfig)
     markets: MarketsConfig = Field(default_factory=MarketsConfig)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
     #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.

@@ -25,6 +25,7 @@ from mdproto import topics
 from pipeline import history_notices
 from pipeline.history_notices import CompletedRequest
 from pipeline.records import OHLC_SCHEMA, TICK_SCHEMA
+from pipeline.restarts import failure_cause
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,6 +49,22 @@ OHLC_ADDED_COLUMNS = {
     "taker_buy_quote_volume": "DOUBLE",
 }
 
+#: Iceberg's own commit loop (refresh, re-apply, commit again) covers a commit the
+#: catalog refused as a conflict (CommitFailedException, HTTP 409). History, live
+#: candles, upkeep and their retries commit to the same tables, and when a ~20 s
+#: catalog or S3 outage ends, every writer it held up commits at once: waits of
+#: 0.1 s doubling to 5 s span 20 s by the 9th retry; after 60 s in all the batch
+#: fails and app.py restarts the query. Iceberg never retries a 5xx or a lost
+#: connection (the commit may have landed: CommitStateUnknownException): those
+#: fail the batch too, and every writer survives its replay (README "Exactly once
+#: per writer"). Set on existing tables at start (`Lake.ensure_tables`).
+COMMIT_RETRY_PROPERTIES = {
+    "commit.retry.num-retries": "20",
+    "commit.retry.min-wait-ms": "100",
+    "commit.retry.max-wait-ms": "5000",
+    "commit.retry.total-timeout-ms": "60000",
+}
+
 _COMMON_PROPERTIES = {
     "format-version": "2",
     # Replays and overlapping requests usually change nothing: merge-on-read writes
@@ -61,9 +78,7 @@ _COMMON_PROPERTIES = {
     "write.spark.fanout.enabled": "true",
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
-    # History, live candles and their retries may commit to ohlc at the same time.
-    "commit.retry.num-retries": "10",
-    "commit.retry.min-wait-ms": "50",
+    **COMMIT_RETRY_PROPERTIES,
 }
 
 
@@ -105,8 +120,11 @@ class TableNames:
 
 
 def _properties(extra: dict[str, str] | None = None) -> str:
-    props = {**_COMMON_PROPERTIES, **(extra or {})}
-    return ",\n  ".join(f"'{k}' = '{v}'" for k, v in props.items())
+    return _properties_sql({**_COMMON_PROPERTIES, **(extra or {})}, ",\n  ")
+
+
+def _properties_sql(props: dict[str, str], separator: str = ", ") -> str:
+    return separator.join(f"'{k}' = '{v}'" for k, v in props.items())
 
 
 def create_namespace(names: TableNames) -> str:
@@ -184,6 +202,15 @@ USING iceberg
 PARTITIONED BY (bucket(16, request_id))
 TBLPROPERTIES (
   {_properties()})"""
+
+
+def set_properties(table: str, properties: dict[str, str]) -> str:
+    return f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})"
+
+
+def properties_to_set(have: dict[str, str], want: dict[str, str]) -> dict[str, str]:
+    """What an existing table lacks of ``want`` (an ALTER only when needed: each is a commit)."""
+    return {k: v for k, v in want.items() if have.get(k) != v}
 
 
 def add_columns(table: str, columns: dict[str, str]) -> str:
@@ -405,6 +432,12 @@ class Lake:
                 log.info("adding columns %s to %s", sorted(new), table)
                 self._spark.sql(add_columns(table, new))
                 self._spark.catalog.refreshTable(table)
+        for table in expected:
+            props = self._spark.sql(f"SHOW TBLPROPERTIES {table}").collect()
+            lacking = properties_to_set({r.key: r.value for r in props}, COMMIT_RETRY_PROPERTIES)
+            if lacking:
+                log.info("setting %s on %s", lacking, table)
+                self._spark.sql(set_properties(table, lacking))
         for table, columns in expected.items():
             have = set(self._spark.table(table).columns)
             missing = [c for c in columns if c not in have]
@@ -431,8 +464,14 @@ class Lake:
             ranges = _ranges(candles)
             occupied = not session.sql(select_any_ohlc(self.names.ohlc, ranges)).isEmpty()
             if not occupied:
-                frame.writeTo(self.names.ohlc).append()
-                return "append"
+                try:
+                    frame.writeTo(self.names.ohlc).append()
+                    return "append"
+                except Exception as exc:
+                    if not _is_conflict(exc):
+                        raise
+                    # Landed or not (commit state unknown), the MERGE below is right.
+                    log.warning("append to ohlc failed, MERGEing instead: %s", failure_cause(exc))
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
             view = _view_name("history")

@@ -28,7 +28,7 @@ from pipeline.config import LiveConfig, Settings
 from pipeline.lake import Lake
 from pipeline.pub_server import Publisher
 from pipeline.session import FAST_POOL
-from pipeline.streams import kafka_source, start_query
+from pipeline.streams import QueryStarter, kafka_source, start_query
 from pipeline.tick_publisher import RecentKeys
 
 if TYPE_CHECKING:
@@ -327,13 +327,15 @@ def iceberg_ticks(spark: SparkSession, table: str) -> DataFrame:
     )
 
 
-def start(
+def starters(
     spark: SparkSession,
     settings: Settings,
     lake: Lake,
     publisher: Publisher,
     crash_point: CrashPoint | None = None,
-) -> list[StreamingQuery]:
+) -> dict[str, QueryStarter]:
+    """The live queries by name, each as the function that starts it (app.py restarts a
+    failed one from its checkpoint with it)."""
     live = settings.live
     crash = crash_point or (lambda _: None)  # production: no crash points
 
@@ -341,56 +343,62 @@ def start(
         topic = settings.kafka.topic_ticks
         return kafka_source(spark, settings, topic, live.max_offsets_per_trigger)
 
-    started = []
-    if live.publisher == "spark":
-        started.append(
-            start_query(
-                kafka(),
-                name="ticks-publish",
-                settings=settings,
-                function=TickPublisher(publisher),
-                trigger_s=live.publish_trigger_s,
-                pool=FAST_POOL,
-            )
+    def ticks_publish() -> StreamingQuery:
+        return start_query(
+            kafka(),
+            name="ticks-publish",
+            settings=settings,
+            function=TickPublisher(publisher),
+            trigger_s=live.publish_trigger_s,
+            pool=FAST_POOL,
         )
-    started += [
-        start_query(
+
+    def ticks_persist() -> StreamingQuery:
+        return start_query(
             kafka(),
             name="ticks-persist",
             settings=settings,
             function=TickPersister(lake, crash),
             trigger_s=live.persist_trigger_s,
-        ),
-        start_query(
+        )
+
+    def candles_update() -> StreamingQuery:
+        return start_query(
             candles(decoded_ticks(kafka()), live.periods, live.watermark_s),
             name="candles-update",
             settings=settings,
             function=CandleUpdatePublisher(publisher),
             trigger_s=live.candle_update_trigger_s,
             output_mode="update",
-        ),
-    ]
-    if live.close_mode == "event":
-        started.append(
-            start_query(
-                event_closed_candles(decoded_ticks(kafka()), live),
-                name="candles-close",
-                settings=settings,
-                function=EventCandleCloser(lake, publisher, crash),
-                trigger_s=live.candle_close_trigger_s,
-                output_mode="update",
-                checkpoint="candles-close-event",
-            )
         )
-    else:
-        started.append(
-            start_query(
-                candles(iceberg_ticks(spark, lake.names.ticks), live.periods, live.watermark_s),
-                name="candles-close",
-                settings=settings,
-                function=CandleCloser(lake, publisher, crash),
-                trigger_s=live.candle_close_trigger_s,
-                output_mode="append",
-            )
+
+    def candles_close_event() -> StreamingQuery:
+        return start_query(
+            event_closed_candles(decoded_ticks(kafka()), live),
+            name="candles-close",
+            settings=settings,
+            function=EventCandleCloser(lake, publisher, crash),
+            trigger_s=live.candle_close_trigger_s,
+            output_mode="update",
+            checkpoint="candles-close-event",
         )
-    return started
+
+    def candles_close_watermark() -> StreamingQuery:
+        return start_query(
+            candles(iceberg_ticks(spark, lake.names.ticks), live.periods, live.watermark_s),
+            name="candles-close",
+            settings=settings,
+            function=CandleCloser(lake, publisher, crash),
+            trigger_s=live.candle_close_trigger_s,
+            output_mode="append",
+        )
+
+    queries: dict[str, QueryStarter] = {}
+    if live.publisher == "spark":
+        queries["ticks-publish"] = ticks_publish
+    queries["ticks-persist"] = ticks_persist
+    queries["candles-update"] = candles_update
+    queries["candles-close"] = (
+        candles_close_event if live.close_mode == "event" else candles_close_watermark
+    )
+    return queries

@@ -3,7 +3,8 @@
 A StreamingQueryListener sees every micro-batch (rows, duration, Kafka lag) on
 Spark's listener thread; it only updates metric objects, so the queries never
 wait on an HTTP scrape. Query liveness and the PUB process are read at scrape
-time. Served by mdproto.runtime.metrics_http, as on the relay and the ingestor.
+time; app.py counts the restarts of failed queries. Served by
+mdproto.runtime.metrics_http, as on the relay and the ingestor.
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ class UpkeepMetrics:
         step = result.step
         self.steps.labels(step.table, step.action, "ok" if result.ok else "failed").inc()
         self.seconds.labels(step.action).observe(result.seconds)
+
+
+def query_restarts(registry: CollectorRegistry) -> Counter:
+    """`pipeline_query_restarts_total{query}`: failed queries started again (app.py `wait`)."""
+    return Counter(
+        "pipeline_query_restarts",
+        "Streaming queries restarted from their checkpoint after a failure, by query",
+        ["query"],
+        registry=registry,
+    )
 
 
 class LivenessCollector(Collector):

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 BatchFunction = Callable[["DataFrame", int], None]
+#: Starts one query: at start-up, and again after it failed (fresh sources and sinks, same
+#: checkpoint; app.py keeps one per query).
+QueryStarter = Callable[[], "StreamingQuery"]
 
 
 def kafka_source(
