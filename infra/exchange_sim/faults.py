@@ -2,7 +2,9 @@
 
 Why: the ingestor's retry/back-off logic must be tested against the real
 failure modes of an exchange (rate limits, bans, outages, slowness, bad
-symbols) and those must be switchable per test, from Python or over HTTP.
+symbols) and those must be switchable per test, from Python or over HTTP; and
+its integrity report against answers that are wrong without saying so (a page
+cut short or empty: `truncate`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
-FaultKind = Literal["rate_limit", "ban", "unavailable", "slow", "unknown_symbol", "error"]
+FaultKind = Literal[
+    "rate_limit", "ban", "unavailable", "slow", "unknown_symbol", "error", "truncate"
+]
 
 #: Accepted spellings (HTTP status codes are handy in JSON) -> canonical kind.
 KIND_ALIASES: dict[str, FaultKind] = {
@@ -27,6 +31,7 @@ KIND_ALIASES: dict[str, FaultKind] = {
     "unknown_symbol": "unknown_symbol",
     "bad_symbol": "unknown_symbol",
     "error": "error",
+    "truncate": "truncate",
 }
 
 _ids = itertools.count(1)
@@ -49,6 +54,7 @@ class Fault:
     status: int = 500  # for error
     body: str | None = None  # for error (default: the exchange's generic error)
     after: int = 0  # matching requests let through before the fault applies (a later page)
+    keep: float = 0.5  # for truncate: the fraction of the candle rows kept (0: an empty page)
     id: int = field(default_factory=lambda: next(_ids))
     remaining: int = -1  # set from count
 
@@ -84,6 +90,7 @@ def parse_fault(data: Mapping[str, Any]) -> Fault:
             status=int(data.get("status", 500)),
             body=cast(str | None, data.get("body")),
             after=int(data.get("after", 0)),
+            keep=float(data.get("keep", 0.5)),
         )
     except (TypeError, ValueError) as exc:
         raise FaultError(str(exc)) from None
@@ -91,7 +98,38 @@ def parse_fault(data: Mapping[str, Any]) -> Fault:
         raise FaultError("count must be >= 1")
     if fault.after < 0:
         raise FaultError("after must be >= 0")
+    if not 0 <= fault.keep <= 1:
+        raise FaultError("keep must be between 0 and 1")
     return fault
+
+
+def candle_rows(body: Any) -> list[Any] | None:
+    """The candle rows of a candle answer of any simulated exchange (the list itself), or
+    None: Binance and Coinbase answer a bare list, OKX `data`, Bybit `result.list`,
+    Kraken `result.<pair>` (besides `last`)."""
+    if isinstance(body, list):
+        return body
+    if not isinstance(body, dict):
+        return None
+    if isinstance(body.get("data"), list):
+        return cast(list[Any], body["data"])
+    result = body.get("result")
+    if not isinstance(result, dict):
+        return None
+    if isinstance(result.get("list"), list):
+        return cast(list[Any], result["list"])
+    pairs = [v for k, v in result.items() if k != "last" and isinstance(v, list)]
+    return pairs[0] if len(pairs) == 1 else None
+
+
+def truncate(body: Any, keep: float) -> Any:
+    """`body` with only the first `keep` fraction of its candle rows, in the order the
+    exchange sends them (a page cut short: Binance and Kraken lose their newest
+    candles, OKX, Bybit and Coinbase their oldest); anything else unchanged."""
+    rows = candle_rows(body)
+    if rows is not None:
+        del rows[int(len(rows) * keep) :]
+    return body
 
 
 class FaultBook:

@@ -28,7 +28,7 @@ from .bybit import PREFIX as BYBIT_PREFIX
 from .bybit import WS_PATH as BYBIT_WS_PATH
 from .bybit import BybitRest, bybit_error
 from .coinbase import CoinbaseRest, coinbase_error
-from .faults import Fault, FaultError, parse_fault
+from .faults import Fault, FaultError, parse_fault, truncate
 from .kraken import PREFIX as KRAKEN_PREFIX
 from .kraken import KrakenRest, kraken_error
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
@@ -294,7 +294,7 @@ class SimulatorServer:
             )
             if fault.kind == "slow":
                 await asyncio.sleep(fault.delay)
-            else:
+            elif fault.kind != "truncate":
                 return self._fault_response(fault, exchange, weight_headers)
         replay = self.replays.get("coinbaseexchange" if exchange == "coinbase" else exchange)
         if replay is not None and replay.serves(request.path, request.query):
@@ -302,11 +302,25 @@ class SimulatorServer:
                 body = replay.answer(self.state.clock.now_ms(), request.path, dict(request.query))
             except RefusedError as exc:
                 return web.json_response({"error": str(exc)}, status=400, headers=weight_headers)
-            return web.json_response(body, headers=weight_headers)
-        response = await handler(request)
+            response: web.StreamResponse = web.json_response(body)
+        else:
+            response = await handler(request)
+        if fault is not None and fault.kind == "truncate" and isinstance(response, web.Response):
+            response = self._truncated(response, fault.keep)
         if weight_headers and not response.prepared:
             response.headers.update(weight_headers)
         return response
+
+    @staticmethod
+    def _truncated(response: web.Response, keep: float) -> web.Response:
+        """A successful JSON candle answer cut short (fault `truncate`); others as they are."""
+        if response.status != 200 or not isinstance(response.body, bytes):
+            return response
+        try:
+            body = json.loads(response.body)
+        except ValueError:
+            return response
+        return web.json_response(truncate(body, keep))
 
     def _fault_response(self, fault: Fault, exchange: str, headers: dict[str, str]) -> web.Response:
         binance = exchange == "binance"

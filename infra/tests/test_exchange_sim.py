@@ -35,6 +35,7 @@ from infra.exchange_sim import (
     point_ccxt_at,
     run_in_thread,
 )
+from infra.exchange_sim.faults import FaultError, parse_fault, truncate
 from infra.exchange_sim.model import INTERVAL_MS, MINUTE_MS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -276,6 +277,37 @@ def test_a_fault_after_n_requests_fails_a_later_page_only(sim: ThreadedSimulator
     with pytest.raises(ccxt.ExchangeNotAvailable):
         exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=5)
     assert len(exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=5)) == 5  # used up
+
+
+def test_truncate_cuts_a_candle_page_short_in_the_exchanges_order(sim: ThreadedSimulator) -> None:
+    """A page that comes back 200 OK with fewer candles than the exchange holds."""
+    exchange = binance(sim)
+    full = ohlcv(expected_klines("BTC/USDT", "1m", T0, T0 + 9 * MINUTE_MS))
+    sim.add_fault("truncate", path="/api/v3/klines", after=1)  # keep=0.5, the second page
+    assert exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=10) == full
+    assert exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=10) == full[:5]  # oldest first
+    sim.add_fault("truncate", path="/api/v3/klines", keep=0)
+    assert exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=10) == []  # keep=0: empty
+    assert exchange.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=10) == full  # used up
+    coinbase = ccxt.coinbaseexchange()
+    point_ccxt_at(coinbase, sim.base_url)
+    coinbase.load_markets()
+    sim.add_fault("truncate", exchange="coinbase", path="/candles", keep=0.3)
+    assert coinbase.fetch_ohlcv("BTC/USDT", "1m", since=T0, limit=10) == full[7:]  # newest first
+    assert [f["kind"] for f in sim.stats()["faults_triggered"]] == ["truncate"] * 3
+
+
+def test_truncate_finds_the_rows_of_every_exchanges_answer() -> None:
+    rows = [[1], [2], [3], [4]]
+    assert truncate([*rows], 0.5) == [[1], [2]]  # Binance, Coinbase
+    assert truncate({"code": "0", "data": [*rows]}, 0.25) == {"code": "0", "data": [[1]]}
+    bybit = {"retCode": 0, "result": {"category": "spot", "list": [*rows]}}
+    assert truncate(bybit, 0)["result"]["list"] == []
+    kraken = {"error": [], "result": {"XXBTZUSDT": [*rows], "last": 4}}
+    assert truncate(kraken, 0.75)["result"] == {"XXBTZUSDT": rows[:3], "last": 4}
+    assert truncate({"serverTime": 1}, 0) == {"serverTime": 1}  # not a candle answer
+    with pytest.raises(FaultError, match="keep"):
+        parse_fault({"kind": "truncate", "keep": 2})
 
 
 def test_slow_response_times_out(sim: ThreadedSimulator) -> None:

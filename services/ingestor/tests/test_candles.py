@@ -5,16 +5,18 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingestor.candles import (
+    Answer,
+    ExchangeGaps,
     FetchPlan,
     PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
+    candle_slots,
     count_slots,
-    expected_gaps,
     next_since,
     plan_fetch,
     split_plan,
@@ -131,28 +133,162 @@ def test_count_slots_with_phase() -> None:
     assert count_slots(5, 5, 1) == 0
 
 
-def test_expected_gaps_counts_periods_without_a_candle() -> None:
-    plan = plan_fetch(0, 10 * MIN, 60, "1m", 10**12, 1000)
-    assert expected_gaps([plan], 7, 0) == 3
-    assert expected_gaps([plan], 0, None) == 10
-    assert expected_gaps([plan], 10, 0) == 0
+# --- exchange gaps: what the exchange's answers say had no trades -------------------------
 
 
+def fetch_all(
+    plan: FetchPlan, opens: list[int], *, split: bool = False, drop: set[int] | None = None,
+    keep: dict[int, int] | None = None, unfinished: set[int] | None = None,
+) -> tuple[list[Answer], list[Candle]]:  # fmt: skip
+    """The paging loop of history.py, against an exchange holding candles at `opens`.
+
+    Answer number i is emptied if i is in `drop`, cut to its first `keep[i]` candles
+    (oldest first) if in `keep`; unbounded pages return the oldest `limit` from since,
+    bounded ones the newest `limit` of their window (as OKX).
+    """
+    answers: list[Answer] = []
+    rows: list[Candle] = []
+    for window in split_plan(plan) if split else [plan]:
+        since: int | None = None if window.empty else window.start_ms
+        after: int | None = None
+        while since is not None:
+            held = [t for t in opens if since <= t <= window.page_until(since)]
+            held = held[-window.page_limit :] if window.bounded else held[: window.page_limit]
+            page = [Candle(t, 1, 2, 0.5, 1.5, 10, final=t not in (unfinished or ())) for t in held]
+            if len(answers) in (drop or ()):
+                page = []
+            page = page[: (keep or {}).get(len(answers), len(page))]
+            accepted = accept_page(window, page, after)
+            after = accepted[-1].open_time_ms if accepted else after
+            answers.append(Answer(window, since, page, accepted))
+            rows += accepted
+            since = next_since(window, page, since)
+    return answers, rows
+
+
+def report(
+    plan: FetchPlan, opens: list[int], *, complete: bool = True, **faults: object
+) -> tuple[int, int, int]:
+    """(rows, exchange gaps, missing) as the pipeline computes it: expected - rows - gaps."""
+    answers, rows = fetch_all(plan, opens, **faults)  # type: ignore[arg-type]
+    weighed = ExchangeGaps()
+    for answer in answers:
+        weighed.add(answer)
+    first = rows[0].open_time_ms if rows else None
+    gaps = weighed.count(first, complete)
+    return len(rows), gaps, candle_slots(plan, first) - len(rows) - gaps
+
+
+def minutes(start: int, end: int, limit: int, bounded: bool = False) -> FetchPlan:
+    return plan_fetch(start * MIN, end * MIN, 60, "1m", 10**12, limit, bounded)
+
+
+def test_empty_slots_between_candles_of_an_answer_are_exchange_gaps() -> None:
+    opens = [t * MIN for t in range(10) if t not in (3, 4, 7)]
+    assert report(minutes(0, 10, 1000), opens) == (7, 3, 0)
+    assert report(minutes(0, 10, 1000), []) == (0, 10, 0)  # NOT_FOUND: the exchange has none
+
+
+def test_before_the_first_candle_is_an_exchange_gap_however_the_range_is_paged() -> None:
+    """A range starting before the listing: the exchange answers from its first candle
+    on (one call) or with empty windows first (split or bounded): both are its word."""
+    opens = [t * MIN for t in range(250, 300)]
+    for plan, split in [(minutes(0, 300, 1000), False), (minutes(0, 300, 100), True)]:
+        assert report(plan, opens, split=split) == (50, 250, 0)
+    assert report(minutes(0, 300, 100, bounded=True), opens) == (50, 250, 0)
+
+
+def test_after_the_last_candle_counts_only_when_its_answer_was_short() -> None:
+    """Short: the exchange said it had nothing more (a halted or delisted market).
+    Full, then silence: a dropped last page looks like that, so it is missing."""
+    halted = [t * MIN for t in range(0, 150)]  # nothing after minute 150
+    assert report(minutes(0, 300, 1000), halted) == (150, 150, 0)
+    assert report(minutes(0, 300, 100), halted, split=True) == (150, 150, 0)
+    assert report(minutes(0, 300, 100, bounded=True), halted) == (150, 150, 0)
+    every = [t * MIN for t in range(300)]
+    assert report(minutes(0, 300, 100), every, drop={2}) == (200, 0, 100)  # the last page
+    assert report(minutes(0, 300, 100), every, drop={1}) == (100, 0, 200)  # paging stopped
+
+
+def test_an_empty_answer_between_answers_with_candles_is_missing() -> None:
+    """Dropped, or a whole window without trades: the answer alone cannot tell."""
+    sparse = [t * MIN for t in range(300) if t % 4 == 0]  # 75 candles, 225 quiet minutes
+    assert report(minutes(0, 300, 30), sparse, split=False) == (75, 225, 0)
+    rows, gaps, missing = report(minutes(0, 300, 100), sparse, split=True, drop={2})
+    assert (rows, gaps, missing) == (50, 150, 100)  # window 100..199 dropped: 25 + 75
+    rows, gaps, missing = report(minutes(0, 300, 100, bounded=True), sparse, drop={1})
+    assert missing > 0 and rows + gaps + missing == 300 and gaps <= 225
+
+
+def test_a_page_cut_short_of_its_newest_candles_loses_nothing() -> None:
+    """The next page asks again from the last candle returned."""
+    every = [t * MIN for t in range(300)]
+    assert report(minutes(0, 300, 100), every, keep={0: 50, 1: 10}) == (300, 0, 0)
+    assert report(minutes(0, 300, 100, bounded=True), every, keep={1: 50}) == (300, 0, 0)
+
+
+def test_an_unfinished_candle_is_missing_not_a_gap() -> None:
+    """The exchange has a candle there (OKX confirm=0): a later fetch can store it."""
+    every = [t * MIN for t in range(10)]
+    assert report(minutes(0, 10, 1000), every, unfinished={9 * MIN}) == (9, 0, 1)
+
+
+def test_a_failed_fetch_counts_only_what_its_answers_spoke_for() -> None:
+    """Without the edges: windows 0..199 answered empty, window 200..299 with candles."""
+    opens = [t * MIN for t in range(250, 300, 2)]
+    assert report(minutes(0, 300, 100), opens, split=True) == (25, 275, 0)
+    assert report(minutes(0, 300, 100), opens, split=True, complete=False) == (25, 75, 200)
+
+
+@settings(deadline=None)
 @given(
-    start=st.integers(0, 10_000),
-    length=st.integers(1, 3_000),
-    period=st.sampled_from([1, 60, 300, 3600]),
-    present=st.sets(st.integers(0, 3_000)),
+    length=st.integers(1, 400),
+    present=st.sets(st.integers(0, 399)),
+    limit=st.integers(1, 120),
+    paging=st.sampled_from(["one loop", "split", "bounded"]),
 )
-def test_rows_plus_gaps_equal_the_slots_in_range(
-    start: int, length: int, period: int, present: set[int]
+def test_a_faithful_exchange_is_never_reported_quiet_where_it_has_candles(
+    length: int, present: set[int], limit: int, paging: str
 ) -> None:
-    p = period * 1000
-    plan = plan_fetch(start * p, (start + length) * p, period, "x", 10**15, 1000)
-    opens = sorted((start + i) * p for i in present if i < length)
-    rows = accept_page(plan, [candle(t) for t in opens], None)
-    gaps = expected_gaps([plan], len(rows), rows[0].open_time_ms if rows else None)
-    assert len(rows) + gaps == length
+    """Every candle is a row and no gap. In one loop (Binance) nothing is missing but
+    a quiet tail after a full answer (a dropped last page looks the same); split or
+    bounded, a whole window without a candle between candles is missing too."""
+    plan = minutes(1000, 1000 + length, limit, bounded=paging == "bounded")
+    opens = sorted((1000 + i) * MIN for i in present if i < length)
+    split = paging == "split"
+    rows, gaps, missing = report(plan, opens, split=split)
+    assert rows == len(opens) and rows + gaps + missing == length
+    assert gaps <= length - len(opens)
+    if paging == "one loop":
+        answers, _ = fetch_all(plan, opens)
+        with_candles = [a for a in answers if a.candles]
+        full_then_quiet = bool(with_candles) and not with_candles[-1].short
+        tail = plan.end_ms // MIN - 1 - opens[-1] // MIN if full_then_quiet else 0
+        assert missing == tail
+
+
+@settings(deadline=None)
+@given(
+    present=st.sets(st.integers(0, 399), min_size=2),
+    limit=st.integers(1, 60),
+    paging=st.sampled_from(["one loop", "split", "bounded"]),
+    dropped=st.integers(0, 50),
+)
+def test_a_dropped_answer_between_candles_is_never_counted_as_quiet(
+    present: set[int], limit: int, paging: str, dropped: int
+) -> None:
+    plan = minutes(0, 400, limit, bounded=paging == "bounded")
+    opens = sorted(t * MIN for t in present)
+    split = paging == "split"
+    answers, _ = fetch_all(plan, opens, split=split)
+    with_candles = [i for i, a in enumerate(answers) if a.candles]
+    if not with_candles[0] < dropped < with_candles[-1]:
+        return
+    rows, gaps, missing = report(plan, opens, split=split, drop={dropped})
+    assert gaps <= 400 - len(opens)  # a slot the exchange has a candle for is never a gap
+    assert rows + gaps + missing == 400
+    if answers[dropped].candles:
+        assert missing > 0
 
 
 def test_bounded_pages_ask_for_one_window_and_skip_empty_ones() -> None:

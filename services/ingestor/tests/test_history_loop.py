@@ -338,6 +338,37 @@ def test_a_failed_window_stops_the_request_after_the_windows_before_it() -> None
     assert sink.batches[-1][1].metadata.expected_candles == 6000
 
 
+@pytest.mark.parametrize("fault", ["dropped", "failed"])
+def test_a_window_the_exchange_did_not_answer_is_missing_not_exchange_gaps(fault: str) -> None:
+    """Window 1000..1999 comes back empty (OK) or fails (ERROR): either way the final
+    marker leaves its 1,000 slots to `missing = expected - rows - gaps`; the quiet
+    minutes of the windows answered are exchange gaps."""
+    opens = [t * MIN for t in range(3000) if t % 3]  # a third of the minutes without trades
+    exchange = SlowExchange(FakeExchange(make_candles(opens)))
+    original = exchange.inner.fetch_candles
+
+    async def unanswered(symbol: str, tf: str, since: int, until: int, limit: int):  # type: ignore[no-untyped-def]
+        if not 1000 * MIN <= since < 2000 * MIN:
+            return await original(symbol, tf, since, until, limit)
+        if fault == "failed":
+            raise ExchangeCallError(FaultKind.BAD_REQUEST, "nope")
+        return []
+
+    exchange.inner.fetch_candles = unanswered
+    sink = FakeSink()
+    outcome = job(exchange, sink, request(0, 3000 * MIN), env(concurrency=3), batch=333)  # type: ignore[arg-type]
+    meta = sink.batches[-1][1].metadata
+    written = [r.open_time_ms for _, b in sink.batches for r in b.rows]
+    answered = [t for t in opens if not 1000 * MIN <= t < 2000 * MIN]
+    if fault == "failed":  # the windows after a failure are not written
+        answered = [t for t in answered if t < 1000 * MIN]
+    assert written == answered and meta.expected_candles == 3000
+    status, gaps = (Status.OK, 334 + 333) if fault == "dropped" else (Status.ERROR, 334)
+    assert (outcome.status, meta.total_rows, meta.expected_gaps) == (status, len(answered), gaps)
+    missing = 1000 if fault == "dropped" else 2000  # failed: the last window was never written
+    assert meta.expected_candles - meta.total_rows - meta.expected_gaps == missing
+
+
 def test_the_claim_is_decided_while_the_first_pages_are_fetched() -> None:
     exchange = FakeExchange(make_candles(range(0, 3000 * MIN, MIN)))
 

@@ -142,6 +142,36 @@ def test_rate_limits_and_outages_are_retried_to_success(harness: Any, run_ingest
     assert triggered == ["rate_limit", "rate_limit", "unavailable", "unavailable", "ban"]
 
 
+def test_a_page_the_exchange_answered_empty_is_reported_missing(
+    harness: Any, run_ingestor: Any
+) -> None:
+    """Three windows of 100 minutes, fetched concurrently; one comes back 200 OK with
+    no candles. BTC/USDT trades every minute, so that is no quiet stretch: the final
+    marker counts no exchange gap for it, and the pipeline's `missing = expected -
+    rows - exchange_gaps` reports its 100 candles missing (`mdclient history --verify`
+    exits 11)."""
+    sim = harness.sim
+    sim.add_fault("truncate", keep=0, path="/api/v3/klines", after=1)  # the 2nd page asked
+    start = past_start(sim, 400)
+    request = history_request("hist-dropped", start, 300)
+    _, _, results = asyncio.run(
+        serve(harness, run_ingestor, [request], exchange={"page_limit": 100})
+    )
+    (emptied,) = [e for e in sim.stats()["log"] if e["fault"] == "truncate"]
+    dropped = int(emptied["query"]["startTime"])  # window 2 or 3: they are asked together
+    expected = expected_klines("BTC/USDT", "1m", start, start + 300 * MIN - 1, model=sim.model)
+    kept = [k for k in expected if not dropped <= k.open_time < dropped + 100 * MIN]
+    assert rows_of(results["hist-dropped"]) == [tuple(k.ohlcv()) for k in kept]
+    meta = results["hist-dropped"][-1].metadata
+    assert (meta.status, meta.expected_candles, meta.total_rows, meta.expected_gaps) == (
+        Status.OK,
+        300,
+        200,
+        0,
+    )
+    assert meta.expected_candles - meta.total_rows - meta.expected_gaps == 100  # missing
+
+
 def test_slow_responses_time_out_and_are_retried(harness: Any, run_ingestor: Any) -> None:
     sim = harness.sim
     sim.add_fault("slow", count=2, delay=2.0, path="/api/v3/klines")

@@ -15,6 +15,7 @@ import pytest
 from mdclient import cli
 from mdclient.cli import (
     EXIT_FAILED,
+    EXIT_INCOMPLETE,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -27,7 +28,15 @@ from mdclient.cli import (
     parse_range_args,
 )
 from mdproto import topics
-from mdproto.messages import OHLC, FeedStatus, Response, Status, SubmitResponse, Tick
+from mdproto.messages import (
+    OHLC,
+    FeedStatus,
+    HistorySource,
+    Response,
+    Status,
+    SubmitResponse,
+    Tick,
+)
 
 TICKER = "BINANCE:BTC/USDT"
 RANGE = ["--start", "2026-11-20T00:00", "--end", "2026-11-20T01:00"]
@@ -132,6 +141,32 @@ def test_error_notification_exits_4(fake_relay: Any, kit: Any, capsys: Any) -> N
     fake_relay.handler = kit.accept_and_notify(status=Status.ERROR, reason="exchange down")
     assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_FAILED
     assert "exchange down" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("missing", "code"), [(0, EXIT_OK), (50, EXIT_INCOMPLETE)])
+def test_verify_exits_11_when_an_ok_answer_has_missing_candles(
+    fake_relay: Any, kit: Any, fake_reader: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any,
+    missing: int, code: int,
+) -> None:  # fmt: skip
+    """OK is not complete: a page the exchange answered empty leaves candles missing."""
+    from mdclient.client import Client
+
+    base = kit.accept_and_notify(row_count=1)  # the fake reader holds one candle
+
+    def with_report(message: Any) -> Any:
+        action = base(message)
+        for _topic, note in action.publish:
+            note.expected_candles, note.exchange_gaps = 60, 59 - missing
+            note.missing_candles, note.source = missing, HistorySource.SOURCE_EXCHANGE
+        return action
+
+    fake_relay.handler = with_report
+    monkeypatch.setattr(cli, "_client", lambda s: Client(settings=s, reader=fake_reader))
+    assert _run(fake_relay, "history", TICKER, *RANGE, "--verify", "--no-table") == code
+    err = " ".join(capsys.readouterr().err.split())
+    assert "OK: 1 rows" in err and f"{59 - missing} without trades at the exchange" in err
+    if missing:
+        assert "incomplete: 50 candles missing" in err
 
 
 def test_timeout_exits_5_after_all_attempts(fake_relay: Any, kit: Any, capsys: Any) -> None:

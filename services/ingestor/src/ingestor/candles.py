@@ -5,7 +5,8 @@ Flow: period -> the exchange's timeframe, the closed-candle range cut into
 pages (`plan_fetch`, `split_plan`, `next_since`: our own loop, never ccxt's
 `paginate`, which silently stops after 10 calls), each page filtered
 (`accept_page`), the accepted candles cut into OHLCBatch records
-(`BatchBuilder`), gaps counted for the final marker (`expected_gaps`).
+(`BatchBuilder`), the exchange's answers weighed for the final marker's
+exchange gaps (`ExchangeGaps`).
 
 The records, in the order they must be written (docs/protocol.md, "OHLCBatch
 records of one request"):
@@ -214,13 +215,139 @@ def candle_slots(plan: FetchPlan, first_open_ms: int | None) -> int:
     return count_slots(plan.start_ms, plan.end_ms, plan.period_ms, phase)
 
 
-def expected_gaps(plans: Sequence[FetchPlan], total_rows: int, first_open_ms: int | None) -> int:
-    """Closed periods in the fetched ranges for which the exchange has no candle.
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One exchange call of a request: the page asked for and what came back.
 
-    Exchanges emit no candle for a period without trades; these are counted,
-    not treated as errors.
+    `candles` is everything the exchange returned (unfinished candles and ones
+    outside the window included): the evidence for `ExchangeGaps`. `accepted`
+    is what gets written (`accept_page`).
     """
-    return max(0, sum(candle_slots(plan, first_open_ms) for plan in plans) - total_rows)
+
+    plan: FetchPlan  # the window the call belonged to
+    since_ms: int
+    candles: Sequence[Candle]
+    accepted: list[Candle]
+
+    @property
+    def until_ms(self) -> int:
+        return self.plan.page_until(self.since_ms)
+
+    @property
+    def short(self) -> bool:
+        """Fewer candles than asked for: the exchange had no more up to `until`."""
+        return len(self.candles) < self.plan.page_limit
+
+
+def vouched_span(answer: Answer) -> tuple[int, int] | None:
+    """The open times `[lo, hi)` this answer speaks for, or None (an empty answer).
+
+    From `since`: Binance and Kraken return the oldest candles from `since`, and a
+    bounded window never spans more slots than the page limit, so OKX, Bybit and
+    Coinbase (newest first) return it whole: no candle before the first one
+    returned was left out. Up to the last candle, and on to `until` when the
+    answer is short (the exchange had nothing more there); a full answer says
+    nothing past its last candle, the next page asks from there. Clipped to the
+    window.
+    """
+    if not answer.candles:
+        return None
+    window = answer.plan
+    hi = max(c.open_time_ms for c in answer.candles) + window.period_ms
+    if answer.short:
+        hi = max(hi, answer.until_ms + 1)
+    lo, hi = max(answer.since_ms, window.start_ms), min(hi, window.end_ms)
+    return (lo, hi) if lo < hi else None
+
+
+def merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Union of half-open spans, ascending, touching ones joined."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+class ExchangeGaps:
+    """Slots the exchange itself reported empty: `BatchMetadata.expected_gaps`.
+
+    The pipeline reports `missing = expected - rows - exchange_gaps`, so a slot
+    left out here is a missing candle. A slot counts only when an answer of the
+    exchange speaks for it (`vouched_span`) and holds no candle for it. Fed
+    every answer of the request in range order (`add`), then `count`ed.
+
+    - An empty answer speaks for nothing: an exchange answers the same for a
+      range it does not serve, and a dropped or emptied response looks alike.
+      Its slots, between answers with candles, are missing (so is a quiet
+      stretch longer than a whole page window: fetching it again is harmless,
+      storing it as complete would not be).
+    - Except at the edges of a complete answer, where empty answers do count:
+      before its first candle (the market listed later, or did not trade
+      since the start: every page there answered, and the exchange does serve
+      the market; as missing, such a range could never be complete), and after
+      its last candle when the answer holding it was short (the exchange said
+      it had nothing more, and every later page agreed: a halted or delisted
+      market). After a full answer a silent tail is missing: a dropped last
+      page looks like that. No candle at all (NOT_FOUND): every slot asked for.
+    - A candle the exchange returned but marks unfinished (OKX `confirm=0`) is
+      no gap, the exchange has it: it is missing until a later fetch stores it.
+      The still-open candle lies past the plan's end (`plan_fetch`): no count.
+    - A failed request counts what its answers spoke for, without the edges:
+      what it never asked for is missing.
+
+    Undetectable: an exchange cutting a page's oldest candles without saying
+    so looks like quiet minutes. Cutting its newest is harmless, the next page
+    asks again from the last candle returned.
+    """
+
+    def __init__(self) -> None:
+        self._period_ms = 0
+        self._spans: list[tuple[int, int]] = []  # vouched for, merged, ascending
+        self._candles = 0  # distinct candle open times inside `_spans`
+        self._newest = -1  # newest candle counted
+        self._any_candle = False  # an answer with candles came (the edges are known)
+        self._leading: list[tuple[int, int]] = []  # empty answers before the first candle
+        self._trailing: list[tuple[int, int]] = []  # empty answers after the last candle
+        self._last_short = False  # the answer holding the last candle so far was short
+
+    def add(self, answer: Answer) -> None:
+        window = answer.plan
+        self._period_ms = window.period_ms
+        span = vouched_span(answer)
+        if span is None:
+            lo, hi = max(answer.since_ms, window.start_ms), min(answer.until_ms + 1, window.end_ms)
+            if lo < hi and not answer.candles:
+                (self._trailing if self._any_candle else self._leading).append((lo, hi))
+            return
+        self._any_candle, self._last_short = True, answer.short
+        self._trailing.clear()  # empty answers between candles: missing
+        lo, hi = span
+        times = {t for c in answer.candles if lo <= (t := c.open_time_ms) < hi and t > self._newest}
+        if times:
+            self._candles += len(times)
+            self._newest = max(times)
+        self._spans[-1:] = merge_spans([*self._spans[-1:], span])  # spans ascend
+
+    def count(self, first_open_ms: int | None, complete: bool) -> int:
+        """Exchange gaps on the candle grid of `first_open_ms` (as `candle_slots`).
+
+        `complete`: every page was answered (status OK or NOT_FOUND), so the
+        edges count too.
+        """
+        spans = list(self._spans)
+        if complete:
+            spans += self._leading
+            if self._last_short:
+                spans += self._trailing
+        if not spans:
+            return 0
+        period = self._period_ms
+        phase = 0 if first_open_ms is None else first_open_ms % period
+        slots = sum(count_slots(lo, hi, period, phase) for lo, hi in merge_spans(spans))
+        return max(0, slots - self._candles)
 
 
 # --- the request's OHLCBatch records ----------------------------------------

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from ingestor.candles import (
+    Answer,
     BatchBuilder,
+    ExchangeGaps,
     FetchPlan,
     PagingStalledError,
     UnsupportedPeriodError,
     accept_page,
     candle_slots,
-    expected_gaps,
     metadata_for,
     next_since,
     plan_fetch,
@@ -274,10 +275,10 @@ class HealthBook:
         )
 
 
-async def iter_pages(
+async def iter_answers(
     source: CandleSource, symbol: str, plan: FetchPlan, env: FetchEnv
-) -> AsyncIterator[list[Candle]]:
-    """Accepted candles page by page, ascending, unique, closed, inside the range."""
+) -> AsyncIterator[Answer]:
+    """Every page's answer in order, empty ones too (the integrity report weighs them)."""
     since: int | None = None if plan.empty else plan.start_ms
     after: int | None = None
     while since is not None:
@@ -292,27 +293,36 @@ async def iter_pages(
         accepted = accept_page(plan, page, after)
         if accepted:
             after = accepted[-1].open_time_ms
-            yield accepted
+        yield Answer(plan, since, page, accepted)
         try:
             since = next_since(plan, page, since)
         except PagingStalledError as exc:
             raise RequestFailedError(FaultKind.EXCHANGE_ERROR.value, str(exc)) from None
 
 
+async def iter_pages(
+    source: CandleSource, symbol: str, plan: FetchPlan, env: FetchEnv
+) -> AsyncIterator[list[Candle]]:
+    """Accepted candles page by page, ascending, unique, closed, inside the range."""
+    async for answer in iter_answers(source, symbol, plan, env):
+        if answer.accepted:
+            yield answer.accepted
+
+
 async def _proceed() -> None:
     return None
 
 
-async def iter_pages_concurrently(
+async def iter_answers_concurrently(
     source: CandleSource,
     symbol: str,
     plan: FetchPlan,
     env: FetchEnv,
     before_more: Callable[[], Awaitable[None]] = _proceed,
-) -> AsyncIterator[list[Candle]]:
-    """`iter_pages`, with up to `env.page_concurrency` windows of the plan fetched at once.
+) -> AsyncIterator[Answer]:
+    """`iter_answers`, with up to `env.page_concurrency` windows of the plan fetched at once.
 
-    Pages still come out in range order (a window's pages are held until the
+    Answers still come out in range order (a window's pages are held until the
     windows before it are out), so the records, the first candle and a
     failure's cut-off are those of the one-by-one loop; a failure cancels the
     windows still in flight. ccxt's throttle (`enableRateLimit`) queues the
@@ -322,8 +332,8 @@ async def iter_pages_concurrently(
     """
     windows = split_plan(plan)
     if env.page_concurrency <= 1 or len(windows) == 1:
-        async for page in iter_pages(source, symbol, plan, env):
-            yield page
+        async for answer in iter_answers(source, symbol, plan, env):
+            yield answer
         return
     first = asyncio.create_task(collect_window(source, symbol, windows[0], env))
     try:
@@ -334,7 +344,7 @@ async def iter_pages_concurrently(
         raise
 
     left = deque(windows[1:])
-    in_flight: deque[asyncio.Task[list[list[Candle]]]] = deque([first])
+    in_flight: deque[asyncio.Task[list[Answer]]] = deque([first])
 
     def launch() -> None:
         while left and len(in_flight) < env.page_concurrency:
@@ -344,10 +354,10 @@ async def iter_pages_concurrently(
     try:
         launch()
         while in_flight:
-            pages = await in_flight.popleft()
+            answers = await in_flight.popleft()
             launch()
-            for page in pages:
-                yield page
+            for answer in answers:
+                yield answer
     finally:
         for task in in_flight:
             task.cancel()
@@ -356,8 +366,8 @@ async def iter_pages_concurrently(
 
 async def collect_window(
     source: CandleSource, symbol: str, window: FetchPlan, env: FetchEnv
-) -> list[list[Candle]]:
-    return [page async for page in iter_pages(source, symbol, window, env)]
+) -> list[Answer]:
+    return [answer async for answer in iter_answers(source, symbol, window, env)]
 
 
 async def _settle(deliveries: list[Awaitable[object]]) -> str | None:
@@ -438,12 +448,15 @@ async def run_history_job(
         return await sink.send_batch(key, record)
 
     final: OHLCBatch
-    gaps = 0
     plan: FetchPlan | None = None
     first_open: int | None = None
+    weighed = ExchangeGaps()
 
     def slots() -> int:  # the integrity report's denominator, also for a failed fetch
         return 0 if plan is None else candle_slots(plan, first_open)
+
+    def gaps(complete: bool = False) -> int:  # what the answers so far say had no trades
+        return weighed.count(first_open, complete)
 
     try:
         symbol, plan = plan_request(request, source, env)
@@ -453,7 +466,11 @@ async def run_history_job(
         parts, origin = fetch_plans(plan, held)
         builder.set_source(origin)
         for part in parts:  # the whole plan, or the pieces storage does not hold
-            async for page in iter_pages_concurrently(source, symbol, part, env, admitted):
+            async for answer in iter_answers_concurrently(source, symbol, part, env, admitted):
+                weighed.add(answer)
+                page = answer.accepted
+                if not page:
+                    continue
                 if first_open is None:
                     first_open = page[0].open_time_ms
                     clock.mark("first page")
@@ -462,24 +479,23 @@ async def run_history_job(
         for record in builder.flush():
             deliveries.append(await send(record))
         clock.mark("last page")
-        gaps = expected_gaps(parts, builder.rows_emitted, first_open)
         failure = await _settle(deliveries)
         clock.mark("rows delivered")
         if failure is None:
-            final = builder.final(gaps, slots())
+            final = builder.final(gaps(complete=True), slots())
         else:
             reason = f"Kafka delivery failed: {failure}"
-            final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
+            final = builder.fail(reason, KAFKA_DELIVERY, gaps(complete=True), slots())
     except ClaimLostError:
         return JobOutcome(request.request_id, Status.ERROR, 0, 0, 0, delivered=False, claimed=False)
     except RequestFailedError as exc:
         await _settle(deliveries)
-        final = builder.fail(exc.reason, exc.error_code, gaps, slots())
+        final = builder.fail(exc.reason, exc.error_code, gaps(), slots())
     except Exception as exc:
         log.exception("request %s failed unexpectedly", request.request_id)
         await _settle(deliveries)
         reason = f"internal error: {type(exc).__name__}: {exc}"
-        final = builder.fail(reason, INTERNAL, gaps, slots())
+        final = builder.fail(reason, INTERNAL, gaps(), slots())
 
     try:
         await admitted()  # nothing written yet without it (no rows, or a failure)
@@ -490,7 +506,7 @@ async def run_history_job(
     if not delivered and final.metadata.status != Status.ERROR:
         # The rows arrived but the marker did not: try to tell the pipeline it failed.
         reason = "Kafka delivery of the final marker failed"
-        final = builder.fail(reason, KAFKA_DELIVERY, gaps, slots())
+        final = builder.fail(reason, KAFKA_DELIVERY, final.metadata.expected_gaps, slots())
         delivered = await _send_final(sink, key, final)
     meta = final.metadata
     return JobOutcome(
