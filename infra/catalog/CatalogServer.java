@@ -1,7 +1,7 @@
 /*
  * The platform's Iceberg REST catalog server: Apache Iceberg's own REST server
  * (iceberg-open-api's RESTCatalogServer adapter and servlet) over a JdbcCatalog on
- * PostgreSQL (docs/adr/0007-iceberg-catalog.md), with two changes users need:
+ * PostgreSQL (docs/adr/0006-iceberg-catalog.md), with two changes users need:
  *
  * 1. It binds one address (REST_HOST, default 127.0.0.1). Upstream builds Jetty
  *    with `new Server(port)`, which listens on every interface with no setting to
