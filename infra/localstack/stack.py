@@ -273,6 +273,13 @@ class LocalStack:
                 self._log(f"[{self.label}] {comp.name}: {outcome}")
         return outcome
 
+    def stop(self, name: str) -> str:
+        """Stop one component (SIGTERM, then SIGKILL), e.g. an outage in a recovery test;
+        its data stays and `up()` starts it (only it) again."""
+        [comp] = [c for c in self.components if c.name == name]
+        with self._exclusive():
+            return self._stop_one(comp)
+
     def down(self) -> dict[str, str]:
         """Stop every component (SIGTERM, SIGKILL after ``stop_timeout_s``); data stays."""
         with self._exclusive():
