@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -426,3 +426,69 @@ def platform_client(platform: Platform, **overrides: object) -> ClientSettings:
     env = platform.endpoints.client_env()
     fields = {key.removeprefix("MDCLIENT_").lower(): value for key, value in env.items()}
     return ClientSettings.model_validate({**fields, **overrides})
+
+
+@dataclass(frozen=True)
+class CommitRace:
+    """What `race_commits` saw: the property keys each table holds, and the conflicts."""
+
+    expected: dict[str, set[str]]
+    landed: dict[str, set[str]]
+    conflicts: int
+
+
+def race_commits(
+    catalog_properties: Mapping[str, str], writers: int = 8, commits: int = 50
+) -> CommitRace:
+    """`writers` threads x `commits` catalog commits, odd writers on one shared table.
+
+    Each commit adds one table property, so a lost commit is a missing key. A
+    conflict is answered 409 (CommitFailedException) and retried on fresh
+    metadata, as Iceberg's own retry does in Spark; anything else (a 500, as the
+    old SQLite catalog's SQLITE_BUSY) propagates and fails the caller. Property
+    commits keep it fast: the catalog does the same compare-and-swap as for an
+    append, and only the catalog writes files.
+    """
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import CommitFailedException
+
+    def connect(name: str) -> Any:
+        return load_catalog(name, **catalog_properties)
+
+    catalog = connect("race")
+    namespace = f"race_{uuid.uuid4().hex[:8]}"
+    catalog.create_namespace(namespace)
+    schema = pa.schema([pa.field("id", pa.int64())])
+    table_of = {
+        w: f"{namespace}.shared" if w % 2 else f"{namespace}.own_{w}" for w in range(writers)
+    }
+    expected: dict[str, set[str]] = {}
+    for w, name in table_of.items():
+        expected.setdefault(name, set()).update(f"test.w{w}.c{i}" for i in range(commits))
+    for name in expected:
+        catalog.create_table(name, schema=schema)
+
+    def write(w: int) -> int:
+        own = connect(f"w{w}")
+        conflicts = 0
+        for i in range(commits):
+            while True:
+                try:
+                    with own.load_table(table_of[w]).transaction() as tx:
+                        tx.set_properties({f"test.w{w}.c{i}": "1"})
+                    break
+                except CommitFailedException:
+                    conflicts += 1
+        return conflicts
+
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        conflicts = sum(pool.map(write, range(writers)))
+    landed = {
+        name: {k for k in catalog.load_table(name).properties if k.startswith("test.")}
+        for name in expected
+    }
+    return CommitRace(expected, landed, conflicts)

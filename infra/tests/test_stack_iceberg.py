@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
@@ -11,6 +10,7 @@ from pyarrow import fs
 from pyiceberg.catalog import load_catalog
 
 from infra.localstack import LocalStack
+from infra.testing import race_commits
 
 pytestmark = pytest.mark.stack
 
@@ -79,51 +79,8 @@ def test_a_client_needs_only_the_catalog_address(local_stack: LocalStack) -> Non
 
 
 def test_concurrent_commits_all_land(local_stack: LocalStack) -> None:
-    """8 writers x 50 commits, half of them on one shared table: no HTTP 500, none lost.
-
-    Each commit adds one table property, so a lost commit is a missing key. A
-    conflicting commit is answered 409 (CommitFailedException) and retried here on
-    fresh metadata, as Iceberg's own retry does in Spark; a 500 (the old SQLite
-    catalog's SQLITE_BUSY) would surface as a ServerError and fail the test.
-    Property commits keep it fast: the catalog's work per commit (a compare-and-swap
-    of the metadata pointer) is the same as for an append.
-    """
-    from pyiceberg.exceptions import CommitFailedException
-
-    e = local_stack.endpoints
-    catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
-    namespace = f"ns_{uuid.uuid4().hex[:8]}"
-    catalog.create_namespace(namespace)
-    writers, commits = 8, 50
-    tables = [f"{namespace}.shared"] + [f"{namespace}.own_{w}" for w in range(0, writers, 2)]
-    for name in tables:
-        catalog.create_table(name, schema=SCHEMA)
-
-    def write(w: int) -> int:
-        """Makes this writer's commits; returns how many conflicts it retried."""
-        own = load_catalog(f"w{w}", **e.pyiceberg_catalog_properties())
-        name = f"{namespace}.shared" if w % 2 else f"{namespace}.own_{w}"
-        conflicts = 0
-        for i in range(commits):
-            while True:
-                try:
-                    with own.load_table(name).transaction() as tx:
-                        tx.set_properties({f"test.w{w}.c{i}": "1"})
-                    break
-                except CommitFailedException:
-                    conflicts += 1
-        return conflicts
-
-    with ThreadPoolExecutor(max_workers=writers) as pool:
-        conflicts = sum(pool.map(write, range(writers)))
-
-    def keys(name: str) -> set[str]:
-        return {k for k in catalog.load_table(name).properties if k.startswith("test.")}
-
-    assert keys(f"{namespace}.shared") == {
-        f"test.w{w}.c{i}" for w in range(1, writers, 2) for i in range(commits)
-    }
-    for w in range(0, writers, 2):
-        assert keys(f"{namespace}.own_{w}") == {f"test.w{w}.c{i}" for i in range(commits)}
+    """8 writers x 50 commits, half of them on one shared table: no HTTP 500, none lost."""
+    race = race_commits(local_stack.endpoints.pyiceberg_catalog_properties())
+    assert race.landed == race.expected
     # The shared table saw real contention, so "none lost" above means something.
-    assert conflicts > 0
+    assert race.conflicts > 0
