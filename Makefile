@@ -49,10 +49,13 @@ lint: venv proto
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(wildcard proto/src infra services/*/src bench)
 
-# The compose platform's tests (marker `compose`) run in `make e2e`.
+# Whole-platform tests (marker `e2e`) run once, on the compose platform, in
+# `make e2e`; here only those that need the local platform's own processes
+# (marker `local`). The compose platform's tests (marker `compose`) run there too.
 # --durations: the slowest set-ups and tests, for docs/development.md's duration report.
+TEST_MARKS := not compose and (not e2e or local)
 test: lint jars gateway-assets
-	$(BIN)/pytest -m "not compose" --durations=40 $(TESTS)
+	$(BIN)/pytest -m "$(TEST_MARKS)" --durations=40 $(TESTS)
 
 test-unit: venv proto
 	$(BIN)/pytest -m "not stack and not compose" $(TESTS)
