@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,11 @@ class Demo(FileSettings):
         env_prefix="DEMO_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
     renamed = {"kafka.bootstrap": "kafka.bootstrap_servers", "grace_secs": "grace_s"}
+    aliases = {"timeout_secs": "timeout_s"}
 
     kafka: _Kafka = _Kafka()
     grace_s: float = 1.0
+    timeout_s: float = 30.0
 
 
 def test_overrides_beat_environment_beat_file(
@@ -56,6 +59,21 @@ def test_old_names_are_read_as_the_new_ones_with_a_warning(
     monkeypatch.setenv("DEMO_KAFKA__BOOTSTRAP_SERVERS", "env:new")  # the new name wins
     with pytest.warns(DeprecationWarning):
         assert load_settings(Demo, grace_secs=5).kafka.bootstrap_servers == "env:new"
+
+
+def test_a_specs_own_names_are_read_without_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("timeout_secs: 7\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        assert load_settings(Demo, path).timeout_s == 7
+        monkeypatch.setenv("DEMO_TIMEOUT_SECS", "8")
+        assert load_settings(Demo, path).timeout_s == 8
+        assert load_settings(Demo, timeout_secs=9).timeout_s == 9
+        monkeypatch.setenv("DEMO_TIMEOUT_S", "10")  # our own name wins over the alias
+        assert load_settings(Demo, path).timeout_s == 10
 
 
 def test_missing_or_malformed_file_is_an_error(tmp_path: Path) -> None:

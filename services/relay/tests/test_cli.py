@@ -164,3 +164,23 @@ def test_port_in_use_exits_with_an_error(
         output, _ = proc.communicate(timeout=15)
     assert proc.returncode == 1
     assert "failed to start" in output
+
+
+@pytest.mark.parametrize(
+    ("environ", "level"),
+    [
+        ({}, "INFO"),
+        ({"RUST_LOG": "relay=debug"}, "DEBUG"),  # the spec's own variable and syntax
+        ({"RUST_LOG": "warn"}, "WARNING"),
+        ({"RUST_LOG": "zmq=trace,relay=error"}, "ERROR"),
+        ({"RUST_LOG": "relay=info", "LOG_LEVEL": "debug"}, "DEBUG"),  # ours wins
+        ({"RUST_LOG": "other=debug"}, "INFO"),  # nothing for the relay: the default, said so
+    ],
+)
+def test_log_level_honours_the_specs_rust_log(environ: dict[str, str], level: str) -> None:
+    from relay.cli import log_level
+
+    got, source = log_level(environ)
+    assert got == level
+    if environ.get("RUST_LOG") == "other=debug":
+        assert "names no level for relay" in source

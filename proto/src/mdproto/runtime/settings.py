@@ -5,7 +5,9 @@ is always validated the same way and stays a plain, picklable instance (Spark
 ships the pipeline's settings to worker processes). Keys renamed to the shared
 vocabulary (`kafka.bootstrap_servers`, `_s` for seconds) are listed in the
 class's `renamed`; old names keep working in the file, the environment and
-overrides, with a warning naming the new key.
+overrides, with a warning naming the new key. A specification's own name for a
+key (the relay's `request_timeout_secs`) is listed in `aliases`: read as the
+key, without a warning, because a config written from the spec is not outdated.
 
 Sections several services share live here too: `CatalogSettings` (the REST
 catalog and its S3 store), with `pyiceberg_properties` as the one builder for
@@ -40,9 +42,12 @@ _FILE_VALUES: ContextVar[dict[str, Any] | None] = ContextVar("_FILE_VALUES", def
 
 
 class FileSettings(BaseSettings):
-    """Base of every service's settings; `renamed` maps old dotted keys to new ones."""
+    """Base of every service's settings; `renamed` maps old dotted keys to new ones
+    (read with a deprecation warning), `aliases` a specification's names to ours
+    (read silently)."""
 
     renamed: ClassVar[Mapping[str, str]] = {}
+    aliases: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def settings_customise_sources(
@@ -54,9 +59,10 @@ class FileSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_values = _FILE_VALUES.get() or {}
+        init = rename_keys(cls.aliases, dict(init_settings()), warn=False)
         return (
-            InitSettingsSource(settings_cls, rename_keys(cls.renamed, dict(init_settings()))),
-            _RenamingEnv(settings_cls, cls.renamed),
+            InitSettingsSource(settings_cls, rename_keys(cls.renamed, init)),
+            _RenamingEnv(settings_cls, cls.renamed, cls.aliases),
             InitSettingsSource(settings_cls, file_values),
         )
 
@@ -64,21 +70,31 @@ class FileSettings(BaseSettings):
 class _RenamingEnv(EnvSettingsSource):
     """Environment variables, with the old name of a renamed key read as the new one."""
 
-    def __init__(self, settings_cls: type[BaseSettings], renamed: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        renamed: Mapping[str, str],
+        aliases: Mapping[str, str],
+    ) -> None:
         self._renamed = renamed
+        self._aliases = aliases
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         env = dict(super()._load_env_vars())
         delimiter = self.env_nested_delimiter or "__"
-        for old, new in self._renamed.items():
-            old_var, new_var = (self.env_prefix + key.replace(".", delimiter) for key in (old, new))
-            if not self.case_sensitive:
-                old_var, new_var = old_var.lower(), new_var.lower()
-            if old_var in env:
-                _deprecated(f"environment variable {old_var.upper()}", new_var.upper())
-                value = env.pop(old_var)
-                env.setdefault(new_var, value)
+        for names, warn in ((self._aliases, False), (self._renamed, True)):
+            for old, new in names.items():
+                old_var, new_var = (
+                    self.env_prefix + key.replace(".", delimiter) for key in (old, new)
+                )
+                if not self.case_sensitive:
+                    old_var, new_var = old_var.lower(), new_var.lower()
+                if old_var in env:
+                    if warn:
+                        _deprecated(f"environment variable {old_var.upper()}", new_var.upper())
+                    value = env.pop(old_var)
+                    env.setdefault(new_var, value)
         return env
 
 
@@ -108,7 +124,8 @@ def load_settings(
         if not Path(path).is_file():
             service = cls.__module__.partition(".")[0]
             raise FileNotFoundError(f"{service} config file not found: {label}")
-        values = rename_keys(cls.renamed, read_yaml(Path(path)), where=f"{label}: ")
+        values = rename_keys(cls.aliases, read_yaml(Path(path)), warn=False)
+        values = rename_keys(cls.renamed, values, where=f"{label}: ")
     token = _FILE_VALUES.set(values)
     try:
         return cls(**overrides)
@@ -132,15 +149,17 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def rename_keys(
-    renamed: Mapping[str, str], data: dict[str, Any], where: str = ""
+    renamed: Mapping[str, str], data: dict[str, Any], where: str = "", *, warn: bool = True
 ) -> dict[str, Any]:
-    """`data` with every old dotted key moved to its new name (the new name wins if both)."""
+    """`data` with every old dotted key moved to its new name (the new name wins if both);
+    `warn`: say that the old name is deprecated."""
     for old, new in renamed.items():
         *old_parents, old_leaf = old.split(".")
         section = _section(data, old_parents, create=False)
         if section is None or old_leaf not in section:
             continue
-        _deprecated(f"{where}config key {old}", new)
+        if warn:
+            _deprecated(f"{where}config key {old}", new)
         value = section.pop(old_leaf)
         *new_parents, new_leaf = new.split(".")
         target = _section(data, new_parents, create=True)

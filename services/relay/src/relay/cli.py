@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -34,6 +35,42 @@ def configure_logging(level: str | int, stream: IO[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=stream,
     )
+
+
+#: env_logger's levels (the spec's RUST_LOG) as Python's.
+_RUST_LEVELS = {
+    "trace": "DEBUG",
+    "debug": "DEBUG",
+    "info": "INFO",
+    "warn": "WARNING",
+    "error": "ERROR",
+    "off": "CRITICAL",
+}
+
+
+def log_level(environ: Mapping[str, str]) -> tuple[str, str]:
+    """(level, where it came from): LOG_LEVEL, else the spec's RUST_LOG, else INFO.
+
+    RUST_LOG is env_logger syntax (`relay=info`, `warn`, `relay=debug,zmq=warn`):
+    the `relay` directive, else a bare level, is used; anything else is named in
+    the log rather than ignored without a word.
+    """
+    if environ.get("LOG_LEVEL"):
+        return environ["LOG_LEVEL"].upper(), "LOG_LEVEL"
+    rust = environ.get("RUST_LOG", "").strip()
+    if not rust:
+        return "INFO", "default"
+    bare = None
+    for directive in rust.split(","):
+        target, _, level = directive.strip().rpartition("=")
+        level = _RUST_LEVELS.get(level.strip().lower(), "")
+        if target.strip() == "relay" and level:
+            return level, "RUST_LOG"
+        if not target and level:
+            bare = level
+    if bare:
+        return bare, "RUST_LOG"
+    return "INFO", f"default (RUST_LOG={rust!r} names no level for relay)"
 
 
 def keys_main(argv: list[str]) -> int:
@@ -61,7 +98,9 @@ def keys_main(argv: list[str]) -> int:
 def main() -> int:
     if sys.argv[1:2] == ["keys"]:
         return keys_main(sys.argv[2:])
-    configure_logging(os.environ.get("LOG_LEVEL", "INFO"))
+    level, source = log_level(os.environ)
+    configure_logging(level)
+    log.info("log level %s (%s)", level, source)
     path, explicit = config_path_from_env()
     try:
         settings = load_settings(path, required=explicit)

@@ -2,8 +2,9 @@
 
 The protocol's relay config file (docs/adr/0005: `bind_address`, the five ports,
 `flink_market_data_endpoint`, `request_timeout_secs`, `high_water_mark`) is a
-valid config as it stands (its `_secs` key is read as `request_timeout_s`, with a
-warning); every other key has a default. Unknown keys are rejected so a typo is
+valid config as it stands (its `request_timeout_secs` is read as
+`request_timeout_s`, without a warning: the spec's names are not outdated);
+every other key has a default. Unknown keys are rejected so a typo is
 an error, not a silently ignored setting.
 
 Precedence: environment (`RELAY_<KEY>`, e.g. `RELAY_CLIENT_REQUEST_PORT=15559`,
@@ -53,8 +54,8 @@ class RelaySettings(runtime.FileSettings):
     model_config = SettingsConfigDict(
         env_prefix="RELAY_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
+    aliases = {"request_timeout_secs": "request_timeout_s"}  # the spec's name (spec 000)
     renamed = {
-        "request_timeout_secs": "request_timeout_s",
         "realtime_grace_secs": "realtime_grace_s",
         "realtime_refresh_secs": "realtime_refresh_s",
         "stats_interval_secs": "stats_interval_s",
