@@ -349,77 +349,68 @@ def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, bu
     assert stored_trades() == list(range(1, 16))  # each trade once, the late ones too
 
 
-def test_an_ohlc_table_from_before_the_volume_columns_gets_them_at_start(
+def test_tables_from_an_older_pipeline_are_migrated_at_start(
     make_run: Any, tools: Any, build: Any
 ) -> None:
-    """A table created by an older pipeline: ALTER TABLE adds the columns, old rows read null."""
-    import pyarrow as pa
-    from pyiceberg.catalog import load_catalog
-
-    from pipeline.records import OHLC_SCHEMA, OPTIONAL_VOLUMES
-
-    run = make_run()
-    catalog = load_catalog(
-        run.endpoints.catalog_name, **run.endpoints.pyiceberg_catalog_properties()
-    )
-    catalog.create_namespace(run.namespace)
-    old_schema = pa.schema([f for f in OHLC_SCHEMA if f.name not in OPTIONAL_VOLUMES])
-    old = catalog.create_table(f"{run.namespace}.ohlc", schema=old_schema)
-    old_row = {f.name: None for f in old_schema}
-    old_row.update(
-        ticker=build.TICKER, period_seconds=60, open_time=pa.scalar(0, pa.timestamp("us", "UTC"))
-    )
-    old.append(pa.Table.from_pylist([old_row], schema=old_schema))
-    run.start()
-    run.wait_ready()
-    kafka = tools.Kafka(run.endpoints.kafka_bootstrap)
-    candle = build.candle(0)
-    candle.quote_volume = 12.5
-    meta = build.metadata("hist-evolved", start=build.T0, end=build.T0 + build.MINUTE)
-    kafka.send(run.batches_topic, build.request_records("hist-evolved", [candle], meta=meta))
-    lake = tools.Lake(run.endpoints, run.namespace)
-    deadline = time.monotonic() + 120
-    while not (rows := lake.rows("ohlc", f"ticker = '{build.TICKER}'")) or len(rows) < 2:
-        assert time.monotonic() < deadline, "the request never reached the evolved table"
-        time.sleep(1)
-    by_time = {int(r["open_time"].timestamp() * 1000): r for r in rows}
-    assert by_time[0]["quote_volume"] is None  # written before the column existed
-    assert by_time[build.T0]["quote_volume"] == 12.5
-    assert by_time[build.T0]["taker_buy_volume"] is None
-    run.stop()
-
-
-def test_an_older_requests_table_gains_the_integrity_report(
-    make_run: Any, tools: Any, build: Any
-) -> None:
-    """A requests table from before the integrity report is migrated, not refused."""
+    """Tables an older pipeline created are migrated, not refused (one start for both):
+    ALTER TABLE adds ohlc's volume columns (old rows read null) and the requests
+    table's integrity report."""
     from pyiceberg.catalog import load_catalog
 
     from pipeline.history_notices import ADDED_COLUMNS, REQUESTS_SCHEMA
+    from pipeline.records import OHLC_SCHEMA, OPTIONAL_VOLUMES
 
-    run = make_run()
+    run = make_run(  # the history query alone: the others would only load the cores
+        PIPELINE_LIVE__ENABLED="false",
+        PIPELINE_CEP__ENABLED="false",
+        PIPELINE_MARKETS__ENABLED="false",
+    )
     e = run.endpoints
     catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
     catalog.create_namespace(run.namespace)
-    old = pa.schema([f for f in REQUESTS_SCHEMA if f.name not in ADDED_COLUMNS])
-    catalog.create_table(f"{run.namespace}.requests", schema=old)
+    old_ohlc = pa.schema([f for f in OHLC_SCHEMA if f.name not in OPTIONAL_VOLUMES])
+    old = catalog.create_table(f"{run.namespace}.ohlc", schema=old_ohlc)
+    old_row = {f.name: None for f in old_ohlc}
+    old_row.update(
+        ticker=build.TICKER, period_seconds=60, open_time=pa.scalar(0, pa.timestamp("us", "UTC"))
+    )
+    old.append(pa.Table.from_pylist([old_row], schema=old_ohlc))
+    old_requests = pa.schema([f for f in REQUESTS_SCHEMA if f.name not in ADDED_COLUMNS])
+    catalog.create_table(f"{run.namespace}.requests", schema=old_requests)
     sub = tools.Subscriber(run.pub_endpoint)
     run.start()
     try:
         run.wait_ready()
         kafka = tools.Kafka(e.kafka_bootstrap)
-        t0 = build.T0  # a namespace of its own: no other request overlaps
-        # 100 slots: 90 candles, 5 minutes without trades, 5 the ingestor could not fetch.
-        rows = [build.candle(i, t0=t0) for i in range(100) if i % 20 not in (3, 4)]
-        meta = build.metadata("hist-integrity", start=t0, end=t0 + 100 * build.MINUTE)
+        lake = tools.Lake(e, run.namespace)
+
+        candle = build.candle(0)
+        candle.quote_volume = 12.5
+        meta = build.metadata("hist-evolved", start=build.T0, end=build.T0 + build.MINUTE)
+        kafka.send(run.batches_topic, build.request_records("hist-evolved", [candle], meta=meta))
+        # 100 slots on a ticker of their own: 90 candles, 5 minutes without trades, 5 the
+        # ingestor could not fetch.
+        t0, other = build.T0, "BINANCE:INTEGRITY/USDT"
+        rows = [build.candle(i, t0=t0, ticker=other) for i in range(100) if i % 20 not in (3, 4)]
+        meta = build.metadata("hist-integrity", ticker=other, start=t0, end=t0 + 100 * build.MINUTE)
         meta.expected_candles, meta.expected_gaps = 100, 5
         kafka.send(run.batches_topic, build.request_records("hist-integrity", rows, meta=meta))
+
+        sub.wait_for(tools.is_notification("hist-evolved"))
+        by_time = {
+            int(r["open_time"].timestamp() * 1000): r
+            for r in lake.rows("ohlc", f"ticker = '{build.TICKER}'")
+        }
+        assert by_time[0]["quote_volume"] is None  # written before the column existed
+        assert by_time[build.T0]["quote_volume"] == 12.5
+        assert by_time[build.T0]["taker_buy_volume"] is None
+
         [got] = sub.wait_for(tools.is_notification("hist-integrity"))
         n = got.message
         assert (n.status, n.row_count) == (Status.OK, 90)
         assert (n.expected_candles, n.exchange_gaps, n.missing_candles) == (100, 5, 5)
         assert n.source == HistorySource.SOURCE_EXCHANGE
-        [row] = tools.Lake(e, run.namespace).rows("requests", "request_id = 'hist-integrity'")
+        [row] = lake.rows("requests", "request_id = 'hist-integrity'")
         assert (row["expected_candles"], row["missing_candles"], row["source"]) == (
             100,
             5,

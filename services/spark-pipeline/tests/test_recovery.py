@@ -34,7 +34,11 @@ def _unnumbered(message: Any) -> Any:
 def test_history_crash_points_notify_once_and_never_duplicate_rows(
     make_run: Any, tools: Any, build: Any
 ) -> None:
-    run = make_run(PIPELINE_LIVE__ENABLED="false", PIPELINE_CEP__ENABLED="false")
+    run = make_run(
+        PIPELINE_LIVE__ENABLED="false",
+        PIPELINE_CEP__ENABLED="false",
+        PIPELINE_MARKETS__ENABLED="false",
+    )
     sub = tools.Subscriber(run.pub_endpoint)
     kafka = tools.Kafka(run.endpoints.kafka_bootstrap)
     lake = tools.Lake(run.endpoints, run.namespace)
@@ -97,7 +101,11 @@ def test_history_crash_points_notify_once_and_never_duplicate_rows(
 
 
 def test_live_kill9_loses_and_duplicates_nothing(make_run: Any, tools: Any, build: Any) -> None:
-    run = make_run(PIPELINE_HISTORY__ENABLED="false", PIPELINE_CEP__ENABLED="false")
+    run = make_run(
+        PIPELINE_HISTORY__ENABLED="false",
+        PIPELINE_CEP__ENABLED="false",
+        PIPELINE_MARKETS__ENABLED="false",
+    )
     sub = tools.Subscriber(run.pub_endpoint)
     kafka = tools.Kafka(run.endpoints.kafka_bootstrap)
     lake = tools.Lake(run.endpoints, run.namespace)

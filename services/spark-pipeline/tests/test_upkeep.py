@@ -43,7 +43,10 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
 def test_a_round_compacts_small_commits_and_expires_their_snapshots(
     make_run: Any, tools: Any, build: Any
 ) -> None:
-    run = make_run(
+    run = make_run(  # the history query alone: the others would only load the cores
+        PIPELINE_LIVE__ENABLED="false",
+        PIPELINE_CEP__ENABLED="false",
+        PIPELINE_MARKETS__ENABLED="false",
         PIPELINE_UPKEEP__INTERVAL_S="3",
         PIPELINE_UPKEEP__SNAPSHOT_RETAIN_S="0",
         PIPELINE_UPKEEP__RETAIN_LAST_SNAPSHOTS="1",
