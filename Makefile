@@ -52,13 +52,19 @@ lint: venv proto
 # Whole-platform tests (marker `e2e`) run once, on the compose platform, in
 # `make e2e`; here only those that need the local platform's own processes
 # (marker `local`). The compose platform's tests (marker `compose`) run there too.
+# Tests without the stack run in UNIT_WORKERS parallel workers (pytest-xdist): they
+# mostly wait on sockets and timeouts, so more workers than cores pays. Stack tests
+# run in one process: they share one stack, and Spark takes both cores.
 # --durations: the slowest set-ups and tests, for docs/development.md's duration report.
 TEST_MARKS := not compose and (not e2e or local)
+UNIT_WORKERS ?= 4
 test: lint jars gateway-assets
-	$(BIN)/pytest -m "$(TEST_MARKS)" --durations=40 $(TESTS)
+	$(BIN)/pytest -n $(UNIT_WORKERS) -m "not stack and ($(TEST_MARKS))" --durations=20 $(TESTS)
+	$(BIN)/pytest -m "stack and ($(TEST_MARKS))" --durations=40 $(TESTS)
 
+# The edit loop: every test that needs no stack (docs/development.md).
 test-unit: venv proto
-	$(BIN)/pytest -m "not stack and not compose" $(TESTS)
+	$(BIN)/pytest -n $(UNIT_WORKERS) -m "not stack and ($(TEST_MARKS))" $(TESTS)
 
 up-local: jars
 	$(BIN)/python -m infra.localstack up
