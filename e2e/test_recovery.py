@@ -1,9 +1,11 @@
-"""A crashed pipeline: the request still gets exactly one notification and no duplicate rows."""
+"""A pipeline crash, a catalog restart and an S3 outage while a request is being stored:
+the request still gets every candle once and exactly one notification."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import zmq
@@ -21,17 +23,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 HOUR_MS = 3_600_000
 
 
-def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
-    faults: Faults,
+def interrupted_mid_store(
+    fault: Callable[[], None],
+    *,
+    symbol: str,
+    days_ago: int,
+    client_id: str,
     endpoints: PlatformEndpoints,
     client_settings: ClientSettings,
-    sim: SimulatorControl,
 ) -> None:
-    client_id = "e2e-crash"
+    """Ask for 5 days of BINANCE:`symbol` (7,200 candles: 8 exchange pages, slowed by the
+    caller), run `fault` once the pipeline has stored part of them, and check the answer:
+    every candle once, and one notification on the client's topic."""
+    ticker = f"BINANCE:{symbol}"
     now = int(time.time() * 1000)
-    start = (now - 30 * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
-    end = start + 5 * 24 * HOUR_MS  # 7,200 candles: 8 exchange pages
-    expected = [k.open_time for k in expected_klines("BTC/USDT", "1m", start, end)]
+    start = (now - days_ago * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
+    end = start + 5 * 24 * HOUR_MS
+    expected = [k.open_time for k in expected_klines(symbol, "1m", start, end)]
     expected = [t for t in expected if t < end]
 
     # Count every notification on the client's topic with a plain SUB of our own.
@@ -39,37 +47,31 @@ def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
     counter = ctx.socket(zmq.SUB)
     counter.connect(endpoints.market_data)
     counter.subscribe(topics.response_topic(client_id).encode())
-
-    # Slow pages keep the ingestor busy long enough to crash the pipeline mid-request.
-    sim.add_fault("slow", delay=2, path="/api/v3/klines", count=8)
     results: list[HistoryResult] = []
     errors: list[BaseException] = []
 
     def ask() -> None:
         try:
             with Client(settings=client_settings, client_id=client_id) as client:
-                results.append(client.history("BINANCE:BTC/USDT", "1m", start, end, timeout_s=300))
+                results.append(client.history(ticker, "1m", start, end, timeout_s=300))
         except BaseException as exc:
             errors.append(exc)
 
     worker = threading.Thread(target=ask)
     worker.start()
     try:
-        # Wait until the pipeline has committed part of the request, then crash it.
         reader = Client(settings=client_settings).reader()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            rows = reader.read_ohlc("market.ohlc", "BINANCE:BTC/USDT", 60, start, end)
+            rows = reader.read_ohlc("market.ohlc", ticker, 60, start, end)
             if 0 < rows.num_rows < len(expected):
                 break
             time.sleep(0.5)
         else:
             pytest.fail("the pipeline never committed a part of the request")
-        faults.kill("spark-pipeline")  # SIGKILL: a process, or the whole container
-        faults.start("spark-pipeline")  # returns once its streaming queries run again
-        worker.join(timeout=400)
+        fault()
     finally:
-        sim.clear_faults()
+        worker.join(timeout=400)
     assert not errors, errors
     [result] = results
     open_times = [int(ts.timestamp() * 1000) for ts in result.table.column("open_time").to_pylist()]
@@ -81,3 +83,62 @@ def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
     with Client(settings=client_settings, client_id=client_id) as client:
         client.history("BINANCE:ETH/USDT", "1m", start, start + HOUR_MS)
     assert notified_request_ids(counter).count(result.request_id) == 1
+    counter.close()
+
+
+def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
+    faults: Faults,
+    endpoints: PlatformEndpoints,
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
+) -> None:
+    def crash() -> None:
+        faults.kill("spark-pipeline")  # SIGKILL: a process, or the whole container
+        faults.start("spark-pipeline")  # returns once its streaming queries run again
+
+    # Slow pages keep the ingestor busy long enough to crash the pipeline mid-request.
+    sim.add_fault("slow", delay=2, path="/api/v3/klines", count=8)
+    try:
+        interrupted_mid_store(
+            crash,
+            symbol="BTC/USDT",
+            days_ago=30,
+            client_id="e2e-crash",
+            endpoints=endpoints,
+            client_settings=client_settings,
+        )
+    finally:
+        sim.clear_faults()
+
+
+def test_catalog_restart_and_an_s3_outage_mid_request_answer_once(
+    faults: Faults,
+    endpoints: PlatformEndpoints,
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
+) -> None:
+    """Issue 25 on the platform: the pipeline's commits retry through a catalog restart
+    and 20 s without S3."""
+    s3 = "minio" if faults.stack == "compose" else "seaweedfs"
+
+    def outage() -> None:
+        faults.restart("iceberg-rest")  # returns once the catalog answers again
+        faults.kill(s3)
+        time.sleep(20)  # the outage itself: commits in this window must wait and retry
+        faults.start(s3)
+
+    # Two rounds of four 8 s pages: the second round's rows and the request's record are
+    # committed while the catalog restarts and S3 is down.
+    sim.add_fault("slow", delay=8, path="/api/v3/klines", count=8)
+    try:
+        interrupted_mid_store(
+            outage,
+            symbol="SOL/USDT",
+            days_ago=120,
+            client_id="e2e-outage",
+            endpoints=endpoints,
+            client_settings=client_settings,
+        )
+    finally:
+        sim.clear_faults()
+        faults.wait_ready(s3)
