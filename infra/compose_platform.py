@@ -566,6 +566,63 @@ def _describe_state(state: Mapping[str, Any]) -> str:
 
 _ACTIVE: list[ComposePlatform] = []
 
+#: `mdp-e2e-<pid of the test process>-<random>`: the pid says whether its owner still runs;
+#: `mdp-e2e-<8 hex>` is the name from before pids were in it.
+_PROJECT = re.compile(r"^mdp-e2e-(?:(?P<pid>\d+)-[0-9a-f]+|[0-9a-f]{8})$")
+
+
+def abandoned_projects(names: list[str], alive: Any) -> list[str]:
+    """The e2e projects among `names` whose test process is gone (`alive(pid)` false).
+
+    An interrupted `make e2e` leaves its containers, and their restart policies
+    bring them back with every Docker start: a second platform that starves the
+    next run on two cores (it failed three e2e tests here once).
+    """
+    found = []
+    for name in names:
+        match = _PROJECT.match(name)
+        if match and not (match["pid"] and alive(int(match["pid"]))):
+            found.append(name)
+    return found
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_projects(docker: str) -> list[str]:
+    """Remove the containers, volumes and networks of abandoned e2e projects (every
+    profile: `down` without the profiles leaves the simulator and Prometheus up)."""
+    listed = subprocess.run(
+        [docker, "compose", "ls", "--all", "--format", "json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        return []
+    names = [str(p.get("Name", "")) for p in json.loads(listed.stdout or "[]")]
+    gone = abandoned_projects(names, _pid_alive)
+    for name in gone:
+        label = f"label=com.docker.compose.project={name}"
+        for list_cmd, remove_cmd in (
+            (["ps", "-aq"], ["rm", "-f"]),
+            (["volume", "ls", "-q"], ["volume", "rm", "-f"]),
+            (["network", "ls", "-q"], ["network", "rm"]),
+        ):
+            ids = subprocess.run(
+                [docker, *list_cmd, "--filter", label],
+                capture_output=True, text=True, timeout=60, check=False,
+            ).stdout.split()  # fmt: skip
+            if ids:
+                subprocess.run([docker, *remove_cmd, *ids], capture_output=True, timeout=300)
+        print(f"removed the abandoned e2e project {name} (its test process is gone)")
+    return gone
+
 
 @contextlib.contextmanager
 def compose_session(
@@ -590,9 +647,10 @@ def compose_session(
     require_docker()
     from testcontainers.compose import DockerCompose
 
+    remove_abandoned_projects(shutil.which("docker") or "docker")
     chosen = files or compose_files()
     profiles = PROFILES_OFFLINE if offline else ()
-    name = project or f"mdp-e2e-{uuid.uuid4().hex[:8]}"
+    name = project or f"mdp-e2e-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     variables = port_variables(chosen)
     ports = dict(zip(variables, free_ports(len(variables)), strict=True))
     endpoints = endpoints_for(name, ports, offline=offline)

@@ -1549,6 +1549,23 @@ def test_docker_probe_gives_a_one_line_reason_without_an_engine(
     assert reason.startswith("no Docker engine") and "Cannot connect" in reason
 
 
+def test_abandoned_e2e_projects_are_those_whose_test_process_is_gone(
+    compose_stack_module: ModuleType,
+) -> None:
+    alive = {100}.__contains__
+    names = [
+        "mdp-e2e-100-abc123",  # its test process runs: kept
+        "mdp-e2e-200-def456",  # gone: removed
+        "mdp-e2e-4e86aa2d",  # the name before pids were in it: nothing owns it any more
+        "mdp",  # `make up`'s own project: never touched
+        "mdp-e2e-cluster",
+    ]
+    assert compose_stack_module.abandoned_projects(names, alive) == [
+        "mdp-e2e-200-def456",
+        "mdp-e2e-4e86aa2d",
+    ]
+
+
 def test_compose_environment_publishes_every_endpoint(compose_stack_module: ModuleType) -> None:
     mod = compose_stack_module
     ports = dict(zip(mod.PORT_VARIABLES, mod.free_ports(len(mod.PORT_VARIABLES)), strict=True))
