@@ -13,7 +13,6 @@ from relay.feedstatus import MAX_REFUSALS, StatusBoard, refused_period, status_t
 
 if TYPE_CHECKING:
     from conftest import FakePipeline, RelayFactory
-
     from relay.sockets import Socket
 
 TICKER = "BINANCE:BTC/USDT"
