@@ -26,15 +26,17 @@ HOUR_MS = 3_600_000
 def interrupted_mid_store(
     fault: Callable[[], None],
     *,
+    page_delay_s: float,
     symbol: str,
     days_ago: int,
     client_id: str,
     endpoints: PlatformEndpoints,
     client_settings: ClientSettings,
+    sim: SimulatorControl,
 ) -> None:
-    """Ask for 5 days of BINANCE:`symbol` (7,200 candles: 8 exchange pages, slowed by the
-    caller), run `fault` once the pipeline has stored part of them, and check the answer:
-    every candle once, and one notification on the client's topic."""
+    """Ask for 5 days of BINANCE:`symbol` (7,200 candles: 8 exchange pages, each slowed by
+    `page_delay_s`), run `fault` once the pipeline has stored part of them, and check the
+    answer: every candle once, and one notification on the client's topic."""
     ticker = f"BINANCE:{symbol}"
     now = int(time.time() * 1000)
     start = (now - days_ago * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
@@ -57,6 +59,7 @@ def interrupted_mid_store(
         except BaseException as exc:
             errors.append(exc)
 
+    sim.add_fault("slow", delay=page_delay_s, path="/api/v3/klines", count=8)
     worker = threading.Thread(target=ask)
     worker.start()
     try:
@@ -72,6 +75,7 @@ def interrupted_mid_store(
         fault()
     finally:
         worker.join(timeout=400)
+        sim.clear_faults()
     assert not errors, errors
     [result] = results
     open_times = [int(ts.timestamp() * 1000) for ts in result.table.column("open_time").to_pylist()]
@@ -97,18 +101,16 @@ def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
         faults.start("spark-pipeline")  # returns once its streaming queries run again
 
     # Slow pages keep the ingestor busy long enough to crash the pipeline mid-request.
-    sim.add_fault("slow", delay=2, path="/api/v3/klines", count=8)
-    try:
-        interrupted_mid_store(
-            crash,
-            symbol="BTC/USDT",
-            days_ago=30,
-            client_id="e2e-crash",
-            endpoints=endpoints,
-            client_settings=client_settings,
-        )
-    finally:
-        sim.clear_faults()
+    interrupted_mid_store(
+        crash,
+        page_delay_s=2,
+        symbol="BTC/USDT",
+        days_ago=30,
+        client_id="e2e-crash",
+        endpoints=endpoints,
+        client_settings=client_settings,
+        sim=sim,
+    )
 
 
 def test_catalog_restart_and_an_s3_outage_mid_request_answer_once(
@@ -129,16 +131,16 @@ def test_catalog_restart_and_an_s3_outage_mid_request_answer_once(
 
     # Two rounds of four 8 s pages: the second round's rows and the request's record are
     # committed while the catalog restarts and S3 is down.
-    sim.add_fault("slow", delay=8, path="/api/v3/klines", count=8)
     try:
         interrupted_mid_store(
             outage,
+            page_delay_s=8,
             symbol="SOL/USDT",
             days_ago=120,
             client_id="e2e-outage",
             endpoints=endpoints,
             client_settings=client_settings,
+            sim=sim,
         )
     finally:
-        sim.clear_faults()
-        faults.wait_ready(s3)
+        faults.wait_ready(s3)  # back for later tests, whatever happened

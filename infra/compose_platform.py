@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -571,7 +571,7 @@ _ACTIVE: list[ComposePlatform] = []
 _PROJECT = re.compile(r"^mdp-e2e-(?:(?P<pid>\d+)-[0-9a-f]+|[0-9a-f]{8})$")
 
 
-def abandoned_projects(names: list[str], alive: Any) -> list[str]:
+def abandoned_projects(names: list[str], alive: Callable[[int], bool]) -> list[str]:
     """The e2e projects among `names` whose test process is gone (`alive(pid)` false).
 
     An interrupted `make e2e` leaves its containers, and their restart policies

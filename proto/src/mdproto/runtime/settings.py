@@ -50,6 +50,13 @@ class FileSettings(BaseSettings):
     aliases: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
+    def current_names(cls, data: dict[str, Any], where: str = "") -> dict[str, Any]:
+        """`data` with the spec's names (silently) and old names (with a warning) moved
+        to the current ones."""
+        data = rename_keys(cls.aliases, data, warn=False)
+        return rename_keys(cls.renamed, data, where)
+
+    @classmethod
     def settings_customise_sources(
         cls,
         settings_cls: type[BaseSettings],
@@ -59,9 +66,8 @@ class FileSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_values = _FILE_VALUES.get() or {}
-        init = rename_keys(cls.aliases, dict(init_settings()), warn=False)
         return (
-            InitSettingsSource(settings_cls, rename_keys(cls.renamed, init)),
+            InitSettingsSource(settings_cls, cls.current_names(dict(init_settings()))),
             _RenamingEnv(settings_cls, cls.renamed, cls.aliases),
             InitSettingsSource(settings_cls, file_values),
         )
@@ -83,18 +89,17 @@ class _RenamingEnv(EnvSettingsSource):
     def _load_env_vars(self) -> Mapping[str, str | None]:
         env = dict(super()._load_env_vars())
         delimiter = self.env_nested_delimiter or "__"
-        for names, warn in ((self._aliases, False), (self._renamed, True)):
-            for old, new in names.items():
-                old_var, new_var = (
-                    self.env_prefix + key.replace(".", delimiter) for key in (old, new)
-                )
-                if not self.case_sensitive:
-                    old_var, new_var = old_var.lower(), new_var.lower()
-                if old_var in env:
-                    if warn:
-                        _deprecated(f"environment variable {old_var.upper()}", new_var.upper())
-                    value = env.pop(old_var)
-                    env.setdefault(new_var, value)
+        renames = [(*pair, False) for pair in self._aliases.items()]
+        renames += [(*pair, True) for pair in self._renamed.items()]
+        for old, new, warn in renames:
+            old_var, new_var = (self.env_prefix + key.replace(".", delimiter) for key in (old, new))
+            if not self.case_sensitive:
+                old_var, new_var = old_var.lower(), new_var.lower()
+            if old_var in env:
+                if warn:
+                    _deprecated(f"environment variable {old_var.upper()}", new_var.upper())
+                value = env.pop(old_var)
+                env.setdefault(new_var, value)
         return env
 
 
@@ -124,8 +129,7 @@ def load_settings(
         if not Path(path).is_file():
             service = cls.__module__.partition(".")[0]
             raise FileNotFoundError(f"{service} config file not found: {label}")
-        values = rename_keys(cls.aliases, read_yaml(Path(path)), warn=False)
-        values = rename_keys(cls.renamed, values, where=f"{label}: ")
+        values = cls.current_names(read_yaml(Path(path)), where=f"{label}: ")
     token = _FILE_VALUES.set(values)
     try:
         return cls(**overrides)
