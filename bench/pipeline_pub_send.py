@@ -1,6 +1,6 @@
 """Tick thread CPU per tick in the PUB server: the sequenced send against the plain one.
 
-`sequenced`: `pipeline.pub_server.Outlet.send_ticks` (stamp sequence + epoch,
+`sequenced`: `pipeline.pub_server.Outlet.send_many` (stamp sequence + epoch,
 encode, send on the XPUB under its lock, keep the last value). `plain`: the path
 before sequence numbers (encode, send on an inproc PUSH that a C `zmq.proxy`
 forwards to a PUB; the proxy thread's time is not counted). A SUB on loopback
@@ -68,7 +68,7 @@ def plain(ctx: Ctx) -> tuple[str, SendMany]:
 def sequenced(ctx: Ctx) -> tuple[str, SendMany]:
     xpub, endpoint = _bound(ctx, zmq.XPUB)
     xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-    return endpoint, Outlet(xpub, Sequencer()).send_ticks
+    return endpoint, Outlet(xpub, Sequencer()).send_many
 
 
 def one_run(make: Callable[[Ctx], tuple[str, SendMany]], n: int) -> float:

@@ -21,6 +21,9 @@ INGESTOR_CONTROL_PORT: Final = 5560  # relay PUB -> ingestor SUB (spec said 5557
 # Kafka topics.
 KAFKA_OHLC_BATCHES: Final = "market.ohlc.batches"  # OHLCBatch, key = ticker
 KAFKA_TICKS: Final = "market.ticks"  # Tick, key = ticker
+# Closed live candles (OHLC, closed=true, key = ticker), the pipeline's own: its live
+# engine writes them, its candles-store query MERGEs them into ICEBERG_OHLC.
+KAFKA_LIVE_CANDLES: Final = "market.ohlc.live"
 KAFKA_MARKETS: Final = "market.markets"  # Market, key = ticker (compacted)
 KAFKA_INGEST_CLAIMS: Final = "ingest.claims"  # claim records, key = request_id (1 partition)
 KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_id (compacted)

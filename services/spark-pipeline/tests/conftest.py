@@ -217,7 +217,7 @@ class PipelineRun:
                 "PIPELINE_LIVE__PERIODS": "[60, 300]",
                 "PIPELINE_LIVE__WATERMARK_S": "5",
                 "PIPELINE_LIVE__PERSIST_TRIGGER_S": "2",
-                "PIPELINE_LIVE__CANDLE_CLOSE_TRIGGER_S": "2",
+                "PIPELINE_LIVE__STORE_TRIGGER_S": "1",
                 "PIPELINE_MARKETS__TRIGGER_S": "2",
             }
         )

@@ -1,7 +1,9 @@
-"""Event-time closing (pipeline.candle_close): when a candle closes, what it holds, corrections."""
+"""Live candles (pipeline.candle_close, pipeline.live_candles): when a candle closes, what it
+holds, corrections, previews, and the snapshot a restart resumes from."""
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -10,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdproto import contracts
-from mdproto.messages import Tick
-from pipeline.candle_close import Closing, TickerCandles, step
+from mdproto.messages import OHLC, Tick
+from pipeline.candle_close import Closing, TickerCandles
+from pipeline.live_candles import LiveCandles
 
 T = "BINANCE:ETH/USDT"
 B = 1_704_067_200_000  # 2024-01-01T00:00:00Z, aligned to 1, 5 and 60 minutes
@@ -22,32 +25,34 @@ def tick(trade_id: int, price: float, at_ms: int, amount: float = 1.0) -> Tick:
     return Tick(ticker=T, trade_id=str(trade_id), price=price, amount=amount, timestamp_ms=at_ms)
 
 
-def chunk(*ticks: Tick) -> dict[str, list[Any]]:
+def as_row(c: OHLC) -> dict[str, Any]:
     return {
-        "ticker": [t.ticker for t in ticks],
-        "exchange": ["BINANCE"] * len(ticks),
-        "symbol": ["ETH/USDT"] * len(ticks),
-        "trade_id": [t.trade_id for t in ticks],
-        "price": [t.price for t in ticks],
-        "amount": [t.amount for t in ticks],
-        "trade_us": [t.timestamp_ms * 1000 for t in ticks],
+        "period_seconds": c.period_seconds,
+        "open_time_ms": c.open_time_ms,
+        **{f: getattr(c, f) for f in ("open", "high", "low", "close", "volume", "trade_count")},
+        "closed": c.closed,
+        "correction": c.correction,
     }
 
 
 class Run:
-    """Feeds batches through ``step`` with the state serialised in between, like Spark."""
+    """Feeds batches through `LiveCandles` like the live engine, restoring it from its
+    (JSON) snapshot after every batch, as a restart would."""
 
     def __init__(self, cfg: Closing = CFG) -> None:
-        self.cfg = cfg
-        self.state: str | None = None
+        self.live = LiveCandles(cfg)
         self.emitted: list[dict[str, Any]] = []
-        self.candles = TickerCandles()
+        self.previews: list[dict[str, Any]] = []
+
+    @property
+    def candles(self) -> TickerCandles:
+        return self.live.tickers[T]
 
     def batch(self, now_ms: int, *ticks: Tick) -> list[dict[str, Any]]:
-        trades = [chunk(*ticks)] if ticks else []
-        cols, self.candles = step(self.cfg, T, self.state, trades, now_ms)
-        self.state = self.candles.to_json()
-        rows = [dict(zip(cols, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+        self.previews += [as_row(c) for c in self.live.add(ticks, now_ms)]
+        rows = [as_row(c) for c in self.live.close_due(now_ms)]
+        snapshot = json.loads(json.dumps(self.live.snapshot()))
+        self.live = LiveCandles.restore(self.live.cfg, snapshot)
         self.emitted += rows
         return rows
 
@@ -75,8 +80,8 @@ def test_a_trade_of_the_next_window_closes_the_candle_with_trade_time_open_and_c
     [closed] = run.batch(B + 60_100, tick(6, 102.0, B + 60_000))
     assert key(closed) == (60, B)
     assert values(closed) == (100.0, 104.0, 98.0, 103.0, 4.75, 5)
-    assert closed["correction"] is False
-    assert (closed["exchange"], closed["symbol"]) == ("BINANCE", "ETH/USDT")
+    assert closed["correction"] is False and closed["closed"] is True
+    assert (run.candles.exchange, run.candles.symbol) == ("BINANCE", "ETH/USDT")
 
 
 def test_a_quiet_ticker_closes_by_processing_time_after_the_idle_timeout() -> None:
@@ -115,12 +120,39 @@ def test_a_trade_later_than_the_lateness_misses_its_candle() -> None:
     assert values(five) == (100.0, 100.0, 100.0, 100.0, 2.0, 2)
 
 
-def test_state_round_trip_keeps_dedup_ids_and_emitted_flags() -> None:
+def test_snapshot_round_trip_keeps_dedup_ids_and_emitted_flags() -> None:
     run = Run()
     run.batch(B + 1_000, tick(1, 100.0, B + 1_000))
-    restored = TickerCandles.from_json(run.state or "")
-    assert restored.to_json() == run.state
-    assert restored.ids == {B * 1000: {"1"}}
+    snapshot = run.live.snapshot()
+    restored = LiveCandles.restore(CFG, json.loads(json.dumps(snapshot)))
+    assert restored.snapshot() == json.loads(json.dumps(snapshot))
+    assert restored.tickers[T].ids == {B * 1000: {"1"}}
+
+
+def test_previews_show_each_changed_open_window_once_per_batch_never_a_trade_twice() -> None:
+    run = Run()
+    run.batch(B + 2_000, tick(1, 100.0, B + 1_000), tick(2, 102.0, B + 2_000))
+    assert [(key(p), p["close"], p["trade_count"], p["closed"]) for p in run.previews] == [
+        ((60, B), 102.0, 2, False),
+        ((300, B), 102.0, 2, False),
+    ]
+    run.previews.clear()
+    run.batch(B + 3_000, tick(2, 102.0, B + 2_000))  # re-delivered: nothing changed
+    assert run.previews == []
+    run.batch(B + 61_000, tick(3, 99.0, B + 61_000))
+    # The new minute's window and the 5-minute one; the closed minute is no preview.
+    assert [(key(p), p["trade_count"]) for p in run.previews] == [
+        ((60, B + 60_000), 1),
+        ((300, B), 3),
+    ]
+
+
+def test_a_backlog_closes_on_event_time_only_never_on_idle_time() -> None:
+    live = LiveCandles(CFG)
+    live.add([tick(1, 100.0, B + 1_000)], now_ms=B + 500_000)
+    # Long after the trade by the clock, but the engine is still catching up.
+    assert live.close_due(B + 900_000, idle=False) == []
+    assert [c.period_seconds for c in live.close_due(B + 900_000)] == [60, 300]
 
 
 @settings(max_examples=60, deadline=None)
@@ -173,31 +205,6 @@ def test_random_streams_publish_each_window_once_and_end_equal_to_the_oracle(see
         for c in aggregate(trades, [60, 300])
     }
     assert final == expected
-
-
-def test_state_info_offsets_stay_integers_with_null_padding_rows() -> None:
-    import pyarrow as pa
-    from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
-
-    info = pa.struct(
-        [
-            ("properties", pa.string()),
-            ("keyRowAsUnsafe", pa.binary()),
-            ("object", pa.binary()),
-            ("startOffset", pa.int32()),
-            ("numRows", pa.int32()),
-            ("isLastChunk", pa.bool_()),
-        ]
-    )
-    row = {"properties": "{}", "keyRowAsUnsafe": b"k", "object": None}
-    padding = dict.fromkeys(info.names)
-    column = pa.array([{**row, "startOffset": 3, "numRows": 2, "isLastChunk": True}, padding], info)
-    serializer = ApplyInPandasWithStateSerializer("UTC", False, True, None, 10_000, False)
-
-    first = serializer.arrow_to_pandas(column).iloc[0]
-
-    assert (first["startOffset"], first["numRows"]) == (3, 2)
-    assert isinstance(first["startOffset"], int)
 
 
 def test_candles_of_the_exchanges_trades_equal_the_exchanges_candles() -> None:

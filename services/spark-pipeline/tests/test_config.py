@@ -23,6 +23,7 @@ def test_defaults_follow_the_contracts() -> None:
     s = load_settings()
     assert s.kafka.topic_ohlc_batches == "market.ohlc.batches"
     assert s.kafka.topic_ticks == "market.ticks"
+    assert s.kafka.topic_live_candles == "market.ohlc.live"
     assert s.pub_endpoint == "tcp://*:5557"
     assert s.catalog.namespace == "market"
     assert s.live.periods == [60, 300, 3600]
@@ -30,8 +31,7 @@ def test_defaults_follow_the_contracts() -> None:
     assert s.enabled_queries == [
         "history",
         "ticks-persist",
-        "candles-update",
-        "candles-close",
+        "candles-store",
         "cep",
         "markets",
     ]
@@ -105,3 +105,17 @@ def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:
     assert type(s) is Settings
     assert pickle.loads(pickle.dumps(s)) == s
     assert s.kafka.bootstrap_servers == "k1:9092"
+
+
+def test_retired_live_keys_are_ignored_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config from before the live engine still starts the pipeline."""
+    path = tmp_path / "old.yaml"
+    path.write_text("live:\n  close_mode: event\n  candle_close_trigger_s: 0.5\n")
+    monkeypatch.setenv("PIPELINE_LIVE__PUBLISHER", "kafka")
+    with pytest.warns(DeprecationWarning):
+        s = load_settings(path)
+    assert s.live.store_trigger_s == 2.0
+    retired = [r.message for r in caplog.records if "no longer used" in r.message]
+    assert len(retired) == 3, retired

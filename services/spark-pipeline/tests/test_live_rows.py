@@ -1,69 +1,49 @@
-"""Pure parts of the live path: candle rows -> OHLC messages and Iceberg rows."""
+"""Pure parts of the live path: closed candle records -> Iceberg rows; re-delivery filter."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-
+from mdproto import envelope
 from mdproto.messages import OHLC
-from pipeline import live, records, tick_publisher
+from pipeline import live, live_engine, records
 
 
-def _candle_rows(build: Any) -> pa.Table:
-    t = datetime.fromtimestamp(build.T0 / 1000, tz=UTC)
-    rows = pa.table(
-        {
-            "ticker": [build.TICKER, build.TICKER],
-            "exchange": ["BINANCE", "BINANCE"],
-            "symbol": ["BTC/USDT", "BTC/USDT"],
-            "period_seconds": pa.array([60, 300], pa.int32()),
-            "open_time": pa.array([t, t], records.UTC_US),
-            "open": [1.0, 1.0],
-            "high": [3.0, 4.0],
-            "low": [0.5, 0.5],
-            "close": [2.0, 3.0],
-            "volume": [10.0, 12.0],
-            "trade_count": pa.array([4, 5], pa.int64()),
-        }
+def _closed(build: Any, period: int, close: float, *, correction: bool = False) -> bytes:
+    return envelope.encode_record(
+        OHLC(
+            ticker=build.TICKER,
+            period_seconds=period,
+            open_time_ms=build.T0,
+            open=1.0,
+            high=3.0,
+            low=0.5,
+            close=close,
+            volume=10.0,
+            trade_count=4,
+            closed=True,
+            correction=correction,
+        )
     )
-    return live._with_open_time_ms(rows)
 
 
-def test_candle_rows_become_ohlc_messages_on_period_topics(build: Any) -> None:
-    out = live.ohlc_messages(_candle_rows(build), closed=True)
-
-    assert [topic for topic, _ in out] == [
-        "BINANCE:BTC/USDT|ohlc:60",
-        "BINANCE:BTC/USDT|ohlc:300",
+def test_closed_candle_records_become_live_ohlc_rows_the_last_copy_winning(build: Any) -> None:
+    values = [
+        _closed(build, 60, 2.0),
+        _closed(build, 300, 2.5),
+        b"junk",
+        _closed(build, 60, 2.2, correction=True),  # a late trade amended the 1-minute candle
     ]
-    assert out[0][1] == OHLC(
-        ticker=build.TICKER,
-        period_seconds=60,
-        open_time_ms=build.T0,
-        open=1.0,
-        high=3.0,
-        low=0.5,
-        close=2.0,
-        volume=10.0,
-        trade_count=4,
-        closed=True,
-    )
-    assert not live.ohlc_messages(_candle_rows(build), closed=False)[1][1].closed
-    assert not out[0][1].correction
+    rows, rejects = records.decode_live_candles(build.kafka_table(values))
 
+    assert len(rejects) == 1
+    assert rows.num_rows == 2
+    by_period = {r["period_seconds"]: r for r in rows.to_pylist()}
+    assert by_period[60]["close"] == 2.2 and by_period[60]["correction"]
+    assert by_period[300]["close"] == 2.5
+    assert (by_period[60]["exchange"], by_period[60]["symbol"]) == ("BINANCE", "BTC/USDT")
 
-def test_a_correction_column_marks_amended_candles(build: Any) -> None:
-    rows = _candle_rows(build).append_column("correction", pa.array([False, True]))
-
-    out = live.ohlc_messages(rows, closed=True)
-
-    assert [(m.closed, m.correction) for _, m in out] == [(True, False), (True, True)]
-
-
-def test_closed_candles_become_live_ohlc_rows(build: Any) -> None:
-    table = live._live_ohlc_rows(_candle_rows(build))
+    table = live.live_ohlc_rows(rows)
 
     assert table.schema == records.OHLC_SCHEMA
     assert table["source"].to_pylist() == ["live", "live"]
@@ -72,7 +52,7 @@ def test_closed_candles_become_live_ohlc_rows(build: Any) -> None:
 
 
 def test_recent_keys_drop_redeliveries_within_capacity() -> None:
-    recent = tick_publisher.RecentKeys(capacity=2)
+    recent = live_engine.RecentKeys(capacity=2)
     assert recent.first_time(("T", "1"))
     assert not recent.first_time(("T", "1"))
     assert recent.first_time(("T", "2"))

@@ -279,8 +279,8 @@ def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, bu
 
     assert not any(m.correction for m in (m0, m1, f0))
 
-    # Updating candles (closed=false) are published for the same windows (by another
-    # query: on a busy machine they may come after the closed candle).
+    # Updating candles (closed=false) were published for the same windows (a batch's
+    # previews go out before the closes it causes).
     def update(period: int, open_s: int) -> Any:
         def check(m: Any) -> bool:
             msg = m.message
@@ -305,10 +305,17 @@ def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, bu
     pipeline.sub.wait_for(closed(60, 360))
     assert len(pipeline.sub.matching(closed(60, 0))) == 1
 
-    stored = {
-        (r["period_seconds"], int(r["open_time"].timestamp() * 1000)): r
-        for r in pipeline.lake.rows("ohlc", f"ticker = '{ticker}'")
-    }
+    def stored_candles() -> dict[tuple[int, int], dict[str, Any]]:
+        return {
+            (r["period_seconds"], int(r["open_time"].timestamp() * 1000)): r
+            for r in pipeline.lake.rows("ohlc", f"ticker = '{ticker}'")
+        }
+
+    wanted = {(m.period_seconds, m.open_time_ms) for m in (m0, m1, f0)}
+    deadline = time.monotonic() + tools.WAIT_S
+    while not wanted <= (stored := stored_candles()).keys():
+        assert time.monotonic() < deadline, "closed candles not stored"
+        time.sleep(0.5)  # candles-store MERGEs what the live engine published
     for msg in (m0, m1, f0):
         row = stored[(msg.period_seconds, msg.open_time_ms)]
         assert row["source"] == "live"

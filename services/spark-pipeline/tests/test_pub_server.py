@@ -187,7 +187,7 @@ def test_the_tick_path_numbers_each_topic_and_keeps_its_last_tick() -> None:
     assert xpub.poll(5000)  # the subscription arrived: nothing sent is lost
     outlet.answer_subscriptions()
     tickers = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:BTC/USDT"]
-    sent = outlet.send_ticks(
+    sent = outlet.send_many(
         (f"{t}|tick", Tick(ticker=t, trade_id=str(i))) for i, t in enumerate(tickers)
     )
 

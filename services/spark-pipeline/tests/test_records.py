@@ -188,18 +188,21 @@ def test_ticks_decode_validate_and_reject(build: Any) -> None:
     assert [r.code for r in decoded.rejects] == ["bad_tick"] * 4 + ["unknown_type"]
 
 
-def test_ticks_to_rows_for_spark_workers(build: Any) -> None:
+def test_kafka_ticks_become_unique_tick_rows(build: Any) -> None:
+    first = envelope.encode_record(build.tick(1, 100.0, build.T0, ingested_at_ms=build.T0 + 7))
     values = [
-        envelope.encode_record(build.tick(1, 100.0, build.T0, ingested_at_ms=build.T0 + 7)),
+        first,
         envelope.encode_record(build.tick(2, 101.0, build.T0 + 1)),  # no ingested_at: Kafka time
         b"junk",
+        first,  # re-delivered
     ]
     kafka = build.kafka_table(values, timestamp_ms=build.T0 + 9)
 
-    out = pa.Table.from_batches(list(records.kafka_ticks_to_rows(kafka.to_batches())))
+    out, rejects = records.kafka_ticks_table(kafka)
 
+    assert len(rejects) == 1
     assert out.schema == records.TICK_SCHEMA
-    rows = out.to_pylist()
+    rows = sorted(out.to_pylist(), key=lambda r: r["trade_id"])
     assert [r["trade_id"] for r in rows] == ["1", "2"]
     assert [int(r["ingested_at"].timestamp() * 1000) for r in rows] == [
         build.T0 + 7,

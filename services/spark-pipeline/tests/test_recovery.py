@@ -285,7 +285,7 @@ def test_failed_queries_restart_in_process_and_write_exactly_once(
 
     assert run.process is not None and run.process.poll() is None, "the pipeline exited"
     samples = _scrape(run.metrics_port)
-    for query in ("candles-update", "candles-close", "markets"):
+    for query in ("candles-store", "markets"):
         assert samples[f'pipeline_query_restarts_total{{query="{query}"}}'] == 0.0
         assert samples[f'pipeline_query_active{{query="{query}"}}'] == 1.0
     for query in restarts:

@@ -44,17 +44,20 @@ _FILE_VALUES: ContextVar[dict[str, Any] | None] = ContextVar("_FILE_VALUES", def
 class FileSettings(BaseSettings):
     """Base of every service's settings; `renamed` maps old dotted keys to new ones
     (read with a deprecation warning), `aliases` a specification's names to ours
-    (read silently)."""
+    (read silently), `retired` keys that no longer mean anything to why (ignored with
+    a warning: an old config file still starts the service)."""
 
     renamed: ClassVar[Mapping[str, str]] = {}
     aliases: ClassVar[Mapping[str, str]] = {}
+    retired: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def current_names(cls, data: dict[str, Any], where: str = "") -> dict[str, Any]:
         """`data` with the spec's names (silently) and old names (with a warning) moved
-        to the current ones."""
+        to the current ones, and retired keys dropped (with a warning)."""
         data = rename_keys(cls.aliases, data, warn=False)
-        return rename_keys(cls.renamed, data, where)
+        data = rename_keys(cls.renamed, data, where)
+        return drop_keys(cls.retired, data, where)
 
     @classmethod
     def settings_customise_sources(
@@ -68,7 +71,7 @@ class FileSettings(BaseSettings):
         file_values = _FILE_VALUES.get() or {}
         return (
             InitSettingsSource(settings_cls, cls.current_names(dict(init_settings()))),
-            _RenamingEnv(settings_cls, cls.renamed, cls.aliases),
+            _RenamingEnv(settings_cls, cls.renamed, cls.aliases, cls.retired),
             InitSettingsSource(settings_cls, file_values),
         )
 
@@ -81,9 +84,11 @@ class _RenamingEnv(EnvSettingsSource):
         settings_cls: type[BaseSettings],
         renamed: Mapping[str, str],
         aliases: Mapping[str, str],
+        retired: Mapping[str, str],
     ) -> None:
         self._renamed = renamed
         self._aliases = aliases
+        self._retired = retired
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
@@ -100,6 +105,11 @@ class _RenamingEnv(EnvSettingsSource):
                     _deprecated(f"environment variable {old_var.upper()}", new_var.upper())
                 value = env.pop(old_var)
                 env.setdefault(new_var, value)
+        for key, why in self._retired.items():
+            var = self.env_prefix + key.replace(".", delimiter)
+            if (var if self.case_sensitive else var.lower()) in env:
+                env.pop(var if self.case_sensitive else var.lower())
+                _retired(f"environment variable {var.upper()}", why)
         return env
 
 
@@ -172,6 +182,17 @@ def rename_keys(
     return data
 
 
+def drop_keys(retired: Mapping[str, str], data: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """`data` without the retired dotted keys, each one found warned about."""
+    for key, why in retired.items():
+        *parents, leaf = key.split(".")
+        section = _section(data, parents, create=False)
+        if section is not None and leaf in section:
+            section.pop(leaf)
+            _retired(f"{where}config key {key}", why)
+    return data
+
+
 def _section(data: dict[str, Any], keys: list[str], *, create: bool) -> dict[str, Any] | None:
     for key in keys:
         child = data.get(key)
@@ -181,6 +202,12 @@ def _section(data: dict[str, Any], keys: list[str], *, create: bool) -> dict[str
             child = data[key] = {}
         data = child
     return data
+
+
+def _retired(what: str, why: str) -> None:
+    message = f"{what} is no longer used and is ignored: {why}"
+    log.warning(message)
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -1,13 +1,12 @@
 """Wiring, in the order of the README's flow diagram.
 
-preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, tick relay
+preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, live engine
 -> SparkSession (jars, Iceberg REST catalog)  ->  create namespace/tables
 -> history query: market.ohlc.batches -> write ohlc -> record requests -> PUB notification
--> live: market.ticks  -> tick relay (in the PUB process)   -> PUB Tick
-                       -> ticks-persist query  -> MERGE ticks
-                       -> candles-update query -> PUB OHLC closed=false
-                       -> candles-close query  -> PUB OHLC closed=true -> MERGE ohlc
-                          (close_mode watermark: over Iceberg ticks, MERGE then PUB)
+-> live: market.ticks -> live engine (in the PUB process) -> PUB Tick, OHLC closed=false/true
+                                                          -> Kafka market.ohlc.live
+                      -> ticks-persist query  -> MERGE ticks
+         market.ohlc.live -> candles-store query -> MERGE ohlc (source live)
 -> cep query: cep.triggers + market.ticks -> engine (driver) -> PUB CEPTriggerEvent
                                                              -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
@@ -86,7 +85,7 @@ class Pipeline:
                 lambda: history.start(spark, settings, lake, publisher, crash),
             )
         if settings.live.enabled:
-            for name, starter in live.starters(spark, settings, lake, publisher, crash).items():
+            for name, starter in live.starters(spark, settings, lake, crash).items():
                 self._launch(name, starter)
         if settings.cep.enabled:
             from pipeline.cep import query as cep

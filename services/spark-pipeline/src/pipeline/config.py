@@ -26,6 +26,8 @@ class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
     topic_ohlc_batches: str = contracts.KAFKA_OHLC_BATCHES
     topic_ticks: str = contracts.KAFKA_TICKS
+    #: Closed live candles, from the live engine to the candles-store query.
+    topic_live_candles: str = contracts.KAFKA_LIVE_CANDLES
     #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
     #: Compacted topic of Market records, key ticker (the ``markets`` query's source).
@@ -70,30 +72,21 @@ class HistoryConfig(_Section):
 class LiveConfig(_Section):
     enabled: bool = True
     periods: list[int] = Field(default_factory=lambda: list(contracts.LIVE_PERIODS))
-    #: Event-time lateness accepted by the candle aggregation; later ticks miss their candle.
-    #: close_mode event: a trade this late (behind the ticker's newest) still amends its
-    #: closed candle (a correction); close_mode watermark: closing waits this long.
+    #: Accepted lateness of a trade behind its ticker's newest: within it a trade still
+    #: amends its closed candle (a correction); later it misses its candles.
     watermark_s: float = Field(default=10.0, ge=0)
-    #: How candles-close closes a window. "event": as soon as a trade of a later window
-    #: arrives, or the ticker was quiet for close_idle_s (state per ticker, Kafka ticks);
-    #: "watermark": over the Iceberg ticks once the watermark passed (~25 s later).
-    close_mode: Literal["event", "watermark"] = "event"
-    #: close_mode event: quiet time (processing time) after which event time is taken to
-    #: run on with the wall clock, closing the window of an idle ticker.
+    #: Quiet time (processing time) after which a ticker's event time is taken to run on
+    #: with the wall clock, closing the window of an idle ticker.
     close_idle_s: float = Field(default=1.0, gt=0)
-    #: Who publishes ticks: "kafka" (a consumer thread on the driver, see tick_publisher.py) or
-    #: "spark" (a micro-batch query, trigger publish_trigger_s; seconds behind under load).
-    publisher: Literal["kafka", "spark"] = "kafka"
-    #: Nice value of the PUB server process (tick relay, forwarding): negative = ahead
+    #: Nice value of the PUB server process (live engine, forwarding): negative = ahead
     #: of Spark for the CPU; needs CAP_SYS_NICE, else a warning. 0 leaves it alone.
     relay_niceness: int = Field(default=-10, ge=-20, le=19)
-    #: 0 starts the next micro-batch as soon as the previous one ends, but then an idle
-    #: query polls Kafka in a busy loop; 0.1 s costs ~50 ms of latency on average.
-    publish_trigger_s: float = Field(default=0.1, ge=0)
+    #: How often the live engine snapshots its offsets and open candles (what a restart
+    #: reads again is at most this much).
+    snapshot_s: float = Field(default=2.0, gt=0)
     persist_trigger_s: float = Field(default=10.0, ge=0)
-    candle_update_trigger_s: float = Field(default=1.0, ge=0)
-    #: close_mode event runs a batch every trigger even without data (idle closes).
-    candle_close_trigger_s: float = Field(default=0.5, ge=0)
+    #: candles-store: closed candles from Kafka into ``ohlc`` (publication does not wait).
+    store_trigger_s: float = Field(default=2.0, ge=0)
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
 
     @field_validator("periods")
@@ -200,6 +193,16 @@ class Settings(runtime.FileSettings):
         "kafka.topic_replication": "kafka.replication_factor",
         "cep.trigger_topic": "kafka.topic_cep_triggers",
     }
+    retired = {
+        f"live.{key}": "live candles are the live engine's (pipeline/live_engine.py)"
+        for key in (
+            "close_mode",
+            "publisher",
+            "publish_trigger_s",
+            "candle_update_trigger_s",
+            "candle_close_trigger_s",
+        )
+    }
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
@@ -226,9 +229,7 @@ class Settings(runtime.FileSettings):
         if self.history.enabled:
             names.append("history")
         if self.live.enabled:
-            if self.live.publisher == "spark":
-                names.append("ticks-publish")
-            names += ["ticks-persist", "candles-update", "candles-close"]
+            names += ["ticks-persist", "candles-store"]
         if self.cep.enabled:
             names.append("cep")
         if self.markets.enabled:

@@ -92,6 +92,8 @@ def check_all(settings: Settings) -> None:
         wanted.append(spec(contracts.KAFKA_OHLC_BATCHES, k.topic_ohlc_batches))
     if settings.live.enabled or settings.cep.enabled:  # the CEP query reads ticks too
         wanted.append(spec(contracts.KAFKA_TICKS, k.topic_ticks))
+    if settings.live.enabled:
+        wanted.append(spec(contracts.KAFKA_LIVE_CANDLES, k.topic_live_candles))
     if settings.markets.enabled:
         wanted.append(spec(contracts.KAFKA_MARKETS, k.topic_markets))
     missing = check_kafka(k.bootstrap_servers, k.connect_timeout_s, [t.name for t in wanted])

@@ -1,9 +1,9 @@
 """The pipeline's ZeroMQ XPUB (port 5557), in a process of its own: the only zmq module.
 
 Driver threads PUSH over ipc to this process; its forwarding thread stamps each
-message with its topic's sequence number and sends it on the XPUB. The tick
-publisher thread stamps and sends ticks itself, under the same lock, without a
-hop. A process, so tick publication never waits for the driver's GIL
+message with its topic's sequence number and sends it on the XPUB. The live
+engine thread (ticks, live candles) stamps and sends its messages itself, under
+the same lock, without a hop. A process, so live publication never waits for the driver's GIL
 (docs/adr/0002). An XPUB rather than a PUB so a new subscription is answered
 with the topic's last value (zguide "last value cache"; checked every
 `SUBSCRIPTION_CHECK_MS`). The XPUB drops past its HWM, hence a large ``sndhwm``
@@ -39,7 +39,7 @@ from mdproto import ProtocolError, envelope, topics
 from pipeline.config import Settings
 
 if TYPE_CHECKING:
-    from pipeline.tick_publisher import TickPublisher
+    from pipeline.live_engine import LiveEngine
 
 log = logging.getLogger(__name__)
 
@@ -59,25 +59,25 @@ class ServerConfig:
     sndhwm: int
     niceness: int
     parent_pid: int
-    #: None: no tick relay (live path off, or ``live.publisher: spark``).
-    relay_settings: Settings | None
+    #: None: no live engine (live path off).
+    engine_settings: Settings | None
     #: ``publisher_epoch`` of every message this server publishes.
     epoch: int
 
 
 class PubServer:
-    """The process that owns the PUB. `start` returns once it is bound (and, with a tick
-    relay, once the relay has its Kafka partitions)."""
+    """The process that owns the PUB. `start` returns once it is bound (and, with a live
+    engine, once the engine has its Kafka partitions)."""
 
     def __init__(self, settings: Settings) -> None:
-        relay = settings.live.enabled and settings.live.publisher == "kafka"
+        relay = settings.live.enabled
         self._dir = Path(tempfile.mkdtemp(prefix="pipeline-pub-"))
         self._config = ServerConfig(
             pub_endpoint=settings.pub_endpoint,
             pull_endpoint=f"ipc://{self._dir / 'pull.sock'}",
             sndhwm=settings.pub_sndhwm,
             niceness=settings.live.relay_niceness if settings.live.enabled else 0,
-            relay_settings=settings if relay else None,
+            engine_settings=settings if relay else None,
             parent_pid=os.getpid(),
             epoch=new_epoch(),
         )
@@ -104,7 +104,7 @@ class PubServer:
         if "error" in bound:
             raise RuntimeError(bound["error"])
         self.endpoint = str(bound["endpoint"])
-        if self._config.relay_settings is not None:
+        if self._config.engine_settings is not None:
             assigned = self._receive(timeout_s)
             if "error" in assigned:
                 raise RuntimeError(assigned["error"])
@@ -190,7 +190,7 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
     """Entry point of the PUB server process (spawned: imports are fresh).
 
     Prepare the process, bind the PUB (report its endpoint, or the error and end),
-    bind the PULL, forward PULL -> PUB, start the tick publisher (report once it
+    bind the PULL, forward PULL -> PUB, start the live engine (report once it
     has its partitions), wait for the driver's stop, shut down.
     """
     _prepare_process(config)
@@ -206,12 +206,12 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
     outlet = Outlet(pub, Sequencer(config.epoch))
     stop = threading.Event()
     forwarder = _start_forwarder(pull, outlet, stop)
-    ticks = None
-    if config.relay_settings is not None:
-        ticks = _start_tick_publisher(config.relay_settings, outlet)
-        conn.send(_assignment(ticks))
-    _wait_for_stop(conn, ticks)
-    _shut_down(ctx, forwarder, stop, ticks)
+    engine = None
+    if config.engine_settings is not None:
+        engine = _start_live_engine(config.engine_settings, outlet)
+        conn.send(_assignment(engine))
+    _wait_for_stop(conn, engine)
+    _shut_down(ctx, forwarder, stop, engine)
 
 
 def _prepare_process(config: ServerConfig) -> None:
@@ -338,8 +338,8 @@ class Outlet:
         self.last = LastValues()
         self.snapshots_sent = 0
 
-    def send_ticks(self, items: Iterable[tuple[str, Message]]) -> int:
-        """The tick publisher's batch (``SendMany``): stamp, encode, send; the count.
+    def send_many(self, items: Iterable[tuple[str, Message]]) -> int:
+        """The live engine's batch (``SendMany``): stamp, encode, send; the count.
 
         `Sequencer.stamp` and `LastValues.put` inlined (tick topics always keep a
         last value): this loop runs 10,000 times a second."""
@@ -401,33 +401,33 @@ def _start_forwarder(
     return forwarder
 
 
-def _start_tick_publisher(settings: Settings, outlet: Outlet) -> TickPublisher:
+def _start_live_engine(settings: Settings, outlet: Outlet) -> LiveEngine:
     """Kafka ticks -> the outlet (imported here: Kafka only when used)."""
-    from pipeline.tick_publisher import TickPublisher
+    from pipeline.live_engine import LiveEngine
 
-    ticks = TickPublisher(settings, outlet.send_ticks)
-    ticks.start()
-    return ticks
+    engine = LiveEngine(settings, outlet.send_many)
+    engine.start()
+    return engine
 
 
-def _assignment(ticks: TickPublisher) -> dict[str, Any]:
-    """The second report to the driver: the tick publisher has its partitions, or why not."""
+def _assignment(engine: LiveEngine) -> dict[str, Any]:
+    """The second report to the driver: the live engine has its partitions, or why not."""
     try:
-        ticks.wait_assigned()
+        engine.wait_assigned()
     except RuntimeError as exc:
         return {"error": str(exc)}
     return {"assigned": True}
 
 
-def _wait_for_stop(conn: Connection, ticks: TickPublisher | None) -> None:
-    """Until the driver says stop or goes away, or the tick publisher dies."""
+def _wait_for_stop(conn: Connection, engine: LiveEngine | None) -> None:
+    """Until the driver says stop or goes away, or the live engine dies."""
     try:
         while True:
             if conn.poll(1.0):
                 conn.recv()
                 return
-            if ticks is not None and not ticks.alive:
-                log.error("tick relay stopped: %s", ticks.error)
+            if engine is not None and not engine.alive:
+                log.error("live engine stopped: %s", engine.error)
                 return
     except (EOFError, OSError):
         pass  # the driver is gone
@@ -437,11 +437,11 @@ def _shut_down(
     ctx: zmq.Context[zmq.Socket[bytes]],
     forwarder: threading.Thread,
     stop: threading.Event,
-    ticks: TickPublisher | None,
+    engine: LiveEngine | None,
 ) -> None:
-    """Tick publisher first, then the forwarding thread, then the sockets."""
-    if ticks is not None:
-        ticks.stop()
+    """Live engine first, then the forwarding thread, then the sockets."""
+    if engine is not None:
+        engine.stop()
     stop.set()
     forwarder.join(5)
     ctx.destroy(linger=1000)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -127,6 +127,8 @@ class HistoryBatch:
 class TickBatch:
     ticks: list[Tick] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
+    #: (partition, offset) of each of ``ticks``
+    coordinates: list[tuple[int, int]] = field(default_factory=list)
 
 
 def log_rejects(context: str, rejects: Sequence[Reject], *, first: int = 5) -> None:
@@ -139,7 +141,7 @@ def log_rejects(context: str, rejects: Sequence[Reject], *, first: int = 5) -> N
 
 
 @functools.lru_cache(maxsize=4096)
-def _split_ticker(ticker: str) -> tuple[str, str] | None:
+def split_ticker(ticker: str) -> tuple[str, str] | None:
     """(exchange, symbol) of a valid ticker, None otherwise (cached: few distinct tickers)."""
     try:
         parsed = topics.parse_ticker(ticker)
@@ -245,7 +247,7 @@ class _CandleColumns:
         numbers = {c: np.array(v, dtype=np.float64) for c, v in self.numbers.items()}
 
         encoded = _flat(pc.dictionary_encode(ticker))
-        splits = [_split_ticker(t) for t in encoded.dictionary.to_pylist()]
+        splits = [split_ticker(t) for t in encoded.dictionary.to_pylist()]
         ticker_ok = np.array([x is not None for x in splits], dtype=bool)
         index = encoded.indices.to_numpy(zero_copy_only=False)
         ok = ticker_ok[index] if len(index) else np.zeros(0, dtype=bool)
@@ -405,12 +407,13 @@ def decode_tick_values(
             out.rejects.append(Reject(partitions[i], offsets[i], "bad_tick", problem))
             continue
         out.ticks.append(tick)
+        out.coordinates.append((partitions[i], offsets[i]))
     return out
 
 
 def tick_problem(tick: Tick) -> str:
     """Why a decoded tick cannot be used, or '' if it can."""
-    if _split_ticker(tick.ticker) is None:
+    if split_ticker(tick.ticker) is None:
         return f"ticker {tick.ticker!r} is not EXCHANGE:BASE/QUOTE"
     if not tick.trade_id:
         return "tick has no trade_id"
@@ -428,7 +431,7 @@ def ticks_to_table(ticks: Sequence[Tick], ingested_fallback_ms: Sequence[int]) -
     exchange: list[str] = []
     symbol: list[str] = []
     for t in ticks:
-        split = _split_ticker(t.ticker)
+        split = split_ticker(t.ticker)
         assert split is not None, "ticks_to_table takes validated ticks"
         exchange.append(split[0])
         symbol.append(split[1])
@@ -453,20 +456,61 @@ def ticks_to_table(ticks: Sequence[Tick], ingested_fallback_ms: Sequence[int]) -
     )
 
 
-def kafka_ticks_to_rows(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: Kafka rows -> valid tick rows (rejects are logged by the publisher)."""
-    for kafka in batches:
-        values = _column(kafka, "value")
-        stamps = kafka_timestamps_ms(kafka, len(values), 0)
-        ticks: list[Tick] = []
-        fallback: list[int] = []
-        for value, stamp in zip(values, stamps, strict=True):
-            try:
-                tick = envelope.decode_record(value or b"", Tick)
-            except ProtocolError:
-                continue
-            if tick_problem(tick):
-                continue
-            ticks.append(tick)
-            fallback.append(stamp)
-        yield from ticks_to_table(ticks, fallback).to_batches()
+def kafka_ticks_table(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
+    """Kafka rows -> valid ticks as ``TICK_SCHEMA`` rows, unique on ``TICK_KEY`` (the
+    last copy wins), and the rejects. ``ingested_at`` falls back to the Kafka time."""
+    decoded = decode_ticks(kafka)
+    stamps = kafka_timestamps_ms(kafka, kafka.num_rows, 0)
+    partitions, offsets = kafka_coordinates(kafka)
+    row_of = {(p, o): i for i, (p, o) in enumerate(zip(partitions, offsets, strict=True))}
+    fallback = [stamps[row_of[c]] for c in decoded.coordinates]
+    return dedupe_last(ticks_to_table(decoded.ticks, fallback), TICK_KEY), decoded.rejects
+
+
+#: Columns of closed live candles as the ``ohlc`` MERGE and the PUB take them.
+LIVE_CANDLE_SCHEMA = pa.schema(
+    [
+        *(OHLC_SCHEMA.field(name) for name in OHLC_SCHEMA.names[:11]),  # ticker ... trade_count
+        pa.field("open_time_ms", pa.int64()),
+        pa.field("correction", pa.bool_()),
+    ]
+)
+
+
+def decode_live_candles(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
+    """``market.ohlc.live`` rows (OHLC records) -> ``LIVE_CANDLE_SCHEMA``, one row per key
+    (the last in Kafka order: a correction after its candle), and the rejects."""
+    partitions, offsets = kafka_coordinates(kafka)
+    rows: dict[str, list[Any]] = {name: [] for name in LIVE_CANDLE_SCHEMA.names}
+    rejects: list[Reject] = []
+    for i, value in enumerate(_column(kafka, "value")):
+        try:
+            c = envelope.decode_record(value or b"", OHLC)
+        except ProtocolError as exc:
+            rejects.append(Reject(partitions[i], offsets[i], exc.code, exc.reason))
+            continue
+        split = split_ticker(c.ticker)
+        if split is None or not 0 <= c.open_time_ms <= MAX_TIME_MS or not c.period_seconds:
+            rejects.append(Reject(partitions[i], offsets[i], "bad_candle", f"{c.ticker!r}"))
+            continue
+        for name, v in (
+            ("ticker", c.ticker),
+            ("exchange", split[0]),
+            ("symbol", split[1]),
+            ("period_seconds", c.period_seconds),
+            ("open_time", c.open_time_ms * 1000),
+            ("open", c.open),
+            ("high", c.high),
+            ("low", c.low),
+            ("close", c.close),
+            ("volume", c.volume),
+            ("trade_count", c.trade_count),
+            ("open_time_ms", c.open_time_ms),
+            ("correction", c.correction),
+        ):
+            rows[name].append(v)
+    table = pa.table(
+        {n: pa.array(v, LIVE_CANDLE_SCHEMA.field(n).type) for n, v in rows.items()},
+        schema=LIVE_CANDLE_SCHEMA,
+    )
+    return dedupe_last(table, OHLC_KEY), rejects

@@ -35,7 +35,7 @@ def local_path(location: str) -> Path:
     if parsed.scheme in ("", "file"):
         return Path(parsed.path if parsed.scheme else location)
     raise SnapshotError(
-        f"CEP engine snapshots need a local checkpoint_dir, not {location!r} "
+        f"engine snapshots (cep, live) need a local checkpoint_dir, not {location!r} "
         f"({parsed.scheme}:// is not supported)"
     )
 
