@@ -198,6 +198,27 @@ def test_restart_resumes_from_the_snapshot_and_rerun_batches_repeat_their_events
     assert fires == [1, 1, 2]
 
 
+def test_checkpointed_state_matches_the_offsets_saved_with_it(tmp_path: Path) -> None:
+    """The live engine's mode: no snapshot per batch; `checkpoint` saves the state it
+    records with its offsets, and a restart from there replays only later batches."""
+    out = Outputs()
+    first = runner(tmp_path, out, snapshot_each_batch=False)
+    first(rows((TOPIC, register("r", 100.0, repeating=True), T0)), 0)
+    assert not list((tmp_path / "snapshots").glob("*.snapshot"))
+    first(rows((TICKS, tick("a", 99.0), T0 + 1)), 1)
+    saved = first.checkpoint()  # the engine writes its offsets with batch 1
+    assert saved == 1
+    assert first.checkpoint() == 1  # nothing changed since: nothing written again
+    later = rows((TICKS, tick("b", 101.0), T0 + 2))
+    first(later, 2)  # fires, then the process dies before the next checkpoint
+
+    restarted = runner(tmp_path, out, snapshot_each_batch=False)
+    restarted(later, saved + 1)  # read again from the saved offsets
+    fires = [e.fire_count for _, e in out.events if e.kind == CEPTriggerEvent.FIRED]
+    assert fires == [1, 1]  # the same event again: at-least-once, no second ARMED
+    assert [k for k in out.kinds() if k[1] == "ARMED"] == [("r", "ARMED")]
+
+
 def test_lost_snapshots_are_rebuilt_from_the_trigger_topic(tmp_path: Path) -> None:
     out = Outputs()
     records = [

@@ -32,7 +32,6 @@ def test_defaults_follow_the_contracts() -> None:
         "history",
         "ticks-persist",
         "candles-store",
-        "cep",
         "markets",
     ]
     assert s.kafka.topic_cep_triggers == "cep.triggers"
@@ -92,7 +91,7 @@ def test_disabled_paths_drop_their_queries() -> None:
     )
     assert s.enabled_queries == ["history"]
     s = Settings.model_validate({"live": {"enabled": False}})
-    assert s.enabled_queries == ["history", "cep", "markets"]
+    assert s.enabled_queries == ["history", "markets"]  # CEP is the live engine's
 
 
 def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ from pipeline.pub_server import Outlet, Publisher, PubServer, Sequencer
 
 
 def _settings(endpoint: str = "tcp://127.0.0.1:*") -> Settings:
-    return Settings.model_validate({"pub_endpoint": endpoint, "live": {"enabled": False}})
+    return Settings.model_validate(
+        {"pub_endpoint": endpoint, "live": {"enabled": False}, "cep": {"enabled": False}}
+    )
 
 
 @pytest.fixture
@@ -157,7 +159,11 @@ def test_the_server_dies_with_a_killed_driver_and_frees_the_port() -> None:
         from pipeline.config import Settings
         from pipeline.pub_server import PubServer
         settings = Settings.model_validate(
-            {{"pub_endpoint": "tcp://127.0.0.1:{port}", "live": {{"enabled": False}}}}
+            {{
+                "pub_endpoint": "tcp://127.0.0.1:{port}",
+                "live": {{"enabled": False}},
+                "cep": {{"enabled": False}},
+            }}
         )
         PubServer(settings).start()
         print("bound", flush=True)

@@ -7,8 +7,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, l
                                                           -> Kafka market.ohlc.live
                       -> ticks-persist query  -> MERGE ticks
          market.ohlc.live -> candles-store query -> MERGE ohlc (source live)
--> cep query: cep.triggers + market.ticks -> engine (driver) -> PUB CEPTriggerEvent
-                                                             -> tombstones -> cep.triggers
+   cep.triggers + market.ticks -> live engine: CEP (docs/cep.md) -> PUB CEPTriggerEvent
+                                                                 -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
 -> table upkeep thread: compact small and delete files, expire old snapshots (every 15 min)
 -> run until SIGTERM/SIGINT; a failed query restarts from its checkpoint (backoff), and
@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from pipeline.cep.query import CepQuery
-
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +57,6 @@ class Pipeline:
         self.queries: dict[str, StreamingQuery] = {}
         self.starters: dict[str, QueryStarter] = {}
         self.pub_server: PubServer | None = None
-        self.cep: CepQuery | None = None
         self.metrics_server: MetricsServer | None = None
         self.registry: CollectorRegistry | None = None
         self.restarts_total: Counter | None = None
@@ -75,7 +72,7 @@ class Pipeline:
         log.info("PUB bound on %s", endpoint)
         spark = self.spark = session.build_session(settings)
         crash = faults.armed(session.jvm_pid(spark))  # None in production: a test hook
-        spark.streams.addListener(ProgressLogger(summarise={"ticks-publish": 10.0}))
+        spark.streams.addListener(ProgressLogger())
         self._serve_metrics()
         lake = self.lake = Lake(spark, self.names)
         lake.ensure_tables()
@@ -87,10 +84,6 @@ class Pipeline:
         if settings.live.enabled:
             for name, starter in live.starters(spark, settings, lake, crash).items():
                 self._launch(name, starter)
-        if settings.cep.enabled:
-            from pipeline.cep import query as cep
-
-            self._launch(cep.QUERY_NAME, self._start_cep)
         if settings.markets.enabled:
             self._launch(markets.QUERY_NAME, lambda: markets.start(spark, settings, lake))
         if settings.upkeep.enabled:
@@ -106,17 +99,6 @@ class Pipeline:
         self.queries[name] = starter()
         if self.restarts_total is not None:
             self.restarts_total.labels(name)  # exported as 0 until a restart
-
-    def _start_cep(self) -> StreamingQuery:
-        """(Re)start cep with a new runner: it resumes from its engine snapshots, not from
-        an engine a failed batch may have left half-updated."""
-        from pipeline.cep import query as cep
-
-        assert self.spark is not None and self.publisher is not None
-        if self.cep is not None:
-            self.cep.stop()
-        self.cep = cep.start(self.spark, self.settings, self.publisher)
-        return self.cep.query
 
     def _serve_metrics(self) -> None:
         """/metrics and /healthz: batch progress from Spark's listener, liveness at scrape."""
@@ -212,9 +194,6 @@ class Pipeline:
             except Exception as exc:  # keep stopping the others
                 log.warning("stopping query %s: %s", name, exc)
         self.queries.clear()
-        if self.cep is not None:
-            self.cep.stop()  # after its query: no batch can publish or retire any more
-            self.cep = None
         if self.publisher is not None:
             self.publisher.close()
             self.publisher = None

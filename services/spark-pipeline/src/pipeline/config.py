@@ -102,22 +102,20 @@ class LiveConfig(_Section):
 
 
 class CepConfig(_Section):
-    """CEP triggers (docs/cep.md): one query over the trigger topic and the ticks."""
+    """CEP triggers (docs/cep.md), evaluated in the live engine over the trigger topic and
+    the ticks."""
 
     enabled: bool = True
-    #: Micro-batch interval; 0.1 s keeps an idle query from polling Kafka in a busy loop.
-    trigger_s: float = Field(default=0.1, ge=0)
-    #: Where the ticks source starts on a NEW checkpoint: "latest" never evaluates old
+    #: Where CEP starts reading ticks without saved state: "latest" never evaluates old
     #: ticks against triggers (trigger records are always read from the beginning).
     ticks_starting_offsets: Literal["earliest", "latest"] = "latest"
-    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
-    #: Expiries and idle candles are checked this often between micro-batches.
+    #: Expiries and idle candles are checked this often between batches.
     timer_s: float = Field(default=1.0, gt=0)
     #: A candle with no later tick closes this long after its end (processing time).
     candle_grace_s: float = Field(default=2.0, ge=0)
     #: Trade ids remembered per watched ticker to drop Kafka re-deliveries.
     dedupe_capacity: int = Field(default=10_000, ge=1)
-    #: Engine snapshots kept in the query's checkpoint directory (needs a local path).
+    #: Engine snapshots kept in <checkpoint_dir>/live-engine/cep (needs a local path).
     snapshots_kept: int = Field(default=3, ge=2)
 
 
@@ -194,14 +192,20 @@ class Settings(runtime.FileSettings):
         "cep.trigger_topic": "kafka.topic_cep_triggers",
     }
     retired = {
-        f"live.{key}": "live candles are the live engine's (pipeline/live_engine.py)"
-        for key in (
-            "close_mode",
-            "publisher",
-            "publish_trigger_s",
-            "candle_update_trigger_s",
-            "candle_close_trigger_s",
-        )
+        **{
+            f"live.{key}": "live candles are the live engine's (pipeline/live_engine.py)"
+            for key in (
+                "close_mode",
+                "publisher",
+                "publish_trigger_s",
+                "candle_update_trigger_s",
+                "candle_close_trigger_s",
+            )
+        },
+        **{
+            f"cep.{key}": "CEP runs in the live engine, not in a Spark query (docs/cep.md)"
+            for key in ("trigger_s", "max_offsets_per_trigger")
+        },
     }
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
@@ -230,8 +234,6 @@ class Settings(runtime.FileSettings):
             names.append("history")
         if self.live.enabled:
             names += ["ticks-persist", "candles-store"]
-        if self.cep.enabled:
-            names.append("cep")
         if self.markets.enabled:
             names.append("markets")
         return names

@@ -1,6 +1,6 @@
-"""The live engine: ``market.ticks`` -> ticks, candle previews and closed candles, outside Spark.
+"""The live engine: ``market.ticks`` (+ ``cep.triggers``) -> everything live, outside Spark.
 
-One Kafka consumer thread in the PUB server process decodes each tick once and
+One Kafka consumer thread in the PUB server process decodes each record once and
 hands the PUB what it means at once (why outside Spark: docs/adr/0002 and
 docs/pipeline-benchmarks.md "Lean pipeline"):
 
@@ -9,17 +9,19 @@ docs/pipeline-benchmarks.md "Lean pipeline"):
                              LiveCandles.close_due     -> PUB OHLC closed=true / correction
                                                        -> Kafka market.ohlc.live (the
                                                           candles-store query MERGEs them)
-    every live.snapshot_s: flush the producer, then snapshot (offsets + candles) to
-    <checkpoint_dir>/live-engine/snapshot.json
+    + cep.triggers   ------> CepStage (docs/cep.md)    -> PUB CEPTriggerEvent, tombstones
+    every live.snapshot_s: flush the producer, save the CEP state, then the snapshot
+    (offsets + open candles + CEP batch id) to <checkpoint_dir>/live-engine/snapshot.json
 
 Durability. The snapshot is written only after every closed candle before it was
-acknowledged by Kafka, and it holds the next offset per partition. A restart
-(or a kill -9) resumes from it: the ticks after it are read again, so their
+acknowledged by Kafka, and it holds the next offset of every partition. A restart
+(or a kill -9) resumes from it: the records after it are read again, so their
 candles close again with the same values (published again: at-least-once, as
-before) and reach ``market.ohlc.live`` again (the MERGE is idempotent). Without
-a snapshot the engine starts at ``kafka.starting_offsets``. A closed candle Kafka
-refused ends the thread (so the PUB process, so the pipeline: the supervisor
-restarts it from the snapshot) rather than leaving a hole in ``ohlc``.
+CEP events are) and reach ``market.ohlc.live`` again (the MERGE is idempotent).
+Without a snapshot, candles start at ``kafka.starting_offsets``, CEP evaluates
+ticks from ``cep.ticks_starting_offsets`` and reads every trigger record. A closed
+candle Kafka refused ends the thread (so the PUB process, so the pipeline: the
+supervisor restarts it from the snapshot) rather than leaving a hole in ``ohlc``.
 
 Ticks are live, not durable: only those written after the engine started are
 published (a backlog read from the snapshot counts in candles only); a trade
@@ -38,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import Message
 
@@ -50,12 +52,16 @@ from pipeline.cep.state import local_path
 from pipeline.config import Settings
 from pipeline.live_candles import LiveCandles
 
+if TYPE_CHECKING:
+    from pipeline.cep.stage import CepStage
+
 log = logging.getLogger(__name__)
 SendMany = Callable[[Iterable[tuple[str, Message]]], int]
+Position = tuple[str, int]  # (topic, partition)
 STATS_INTERVAL_S = 10.0
 STALL_S = 0.25
-SNAPSHOT_FORMAT = 1
-#: Longest wait in consume(): the idle-close timer's resolution.
+SNAPSHOT_FORMAT = 2
+#: Longest wait in consume(): the idle-close and CEP timers' resolution.
 POLL_S = 0.05
 
 
@@ -77,10 +83,12 @@ class RecentKeys:
 
 @dataclass
 class Snapshot:
-    """What a restart resumes from: next offset per partition and every ticker's candles."""
+    """What a restart resumes from: next offset per (topic, partition), every ticker's
+    open candles (None: candles off) and the CEP batch whose state was saved with it."""
 
-    offsets: dict[int, int] = field(default_factory=dict)
-    candles: dict[str, Any] = field(default_factory=dict)
+    offsets: dict[Position, int] = field(default_factory=dict)
+    candles: dict[str, Any] | None = None
+    cep_batch: int | None = None
 
 
 class SnapshotFile:
@@ -99,12 +107,26 @@ class SnapshotFile:
         except FileNotFoundError:
             return None
         if data.get("format") != SNAPSHOT_FORMAT:
-            raise RuntimeError(f"{self.path}: snapshot format {data.get('format')} is not ours")
-        return Snapshot({int(p): int(o) for p, o in data["offsets"].items()}, data["candles"])
+            log.warning("%s: snapshot format %s is not ours: ignored", self.path, data["format"])
+            return None
+        offsets = {
+            (topic, int(p)): int(o)
+            for topic, parts in data["offsets"].items()
+            for p, o in parts.items()
+        }
+        return Snapshot(offsets, data["candles"], data["cep_batch"])
 
     def save(self, snapshot: Snapshot) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = {"format": SNAPSHOT_FORMAT, "offsets": snapshot.offsets, "candles": snapshot.candles}
+        offsets: dict[str, dict[int, int]] = {}
+        for (topic, p), o in snapshot.offsets.items():
+            offsets.setdefault(topic, {})[p] = o
+        body = {
+            "format": SNAPSHOT_FORMAT,
+            "offsets": offsets,
+            "candles": snapshot.candles,
+            "cep_batch": snapshot.cep_batch,
+        }
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w") as handle:
             json.dump(body, handle, separators=(",", ":"))
@@ -117,30 +139,21 @@ class LiveEngine:
     """The consumer thread. `start`, then `wait_assigned` before producers are told the
     pipeline is ready (ticks written earlier are not published)."""
 
-    def __init__(self, settings: Settings, send_many: SendMany, recent: int = 200_000) -> None:
-        k, live = settings.kafka, settings.live
-        self._bootstrap = k.bootstrap_servers
-        self._topic = k.topic_ticks
-        self._candle_topic = k.topic_live_candles
-        self._starting = k.starting_offsets
-        self._snapshot_s = live.snapshot_s
-        self._file = SnapshotFile.for_settings(settings)
-        self._cfg = Closing(tuple(live.periods), live.watermark_s, live.close_idle_s)
+    def __init__(self, settings: Settings, send_many: SendMany) -> None:
+        self._settings = settings
         self._send_many = send_many
-        self._recent = RecentKeys(recent)
         self._stop = threading.Event()
         self._assigned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-engine", daemon=True)
-        self._delivery_error: str | None = None
         self.error: BaseException | None = None
-        self.published = 0
 
     def start(self) -> None:
         self._thread.start()
 
     def wait_assigned(self, timeout_s: float = 60.0) -> None:
         if not self._assigned.wait(timeout_s):
-            raise RuntimeError(f"live engine got no partitions of {self._topic} in {timeout_s} s")
+            topic = self._settings.kafka.topic_ticks
+            raise RuntimeError(f"live engine got no partitions of {topic} in {timeout_s} s")
 
     @property
     def alive(self) -> bool:
@@ -155,9 +168,10 @@ class LiveEngine:
     def _run(self) -> None:
         from confluent_kafka import Consumer, Producer
 
+        s = self._settings
         consumer = Consumer(
             {
-                "bootstrap.servers": self._bootstrap,
+                "bootstrap.servers": s.kafka.bootstrap_servers,
                 "group.id": f"pipeline-live-engine-{uuid.uuid4().hex[:8]}",  # never committed
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 100,  # the broker answers at once when a record arrives
@@ -165,142 +179,208 @@ class LiveEngine:
         )
         producer = Producer(
             {
-                "bootstrap.servers": self._bootstrap,
+                "bootstrap.servers": s.kafka.bootstrap_servers,
                 "enable.idempotence": True,  # acks=all, no duplicates or reordering by retries
                 "linger.ms": 5,
                 "message.timeout.ms": 300_000,  # a Kafka restart is bridged, not an error
             }
         )
+        cep: CepStage | None = None
         try:
-            snapshot = self._file.load() or Snapshot()
-            candles = LiveCandles.restore(self._cfg, snapshot.candles)
-            positions, live_from = self._assign(consumer, snapshot.offsets)
+            file = SnapshotFile.for_settings(s)
+            snapshot = file.load() or Snapshot()
+            if s.cep.enabled:
+                from pipeline.cep.stage import CepStage
+
+                next_batch = 0 if snapshot.cep_batch is None else snapshot.cep_batch + 1
+                cep = CepStage(s, self._send_many, next_batch=next_batch)
+            run = _Run(s, consumer, producer, file, snapshot, cep, self._send_many)
             self._assigned.set()
-            self._loop(consumer, producer, candles, positions, live_from)
-            self._save(producer, candles, positions)  # a clean stop replays nothing
+            run.loop(self._stop)
+            run.save()  # a clean stop reads nothing again
         except BaseException as exc:
             self.error = exc
             log.exception("live engine failed")
         finally:
             consumer.close()
             producer.flush(10)
+            if cep is not None:
+                cep.close()
+
+
+class _Run:
+    """One run of the engine's thread: its consumer, producer, positions and state."""
+
+    def __init__(
+        self,
+        s: Settings,
+        consumer: Any,
+        producer: Any,
+        file: SnapshotFile,
+        snapshot: Snapshot,
+        cep: CepStage | None,
+        send_many: SendMany,
+    ) -> None:
+        self.consumer = consumer
+        self.producer = producer
+        self.file = file
+        self.cep = cep
+        self.send_many = send_many
+        self.recent = RecentKeys(200_000)
+        self.snapshot_s = s.live.snapshot_s
+        self.ticks_topic = s.kafka.topic_ticks
+        self.candle_topic = s.kafka.topic_live_candles
+        self.delivery_error: str | None = None
+        cfg = Closing(tuple(s.live.periods), s.live.watermark_s, s.live.close_idle_s)
+        self.candles = LiveCandles.restore(cfg, snapshot.candles or {}) if s.live.enabled else None
+        self.positions, self.live_from = self._assign(s, snapshot)
+        # CEP evaluates ticks from its saved state's offsets, or (new state) from
+        # cep.ticks_starting_offsets: "latest" never evaluates old ticks against triggers.
+        fresh_cep = snapshot.cep_batch is None and s.cep.ticks_starting_offsets == "latest"
+        self.cep_from = dict(self.live_from) if fresh_cep else {}
+        self.caught_up = self._caught_up()
 
     def _assign(
-        self, consumer: Any, offsets: dict[int, int]
-    ) -> tuple[dict[int, int], dict[int, int]]:
-        """Assign every partition at the snapshot's offset (else `starting_offsets`);
-        returns the next offsets and each partition's end now (ticks from there are live)."""
-        from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
+        self, s: Settings, snapshot: Snapshot
+    ) -> tuple[dict[Position, int], dict[Position, int]]:
+        """Assign every partition at the snapshot's offset, else the configured start;
+        returns the next offsets and each ticks partition's end now (live from there)."""
+        from confluent_kafka import TopicPartition
 
-        metadata = consumer.list_topics(self._topic, timeout=30)
-        partitions = sorted(metadata.topics[self._topic].partitions)
-        if not partitions:
-            raise RuntimeError(f"topic {self._topic} has no partitions")
-        live_from: dict[int, int] = {}
-        positions: dict[int, int] = {}
-        default = OFFSET_BEGINNING if self._starting == "earliest" else OFFSET_END
+        starts = {self.ticks_topic: s.kafka.starting_offsets}
+        if not s.live.enabled:
+            starts[self.ticks_topic] = s.cep.ticks_starting_offsets
+        if self.cep is not None:
+            starts[self.cep.trigger_topic] = "earliest"  # every registration
+        positions: dict[Position, int] = {}
+        live_from: dict[Position, int] = {}
         assignment = []
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=30)
-            live_from[p] = high
-            start = offsets.get(p)
-            if start is None:
-                positions[p] = low if default == OFFSET_BEGINNING else high
-            else:
-                positions[p] = max(start, low)  # retention may have removed the rest
-            assignment.append(TopicPartition(self._topic, p, positions[p]))
-        consumer.assign(assignment)
-        behind = sum(live_from[p] - positions[p] for p in partitions)
+        for topic, start in starts.items():
+            metadata = self.consumer.list_topics(topic, timeout=30)
+            partitions = sorted(metadata.topics[topic].partitions)
+            if not partitions:
+                raise RuntimeError(f"topic {topic} has no partitions")
+            for p in partitions:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=30
+                )
+                if topic == self.ticks_topic:
+                    live_from[(topic, p)] = high
+                saved = snapshot.offsets.get((topic, p))
+                if saved is not None:
+                    position = max(saved, low)  # retention may have removed the rest
+                else:
+                    position = low if start == "earliest" else high
+                positions[(topic, p)] = position
+                assignment.append(TopicPartition(topic, p, position))
+        self.consumer.assign(assignment)
+        behind = sum(live_from[k] - positions[k] for k in live_from)
         log.info(
-            "live engine: %s from %s (%d records to catch up), snapshot %s",
-            self._topic,
-            positions,
+            "live engine: reading %s (%d tick records to catch up), snapshot %s",
+            {f"{t}:{p}": o for (t, p), o in positions.items()},
             behind,
-            "restored" if offsets else "none",
+            "restored" if snapshot.offsets else "none",
         )
         return positions, live_from
 
-    def _loop(
-        self,
-        consumer: Any,
-        producer: Any,
-        candles: LiveCandles,
-        positions: dict[int, int],
-        live_from: dict[int, int],
-    ) -> None:
+    def _caught_up(self) -> bool:
+        return all(self.positions[k] >= end for k, end in self.live_from.items())
+
+    def loop(self, stop: threading.Event) -> None:
+        candles = self.candles
         stats = _Stats()
-        caught_up = all(positions[p] >= live_from[p] for p in positions)
         saved_at, dirty = time.monotonic(), False
-        while not self._stop.is_set():
-            if self._delivery_error is not None:
-                raise RuntimeError(f"Kafka refused a closed candle: {self._delivery_error}")
-            due = candles.next_due_ms(_now_ms()) if caught_up else None
+        while not stop.is_set():
+            if self.delivery_error is not None:
+                raise RuntimeError(f"Kafka refused a closed candle: {self.delivery_error}")
+            due = candles.next_due_ms(_now_ms()) if candles is not None and self.caught_up else None
             wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
             asked = time.monotonic()
-            messages = consumer.consume(num_messages=10_000, timeout=wait)
+            messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
             stats.waited(time.monotonic() - asked)
             now_ms = _now_ms()
-            ticks, fresh = self._decode(messages, positions, live_from)
-            if not caught_up:
-                caught_up = all(positions[p] >= live_from[p] for p in positions)
-                if caught_up:
-                    log.info("live engine: caught up; candles close on idle time from now")
-            out: list[tuple[str, Message]] = [(topics.tick_topic(t.ticker), t) for t in fresh]
-            previews = candles.add(ticks, now_ms)
-            if caught_up:
-                out += [(topics.ohlc_topic(c.ticker, c.period_seconds), c) for c in previews]
-            closed = candles.close_due(now_ms, idle=caught_up)
-            out += [(topics.ohlc_topic(c.ticker, c.period_seconds), c) for c in closed]
-            if out:
-                self.published += self._send_many(out)
-            for c in closed:
-                producer.produce(
-                    self._candle_topic,
-                    envelope.encode_record(c),
-                    key=c.ticker.encode(),
-                    on_delivery=self._delivered,
-                )
-            producer.poll(0)
-            dirty = dirty or bool(ticks) or bool(closed)
+            if not self.caught_up and self._caught_up():
+                self.caught_up = True
+                log.info("live engine: caught up; candles close on idle time from now")
+            fresh: list[Tick] = []
+            if candles is not None:
+                fresh, closed = self._candles(candles, messages, now_ms)
+                dirty = dirty or bool(closed)
+            if self.cep is not None:
+                self.cep.feed([m for m in messages if self._for_cep(m)])
+            dirty = dirty or bool(messages)
+            self.producer.poll(0)
             stats.busy(time.monotonic() - asked, len(messages), fresh)
-            due_to_save = dirty and time.monotonic() - saved_at >= self._snapshot_s
-            if due_to_save and self._save(producer, candles, positions):
+            due_to_save = dirty and time.monotonic() - saved_at >= self.snapshot_s
+            if due_to_save and self.save():
                 saved_at, dirty = time.monotonic(), False
 
-    def _decode(
-        self, messages: list[Any], positions: dict[int, int], live_from: dict[int, int]
-    ) -> tuple[list[Tick], list[Tick]]:
+    def _ok(self, m: Any) -> bool:
+        if m.error() is not None:
+            log.warning("live engine: %s", m.error())
+            return False
+        self.positions[(m.topic(), m.partition() or 0)] = (m.offset() or 0) + 1
+        return True
+
+    def _for_cep(self, m: Any) -> bool:
+        """Trigger records always; ticks from where CEP's state starts."""
+        topic = m.topic()
+        return topic != self.ticks_topic or (m.offset() or 0) >= self.cep_from.get(
+            (topic, m.partition() or 0), 0
+        )
+
+    def _candles(
+        self, candles: LiveCandles, messages: list[Any], now_ms: int
+    ) -> tuple[list[Tick], list[Any]]:
+        """Decode the ticks; publish the live ones, the previews and the closed candles;
+        closed candles to Kafka. Returns (published ticks, closed candles)."""
+        ticks, fresh = self._decode([m for m in messages if m.topic() == self.ticks_topic])
+        out: list[tuple[str, Message]] = [(topics.tick_topic(t.ticker), t) for t in fresh]
+        previews = candles.add(ticks, now_ms)
+        if self.caught_up:
+            out += [(topics.ohlc_topic(c.ticker, c.period_seconds), c) for c in previews]
+        closed = candles.close_due(now_ms, idle=self.caught_up)
+        out += [(topics.ohlc_topic(c.ticker, c.period_seconds), c) for c in closed]
+        if out:
+            self.send_many(out)
+        for c in closed:
+            self.producer.produce(
+                self.candle_topic,
+                envelope.encode_record(c),
+                key=c.ticker.encode(),
+                on_delivery=self._delivered,
+            )
+        return fresh, closed
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None and self.delivery_error is None:
+            self.delivery_error = str(err)
+
+    def _decode(self, messages: list[Any]) -> tuple[list[Tick], list[Tick]]:
         """Valid ticks of the messages, and those to publish (live, not re-delivered)."""
-        values, partitions, offsets = [], [], []
-        for m in messages:
-            if m.error() is not None:
-                log.warning("live engine: %s", m.error())
-                continue
-            p, o = m.partition() or 0, m.offset() or 0
-            positions[p] = o + 1
-            values.append(m.value())
-            partitions.append(p)
-            offsets.append(o)
-        decoded = records.decode_tick_values(values, partitions, offsets)
+        decoded = records.decode_tick_values(
+            [m.value() for m in messages],
+            [m.partition() or 0 for m in messages],
+            [m.offset() or 0 for m in messages],
+        )
         records.log_rejects("live engine", decoded.rejects)
+        recent, topic = self.recent, self.ticks_topic
         fresh = [
             t
             for t, (p, o) in zip(decoded.ticks, decoded.coordinates, strict=True)
-            if o >= live_from.get(p, 0) and self._recent.first_time((t.ticker, t.trade_id))
+            if o >= self.live_from.get((topic, p), 0) and recent.first_time((t.ticker, t.trade_id))
         ]
         return decoded.ticks, fresh
 
-    def _delivered(self, err: Any, _msg: Any) -> None:
-        if err is not None and self._delivery_error is None:
-            self._delivery_error = str(err)
-
-    def _save(self, producer: Any, candles: LiveCandles, positions: dict[int, int]) -> bool:
+    def save(self) -> bool:
         """Snapshot once Kafka has every closed candle so far; False: not yet (retried)."""
-        pending = producer.flush(2.0)
-        if pending or self._delivery_error is not None:
+        pending = self.producer.flush(2.0)
+        if pending or self.delivery_error is not None:
             log.warning("live engine: %d closed candles not yet in Kafka; snapshot later", pending)
             return False
-        self._file.save(Snapshot(dict(positions), candles.snapshot()))
+        cep_batch = self.cep.checkpoint() if self.cep is not None else None
+        candles = self.candles.snapshot() if self.candles is not None else None
+        self.file.save(Snapshot(dict(self.positions), candles, cep_batch))
         return True
 
 

@@ -59,7 +59,7 @@ class ServerConfig:
     sndhwm: int
     niceness: int
     parent_pid: int
-    #: None: no live engine (live path off).
+    #: None: no live engine (live path and CEP off).
     engine_settings: Settings | None
     #: ``publisher_epoch`` of every message this server publishes.
     epoch: int
@@ -70,14 +70,14 @@ class PubServer:
     engine, once the engine has its Kafka partitions)."""
 
     def __init__(self, settings: Settings) -> None:
-        relay = settings.live.enabled
+        engine = settings.live.enabled or settings.cep.enabled
         self._dir = Path(tempfile.mkdtemp(prefix="pipeline-pub-"))
         self._config = ServerConfig(
             pub_endpoint=settings.pub_endpoint,
             pull_endpoint=f"ipc://{self._dir / 'pull.sock'}",
             sndhwm=settings.pub_sndhwm,
-            niceness=settings.live.relay_niceness if settings.live.enabled else 0,
-            engine_settings=settings if relay else None,
+            niceness=settings.live.relay_niceness if engine else 0,
+            engine_settings=settings if engine else None,
             parent_pid=os.getpid(),
             epoch=new_epoch(),
         )

@@ -105,13 +105,9 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
     return conf
 
 
-FAST_POOL = "fast"
 BACKGROUND_POOL = "background"  # table upkeep, market metadata: the other queries first
 _POOLS = f"""<?xml version="1.0"?>
 <allocations>
-  <pool name="{FAST_POOL}">
-    <schedulingMode>FIFO</schedulingMode><weight>100</weight><minShare>2</minShare>
-  </pool>
   <pool name="default">
     <schedulingMode>FIFO</schedulingMode><weight>10</weight><minShare>0</minShare>
   </pool>
@@ -123,7 +119,7 @@ _POOLS = f"""<?xml version="1.0"?>
 
 
 def scheduler_pools_file() -> Path:
-    """FAIR pools: the latency-critical query's tasks go first when slots free up."""
+    """FAIR pools: history and the live stores' tasks go before upkeep's and markets'."""
     path = Path(tempfile.mkdtemp(prefix="pipeline-pools-")) / "fairscheduler.xml"
     path.write_text(_POOLS)
     return path

@@ -1,15 +1,16 @@
-"""The CEP query's foreachBatch body and timer: engine + snapshots + outputs, no Spark.
+"""The CEP batch body and timer: engine + snapshots + outputs, no Kafka, no sockets.
 
-    micro-batch N (Arrow rows of cep.triggers + market.ticks)
+    batch N (Arrow rows of cep.triggers + market.ticks, from the live engine's consumer)
       -> engine state before N (in memory if N-1 ran here, else the newest
          snapshot below N, else rebuilt from the compacted trigger topic)
       -> advance(now): expiries, idle candles
       -> records in Kafka-timestamp order: REGISTER / CANCEL / tombstone / tick
       -> notices -> CEPTriggerEvent on each trigger's topic (PUB)
       -> finished triggers -> tombstones (Kafka)
-      -> snapshot N (if anything changed) -> return: Spark commits N
+      -> snapshot N: with `snapshot_each_batch` (if anything changed), else when the
+         caller saves its offsets (`checkpoint`), so state and offsets agree
 
-A timer calls `advance` between micro-batches so expiries and idle candles
+A timer calls `advance` between batches so expiries and idle candles
 do not wait for the next record. The lock serialises it with the batches.
 Events are at-least-once: a batch re-run after a crash publishes its events
 again (same trigger_id and fire_count, so a client can drop the repeat).
@@ -68,6 +69,7 @@ class CepRunner:
         new_engine: Callable[[], Engine] = Engine,
         clock: Callable[[], int] = wall_ms,
         summary_s: float = 10.0,
+        snapshot_each_batch: bool = True,
     ) -> None:
         self._store = store
         self._topic = trigger_topic
@@ -80,6 +82,7 @@ class CepRunner:
         self._engine: Engine | None = None
         self._last_batch: int | None = None
         self._dirty = False
+        self._each_batch = snapshot_each_batch
         self.published = 0
         self.last_report: BatchReport | None = None
         # Totals since start, logged every `summary_s` (bench/cep_pipeline.py reads them).
@@ -110,8 +113,11 @@ class CepRunner:
                     notices += self._apply(engine, record, now)
             self._emit(engine, notices)
             changed = self._dirty or bool(batch.inputs) or bool(notices)
-            size = self._store.save(batch_id, engine) if changed else 0
-            self._dirty = False
+            size = 0
+            if changed and self._each_batch:
+                size = self._store.save(batch_id, engine)
+                changed = False
+            self._dirty = changed
             self._last_batch = batch_id
         report = BatchReport(
             batch_id,
@@ -159,6 +165,17 @@ class CepRunner:
             per_1k,
             report.active,
         )
+
+    def checkpoint(self) -> int | None:
+        """Save the state after the last batch if it changed; the batch id the saved state
+        belongs to (None: nothing ran yet). The caller records it with its offsets."""
+        with self._lock:
+            if self._engine is None or self._last_batch is None:
+                return None
+            if self._dirty:
+                self._store.save(self._last_batch, self._engine)
+                self._dirty = False
+            return self._last_batch
 
     def on_timer(self) -> int:
         """Expiries and idle candles between micro-batches; returns the events published."""

@@ -1,0 +1,98 @@
+"""CEP inside the live engine: its consumer's records -> `CepRunner` -> events on the PUB.
+
+    live engine consumer (market.ticks + cep.triggers, one poll)
+      -> CepStage.feed: the poll's records as one batch (Kafka-timestamp order)
+      -> CepRunner: engine, events (PUB, no hop), tombstones (Kafka)
+      -> CepStage.checkpoint: engine snapshot, saved with the live engine's offsets
+
+Why here and not in a Spark query: see docs/cep.md ("Evaluation"). The batch id
+is the engine's own counter, saved in the live engine's snapshot with the
+offsets it belongs to, so a restart resumes the state that matches the records
+it reads again (`state.SnapshotStore.load_before`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from mdproto import contracts
+from mdproto.runtime.kafka import ensure_topics, spec
+from pipeline.cep import kafka
+from pipeline.cep.engine import Engine
+from pipeline.cep.runner import CepRunner, Publish
+from pipeline.cep.state import SnapshotStore, local_path
+from pipeline.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class CepStage:
+    """The CEP runner as the live engine drives it: `feed` per poll, `on_timer`,
+    `checkpoint` before the engine saves its offsets, `close` at the end."""
+
+    def __init__(self, settings: Settings, publish: Publish, *, next_batch: int) -> None:
+        cep, k = settings.cep, settings.kafka
+        ensure_topics(
+            k.bootstrap_servers,
+            [spec(contracts.KAFKA_CEP_TRIGGERS, k.topic_cep_triggers)],
+            partitions=k.topic_partitions,
+            replication=k.replication_factor,
+            timeout_s=k.connect_timeout_s,
+        )
+        self.trigger_topic = k.topic_cep_triggers
+        self._writer = kafka.TombstoneWriter(k.bootstrap_servers, k.topic_cep_triggers)
+        directory = local_path(settings.checkpoint_for("live-engine")) / "cep"
+
+        def new_engine() -> Engine:
+            return Engine(
+                candle_grace_ms=round(cep.candle_grace_s * 1000),
+                dedupe_capacity=cep.dedupe_capacity,
+            )
+
+        self._runner = CepRunner(
+            store=SnapshotStore(directory, keep=cep.snapshots_kept),
+            trigger_topic=k.topic_cep_triggers,
+            publish=publish,
+            retire=self._writer.retire,
+            bootstrap=lambda: kafka.read_all(k.bootstrap_servers, k.topic_cep_triggers),
+            new_engine=new_engine,
+            snapshot_each_batch=False,
+        )
+        self._next_batch = next_batch
+        self._timer_s = cep.timer_s
+        self._next_timer = time.monotonic() + cep.timer_s
+
+    def feed(self, messages: Sequence[Any]) -> None:
+        """One batch of confluent-kafka messages of both topics (already filtered)."""
+        if messages:
+            self._runner(_kafka_table(messages), self._next_batch)
+            self._next_batch += 1
+        if time.monotonic() >= self._next_timer:
+            self._next_timer = time.monotonic() + self._timer_s
+            self._runner.on_timer()
+
+    def checkpoint(self) -> int | None:
+        """The batch id whose state is saved (None: none ran yet); 1 + it is the next."""
+        return self._runner.checkpoint()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _kafka_table(messages: Sequence[Any]) -> pa.Table:
+    """What `decode_batch` reads (Spark's Kafka row layout), from consumer messages."""
+    return pa.table(
+        {
+            "topic": pa.array([m.topic() for m in messages], pa.string()),
+            "key": pa.array([m.key() for m in messages], pa.binary()),
+            "value": pa.array([m.value() for m in messages], pa.binary()),
+            "timestamp": pa.array([m.timestamp()[1] for m in messages], pa.int64()),
+            "partition": pa.array([m.partition() or 0 for m in messages], pa.int32()),
+            "offset": pa.array([m.offset() or 0 for m in messages], pa.int64()),
+        }
+    )
