@@ -16,8 +16,9 @@ window), each a fresh pipeline on its own topics and namespace:
     .venv/bin/python bench/pipeline_candles.py [--seconds 150] [--tickers 20]
         [--rate 200] [--periods 10 60] [--case NAME=K=V,K=V ...] [--stack-dir .data]
 
-Default cases: `watermark` (the closing query over Iceberg ticks behind
-`live.watermark_s`) and `event` (closing on event time / idle timeout).
+Default case: `engine` (the live engine: closing on event time / idle timeout,
+previews per poll); add cases to compare settings, e.g.
+`idle05=PIPELINE_LIVE__CLOSE_IDLE_S=0.5`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,7 @@ from infra.testing import Subscriber
 from mdproto.messages import OHLC, Tick
 
 ORACLES = Path(__file__).resolve().parents[1] / "services/spark-pipeline/tests/oracles"
-DEFAULT_CASES = [
-    "watermark=PIPELINE_LIVE__CLOSE_MODE=watermark",
-    "event=PIPELINE_LIVE__CLOSE_MODE=event",
-]
+DEFAULT_CASES = ["engine="]
 
 
 def tickers(n: int) -> list[str]:

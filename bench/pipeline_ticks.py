@@ -3,16 +3,16 @@
 A producer process writes Tick records at a fixed rate (100 and 10,000 ticks/s
 by default) over four tickers, stamping `ingested_at_ms` with the wall clock at
 produce time; a subscriber process takes `receive time - ingested_at_ms` for
-every tick after a warm-up. The pipeline runs with its whole live path
-(publication, tick persistence, candle update and close queries) and the
-history query off.
+every tick after a warm-up. The pipeline runs with its whole live path (the
+live engine: ticks, candles, CEP; the ticks-persist and candles-store queries)
+and the history query off.
 
 Baseline, side by side: a bare Python bridge (confluent-kafka consumer ->
 mdproto decode -> PUB), the same hops without Spark. Rates alternate between
 pipeline and baseline `--reps` times; p50/p99 are medians over reps.
 
     .venv/bin/python bench/pipeline_ticks.py [--rates 100 10000] [--seconds 20]
-        [--reps 2] [--publish-trigger 0.1] [--stack-dir .data]
+        [--reps 2] [--stack-dir .data]
 """
 
 from __future__ import annotations
@@ -142,7 +142,6 @@ def run(args: argparse.Namespace) -> None:
             Path(tmp),
             {
                 "PIPELINE_HISTORY__ENABLED": "false",
-                "PIPELINE_LIVE__PUBLISH_TRIGGER_S": str(args.publish_trigger),
                 "PIPELINE_KAFKA__STARTING_OFFSETS": "latest",
                 **dict(kv.split("=", 1) for kv in args.env),
             },
@@ -240,7 +239,6 @@ def measurement_arguments(parser: argparse.ArgumentParser, seconds: float) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     measurement_arguments(parser, seconds=20.0)
-    parser.add_argument("--publish-trigger", type=float, default=0.1)
     parser.add_argument("--env", nargs="*", default=[], help="extra PIPELINE_X=Y settings")
     run(parser.parse_args())
 

@@ -84,7 +84,9 @@ class LiveConfig(_Section):
     #: How often the live engine snapshots its offsets and open candles (what a restart
     #: reads again is at most this much).
     snapshot_s: float = Field(default=2.0, gt=0)
-    persist_trigger_s: float = Field(default=10.0, ge=0)
+    #: ticks-persist: every trigger is a MERGE whose cost hardly depends on its rows, and
+    #: Kafka holds the ticks meanwhile: a slow trigger keeps the pipeline's cost at rest low.
+    persist_trigger_s: float = Field(default=60.0, ge=0)
     #: candles-store: closed candles from Kafka into ``ohlc`` (publication does not wait).
     store_trigger_s: float = Field(default=2.0, ge=0)
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)

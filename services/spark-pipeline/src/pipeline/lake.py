@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -450,9 +450,29 @@ class Lake:
     # -- writes ------------------------------------------------------------------
 
     def write_history(self, session: SparkSession, candles: pa.Table) -> str:
-        """Write exchange candles (unique per key) to ``ohlc``; returns "append" or "merge".
+        """Write exchange candles (unique per key) to ``ohlc``; returns "append" or "merge"."""
+        return self._append_or_merge(session, candles, "history", merge_history_candles)
 
-        Most requests cover a range with no rows yet; there a plain append is the
+    def write_live(self, session: SparkSession, candles: pa.Table) -> str:
+        """Write closed live candles (unique per key) to ``ohlc``: new keys inserted, a
+        live row whose values differ amended, an exchange row never touched."""
+
+        def merge(target: str, view: str, lo_ms: int, hi_ms: int) -> str:
+            return merge_live_candles(target, view, lo_ms, hi_ms, amend=True)
+
+        return self._append_or_merge(session, candles, "live", merge)
+
+    def _append_or_merge(
+        self,
+        session: SparkSession,
+        candles: pa.Table,
+        kind: str,
+        merge: Callable[[str, str, int, int], str],
+    ) -> str:
+        """Append when no candle of the rows' (ticker, period, time range) exists, else
+        MERGE; returns "none", "append" or "merge".
+
+        Most writes cover a range with no rows yet; there a plain append is the
         same as the MERGE and ~3x cheaper. Whether the range is empty is checked
         under the lock every ``ohlc`` writer of this process holds, so no candle
         can land in the range between the check and the append.
@@ -474,25 +494,13 @@ class Lake:
                     log.warning("append to ohlc failed, MERGEing instead: %s", failure_cause(exc))
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
-            view = _view_name("history")
+            view = _view_name(kind)
             frame.createOrReplaceTempView(view)
             try:
-                self._run(session, merge_history_candles(self.names.ohlc, view, lo, hi))
+                self._run(session, merge(self.names.ohlc, view, lo, hi))
             finally:
                 session.catalog.dropTempView(view)
             return "merge"
-
-    def merge_live_candles(
-        self, candles: DataFrame, lo_ms: int, hi_ms: int, *, amend: bool = False
-    ) -> None:
-        view = _view_name("live")
-        candles.createOrReplaceTempView(view)
-        try:
-            statement = merge_live_candles(self.names.ohlc, view, lo_ms, hi_ms, amend=amend)
-            with self.ohlc_lock:
-                self._run(candles.sparkSession, statement)
-        finally:
-            candles.sparkSession.catalog.dropTempView(view)
 
     def merge_ticks(self, ticks: DataFrame, lo_ms: int, hi_ms: int) -> None:
         view = _view_name("ticks")

@@ -110,16 +110,13 @@ class CandleStore:
         records.log_rejects(f"candles-store batch {batch_id}", rejects)
         if rows.num_rows == 0:
             return
-        bounds = pc.min_max(rows["open_time_ms"])
-        frame = batch_df.sparkSession.createDataFrame(live_ohlc_rows(rows))
-        self._lake.merge_live_candles(
-            frame, bounds["min"].as_py(), bounds["max"].as_py(), amend=True
-        )
+        how = self._lake.write_live(batch_df.sparkSession, live_ohlc_rows(rows))
         self._crash_point("live-after-candles-commit")
         log.info(
-            "candles-store batch %d: %d closed candles committed in %.0f ms",
+            "candles-store batch %d: %d closed candles committed (%s) in %.0f ms",
             batch_id,
             rows.num_rows,
+            how,
             (time.monotonic() - started) * 1000,
         )
 
