@@ -31,6 +31,7 @@ from infra.localstack.process import (
 )
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import PlatformConfig
+from infra.platform.console import tolerate_closed_streams
 from infra.platform.restarts import GiveUp, RestartPolicy
 from infra.platform.services import BIN
 from infra.platform.supervisor import Platform, PlatformEndpoints
@@ -175,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--period", default="1m")
     parser.add_argument("--start", help="history start (default: last 24 h; Kraken: 10 h)")
     args = parser.parse_args(argv)
+    tolerate_closed_streams()  # `make run | tee`: Ctrl-C ends tee, the shutdown goes on
     config = PlatformConfig()
     args.ticker = args.ticker or f"{config.prefixes[0]}:BTC/USDT"
     args.start = args.start or default_start(config.exchanges[0])
