@@ -77,6 +77,8 @@ def test_ops_parse_or_say_why() -> None:
         ("nope", "bad_request"),
         ("[1]", "bad_request"),
         ('{"op": "publish", "topic": "CEP:t1"}', "bad_request"),
+        ('{"op": "subscribe"}', "bad_request"),  # no topic: a malformed frame
+        ('{"op": "subscribe", "topic": null}', "bad_topic"),
         ('{"op": "unsubscribe", "topic": "CEP:"}', "bad_topic"),
     ]:
         with pytest.raises(GatewayError) as info:

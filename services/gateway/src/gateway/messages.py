@@ -97,7 +97,9 @@ def parse_op(text: str | bytes) -> Op:
     op = data.get("op")
     if op not in ("subscribe", "unsubscribe"):
         raise GatewayError("bad_request", f"op must be subscribe or unsubscribe, not {op!r}")
-    return Op(op, parse_topic(data.get("topic")))
+    if "topic" not in data:  # a malformed frame; a topic that is no exact topic is bad_topic
+        raise GatewayError("bad_request", f"a {op} frame needs a topic")
+    return Op(op, parse_topic(data["topic"]))
 
 
 def to_dict(message: Message) -> dict[str, Any]:

@@ -70,8 +70,17 @@ function trade(data) {
   while (body.rows.length > 25) body.deleteRow(-1);
 }
 
+// The integrity report's enum values in words (docs/protocol.md, "Integrity report").
+const SOURCES = {
+  SOURCE_UNSPECIFIED: "unknown (an older platform)",
+  SOURCE_EXCHANGE: "fetched from the exchange",
+  SOURCE_STORAGE: "already stored (exchange not asked)",
+  SOURCE_STORAGE_AND_EXCHANGE: "stored, gaps fetched from the exchange",
+};
+
 function showReport(answer) {
   const report = { request_id: answer.request_id, ...answer.integrity };
+  if (report.source in SOURCES) report.source = SOURCES[report.source];
   for (const cell of document.querySelectorAll("#report td")) {
     const value = report[cell.dataset.key];
     cell.textContent = value === undefined ? "-" : value;
