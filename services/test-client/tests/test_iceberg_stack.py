@@ -490,7 +490,11 @@ def test_live_late_join_gets_the_last_value_and_a_gap_is_recovered_from_iceberg(
     Iceberg and delivers every closed candle exactly once."""
     server = PubServer(
         PipelineSettings.model_validate(
-            {"pub_endpoint": "tcp://127.0.0.1:*", "live": {"enabled": False}}
+            {
+                "pub_endpoint": "tcp://127.0.0.1:*",
+                "live": {"enabled": False},
+                "cep": {"enabled": False},
+            }
         )
     )
     endpoint = server.start()

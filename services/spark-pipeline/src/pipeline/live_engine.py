@@ -48,6 +48,7 @@ from mdproto import envelope, topics
 from mdproto.messages import Tick
 from pipeline import records
 from pipeline.candle_close import Closing
+from pipeline.cep.records import Coordinates
 from pipeline.cep.state import local_path
 from pipeline.config import Settings
 from pipeline.live_candles import LiveCandles
@@ -261,9 +262,7 @@ class _Run:
             if not partitions:
                 raise RuntimeError(f"topic {topic} has no partitions")
             for p in partitions:
-                low, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=30
-                )
+                low, high = _watermarks(self.consumer, TopicPartition(topic, p))
                 if topic == self.ticks_topic:
                     live_from[(topic, p)] = high
                 saved = snapshot.offsets.get((topic, p))
@@ -302,12 +301,14 @@ class _Run:
             if not self.caught_up and self._caught_up():
                 self.caught_up = True
                 log.info("live engine: caught up; candles close on idle time from now")
+            ticks = self._decode([m for m in messages if m.topic() == self.ticks_topic])
             fresh: list[Tick] = []
             if candles is not None:
-                fresh, closed = self._candles(candles, messages, now_ms)
+                fresh, closed = self._candles(candles, ticks, now_ms)
                 dirty = dirty or bool(closed)
             if self.cep is not None:
-                self.cep.feed([m for m in messages if self._for_cep(m)])
+                triggers = [m for m in messages if m.topic() != self.ticks_topic]
+                self.cep.feed(triggers, [t for t in ticks if self._for_cep(t[1])])
             dirty = dirty or bool(messages)
             self.producer.poll(0)
             stats.busy(time.monotonic() - asked, len(messages), fresh)
@@ -322,21 +323,25 @@ class _Run:
         self.positions[(m.topic(), m.partition() or 0)] = (m.offset() or 0) + 1
         return True
 
-    def _for_cep(self, m: Any) -> bool:
-        """Trigger records always; ticks from where CEP's state starts."""
-        topic = m.topic()
-        return topic != self.ticks_topic or (m.offset() or 0) >= self.cep_from.get(
-            (topic, m.partition() or 0), 0
-        )
+    def _for_cep(self, where: Coordinates) -> bool:
+        """A tick from where CEP's state starts?"""
+        _, partition, offset = where
+        return offset >= self.cep_from.get((self.ticks_topic, partition), 0)
 
     def _candles(
-        self, candles: LiveCandles, messages: list[Any], now_ms: int
+        self, candles: LiveCandles, ticks: list[tuple[Tick, Coordinates]], now_ms: int
     ) -> tuple[list[Tick], list[Any]]:
-        """Decode the ticks; publish the live ones, the previews and the closed candles;
-        closed candles to Kafka. Returns (published ticks, closed candles)."""
-        ticks, fresh = self._decode([m for m in messages if m.topic() == self.ticks_topic])
+        """Publish the live ticks, the previews and the closed candles; closed candles to
+        Kafka. Returns (published ticks, closed candles)."""
+        recent, live_from = self.recent, self.live_from
+        fresh = [
+            t
+            for t, (_, p, o) in ticks
+            if o >= live_from.get((self.ticks_topic, p), 0)
+            and recent.first_time((t.ticker, t.trade_id))
+        ]
         out: list[tuple[str, Message]] = [(topics.tick_topic(t.ticker), t) for t in fresh]
-        previews = candles.add(ticks, now_ms)
+        previews = candles.add((t for t, _ in ticks), now_ms)
         if self.caught_up:
             out += [(topics.ohlc_topic(c.ticker, c.period_seconds), c) for c in previews]
         closed = candles.close_due(now_ms, idle=self.caught_up)
@@ -356,21 +361,16 @@ class _Run:
         if err is not None and self.delivery_error is None:
             self.delivery_error = str(err)
 
-    def _decode(self, messages: list[Any]) -> tuple[list[Tick], list[Tick]]:
-        """Valid ticks of the messages, and those to publish (live, not re-delivered)."""
+    def _decode(self, messages: list[Any]) -> list[tuple[Tick, Coordinates]]:
+        """The valid ticks of the messages, each with its (Kafka time, partition, offset)."""
+        stamps = {(m.partition() or 0, m.offset() or 0): m.timestamp()[1] for m in messages}
         decoded = records.decode_tick_values(
-            [m.value() for m in messages],
-            [m.partition() or 0 for m in messages],
-            [m.offset() or 0 for m in messages],
+            [m.value() for m in messages], [p for p, _ in stamps], [o for _, o in stamps]
         )
         records.log_rejects("live engine", decoded.rejects)
-        recent, topic = self.recent, self.ticks_topic
-        fresh = [
-            t
-            for t, (p, o) in zip(decoded.ticks, decoded.coordinates, strict=True)
-            if o >= self.live_from.get((topic, p), 0) and recent.first_time((t.ticker, t.trade_id))
+        return [
+            (t, (stamps[c], *c)) for t, c in zip(decoded.ticks, decoded.coordinates, strict=True)
         ]
-        return decoded.ticks, fresh
 
     def save(self) -> bool:
         """Snapshot once Kafka has every closed candle so far; False: not yet (retried)."""
@@ -410,6 +410,35 @@ class _Stats:
                     self.worst_age_ms,
                 )
             self.start, self.count, self.worst_age_ms = time.monotonic(), 0, 0.0
+
+
+def _watermarks(consumer: Any, partition: Any, timeout_s: float = 60.0) -> tuple[int, int]:
+    """(low, high) offsets of a partition; retried while its leader is being elected
+    (a topic preflight has just created answers NOT_LEADER_FOR_PARTITION for a moment)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    electing = {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=10)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = error is not None and (error.code() in electing or error.retriable())
+            if not retriable or time.monotonic() > deadline:
+                raise
+            log.info(
+                "live engine: %s [%d] not ready yet: %s",
+                partition.topic,
+                partition.partition,
+                error,
+            )
+            time.sleep(0.2)
 
 
 def _now_ms() -> int:

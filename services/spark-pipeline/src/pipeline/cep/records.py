@@ -41,6 +41,10 @@ class CepBatch:
     ticks: int = 0
 
 
+#: (Kafka timestamp ms, partition, offset) of a record
+Coordinates = tuple[int, int, int]
+
+
 def decode_batch(kafka: pa.Table, trigger_topic: str, *, now_ms: int = 0) -> CepBatch:
     """Kafka rows (topic, key, value, timestamp, partition, offset) -> ordered inputs."""
     n = kafka.num_rows
@@ -50,30 +54,48 @@ def decode_batch(kafka: pa.Table, trigger_topic: str, *, now_ms: int = 0) -> Cep
     values = kafka.column("value").to_pylist()
     partitions, offsets = kafka_coordinates(kafka)
     stamps = kafka_timestamps_ms(kafka, n, now_ms)
-    keyed: list[tuple[tuple[int, int, str, int, int], TriggerRecord | TickRecord]] = []
-    out = CepBatch()
+    triggers: list[tuple[bytes | None, bytes | None, Coordinates]] = []
+    ticks: list[tuple[Tick, Coordinates]] = []
+    rejects: list[Reject] = []
     for i in range(n):
-        partition, offset, stamp = partitions[i], offsets[i], stamps[i]
-        order = (stamp, 0, topic_col[i], partition, offset)
+        where = (stamps[i], partitions[i], offsets[i])
         if topic_col[i] == trigger_topic:
-            record = _trigger(keys[i], values[i], stamp)
-            if isinstance(record, str):
-                out.rejects.append(Reject(partition, offset, "bad_trigger", record))
-                continue
-            out.triggers += 1
-            keyed.append((order, record))
+            triggers.append((keys[i], values[i], where))
             continue
         try:
             tick = envelope.decode_record(values[i] or b"", Tick)
         except ProtocolError as exc:
-            out.rejects.append(Reject(partition, offset, exc.code, exc.reason))
+            rejects.append(Reject(partitions[i], offsets[i], exc.code, exc.reason))
             continue
         problem = tick_problem(tick)
         if problem:
-            out.rejects.append(Reject(partition, offset, "bad_tick", problem))
+            rejects.append(Reject(partitions[i], offsets[i], "bad_tick", problem))
             continue
+        ticks.append((tick, where))
+    batch = ordered_batch(triggers, ticks)
+    batch.rejects[:0] = rejects
+    return batch
+
+
+def ordered_batch(
+    triggers: list[tuple[bytes | None, bytes | None, Coordinates]],
+    ticks: list[tuple[Tick, Coordinates]],
+) -> CepBatch:
+    """Trigger records (key, value, where) and validated ticks -> inputs in Kafka-timestamp
+    order, a trigger before a tick of the same millisecond (the live engine decodes its
+    ticks once and hands them over here)."""
+    keyed: list[tuple[tuple[int, int, int, int], TriggerRecord | TickRecord]] = []
+    out = CepBatch()
+    for key, value, (stamp, partition, offset) in triggers:
+        record = _trigger(key, value, stamp)
+        if isinstance(record, str):
+            out.rejects.append(Reject(partition, offset, "bad_trigger", record))
+            continue
+        out.triggers += 1
+        keyed.append(((stamp, 0, partition, offset), record))
+    for tick, (stamp, partition, offset) in ticks:
         out.ticks += 1
-        keyed.append(((stamp, 1, *order[2:]), TickRecord(tick, stamp)))
+        keyed.append(((stamp, 1, partition, offset), TickRecord(tick, stamp)))
     keyed.sort(key=lambda item: item[0])
     out.inputs = [record for _, record in keyed]
     return out

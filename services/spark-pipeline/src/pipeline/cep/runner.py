@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 from mdproto.messages import CEPTriggerRequest
 from pipeline.cep.engine import Engine
 from pipeline.cep.model import InvalidTrigger, Notice, spec_from_request
-from pipeline.cep.records import TickRecord, TriggerRecord, decode_batch
+from pipeline.cep.records import CepBatch, TickRecord, TriggerRecord, decode_batch
 from pipeline.cep.state import SnapshotStore
 from pipeline.records import log_rejects
 
@@ -95,13 +95,16 @@ class CepRunner:
         return self._engine
 
     def __call__(self, kafka: pa.Table, batch_id: int) -> BatchReport:
-        """Process one micro-batch (the Spark adapter hands over the collected rows)."""
+        """Process one batch of Kafka rows of both topics."""
+        return self.run(decode_batch(kafka, self._topic, now_ms=self._clock()), batch_id)
+
+    def run(self, batch: CepBatch, batch_id: int) -> BatchReport:
+        """Process one batch of decoded, ordered inputs."""
         started = time.perf_counter()
         with self._lock:
             engine = self._engine_for(batch_id)
             now = self._clock()
             notices = engine.advance(now)
-            batch = decode_batch(kafka, self._topic, now_ms=now)
             log_rejects(f"cep batch {batch_id}", batch.rejects)
             for record in batch.inputs:
                 if isinstance(record, TickRecord):

@@ -1,7 +1,7 @@
 """CEP inside the live engine: its consumer's records -> `CepRunner` -> events on the PUB.
 
     live engine consumer (market.ticks + cep.triggers, one poll)
-      -> CepStage.feed: the poll's records as one batch (Kafka-timestamp order)
+      -> CepStage.feed: the poll's trigger records and decoded ticks as one batch
       -> CepRunner: engine, events (PUB, no hop), tombstones (Kafka)
       -> CepStage.checkpoint: engine snapshot, saved with the live engine's offsets
 
@@ -18,12 +18,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
-
 from mdproto import contracts
+from mdproto.messages import Tick
 from mdproto.runtime.kafka import ensure_topics, spec
 from pipeline.cep import kafka
 from pipeline.cep.engine import Engine
+from pipeline.cep.records import Coordinates, ordered_batch
 from pipeline.cep.runner import CepRunner, Publish
 from pipeline.cep.state import SnapshotStore, local_path
 from pipeline.config import Settings
@@ -67,10 +67,12 @@ class CepStage:
         self._timer_s = cep.timer_s
         self._next_timer = time.monotonic() + cep.timer_s
 
-    def feed(self, messages: Sequence[Any]) -> None:
-        """One batch of confluent-kafka messages of both topics (already filtered)."""
-        if messages:
-            self._runner(_kafka_table(messages), self._next_batch)
+    def feed(self, triggers: Sequence[Any], ticks: Sequence[tuple[Tick, Coordinates]]) -> None:
+        """One batch: trigger records (confluent-kafka messages) and the poll's decoded
+        ticks from where CEP's state starts."""
+        if triggers or ticks:
+            records = [(m.key(), m.value(), _where(m)) for m in triggers]
+            self._runner.run(ordered_batch(records, list(ticks)), self._next_batch)
             self._next_batch += 1
         if time.monotonic() >= self._next_timer:
             self._next_timer = time.monotonic() + self._timer_s
@@ -84,15 +86,5 @@ class CepStage:
         self._writer.close()
 
 
-def _kafka_table(messages: Sequence[Any]) -> pa.Table:
-    """What `decode_batch` reads (Spark's Kafka row layout), from consumer messages."""
-    return pa.table(
-        {
-            "topic": pa.array([m.topic() for m in messages], pa.string()),
-            "key": pa.array([m.key() for m in messages], pa.binary()),
-            "value": pa.array([m.value() for m in messages], pa.binary()),
-            "timestamp": pa.array([m.timestamp()[1] for m in messages], pa.int64()),
-            "partition": pa.array([m.partition() or 0 for m in messages], pa.int32()),
-            "offset": pa.array([m.offset() or 0 for m in messages], pa.int64()),
-        }
-    )
+def _where(m: Any) -> Coordinates:
+    return (m.timestamp()[1], m.partition() or 0, m.offset() or 0)
