@@ -6,7 +6,7 @@ pipeline on free ports), then:
 latency     a repeating `above:10` trigger on XYZ/USDT; each round injects a trade
             at 5 then one at 11 into the exchange simulator and times the 11's
             injection -> FIRED event at the client (simulator websocket ->
-            ingestor -> Kafka -> cep query -> PUB -> relay -> client).
+            ingestor -> Kafka -> live engine (CEP) -> PUB -> relay -> client).
 throughput  ticks produced straight into Kafka `market.ticks` for BINANCE:BENCH/USDT
             (bypassing the ingestor, which would be the bottleneck), followed by a
             tick on another ticker that fires a sentinel trigger; ticks/s = ticks /

@@ -90,7 +90,7 @@ def check_all(settings: Settings) -> None:
     wanted = []
     if settings.history.enabled:
         wanted.append(spec(contracts.KAFKA_OHLC_BATCHES, k.topic_ohlc_batches))
-    if settings.live.enabled or settings.cep.enabled:  # the CEP query reads ticks too
+    if settings.live.enabled or settings.cep.enabled:  # CEP reads ticks too
         wanted.append(spec(contracts.KAFKA_TICKS, k.topic_ticks))
     if settings.live.enabled:
         wanted.append(spec(contracts.KAFKA_LIVE_CANDLES, k.topic_live_candles))

@@ -1,10 +1,10 @@
-"""One micro-batch of the CEP query's two Kafka topics -> engine inputs in order.
+"""One batch of CEP's two Kafka topics -> engine inputs in order.
 
-The query reads `cep.triggers` and `market.ticks` together. Records are put in
-Kafka-timestamp order (a trigger before a tick of the same millisecond), so a
-trigger sees exactly the ticks written after its REGISTER record, whichever
-micro-batch they land in. Bad records never raise: they are returned as
-`Reject`s with their coordinates (the records stay in Kafka).
+The live engine reads `cep.triggers` and `market.ticks` with one consumer.
+Records are put in Kafka-timestamp order (a trigger before a tick of the same
+millisecond), so a trigger sees exactly the ticks written after its REGISTER
+record, whichever batch they land in. Bad records never raise: they are
+returned as `Reject`s with their coordinates (the records stay in Kafka).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Engine snapshots in the CEP query's checkpoint directory, one per micro-batch id.
+"""CEP engine snapshots under <checkpoint_dir>/live-engine/cep, one per saved batch id.
 
-Spark commits a micro-batch only after foreachBatch returns, and re-runs an
-uncommitted one with the same offsets after a crash. So the state to resume
-from before batch N is the newest snapshot with an id below N: a snapshot
-written for N itself belongs to a run Spark does not count. Snapshots are
-written to a temporary file and renamed (atomic on POSIX), and the last
+The live engine records, with its offsets, the id of the batch whose state it
+saved; after a crash it reads again from those offsets with the next id. So the
+state to resume from before batch N is the newest snapshot with an id below N:
+one written for N or later belongs to records that are read again. Snapshots
+are written to a temporary file and renamed (atomic on POSIX), and the last
 `keep` are kept. Only local paths (or file: URIs) are supported.
 """
 
