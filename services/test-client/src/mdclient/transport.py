@@ -90,6 +90,12 @@ class CurveKeys:
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server)
 
 
+_GREETING_CLOSED = (
+    "the connection closed during the ZMTP greeting (the relay still starting behind "
+    "a port proxy, or something other than a relay at that address); retrying"
+)
+
+
 def handshake_problem(event: int, value: int, curve: bool) -> str | None:
     """What a failed-handshake monitor event tells the user, if anything (pure)."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -109,10 +115,7 @@ def handshake_problem(event: int, value: int, curve: bool) -> str | None:
         # Without CURVE there is no security to fail: the peer closed the connection or did
         # not speak ZMTP. Behind a port proxy (docker-proxy) that is a relay not listening
         # yet; the socket reconnects on its own.
-        return (
-            "the connection closed during the ZMTP greeting (the relay still starting behind "
-            "a port proxy, or something other than a relay at that address); retrying"
-        )
+        return _GREETING_CLOSED
     return None
 
 
@@ -449,7 +452,10 @@ class Subscriber:
             message = recv_monitor_message(monitor)
             event = message["event"]
             problem = handshake_problem(event, message["value"], self._curve is not None)
-            if problem is not None and problem != self.handshake_problem:
+            # A greeting cut short says less than a named mismatch or refusal on another
+            # attempt (which one a CURVE relay's close produces is a race): keep the latter.
+            vaguer = problem == _GREETING_CLOSED and self.handshake_problem is not None
+            if problem is not None and problem != self.handshake_problem and not vaguer:
                 log.warning("handshake with %s failed: %s", self._address, problem)
                 self.handshake_problem = problem
             endpoint = message.get("endpoint", b"")
