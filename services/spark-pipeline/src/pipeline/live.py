@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mdproto import topics
-from mdproto.messages import OHLC
 from pipeline import records
 from pipeline.config import Settings
 from pipeline.lake import Lake
@@ -36,35 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KAFKA_COLUMNS = ("value", "timestamp", "partition", "offset")
-
-
-def ohlc_messages(rows: pa.Table, *, closed: bool) -> list[tuple[str, OHLC]]:
-    """(topic, OHLC) for candle rows with an ``open_time_ms`` (and optional ``correction``)."""
-    out: list[tuple[str, OHLC]] = []
-    cols: dict[str, list[Any]] = {name: rows.column(name).to_pylist() for name in rows.schema.names}
-    corrections = cols.get("correction") or [False] * rows.num_rows
-    for i in range(rows.num_rows):
-        ticker = cols["ticker"][i]
-        period = cols["period_seconds"][i]
-        out.append(
-            (
-                topics.ohlc_topic(ticker, period),
-                OHLC(
-                    ticker=ticker,
-                    period_seconds=period,
-                    open_time_ms=cols["open_time_ms"][i],
-                    open=cols["open"][i],
-                    high=cols["high"][i],
-                    low=cols["low"][i],
-                    close=cols["close"][i],
-                    volume=cols["volume"][i],
-                    trade_count=cols["trade_count"][i],
-                    closed=closed,
-                    correction=bool(corrections[i]),
-                ),
-            )
-        )
-    return out
 
 
 class TickPersister:
