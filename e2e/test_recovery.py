@@ -1,5 +1,6 @@
 """A pipeline crash, a catalog restart and an S3 outage while a request is being stored:
-the request still gets every candle once and exactly one notification."""
+the request still gets every candle once and exactly one notification. A hung
+pipeline: requests are refused with a reason within seconds."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform.faults import Faults
 from infra.platform.supervisor import PlatformEndpoints
-from infra.testing import notified_request_ids
-from mdclient import Client, ClientSettings, HistoryResult
+from infra.testing import metric_sample, notified_request_ids
+from mdclient import Client, ClientSettings, HistoryResult, SubmitRejected, TriggerRejected
 from mdproto import topics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
@@ -144,3 +145,48 @@ def test_catalog_restart_and_an_s3_outage_mid_request_answer_once(
         )
     finally:
         faults.wait_ready(s3)  # back for later tests, whatever happened
+
+
+def test_a_hung_pipeline_is_refused_within_seconds_with_a_reason(
+    faults: Faults, endpoints: PlatformEndpoints, client_settings: ClientSettings
+) -> None:
+    """Issue 27: the pipeline frozen (SIGSTOP; compose: the cgroup freezer), the relay
+    refuses history submits and trigger registrations `pipeline_unavailable` within
+    its 5 s heartbeat timeout, instead of an OK followed by the client's timeout."""
+    serving = f"{endpoints.relay_metrics}/metrics"
+    history = 'relay_pipeline_serving{work="history"}'
+    assert metric_sample(serving, history) == 1
+    start = (int(time.time() * 1000) - 200 * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
+    paused_at = time.monotonic()
+    faults.pause("spark-pipeline")
+    try:
+        while metric_sample(serving, history) != 0:  # refreshed every second
+            assert time.monotonic() - paused_at < 10, "still accepting history after 10 s"
+            time.sleep(0.2)
+        with Client(settings=client_settings) as client:
+            asked = time.monotonic()
+            with pytest.raises(SubmitRejected) as refused:
+                client.history("BINANCE:BTC/USDT", "1m", start, start + HOUR_MS)
+            answered_s = time.monotonic() - asked
+            with pytest.raises(TriggerRejected) as trigger_refused:
+                client.register_trigger("BINANCE:BTC/USDT", ["above:1000000"])
+        failed_after_s = time.monotonic() - paused_at
+    finally:
+        faults.unpause("spark-pipeline")
+    assert refused.value.error_code == "pipeline_unavailable"
+    assert "heartbeat" in refused.value.reason, refused.value.reason
+    assert trigger_refused.value.error_code == "pipeline_unavailable"
+    assert answered_s < 2 and failed_after_s < 10, (answered_s, failed_after_s)
+
+    # Back: accepted again once the heartbeat returns, and answered.
+    deadline = time.monotonic() + 60
+    while metric_sample(serving, history) != 1:
+        assert time.monotonic() < deadline, "the relay never heard the pipeline again"
+        time.sleep(0.2)
+    with Client(settings=client_settings) as client:
+        result = client.history("BINANCE:BTC/USDT", "1m", start, start + HOUR_MS)
+    assert result.reported_rows == 60
+    print(
+        f"hung pipeline: refused {failed_after_s:.1f} s after the freeze "
+        f"(the refusal itself took {answered_s * 1000:.0f} ms)"
+    )

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from infra.testing import metric_sample
+
 if TYPE_CHECKING:
     from infra.localstack.endpoints import StackEndpoints
     from infra.platform.supervisor import PlatformEndpoints
@@ -58,6 +60,8 @@ PROFILES_OFFLINE = ("offline", "monitoring")
 STACK_ENV = "MDP_E2E_STACK"
 STACK_NAME = "compose"
 DOCKER_TIMEOUT_S = 20.0
+#: Services whose (re)start is only over once the relays hear the pipeline's heartbeat.
+_PIPELINE_SEEN_BY = frozenset({"spark-pipeline", "relay", "relay-2"})
 
 # The compose file's credentials, bucket and warehouse (same as the local stack's).
 S3_ACCESS_KEY = "localstack"
@@ -482,6 +486,12 @@ class ComposePlatform:
         )
         self.compose("exec", "-T", "--user", "0", service, "sh", "-c", kill_children, timeout_s=60)
 
+    def pause(self, service: str) -> None:
+        self.compose("pause", service, timeout_s=60)
+
+    def unpause(self, service: str) -> None:
+        self.compose("unpause", service, timeout_s=60)
+
     def wait_ready(self, service: str, timeout_s: float = 300.0) -> None:
         """Start the service if it is down, then wait until a healthcheck has passed
         *since its latest start* (Docker keeps the health status of the previous run
@@ -494,10 +504,29 @@ class ComposePlatform:
             if state is not None:
                 last = _describe_state(state)
                 if _ready_since_start(state):
+                    if service in _PIPELINE_SEEN_BY:
+                        self.wait_pipeline_served(deadline - time.monotonic())
                     return
             time.sleep(1.0)
         logs = "\n".join(self.logs(service, tail=60).splitlines()[-60:])
         raise ComposeError(f"{service} not ready within {timeout_s:g}s ({last}); logs:\n{logs}")
+
+    def wait_pipeline_served(self, timeout_s: float = 120.0) -> None:
+        """Wait until every relay accepts history: the pipeline's heartbeat reached it
+        (a healthy pipeline container alone does not say so; docs/protocol.md)."""
+        sample = 'relay_pipeline_serving{work="history"}'
+        deadline = time.monotonic() + timeout_s
+        while True:
+            waiting = [
+                relay
+                for relay, url in self.endpoints.relay_metrics_urls.items()
+                if (metric_sample(url, sample) or 0) < 1
+            ]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise ComposeError(f"{', '.join(waiting)} saw no pipeline heartbeat in time")
+            time.sleep(0.5)
 
     def _state(self, service: str) -> dict[str, Any] | None:
         ids = self.compose("ps", "--all", "--quiet", service, timeout_s=60).stdout.split()
@@ -678,6 +707,7 @@ def compose_session(
             raise
         _ACTIVE.append(running)
         try:
+            running.wait_pipeline_served()
             yield running
         finally:
             _ACTIVE.remove(running)

@@ -46,6 +46,13 @@ class Faults(Protocol):
     def wait_ready(self, service: str, timeout_s: float = 300.0) -> None:
         """Block until the service runs and answers its readiness probe."""
 
+    def pause(self, service: str) -> None:
+        """Freeze every process of the service (SIGSTOP; compose: the cgroup freezer):
+        a hung service, its connections open."""
+
+    def unpause(self, service: str) -> None:
+        """Let a paused service run on."""
+
 
 class LocalFaults:
     """``Faults`` for the local platform: ``Platform.kill`` and ``Platform.up``."""
@@ -71,3 +78,9 @@ class LocalFaults:
 
     def wait_ready(self, service: str, timeout_s: float = 300.0) -> None:
         self.platform.up()
+
+    def pause(self, service: str) -> None:
+        self.platform.send_signal(service, signal.SIGSTOP)
+
+    def unpause(self, service: str) -> None:
+        self.platform.send_signal(service, signal.SIGCONT)

@@ -6,7 +6,8 @@ of its own config keys) and how we know it is ready:
 
 - exchange simulator: answers `GET /api/v3/ping`;
 - relay: `GET /healthz` is 200;
-- pipeline: wrote its ready file (every streaming query runs, PUB bound);
+- pipeline: wrote its ready file (every streaming query runs, PUB bound) and the
+  relay accepts history (its heartbeat reached the relay: relay metric);
 - ingestor: the relay sees its subscription to the exchange prefix (relay metric);
 - gateway: `GET /healthz` is 200 (it connected to the relay before it listens).
 """
@@ -14,7 +15,6 @@ of its own config keys) and how we know it is ready:
 from __future__ import annotations
 
 import json
-import re
 import sys
 import urllib.error
 import urllib.request
@@ -25,6 +25,7 @@ from infra.localstack.components import Component, NotReadyError, base_env
 from infra.localstack.config import LOOPBACK, REPO_ROOT, StackConfig
 from infra.localstack.endpoints import StackEndpoints
 from infra.platform.config import PlatformConfig
+from infra.testing import metric_sample
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 BIN = Path(sys.executable).parent
@@ -168,6 +169,9 @@ class Pipeline(Service):
     def probe(self) -> None:
         if not self.ready_file.exists():
             raise NotReadyError("streaming queries not started yet (no ready file)")
+        relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
+        if (metric_sample(relay, 'relay_pipeline_serving{work="history"}') or 0) < 1:
+            raise NotReadyError("the relay has not seen the pipeline's heartbeat yet")
 
 
 class Ingestor(Service):
@@ -210,10 +214,8 @@ class Ingestor(Service):
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:
-        url = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
-        status, body = _get(url)
-        match = re.search(r'^relay_ingestor_subscriptions\{socket="work"\} (\S+)$', body, re.M)
-        if status != 200 or match is None or float(match[1]) < 1:
+        relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
+        if (metric_sample(relay, 'relay_ingestor_subscriptions{socket="work"}') or 0) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
 
 

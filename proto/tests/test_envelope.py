@@ -81,6 +81,9 @@ SAMPLES: dict[MessageType, Message] = {
     MessageType.FEED_STATUS: m.FeedStatus(
         ticker="BINANCE:BTC/USDT", state=m.FeedStatus.FAILED, error_code="bad_symbol"
     ),
+    MessageType.PIPELINE_STATUS: m.PipelineStatus(
+        sent_at_ms=1_700_000_000_000, interval_ms=1000, history=True, reason="CEP is disabled"
+    ),
     MessageType.INGEST_CLAIM: m.IngestClaim(
         kind=m.IngestClaim.CLAIM,
         ingestor_id="i1",
@@ -94,7 +97,7 @@ SAMPLES: dict[MessageType, Message] = {
 def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
-        0x13, 0x14, 0x20,
+        0x13, 0x14, 0x15, 0x20,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

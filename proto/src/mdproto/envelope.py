@@ -45,6 +45,7 @@ class MessageType(IntEnum):
     HISTORY_READY_NOTIFICATION = 0x12
     INGESTOR_STATUS = 0x13
     FEED_STATUS = 0x14
+    PIPELINE_STATUS = 0x15
     INGEST_CLAIM = 0x20  # Kafka ingest.claims only (ingestor to ingestor)
 
 
@@ -66,6 +67,7 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.HISTORY_READY_NOTIFICATION: pb.HistoryReadyNotification,
     MessageType.INGESTOR_STATUS: pb.IngestorStatus,
     MessageType.FEED_STATUS: pb.FeedStatus,
+    MessageType.PIPELINE_STATUS: pb.PipelineStatus,
     MessageType.INGEST_CLAIM: pb.IngestClaim,
 }
 

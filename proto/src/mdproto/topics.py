@@ -19,6 +19,8 @@ STATUS = "status"
 RESPONSE_PREFIX = "RESPONSE:"
 HISTORY_READY_PREFIX = "HISTORY_READY:"
 CEP_PREFIX = "CEP:"
+#: The pipeline's heartbeat (PipelineStatus): what relays watch to refuse work it cannot do.
+PIPELINE_STATUS = "PIPELINE:status"
 # Plain ints: protobuf enum attribute lookups cost microseconds on the relay's hot path.
 _AUTO = int(NotifyPattern.NOTIFY_AUTO)
 _PER_CLIENT = int(NotifyPattern.NOTIFY_PER_CLIENT)

@@ -46,7 +46,8 @@ class RelayForTest:
             ingestor_response_port=0,
             ingestor_control_port=0,
             metrics_port=0,
-            flink_market_data_endpoint="tcp://127.0.0.1:9",  # no pipeline in these tests
+            flink_market_data_endpoint="tcp://127.0.0.1:9",  # no pipeline in these tests,
+            pipeline_heartbeat_timeout_s=0,  # so no heartbeat to require
         )
         self.relay = Relay(settings)
         self.bound = self.relay.start()

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 import zmq
 
-from mdproto import envelope
-from mdproto.messages import Status, SubmitHistoricalRequest, SubmitResponse
+from mdproto import envelope, topics
+from mdproto.messages import PipelineStatus, Status, SubmitHistoricalRequest, SubmitResponse
 
 if TYPE_CHECKING:
     from conftest import FakePipeline
@@ -114,12 +114,18 @@ def test_real_process_serves_and_shuts_down_cleanly(
     ingestor.linger = 0
     ingestor.connect(f"tcp://127.0.0.1:{relay_env['RELAY_INGESTOR_WORK_PORT']}")
     ingestor.subscribe(b"BINANCE:")
+    # And a pipeline heartbeat: without one it refuses it too (pipeline_unavailable).
+    heartbeat = PipelineStatus(interval_ms=1000, history=True, triggers=True)
     deadline = time.monotonic() + 20
-    while True:  # until the relay has bound and seen the ingestor's subscription
+    while True:  # until the relay has bound, seen the ingestor subscribe and the heartbeat
+        pipeline.poll_subscriptions()
+        if topics.PIPELINE_STATUS in pipeline.subscriptions:
+            pipeline.publish(topics.PIPELINE_STATUS, heartbeat)
         client.send_multipart(envelope.encode(request))  # queued until the relay has bound
         assert client.poll(20_000), "relay did not answer"
         reply = envelope.decode(client.recv_multipart(), SubmitResponse)
-        if reply.error_code != "no_ingestor" or time.monotonic() > deadline:
+        waiting = reply.error_code in ("no_ingestor", "pipeline_unavailable")
+        if not waiting or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert (reply.status, reply.request_id) == (Status.OK, "cli-1")

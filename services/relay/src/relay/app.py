@@ -11,6 +11,8 @@
                                      '-> FeedStatus -> LiveFeeds -> tap -> {ticker}|status
     ingestors SUB -> XPUB :5555/:5560 subscriptions -> Ingestors (who serves which exchange)
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
+                      '<- SUB `PIPELINE:status` -> PipelineHeartbeats (pipeline_status.py):
+                          no fresh heartbeat = history submits and triggers refused
         '-> subscription tap (inproc XPUB the XSUB also feeds) -> LiveFeeds (live_feeds.py)
             |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
             |-> FeedStatus{REFUSED} on `{ticker}|status` (a period the pipeline does not serve)
@@ -36,7 +38,7 @@ from typing import Any, TypeAlias
 
 import zmq
 
-from mdproto import envelope
+from mdproto import envelope, topics
 from mdproto.errors import ProtocolError
 from mdproto.messages import DataResponse, FeedStatus, IngestorStatus
 from mdproto.runtime.metrics_http import Health, MetricsServer
@@ -47,6 +49,7 @@ from relay.ingestors import BadStatusError, Ingestors
 from relay.live_feeds import LiveFeeds
 from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
+from relay.pipeline_status import PipelineHeartbeats
 from relay.sockets import Endpoints, MarketDataProxy, ProxyStats, Socket, WakeupSocket
 from relay.triggers import LoggingTriggerSink, TriggerSink
 from relay.upstream import UpstreamLinks
@@ -102,6 +105,7 @@ class Relay:
             self._control = sockets.ingestor_xpub(ctx, s)
             self._market = sockets.market_xpub(ctx, s, keys)
             self._upstream = sockets.upstream_xsub(ctx, s)
+            self._heartbeat_sub = sockets.pipeline_status_sub(ctx, s, topics.PIPELINE_STATUS)
             # Monitors go on before any peer can connect (no event is missed) and
             # before the sockets move to the proxy thread.
             self._market_monitor: Socket = self._market.get_monitor_socket(
@@ -111,6 +115,7 @@ class Relay:
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
             )
             self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
+            self._pipeline = PipelineHeartbeats(s.pipeline_heartbeat_timeout_s, m, now)
             self._ingestors = Ingestors(
                 s, m, self._throttle, self._work, self._control,
                 clock=clock, wall_ms=wall_ms, wake=self._wakeup.wake,
@@ -122,7 +127,8 @@ class Relay:
             )  # fmt: skip
             self._requests = ClientRequests(
                 s, m, self._throttle, self._client, self._ingestors, self._live, self._sink,
-                symbols=self._symbols, wall_ms=wall_ms, new_id=new_id, bad_frame=self._bad_frame,
+                self._pipeline, symbols=self._symbols, wall_ms=wall_ms, new_id=new_id,
+                bad_frame=self._bad_frame,
             )  # fmt: skip
         except BaseException:
             ctx.destroy(linger=0)
@@ -146,6 +152,8 @@ class Relay:
             )
             for upstream in self._links.endpoints:
                 self._upstream.connect(upstream)
+                if self._pipeline.watch.enabled:  # else no heartbeat subscription goes up
+                    self._heartbeat_sub.connect(upstream)
             self._proxy.start()
             start_sink = getattr(self._sink, "start", None)
             if start_sink is not None:
@@ -225,7 +233,7 @@ class Relay:
         loop_age = self._clock() - self._loop_beat
         proxy_alive = self._proxy.alive
         m = self.metrics
-        details = {
+        details: dict[str, Any] = {
             "proxy_alive": proxy_alive,
             "loop_age_s": round(loop_age, 3),
             "upstream_connected": bool(m.sample("relay_upstream_connected")),
@@ -233,6 +241,11 @@ class Relay:
             "live_tickers": int(m.sample("relay_live_tickers")),
             "legacy_pending": int(m.sample("relay_legacy_pending")),
         }
+        if self._pipeline.watch.enabled:  # informative: the relay itself is fine without it
+            details["pipeline_serving"] = {
+                work.value: serving
+                for work, serving in self._pipeline.watch.serving(self._clock()).items()
+            }
         zap_ok = self._auth is None or self._auth.alive  # dead ZAP: every handshake stalls
         if self._auth is not None:
             details["zap_alive"] = zap_ok
@@ -251,6 +264,7 @@ class Relay:
             self._control: self._ingestors.on_control_subscription,
             self._upstream_monitor: self._on_upstream_event,
             self._market_monitor: self._on_market_event,
+            self._heartbeat_sub: self._on_pipeline_status,
         }
         poller = zmq.Poller()
         for sock in handlers:
@@ -273,6 +287,7 @@ class Relay:
             if now >= next_stats:
                 self._live.sync_trigger_tickers(now)
                 self._ingestors.refresh_routing(now)
+                self._pipeline.refresh(now)
             if now >= next_stats and self._proxy.alive:
                 self._proxy.request_stats()
                 next_stats = now + self._s.stats_interval_s
@@ -316,6 +331,12 @@ class Relay:
             self._bad_frame("ingestor", exc, now)
         except BadStatusError as exc:
             self._bad_frame("ingestor", ProtocolError("bad_status", str(exc)), now)
+
+    def _on_pipeline_status(self, frames: list[bytes], now: float) -> None:
+        try:
+            self._pipeline.on_frames(frames, now)
+        except ProtocolError as exc:
+            self._bad_frame("pipeline", exc, now)
 
     def _on_work_subscription(self, frames: list[bytes], now: float) -> None:
         joined = self._ingestors.on_work_subscription(frames)

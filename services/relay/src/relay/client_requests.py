@@ -1,8 +1,10 @@
 """Client requests on the ROUTER :5559: every one gets exactly one reply.
 
     frames -> rate limit (TokenBuckets) -> decode -> rules (check_*) -> symbols
-        SubmitHistoricalRequest -> no ingestor? refused : DataRequest{HISTORICAL} -> SubmitResponse
-        CEPTriggerRequest -> TriggerSink (store, cancel, list) -> CEPTriggerAck
+        SubmitHistoricalRequest -> no pipeline or no ingestor? refused
+            : DataRequest{HISTORICAL} -> SubmitResponse
+        CEPTriggerRequest -> no pipeline? REGISTER refused
+            : TriggerSink (store, cancel, list) -> CEPTriggerAck
         OHLCRequest (legacy) -> pending map (legacy.py) + DataRequest{legacy_sync};
             the Response follows when the ingestor's DataResponse arrives, or TIMEOUT
 
@@ -50,6 +52,7 @@ from relay.ingestors import Ingestors
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
 from relay.live_feeds import LiveFeeds
 from relay.metrics import RelayMetrics
+from relay.pipeline_status import Part, PipelineHeartbeats
 from relay.sockets import Socket
 from relay.triggers import TriggerSink, TriggerSinkError
 
@@ -73,6 +76,7 @@ class ClientRequests:
         ingestors: Ingestors,
         live: LiveFeeds,
         sink: TriggerSink,
+        pipeline: PipelineHeartbeats,
         *,
         symbols: SymbolCheck | None,
         wall_ms: Callable[[], int],
@@ -86,6 +90,7 @@ class ClientRequests:
         self._ingestors = ingestors
         self._live = live
         self._sink = sink
+        self._pipeline = pipeline
         self._symbols = symbols
         self._wall_ms = wall_ms
         self._new_id = new_id
@@ -157,8 +162,11 @@ class ClientRequests:
                 "submit", req.request_id, outcome.reply.error_code, outcome.reply.reason, now
             )
             return outcome.reply
-        unserved = self._ingestors.unserved(outcome.work.topic, now)
-        if unserved is not None:  # refused now, not an OK followed by minutes of silence
+        # Refused now, not an OK followed by minutes of silence: nothing would answer.
+        unserved = self._pipeline.refusal(Part.HISTORY, now) or self._ingestors.unserved(
+            outcome.work.topic, now
+        )
+        if unserved is not None:
             self._rejected("submit", req.request_id, unserved.error_code, unserved.reason, now)
             return SubmitResponse(
                 request_id=outcome.reply.request_id,
@@ -179,6 +187,16 @@ class ClientRequests:
                 "cep", req.trigger_id, outcome.reply.error_code, outcome.reply.reason, now
             )
             return outcome.reply
+        if req.action == CEPTriggerRequest.REGISTER:  # CANCEL and LIST need no pipeline
+            refused = self._pipeline.refusal(Part.TRIGGERS, now)
+            if refused is not None:
+                self._rejected("cep", req.trigger_id, refused.error_code, refused.reason, now)
+                return CEPTriggerAck(
+                    trigger_id=req.trigger_id,
+                    status=Status.REJECTED,
+                    reason=refused.reason,
+                    error_code=refused.error_code,
+                )
         try:
             if req.action == CEPTriggerRequest.LIST:
                 listed = self._sink.list(req.client_id, self._wall_ms())

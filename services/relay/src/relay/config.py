@@ -133,6 +133,10 @@ class RelaySettings(runtime.FileSettings):
     upstream_curve_secret_key_file: str = ""
     upstream_curve_server_key_file: str = ""
     stats_interval_s: float = Field(default=1.0, gt=0)  # proxy STATISTICS poll
+    # History submits and trigger registrations are refused `pipeline_unavailable` when
+    # no PipelineStatus heartbeat came from upstream for this long (docs/protocol.md,
+    # "Pipeline liveness"); 0 accepts them without one.
+    pipeline_heartbeat_timeout_s: float = Field(default=5.0, ge=0)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     # CURVE on the client sockets :5558/:5559 (relay/curve.py, docs/protocol.md "Security"):
     # on when curve_secret_key_file is set; then curve_client_keys_dir is the allow-list.
@@ -224,10 +228,13 @@ class RelaySettings(runtime.FileSettings):
 
     @classmethod
     def loopback(cls, upstream: str, **overrides: Any) -> RelaySettings:
-        """Every ZeroMQ port ephemeral on 127.0.0.1, metrics off: tests and benchmarks."""
+        """Every ZeroMQ port ephemeral on 127.0.0.1, metrics off: tests and benchmarks.
+
+        No pipeline heartbeat is required unless `pipeline_heartbeat_timeout_s` is
+        passed: most such relays face a fake pipeline or none."""
         ports = {name: 0 for name in cls.model_fields if name.endswith("_port")}
         address = {"bind_address": "tcp://127.0.0.1", "flink_market_data_endpoint": upstream}
-        return cls(**{**address, **ports, **overrides})
+        return cls(**{**address, **ports, "pipeline_heartbeat_timeout_s": 0, **overrides})
 
     def endpoint(self, port: int) -> str:
         """Bind endpoint for one of the relay's ports (0 = ephemeral)."""

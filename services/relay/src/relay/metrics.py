@@ -146,6 +146,16 @@ class RelayMetrics:
             "Upstreams (pipeline, parent relays) the XSUB is connected to",
             registry=r,
         )
+        self.pipeline_serving = Gauge(
+            "relay_pipeline_serving",
+            "1 while the pipeline's heartbeat is fresh and says it serves this kind of work "
+            "(history, triggers); else such requests are refused pipeline_unavailable",
+            ["work"],
+            registry=r,
+        )
+        self.pipeline_heartbeats = Counter(
+            "relay_pipeline_heartbeats", "PipelineStatus heartbeats received", registry=r
+        )
         self.upstream_disconnects = Counter(
             "relay_upstream_disconnects", "Times the pipeline connection was lost", registry=r
         )

@@ -8,6 +8,7 @@
 | 5560 | XPUB bind (verbose subs) | ingestors' SUB: control |
 | 5558 | XPUB bind | clients' SUB: market data fan-out |
 | 5557 | XSUB connect | pipeline PUB |
+| 5557 | SUB connect | pipeline PUB: its heartbeat only |
 
 The client sockets (:5559, :5558) take CURVE server options when the relay has
 keys (relay/curve.py); they are set here, before bind and before the XPUB moves
@@ -134,6 +135,19 @@ def upstream_xsub(ctx: Context, s: RelaySettings) -> Socket:
     if s.upstream_curve_secret_key_file:  # parent relays with CURVE on their :5558
         curve.apply_client(sock, s.upstream_curve_secret_key_file, s.upstream_curve_server_key_file)
     return sock  # the caller attaches its monitor, then connects
+
+
+def pipeline_status_sub(ctx: Context, s: RelaySettings, topic: str) -> Socket:
+    """SUB -> the same upstreams as the XSUB, for the pipeline's heartbeat alone
+    (relay/pipeline_status.py): the proxy thread keeps the data path out of Python."""
+    sock = ctx.socket(zmq.SUB)
+    _common(sock, s)
+    sock.setsockopt(zmq.RECONNECT_IVL, s.upstream_reconnect_ivl_ms)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, s.upstream_reconnect_ivl_max_ms)
+    if s.upstream_curve_secret_key_file:
+        curve.apply_client(sock, s.upstream_curve_secret_key_file, s.upstream_curve_server_key_file)
+    sock.subscribe(topic.encode())
+    return sock  # the caller connects it
 
 
 # Plain ints: pyzmq's send_multipart/recv_multipart do enum arithmetic per frame,

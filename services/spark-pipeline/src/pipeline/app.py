@@ -1,6 +1,7 @@
 """Wiring, in the order of the README's flow diagram.
 
 preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, live engine
+-> heartbeat thread: PipelineStatus on PIPELINE:status every second (relays refuse without it)
 -> SparkSession (jars, Iceberg REST catalog)  ->  create namespace/tables
 -> history query: market.ohlc.batches -> write ohlc -> record requests -> PUB notification
 -> live: market.ticks -> live engine (in the PUB process) -> PUB Tick, OHLC closed=false/true
@@ -29,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.config import Settings
+from pipeline.heartbeat import Heartbeat, QueryState
 from pipeline.lake import Lake, TableNames
 from pipeline.progress import ProgressLogger
 from pipeline.pub_server import Publisher, PubServer
@@ -61,6 +63,7 @@ class Pipeline:
         self.registry: CollectorRegistry | None = None
         self.restarts_total: Counter | None = None
         self.upkeep: upkeep.Upkeep | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -70,6 +73,13 @@ class Pipeline:
         endpoint = self.pub_server.start()
         publisher = self.publisher = Publisher(self.pub_server.pull_endpoint, endpoint)
         log.info("PUB bound on %s", endpoint)
+        self.heartbeat = Heartbeat(
+            publisher.publish,
+            self._history_state,
+            cep_enabled=settings.cep.enabled,
+            interval_s=settings.heartbeat_s,
+        )
+        self.heartbeat.start()
         spark = self.spark = session.build_session(settings)
         crash = faults.armed(session.jvm_pid(spark))  # None in production: a test hook
         spark.streams.addListener(ProgressLogger())
@@ -117,6 +127,15 @@ class Pipeline:
             name="pipeline-metrics",
         )
         self.metrics_server.start()
+
+    def _history_state(self) -> QueryState:
+        """Asks the JVM (heartbeat thread): a hung JVM blocks the call, and so the beat."""
+        if not self.settings.history.enabled:
+            return QueryState.DISABLED
+        query = self.queries.get(history.QUERY_NAME)
+        if query is None:
+            return QueryState.STARTING
+        return QueryState.RUNNING if query.isActive else QueryState.RESTARTING
 
     def _queries_active(self) -> dict[str, bool]:
         return {name: bool(q.isActive) for name, q in dict(self.queries).items()}
@@ -182,6 +201,9 @@ class Pipeline:
         log.info("query %s restarted from its checkpoint", name)
 
     def stop(self) -> None:
+        if self.heartbeat is not None:  # relays refuse new work from here on
+            self.heartbeat.stop()
+            self.heartbeat = None
         if self.upkeep is not None:
             self.upkeep.stop()  # lets a running procedure call finish
             self.upkeep = None

@@ -224,6 +224,9 @@ class Settings(runtime.FileSettings):
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.
     pub_endpoint: str = f"tcp://*:{contracts.PIPELINE_PUB_PORT}"
     pub_sndhwm: int = Field(default=100_000, ge=0)
+    #: PipelineStatus on PIPELINE:status this often; relays refuse history and triggers
+    #: after a few seconds without one (docs/protocol.md "Pipeline liveness").
+    heartbeat_s: float = Field(default=1.0, gt=0)
     #: If set, a JSON file written once every query runs (bound PUB endpoint, query ids).
     ready_file: str | None = None
     metrics_host: str = "127.0.0.1"
