@@ -73,6 +73,7 @@ def test_websocket_serves_live_ticks_and_candles_on_exact_topics(gateway: str) -
 
     frames, refused, unsupported, gone = asyncio.run(scenario())
     assert refused["error_code"] == "bad_topic"
+    assert refused["topic"] in (f"{TICKER}|ohlc:", "BINANCE:")  # the refused op's topic
     assert unsupported["error_code"] == "unsupported_period", unsupported
     assert gone["topic"] == TICK
     messages = [f for f in frames if f["type"] == "message"]
@@ -82,11 +83,12 @@ def test_websocket_serves_live_ticks_and_candles_on_exact_topics(gateway: str) -
         assert data["ticker"] == TICKER
         if frame["topic"] == TICK:
             assert frame["message_type"] == "Tick" and data["price"] > 0
-            assert isinstance(data["timestamp_ms"], int) and data["side"] in ("BUY", "SELL")
+            assert data["timestamp_ms"].isdigit() and data["side"] in ("BUY", "SELL")
         else:
             assert frame["message_type"] == "OHLC" and data["period_seconds"] == 60
             assert data["low"] <= data["open"] <= data["high"]
-            assert data["open_time_ms"] % 60_000 == 0
+            assert int(data["open_time_ms"]) % 60_000 == 0
+        assert data["sequence"].isdigit() and data["publisher_epoch"].isdigit()  # exact strings
 
 
 def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> None:
@@ -115,20 +117,25 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
                 status = await resp.json()
             async with http.get(f"{gateway}/status/never-submitted-0") as resp:
                 pending = await resp.json()
+            async with http.get(f"{gateway}/status/bad%20id!") as resp:
+                malformed = (resp.status, (await resp.json())["error_code"])
             bad = {**body, "ticker": "btc-usdt"}
             async with http.post(f"{gateway}/history", json=bad) as resp:
                 rejected = (resp.status, await resp.json())
-            return as_json, arrow, arrow_headers, parquet, status, pending, rejected
+            return as_json, arrow, arrow_headers, parquet, status, pending, malformed, rejected
 
-    as_json, arrow, arrow_headers, parquet, status, pending, rejected = asyncio.run(scenario())
+    as_json, arrow, arrow_headers, parquet, status, pending, malformed, rejected = asyncio.run(
+        scenario()
+    )
     candles = as_json["candles"]
     assert as_json["status"] == "OK" and len(candles) >= 100  # ~120 one-minute candles
-    times = [c["open_time_ms"] for c in candles]
+    times = [int(c["open_time_ms"]) for c in candles]  # 64-bit integers: decimal strings
     assert times == sorted(times) and all(t % 60_000 == 0 for t in times)
     report = as_json["integrity"]
-    assert report["expected_candles"] >= len(candles)
-    assert report["missing_candles"] == 0 and report["source"].startswith("SOURCE_")
-    assert report["row_count"] == len(candles)
+    assert int(report["expected_candles"]) >= len(candles)
+    assert report["missing_candles"] == "0" and report["source"].startswith("SOURCE_")
+    assert report["row_count"] == str(len(candles))
+    assert as_json["snapshot_id"].isdigit()
     table = pa.ipc.open_stream(arrow).read_all()
     assert table.num_rows == int(arrow_headers["X-Row-Count"])
     assert arrow_headers["X-Missing-Candles"] == "0"
@@ -136,5 +143,7 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
     assert from_parquet.column("close").to_pylist() == table.column("close").to_pylist()
     assert table.num_rows == len(candles)
     assert status["state"] == "OK" and status["notification"]["request_id"] == as_json["request_id"]
+    assert status["notification"]["snapshot_id"] == as_json["snapshot_id"]
     assert pending == {"request_id": "never-submitted-0", "state": "PENDING", "notification": None}
+    assert malformed == (400, "bad_id")  # can never exist: not PENDING
     assert rejected[0] == 400 and rejected[1]["error_code"]

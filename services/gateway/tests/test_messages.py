@@ -73,20 +73,20 @@ def test_prefixes_and_junk_are_refused_as_bad_topic(text: object) -> None:
 def test_ops_parse_or_say_why() -> None:
     op = parse_op('{"op": "subscribe", "topic": "CEP:t1"}')
     assert (op.op, op.topic.name) == ("subscribe", "CEP:t1")
-    for bad, code in [
-        ("nope", "bad_request"),
-        ("[1]", "bad_request"),
-        ('{"op": "publish", "topic": "CEP:t1"}', "bad_request"),
-        ('{"op": "subscribe"}', "bad_request"),  # no topic: a malformed frame
-        ('{"op": "subscribe", "topic": null}', "bad_topic"),
-        ('{"op": "unsubscribe", "topic": "CEP:"}', "bad_topic"),
+    for bad, code, topic in [
+        ("nope", "bad_request", None),
+        ("[1]", "bad_request", None),
+        ('{"op": "publish", "topic": "CEP:t1"}', "bad_request", "CEP:t1"),
+        ('{"op": "subscribe"}', "bad_request", None),  # no topic: a malformed frame
+        ('{"op": "subscribe", "topic": null}', "bad_topic", None),
+        ('{"op": "unsubscribe", "topic": "CEP:"}', "bad_topic", "CEP:"),
     ]:
         with pytest.raises(GatewayError) as info:
             parse_op(bad)
-        assert info.value.error_code == code
+        assert (info.value.error_code, info.value.topic) == (code, topic)
 
 
-def test_messages_become_plain_json_with_numbers_enums_and_nulls() -> None:
+def test_messages_become_plain_json_with_64_bit_strings_enums_and_nulls() -> None:
     candle = OHLC(
         ticker=T,
         period_seconds=60,
@@ -98,8 +98,10 @@ def test_messages_become_plain_json_with_numbers_enums_and_nulls() -> None:
     )
     data = json.loads(message_frame(f"{T}|ohlc:60", candle))
     assert data["type"] == "message" and data["message_type"] == "OHLC"
-    assert data["data"]["open_time_ms"] == 1_795_132_800_000  # a number, not "1795..."
-    assert data["data"]["publisher_epoch"] == 1_795_132_800_000_123
+    # int64/uint64 as decimal strings (exact in JavaScript), 32-bit ints as numbers
+    assert data["data"]["open_time_ms"] == "1795132800000"
+    assert data["data"]["publisher_epoch"] == "1795132800000123"
+    assert data["data"]["sequence"] == "7" and data["data"]["period_seconds"] == 60
     assert data["data"]["trade_count"] is None  # proto3 optional, not reported
     assert data["data"]["closed"] is True and data["data"]["volume"] == 0.0
     tick = to_dict(Tick(ticker=T, side=TakerSide.SELL, trade_id="9"))
@@ -138,10 +140,10 @@ def test_integrity_report_comes_from_the_notification() -> None:
         source=HistorySource.SOURCE_STORAGE,
     )
     assert integrity(note) == {
-        "expected_candles": 10,
-        "missing_candles": 1,
-        "exchange_gaps": 2,
+        "expected_candles": "10",
+        "missing_candles": "1",
+        "exchange_gaps": "2",
         "source": "SOURCE_STORAGE",
-        "row_count": 7,
+        "row_count": "7",
     }
     assert integrity(None) == {}

@@ -8,13 +8,28 @@ from typing import Any
 
 import jsonschema
 import pytest
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from gateway.app import encode_history
-from gateway.messages import control_frame, dumps, error_frame, message_frame
+from gateway.messages import (
+    control_frame,
+    dumps,
+    error_frame,
+    message_frame,
+    notification_dict,
+    to_dict,
+)
 from mdclient import HistoryResult
 from mdclient.frames import candles_from_ohlc
-from mdproto.messages import OHLC, FeedStatus, HistoryReadyNotification, Tick
+from mdproto.messages import (
+    OHLC,
+    CEPTriggerEvent,
+    FeedStatus,
+    HistoryReadyNotification,
+    Tick,
+)
 
+BIG = 520810068597018615  # above 2**53, like real Iceberg snapshot ids
 SCHEMA = json.loads(
     (Path(__file__).parents[3] / "docs" / "gateway-messages.schema.json").read_text()
 )
@@ -43,16 +58,20 @@ def test_server_frames_match_the_schema() -> None:
         message_frame(f"{T}|ohlc:60", candle),
         message_frame(f"{T}|tick", Tick(ticker=T, trade_id="1", price=2.0, timestamp_ms=5)),
         message_frame(f"{T}|status", FeedStatus(ticker=T, state=FeedStatus.LOST)),
-        message_frame("RESPONSE:c1", HistoryReadyNotification(request_id="r")),
+        message_frame("RESPONSE:c1", HistoryReadyNotification(request_id="r", snapshot_id=BIG)),
+        message_frame("CEP:t1", CEPTriggerEvent(trigger_id="t1", values={"price": 2.0})),
         control_frame("subscribed", f"{T}|tick"),
-        control_frame("sequence", f"{T}|tick", kind="gap", missed=3, candles=0, reason=""),
-        control_frame("feed_status", f"{T}|tick", data={"state": "STARTED"}),
+        control_frame("sequence", f"{T}|tick", kind="gap", missed="3", candles=0, reason=""),
+        control_frame("feed_status", f"{T}|tick", data=to_dict(FeedStatus(state=FeedStatus.LOST))),
         error_frame("bad_request", "a frame must be one JSON object"),
+        error_frame("bad_topic", "not an exact topic", "BINANCE:"),
         error_frame("unsupported_period", "served: 60, 300, 3600", f"{T}|ohlc:6"),
         dumps({"type": "dropped", "count": 2}),
     ]
     for frame in frames:
         check("server_frame", json.loads(frame))
+    with pytest.raises(jsonschema.ValidationError):  # 64-bit integers are strings
+        check("server_frame", {**json.loads(frames[0]), "data": {**to_dict(candle), "sequence": 1}})
     check("client_op", {"op": "subscribe", "topic": "HISTORY_READY:abc"})
     with pytest.raises(jsonschema.ValidationError):
         check("client_op", {"op": "subscribe", "topic": f"{T}|ohlc:"})
@@ -76,8 +95,49 @@ def test_history_answer_matches_the_schema() -> None:
     note = HistoryReadyNotification(
         request_id="r", ticker=T, period_seconds=60, row_count=3, expected_candles=3
     )
-    result = HistoryResult(candles_from_ohlc(rows), "OK", "r", 1, 0.5, 7, 3, note)
+    result = HistoryResult(candles_from_ohlc(rows), "OK", "r", 1, 0.5, BIG, 3, note)
     body = json.loads(encode_history(result, "json"))
     check("history_response", body)
-    assert [c["open_time_ms"] for c in body["candles"]] == [0, 60_000, 120_000]
+    assert body["snapshot_id"] == str(BIG)
+    assert [c["open_time_ms"] for c in body["candles"]] == ["0", "60000", "120000"]
     assert body["candles"][0]["trade_count"] is None
+
+
+#: Schema definitions of the platform messages the gateway forwards.
+MESSAGE_DEFS = {
+    "ohlc": OHLC.DESCRIPTOR,
+    "tick": Tick.DESCRIPTOR,
+    "feed_status_data": FeedStatus.DESCRIPTOR,
+    "history_ready_notification": HistoryReadyNotification.DESCRIPTOR,
+    "cep_trigger_event": CEPTriggerEvent.DESCRIPTOR,
+}
+_INT64 = {FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64}
+
+
+@pytest.mark.parametrize("definition", sorted(MESSAGE_DEFS))
+def test_the_schema_lists_every_field_and_every_64_bit_integer_as_a_string(
+    definition: str,
+) -> None:
+    descriptor: Descriptor = MESSAGE_DEFS[definition]
+    schema = SCHEMA["$defs"][definition]
+    names = [f.name for f in descriptor.fields]
+    assert sorted(schema["properties"]) == sorted(names)
+    assert sorted(schema["required"]) == sorted(names)  # every field is sent
+    strings = {"#/$defs/int64", "#/$defs/nullable_int64"}
+    as_strings = {name for name, p in schema["properties"].items() if p.get("$ref") in strings}
+    assert as_strings == {f.name for f in descriptor.fields if f.cpp_type in _INT64}
+
+
+def test_status_and_error_notifications_match_the_schema() -> None:
+    published = HistoryReadyNotification(
+        request_id="r", snapshot_id=BIG, sequence=1, publisher_epoch=2**63
+    )
+    recorded = HistoryReadyNotification(request_id="r", snapshot_id=BIG)  # market.requests
+    check("http_error", {"error_code": "x", "reason": "y", "notification": to_dict(published)})
+    for note in (published, recorded):
+        body = {"request_id": "r", "state": "OK", "notification": notification_dict(note)}
+        check("status_response", body)
+    check("status_response", {"request_id": "r", "state": "PENDING", "notification": None})
+    assert notification_dict(published)["sequence"] == "1"
+    assert notification_dict(recorded)["sequence"] is None
+    check("http_error", {"error_code": "bad_id", "reason": "'bad id!': an id is ..."})

@@ -34,6 +34,7 @@ from mdclient import (
     RequestTimeout,
     SubmitRejected,
 )
+from mdproto import rules, topics
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
             try:
                 op = messages.parse_op(frame.data)
             except GatewayError as exc:
-                session.push(messages.error_frame(exc.error_code, exc.reason))
+                session.push(messages.error_frame(exc.error_code, exc.reason, exc.topic))
                 continue
             if op.op == "subscribe":
                 # Not awaited inline: a slow upstream subscribe must not hold the others.
@@ -146,7 +147,7 @@ def _sdk_error(exc: MdClientError) -> web.Response:
     extra: dict[str, Any] = {"request_id": exc.request_id}
     note = getattr(exc, "notification", None)
     if note is not None:
-        extra["notification"] = messages.to_dict(note)
+        extra["notification"] = messages.notification_dict(note)
     return error_response(status, exc.error_code or type(exc).__name__, exc.reason, **extra)
 
 
@@ -158,7 +159,8 @@ def history_headers(result: HistoryResult) -> dict[str, str]:
 
 
 def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
-    """Rows as JSON (open_time in epoch ms), an Arrow IPC stream, or Parquet."""
+    """Rows as JSON (open_time in epoch ms; 64-bit integers as decimal strings, like
+    the OHLC messages), an Arrow IPC stream, or Parquet."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -173,11 +175,16 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
         pq.write_table(table, sink)
         return sink.getvalue()
     times = table.column("open_time").cast(pa.int64()).to_pylist()
-    columns = ("open", "high", "low", "close", "volume", "trade_count")
+    counts = table.column("trade_count").to_pylist()
+    columns = ("open", "high", "low", "close", "volume")
     values = [table.column(name).to_pylist() for name in columns]
     candles = [
-        {"open_time_ms": t // 1000, **dict(zip(columns, row, strict=True))}
-        for t, *row in zip(times, *values, strict=True)
+        {
+            "open_time_ms": str(t // 1000),
+            **dict(zip(columns, row, strict=True)),
+            "trade_count": messages.int64(n),
+        }
+        for t, n, *row in zip(times, counts, *values, strict=True)
     ]
     note = result.notification
     return messages.dumps(
@@ -188,7 +195,7 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
             "period_seconds": note.period_seconds if note is not None else 0,
             "attempts": result.attempts,
             "elapsed_s": round(result.elapsed_s, 3),
-            "snapshot_id": result.snapshot_id,
+            "snapshot_id": messages.int64(result.snapshot_id),
             "integrity": messages.integrity(note),
             "candles": candles,
         }
@@ -197,6 +204,8 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
 
 async def status(request: web.Request) -> web.Response:
     request_id = request.match_info["request_id"]
+    if not topics.is_valid_id(request_id):  # could never be recorded: not PENDING
+        return error_response(400, rules.BAD_ID, f"{request_id!r}: an id is {messages.ID_RULE}")
     loop = asyncio.get_running_loop()
     try:
         answer = await loop.run_in_executor(
@@ -209,7 +218,7 @@ async def status(request: web.Request) -> web.Response:
         {
             "request_id": answer.request_id,
             "state": answer.state,
-            "notification": messages.to_dict(note) if note is not None else None,
+            "notification": messages.notification_dict(note) if note is not None else None,
         },
         dumps=messages.dumps,
     )

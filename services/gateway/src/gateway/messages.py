@@ -13,14 +13,18 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, topics
+from mdproto.messages import HistoryReadyNotification
 
 TopicKind = Literal["tick", "ohlc", "status", "response", "history_ready", "cep"]
 #: Kinds whose latest message a late subscriber gets at once (state, not events),
 #: like the pipeline's last-value cache (docs/protocol.md).
 LAST_VALUE_KINDS: frozenset[TopicKind] = frozenset({"tick", "ohlc", "status"})
+#: What mdproto.topics.is_valid_id accepts, for reasons sent to clients.
+ID_RULE = "1-128 characters of [A-Za-z0-9_.-]"
 _ID_PREFIXES: tuple[tuple[str, TopicKind], ...] = (
     (topics.RESPONSE_PREFIX, "response"),
     (topics.HISTORY_READY_PREFIX, "history_ready"),
@@ -29,12 +33,17 @@ _ID_PREFIXES: tuple[tuple[str, TopicKind], ...] = (
 
 
 class GatewayError(Exception):
-    """A refusal with a machine-readable code, sent to the client as `error`."""
+    """A refusal with a machine-readable code, sent to the client as `error`.
 
-    def __init__(self, error_code: str, reason: str) -> None:
+    `topic`: the topic the refused op named, as sent, so a client can tell which of
+    its ops was refused (None when the frame named no topic string).
+    """
+
+    def __init__(self, error_code: str, reason: str, topic: str | None = None) -> None:
         super().__init__(reason)
         self.error_code = error_code
         self.reason = reason
+        self.topic = topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +68,7 @@ def parse_topic(text: object) -> Topic:
     for prefix, kind in _ID_PREFIXES:
         if text.startswith(prefix):
             if not topics.is_valid_id(text.removeprefix(prefix)):
-                raise GatewayError(
-                    "bad_topic", f"{text!r}: the id must be 1-128 characters of [A-Za-z0-9_.-]"
-                )
+                raise GatewayError("bad_topic", f"{text!r}: the id must be {ID_RULE}")
             return Topic(text, kind)
     ticker, _, rest = text.partition("|")
     market = topics.parse_market_topic(text)
@@ -87,27 +94,42 @@ class Op:
 
 
 def parse_op(text: str | bytes) -> Op:
-    """A client frame as an operation, or GatewayError (`bad_request`, `bad_topic`)."""
+    """A client frame as an operation, or GatewayError (`bad_request`, `bad_topic`)
+    carrying the frame's topic when it named one (a string)."""
     try:
         data = json.loads(text)
     except ValueError:
         raise GatewayError("bad_request", "a frame must be one JSON object") from None
     if not isinstance(data, dict):
         raise GatewayError("bad_request", "a frame must be one JSON object")
-    op = data.get("op")
+    op, topic = data.get("op"), data.get("topic")
+    sent = topic if isinstance(topic, str) else None
     if op not in ("subscribe", "unsubscribe"):
-        raise GatewayError("bad_request", f"op must be subscribe or unsubscribe, not {op!r}")
+        raise GatewayError("bad_request", f"op must be subscribe or unsubscribe, not {op!r}", sent)
     if "topic" not in data:  # a malformed frame; a topic that is no exact topic is bad_topic
         raise GatewayError("bad_request", f"a {op} frame needs a topic")
-    return Op(op, parse_topic(data["topic"]))
+    try:
+        return Op(op, parse_topic(topic))
+    except GatewayError as exc:
+        exc.topic = sent
+        raise
+
+
+_INT64_TYPES = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
+
+
+def int64(value: int | None) -> str | None:
+    """A 64-bit integer as JSON sends it: a decimal string, exact in every language
+    (a JSON number above 2**53 is rounded by JavaScript; Iceberg snapshot ids are)."""
+    return None if value is None else str(value)
 
 
 def to_dict(message: Message) -> dict[str, Any]:
     """A protobuf message as plain JSON values, field names as in the .proto.
 
-    Unlike json_format's proto3 mapping, int64 stays a number (every time, id and
-    sequence here is below 2**53), every field is present, an unset optional field
-    (proto3 `optional`: "not reported") is null, and enums are their names.
+    64-bit integers (int64, uint64) are decimal strings, as in protobuf's JSON
+    mapping; unlike it, every field is present, an unset optional field (proto3
+    `optional`: "not reported") is null, and enums are their names.
     """
     out: dict[str, Any] = {}
     field: Any
@@ -132,7 +154,19 @@ def _plain(field: Any, value: Any, *, map_value: bool = False) -> Any:
     if field.enum_type is not None:
         names = field.enum_type.values_by_number
         return names[value].name if value in names else value
+    if field.cpp_type in _INT64_TYPES:
+        return str(value)
     return value
+
+
+def notification_dict(note: HistoryReadyNotification) -> dict[str, Any]:
+    """A HistoryReadyNotification as JSON; `sequence` and `publisher_epoch` null when it
+    was read from `market.requests` (epoch 0) rather than received: they stamp one
+    publication, and the table does not record them."""
+    data = to_dict(note)
+    if not note.publisher_epoch:
+        data["sequence"] = data["publisher_epoch"] = None
+    return data
 
 
 def dumps(data: dict[str, Any]) -> str:

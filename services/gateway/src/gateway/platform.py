@@ -13,7 +13,14 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from gateway.messages import GatewayError, HistoryParams, Topic, control_frame, message_frame
+from gateway.messages import (
+    GatewayError,
+    HistoryParams,
+    Topic,
+    control_frame,
+    int64,
+    message_frame,
+)
 from gateway.messages import to_dict as message_dict
 from mdclient import Client, HistoryResult, MdClientError, SequenceEvent
 from mdclient.live import feed_error
@@ -63,7 +70,7 @@ class SdkUpstream:
                     "sequence",
                     name,
                     kind=event.kind,
-                    missed=event.missed,
+                    missed=int64(event.missed),  # a difference of uint64 sequences
                     candles=event.candles,
                     reason=event.reason,
                 )

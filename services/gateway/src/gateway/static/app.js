@@ -35,8 +35,9 @@ const series = chart.addSeries(LightweightCharts.CandlestickSeries, {
 });
 const bars = new Map(); // open time (s) -> bar: the last message for a candle wins
 
+// 64-bit integers arrive as decimal strings (exact ids); times in ms fit a Number.
 function bar(c) {
-  return { time: Math.floor(c.open_time_ms / 1000), open: c.open, high: c.high, low: c.low, close: c.close };
+  return { time: Math.floor(Number(c.open_time_ms) / 1000), open: c.open, high: c.high, low: c.low, close: c.close };
 }
 
 function redraw() {
@@ -58,7 +59,7 @@ function liveCandle(data) {
 function trade(data) {
   state.trades += 1;
   const row = document.createElement("tr");
-  const time = new Date(data.timestamp_ms).toISOString().slice(11, 19);
+  const time = new Date(Number(data.timestamp_ms)).toISOString().slice(11, 19);
   for (const [text, cls] of [[time, ""], [data.side, data.side], [data.price, ""], [data.amount, ""]]) {
     const cell = document.createElement("td");
     cell.textContent = text;
@@ -84,7 +85,7 @@ function showReport(answer) {
   for (const cell of document.querySelectorAll("#report td")) {
     const value = report[cell.dataset.key];
     cell.textContent = value === undefined ? "-" : value;
-    cell.className = cell.dataset.key === "missing_candles" && value > 0 ? "bad" : "";
+    cell.className = cell.dataset.key === "missing_candles" && Number(value) > 0 ? "bad" : "";
   }
 }
 
