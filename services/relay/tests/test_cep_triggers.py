@@ -19,7 +19,7 @@ from mdproto.messages import (
 from relay import client_requests as v
 from relay.config import RelaySettings
 from relay.trigger_kafka import TriggerDirectory
-from relay.triggers import LoggingTriggerSink, TriggerSinkError
+from relay.triggers import NoTriggerStore, Stored, TriggerSinkError
 
 if TYPE_CHECKING:
     from conftest import RelayFactory
@@ -94,13 +94,18 @@ def test_list_needs_only_a_valid_client_id() -> None:
         assert (outcome.accepted, outcome.reply.error_code) == (False, code)
 
 
-def test_the_logging_sink_cannot_list() -> None:
-    with pytest.raises(TriggerSinkError, match="no trigger store"):
-        LoggingTriggerSink().list("c1", NOW)
-    assert LoggingTriggerSink().tickers() == set()
+def test_without_a_store_nothing_is_taken() -> None:
+    for call in (
+        lambda: NoTriggerStore().list("c1", NOW),
+        lambda: NoTriggerStore().submit(trigger(), lambda error: None),
+    ):
+        with pytest.raises(TriggerSinkError, match="no trigger store") as info:
+            call()
+        assert info.value.code == "no_trigger_store"
+    assert NoTriggerStore().tickers() == set()
 
 
-def test_trigger_store_settings_default_to_the_logging_sink() -> None:
+def test_trigger_store_settings_default_to_no_store() -> None:
     settings = RelaySettings()
     assert settings.kafka.bootstrap_servers == ""
     assert settings.kafka.topic_cep_triggers == "cep.triggers"
@@ -115,8 +120,9 @@ class DirectorySink:
     def __init__(self) -> None:
         self.directory = TriggerDirectory()
 
-    def submit(self, request: CEPTriggerRequest) -> None:
+    def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
         self.directory.apply(request.trigger_id, request)
+        stored(None)
 
     def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
         return self.directory.for_client(client_id, now_ms)
@@ -144,11 +150,15 @@ def test_list_answers_the_clients_triggers(make_relay: RelayFactory) -> None:
     assert [(t.trigger_id, t.ticker) for t in ack.triggers] == [("b", TICKER)]
 
 
-def test_list_without_a_store_is_an_error_ack(make_relay: RelayFactory) -> None:
-    relay = make_relay(sink=LoggingTriggerSink())
+def test_without_a_store_every_trigger_request_is_refused(make_relay: RelayFactory) -> None:
+    relay = make_relay(sink=NoTriggerStore())
+    client = relay.client()
     listing = CEPTriggerRequest(action=CEPTriggerRequest.LIST, client_id="c1")
-    ack = relay.request(relay.client(), listing, CEPTriggerAck)
-    assert (ack.status, ack.error_code) == (Status.ERROR, "sink_error")
+    cancel = CEPTriggerRequest(trigger_id="t1", action=CEPTriggerRequest.CANCEL)
+    for request in (trigger(), cancel, listing):
+        ack = relay.request(client, request, CEPTriggerAck)
+        assert (ack.status, ack.error_code) == (Status.REJECTED, "no_trigger_store")
+        assert "kafka.bootstrap_servers is empty" in ack.reason
     assert relay.sample("relay_trigger_sink_errors_total") == 0  # nothing failed to store
 
 

@@ -22,6 +22,7 @@ from mdproto.messages import (
     SubmitResponse,
 )
 from relay.pipeline_status import PIPELINE_UNAVAILABLE, Part, PipelineWatch
+from relay.triggers import Stored
 
 if TYPE_CHECKING:
     from conftest import FakePipeline, RelayFactory, RunningRelay
@@ -107,6 +108,22 @@ def register(trigger_id: str) -> CEPTriggerRequest:
     )
 
 
+class StoringSink:
+    """A trigger store that has every request at once."""
+
+    def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
+        stored(None)
+
+    def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
+        return []
+
+    def tickers(self) -> set[str]:
+        return set()
+
+    def close(self) -> None:
+        pass
+
+
 def heartbeat_reaches_relay(relay: RunningRelay, pipeline: FakePipeline, **fields: object) -> None:
     """Publish until the relay has counted one (its SUB may still be connecting)."""
     seen = relay.sample("relay_pipeline_heartbeats_total")
@@ -122,7 +139,7 @@ def heartbeat_reaches_relay(relay: RunningRelay, pipeline: FakePipeline, **field
 def test_submits_and_triggers_follow_the_heartbeat(
     make_relay: RelayFactory, pipeline: FakePipeline
 ) -> None:
-    relay = make_relay(pipeline_heartbeat_timeout_s=0.5)
+    relay = make_relay(sink=StoringSink(), pipeline_heartbeat_timeout_s=0.5)
     ingestor = relay.ingestor()
     client = relay.client()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import zmq
@@ -19,7 +20,7 @@ from mdproto.messages import (
     SubmitResponse,
     Tick,
 )
-from relay.triggers import TriggerSinkError
+from relay.triggers import Stored, TriggerSinkError
 
 if TYPE_CHECKING:
     from conftest import RelayFactory, RunningRelay
@@ -106,14 +107,23 @@ def test_invalid_submit_is_rejected_and_not_published(make_relay: RelayFactory) 
 
 
 class RecordingSink:
-    def __init__(self, fail: bool = False) -> None:
-        self.received: list[CEPTriggerRequest] = []
-        self.fail = fail
+    """Takes requests; answers them at once, or (`hold`) when the test says so, as the
+    Kafka sink does when the broker acknowledges."""
 
-    def submit(self, request: CEPTriggerRequest) -> None:
+    def __init__(self, fail: bool = False, hold: bool = False) -> None:
+        self.received: list[CEPTriggerRequest] = []
+        self.pending: list[Stored] = []
+        self.fail = fail
+        self.hold = hold
+
+    def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
         if self.fail:
             raise TriggerSinkError("trigger store unavailable")
         self.received.append(request)
+        if self.hold:
+            self.pending.append(stored)
+        else:
+            stored(None)
 
     def close(self) -> None:
         pass
@@ -150,6 +160,31 @@ def test_cep_sink_failure_is_an_error_ack(make_relay: RelayFactory) -> None:
     ack = relay.request(relay.client(), trigger(), CEPTriggerAck)
     assert (ack.status, ack.error_code) == (Status.ERROR, "sink_error")
     assert "unavailable" in ack.reason
+
+
+def test_a_trigger_is_acknowledged_only_once_the_store_has_it(make_relay: RelayFactory) -> None:
+    sink = RecordingSink(hold=True)
+    relay = make_relay(sink=sink)
+    client = relay.client()
+    client.send_multipart(envelope.encode(trigger(trigger_id="t1")))
+    relay.wait_until(lambda: len(sink.pending) == 1, what="the sink to get the trigger")
+    assert not client.poll(200), "acknowledged before the store had it"
+    sink.pending.pop()(None)  # the broker's delivery report, from the sink's thread
+    ack = envelope.decode(relay.recv(client), CEPTriggerAck)
+    assert (ack.status, ack.trigger_id) == (Status.OK, "t1")
+
+    # Not stored: an ERROR ack with the store's reason, counted, never an OK.
+    client.send_multipart(envelope.encode(trigger(trigger_id="t2")))
+    relay.wait_until(lambda: len(sink.pending) == 1, what="the sink to get the trigger")
+    threading.Thread(target=sink.pending.pop(), args=("Message timed out",)).start()
+    ack = envelope.decode(relay.recv(client), CEPTriggerAck)
+    assert (ack.status, ack.error_code, ack.reason) == (
+        Status.ERROR,
+        "sink_error",
+        "Message timed out",
+    )
+    assert relay.sample("relay_trigger_sink_errors_total") == 1
+    assert relay.sample("relay_requests_total", type="cep", outcome="accepted") == 1
 
 
 def test_undecodable_frames_get_an_error_response(relay: RunningRelay) -> None:

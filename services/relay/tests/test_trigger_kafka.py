@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import queue
 import time
 import uuid
 from typing import Any
 
 import pytest
 
+from infra.testing import free_port
 from mdproto import envelope
 from mdproto.messages import CEPCondition, CEPTriggerRequest
 from relay.trigger_kafka import KafkaTriggerSink, TriggerDirectory
-from relay.triggers import TriggerSinkError
+from relay.triggers import Stored, TriggerSinkError
 
 NOW = 1_700_000_000_000
 
@@ -58,7 +60,7 @@ def test_directory_reads_records_and_tombstones() -> None:
 def test_submit_before_start_is_a_sink_error() -> None:
     sink = KafkaTriggerSink("127.0.0.1:1", "cep.triggers")
     with pytest.raises(TriggerSinkError, match="not started"):
-        sink.submit(register("t1"))
+        sink.submit(register("t1"), lambda error: None)
 
 
 class _FullProducer:
@@ -73,7 +75,7 @@ def test_a_full_producer_queue_is_a_sink_error_not_a_crash() -> None:
     sink = KafkaTriggerSink("127.0.0.1:1", "cep.triggers")
     sink._producer = _FullProducer()
     with pytest.raises(TriggerSinkError, match="overloaded"):
-        sink.submit(register("t1"))
+        sink.submit(register("t1"), lambda error: None)
     assert sink.directory.get("t1") is None  # nothing stored, nothing listed
 
 
@@ -110,15 +112,24 @@ def test_records_reach_the_compacted_topic_keyed_by_trigger_id(local_stack: Any)
 
     bootstrap = local_stack.endpoints.kafka_bootstrap
     topic = f"cep.triggers.{uuid.uuid4().hex[:8]}"
-    errors: list[int] = []
-    sink = KafkaTriggerSink(bootstrap, topic, on_error=lambda: errors.append(1)).start()
+    stored: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
+    sink = KafkaTriggerSink(bootstrap, topic).start()
     try:
         started = time.perf_counter()
-        sink.submit(register("t1"))
-        sink.submit(register("t2", client_id="bob"))
-        sink.submit(cancel("t1"))
+
+        def report(trigger_id: str) -> Stored:
+            return lambda error: stored.put((trigger_id, error))
+
+        for request in (register("t1"), register("t2", client_id="bob"), cancel("t1")):
+            sink.submit(request, report(request.trigger_id))
         assert time.perf_counter() - started < 0.05  # never waits for the broker
-        assert [r.trigger_id for r in sink.list("alice", NOW)] == []  # read your writes
+        # Each is reported stored, in order, and listed by then (read your writes).
+        assert [stored.get(timeout=30) for _ in range(3)] == [
+            ("t1", None),
+            ("t2", None),
+            ("t1", None),
+        ]
+        assert [r.trigger_id for r in sink.list("alice", NOW)] == []
         assert [r.trigger_id for r in sink.list("bob", NOW)] == ["t2"]
         records = _read_topic(bootstrap, topic, 3)
     finally:
@@ -129,7 +140,7 @@ def test_records_reach_the_compacted_topic_keyed_by_trigger_id(local_stack: Any)
         (b"t1", CEPTriggerRequest.CANCEL),
         (b"t2", CEPTriggerRequest.REGISTER),
     ]
-    assert sink.delivered == 3 and errors == []
+    assert sink.delivered == 3 and sink.failed == 0
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
@@ -147,26 +158,43 @@ def test_records_reach_the_compacted_topic_keyed_by_trigger_id(local_stack: Any)
 
 
 @pytest.mark.stack
-def test_undeliverable_records_are_counted_without_blocking(local_stack: Any) -> None:
+def test_an_undeliverable_record_is_reported_not_stored_without_blocking(
+    local_stack: Any,
+) -> None:
     bootstrap = local_stack.endpoints.kafka_bootstrap
     topic = f"cep.triggers.{uuid.uuid4().hex[:8]}"
-    errors: list[int] = []
+    stored: queue.SimpleQueue[str | None] = queue.SimpleQueue()
     sink = KafkaTriggerSink(
         bootstrap,
         topic,
-        on_error=lambda: errors.append(1),
-        # The broker takes at most 1 MB records: this one is refused after the ack.
+        # The broker takes at most 1 MB records: this one is refused by the broker.
         producer_options={"message.max.bytes": 10_000_000},
     ).start()
     try:
         huge = register("big", client_id="x" * 8)
         huge.ticker = "BINANCE:" + "A" * 3_000_000 + "/USDT"
         started = time.perf_counter()
-        sink.submit(huge)
+        sink.submit(huge, stored.put)
         assert time.perf_counter() - started < 0.5
-        deadline = time.monotonic() + 30
-        while not errors and time.monotonic() < deadline:
-            time.sleep(0.05)
+        error = stored.get(timeout=30)
     finally:
         sink.close()
-    assert errors == [1] and sink.failed == 1
+    assert error is not None and error.startswith(f"not stored in Kafka topic {topic}: ")
+    assert sink.failed == 1 and sink.directory.get("big") is None  # never listed
+
+
+def test_a_broker_that_never_answers_fails_the_record_within_its_delivery_timeout() -> None:
+    sink = KafkaTriggerSink(
+        f"127.0.0.1:{free_port()}", "cep.triggers", delivery_timeout_s=1.0, timeout_s=0.5
+    )
+    stored: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    sink.start()
+    try:
+        started = time.monotonic()
+        sink.submit(register("t1"), stored.put)
+        error = stored.get(timeout=10)
+        took = time.monotonic() - started
+    finally:
+        sink.close()
+    assert error is not None and "timed out" in error.lower(), error
+    assert took < 5, took

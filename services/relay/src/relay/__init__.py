@@ -2,10 +2,10 @@
 
 from relay.app import Relay
 from relay.config import RelaySettings, load_settings
-from relay.triggers import LoggingTriggerSink, TriggerSink, TriggerSinkError
+from relay.triggers import NoTriggerStore, TriggerSink, TriggerSinkError
 
 __all__ = [
-    "LoggingTriggerSink",
+    "NoTriggerStore",
     "Relay",
     "RelaySettings",
     "TriggerSink",

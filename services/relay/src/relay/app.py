@@ -4,6 +4,7 @@
         |-> SubmitHistoricalRequest -> validation -> SubmitResponse at once
         |       '-> DataRequest{HISTORICAL}, topic "BINANCE:" -> Ingestors -> XPUB :5555
         |-> CEPTriggerRequest -> TriggerSink (Kafka cep.triggers; LIST answered from it)
+        |       '-> CEPTriggerAck OK once Kafka has it (the delivery wakes the loop)
         |       '-> tickers with triggers stay live (LiveFeeds pins them)
         '-> OHLCRequest -> pending map + DataRequest{legacy_sync} -> XPUB :5555
     ingestors DEALER -> ROUTER :5556 -> DataResponse -> ClientRequests: Response to the client
@@ -51,7 +52,7 @@ from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
 from relay.pipeline_status import PipelineHeartbeats
 from relay.sockets import Endpoints, MarketDataProxy, ProxyStats, Socket, WakeupSocket
-from relay.triggers import LoggingTriggerSink, TriggerSink
+from relay.triggers import NoTriggerStore, TriggerSink
 from relay.upstream import UpstreamLinks
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Relay:
         )
         self._clock = clock
         self.metrics = m = RelayMetrics()
-        self._sink: TriggerSink = trigger_sink or _default_sink(s, m)
+        self._sink: TriggerSink = trigger_sink or _default_sink(s)
         self.markets = _default_markets(s, m)  # market.markets reader; None without Kafka
         self._symbols = self.markets.check if self.markets is not None else None
         self._market_connections = 0
@@ -128,7 +129,7 @@ class Relay:
             self._requests = ClientRequests(
                 s, m, self._throttle, self._client, self._ingestors, self._live, self._sink,
                 self._pipeline, symbols=self._symbols, wall_ms=wall_ms, new_id=new_id,
-                bad_frame=self._bad_frame,
+                bad_frame=self._bad_frame, wake=self._wakeup.wake,
             )  # fmt: skip
         except BaseException:
             ctx.destroy(linger=0)
@@ -281,6 +282,7 @@ class Relay:
             if self._wakeup.fileno() in ready:
                 self._wakeup.drain()
                 self._ingestors.send_operator_controls()
+                self._requests.send_stored_triggers(self._clock())
             now = self._clock()
             self._requests.expire_legacy(now)
             self._live.due(now)
@@ -418,17 +420,16 @@ class Relay:
             )
 
 
-def _default_sink(settings: RelaySettings, metrics: RelayMetrics) -> TriggerSink:
-    """Kafka when configured (delivery failures counted), else the logging sink."""
+def _default_sink(settings: RelaySettings) -> TriggerSink:
+    """Kafka when configured, else a sink that refuses every trigger request."""
     k = settings.kafka
     if not k.bootstrap_servers:
-        return LoggingTriggerSink()
+        return NoTriggerStore()
     from relay.trigger_kafka import KafkaTriggerSink
 
     return KafkaTriggerSink(
         k.bootstrap_servers,
         k.topic_cep_triggers,
-        on_error=metrics.trigger_sink_errors.inc,
         partitions=k.topic_partitions,
         replication=k.replication_factor,
     )

@@ -4,7 +4,7 @@
         SubmitHistoricalRequest -> no pipeline or no ingestor? refused
             : DataRequest{HISTORICAL} -> SubmitResponse
         CEPTriggerRequest -> no pipeline? REGISTER refused
-            : TriggerSink (store, cancel, list) -> CEPTriggerAck
+            : TriggerSink (store, cancel, list) -> CEPTriggerAck (OK once stored)
         OHLCRequest (legacy) -> pending map (legacy.py) + DataRequest{legacy_sync};
             the Response follows when the ingestor's DataResponse arrives, or TIMEOUT
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import queue
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -54,13 +55,12 @@ from relay.live_feeds import LiveFeeds
 from relay.metrics import RelayMetrics
 from relay.pipeline_status import Part, PipelineHeartbeats
 from relay.sockets import Socket
-from relay.triggers import TriggerSink, TriggerSinkError
+from relay.triggers import SINK_ERROR, TriggerSink, TriggerSinkError
 
 log = logging.getLogger(__name__)
 
 RATE_LIMITED = "rate_limited"
 INTERNAL = "internal"
-SINK_ERROR = "sink_error"
 UNEXPECTED_TYPE = "unexpected_type"
 
 BadFrame = Callable[[str, ProtocolError, float], None]
@@ -82,6 +82,7 @@ class ClientRequests:
         wall_ms: Callable[[], int],
         new_id: Callable[[], str],
         bad_frame: BadFrame,
+        wake: Callable[[], None],
     ) -> None:
         s = self._s = settings
         self._metrics = m = metrics
@@ -95,6 +96,11 @@ class ClientRequests:
         self._wall_ms = wall_ms
         self._new_id = new_id
         self._bad_frame = bad_frame
+        self._wake = wake
+        # (route, request, ack, error) from the sink's thread; replies leave from the loop.
+        self._stored: queue.SimpleQueue[
+            tuple[list[bytes], CEPTriggerRequest, CEPTriggerAck, str | None]
+        ] = queue.SimpleQueue()
         # Label lookups cost more than the increment: bind the hot ones once.
         self._accepted = {k: m.requests.labels(k, "accepted") for k in ("submit", "legacy", "cep")}
         self._policy = Policy.of(s.known_exchanges, s.max_candles_per_request, s.max_future_ms)
@@ -121,7 +127,8 @@ class ClientRequests:
             self._reply(route, reply, now)
 
     def _handle(self, route: list[bytes], body: list[bytes], now: float) -> Message | None:
-        """The immediate reply to one request, or None when it comes later (legacy)."""
+        """The immediate reply to one request, or None when it comes later (legacy, and
+        trigger REGISTER/CANCEL: once stored)."""
         try:
             message: Message | None = envelope.decode(body, max_payload=self._s.max_request_payload)
             error: ProtocolError | None = None
@@ -142,7 +149,7 @@ class ClientRequests:
         if isinstance(message, OHLCRequest):
             return self._legacy_request(route, message, now)
         if isinstance(message, CEPTriggerRequest):
-            return self._trigger(message, now)
+            return self._trigger(route, message, now)
         if error is None:
             assert message is not None
             error = ProtocolError(
@@ -180,7 +187,9 @@ class ClientRequests:
 
     # --- CEP triggers ----------------------------------------------------------------
 
-    def _trigger(self, req: CEPTriggerRequest, now: float) -> CEPTriggerAck:
+    def _trigger(
+        self, route: list[bytes], req: CEPTriggerRequest, now: float
+    ) -> CEPTriggerAck | None:
         outcome = check_trigger(req, self._policy, self._wall_ms(), symbols=self._symbols)
         if not outcome.accepted:
             self._rejected(
@@ -197,28 +206,49 @@ class ClientRequests:
                     reason=refused.reason,
                     error_code=refused.error_code,
                 )
+        ack = outcome.reply
         try:
             if req.action == CEPTriggerRequest.LIST:
-                listed = self._sink.list(req.client_id, self._wall_ms())
-            else:
-                self._sink.submit(req)
+                ack.triggers.extend(self._sink.list(req.client_id, self._wall_ms()))
+                self._accepted["cep"].inc()
+                return ack
+            # OK once the store has it: the sink calls back (any thread), the loop replies.
+            self._sink.submit(req, lambda error: self._on_stored(route, req, ack, error))
         except TriggerSinkError as exc:
+            return self._trigger_failed(req, exc.code, str(exc), now)
+        return None
+
+    def _on_stored(
+        self, route: list[bytes], req: CEPTriggerRequest, ack: CEPTriggerAck, error: str | None
+    ) -> None:
+        self._stored.put((route, req, ack, error))
+        self._wake()
+
+    def send_stored_triggers(self, now: float) -> None:
+        """Acks for the trigger requests the sink has answered since the last call."""
+        while not self._stored.empty():
+            route, req, ack, error = self._stored.get_nowait()
+            if error is not None:
+                self._reply(route, self._trigger_failed(req, SINK_ERROR, error, now), now)
+                continue
+            self._accepted["cep"].inc()
+            if req.action == CEPTriggerRequest.REGISTER:
+                self._live.sync_trigger_tickers(now)  # its live data now, not at the next sync
+            self._reply(route, ack, now)
+
+    def _trigger_failed(
+        self, req: CEPTriggerRequest, code: str, reason: str, now: float
+    ) -> CEPTriggerAck:
+        """A request the store would not take: REJECTED without a store, else ERROR."""
+        if code == SINK_ERROR:
             if req.action != CEPTriggerRequest.LIST:  # the metric counts records not stored
                 self._metrics.trigger_sink_errors.inc()
-            log.error("CEP trigger %s not handled: %s", req.trigger_id or req.client_id, exc)
-            self._metrics.rejections.labels("cep", SINK_ERROR).inc()
-            return CEPTriggerAck(
-                trigger_id=req.trigger_id,
-                status=Status.ERROR,
-                reason=str(exc),
-                error_code=SINK_ERROR,
-            )
-        self._accepted["cep"].inc()
-        if req.action == CEPTriggerRequest.LIST:
-            outcome.reply.triggers.extend(listed)
-        elif req.action == CEPTriggerRequest.REGISTER:
-            self._live.sync_trigger_tickers(now)  # start its live data now, not at the next sync
-        return outcome.reply
+            log.error("CEP trigger %s not handled: %s", req.trigger_id or req.client_id, reason)
+        self._rejected("cep", req.trigger_id, code, reason, now)
+        status = Status.ERROR if code == SINK_ERROR else Status.REJECTED
+        return CEPTriggerAck(
+            trigger_id=req.trigger_id, status=status, reason=reason, error_code=code
+        )
 
     # --- legacy synchronous flow -----------------------------------------------------
 

@@ -2,7 +2,9 @@
 
     submit(REGISTER/CANCEL) -> produce(key=trigger_id, value=CEPTriggerRequest record)
         (async: the relay's loop never waits for the broker; a poll thread runs the
-         delivery callbacks, failures call `on_error` -> relay_trigger_sink_errors_total)
+         delivery callbacks: the directory takes the record, then `stored` is called,
+         and the relay acks OK; a failure, or no delivery within `delivery_timeout_s`,
+         calls `stored` with the reason and the relay acks ERROR sink_error)
     consumer thread: cep.triggers from the beginning -> TriggerDirectory -> LIST answers
 
 The producer is idempotent with acks=all, so retries never duplicate or
@@ -17,13 +19,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from mdproto import ProtocolError, contracts, envelope
 from mdproto.messages import CEPTriggerRequest
 from mdproto.runtime import kafka
-from relay.triggers import TriggerSinkError
+from relay.triggers import Stored, TriggerSinkError
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class KafkaTriggerSink:
         bootstrap: str,
         topic: str,
         *,
-        on_error: Callable[[], None] = lambda: None,
+        delivery_timeout_s: float = 10.0,
         producer_options: dict[str, Any] | None = None,
         partitions: int = 3,
         replication: int = 1,
@@ -105,7 +106,7 @@ class KafkaTriggerSink:
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
-        self._on_error = on_error
+        self._delivery_timeout_s = delivery_timeout_s
         self._producer_options = producer_options or {}
         self._partitions = partitions
         self._replication = replication
@@ -141,6 +142,8 @@ class KafkaTriggerSink:
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 2,
+            # A client waits for its ack: fail the record rather than keep it waiting.
+            "message.timeout.ms": round(self._delivery_timeout_s * 1000),
             "error_cb": self._on_kafka_error,
             "logger": kafka.quiet_logger("producer"),
             **self._producer_options,
@@ -161,7 +164,7 @@ class KafkaTriggerSink:
             left = self._producer.flush(5.0)
             if left:
                 log.error("%d CEP trigger record(s) not delivered at shutdown", left)
-                self._failed(left)
+                self.failed += left
             self._producer = None
 
     def wait_caught_up(self, timeout_s: float) -> bool:
@@ -170,7 +173,7 @@ class KafkaTriggerSink:
 
     # --- TriggerSink -------------------------------------------------------------------
 
-    def submit(self, request: CEPTriggerRequest) -> None:
+    def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
         if self._producer is None:
             raise TriggerSinkError("the trigger store is not started")
         if self._fatal is not None:
@@ -180,15 +183,13 @@ class KafkaTriggerSink:
                 self.topic,
                 key=request.trigger_id.encode(),
                 value=envelope.encode_record(request),
-                on_delivery=self._delivered,
+                on_delivery=lambda err, _msg: self._delivered(request, stored, err),
             )
         except BufferError:
             raise TriggerSinkError("the trigger store is overloaded; retry later") from None
         except Exception as exc:  # KafkaException: e.g. a fatal producer state
             raise TriggerSinkError(f"the trigger store refused the record: {exc}") from None
         self.produced += 1
-        # Read your writes: LIST right after REGISTER must show it.
-        self.directory.apply(request.trigger_id, request)
 
     def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
         return self.directory.for_client(client_id, now_ms)
@@ -198,17 +199,16 @@ class KafkaTriggerSink:
 
     # --- threads -------------------------------------------------------------------------
 
-    def _delivered(self, err: Any, msg: Any) -> None:
+    def _delivered(self, request: CEPTriggerRequest, stored: Stored, err: Any) -> None:
         if err is None:
             self.delivered += 1
+            # Before the ack: a LIST right after an OK REGISTER must show it.
+            self.directory.apply(request.trigger_id, request)
+            stored(None)
             return
-        log.error("CEP trigger record %r not stored in %s: %s", msg.key(), self.topic, err)
-        self._failed(1)
-
-    def _failed(self, count: int) -> None:
-        self.failed += count
-        for _ in range(count):
-            self._on_error()
+        self.failed += 1
+        log.error("CEP trigger %s not stored in %s: %s", request.trigger_id, self.topic, err)
+        stored(f"not stored in Kafka topic {self.topic}: {err.str()}")
 
     def _on_kafka_error(self, err: Any) -> None:
         if err.fatal():

@@ -1,30 +1,42 @@
-"""Where validated CEP trigger requests go.
+"""Where validated CEP trigger requests go, and when the client hears OK.
 
 `relay.trigger_kafka.KafkaTriggerSink` stores them in the compacted Kafka topic
 `cep.triggers` (key trigger_id, so a CANCEL replaces its REGISTER) for the
 pipeline to evaluate, and answers LIST from that topic; it is used when
-`kafka.bootstrap_servers` is configured. Without it the default sink only logs
-(nothing is evaluated) and LIST is refused.
+`kafka.bootstrap_servers` is configured. A REGISTER or CANCEL is acknowledged
+OK only once the broker has it (`Stored` is called back), so an OK never hides
+a trigger that will not be evaluated. Without Kafka, `NoTriggerStore` refuses
+every trigger request with `no_trigger_store`: nothing could evaluate it.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from mdproto.messages import CEPTriggerRequest
 
-log = logging.getLogger(__name__)
+SINK_ERROR = "sink_error"
+NO_TRIGGER_STORE = "no_trigger_store"
+
+#: Called once per submitted request, from any thread: None once it is durably
+#: stored, else why it is not.
+Stored = Callable[[str | None], None]
 
 
 class TriggerSinkError(Exception):
-    """The sink could not take the trigger; the client gets an ERROR ack with this reason."""
+    """The sink refuses the request at once; the client gets an ack with this reason."""
+
+    def __init__(self, reason: str, code: str = SINK_ERROR) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 class TriggerSink(Protocol):
-    def submit(self, request: CEPTriggerRequest) -> None:
-        """Store one validated trigger request. Must not block the relay's loop for long;
-        raise TriggerSinkError when the request cannot be stored."""
+    def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
+        """Store one validated REGISTER or CANCEL without blocking the relay's loop, and
+        call `stored` when the store has it (or cannot take it); raise TriggerSinkError
+        to refuse it at once."""
 
     def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
         """The client's registered, unexpired triggers; TriggerSinkError if unknown."""
@@ -35,20 +47,19 @@ class TriggerSink(Protocol):
     def close(self) -> None: ...
 
 
-class LoggingTriggerSink:
-    """Default sink: logs and forgets (no trigger is evaluated yet)."""
+class NoTriggerStore:
+    """The sink of a relay without Kafka: every trigger request is refused."""
 
-    def submit(self, request: CEPTriggerRequest) -> None:
-        log.info(
-            "CEP trigger %s: %s %s (%d condition(s)), not stored: no trigger store configured",
-            CEPTriggerRequest.Action.Name(request.action),
-            request.trigger_id,
-            request.ticker,
-            len(request.conditions),
-        )
+    REASON = (
+        "this relay has no trigger store (kafka.bootstrap_servers is empty), so no "
+        "trigger would be evaluated"
+    )
+
+    def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
+        raise TriggerSinkError(self.REASON, NO_TRIGGER_STORE)
 
     def list(self, client_id: str, now_ms: int) -> list[CEPTriggerRequest]:
-        raise TriggerSinkError("no trigger store configured: triggers cannot be listed")
+        raise TriggerSinkError(self.REASON, NO_TRIGGER_STORE)
 
     def tickers(self) -> set[str]:
         return set()
