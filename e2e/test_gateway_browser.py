@@ -5,7 +5,6 @@ seconds, the integrity report shown, and a screenshot that is not blank."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway import assets
-from infra.localstack.config import REPO_ROOT
+from infra.testing import run_ci_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -36,13 +35,7 @@ def browser() -> Iterator[Any]:
 
     paths = _browser_paths()
     if paths is None:
-        done = subprocess.run(
-            [str(REPO_ROOT / "infra" / "ci" / "chromium.sh")],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=900,
-        )
+        done = run_ci_script("chromium.sh", timeout_s=900)
         paths = _browser_paths()
         if paths is None:
             reason = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -32,6 +33,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_ci_script(name: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run `infra/ci/<name>`, the installer of a system tool a test needs (chromium.sh,
+    promtool.sh): its exit code and output; a failed install is for the test to judge."""
+    from infra.localstack.config import REPO_ROOT
+
+    script = REPO_ROOT / "infra" / "ci" / name
+    return subprocess.run(
+        [str(script)], capture_output=True, text=True, check=False, timeout=timeout_s
+    )
 
 
 def pipeline_env(

@@ -74,6 +74,15 @@ def _print_status(platform: Platform) -> None:
         pid = str(s.pid) if s.pid is not None else "-"
         rss = f"{s.rss_bytes / 2**20:.0f}" if s.rss_bytes else "-"
         print(f"{s.name:<15} {s.state:<15} {pid:>8} {rss:>8}  {s.address}")
+    print(f"\n{metrics_lines(platform)}")
+
+
+def metrics_lines(platform: Platform) -> str:
+    """Where each service's `/metrics` and `/healthz` are, one line each."""
+    urls = platform.metrics_urls().items()
+    return "GET /metrics and /healthz:\n" + "\n".join(
+        f"  {name:<15} {url}/metrics  {url}/healthz" for name, url in urls
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -155,6 +164,7 @@ def _wait_for_ctrl_c(platform: Platform) -> str:
         f"  .venv/bin/mdclient markets {platform.config.prefixes[0]}\n"
         f"  curl -s {e.relay_metrics}/metrics | grep relay_\n"
         f"  logs: {platform.config.data_dir / 'logs'}\n"
+        f"{metrics_lines(platform)}\n"
         "A component that crashes is restarted. Ctrl-C stops everything (or `make stop`"
         " from another shell)."
     )

@@ -35,7 +35,11 @@ class ServicePorts(BaseModel):
     market_data: int = contracts.MARKET_DATA_PORT
     client_request: int = contracts.CLIENT_REQUEST_PORT
     ingestor_control: int = contracts.INGESTOR_CONTROL_PORT
+    #: Each service's `GET /metrics` and `/healthz` (compose's ports, docs/docker.md).
     relay_metrics: int = 9560
+    ingestor_metrics: int = 9561
+    pipeline_metrics: int = 9562
+    gateway_metrics: int = 9563
     exchange_sim: int = 8765
     gateway: int = 8090
 

@@ -10,6 +10,9 @@ of its own config keys) and how we know it is ready:
   relay accepts history (its heartbeat reached the relay: relay metric);
 - ingestor: the relay sees its subscription to the exchange prefix (relay metric);
 - gateway: `GET /healthz` is 200 (it connected to the relay before it listens).
+
+Every service but the simulator (test infrastructure) also serves `GET /metrics`
+and `GET /healthz` on a port of its own (`metrics_url`), as in compose.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 BIN = Path(sys.executable).parent
 
 
-def _get(url: str) -> tuple[int, str]:
+def http_get(url: str) -> tuple[int, str]:
+    """GET bypassing any proxy: (status, body), an error status too; NotReadyError when
+    nothing answers."""
     try:
         with _NO_PROXY.open(url, timeout=3) as resp:
             return int(resp.status), resp.read().decode()
@@ -42,7 +47,7 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def _healthy(base_url: str) -> None:
-    status, body = _get(f"{base_url}/healthz")
+    status, body = http_get(f"{base_url}/healthz")
     if status != 200:
         raise NotReadyError(f"/healthz answered HTTP {status}: {body[:200]}")
 
@@ -56,6 +61,17 @@ class Service(Component):
         super().__init__(config, endpoints)
         self.platform = platform
         self.service_ports = platform.ports
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Its `GET /metrics` and `GET /healthz` port; None where it serves none."""
+        return None
+
+    @property
+    def metrics_url(self) -> str:
+        """Base URL of its `/metrics` and `/healthz` ("" where it serves none)."""
+        port = self.metrics_port
+        return "" if port is None else f"http://{LOOPBACK}:{port}"
 
     def env(self, **overrides: str) -> dict[str, str]:
         """The service's environment: its config file (if any) plus key overrides."""
@@ -86,7 +102,7 @@ class ExchangeSimulator(Service):
         return [sys.executable, "-m", "infra.exchange_sim", "--port", port], self.env()
 
     def probe(self) -> None:
-        status, _ = _get(f"{self.base_url}/api/v3/ping")
+        status, _ = http_get(f"{self.base_url}/api/v3/ping")
         if status != 200:
             raise NotReadyError(f"ping answered HTTP {status}")
 
@@ -107,8 +123,8 @@ class Relay(Service):
         }
 
     @property
-    def metrics_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.service_ports.relay_metrics}"
+    def metrics_port(self) -> int:
+        return self.service_ports.relay_metrics
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         p = self.service_ports
@@ -139,7 +155,12 @@ class Pipeline(Service):
 
     @property
     def ports(self) -> dict[str, int]:
-        return {"pipeline_pub": self.service_ports.pipeline_pub}
+        p = self.service_ports
+        return {"pipeline_pub": p.pipeline_pub, "pipeline_metrics": p.pipeline_metrics}
+
+    @property
+    def metrics_port(self) -> int:
+        return self.service_ports.pipeline_metrics
 
     @property
     def ready_file(self) -> Path:
@@ -163,6 +184,8 @@ class Pipeline(Service):
             PIPELINE_CHECKPOINT_DIR=str(self.data_dir / "checkpoints"),
             PIPELINE_PUB_ENDPOINT=f"tcp://{LOOPBACK}:{self.service_ports.pipeline_pub}",
             PIPELINE_READY_FILE=str(self.ready_file),
+            PIPELINE_METRICS_HOST=LOOPBACK,
+            PIPELINE_METRICS_PORT=str(self.service_ports.pipeline_metrics),
         )
         return [str(BIN / "spark-pipeline"), "run"], env
 
@@ -189,7 +212,11 @@ class Ingestor(Service):
 
     @property
     def ports(self) -> dict[str, int]:
-        return {}
+        return {"ingestor_metrics": self.service_ports.ingestor_metrics}
+
+    @property
+    def metrics_port(self) -> int:
+        return self.service_ports.ingestor_metrics
 
     @property
     def address(self) -> str:
@@ -203,6 +230,8 @@ class Ingestor(Service):
             "INGESTOR_RELAY_CONTROL_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_control}",
             "INGESTOR_RELAY_RESPONSE_ENDPOINT": f"tcp://{LOOPBACK}:{p.ingestor_response}",
             "INGESTOR_INGESTOR_ID": "ingestor-local-1",
+            "INGESTOR_METRICS_HOST": LOOPBACK,
+            "INGESTOR_METRICS_PORT": str(p.ingestor_metrics),
             **coverage_env(self.endpoints),
             # Exactly these exchanges, whatever the ingestor's config file lists.
             "INGESTOR_SERVE": ",".join(self.platform.exchanges),
@@ -241,7 +270,12 @@ class Gateway(Service):
 
     @property
     def ports(self) -> dict[str, int]:
-        return {"gateway": self.service_ports.gateway}
+        p = self.service_ports
+        return {"gateway": p.gateway, "gateway_metrics": p.gateway_metrics}
+
+    @property
+    def metrics_port(self) -> int:
+        return self.service_ports.gateway_metrics
 
     @property
     def url(self) -> str:
@@ -257,6 +291,8 @@ class Gateway(Service):
         env = self.env(
             GATEWAY_HOST=LOOPBACK,
             GATEWAY_PORT=str(p.gateway),
+            GATEWAY_METRICS_HOST=LOOPBACK,
+            GATEWAY_METRICS_PORT=str(p.gateway_metrics),
             GATEWAY_TICKERS=",".join(f"{x}:BTC/USDT,{x}:ETH/USDT" for x in self.platform.prefixes),
             **client_env(f"{relay}:{p.client_request}", f"{relay}:{p.market_data}", self.endpoints),
         )

@@ -18,7 +18,7 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infra.localstack import LocalStack, StackConfig
 from infra.localstack.components import Component
@@ -33,6 +33,7 @@ from infra.platform.services import (
     Ingestor,
     Pipeline,
     Relay,
+    Service,
     client_env,
 )
 from ingestor.venues import venue_for
@@ -55,6 +56,9 @@ class PlatformEndpoints:
     stack: StackEndpoints
 
     gateway: str = ""  # the gateway's page and API ("" where none runs)
+    #: Service name -> base URL of its `GET /metrics` and `GET /healthz` (empty on
+    #: compose, which publishes only the relays' on the host).
+    metrics: dict[str, str] = field(default_factory=dict)
 
     def client_env(self) -> dict[str, str]:
         """`mdclient` configuration (MDCLIENT_* environment) for this platform."""
@@ -152,7 +156,17 @@ class Platform:
             exchange_url=self.exchange_url,
             stack=self.stack.endpoints,
             gateway=f"http://{LOOPBACK}:{p.gateway}",
+            metrics=self.metrics_urls(),
         )
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Every service's `/metrics` and `/healthz` base URL, in start order."""
+        return {
+            c.name: c.metrics_url
+            for phase in self.phases
+            for c in phase.components
+            if isinstance(c, Service) and c.metrics_url
+        }
 
     def up(self) -> PlatformEndpoints:
         """Start every phase in order; on failure stop what this call started."""

@@ -1131,6 +1131,14 @@ def test_service_ports_match_the_local_platform() -> None:
     assert published("exchange-sim")[8765] == ports.exchange_sim
     assert published("spark-pipeline")[contracts.PIPELINE_PUB_PORT] == ports.pipeline_pub
     assert published("gateway")[8090] == ports.gateway
+    metrics = {  # `make run`'s /metrics ports are the compose configs' (unpublished) ones
+        "ingestor": ports.ingestor_metrics,
+        "spark-pipeline": ports.pipeline_metrics,
+        "gateway": ports.gateway_metrics,
+    }
+    for svc, port in metrics.items():
+        config = yaml.safe_load((COMPOSE_DIR / svc / "config.yaml").read_text())
+        assert config["metrics_port"] == port, svc
 
 
 # ------------------------------------------------------------------ Dockerfiles

@@ -1,4 +1,5 @@
-"""`make run` for chosen exchanges: what the platform tells the relay and the ingestor.
+"""`make run` for chosen exchanges: what the platform tells the relay and the ingestor;
+and where every service serves `/metrics` and `/healthz`.
 
 No process is started: the environment each service would get is fed to that
 service's own settings loader, so the chain config -> env -> settings is real.
@@ -6,13 +7,18 @@ service's own settings loader, so the chain config -> env -> settings is real.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from infra import artifacts
 from infra.localstack import StackConfig
 from infra.localstack.endpoints import StackEndpoints
 from infra.localstack.process import StackError
-from infra.platform.config import PlatformConfig
-from infra.platform.services import Ingestor, Relay
+from infra.platform.config import PlatformConfig, ServicePorts
+from infra.platform.services import Gateway, Ingestor, Pipeline, Relay
 from infra.platform.supervisor import Platform
 from ingestor.venues import venue_for
 from ingestor.venues.base import HistoryUnavailableError
@@ -31,7 +37,9 @@ ENDPOINTS = StackEndpoints(
 
 
 def service_env(
-    component: type[Relay] | type[Ingestor], platform: PlatformConfig, **kw: str | None
+    component: type[Relay | Ingestor | Pipeline | Gateway],
+    platform: PlatformConfig,
+    **kw: str | None,
 ) -> dict[str, str]:
     config = StackConfig.load(data_dir=platform.data_dir)
     service = component(config, ENDPOINTS, platform, **kw)
@@ -90,3 +98,45 @@ def test_the_demo_request_asks_each_exchange_for_a_range_it_serves() -> None:
     assert default_start("okx") == "-24h"
     with pytest.raises(HistoryUnavailableError):
         venue_for("kraken").check_history(now - 24 * 3_600_000, now, 60_000)
+
+
+def test_every_service_gets_its_own_metrics_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each service's own loader reads the port `make run` gives it (its config file says
+    0, off), and `status` lists every service's /metrics and /healthz."""
+    from gateway.config import load as gateway_settings
+    from infra.platform.__main__ import metrics_lines
+    from ingestor.config import load_settings as ingestor_settings
+    from pipeline.config import load_settings as pipeline_settings
+    from relay.config import load_settings as relay_settings
+
+    monkeypatch.setattr(artifacts, "spark_jars", lambda cache=None: [])  # no download
+    ports = ServicePorts.free()
+    platform = PlatformConfig(data_dir=tmp_path, ports=ports)
+    loaders: list[tuple[type[Relay | Ingestor | Pipeline | Gateway], Callable[[], Any], int]] = [
+        (Relay, relay_settings, ports.relay_metrics),
+        (Pipeline, pipeline_settings, ports.pipeline_metrics),
+        (Ingestor, ingestor_settings, ports.ingestor_metrics),
+        (Gateway, gateway_settings, ports.gateway_metrics),
+    ]
+    for component, load, port in loaders:
+        kw = {"exchange_url": None} if component is Ingestor else {}
+        with monkeypatch.context() as m:
+            for key, value in service_env(component, platform, **kw).items():
+                m.setenv(key, value)
+            settings = load()
+        assert (settings.metrics_host, settings.metrics_port) == ("127.0.0.1", port), component
+
+    running = Platform(platform, use_simulator=True)  # nothing started: no `up()`
+    urls = running.metrics_urls()
+    assert urls == {
+        "relay": f"http://127.0.0.1:{ports.relay_metrics}",
+        "spark-pipeline": f"http://127.0.0.1:{ports.pipeline_metrics}",
+        "ingestor": f"http://127.0.0.1:{ports.ingestor_metrics}",
+        "gateway": f"http://127.0.0.1:{ports.gateway_metrics}",
+    }
+    lines = metrics_lines(running).splitlines()[1:]
+    assert [line.split() for line in lines] == [
+        [name, f"{url}/metrics", f"{url}/healthz"] for name, url in urls.items()
+    ]
