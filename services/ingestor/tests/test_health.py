@@ -89,3 +89,42 @@ def test_call_with_retry_reports_every_attempt() -> None:
     with pytest.raises(RequestFailedError, match="bad_symbol"):
         asyncio.run(call_with_retry(call, env, "page"))
     assert seen == [FaultKind.BAD_SYMBOL]  # not retried, still observed (and resets health)
+
+
+# --- Kafka: the other reason an ingestor cannot serve a request ---------------------------
+
+
+def test_the_status_carries_why_kafka_takes_no_records() -> None:
+    book = HealthBook(["BINANCE"], threshold=3)
+    assert book.status("ing-1", 0, 2000).kafka_error == ""
+    status = book.status("ing-1", 0, 2000, kafka_error="1/1 brokers are down")
+    assert status.kafka_error == "1/1 brokers are down"
+
+
+def test_a_sink_without_a_reachable_broker_reports_it_and_a_probe_does_not_clear_it() -> None:
+    from infra.testing import free_port
+    from ingestor.config import KafkaSettings
+    from ingestor.kafka_sink import KafkaSink
+
+    async def scenario() -> tuple[str | None, int, str | None]:
+        changes: list[str | None] = []
+        changed = asyncio.Event()
+
+        def on_change() -> None:
+            changes.append(sink.problem)
+            changed.set()
+
+        settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}", poll_interval_s=0.01)
+        sink = KafkaSink(settings, "test", on_change)
+        await sink.start()
+        try:
+            async with asyncio.timeout(20):
+                await changed.wait()  # librdkafka says so after its first connect fails
+            await sink.probe(timeout_s=0.5)
+            return sink.problem, len(changes), changes[0]
+        finally:
+            await sink.close(timeout_s=0.1)
+
+    problem, changed, first = asyncio.run(scenario())
+    assert problem is not None and "brokers are down" in problem, problem
+    assert changed == 1 and first == problem  # one change: the relay hears it once

@@ -239,3 +239,42 @@ def test_a_stopped_ingestor_process_is_refused_within_seconds(harness: Any, tmp_
             proc.wait(30)
     print(f"\nSIGSTOP figures: refused after {stopped_s:.2f} s, served {resumed_s:.2f} s "
           f"after SIGCONT; reason: {replies[-1].reason}")  # fmt: skip
+
+
+def test_an_ingestor_that_cannot_reach_kafka_gets_its_exchange_refused_with_why(
+    harness: Any, run_ingestor: Any
+) -> None:
+    """Nothing it fetched would reach the pipeline: the relay refuses the exchange
+    `kafka_unavailable` (its IngestorStatus says why) instead of an OK and a timeout."""
+    from infra.testing import free_port
+
+    figures: dict[str, float] = {}
+
+    async def scenario(relay: RelayForTest) -> None:
+        settings = harness.settings(
+            relay,
+            kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}", "ensure_topics": False},
+            claims={"enabled": False},
+        )
+        ingestor = Ingestor(settings)
+        task = await run_ingestor(ingestor)
+        try:
+            started = time.monotonic()
+
+            def refused() -> bool:
+                reply = relay.ask(submit("no-kafka", 0), SubmitResponse)
+                return reply.error_code == "kafka_unavailable"
+
+            await asyncio.to_thread(until, refused, 15, "the relay refuses kafka_unavailable")
+            figures["refused_after_start_s"] = time.monotonic() - started
+            reply = await asyncio.to_thread(relay.ask, submit("again", 0), SubmitResponse)
+            assert reply.status == Status.REJECTED
+            assert settings.ingestor_id in reply.reason and "brokers are down" in reply.reason
+            assert ingestor.sink is not None and ingestor.sink.problem is not None
+        finally:
+            await ingestor.stop()
+            await task
+
+    with running_relay() as relay:
+        asyncio.run(scenario(relay))
+    print(f"\nkafka figures: {figures}")

@@ -21,7 +21,7 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
-from relay.ingestors import BadStatusError, Liveness, State
+from relay.ingestors import BadStatusError, Liveness, State, Verdict
 
 if TYPE_CHECKING:
     from conftest import RelayFactory, RunningRelay
@@ -88,6 +88,23 @@ def test_breaker_opens_only_when_every_live_ingestor_reports_the_exchange_unheal
     assert live.verdict("BINANCE:", True, now=4.5).state is State.BREAKER_OPEN
     live.status(status("a", UP), now=5)
     assert live.verdict("BINANCE:", True, now=5).state is State.SERVED
+
+
+def test_an_exchange_is_refused_while_no_ingestor_of_it_can_write_to_kafka() -> None:
+    live = Liveness(expiry_intervals=3)
+    cut_off = status("a", UP)
+    cut_off.kafka_error = "1/1 brokers are down (kafka:9092)"
+    live.status(cut_off, now=0)
+    refused = live.verdict("BINANCE:", True, now=1)
+    assert (refused.state, refused.error_code) == (State.CANNOT_STORE, "kafka_unavailable")
+    assert "no ingestor of BINANCE can write to Kafka" in refused.reason
+    assert "a: 1/1 brokers are down (kafka:9092)" in refused.reason
+    live.status(status("b", DOWN), now=1)  # b stores, but its exchange is down: the breaker
+    assert live.verdict("BINANCE:", True, now=1).state is State.BREAKER_OPEN
+    live.status(status("b", UP), now=2)
+    assert live.verdict("BINANCE:", True, now=2).state is State.SERVED
+    live.status(status("a", UP), now=3)  # a's Kafka is back: both serve
+    assert live.verdict("BINANCE:", True, now=3) == Verdict(State.SERVED, alive=2)
 
 
 @pytest.mark.parametrize(

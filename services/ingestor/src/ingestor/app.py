@@ -9,7 +9,8 @@ exchanges (ccxt, load_markets) -> Kafka producer -> Market records
                                   '-> FeedStatus (started, lost, failed...) (DEALER :5556)
      IngestorControl         -> cancel feed / apply config + republish markets
 every exchange call -> HealthBook -> IngestorStatus (DEALER :5556) every interval and on change
-                                 '-> probes of unhealthy exchanges
+Kafka all brokers down / a delivery failed --'  (kafka_error: the relay refuses kafka_unavailable)
+                                 '-> probes of unhealthy exchanges, and of Kafka while it fails
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class Ingestor:
         self._coverage = _coverage(settings)
         self.health = HealthBook((), settings.health.failure_threshold)
         self._health_changed = asyncio.Event()
+        #: Background tasks (status, work intake, probes...) that died of an exception.
+        self.failed_tasks: list[str] = []
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -132,7 +135,7 @@ class Ingestor:
         context = new_context()
         try:
             self._open_exchanges()
-            self.sink = KafkaSink(s.kafka, self.ingestor_id)
+            self.sink = KafkaSink(s.kafka, self.ingestor_id, self._health_changed.set)
             await self.sink.start(self._topics_to_ensure() if s.kafka.ensure_topics else ())
             self._spawn(self._initial_markets(), "markets-initial")
             if isinstance(self._coverage, IcebergCoverage):
@@ -473,23 +476,27 @@ class Ingestor:
         interval_ms = self.settings.health.status_interval_ms
         while True:
             self._health_changed.clear()
-            status = self.health.status(self.ingestor_id, wall_clock_ms(), interval_ms)
+            problem = self.sink.problem if self.sink is not None else None
+            status = self.health.status(
+                self.ingestor_id, wall_clock_ms(), interval_ms, kafka_error=problem or ""
+            )
             await self._responder.send(status, timeout_s=interval_ms / 1000)
             with suppress(TimeoutError):
                 async with asyncio.timeout(interval_ms / 1000):
                     await self._health_changed.wait()
 
     async def _probe_unhealthy(self) -> None:
-        """Probe unhealthy exchanges: the relay refuses their requests, so no client
-        traffic would ever show that they recovered."""
+        """Probe unhealthy exchanges, and Kafka when it took no record: the relay refuses
+        their requests, so no client traffic would ever show that they recovered."""
         while True:
             await asyncio.sleep(self.settings.health.probe_interval_s)
-            await asyncio.gather(
-                *(
-                    self._probe(self._by_prefix[f"{e}:"])
-                    for e in self.health.to_probe(time.monotonic())
-                )
-            )
+            probes = [
+                self._probe(self._by_prefix[f"{e}:"])
+                for e in self.health.to_probe(time.monotonic())
+            ]
+            if self.sink is not None and self.sink.problem is not None:
+                probes.append(self.sink.probe())
+            await asyncio.gather(*probes)
 
     async def _probe(self, adapter: ExchangeAdapter) -> None:
         try:
@@ -525,6 +532,7 @@ class Ingestor:
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
+            self.failed_tasks.append(task.get_name())  # /healthz turns unhealthy
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
     async def _shutdown(self) -> None:

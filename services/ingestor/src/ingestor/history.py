@@ -257,8 +257,11 @@ class HealthBook:
         s = self._states[exchange]
         return f"{s.failures} failed calls in a row, last {s.error_code}: {s.reason}"
 
-    def status(self, ingestor_id: str, sent_at_ms: int, interval_ms: int) -> IngestorStatus:
+    def status(
+        self, ingestor_id: str, sent_at_ms: int, interval_ms: int, kafka_error: str = ""
+    ) -> IngestorStatus:
         return IngestorStatus(
+            kafka_error=kafka_error,
             ingestor_id=ingestor_id,
             exchanges=[
                 ExchangeHealth(

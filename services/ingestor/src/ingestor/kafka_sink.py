@@ -3,7 +3,10 @@
 - `KafkaSink`: one idempotent producer for every record the ingestor writes.
   `produce` never blocks the event loop (librdkafka queues the record); a task
   serves delivery callbacks with `poll(0)` every few milliseconds, so callbacks
-  run on the loop thread and resolve asyncio futures directly.
+  run on the loop thread and resolve asyncio futures directly. It also knows
+  whether Kafka takes records (`problem`: all brokers down, or a delivery
+  failed; cleared by a delivery or a `probe`), which the ingestor reports to
+  the relay so that requests are refused instead of fetched into nowhere.
 - `PartitionTail`: reads one partition from a point in time on a background
   thread and hands records to the loop (used for the claims topic).
 """
@@ -26,7 +29,7 @@ from google.protobuf.message import Message
 from ingestor.config import KafkaSettings
 from mdproto import envelope
 from mdproto.messages import OHLCBatch
-from mdproto.runtime.kafka import TopicSpec, ensure_topics
+from mdproto.runtime.kafka import TopicSpec, ensure_topics, quiet_logger
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,17 @@ class SinkStats:
 class KafkaSink:
     """Idempotent producer: records of one key keep their order, retries never duplicate."""
 
-    def __init__(self, settings: KafkaSettings, client_id: str) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        client_id: str,
+        on_health_change: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
+        self._on_health_change = on_health_change
+        #: Why Kafka does not take records right now; None while it does.
+        self.problem: str | None = None
+        self._fatal = False  # the idempotent producer gave up for good: no probe clears it
         conf: dict[str, Any] = {
             "bootstrap.servers": settings.bootstrap_servers,
             "client.id": client_id,
@@ -55,6 +67,10 @@ class KafkaSink:
             "linger.ms": 5,
             "compression.type": "lz4",
             "message.timeout.ms": int(settings.delivery_timeout_s * 1000),
+            "error_cb": self._on_error,  # served by poll() on the loop thread
+            # Its reconnect lines would repeat every few ms in an outage: `problem` and
+            # one log line per change say it instead.
+            "logger": quiet_logger("ingestor-producer"),
         }
         conf.update(settings.producer)
         self._producer = Producer(conf)
@@ -143,12 +159,42 @@ class KafkaSink:
     def _count(self, err: Any, _msg: Any = None) -> None:
         if err is None:
             self.stats.delivered += 1
+            self._set_problem(None)
             return
         self.stats.failed += 1
+        self._set_problem(f"a delivery failed: {err}")
         now = time.monotonic()
         if now - self._last_error_log > 5.0:  # at most one line per 5 s
             self._last_error_log = now
             log.error("Kafka delivery failed (%d so far): %s", self.stats.failed, err)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = True
+        if err.code() == KafkaError._ALL_BROKERS_DOWN or err.fatal():
+            self._set_problem(f"{err.str()} ({self.settings.bootstrap_servers})")
+
+    def _set_problem(self, problem: str | None) -> None:
+        if (problem is None) == (self.problem is None):
+            return
+        self.problem = problem
+        if problem is None:
+            log.info("Kafka takes records again")
+        else:
+            log.error("Kafka does not take records: %s", problem)
+        self._on_health_change()
+
+    async def probe(self, timeout_s: float = 2.0) -> None:
+        """Ask a broker for metadata; clears `problem` when one answers (no record is
+        written while the relay refuses this ingestor's work, so nothing else would)."""
+        if self._fatal:
+            return
+        try:
+            await asyncio.to_thread(self._producer.list_topics, timeout=timeout_s)
+        except KafkaException as exc:
+            log.info("Kafka probe failed: %s", exc)
+        else:
+            self._set_problem(None)
 
     async def send_batch(self, key: str, record: OHLCBatch) -> asyncio.Future[int]:
         return await self.enqueue(

@@ -128,15 +128,20 @@ def registry_for(ingestor: Ingestor) -> CollectorRegistry:
 
 
 def health(ingestor: Ingestor) -> Health:
-    """Healthy once every part started (Kafka producer, relay sockets) and until stop."""
+    """Healthy once every part started (Kafka producer, relay sockets), until stop, and
+    while no background task died (a restart brings it back). A Kafka outage shows in
+    the details but keeps it healthy: a restart would not cure it."""
     feeds = ingestor.feeds.snapshot() if ingestor.feeds is not None else {}
     failed = sorted(t for t, (running, s) in feeds.items() if not running and s.failed)
+    sink = ingestor.sink
     return Health(
-        ingestor.ready and not ingestor.stopping,
+        ingestor.ready and not ingestor.stopping and not ingestor.failed_tasks,
         {
             "ingestor_id": ingestor.ingestor_id,
             "exchanges": sorted(ingestor.prefixes),
             "live_feeds": len(feeds),
             "failed_feeds": failed,
+            "failed_tasks": sorted(ingestor.failed_tasks),
+            "kafka_problem": sink.problem if sink is not None else None,
         },
     )

@@ -2,7 +2,8 @@
 
     work      XPUB :5555 -> DataRequest (history, legacy, live announcements)
     control   XPUB :5560 -> IngestorControl (CANCEL_REALTIME, operator CONFIG_UPDATE)
-    heartbeat ROUTER :5556 <- IngestorStatus -> Liveness: served, no_ingestor, breaker open
+    heartbeat ROUTER :5556 <- IngestorStatus -> Liveness: served, no_ingestor, kafka_unavailable,
+                                                breaker open
 
 Both XPUBs are verbose, so the relay knows which prefixes an ingestor listens
 to: work published where nobody listens is counted as lost, and an exchange is
@@ -214,9 +215,11 @@ class Ingestors:
 
 NO_INGESTOR = "no_ingestor"
 EXCHANGE_UNAVAILABLE = "exchange_unavailable"
+KAFKA_UNAVAILABLE = "kafka_unavailable"
 
 _EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 _MAX_EXCHANGES = 256  # per status: more is a broken sender, not a deployment
+_MAX_REASON = 500  # of a kafka_error quoted in refusals
 _MIN_INTERVAL_S = 0.1  # a smaller interval_ms would expire an ingestor between two loop turns
 
 
@@ -227,6 +230,7 @@ class BadStatusError(ValueError):
 class State(Enum):
     SERVED = "served"
     UNSERVED = "unserved"
+    CANNOT_STORE = "cannot_store"
     BREAKER_OPEN = "breaker_open"
 
 
@@ -234,7 +238,7 @@ class State(Enum):
 class Verdict:
     state: State
     alive: int = 0  # live ingestors that report the exchange
-    error_code: str = ""  # NO_INGESTOR or EXCHANGE_UNAVAILABLE when not served
+    error_code: str = ""  # NO_INGESTOR, KAFKA_UNAVAILABLE or EXCHANGE_UNAVAILABLE
     reason: str = ""
 
 
@@ -251,6 +255,7 @@ class _Ingestor:
     last_seen: float
     expiry_s: float
     exchanges: dict[str, _Health] = field(default_factory=dict)  # by work prefix "X:"
+    kafka_error: str = ""  # it cannot write to Kafka: whatever it fetched would be lost
 
     def alive(self, now: float) -> bool:
         return now - self.last_seen <= self.expiry_s
@@ -270,8 +275,11 @@ class Liveness:
       did was heard from within `expiry_intervals` times its own `interval_ms`.
       An exchange no ingestor ever reported is judged by the subscription alone, so
       ingestors that send no status (older versions) keep working.
+    - *cannot store* (`kafka_unavailable`): every live ingestor that reports `X`
+      says it cannot write to Kafka (`kafka_error`); the reason carries it.
     - *breaker open* (`exchange_unavailable`): served, and every live ingestor that
-      reports `X` says `healthy=false`; the reason carries the latest error.
+      reports `X` and can write to Kafka says `healthy=false`; the reason carries
+      the latest error.
     - else *served*.
 
     When the last subscription to `X:` goes away the heartbeat record of `X` is
@@ -304,7 +312,9 @@ class Liveness:
                 e.healthy, e.consecutive_failures, e.error_code, e.reason
             )
         interval_s = max(message.interval_ms / 1000.0, _MIN_INTERVAL_S)
-        self._ingestors[message.ingestor_id] = _Ingestor(now, self._factor * interval_s, exchanges)
+        self._ingestors[message.ingestor_id] = _Ingestor(
+            now, self._factor * interval_s, exchanges, message.kafka_error[:_MAX_REASON]
+        )
         self._reported.update(exchanges)
 
     def unsubscribed(self, prefix: str) -> None:
@@ -336,6 +346,17 @@ class Liveness:
                 f"no ingestor of {name} is alive: the last status came {heard} (hung or cut "
                 "off, while still subscribed); retry once one runs",
             )
+        storing = [(i, ing) for i, ing in alive if not ing.kafka_error]
+        if not storing:
+            ingestor_id, latest = max(alive, key=lambda pair: pair[1].last_seen)
+            return Verdict(
+                State.CANNOT_STORE,
+                len(alive),
+                KAFKA_UNAVAILABLE,
+                f"no ingestor of {name} can write to Kafka, so nothing fetched would reach "
+                f"the pipeline ({ingestor_id}: {latest.kafka_error}); retry once Kafka is back",
+            )
+        alive = storing
         if all(not ing.exchanges[prefix].healthy for _, ing in alive):
             ingestor_id, latest = max(alive, key=lambda pair: pair[1].last_seen)
             health = latest.exchanges[prefix]
