@@ -113,6 +113,7 @@ def candle_rows(request: Request, closed: bytearray) -> pa.Table:
             "quote_volume": pa.array([None] * n, pa.float64()),
             "taker_buy_volume": pa.array([None] * n, pa.float64()),
             "taker_buy_quote_volume": pa.array([None] * n, pa.float64()),
+            "incomplete": pa.array([None] * n, pa.bool_()),
         }
     ).cast(OHLC_SCHEMA)
 

@@ -62,3 +62,12 @@ def live_run(fast_platform: Platform) -> LiveRun:
 @pytest.mark.parametrize("period", contracts.LIVE_PERIODS)
 def test_closed_live_candles_equal_the_exchange_candles(live_run: LiveRun, period: int) -> None:
     assert_live_equals_exchange(live_run, "binance", SYMBOL, period)
+
+
+def test_the_feeds_first_window_is_marked_incomplete(live_run: LiveRun) -> None:
+    """The feed started inside its first window of each period: that window's earlier
+    trades never reached the platform, and its candle says so (`incomplete`,
+    docs/protocol.md "Live candles across a feed gap"); the later ones do not."""
+    for period in contracts.LIVE_PERIODS:
+        first = min(t for p, t in live_run.closed if p == period)
+        assert live_run.closed[(period, first)].incomplete, period

@@ -407,6 +407,7 @@ def assert_live_equals_exchange(run: LiveRun, exchange_id: str, symbol: str, per
             assert candle.trade_count == count, open_ms
         # Built from trades: what only the exchange reports stays unset live.
         assert not candle.HasField("quote_volume") and not candle.HasField("taker_buy_volume")
+        assert not candle.incomplete, f"{open_ms}: seen whole, yet marked incomplete"
     late = [m for m in run.corrections if m.period_seconds == period]
     assert not late, f"{len(late)} closed candle(s) amended by late trades"
 

@@ -238,8 +238,10 @@ class Ingestor(Service):
         }
         if self.exchange_url is not None:
             for exchange_id in self.platform.exchanges:
-                key = f"INGESTOR_EXCHANGES__{exchange_id.upper()}__API_BASE_URL"
-                overrides[key] = self.exchange_url
+                section = f"INGESTOR_EXCHANGES__{exchange_id.upper()}"
+                overrides[f"{section}__API_BASE_URL"] = self.exchange_url
+                # The simulator numbers trades per minute: its ids jump between minutes.
+                overrides[f"{section}__CONSECUTIVE_TRADE_IDS"] = "false"
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:

@@ -1015,6 +1015,9 @@ def test_configs_wire_the_services_together() -> None:
     assert online.exchanges["binance"].api_base_url is None
     sim_port = next(iter(published("exchange-sim")))
     assert offline.exchanges["binance"].api_base_url == f"http://exchange-sim:{sim_port}"
+    # The simulator's trade ids jump between minutes: no lost trades to infer from them.
+    assert online.exchanges["binance"].consecutive_trade_ids
+    assert not offline.exchanges["binance"].consecutive_trade_ids
 
     pipe = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline/config.yaml")
     config = StackConfig()

@@ -77,6 +77,7 @@ def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> 
     assert env["INGESTOR_SERVE"] == "binance,coinbaseexchange"
     assert env["INGESTOR_EXCHANGES__COINBASEEXCHANGE__API_BASE_URL"] == "http://127.0.0.1:8765"
     assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
+    assert env["INGESTOR_EXCHANGES__BINANCE__CONSECUTIVE_TRADE_IDS"] == "false"
     with pytest.raises(
         StackError, match="simulator speaks only binance, bybit, coinbaseexchange, kraken, okx"
     ):

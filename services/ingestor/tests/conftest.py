@@ -36,6 +36,7 @@ class FakeExchange:
 
     prefix = "BINANCE"
     supports_websocket = True
+    consecutive_trade_ids = True
 
     def __init__(
         self,

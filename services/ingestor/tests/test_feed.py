@@ -52,22 +52,25 @@ def test_feed_dedupes_across_a_reconnect_and_backs_off(fakes: Any) -> None:
     asyncio.run(scenario())
     ids = [t.trade_id for _, t in sink.ticks]
     assert ids == ["1", "2", "3", "4", "5", "6"]
+    # Only the first trade follows a gap: the reconnect lost no trade id.
+    assert [t.gap_before for _, t in sink.ticks] == [True] + [False] * 5
     assert (stats.ticks, stats.duplicates, stats.reconnects, stats.id_gaps) == (6, 3, 1, 0)
     assert sleeps == [0.25]
     key, tick = sink.ticks[0]
     assert key == "BINANCE:BTC/USDT" and isinstance(tick, Tick) and tick.ingested_at_ms == 42
 
 
-def test_skipped_trade_ids_are_counted(fakes: Any) -> None:
+def test_skipped_trade_ids_are_counted_and_the_next_tick_marked(fakes: Any) -> None:
     source = fakes.FakeExchange(trade_batches=[trades(1, 2), trades(5, 3, 6), trades(10)])
     stats = FeedStats()
+    sink = fakes.FakeSink()
 
     async def scenario() -> None:
         task = asyncio.create_task(
             run_feed(
                 "BINANCE:BTC/USDT",
                 source,
-                fakes.FakeSink(),
+                sink,
                 stats,
                 dedupe=RecentIds(100),
                 reconnect=RetryPolicy(),
@@ -78,6 +81,17 @@ def test_skipped_trade_ids_are_counted(fakes: Any) -> None:
 
     asyncio.run(scenario())
     assert stats.ticks == 6 and stats.id_gaps == 2 + 3  # 3..4 (3 came late), then 7..9
+    # The Kafka records say where trades are missing: the pipeline marks those candles.
+    marked = [(t.trade_id, t.gap_before) for _, t in sink.ticks]
+    assert marked == [
+        ("1", True),  # the feed's first trade
+        ("2", False),
+        ("5", True),
+        ("3", False),
+        ("6", False),
+        ("10", True),
+    ]
+    assert stats.gaps_marked == 3
 
 
 def test_feed_stops_on_a_permanent_error(fakes: Any) -> None:

@@ -1,10 +1,18 @@
-"""Live bookkeeping without I/O: trade-id dedupe, leases, Tick records, feed status."""
+"""Live bookkeeping without I/O: trade-id dedupe, leases, Tick records, feed gaps, feed
+status."""
 
 from __future__ import annotations
 
 import pytest
 
-from ingestor.live import FeedPhase, LeaseBook, RecentIds, StatusChange, tick_record
+from ingestor.live import (
+    FeedPhase,
+    GapDetector,
+    LeaseBook,
+    RecentIds,
+    StatusChange,
+    tick_record,
+)
 from ingestor.model import ExchangeCallError, FaultKind, Trade
 from mdproto.messages import FeedStatus, TakerSide
 
@@ -70,6 +78,31 @@ def test_tick_record_fields() -> None:
         TakerSide.SELL,
     )
     assert tick_record("X:A/B", Trade("1", 1, 1, 1, ""), 0).side == TakerSide.SIDE_UNSPECIFIED
+    assert not tick.gap_before
+    assert tick_record("X:A/B", trade, 0, gap_before=True).gap_before
+
+
+def test_numbered_trades_show_a_gap_where_ids_are_skipped_and_at_the_feeds_start() -> None:
+    gaps = GapDetector()
+    seen = [gaps.follows_gap(i) for i in ("7", "8", "11", "9", "12")]
+    # 7: the feed's first trade (its window began before the feed); 9..10 skipped
+    # before 11; 9 arrives late (no new gap); a reconnect without skipped ids is no gap.
+    assert seen == [(True, 0), (False, 0), (True, 2), (False, 0), (False, 0)]
+    gaps.reconnected()
+    assert gaps.follows_gap("13") == (False, 0)
+    assert gaps.follows_gap("15") == (True, 1)
+
+
+def test_unnumbered_trades_show_a_gap_at_the_start_and_after_every_reconnect() -> None:
+    cases = [
+        (("a1", "b2", "c3", "d4"), GapDetector()),
+        (("100", "200", "300", "301"), GapDetector(consecutive_ids=False)),  # ids jump anyway
+    ]
+    for ids, gaps in cases:
+        assert [gaps.follows_gap(i) for i in ids[:2]] == [(True, 0), (False, 0)]
+        gaps.reconnected()
+        gaps.reconnected()  # several attempts: one gap
+        assert [gaps.follows_gap(i) for i in ids[2:]] == [(True, 0), (False, 0)]
 
 
 # --- FeedPhase: what a feed reports on {ticker}|status ------------------------------------

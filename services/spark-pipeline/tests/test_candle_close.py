@@ -1,5 +1,5 @@
 """Live candles (pipeline.candle_close, pipeline.live_candles): when a candle closes, what it
-holds, corrections, previews, and the snapshot a restart resumes from."""
+holds, corrections, incomplete windows, previews, and the snapshot a restart resumes from."""
 
 from __future__ import annotations
 
@@ -21,8 +21,11 @@ B = 1_704_067_200_000  # 2024-01-01T00:00:00Z, aligned to 1, 5 and 60 minutes
 CFG = Closing(periods=(60, 300), lateness_s=10.0, idle_s=1.0)
 
 
-def tick(trade_id: int, price: float, at_ms: int, amount: float = 1.0) -> Tick:
-    return Tick(ticker=T, trade_id=str(trade_id), price=price, amount=amount, timestamp_ms=at_ms)
+def tick(
+    trade_id: int, price: float, at_ms: int, amount: float = 1.0, *, gap: bool = False
+) -> Tick:
+    fields: dict[str, Any] = {"price": price, "amount": amount, "timestamp_ms": at_ms}
+    return Tick(ticker=T, trade_id=str(trade_id), gap_before=gap, **fields)
 
 
 def as_row(c: OHLC) -> dict[str, Any]:
@@ -32,6 +35,7 @@ def as_row(c: OHLC) -> dict[str, Any]:
         **{f: getattr(c, f) for f in ("open", "high", "low", "close", "volume", "trade_count")},
         "closed": c.closed,
         "correction": c.correction,
+        "incomplete": c.incomplete,
     }
 
 
@@ -118,6 +122,62 @@ def test_a_trade_later_than_the_lateness_misses_its_candle() -> None:
     # Closed minute 0 was evicted from the state, the open 5-minute candle kept its values.
     [five] = [r for r in run.batch(B + 300_500, tick(5, 100.0, B + 300_000)) if key(r)[0] == 300]
     assert values(five) == (100.0, 100.0, 100.0, 100.0, 2.0, 2)
+
+
+def test_a_trade_after_a_feed_gap_marks_the_windows_the_gap_spans_incomplete() -> None:
+    """The feed lost trades between 50 s and 130 s: minute 0 (already published closed
+    on the idle timeout) is published again as an incomplete correction; minute 2 and
+    the 5-minute window are incomplete from their previews on; minute 3 is whole."""
+    run = Run()
+    run.batch(B + 50_000, tick(1, 100.0, B + 10_000), tick(2, 101.0, B + 50_000))
+    [minute0] = run.batch(B + 61_200)
+    assert key(minute0) == (60, B) and not minute0["incomplete"]
+
+    run.previews.clear()
+    [again] = run.batch(B + 130_000, tick(9, 99.0, B + 130_000, gap=True))
+    assert key(again) == (60, B) and again["correction"] and again["incomplete"]
+    assert values(again) == values(minute0)  # the same trades, now with the note
+    assert [(key(p), p["incomplete"]) for p in run.previews] == [
+        ((60, B + 120_000), True),
+        ((300, B), True),
+    ]
+
+    [minute2] = run.batch(B + 185_000, tick(10, 98.0, B + 185_000))
+    assert key(minute2) == (60, B + 120_000) and minute2["incomplete"]
+    assert not minute2["correction"]
+    closed = run.batch(B + 301_000, tick(11, 97.0, B + 301_000))
+    assert [(key(r), r["incomplete"]) for r in closed] == [
+        ((60, B + 180_000), False),  # after the gap: every trade seen
+        ((300, B), True),
+    ]
+    run.previews.clear()
+    assert run.batch(B + 302_000, tick(11, 97.0, B + 301_000, gap=True)) == []  # re-delivered
+    assert run.previews == [] and not run.candles.windows[(60, (B + 300_000) * 1000)].incomplete
+
+
+def test_the_first_trade_of_a_feed_marks_only_its_own_windows() -> None:
+    """The feed's first trade (`gap_before`: its windows began before the feed did)."""
+    run = Run()
+    run.batch(B + 70_000, tick(1, 100.0, B + 70_000, gap=True))
+    [minute1] = run.batch(B + 121_000, tick(2, 100.0, B + 121_000))
+    assert key(minute1) == (60, B + 60_000) and minute1["incomplete"]
+    closed = run.batch(B + 301_000, tick(3, 100.0, B + 301_000))
+    assert [(key(r), r["incomplete"]) for r in closed] == [
+        ((60, B + 120_000), False),
+        ((300, B), True),
+    ]
+
+
+def test_a_snapshot_from_before_the_incomplete_flag_restores_whole_windows() -> None:
+    run = Run()
+    run.batch(B + 1_000, tick(1, 100.0, B + 1_000, gap=True))
+    snapshot = json.loads(json.dumps(run.live.snapshot()))
+    for window in snapshot[T]["w"]:
+        assert window.pop() is True  # the flag is the last item of a window
+    restored = LiveCandles.restore(CFG, snapshot)
+    assert not any(w.incomplete for w in restored.tickers[T].windows.values())
+    previews = restored.add([tick(2, 101.0, B + 2_000)], B + 2_000)
+    assert [(c.trade_count, c.incomplete) for c in previews] == [(2, False), (2, False)]
 
 
 def test_snapshot_round_trip_keeps_dedup_ids_and_emitted_flags() -> None:

@@ -356,16 +356,92 @@ def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, bu
     assert stored_trades() == list(range(1, 16))  # each trade once, the late ones too
 
 
+def test_live_candles_across_a_feed_gap_are_stored_incomplete_until_history_replaces_them(
+    pipeline: Any, tools: Any, build: Any
+) -> None:
+    """Ticks marked `gap_before` (the feed's first trade; trade ids skipped) make the
+    candles they span `incomplete`, published and stored so; a history request over
+    the range replaces them, even a candle whose values equal the exchange's."""
+    ticker = "BINANCE:GAPS/USDT"
+    b = 1_704_153_600_000  # 2024-01-02T00:00:00Z: 1- and 5-minute aligned
+
+    def t(trade_id: int, price: float, at_s: int, *, gap: bool = False) -> Tick:
+        tick = build.tick(trade_id, price, b + at_s * 1000, ticker=ticker)
+        tick.gap_before = gap
+        return tick
+
+    feed = [
+        t(1, 100.0, 70, gap=True),  # the feed's first trade: minute 1 began before it
+        t(2, 101.0, 100),
+        t(3, 102.0, 130),
+        t(4, 103.0, 170),
+        t(5, 104.0, 190),  # minute 3's only trade seen
+        t(9, 105.0, 250, gap=True),  # ids 6-8 lost (190-250 s): minutes 3 and 4
+        t(10, 106.0, 310),  # closes minute 4 and the first 5 minutes
+    ]
+    pipeline.kafka.send(
+        pipeline.run.ticks_topic, [envelope.encode_record(x) for x in feed], key=ticker
+    )
+    wanted = {(60, 60): True, (60, 120): False, (60, 180): True, (60, 240): True, (300, 0): True}
+
+    def closed(m: Any) -> bool:
+        msg = m.message
+        return isinstance(msg, OHLC) and msg.closed and msg.ticker == ticker
+
+    got = pipeline.sub.wait_for(closed, count=len(wanted))
+    published = {
+        (m.message.period_seconds, (m.message.open_time_ms - b) // 1000): m.message.incomplete
+        for m in got
+    }
+    assert published == wanted
+
+    def stored() -> dict[tuple[int, int], dict[str, Any]]:
+        return {
+            (r["period_seconds"], int(r["open_time"].timestamp() * 1000 - b) // 1000): r
+            for r in pipeline.lake.rows("ohlc", f"ticker = '{ticker}'")
+        }
+
+    deadline = time.monotonic() + tools.WAIT_S
+    while not wanted.keys() <= (rows := stored()).keys():
+        assert time.monotonic() < deadline, f"live candles not stored: {rows}"
+        time.sleep(0.5)  # poll: candles-store MERGEs what the live engine published
+    assert {k: (rows[k]["source"], rows[k]["incomplete"]) for k in wanted} == {
+        k: ("live", flag) for k, flag in wanted.items()
+    }
+
+    # A history request over minutes 1-4: the exchange's candles; minute 3's values
+    # equal the incomplete live candle's (it missed no price, only trades).
+    history = [build.candle(i, ticker=ticker, t0=b + 60_000) for i in range(4)]
+    minute3 = history[2]
+    minute3.open = minute3.high = minute3.low = minute3.close = 104.0
+    minute3.volume, minute3.trade_count = 1.0, 1
+    meta = build.metadata("hist-gaps", ticker=ticker, start=b + 60_000, end=b + 300_000)
+    pipeline.kafka.send(
+        pipeline.run.batches_topic, build.request_records("hist-gaps", history, meta=meta)
+    )
+    _, n = _notification(pipeline, tools, "hist-gaps")
+    assert (n.status, n.row_count) == (Status.OK, 4)
+    replaced = {
+        int(r["open_time"].timestamp() * 1000 - b) // 1000: (r["source"], r["incomplete"])
+        for r in pipeline.lake.rows(
+            "ohlc", _range_filter(build, b + 60_000, b + 300_000, ticker), n.snapshot_id
+        )
+    }
+    assert replaced == {60: ("history", None), 120: ("history", None), 180: ("history", None),
+                        240: ("history", None)}  # fmt: skip
+
+
 def test_tables_from_an_older_pipeline_are_migrated_at_start(
     make_run: Any, tools: Any, build: Any
 ) -> None:
     """Tables an older pipeline created are migrated, not refused (one start for both):
-    ALTER TABLE adds ohlc's volume columns (old rows read null) and the requests
-    table's integrity report."""
+    ALTER TABLE adds ohlc's volume columns and live candles' ``incomplete`` note (old
+    rows read null) and the requests table's integrity report."""
     from pyiceberg.catalog import load_catalog
 
     from pipeline.history_notices import ADDED_COLUMNS, REQUESTS_SCHEMA
-    from pipeline.records import OHLC_SCHEMA, OPTIONAL_VOLUMES
+    from pipeline.lake import OHLC_ADDED_COLUMNS
+    from pipeline.records import OHLC_SCHEMA
 
     run = make_run(  # the history query alone: the others would only load the cores
         PIPELINE_LIVE__ENABLED="false",
@@ -375,7 +451,7 @@ def test_tables_from_an_older_pipeline_are_migrated_at_start(
     e = run.endpoints
     catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
     catalog.create_namespace(run.namespace)
-    old_ohlc = pa.schema([f for f in OHLC_SCHEMA if f.name not in OPTIONAL_VOLUMES])
+    old_ohlc = pa.schema([f for f in OHLC_SCHEMA if f.name not in OHLC_ADDED_COLUMNS])
     old = catalog.create_table(f"{run.namespace}.ohlc", schema=old_ohlc)
     old_row = {f.name: None for f in old_ohlc}
     old_row.update(
@@ -409,6 +485,7 @@ def test_tables_from_an_older_pipeline_are_migrated_at_start(
             for r in lake.rows("ohlc", f"ticker = '{build.TICKER}'")
         }
         assert by_time[0]["quote_volume"] is None  # written before the column existed
+        assert by_time[0]["incomplete"] is None
         assert by_time[build.T0]["quote_volume"] == 12.5
         assert by_time[build.T0]["taker_buy_volume"] is None
 

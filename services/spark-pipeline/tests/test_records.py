@@ -21,6 +21,7 @@ def test_request_becomes_candle_rows_and_one_final_marker(build: Any) -> None:
     assert batch.records == 4  # 3 data records + marker
     assert batch.candles.num_rows == 2500
     assert batch.candles.schema == records.OHLC_SCHEMA
+    assert batch.candles["incomplete"].null_count == 2500  # a live candle's note only
     assert batch.rejects == []
     first = batch.candles.slice(0, 1).to_pylist()[0]
     assert first["ticker"] == build.TICKER

@@ -34,9 +34,11 @@ def test_ohlc_ddl_lists_the_record_columns_in_order_and_older_tables_get_the_new
     assert [line.split()[0] for line in body.splitlines() if line.strip()] == OHLC_SCHEMA.names
     assert lake.add_columns(NAMES.ohlc, lake.OHLC_ADDED_COLUMNS) == (
         "ALTER TABLE lake.market.ohlc ADD COLUMNS"
-        " (quote_volume DOUBLE, taker_buy_volume DOUBLE, taker_buy_quote_volume DOUBLE)"
+        " (quote_volume DOUBLE, taker_buy_volume DOUBLE, taker_buy_quote_volume DOUBLE,"
+        " incomplete BOOLEAN)"
     )
-    assert set(lake.OHLC_ADDED_COLUMNS) <= set(lake.OHLC_VALUE_COLUMNS)
+    # Every added column takes part in the MERGEs' comparisons (incomplete: its own terms).
+    assert set(lake.OHLC_ADDED_COLUMNS) <= {*lake.OHLC_VALUE_COLUMNS, "incomplete"}
 
 
 def test_commit_retries_ride_out_an_outage_on_new_and_existing_tables() -> None:
@@ -77,6 +79,8 @@ def test_history_merge_matches_the_natural_key_and_updates_only_changes() -> Non
     assert "AND t.open_time = s.open_time" in sql
     assert "t.open_time >= TIMESTAMP '1970-01-01 00:00:00.000000+00:00'" in sql
     assert "WHEN MATCHED AND (NOT (t.open <=> s.open) OR" in sql
+    # An exchange candle replaces an incomplete live one even where the values agree.
+    assert "OR coalesce(t.incomplete, false)) THEN UPDATE SET *" in sql
     assert "WHEN NOT MATCHED THEN INSERT *" in sql
 
 
@@ -93,7 +97,7 @@ def test_amending_live_merge_updates_only_changed_live_candles() -> None:
     sql = lake.merge_live_candles("lake.market.ohlc", "src", 0, 1, amend=True)
     assert "WHEN MATCHED AND t.source = 'live' AND (NOT (t.open <=> s.open) OR " in sql
     assert "NOT (t.trade_count <=> s.trade_count)" in sql
-    assert "NOT (t.taker_buy_quote_volume <=> s.taker_buy_quote_volume)) THEN UPDATE SET *" in sql
+    assert "NOT (t.incomplete <=> s.incomplete)) THEN UPDATE SET *" in sql
     assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
 
 

@@ -233,3 +233,5 @@ def test_live_lines_tell_open_closed_and_corrected_candles_apart() -> None:
     assert " open   " in live_line(candle())
     assert " closed " in live_line(candle(closed=True))
     assert " fixed " in live_line(candle(closed=True, correction=True))
+    assert "incomplete" not in live_line(candle(closed=True))
+    assert live_line(candle(closed=True, incomplete=True)).endswith("  incomplete")

@@ -202,6 +202,7 @@ class ExchangeAdapter:
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
+        self.consecutive_trade_ids = settings.consecutive_trade_ids
         self.bounded_pages = paging_mode(self.venue, settings.bounded_pages)
         features = (self._exchange.features or {}).get("spot") or {}
         exchange_limit = (features.get("fetchOHLCV") or {}).get("limit")

@@ -92,7 +92,9 @@ class LeaseBook:
 _SIDES = {"buy": TakerSide.BUY, "sell": TakerSide.SELL}
 
 
-def tick_record(ticker: str, trade: Trade, ingested_at_ms: int) -> Tick:
+def tick_record(
+    ticker: str, trade: Trade, ingested_at_ms: int, *, gap_before: bool = False
+) -> Tick:
     return Tick(
         ticker=ticker,
         trade_id=trade.trade_id,
@@ -101,12 +103,46 @@ def tick_record(ticker: str, trade: Trade, ingested_at_ms: int) -> Tick:
         timestamp_ms=trade.timestamp_ms,
         side=_SIDES.get(trade.side, TakerSide.SIDE_UNSPECIFIED),
         ingested_at_ms=ingested_at_ms,
+        gap_before=gap_before,
     )
+
+
+class GapDetector:
+    """Says which trade follows trades the feed may have missed (`Tick.gap_before`).
+
+    Pure. The pipeline marks the live candles around such a trade incomplete, so a
+    candle built across an outage is never published or stored as complete. The
+    feed's first trade is always marked (its window began before the feed). Where
+    the exchange numbers a symbol's trades consecutively (`consecutive_ids`) skipped
+    ids show a gap exactly, a reconnect that lost nothing none; otherwise the first
+    trade after every reconnect is marked.
+    """
+
+    def __init__(self, consecutive_ids: bool = True) -> None:
+        self._consecutive = consecutive_ids
+        self._last_number: int | None = None
+        self._unsure = True  # no trade yet, or reconnected since the last one
+
+    def reconnected(self) -> None:
+        self._unsure = True
+
+    def follows_gap(self, trade_id: str) -> tuple[bool, int]:
+        """(trades may be missing before this new trade, how many ids were skipped)."""
+        unsure, self._unsure = self._unsure, False
+        if not (self._consecutive and trade_id.isdigit()):
+            return unsure, 0
+        number, last = int(trade_id), self._last_number
+        self._last_number = number if last is None else max(last, number)
+        if last is None:
+            return True, 0
+        skipped = max(0, number - last - 1)
+        return skipped > 0, skipped
 
 
 class TradeSource(Protocol):
     prefix: str
     supports_websocket: bool
+    consecutive_trade_ids: bool  # skipped ids are lost trades (GapDetector)
 
     async def watch_trades(self, symbol: str) -> list[Trade]: ...
 
@@ -123,6 +159,7 @@ class FeedStats:
     duplicates: int = 0
     reconnects: int = 0
     id_gaps: int = 0  # trades missing between consecutive numeric ids (drops, cache overflow)
+    gaps_marked: int = 0  # ticks sent with gap_before (their live candles are incomplete)
     failed: str = ""  # the error that ended the feed
     retryable: bool = False  # it ended on transient faults: the next announcement restarts it
 
@@ -210,7 +247,7 @@ async def run_feed(
     symbol = parse_ticker(ticker).symbol
     phase = FeedPhase(start_attempts)
     failures = 0
-    last_number: int | None = None
+    gaps = GapDetector(source.consecutive_trade_ids)
     while True:
         try:
             trades = await source.watch_trades(symbol)
@@ -224,6 +261,7 @@ async def run_feed(
                 return
             failures += 1
             stats.reconnects += 1
+            gaps.reconnected()
             delay = max(backoff_delay(failures, reconnect, rand()), fault.retry_after_s or 0.0)
             log.warning("live %s: %s; reconnecting in %.2f s", ticker, fault, delay)
             await sleep(delay)
@@ -237,13 +275,13 @@ async def run_feed(
             if not trade.trade_id or not dedupe.add(trade.trade_id):
                 stats.duplicates += 1
                 continue
-            if trade.trade_id.isdigit():  # exchanges number a symbol's trades consecutively
-                number = int(trade.trade_id)
-                if last_number is not None and number > last_number + 1:
-                    stats.id_gaps += number - last_number - 1
-                    log.warning("live %s: %d trade ids skipped", ticker, number - last_number - 1)
-                last_number = number if last_number is None else max(last_number, number)
-            await sink.send_tick(ticker, tick_record(ticker, trade, ingested))
+            gap, skipped = gaps.follows_gap(trade.trade_id)
+            if skipped:
+                stats.id_gaps += skipped
+                log.warning("live %s: %d trade ids skipped", ticker, skipped)
+            stats.gaps_marked += gap
+            record = tick_record(ticker, trade, ingested, gap_before=gap)
+            await sink.send_tick(ticker, record)
             stats.ticks += 1
 
 

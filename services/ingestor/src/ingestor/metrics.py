@@ -112,12 +112,18 @@ class IngestorCollector(Collector):
         gaps = CounterMetricFamily(
             "ingestor_feed_id_gaps", "Trades missing between consecutive ids", labels=["ticker"]
         )
+        marked = CounterMetricFamily(
+            "ingestor_feed_gaps_marked",
+            "Ticks sent with gap_before: trades may be missing before them",
+            labels=["ticker"],
+        )
         for ticker, (running, s) in feeds.snapshot().items():
             up.add_metric([ticker], 1 if running else 0)
             ticks.add_metric([ticker], s.ticks)
             reconnects.add_metric([ticker], s.reconnects)
             gaps.add_metric([ticker], s.id_gaps)
-        yield from (up, ticks, reconnects, gaps)
+            marked.add_metric([ticker], s.gaps_marked)
+        yield from (up, ticks, reconnects, gaps, marked)
 
 
 def registry_for(ingestor: Ingestor) -> CollectorRegistry:

@@ -18,6 +18,10 @@ Rules (docs/protocol.md "What the pipeline announces"):
   the amended candle is emitted again with ``correction = True``.
 - Open/close by (trade time, length of id, id): trade-time order whatever the
   arrival order (tests/oracles/candle_oracle.py).
+- A trade that follows a gap in the feed (``Tick.gap_before``) makes every window
+  between the newest trade before it and itself **incomplete**: trades of those
+  windows may be missing. A window already published closed is emitted again as a
+  correction, now incomplete (docs/protocol.md "What the pipeline announces").
 
 A window is emitted closed once, then once per ``advance`` after a trade amended
 it. The state round-trips through plain dicts (the engine's snapshot), so a
@@ -36,7 +40,8 @@ US = 1_000_000
 
 @dataclass(slots=True)
 class Window:
-    """One candle being built; ``emitted`` once published closed, ``dirty`` if amended since."""
+    """One candle being built; ``emitted`` once published closed, ``dirty`` if amended since;
+    ``incomplete`` if the feed may have missed some of its trades."""
 
     open: float
     open_key: TradeKey
@@ -48,6 +53,7 @@ class Window:
     count: int
     emitted: bool = False
     dirty: bool = False
+    incomplete: bool = False
 
     def add(self, price: float, amount: float, key: TradeKey) -> None:
         if key < self.open_key:
@@ -60,6 +66,11 @@ class Window:
         self.count += 1
         if self.emitted:
             self.dirty = True
+
+    def mark_incomplete(self) -> None:
+        if not self.incomplete:
+            self.incomplete = True
+            self.dirty = self.emitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +100,20 @@ class TickerCandles:
     ids: dict[int, set[str]] = field(default_factory=dict)
     too_late: int = 0
 
-    def add(self, cfg: Closing, trade_id: str, price: float, amount: float, t_us: int) -> bool:
-        """Count a trade in its windows; False if it is too late or a re-delivery."""
+    def add(
+        self,
+        cfg: Closing,
+        trade_id: str,
+        price: float,
+        amount: float,
+        t_us: int,
+        *,
+        gap_before: bool = False,
+    ) -> bool:
+        """Count a trade in its windows; False if it is too late or a re-delivery.
+
+        ``gap_before``: trades between the newest one so far and this one may be
+        missing, so the windows in between are marked incomplete."""
         lateness_us = round(cfg.lateness_s * US)
         if self.frontier_us is not None and t_us < self.frontier_us - lateness_us:
             self.too_late += 1
@@ -111,6 +134,11 @@ class TickerCandles:
                 )
             else:
                 window.add(price, amount, key)
+        if gap_before:
+            since = t_us if self.frontier_us is None else min(self.frontier_us, t_us)
+            for (period, start), window in self.windows.items():
+                if start <= t_us and start + period * US > since:
+                    window.mark_incomplete()
         if self.frontier_us is None or t_us > self.frontier_us:
             self.frontier_us = t_us
         return True
@@ -161,6 +189,7 @@ class TickerCandles:
                 [
                     *(p, s, w.open, list(w.open_key), w.high, w.low, w.close),
                     *(list(w.close_key), w.volume, w.count, w.emitted, w.dirty),
+                    w.incomplete,
                 ]
                 for (p, s), w in self.windows.items()
             ],
@@ -172,7 +201,8 @@ class TickerCandles:
     def from_dict(cls, d: dict[str, Any]) -> TickerCandles:
         windows = {
             (w[0], w[1]): Window(
-                w[2], _key(w[3]), w[4], w[5], w[6], _key(w[7]), w[8], w[9], w[10], w[11]
+                *(w[2], _key(w[3]), w[4], w[5], w[6], _key(w[7]), w[8], w[9], w[10], w[11]),
+                bool(w[12]) if len(w) > 12 else False,  # snapshots from before the flag
             )
             for w in d["w"]
         }

@@ -47,6 +47,7 @@ OHLC_ADDED_COLUMNS = {
     "quote_volume": "DOUBLE",
     "taker_buy_volume": "DOUBLE",
     "taker_buy_quote_volume": "DOUBLE",
+    "incomplete": "BOOLEAN",
 }
 
 #: Iceberg's own commit loop (refresh, re-apply, commit again) covers a commit the
@@ -149,7 +150,8 @@ def create_ohlc(names: TableNames) -> str:
   ingested_at TIMESTAMP,
   quote_volume DOUBLE,
   taker_buy_volume DOUBLE,
-  taker_buy_quote_volume DOUBLE)
+  taker_buy_quote_volume DOUBLE,
+  incomplete BOOLEAN)
 USING iceberg
 PARTITIONED BY (ticker, period_seconds, months(open_time))
 TBLPROPERTIES (
@@ -273,10 +275,12 @@ def merge_history_candles(target: str, source_view: str, lo_ms: int, hi_ms: int)
     """Upsert exchange candles: insert new keys, update a key only if its values changed.
 
     The exchange is the authority: a later fetch replaces a candle that was still
-    open when first fetched, or a live candle aggregated from our ticks. Unchanged
-    rows (replays, a second ingestor) are left alone: no write at all.
+    open when first fetched, or a live candle aggregated from our ticks, and always
+    an ``incomplete`` live one (built across a feed gap), even with equal values.
+    Unchanged rows (replays, a second ingestor) are left alone: no write at all.
     """
-    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in OHLC_VALUE_COLUMNS)
+    values = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in OHLC_VALUE_COLUMNS)
+    changed = f"{values} OR coalesce(t.incomplete, false)"
     return f"""MERGE INTO {target} t
 USING {source_view} s
 ON {_ohlc_on(lo_ms, hi_ms)}
@@ -289,10 +293,11 @@ def merge_live_candles(
 ) -> str:
     """Insert closed live candles whose key is new: history (the exchange) wins.
 
-    ``amend``: a stored *live* candle whose values differ is updated (a late trade's
-    correction, or a replay); an exchange candle is still never touched.
+    ``amend``: a stored *live* candle whose values or ``incomplete`` note differ is
+    updated (a late trade's correction, a feed gap found after it closed, or a
+    replay); an exchange candle is still never touched.
     """
-    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in OHLC_VALUE_COLUMNS)
+    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in (*OHLC_VALUE_COLUMNS, "incomplete"))
     update = (
         f"WHEN MATCHED AND t.source = 'live' AND ({changed}) THEN UPDATE SET *\n" if amend else ""
     )
@@ -423,7 +428,7 @@ class Lake:
         }
         evolving = {  # tables from before these columns get them (older rows read null)
             self.names.requests: history_notices.ADDED_COLUMNS,  # the integrity report
-            self.names.ohlc: OHLC_ADDED_COLUMNS,  # what exchanges report beyond OHLCV
+            self.names.ohlc: OHLC_ADDED_COLUMNS,  # exchanges' extra volumes, live notes
         }
         for table, added in evolving.items():
             have = set(self._spark.table(table).columns)

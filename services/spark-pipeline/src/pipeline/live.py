@@ -91,7 +91,8 @@ class CandleStore:
 
 
 def live_ohlc_rows(rows: pa.Table) -> pa.Table:
-    """Closed candle rows -> ``ohlc`` rows of source live (no exchange-only volumes)."""
+    """Closed candle rows -> ``ohlc`` rows of source live (no exchange-only volumes), their
+    ``incomplete`` note kept."""
     n = rows.num_rows
     now_us = time.time_ns() // 1000
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
@@ -102,6 +103,7 @@ def live_ohlc_rows(rows: pa.Table) -> pa.Table:
     columns["ingested_at"] = pa.array([now_us] * n, pa.int64()).cast(records.UTC_US)
     for name in records.OPTIONAL_VOLUMES:  # what an exchange reports; not ours to guess
         columns[name] = pa.nulls(n, pa.float64())
+    columns["incomplete"] = rows["incomplete"]
     table = pa.table(columns)
     return table.select(records.OHLC_SCHEMA.names).cast(records.OHLC_SCHEMA)
 

@@ -9,7 +9,8 @@ trade-time open/close) are ``candle_close.TickerCandles``'.
   changed: one message per window per call, however many trades it got.
   Re-deliveries are dropped by trade id, so a preview never counts a trade twice.
 - ``close_due`` returns each window once as ``closed=true`` when it closes, and
-  again with ``correction=true`` after a late trade amended it.
+  again with ``correction=true`` after a late trade amended it or a trade after a
+  feed gap (``Tick.gap_before``) made it ``incomplete``.
 - While the engine catches up on a backlog (``idle=False``) only event time
   closes windows: a ticker whose trades are further down the backlog must not
   look idle.
@@ -46,7 +47,7 @@ class LiveCandles:
                 candles = self.tickers[t.ticker] = TickerCandles(exchange, symbol)
             candles.last_arrival_ms = now_ms
             t_us = t.timestamp_ms * 1000
-            if candles.add(self.cfg, t.trade_id, t.price, t.amount, t_us):
+            if candles.add(self.cfg, t.trade_id, t.price, t.amount, t_us, gap_before=t.gap_before):
                 for period in periods:
                     changed[(t.ticker, period, t_us - t_us % (period * US))] = None
         previews = []
@@ -93,4 +94,5 @@ def candle(
         trade_count=w.count,
         closed=closed,
         correction=correction,
+        incomplete=w.incomplete,
     )

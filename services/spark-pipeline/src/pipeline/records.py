@@ -50,6 +50,9 @@ OHLC_SCHEMA = pa.schema(
         pa.field("quote_volume", pa.float64()),
         pa.field("taker_buy_volume", pa.float64()),
         pa.field("taker_buy_quote_volume", pa.float64()),
+        # Live candles: true if the feed may have missed trades of the window (OHLC.incomplete);
+        # null for exchange candles.
+        pa.field("incomplete", pa.bool_()),
     ]
 )
 
@@ -285,6 +288,7 @@ class _CandleColumns:
                 .take(rec)
                 .cast(UTC_US),
                 **{c: pa.array(v[ok], mask=~known[c][ok]) for c, v in optional.items()},
+                "incomplete": pa.nulls(len(rec), pa.bool_()),  # a live candle's note only
             }
         )
         return table, bad
@@ -473,6 +477,7 @@ LIVE_CANDLE_SCHEMA = pa.schema(
         *(OHLC_SCHEMA.field(name) for name in OHLC_SCHEMA.names[:11]),  # ticker ... trade_count
         pa.field("open_time_ms", pa.int64()),
         pa.field("correction", pa.bool_()),
+        OHLC_SCHEMA.field("incomplete"),
     ]
 )
 
@@ -507,6 +512,7 @@ def decode_live_candles(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, lis
             ("trade_count", c.trade_count),
             ("open_time_ms", c.open_time_ms),
             ("correction", c.correction),
+            ("incomplete", c.incomplete),
         ):
             rows[name].append(v)
     table = pa.table(

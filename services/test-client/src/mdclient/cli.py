@@ -675,6 +675,7 @@ def live_line(message: LiveMessage) -> str:
             f"ohlc:{timeparse.format_period(message.period_seconds):>3} {state}  "
             f"O {message.open:g}  H {message.high:g}  L {message.low:g}  C {message.close:g}  "
             f"V {message.volume:g}  n {trades}"
+            + ("  incomplete" if message.incomplete else "")  # trades lost to a feed gap
         )
     side = TakerSide.Name(message.side).replace("SIDE_UNSPECIFIED", "-")
     return (
