@@ -353,3 +353,51 @@ def test_a_live_subscription_to_an_unknown_symbol_fails_at_once(
     assert isinstance(status, FeedStatus)
     assert (status.state, status.error_code) == (FeedStatus.FAILED, rules.BAD_SYMBOL)
     assert "NOPE/USDT" in status.reason and not status.ingestor_id
+
+
+@pytest.mark.stack
+def test_a_failed_market_reader_starts_over_and_checks_nothing_meanwhile(local_stack: Any) -> None:
+    """A reader that dies would leave the relay judging symbols on stale data forever
+    (new listings refused bad_symbol until a restart): it starts over instead."""
+    from confluent_kafka import Consumer
+
+    from relay.markets import MarketDirectory
+
+    bootstrap = local_stack.endpoints.kafka_bootstrap
+    topic = f"market.markets.{uuid.uuid4().hex[:8]}"
+    _produce(bootstrap, topic, [market("BINANCE:BTC/USDT")])
+    consumers: list[Any] = []
+
+    class FirstOneBreaks:
+        """A real consumer; the first one fails once the topic is loaded."""
+
+        def __init__(self, conf: dict[str, Any]) -> None:
+            self._consumer = Consumer(conf)
+            self._breaks = not consumers
+            consumers.append(self)
+
+        def consume(self, num_messages: int, timeout: float) -> list[Any]:
+            if self._breaks:
+                raise RuntimeError("broken record batch")
+            return list(self._consumer.consume(num_messages=num_messages, timeout=timeout))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._consumer, name)
+
+    directory = MarketDirectory(bootstrap, topic, consumer_factory=FirstOneBreaks).start()
+    unlisted = "BINANCE:NOPE/USDT"
+    try:
+        assert directory.wait_caught_up(60)
+        deadline = time.monotonic() + 30
+        while directory.failure is None:
+            assert time.monotonic() < deadline, "the failure never showed"
+            time.sleep(0.02)
+        assert directory.failure == "RuntimeError: broken record batch"
+        assert directory.check(unlisted) is None  # unchecked, not judged on stale data
+        while directory.failure is not None or directory.check(unlisted) is None:
+            assert time.monotonic() < deadline, "the reader never started over"
+            time.sleep(0.05)
+        assert len(consumers) == 2 and directory.alive
+        assert directory.check("BINANCE:BTC/USDT") is None  # read again from the start
+    finally:
+        directory.close()

@@ -277,6 +277,7 @@ class FakeReader:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.requests: dict[str, dict[str, Any]] = {}  # market.requests rows by request_id
+        self.expired: set[int] = set()  # snapshot ids table upkeep removed
 
     def read_request(self, table_name: str, request_id: str) -> dict[str, Any] | None:
         self.calls.append({"table": table_name, "request_id": request_id})
@@ -304,6 +305,10 @@ class FakeReader:
                 "snapshot_id": snapshot_id,
             }
         )
+        if snapshot_id in self.expired:
+            from mdclient.errors import StorageError
+
+            raise StorageError(f"snapshot {snapshot_id} is gone", error_code="snapshot_gone")
         return candles_from_ohlc([candle(ticker, period_seconds, start_ms, 100.0)])
 
 

@@ -66,6 +66,18 @@ def test_per_client_subscribes_once_at_connect_before_any_submit(
     }
 
 
+def test_an_expired_pinned_snapshot_is_read_current_and_said_so(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    fake_relay.handler = kit.accept_and_notify()
+    fake_reader.expired.add(42)  # the notification's snapshot
+    with Client(settings=settings_for(fake_relay), reader=fake_reader) as c:
+        result = c.history(TICKER, "1m", START, END)
+    assert [call["snapshot_id"] for call in fake_reader.calls] == [42, None]
+    assert len(result) == 1 and result.snapshot_id == 42
+    assert result.snapshot_note.startswith("snapshot 42 is gone: read the current snapshot")
+
+
 def test_refetch_is_asked_for_only_when_wanted(
     fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
 ) -> None:

@@ -169,3 +169,26 @@ def test_live_queue_drops_oldest_when_consumer_lags() -> None:
         stream.deliver(_tick(TICKER, str(i)))
     assert stream.dropped == 3
     assert [stream.get(0.1).trade_id, stream.get(0.1).trade_id] == ["3", "4"]  # type: ignore[union-attr]
+
+
+def test_a_full_live_queue_keeps_closed_candles_and_reports_one_it_must_drop() -> None:
+    from mdclient.dispatch import SequenceEvent
+    from mdclient.live import LiveStream
+
+    events: list[SequenceEvent] = []
+    stream = LiveStream(["t"], lambda s: None, maxsize=3, on_sequence=events.append)
+
+    def candle(minute: int, closed: bool) -> OHLC:
+        return OHLC(ticker=TICKER, period_seconds=60, open_time_ms=START + minute * 60_000,
+                    close=1.0, closed=closed)  # fmt: skip
+
+    for message in (candle(0, True), candle(1, False), _tick(TICKER, "t"), candle(1, True)):
+        stream.deliver(message)  # full at the 4th: the preview goes, not the closed candle
+    stream.deliver(candle(2, True))  # the tick goes
+    assert (stream.dropped, stream.dropped_closed, events) == (2, 0, [])
+    stream.deliver(candle(3, True))  # nothing but closed candles left: one goes, reported
+    assert (stream.dropped, stream.dropped_closed) == (2, 1)
+    assert [(e.kind, e.missed) for e in events] == [("overflow", 1)]
+    assert "dropped unread" in events[0].describe()
+    left = [stream.get(0.1) for _ in range(3)]
+    assert [(m.open_time_ms - START) // 60_000 for m in left] == [1, 2, 3]  # type: ignore[union-attr]

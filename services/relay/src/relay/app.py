@@ -250,7 +250,12 @@ class Relay:
         zap_ok = self._auth is None or self._auth.alive  # dead ZAP: every handshake stalls
         if self._auth is not None:
             details["zap_alive"] = zap_ok
-        return Health(proxy_alive and zap_ok and loop_age < 5.0 + self._s.stats_interval_s, details)
+        # A failing market-metadata reader retries by itself; meanwhile symbols go unchecked.
+        markets_ok = self.markets is None or (self.markets.alive and self.markets.failure is None)
+        if self.markets is not None:
+            details["markets_reader"] = self.markets.failure or "following"
+        loop_ok = loop_age < 5.0 + self._s.stats_interval_s
+        return Health(proxy_alive and zap_ok and markets_ok and loop_ok, details)
 
     # --- the loop ---------------------------------------------------------------
 

@@ -42,6 +42,7 @@ _CUTOFF = 0.6
 
 #: Longest a run of arriving records delays the next snapshot (a steady stream).
 _DRAIN_S = 1.0
+_RETRY_MAX_S = 30.0  # a failed market-metadata reader starts over after at most this
 _HINTS_KEPT = 1024  # memoised suggestions per exchange: a repeated typo costs one lookup
 
 
@@ -170,7 +171,11 @@ class MarketDirectory:
     """Reads `market.markets` on its own thread; `check` is safe from any thread.
 
     Kafka is optional: until the topic was read (or without Kafka at all) the
-    snapshot is empty and every symbol passes.
+    snapshot is empty and every symbol passes. A reader that fails starts over
+    (backoff up to `_RETRY_MAX_S`), and until it has read the topic again every
+    symbol passes too: a stale snapshot would refuse new listings `bad_symbol`,
+    while an unchecked bad symbol still ends in the ingestor's ERROR
+    notification. `failure` says why meanwhile (relay health, a metric).
     """
 
     def __init__(
@@ -182,6 +187,7 @@ class MarketDirectory:
         partitions: int = 3,
         replication: int = 1,
         timeout_s: float = 10.0,
+        consumer_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -193,6 +199,14 @@ class MarketDirectory:
         self._stop = threading.Event()
         self._caught_up = threading.Event()
         self._thread: threading.Thread | None = None
+        self._consumer_factory = consumer_factory
+        #: Why the reader is not following the topic right now; None while it is.
+        self.failure: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        """The reader thread runs (it only ends on `close`)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def check(self, ticker: str, live: bool = False) -> str | None:
         """Why `ticker` cannot be served per the latest snapshot, or None.
@@ -222,8 +236,6 @@ class MarketDirectory:
         self._on_snapshot(snapshot)
 
     def _run(self) -> None:
-        from confluent_kafka import Consumer
-
         try:
             kafka.ensure_topics(
                 self.bootstrap,
@@ -234,23 +246,44 @@ class MarketDirectory:
             )
         except Exception as exc:  # the ingestors create it too; keep waiting for it below
             log.warning("cannot create Kafka topic %s: %s; waiting for it", self.topic, exc)
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": "relay-markets",
-                "enable.auto.commit": False,
-                "logger": kafka.quiet_logger("markets"),
-            }
-        )
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                self._follow()
+            except Exception as exc:
+                self._publish(MarketBook())  # every symbol passes until it is read again
+                self.failure = f"{type(exc).__name__}: {exc}"
+                log.exception(
+                    "market metadata reader failed; symbols unchecked until it has read %s "
+                    "again (retry in %.0f s)",
+                    self.topic,
+                    delay,
+                )
+                self._stop.wait(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+
+    def _follow(self) -> None:
+        """Read the topic to its end, then follow it until `close` (a fresh book each time)."""
+        conf = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": "relay-markets",
+            "enable.auto.commit": False,
+            "logger": kafka.quiet_logger("markets"),
+        }
+        if self._consumer_factory is not None:
+            consumer = self._consumer_factory(conf)
+        else:
+            from confluent_kafka import Consumer
+
+            consumer = Consumer(conf)
         book = MarketBook()
         try:
             self._load(consumer, book)
+            self.failure = None
             while not self._stop.is_set():
                 self._drain(consumer, book)
                 if book.changed:
                     self._publish(book)
-        except Exception:  # the relay keeps serving on the last snapshot
-            log.exception("market metadata reader failed; symbols are checked on stale data")
         finally:
             consumer.close()
 

@@ -296,6 +296,8 @@ def _emit(
         )
         if integrity is not None:
             err.print(f"integrity: {integrity}", highlight=False)
+    if result.snapshot_note:  # even with --quiet: the rows may not be the notified ones
+        err.print(f"note: {result.snapshot_note}", highlight=False, markup=False)
     if args.csv:
         write_csv(result.table, args.csv)
     if args.parquet:

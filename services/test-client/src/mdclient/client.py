@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from google.protobuf.message import Message
@@ -331,7 +332,7 @@ class Client(Closeable):
         if note.status == Status.NOT_FOUND:
             from mdclient.frames import empty_candles
 
-            table = empty_candles()
+            table, snapshot_note = empty_candles(), ""
         else:
             if progress is not None:
                 progress(
@@ -341,13 +342,10 @@ class Client(Closeable):
                     )
                 )  # fmt: skip
             pin = self.settings.pin_snapshot if pin_snapshot is None else pin_snapshot
-            table = self.reader().read_ohlc(
+            table, snapshot_note = self._read_candles(
                 note.iceberg_table or self.settings.ohlc_table,
-                query.ticker,
-                query.period_seconds,
-                query.start_ms,
-                query.end_ms,
-                snapshot_id=snapshot if pin else None,
+                query,
+                snapshot if pin else None,
             )
         return HistoryResult(
             table=table,
@@ -358,7 +356,30 @@ class Client(Closeable):
             snapshot_id=snapshot,
             reported_rows=note.row_count,
             notification=note,
+            snapshot_note=snapshot_note,
         )
+
+    def _read_candles(
+        self, table_name: str, query: HistoryQuery, snapshot_id: int | None
+    ) -> tuple[pa.Table, str]:
+        """The rows at the pinned snapshot; if upkeep expired it, the current ones and a
+        note saying so (the result carries it, the CLI prints it: never a silent switch)."""
+        reader = self.reader()
+        read = partial(
+            reader.read_ohlc, table_name, query.ticker, query.period_seconds,
+            query.start_ms, query.end_ms,
+        )  # fmt: skip
+        try:
+            return read(snapshot_id=snapshot_id), ""
+        except StorageError as exc:
+            if exc.error_code != "snapshot_gone":
+                raise
+            note = (
+                f"{exc.reason}: read the current snapshot instead (the same rows unless a "
+                "later request replaced some)"
+            )
+        log.warning("%s", note)
+        return read(), note
 
     def reader(self) -> IcebergReader:
         """The Iceberg reader (pyiceberg is imported on first use only)."""

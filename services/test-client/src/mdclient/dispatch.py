@@ -109,7 +109,7 @@ class SequenceTracker:
         self._last.pop(key, None)
 
 
-SequenceKind = Literal["gap", "restart", "recovered", "recovery_failed"]
+SequenceKind = Literal["gap", "restart", "recovered", "recovery_failed", "overflow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,8 @@ class SequenceEvent:
     gap: `missed` messages were lost (ticks stay lost live: they are in the
     ``ticks`` table); restart: the publisher restarted; recovered: the closed
     candles of the gap were read from Iceberg and delivered (`candles` of them);
-    recovery_failed: that read failed (`reason`).
+    recovery_failed: that read failed (`reason`); overflow: the consumer fell so far
+    behind that a closed candle left the full queue unread (`missed`).
     """
 
     topic: str
@@ -135,6 +136,11 @@ class SequenceEvent:
             return f"{self.topic}: the publisher restarted (new epoch)"
         if self.kind == "recovered":
             return f"{self.topic}: recovered, {self.candles} closed candle(s) read from Iceberg"
+        if self.kind == "overflow":
+            return (
+                f"{self.topic}: {self.missed} closed candle(s) dropped unread: the consumer "
+                "fell behind a full queue (read them from Iceberg)"
+            )
         return f"{self.topic}: recovery failed: {self.reason}"
 
 

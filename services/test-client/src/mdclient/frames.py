@@ -160,7 +160,8 @@ class IcebergReader:
         *,
         snapshot_id: int | None = None,
     ) -> pa.Table:
-        """The candle frame (SCHEMA) for the range, sorted by open_time."""
+        """The candle frame (SCHEMA) for the range, sorted by open_time; at `snapshot_id`
+        if given (StorageError `snapshot_gone` once table upkeep expired it)."""
         table = self._table(table_name)
         scan_args: dict[str, Any] = {
             "row_filter": ohlc_filter(ticker, period_seconds, start_ms, end_ms),
@@ -168,13 +169,11 @@ class IcebergReader:
         }
         if snapshot_id:
             if table.snapshot_by_id(snapshot_id) is None:
-                log.warning(
-                    "snapshot %s of %s is gone (expired?); reading the current one",
-                    snapshot_id,
-                    table_name,
+                raise StorageError(
+                    f"snapshot {snapshot_id} of {table_name} is gone (expired by table upkeep)",
+                    error_code="snapshot_gone",
                 )
-            else:
-                scan_args["snapshot_id"] = snapshot_id
+            scan_args["snapshot_id"] = snapshot_id
         try:
             arrow = table.scan(**scan_args).to_arrow()
         except Exception as exc:

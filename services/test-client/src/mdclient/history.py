@@ -120,6 +120,8 @@ class HistoryResult:
     snapshot_id: int | None = None
     reported_rows: int = 0  # row_count of the notification (rows written for the request)
     notification: HistoryReadyNotification | None = None
+    #: Set when the pinned snapshot was gone and the current one was read instead.
+    snapshot_note: str = ""
 
     def __len__(self) -> int:
         return int(self.table.num_rows)

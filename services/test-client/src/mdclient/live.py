@@ -1,9 +1,12 @@
 """Live ticks and candles: an iterator, or a callback, per subscription.
 
 Messages are handed over by the subscriber thread. The iterator's queue is
-bounded: when the consumer falls behind, the OLDEST message is dropped (live
-data is about now) and counted in `dropped`, so the receiving thread never
-blocks and other subscriptions keep flowing. Callbacks run on the
+bounded: when the consumer falls behind, the oldest tick or candle preview is
+dropped (a newer one supersedes it) and counted in `dropped`, so the receiving
+thread never blocks and other subscriptions keep flowing. A closed candle is
+final, so it goes only when the queue holds nothing else: then it is counted
+in `dropped_closed` and reported as an `overflow` sequence event, never lost
+in silence. Callbacks run on the
 subscriber thread: keep them short; an exception in one is logged and the
 stream goes on.
 
@@ -145,6 +148,7 @@ class LiveStream(QueueStream[LiveMessage]):
         self._recovering: dict[tuple[str, int], int | None] = {}
         self.status: FeedStatus | None = None  # the latest one that concerns this stream
         self.dropped = 0
+        self.dropped_closed = 0  # closed candles that left the full queue unread
         self.duplicates = 0
         self.gaps = 0
         self.missed = 0  # messages lost in gaps
@@ -204,11 +208,29 @@ class LiveStream(QueueStream[LiveMessage]):
                 self._queue.put_nowait(message)
                 return
             except queue.Full:
-                try:
-                    self._queue.get_nowait()
+                self._make_room()
+
+    def _make_room(self) -> None:
+        """Drop the oldest supersedable message, else the oldest closed candle (reported).
+
+        queue.Queue has no "remove this item": its deque is edited under its own mutex
+        (a scan, on overflow only).
+        """
+        with self._queue.mutex:
+            waiting = self._queue.queue
+            for i, queued in enumerate(waiting):
+                if queued is not None and not (isinstance(queued, OHLC) and queued.closed):
+                    del waiting[i]
                     self.dropped += 1
-                except queue.Empty:
-                    pass
+                    self._queue.not_full.notify()
+                    return
+            victim = next((m for m in waiting if m is not None), None)
+            if victim is None:
+                return  # only the end-of-stream mark: the stream is closing
+            waiting.remove(victim)
+            self._queue.not_full.notify()
+        self.dropped_closed += 1
+        self._sequence_event(SequenceEvent(_topic(victim), "overflow", missed=1))
 
     def _sequence_event(self, event: SequenceEvent) -> None:
         if self._on_sequence is not None:
