@@ -417,7 +417,8 @@ def second_ingestor(platform: Platform) -> Iterator[subprocess.Popen[bytes]]:
     """Another ingestor process like the platform's, with its own ingestor_id."""
     [service] = [c for c in platform.phases[-1].components if isinstance(c, IngestorService)]
     argv, env = service.command()
-    env = {**env, "INGESTOR_INGESTOR_ID": SECOND_INGESTOR}
+    # Its own id; no metrics port (the first ingestor's is taken).
+    env = {**env, "INGESTOR_INGESTOR_ID": SECOND_INGESTOR, "INGESTOR_METRICS_PORT": "0"}
     log_path = service.log_file.with_name("ingestor-2.log")
     with log_path.open("ab") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -108,6 +108,6 @@ def test_a_killed_relay_is_restarted_by_the_supervisor_and_serves_again(
     no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with no_proxy.open(f"{platform.endpoints.relay_metrics}/healthz", timeout=5) as r:
         assert r.status == 200
-    reply = submit(platform.endpoints.request)  # no ingestor here: refused, with the reason
-    assert (reply.status, reply.error_code) == (Status.REJECTED, "no_ingestor")
+    reply = submit(platform.endpoints.request)  # no pipeline here: refused, with the reason
+    assert (reply.status, reply.error_code) == (Status.REJECTED, "pipeline_unavailable")
     print(f"relay back {took:.1f} s after its SIGKILL")

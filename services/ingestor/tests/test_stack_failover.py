@@ -36,10 +36,11 @@ from ingestor.claims import decode_claim
 from mdclient import Client
 from mdclient.config import ClientSettings
 from mdclient.dispatch import SequenceEvent
-from mdproto import envelope
+from mdproto import envelope, topics
 from mdproto.messages import (
     IngestClaim,
     NotifyPattern,
+    PipelineStatus,
     Status,
     SubmitHistoricalRequest,
     SubmitResponse,
@@ -89,7 +90,8 @@ class RelayProcess:
 
 
 class TickPublisher:
-    """The pipeline's role: an XPUB bound, ticks numbered 1, 2, 3... at `rate` per second."""
+    """The pipeline's role: an XPUB bound, ticks numbered 1, 2, 3... at `rate` per second,
+    and its heartbeat (the relays refuse history without one)."""
 
     def __init__(self, rate: float = 1000.0) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -117,8 +119,12 @@ class TickPublisher:
 
     def _run(self) -> None:
         epoch = time.time_ns()
-        next_at = time.monotonic()
+        next_at = next_beat = time.monotonic()
+        beat = PipelineStatus(interval_ms=500, history=True, triggers=True)
         while not self._stop.is_set():
+            if time.monotonic() >= next_beat:
+                self.sock.send_multipart(envelope.encode_pub(topics.PIPELINE_STATUS, beat))
+                next_beat += 0.5
             self.sent += 1
             tick = Tick(ticker=TICKER, trade_id=str(self.sent), price=1.0, amount=1.0)
             tick.sequence, tick.publisher_epoch = self.sent, epoch
@@ -222,6 +228,9 @@ def test_killing_one_of_two_relays_loses_nothing_and_fetches_once(
             await until(lambda: client is not None and client.relays_connected == 2, "2 links")
             publisher.start()
             await until(lambda: len(received) >= 500, "ticks through both relays")
+            heard = 'relay_pipeline_serving{work="history"}'
+            for r in (relay_a, relay_b):  # the publisher's heartbeat: history is accepted
+                await until(lambda r=r: r.metric(heard) == 1, f"{r.log.name} to hear it")
 
             acks = {"a": await asyncio.to_thread(ask, relay_a.endpoint("client_request"), first)}
             await until(lambda: ingestor.intake is not None and ingestor.intake.stats.requests >= 1,

@@ -135,8 +135,9 @@ def test_scan_pinned_to_the_notified_snapshot_ignores_later_commits(seeded: Any)
     )
     current = reader.read_ohlc(seeded["table"], BTC, 60, T0, T0 + 120 * MINUTE)
     assert (pinned.num_rows, current.num_rows) == (90, 120)
-    gone = reader.read_ohlc(seeded["table"], BTC, 60, T0, T0 + 120 * MINUTE, snapshot_id=123)
-    assert gone.num_rows == 120  # unknown snapshot: falls back to current, with a warning
+    with pytest.raises(StorageError) as gone:  # the reader never switches in silence
+        reader.read_ohlc(seeded["table"], BTC, 60, T0, T0 + 120 * MINUTE, snapshot_id=123)
+    assert gone.value.error_code == "snapshot_gone" and "snapshot 123" in gone.value.reason
 
 
 def test_missing_table_is_a_storage_error(seeded: Any) -> None:
