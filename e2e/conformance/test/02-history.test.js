@@ -125,6 +125,53 @@ describe("history: subscribe first, submit, notification", () => {
     assert.equal(ack.notification_topic, `HISTORY_READY:${requestId}`);
   });
 
+  test("an exchange no ingestor serves: REJECTED no_ingestor (or unknown_exchange)", async () => {
+    const { start, end } = pastRange();
+    const { message: ack } = await wire.request("SubmitHistoricalRequest", {
+      request_id: wire.newId("conf-unserved"),
+      ticker: "NOWHERE:BTC/USDT",
+      period_seconds: 60,
+      start_time_ms: start,
+      end_time_ms: end,
+      notify: PER_REQUEST,
+    });
+    assert.equal(ack.status, "REJECTED", JSON.stringify(ack));
+    // Which of the two depends on the relay's known_exchanges, which clients cannot see.
+    assert.ok(["no_ingestor", "unknown_exchange"].includes(ack.error_code), JSON.stringify(ack));
+  });
+
+  test("an unknown symbol: REJECTED bad_symbol, or an ERROR notification bad_symbol", { timeout: config.historyTimeoutMs + 30_000 }, async () => {
+    // The relay refuses it at once when it has the exchange's market metadata;
+    // otherwise the ingestor's fetch ends with an ERROR notification.
+    const requestId = wire.newId("conf-nosym");
+    const topic = `HISTORY_READY:${requestId}`;
+    const base = config.ticker.split(":")[0];
+    const { start, end } = pastRange();
+    const sub = await wire.subscriber(topic);
+    try {
+      const { message: ack } = await wire.request("SubmitHistoricalRequest", {
+        request_id: requestId,
+        ticker: `${base}:NOSUCHCOIN/USDT`,
+        period_seconds: 60,
+        start_time_ms: start,
+        end_time_ms: end,
+        notify: PER_REQUEST,
+      });
+      if (ack.status === "REJECTED") {
+        assert.equal(ack.error_code, "bad_symbol", JSON.stringify(ack));
+        return;
+      }
+      assert.equal(ack.status, "OK", JSON.stringify(ack));
+      const item = await sub.next((it) => it.topic === topic && it.message && it.message.request_id === requestId, config.historyTimeoutMs);
+      assert.ok(item, `no notification on ${topic}`);
+      assert.equal(item.message.status, "ERROR", JSON.stringify(item.message));
+      assert.equal(item.message.error_code, "bad_symbol");
+      assert.equal(item.message.snapshot_id, "0", "ERROR carries snapshot_id 0");
+    } finally {
+      sub.close();
+    }
+  });
+
   test("gateway GET /status: the notification as published, exact 64-bit strings", async (t) => {
     if (!perRequest) return t.skip("needs the NOTIFY_PER_REQUEST round");
     const published = perRequest.item.message;

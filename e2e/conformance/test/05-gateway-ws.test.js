@@ -95,6 +95,13 @@ describe("gateway WebSocket", () => {
     assert.equal(error.error_code, "unsupported_period");
   });
 
+  test("a ticker the exchange does not list: the feed FAILED, error bad_symbol", { timeout: 90_000 }, async () => {
+    const topic = `${config.ticker.split(":")[0]}:NOSUCHCOIN/USDT|tick`;
+    s.send({ op: "subscribe", topic });
+    const error = await s.next(isError(topic), 60_000);
+    assert.equal(error.error_code, "bad_symbol");
+  });
+
   test("ticks on exactly the subscribed topic, 64-bit fields as strings", { timeout: config.liveTimeoutMs + 30_000 }, async () => {
     const from = s.frames.length;
     s.send({ op: "subscribe", topic: TICK });
