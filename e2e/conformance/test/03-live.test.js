@@ -1,0 +1,106 @@
+"use strict";
+// Live data on :5558 (docs/protocol.md "Topics", "Sequence numbers and recovery",
+// "Live data", "Live feed status"): subscribing starts the feed; ticks and candles
+// arrive on their exact topics with contiguous sequence numbers per topic.
+
+const assert = require("node:assert/strict");
+const { describe, test } = require("node:test");
+
+const { config } = require("../lib/config");
+const wire = require("../lib/wire");
+
+const MIN_TICKS = 5;
+const MIN_CANDLES = 2;
+const TICK = `${config.ticker}|tick`;
+const CANDLE = `${config.ticker}|ohlc:60`;
+const STATUS = `${config.ticker}|status`;
+
+/**
+ * Sequence check per topic as the docs state it: the first message is the
+ * baseline; same epoch and last + 1 is in order, <= last a duplicate (dropped), >
+ * last + 1 a gap; another epoch restarts the numbering.
+ */
+function contiguity(items) {
+  const state = new Map();
+  const gaps = [];
+  let delivered = 0;
+  for (const { topic, message } of items) {
+    const seq = BigInt(message.sequence);
+    const last = state.get(topic);
+    if (last === undefined || last.epoch !== message.publisher_epoch) {
+      state.set(topic, { epoch: message.publisher_epoch, seq });
+      delivered++;
+      continue;
+    }
+    if (seq <= last.seq) continue; // a duplicate (e.g. the last value re-sent)
+    if (seq !== last.seq + 1n) gaps.push(`${topic}: ${last.seq} -> ${seq}`);
+    last.seq = seq;
+    delivered++;
+  }
+  return { gaps, delivered };
+}
+
+describe("live data", () => {
+  test(`ticks and 1m candles of ${config.ticker}, contiguous per topic`, { timeout: config.liveTimeoutMs + 30_000 }, async () => {
+    const sub = await wire.subscriber(STATUS, TICK, CANDLE);
+    try {
+      const enough = () => {
+        const ticks = sub.received.filter((it) => it.topic === TICK).length;
+        const candles = sub.received.filter((it) => it.topic === CANDLE).length;
+        return ticks >= MIN_TICKS && candles >= MIN_CANDLES;
+      };
+      await sub.next(enough, config.liveTimeoutMs);
+      assert.deepEqual(sub.errors, [], "every frame decodes");
+      const ticks = sub.received.filter((it) => it.topic === TICK);
+      const candles = sub.received.filter((it) => it.topic === CANDLE);
+      const statuses = sub.received.filter((it) => it.topic === STATUS);
+      const others = sub.received.filter((it) => ![TICK, CANDLE, STATUS].includes(it.topic));
+      assert.ok(ticks.length >= MIN_TICKS, `${ticks.length} ticks within ${config.liveTimeoutMs} ms`);
+      assert.ok(candles.length >= MIN_CANDLES, `${candles.length} candles within ${config.liveTimeoutMs} ms`);
+      assert.deepEqual(others.map((it) => it.topic), [], "only the subscribed topics (prefix matches of these)");
+      for (const it of ticks) {
+        assert.equal(it.frames.length, 3);
+        assert.equal(it.frames[2][0], 0x04, "type byte 0x04 = Tick");
+        assert.equal(it.message.ticker, config.ticker);
+        assert.ok(it.message.trade_id.length > 0);
+        assert.ok(it.message.price > 0);
+        assert.ok(BigInt(it.message.sequence) >= 1n);
+        assert.notEqual(it.message.publisher_epoch, "0");
+      }
+      for (const it of candles) {
+        assert.equal(it.frames[2][0], 0x05, "type byte 0x05 = OHLC");
+        assert.equal(it.message.ticker, config.ticker);
+        assert.equal(it.message.period_seconds, 60);
+        assert.equal(BigInt(it.message.open_time_ms) % 60000n, 0n, "windows start on the minute");
+        assert.ok(it.message.low <= it.message.high);
+        assert.ok(BigInt(it.message.sequence) >= 1n);
+      }
+      for (const it of statuses) {
+        assert.equal(it.frames[2][0], 0x14, "type byte 0x14 = FeedStatus");
+        assert.notEqual(it.message.state, "FAILED", JSON.stringify(it.message));
+      }
+      const { gaps } = contiguity([...ticks, ...candles]);
+      assert.deepEqual(gaps, [], "no sequence gaps");
+    } finally {
+      sub.close();
+    }
+  });
+
+  test("a period the pipeline does not serve live is REFUSED on {ticker}|status", { timeout: 60_000 }, async () => {
+    const topic = `${config.ticker}|ohlc:900`;
+    const sub = await wire.subscriber(STATUS, topic);
+    try {
+      const refused = await sub.next(
+        (it) => it.topic === STATUS && it.message && it.message.state === "REFUSED" && it.message.period_seconds === 900,
+        30_000,
+      );
+      assert.ok(refused, "no FeedStatus REFUSED within 30 s");
+      assert.equal(refused.message.error_code, "unsupported_period");
+      assert.equal(refused.message.ticker, config.ticker);
+      assert.equal(refused.message.ingestor_id, "", "the relay decided");
+      assert.ok(refused.message.reason.length > 0);
+    } finally {
+      sub.close();
+    }
+  });
+});
