@@ -96,7 +96,7 @@ def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = F
         tempfile.NamedTemporaryFile("w", suffix=".log") as log_file,
         tempfile.TemporaryDirectory() as keys,
     ):
-        configure_logging(log_level, stream=log_file)  # as the `relay` script does, into a file
+        listener = configure_logging(log_level, stream=log_file)  # as `relay` does, to a file
         overrides = _curve_keys(Path(keys)) if curve else {}
         pipeline = zmq.Context().socket(zmq.PUB)  # heartbeats only: no market data measured
         pipeline.linger = 0
@@ -138,6 +138,7 @@ def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = F
         threading.Thread(target=stopper, daemon=True).start()
         relay.run()
         relay.close()
+        listener.stop()
 
 
 def _curve_keys(keys: Path) -> dict[str, str]:
