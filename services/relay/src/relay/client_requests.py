@@ -128,8 +128,8 @@ class ClientRequests:
             self._reply(route, reply, now)
 
     def _handle(self, route: list[bytes], body: list[bytes], now: float) -> Message | None:
-        """The immediate reply to one request, or None when it comes later (legacy, and
-        trigger REGISTER/CANCEL: once stored)."""
+        """The immediate reply to one request, or None when it is sent already (an
+        accepted submit) or comes later (legacy, and trigger REGISTER/CANCEL: once stored)."""
         try:
             message: Message | None = envelope.decode(body, max_payload=self._s.max_request_payload)
             error: ProtocolError | None = None
@@ -146,7 +146,7 @@ class ClientRequests:
                 )
             return _refusal(message, RATE_LIMITED, "too many requests from this client; slow down")
         if isinstance(message, SubmitHistoricalRequest):
-            return self._submit(message, now)
+            return self._submit(route, message, now)
         if isinstance(message, OHLCRequest):
             return self._legacy_request(route, message, now)
         if isinstance(message, CEPTriggerRequest):
@@ -161,7 +161,9 @@ class ClientRequests:
 
     # --- history (asynchronous: answered now, data arrives through Kafka/Iceberg) ------
 
-    def _submit(self, req: SubmitHistoricalRequest, now: float) -> SubmitResponse:
+    def _submit(
+        self, route: list[bytes], req: SubmitHistoricalRequest, now: float
+    ) -> SubmitResponse | None:
         outcome = check_submit(
             req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
         )
@@ -183,8 +185,11 @@ class ClientRequests:
                 error_code=unserved.error_code,
             )
         self._accepted["submit"].inc()
+        # Acknowledged first: the client's round trip does not wait for the publish and its
+        # log line (nothing in them refuses a request).
+        self._reply(route, outcome.reply, now)
         self._ingestors.publish_work(outcome.work.topic, outcome.work.request, "historical", now)
-        return outcome.reply
+        return None
 
     # --- CEP triggers ----------------------------------------------------------------
 
