@@ -174,13 +174,61 @@ def serve_in_process(mode: str, endpoints: Queue[Any], stop: Event) -> None:
     serve(mode, endpoints.put, stop)
 
 
+def _ingestor(
+    ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller, ep: dict[str, str]
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """The ingestor's side: a SUB on the work socket (on `poller`; whatever it gets is
+    to be drained) and the DEALER its `IngestorStatus` heartbeats go out on."""
+    work = ctx.socket(zmq.SUB)
+    work.rcvhwm = 0
+    work.connect(ep["ingestor_work"])
+    work.subscribe(b"BINANCE:")
+    poller.register(work, zmq.POLLIN)
+    status = ctx.socket(zmq.DEALER)
+    status.linger = 0
+    status.connect(ep["ingestor_response"])
+    return work, status
+
+
+INGESTOR_STATUS = IngestorStatus(
+    ingestor_id="bench",
+    interval_ms=HEARTBEAT_INTERVAL_MS,
+    exchanges=[ExchangeHealth(exchange="BINANCE", healthy=True)],
+)
+REQUEST = SubmitHistoricalRequest(
+    client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
+)
+
+
+def _wait_accepted(sock: zmq.Socket[bytes], status: zmq.Socket[bytes] | None) -> None:
+    """Submit on `sock` until the relay accepts (it has seen the ingestor subscribe and,
+    with `status`, its heartbeat); the echo returns the request at once."""
+    request = SubmitHistoricalRequest()
+    request.CopyFrom(REQUEST)
+    request.request_id = "warm-up"
+    while True:
+        if status is not None:
+            status.send_multipart(envelope.encode(INGESTOR_STATUS))
+        sock.send_multipart(envelope.encode(request))
+        answer = envelope.decode(sock.recv_multipart())
+        if not isinstance(answer, SubmitResponse) or answer.status == Status.OK:
+            return
+        time.sleep(HEARTBEAT_S)
+
+
 def clients(
-    ep: dict[str, str], work: str, n: int, start_at: float, seconds: float, results: Queue[Any]
+    ep: dict[str, str],
+    work: bool,
+    n: int,
+    ready: Queue[Any],
+    start: Queue[Any],
+    seconds: float,
+    results: Queue[Any],
 ) -> None:
     """`n` REQ sockets in one process, each in a closed loop; counts the measured window.
 
-    With `work`, also the ingestor: a SUB on the work socket and a DEALER that sends
-    `IngestorStatus` heartbeats."""
+    With `work`, also the ingestor (`_ingestor`). Reports `ready` once connected (and
+    the relay accepts), then starts at the time `start` gives."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     poller = zmq.Poller()
     socks = []
@@ -192,24 +240,10 @@ def clients(
         socks.append(sock)
     ingestor = status_sock = None
     if work:
-        ingestor = ctx.socket(zmq.SUB)
-        ingestor.rcvhwm = 0
-        ingestor.connect(work)
-        ingestor.subscribe(b"BINANCE:")
-        poller.register(ingestor, zmq.POLLIN)
-        if ep.get("ingestor_response"):
-            status_sock = ctx.socket(zmq.DEALER)
-            status_sock.linger = 0
-            status_sock.connect(ep["ingestor_response"])
-    status = IngestorStatus(
-        ingestor_id="bench",
-        interval_ms=HEARTBEAT_INTERVAL_MS,
-        exchanges=[ExchangeHealth(exchange="BINANCE", healthy=True)],
-    )
+        ingestor, status_sock = _ingestor(ctx, poller, ep)
+        _wait_accepted(socks[0], status_sock)
     next_status = 0.0
-    request = SubmitHistoricalRequest(
-        client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
-    )
+    request = REQUEST
     sent_at: dict[zmq.Socket[bytes], float] = {}
     counter = 0
 
@@ -223,10 +257,11 @@ def clients(
     def heartbeat(now: float) -> None:
         nonlocal next_status
         if status_sock is not None and now >= next_status:
-            status.sent_at_ms = int(time.time() * 1000)
-            status_sock.send_multipart(envelope.encode(status))
+            status_sock.send_multipart(envelope.encode(INGESTOR_STATUS))
             next_status = now + HEARTBEAT_S
 
+    ready.put(True)
+    start_at = start.get()
     while time.monotonic() < start_at:
         heartbeat(time.monotonic())
         time.sleep(0.001)
@@ -250,13 +285,13 @@ def clients(
                 continue
             reply = sock.recv_multipart()
             now = time.monotonic()
+            # Parse it as a client would (the echo returns the request).
+            answer = envelope.decode(reply)
             if now >= begin and now < end:
                 done += 1
                 latencies.append(now - sent_at[sock])
-            # Parse it as a client would (the echo returns the request).
-            answer = envelope.decode(reply)
-            if isinstance(answer, SubmitResponse) and answer.status != Status.OK:
-                refused += 1
+                if isinstance(answer, SubmitResponse) and answer.status != Status.OK:
+                    refused += 1
             send(sock)
     results.put((done, latencies, refused))
     ctx.destroy(linger=0)
@@ -279,15 +314,17 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     server.start()
     ep = endpoints.get(timeout=30)
     procs = min(2, n_clients)
-    start_at = time.monotonic() + 2.0
+    ready: Queue[Any] = spawn.Queue()
+    start: Queue[Any] = spawn.Queue()
     workers = [
         spawn.Process(
             target=clients,
             args=(
                 ep,
-                ep["ingestor_work"] if i == 0 else "",
+                i == 0 and bool(ep["ingestor_work"]),
                 n_clients // procs,
-                start_at,
+                ready,
+                start,
                 seconds,
                 results,
             ),
@@ -296,6 +333,11 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     ]
     for w in workers:
         w.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    start_at = time.monotonic() + 0.1  # every client connected: they start together
+    for _ in workers:
+        start.put(start_at)
     parts = [results.get(timeout=60) for _ in workers]
     for w in workers:
         w.join(10)
@@ -326,39 +368,16 @@ def drive(ep: dict[str, str], sockets: int, total: int) -> None:
     """Exactly `total` round trips over `sockets` REQ sockets (plus the ingestor), all OK."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     poller = zmq.Poller()
-    status_sock = None
-    if ep["ingestor_work"]:
-        ingestor = ctx.socket(zmq.SUB)
-        ingestor.connect(ep["ingestor_work"])
-        ingestor.subscribe(b"BINANCE:")
-        poller.register(ingestor, zmq.POLLIN)
-        status_sock = ctx.socket(zmq.DEALER)
-        status_sock.linger = 0
-        status_sock.connect(ep["ingestor_response"])
-    status = IngestorStatus(
-        ingestor_id="bench",
-        interval_ms=HEARTBEAT_INTERVAL_MS,
-        exchanges=[ExchangeHealth(exchange="BINANCE", healthy=True)],
-    )
-    next_status = 0.0
-    request = SubmitHistoricalRequest(
-        client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
-    )
+    request = REQUEST
     socks = []
     for _ in range(sockets):
         sock = ctx.socket(zmq.REQ)
         sock.connect(ep["client_request"])
         poller.register(sock, zmq.POLLIN)
         socks.append(sock)
-    while True:  # until the relay has seen the ingestor subscribe and its status
-        if status_sock is not None:
-            status_sock.send_multipart(envelope.encode(status))
-        request.request_id = "warm-up"
-        socks[0].send_multipart(envelope.encode(request))
-        answer = envelope.decode(socks[0].recv_multipart())
-        if not isinstance(answer, SubmitResponse) or answer.status == Status.OK:  # or the echo
-            break
-        time.sleep(HEARTBEAT_S)
+    status_sock = _ingestor(ctx, poller, ep)[1] if ep["ingestor_work"] else None
+    _wait_accepted(socks[0], status_sock)
+    next_status = 0.0
     sent = done = 0
     for sock in socks[:total]:
         sent += 1
@@ -366,7 +385,7 @@ def drive(ep: dict[str, str], sockets: int, total: int) -> None:
         sock.send_multipart(envelope.encode(request))
     while done < total:
         if status_sock is not None and time.monotonic() >= next_status:
-            status_sock.send_multipart(envelope.encode(status))
+            status_sock.send_multipart(envelope.encode(INGESTOR_STATUS))
             next_status = time.monotonic() + HEARTBEAT_S
         for sock, _ in poller.poll(int(HEARTBEAT_S * 1000)):
             if sock not in socks:
