@@ -6,13 +6,17 @@
 
 Each run lasts `--seconds` after a short warm-up; round trips per second and
 p50/p99 latency are taken over that window. Modes alternate, `--reps` times,
-and medians are compared. The relay runs with its production logging (INFO,
-one "Forwarded request" line per request, written to a file) and with logging
-at WARNING; its rate limit is set high enough never to refuse (the token
-bucket is still consulted). An ingestor SUB in the first client process
-drains the relay's work socket (the relay refuses work no ingestor can take),
-so the DataRequests really travel over TCP, and the client process does that
-extra work too.
+and compared: each repetition's relay/echo ratio, reported as the median and
+its spread (min-max), with p50/p99 latency. The relay runs with its
+production logging (INFO, one "Forwarded request" line per request, written to
+a file) and with logging at WARNING; its rate limit is set high enough never to
+refuse (the token bucket is still consulted). As in production, every request
+passes the pipeline and ingestor liveness checks: a thread of the server
+process publishes `PipelineStatus` heartbeats where the relay's upstream is,
+and an ingestor in the first client process subscribes to the work socket
+(draining the DataRequests, which really travel over TCP; that client process
+does the extra work too) and sends `IngestorStatus` heartbeats. A reply other
+than OK is counted and reported: the figures are for accepted requests only.
 
 `--curve` compares the relay (WARNING logs) with CURVE off and on instead: the
 client sockets then hold an allow-listed key pair.
@@ -44,10 +48,19 @@ from typing import Any, Protocol
 import zmq
 import zmq.auth
 
-from mdproto import envelope
-from mdproto.messages import SubmitHistoricalRequest
+from mdproto import envelope, topics
+from mdproto.messages import (
+    ExchangeHealth,
+    IngestorStatus,
+    PipelineStatus,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+)
 
 WARMUP = 0.3
+HEARTBEAT_S = 0.25  # pipeline and ingestor heartbeats, sent this often...
+HEARTBEAT_INTERVAL_MS = 60_000  # ...but announced as this: valgrind's slowed server never expires
 
 
 Announce = Callable[[dict[str, str]], None]
@@ -83,28 +96,49 @@ def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = F
         tempfile.NamedTemporaryFile("w", suffix=".log") as log_file,
         tempfile.TemporaryDirectory() as keys,
     ):
-        configure_logging(log_level, stream=log_file)  # as the `relay` script does, into a file
+        listener = configure_logging(log_level, stream=log_file)  # as `relay` does, to a file
         overrides = _curve_keys(Path(keys)) if curve else {}
-        # Nothing upstream: not measured here.
+        pipeline = zmq.Context().socket(zmq.PUB)  # heartbeats only: no market data measured
+        pipeline.linger = 0
+        upstream = f"tcp://127.0.0.1:{pipeline.bind_to_random_port('tcp://127.0.0.1')}"
         settings = RelaySettings.loopback(
-            "tcp://127.0.0.1:1",
+            upstream,
             client_rate_limit=1e9,
+            pipeline_heartbeat_timeout_s=5,  # the production default (loopback turns it off)
             curve_secret_key_file=overrides.get("server_secret", ""),
             curve_client_keys_dir=overrides.get("clients", ""),
         )
         relay = Relay(settings)
         ep = relay.start()
-        announce(
-            {"client_request": ep.client_request, "ingestor_work": ep.ingestor_work, **overrides}
-        )
+
+        def heartbeats() -> None:
+            """Every HEARTBEAT_S; the endpoints are announced once the relay has one."""
+            status = PipelineStatus(interval_ms=HEARTBEAT_INTERVAL_MS, history=True, triggers=True)
+            serving = {"work": "history"}
+            while True:
+                pipeline.send_multipart(envelope.encode_pub(topics.PIPELINE_STATUS, status))
+                if serving and relay.metrics.sample("relay_pipeline_serving", serving):
+                    serving = {}
+                    announce(
+                        {
+                            "client_request": ep.client_request,
+                            "ingestor_work": ep.ingestor_work,
+                            "ingestor_response": ep.ingestor_response,
+                            **overrides,
+                        }
+                    )
+                if stop.wait(HEARTBEAT_S):
+                    return
 
         def stopper() -> None:
             stop.wait()
             relay.stop()
 
+        threading.Thread(target=heartbeats, daemon=True).start()
         threading.Thread(target=stopper, daemon=True).start()
         relay.run()
         relay.close()
+        listener.stop()
 
 
 def _curve_keys(keys: Path) -> dict[str, str]:
@@ -140,10 +174,61 @@ def serve_in_process(mode: str, endpoints: Queue[Any], stop: Event) -> None:
     serve(mode, endpoints.put, stop)
 
 
+def _ingestor(
+    ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller, ep: dict[str, str]
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+    """The ingestor's side: a SUB on the work socket (on `poller`; whatever it gets is
+    to be drained) and the DEALER its `IngestorStatus` heartbeats go out on."""
+    work = ctx.socket(zmq.SUB)
+    work.rcvhwm = 0
+    work.connect(ep["ingestor_work"])
+    work.subscribe(b"BINANCE:")
+    poller.register(work, zmq.POLLIN)
+    status = ctx.socket(zmq.DEALER)
+    status.linger = 0
+    status.connect(ep["ingestor_response"])
+    return work, status
+
+
+INGESTOR_STATUS = IngestorStatus(
+    ingestor_id="bench",
+    interval_ms=HEARTBEAT_INTERVAL_MS,
+    exchanges=[ExchangeHealth(exchange="BINANCE", healthy=True)],
+)
+REQUEST = SubmitHistoricalRequest(
+    client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
+)
+
+
+def _wait_accepted(sock: zmq.Socket[bytes], status: zmq.Socket[bytes] | None) -> None:
+    """Submit on `sock` until the relay accepts (it has seen the ingestor subscribe and,
+    with `status`, its heartbeat); the echo returns the request at once."""
+    request = SubmitHistoricalRequest()
+    request.CopyFrom(REQUEST)
+    request.request_id = "warm-up"
+    while True:
+        if status is not None:
+            status.send_multipart(envelope.encode(INGESTOR_STATUS))
+        sock.send_multipart(envelope.encode(request))
+        answer = envelope.decode(sock.recv_multipart())
+        if not isinstance(answer, SubmitResponse) or answer.status == Status.OK:
+            return
+        time.sleep(HEARTBEAT_S)
+
+
 def clients(
-    ep: dict[str, str], work: str, n: int, start_at: float, seconds: float, results: Queue[Any]
+    ep: dict[str, str],
+    work: bool,
+    n: int,
+    ready: Queue[Any],
+    start: Queue[Any],
+    seconds: float,
+    results: Queue[Any],
 ) -> None:
-    """`n` REQ sockets in one process, each in a closed loop; counts the measured window."""
+    """`n` REQ sockets in one process, each in a closed loop; counts the measured window.
+
+    With `work`, also the ingestor (`_ingestor`). Reports `ready` once connected (and
+    the relay accepts), then starts at the time `start` gives."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     poller = zmq.Poller()
     socks = []
@@ -153,16 +238,12 @@ def clients(
         sock.connect(ep["client_request"])
         poller.register(sock, zmq.POLLIN)
         socks.append(sock)
-    ingestor = None
+    ingestor = status_sock = None
     if work:
-        ingestor = ctx.socket(zmq.SUB)
-        ingestor.rcvhwm = 0
-        ingestor.connect(work)
-        ingestor.subscribe(b"BINANCE:")
-        poller.register(ingestor, zmq.POLLIN)
-    request = SubmitHistoricalRequest(
-        client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
-    )
+        ingestor, status_sock = _ingestor(ctx, poller, ep)
+        _wait_accepted(socks[0], status_sock)
+    next_status = 0.0
+    request = REQUEST
     sent_at: dict[zmq.Socket[bytes], float] = {}
     counter = 0
 
@@ -173,17 +254,27 @@ def clients(
         sent_at[sock] = time.monotonic()
         sock.send_multipart(envelope.encode(request))
 
+    def heartbeat(now: float) -> None:
+        nonlocal next_status
+        if status_sock is not None and now >= next_status:
+            status_sock.send_multipart(envelope.encode(INGESTOR_STATUS))
+            next_status = now + HEARTBEAT_S
+
+    ready.put(True)
+    start_at = start.get()
     while time.monotonic() < start_at:
+        heartbeat(time.monotonic())
         time.sleep(0.001)
     for sock in socks:
         send(sock)
     begin, end = start_at + WARMUP, start_at + WARMUP + seconds
     latencies: list[float] = []
-    done = 0
+    done = refused = 0
     while True:
         now = time.monotonic()
         if now >= end:
             break
+        heartbeat(now)
         for sock, _ in poller.poll(100):
             if sock is ingestor:
                 while True:
@@ -194,12 +285,15 @@ def clients(
                 continue
             reply = sock.recv_multipart()
             now = time.monotonic()
+            # Parse it as a client would (the echo returns the request).
+            answer = envelope.decode(reply)
             if now >= begin and now < end:
                 done += 1
                 latencies.append(now - sent_at[sock])
-            envelope.decode(reply)  # parse it as a client would (the echo returns the request)
+                if isinstance(answer, SubmitResponse) and answer.status != Status.OK:
+                    refused += 1
             send(sock)
-    results.put((done, latencies))
+    results.put((done, latencies, refused))
     ctx.destroy(linger=0)
 
 
@@ -208,6 +302,7 @@ class Result:
     rate: float
     p50_ms: float
     p99_ms: float
+    refused: int = 0  # replies other than OK (the run measured the wrong thing)
 
 
 def one_run(mode: str, n_clients: int, seconds: float) -> Result:
@@ -219,15 +314,17 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     server.start()
     ep = endpoints.get(timeout=30)
     procs = min(2, n_clients)
-    start_at = time.monotonic() + 2.0
+    ready: Queue[Any] = spawn.Queue()
+    start: Queue[Any] = spawn.Queue()
     workers = [
         spawn.Process(
             target=clients,
             args=(
                 ep,
-                ep["ingestor_work"] if i == 0 else "",
+                i == 0 and bool(ep["ingestor_work"]),
                 n_clients // procs,
-                start_at,
+                ready,
+                start,
                 seconds,
                 results,
             ),
@@ -236,6 +333,11 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     ]
     for w in workers:
         w.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    start_at = time.monotonic() + 0.1  # every client connected: they start together
+    for _ in workers:
+        start.put(start_at)
     parts = [results.get(timeout=60) for _ in workers]
     for w in workers:
         w.join(10)
@@ -243,7 +345,12 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     server.join(10)
     done = sum(p[0] for p in parts)
     lat = sorted(x for p in parts for x in p[1])
-    return Result(done / seconds, lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000)
+    return Result(
+        done / seconds,
+        lat[len(lat) // 2] * 1000,
+        lat[int(len(lat) * 0.99)] * 1000,
+        sum(p[2] for p in parts),
+    )
 
 
 def serve_cli(mode: str, endpoint_file: str) -> None:
@@ -257,35 +364,36 @@ def serve_cli(mode: str, endpoint_file: str) -> None:
     serve(mode, announce, stop)
 
 
-def drive(endpoint: str, work: str, sockets: int, total: int) -> None:
-    """Exactly `total` round trips over `sockets` REQ sockets (plus an ingestor SUB)."""
+def drive(ep: dict[str, str], sockets: int, total: int) -> None:
+    """Exactly `total` round trips over `sockets` REQ sockets (plus the ingestor), all OK."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     poller = zmq.Poller()
-    if work:
-        ingestor = ctx.socket(zmq.SUB)
-        ingestor.connect(work)
-        ingestor.subscribe(b"BINANCE:")
-        poller.register(ingestor, zmq.POLLIN)
-    request = SubmitHistoricalRequest(
-        client_id="bench", ticker="BINANCE:BTC/USDT", period_seconds=60, end_time_ms=3_600_000
-    )
+    request = REQUEST
     socks = []
     for _ in range(sockets):
         sock = ctx.socket(zmq.REQ)
-        sock.connect(endpoint)
+        sock.connect(ep["client_request"])
         poller.register(sock, zmq.POLLIN)
         socks.append(sock)
+    status_sock = _ingestor(ctx, poller, ep)[1] if ep["ingestor_work"] else None
+    _wait_accepted(socks[0], status_sock)
+    next_status = 0.0
     sent = done = 0
     for sock in socks[:total]:
         sent += 1
         request.request_id = f"r{sent}"
         sock.send_multipart(envelope.encode(request))
     while done < total:
-        for sock, _ in poller.poll(60_000):
+        if status_sock is not None and time.monotonic() >= next_status:
+            status_sock.send_multipart(envelope.encode(INGESTOR_STATUS))
+            next_status = time.monotonic() + HEARTBEAT_S
+        for sock, _ in poller.poll(int(HEARTBEAT_S * 1000)):
             if sock not in socks:
                 sock.recv_multipart()
                 continue
-            envelope.decode(sock.recv_multipart())
+            answer = envelope.decode(sock.recv_multipart())
+            if isinstance(answer, SubmitResponse) and answer.status != Status.OK:
+                raise RuntimeError(f"the relay refused a request: {answer.reason}")
             done += 1
             if sent < total:
                 sent += 1
@@ -319,7 +427,7 @@ def server_instructions(mode: str, total: int) -> int:
                     raise RuntimeError(f"{mode} server did not start under valgrind")
                 time.sleep(0.1)
             ep = json.loads(ep_file.read_text())
-            drive(ep["client_request"], ep["ingestor_work"], 10, total)
+            drive(ep, 10, total)
             proc.send_signal(signal.SIGTERM)
             proc.wait(300)
         finally:
@@ -358,12 +466,7 @@ def curve_table(reps: int, seconds: float) -> None:
         for _ in range(reps):
             for mode in modes:
                 runs[mode].append(one_run(mode, n, seconds))
-        med = {
-            m: Result(
-                *(statistics.median(getattr(r, f) for r in runs[m]) for f in Result.__annotations__)
-            )
-            for m in modes
-        }
+        med = {m: _median(runs[m]) for m in modes}
         plain, curve = med["relay-quiet"], med["relay-curve"]
         print(
             f"| {n} | {plain.rate:,.0f} | {curve.rate:,.0f} | {curve.rate / plain.rate:.2f} "
@@ -390,32 +493,50 @@ def main() -> None:
         return
     if args.instructions:
         instructions_table(500, 2500)
+    submit_table(args.reps, args.seconds)
+
+
+def _median(runs: list[Result]) -> Result:
+    return Result(*(statistics.median(getattr(r, f) for r in runs) for f in Result.__annotations__))
+
+
+def _ratio(runs: list[Result], baseline: list[Result]) -> str:
+    """Median of the per-repetition ratios, with their spread."""
+    ratios = [r.rate / b.rate for r, b in zip(runs, baseline, strict=True)]
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _latency(result: Result) -> str:
+    return f"{result.p50_ms:.2f}/{result.p99_ms:.2f}"
+
+
+def submit_table(reps: int, seconds: float) -> None:
+    """Echo, relay (INFO) and relay (WARNING) alternated `reps` times per client count.
+
+    A ratio is the relay's round trips/s over the echo's in the same repetition (the
+    machine's load moves both); the median is reported with the spread (min-max)."""
     modes = ("echo", "relay", "relay-quiet")
     print(
-        "| clients | echo rt/s | relay rt/s (INFO logs) | ratio | relay rt/s (WARNING) | ratio "
-        "| p50/p99 ms echo | relay | relay-quiet |"
+        "| clients | echo rt/s | relay rt/s (INFO) | ratio (min-max) | relay rt/s (WARNING) "
+        "| ratio (min-max) | p50/p99 ms echo | relay | relay-quiet |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for n in (1, 10, 100):
         runs: dict[str, list[Result]] = {m: [] for m in modes}
-        for _ in range(args.reps):
+        for _ in range(reps):
             for mode in modes:
-                runs[mode].append(one_run(mode, n, args.seconds))
-        med = {
-            m: Result(
-                *(statistics.median(getattr(r, f) for r in runs[m]) for f in Result.__annotations__)
-            )
-            for m in modes
-        }
+                runs[mode].append(one_run(mode, n, seconds))
+        med = {m: _median(runs[m]) for m in modes}
         print(
             f"| {n} | {med['echo'].rate:,.0f} | {med['relay'].rate:,.0f} "
-            f"| {med['relay'].rate / med['echo'].rate:.2f} | {med['relay-quiet'].rate:,.0f} "
-            f"| {med['relay-quiet'].rate / med['echo'].rate:.2f} "
-            f"| {med['echo'].p50_ms:.2f}/{med['echo'].p99_ms:.2f} "
-            f"| {med['relay'].p50_ms:.2f}/{med['relay'].p99_ms:.2f} "
-            f"| {med['relay-quiet'].p50_ms:.2f}/{med['relay-quiet'].p99_ms:.2f} |",
+            f"| {_ratio(runs['relay'], runs['echo'])} | {med['relay-quiet'].rate:,.0f} "
+            f"| {_ratio(runs['relay-quiet'], runs['echo'])} "
+            f"| {' | '.join(_latency(med[m]) for m in modes)} |",
             flush=True,
         )
+        refused = sum(r.refused for m in modes for r in runs[m])
+        if refused:
+            print(f"  ({refused} replies were not OK: this row measured refusals too)")
 
 
 if __name__ == "__main__":

@@ -289,8 +289,9 @@ class Relay:
                 self._ingestors.send_operator_controls()
                 self._requests.send_stored_triggers(self._clock())
             now = self._clock()
-            self._requests.expire_legacy(now)
-            self._live.due(now)
+            if now >= deadline:  # a deadline a handler just set is met by the next turn's poll
+                self._requests.expire_legacy(now)
+                self._live.due(now)
             if now >= next_stats:
                 self._live.sync_trigger_tickers(now)
                 self._ingestors.refresh_routing(now)

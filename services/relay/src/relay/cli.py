@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import signal
 import sys
 from collections.abc import Mapping
+from logging.handlers import QueueHandler, QueueListener
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -24,17 +26,38 @@ from relay.config import config_path_from_env, load_settings
 log = logging.getLogger("relay")
 
 
-def configure_logging(level: str | int, stream: IO[str] | None = None) -> None:
-    """Plain lines on stderr; the format needs no thread/process info, so skip collecting it
-    (the relay logs one line per forwarded request: it adds up)."""
+class _DeferredFormatting(QueueHandler):
+    """Hands records to the queue with only their message merged: the arguments are
+    read now (they may change later), the line is formatted and written by the listener."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg, record.args = record.getMessage(), None
+        return record
+
+
+def configure_logging(level: str | int, stream: IO[str] | None = None) -> QueueListener:
+    """Plain lines on stderr, formatted and written by a listener thread.
+
+    The relay logs one line per forwarded request (the spec's INFO line), so the loop
+    only queues a record (QueueHandler) and the listener (QueueListener) formats and
+    writes it; call `stop()` on the returned listener to flush before exiting. The
+    format needs no thread, process or caller info, so none is collected (the last
+    is `logging._srcfile`, the logging HOWTO's "Optimization" switch)."""
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    logging._srcfile = None
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     logging.basicConfig(
         level=level.upper() if isinstance(level, str) else level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=stream,
+        handlers=[_DeferredFormatting(records)],
+        force=True,
     )
+    listener = QueueListener(records, handler)
+    listener.start()
+    return listener
 
 
 #: env_logger's levels (the spec's RUST_LOG) as Python's.
@@ -99,8 +122,16 @@ def main() -> int:
     if sys.argv[1:2] == ["keys"]:
         return keys_main(sys.argv[2:])
     level, source = log_level(os.environ)
-    configure_logging(level)
-    log.info("log level %s (%s)", level, source)
+    listener = configure_logging(level)
+    try:
+        log.info("log level %s (%s)", level, source)
+        return serve()
+    finally:
+        listener.stop()  # every queued line is written before the process exits
+
+
+def serve() -> int:
+    """Load the config, start the relay and run it until SIGTERM/SIGINT; the exit code."""
     path, explicit = config_path_from_env()
     try:
         settings = load_settings(path, required=explicit)

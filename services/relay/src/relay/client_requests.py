@@ -22,6 +22,7 @@ the market-metadata check (`relay.markets`) last; and the rate limit,
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import math
 import queue
@@ -127,8 +128,8 @@ class ClientRequests:
             self._reply(route, reply, now)
 
     def _handle(self, route: list[bytes], body: list[bytes], now: float) -> Message | None:
-        """The immediate reply to one request, or None when it comes later (legacy, and
-        trigger REGISTER/CANCEL: once stored)."""
+        """The immediate reply to one request, or None when it is sent already (an
+        accepted submit) or comes later (legacy, and trigger REGISTER/CANCEL: once stored)."""
         try:
             message: Message | None = envelope.decode(body, max_payload=self._s.max_request_payload)
             error: ProtocolError | None = None
@@ -145,7 +146,7 @@ class ClientRequests:
                 )
             return _refusal(message, RATE_LIMITED, "too many requests from this client; slow down")
         if isinstance(message, SubmitHistoricalRequest):
-            return self._submit(message, now)
+            return self._submit(route, message, now)
         if isinstance(message, OHLCRequest):
             return self._legacy_request(route, message, now)
         if isinstance(message, CEPTriggerRequest):
@@ -160,7 +161,9 @@ class ClientRequests:
 
     # --- history (asynchronous: answered now, data arrives through Kafka/Iceberg) ------
 
-    def _submit(self, req: SubmitHistoricalRequest, now: float) -> SubmitResponse:
+    def _submit(
+        self, route: list[bytes], req: SubmitHistoricalRequest, now: float
+    ) -> SubmitResponse | None:
         outcome = check_submit(
             req, self._policy, self._wall_ms(), self._new_id, symbols=self._symbols
         )
@@ -182,8 +185,11 @@ class ClientRequests:
                 error_code=unserved.error_code,
             )
         self._accepted["submit"].inc()
+        # Acknowledged first: the client's round trip does not wait for the publish and its
+        # log line (nothing in them refuses a request).
+        self._reply(route, outcome.reply, now)
         self._ingestors.publish_work(outcome.work.topic, outcome.work.request, "historical", now)
-        return outcome.reply
+        return None
 
     # --- CEP triggers ----------------------------------------------------------------
 
@@ -423,7 +429,7 @@ def check_submit(
     """
     try:
         request_id = _request_id(req.request_id, req.client_id, new_id)
-        prefix = _ticker_prefix(req.ticker, policy)
+        prefix = _ticker_prefix(req.ticker, policy.known_exchanges)
         _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
         topic = rules.notification_topic(req.notify, request_id, req.client_id)
         _check_symbol(req.ticker, symbols)
@@ -446,7 +452,7 @@ def check_legacy(
     try:
         request_id = req.request_id or new_id()
         rules.check_ids(request_id=request_id, client_id=req.client_id)
-        prefix = _ticker_prefix(req.ticker, policy)
+        prefix = _ticker_prefix(req.ticker, policy.known_exchanges)
         _check_range(req.period_seconds, req.start_time_ms, req.end_time_ms, policy, now_ms)
         _check_symbol(req.ticker, symbols)
     except RuleViolation as bad:
@@ -502,14 +508,14 @@ def check_trigger(
             return TriggerOutcome(CEPTriggerAck(trigger_id=req.trigger_id, status=_OK), True)
         if req.action == CEPTriggerRequest.REGISTER:
             event_topic = rules.register(req, now_ms)
-            _ticker_prefix(req.ticker, policy)
+            _ticker_prefix(req.ticker, policy.known_exchanges)
             _check_symbol(req.ticker, symbols, live=True)
         elif req.action == CEPTriggerRequest.CANCEL:
             if not req.trigger_id:
                 raise RuleViolation(rules.MISSING_ID, "trigger_id is required")
             rules.check_ids(trigger_id=req.trigger_id, client_id=req.client_id)
             if req.ticker:
-                _ticker_prefix(req.ticker, policy)
+                _ticker_prefix(req.ticker, policy.known_exchanges)
             event_topic = ""
         else:
             raise RuleViolation(
@@ -538,10 +544,13 @@ def _request_id(request_id: str, client_id: str, new_id: Callable[[], str]) -> s
     return request_id
 
 
-def _ticker_prefix(ticker: str, policy: Policy) -> str:
+@functools.lru_cache(maxsize=4096)
+def _ticker_prefix(ticker: str, known_exchanges: frozenset[str]) -> str:
+    """The work topic of a valid ticker of a served exchange. Memoised (clients ask about
+    the same few tickers over and over); a RuleViolation is raised again each time."""
     exchange = rules.ticker(ticker).exchange
-    if policy.known_exchanges and exchange not in policy.known_exchanges:
-        known = ", ".join(sorted(policy.known_exchanges))
+    if known_exchanges and exchange not in known_exchanges:
+        known = ", ".join(sorted(known_exchanges))
         raise RuleViolation(rules.UNKNOWN_EXCHANGE, f"exchange {exchange} is not served ({known})")
     return f"{exchange}:"
 

@@ -73,8 +73,10 @@ class Ingestors:
     # --- can work be taken? ---------------------------------------------------------
 
     def served(self, topic: str) -> bool:
-        """An ingestor subscribes to a prefix of `topic` on the work socket right now."""
-        return any(topic.startswith(p) for p in self._subs["work"])
+        """An ingestor subscribes to a prefix of `topic` on the work socket right now
+        (work topics are exchange prefixes, which ingestors subscribe to as they are)."""
+        subs = self._subs["work"]
+        return topic in subs or any(topic.startswith(p) for p in subs)
 
     def unserved(self, topic: str, now: float) -> Verdict | None:
         """Why no ingestor can take work published on `topic` now (no_ingestor,
@@ -221,6 +223,7 @@ _EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 _MAX_EXCHANGES = 256  # per status: more is a broken sender, not a deployment
 _MAX_REASON = 500  # of a kafka_error quoted in refusals
 _MIN_INTERVAL_S = 0.1  # a smaller interval_ms would expire an ingestor between two loop turns
+_MAX_VERDICTS = 1024  # kept verdicts (one per prefix asked about); all dropped beyond
 
 
 class BadStatusError(ValueError):
@@ -292,6 +295,8 @@ class Liveness:
         self._forget_after_s = forget_after_s
         self._ingestors: dict[str, _Ingestor] = {}
         self._reported: set[str] = set()  # prefixes some ingestor reported since subscribed
+        # (prefix, subscribed) -> (verdict, asked at, the live ingestors it counts).
+        self._verdicts: dict[tuple[str, bool], tuple[Verdict, float, list[_Ingestor]]] = {}
 
     @property
     def prefixes(self) -> set[str]:
@@ -316,13 +321,34 @@ class Liveness:
             now, self._factor * interval_s, exchanges, message.kafka_error[:_MAX_REASON]
         )
         self._reported.update(exchanges)
+        self._verdicts.clear()
 
     def unsubscribed(self, prefix: str) -> None:
         """No ingestor subscribes to `prefix` any more: forget who reported it."""
         self._reported.discard(prefix)
+        self._verdicts.clear()
 
     def verdict(self, prefix: str, subscribed: bool, now: float) -> Verdict:
-        """Whether work for `prefix` ("BINANCE:") can be served now, and if not why."""
+        """Whether work for `prefix` ("BINANCE:") can be served now, and if not why.
+
+        Kept until it can change (the relay asks for every request): a status or an
+        unsubscription clears what is kept, and time alone changes a verdict only when
+        one of the live ingestors it counts expires."""
+        key = (prefix, subscribed)
+        kept = self._verdicts.get(key)
+        if kept is not None and kept[1] <= now and all(ing.alive(now) for ing in kept[2]):
+            return kept[0]
+        verdict, counted = self._judge(prefix, subscribed, now)
+        if len(self._verdicts) >= _MAX_VERDICTS:  # prefixes come from requests: bounded
+            self._verdicts.clear()
+        if counted is not None:
+            self._verdicts[key] = (verdict, now, counted)
+        return verdict
+
+    def _judge(
+        self, prefix: str, subscribed: bool, now: float
+    ) -> tuple[Verdict, list[_Ingestor] | None]:
+        """The verdict, and the live ingestors it holds for (None: it is not to be kept)."""
         name = prefix.rstrip(":")
         if not subscribed:
             return Verdict(
@@ -331,9 +357,9 @@ class Liveness:
                 NO_INGESTOR,
                 f"no ingestor serves {name} right now (none is subscribed to its work "
                 "queue); retry once one runs",
-            )
-        if prefix not in self._reported:
-            return Verdict(State.SERVED)  # no ingestor of it sends status: trust the subscription
+            ), []
+        if prefix not in self._reported:  # no ingestor of it sends status: trust the subscription
+            return Verdict(State.SERVED), []
         reporters = [(i, ing) for i, ing in self._ingestors.items() if prefix in ing.exchanges]
         alive = [(i, ing) for i, ing in reporters if ing.alive(now)]
         if not alive:
@@ -345,7 +371,8 @@ class Liveness:
                 NO_INGESTOR,
                 f"no ingestor of {name} is alive: the last status came {heard} (hung or cut "
                 "off, while still subscribed); retry once one runs",
-            )
+            ), None  # the reason says how long ago: not kept
+        counted = [ing for _, ing in alive]
         storing = [(i, ing) for i, ing in alive if not ing.kafka_error]
         if not storing:
             ingestor_id, latest = max(alive, key=lambda pair: pair[1].last_seen)
@@ -355,7 +382,7 @@ class Liveness:
                 KAFKA_UNAVAILABLE,
                 f"no ingestor of {name} can write to Kafka, so nothing fetched would reach "
                 f"the pipeline ({ingestor_id}: {latest.kafka_error}); retry once Kafka is back",
-            )
+            ), counted
         alive = storing
         if all(not ing.exchanges[prefix].healthy for _, ing in alive):
             ingestor_id, latest = max(alive, key=lambda pair: pair[1].last_seen)
@@ -367,8 +394,8 @@ class Liveness:
                 f"exchange {name} is failing at every ingestor that serves it ({ingestor_id}: "
                 f"{health.failures} failed calls in a row, last {health.error_code}: "
                 f"{health.reason}); retry later",
-            )
-        return Verdict(State.SERVED, len(alive))
+            ), counted
+        return Verdict(State.SERVED, len(alive)), counted
 
     def forget_dead(self, now: float) -> list[str]:
         """Drop ingestors silent for `forget_after_s` (bounded memory); their ids."""
@@ -376,4 +403,6 @@ class Liveness:
         gone = [i for i, ing in self._ingestors.items() if now - ing.last_seen > limit]
         for ingestor_id in gone:
             del self._ingestors[ingestor_id]
+        if gone:
+            self._verdicts.clear()
         return gone

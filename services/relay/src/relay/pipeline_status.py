@@ -62,20 +62,22 @@ class PipelineWatch:
         self._started = now
         self._last: PipelineStatus | None = None
         self._last_at = 0.0
+        self._expiry = 0.0  # of the last heartbeat
+        self._serves: dict[Part, bool] = {}  # by the last heartbeat
 
     @property
     def enabled(self) -> bool:
         return self._timeout_s > 0
 
     def beat(self, status: PipelineStatus, now: float) -> None:
+        """Record a heartbeat; what it says is read here, once, not per request."""
         self._last, self._last_at = status, now
+        self._expiry = max(self._timeout_s, 3 * status.interval_ms / 1000.0)
+        self._serves = {Part.HISTORY: status.history, Part.TRIGGERS: status.triggers}
 
     def fresh(self, now: float) -> bool:
         """A heartbeat arrived within the expiry."""
-        if self._last is None:
-            return False
-        expiry = max(self._timeout_s, 3 * self._last.interval_ms / 1000.0)
-        return now - self._last_at <= expiry
+        return self._last is not None and now - self._last_at <= self._expiry
 
     def refusal(self, work: Part, now: float) -> Refusal | None:
         """Why `work` cannot be accepted now, or None if it can."""
@@ -94,7 +96,7 @@ class PipelineWatch:
                 f"the pipeline's last heartbeat came {now - self._last_at:.1f} s ago: it is hung,"
                 " stopped or unreachable, so nothing would answer; retry once it runs",
             )
-        if not (last.history if work is Part.HISTORY else last.triggers):
+        if not self._serves[work]:
             why = last.reason or f"{work.value} not served"
             return Refusal(PIPELINE_UNAVAILABLE, f"the pipeline cannot serve {work.value}: {why}")
         return None
