@@ -8,7 +8,12 @@ history request every minute shows no catalog HTTP 500, no component restarted
     .venv/bin/python bench/soak.py --minutes 30 --tickers 10   # another
 
 It attaches to the platform the way a user's second shell does (mdclient's
-default settings), so it measures `make run` itself, not a test copy. Each
+default settings), so it measures `make run` itself, not a test copy. The
+tickers are distinct active markets the platform lists (`mdclient markets`),
+the exchange simulator's most liquid first (it has 11 markets that trade every
+minute; its illiquid XYZ/USDT and delisted OLD/USDT come last or not at all), so
+every one of them delivers live ticks; live data needs an exchange the simulator
+streams (BINANCE, the default, or BYBIT: `EXCHANGES=bybit make run`). Each
 request asks for a different past hour of a different ticker: every one is
 fetched, committed and notified, none is answered from storage. At the end it
 reads what happened beside it: component pid files (a changed pid is a
@@ -30,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.exchange_sim import DEFAULT_MODEL, UnknownSymbolError
 from mdclient import Client, ClientSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,14 +89,30 @@ def pids(data_dir: Path) -> dict[str, str]:
     return found
 
 
-def live_tickers(client: Client, exchange: str, count: int) -> list[str]:
-    """The first `count` active markets the platform knows on `exchange`."""
-    table = client.markets(exchange)
-    rows = [r for r in table.to_pylist() if r.get("active", True)]
-    tickers = sorted(str(r["ticker"]) for r in rows)
+def trades_per_minute(ticker: str) -> float:
+    """How often the exchange simulator's market trades (0: not a simulator market)."""
+    try:
+        spec = DEFAULT_MODEL.spec(ticker.partition(":")[2])
+    except UnknownSymbolError:
+        return 0.0
+    return spec.trades_per_minute * spec.active_fraction
+
+
+def pick_tickers(rows: list[dict[str, object]], exchange: str, count: int) -> list[str]:
+    """`count` distinct active markets of `rows` (the markets table), most liquid first.
+
+    Alphabetical among equals, so a run picks the same tickers every time.
+    """
+    active = {str(r["ticker"]) for r in rows if r.get("active", True)}
+    tickers = sorted(active, key=lambda t: (-trades_per_minute(t), t))
     if len(tickers) < count:
-        raise SystemExit(f"only {len(tickers)} markets on {exchange}; asked for {count}")
+        raise SystemExit(f"only {len(tickers)} active markets on {exchange}; asked for {count}")
     return tickers[:count]
+
+
+def live_tickers(client: Client, exchange: str, count: int) -> list[str]:
+    """`count` active markets the platform knows on `exchange` (`pick_tickers`)."""
+    return pick_tickers(client.markets(exchange).to_pylist(), exchange, count)
 
 
 def say(line: str) -> None:

@@ -4,7 +4,8 @@ Why these shapes: unmodified ccxt ``kraken`` must load markets (``load_markets``
 calls ``/0/public/Assets``, then ``/0/public/AssetPairs``) and parse candles, so
 bodies follow Kraken's wire format ``{"error": [], "result": {...}}``; errors
 come with HTTP 200 and ``error: ["EQuery:Unknown asset pair"]``. BTC is ``XBT``
-on Kraken (asset ``XXBT``, pair ``XBTUSDT``), as for real.
+on Kraken (asset ``XXBT``, pair ``XBTUSDT``) and DOGE ``XDG`` (``XXDG``,
+``XDGUSDT``), as for real.
 
 Paging as the real OHLC endpoint: it serves only the latest 720 entries of an
 interval (the last one still open), oldest first; ``since`` (seconds) keeps the
@@ -39,8 +40,17 @@ INTERVALS = {
 #: Entries of an interval the OHLC endpoint serves (the newest ones).
 MAX_ENTRIES = 720
 PREFIX = "/0/public/"
-#: Kraken's asset ids and altnames where they differ from the unified code.
-ASSETS = {"BTC": ("XXBT", "XBT"), "ETH": ("XETH", "ETH")}
+#: Kraken's asset ids and altnames where they differ from the unified code, as
+#: listed by the real ``/0/public/Assets`` (the older assets carry an ``X`` prefix;
+#: DOGE is ``XDG``). ccxt maps them back (``commonCurrencies``); ADA, AVAX, DOT,
+#: LINK, SOL and USDT are their own ids.
+ASSETS = {
+    "BTC": ("XXBT", "XBT"),
+    "ETH": ("XETH", "ETH"),
+    "DOGE": ("XXDG", "XDG"),
+    "LTC": ("XLTC", "LTC"),
+    "XRP": ("XXRP", "XRP"),
+}
 
 
 def asset_id(code: str) -> str:

@@ -208,6 +208,23 @@ DEFAULT_SPECS: tuple[SymbolSpec, ...] = (
         max_qty="900000",
         listed_ms=_utc_ms(2020, 8, 11),
     ),
+    # More liquid markets, so that ten tickers can be live at once (issue 25's
+    # soak: bench/soak.py --tickers 10): a table, as README.md "Data model" shows.
+    # Each symbol's values depend on its own name only: adding one changes no other.
+    *(
+        SymbolSpec(symbol, price, tick, step, vol, tpm, vpm, listed_ms=_utc_ms(*listed))
+        for symbol, price, tick, step, vol, tpm, vpm, listed in (
+            # symbol, centre price, tick, step, daily vol, trades/min, base/min, listed
+            ("BNB/USDT", 580.0, "0.01", "0.001", 0.03, 35, 20.0, (2017, 11, 6)),
+            ("XRP/USDT", 0.6, "0.0001", "0.1", 0.04, 45, 20_000.0, (2018, 5, 4)),
+            ("ADA/USDT", 0.45, "0.0001", "0.1", 0.045, 25, 15_000.0, (2018, 4, 17)),
+            ("DOGE/USDT", 0.15, "0.00001", "1", 0.055, 50, 100_000.0, (2019, 7, 5)),
+            ("AVAX/USDT", 35.0, "0.01", "0.01", 0.05, 20, 300.0, (2020, 9, 22)),
+            ("LINK/USDT", 15.0, "0.01", "0.01", 0.045, 20, 600.0, (2019, 1, 16)),
+            ("DOT/USDT", 7.0, "0.001", "0.01", 0.045, 15, 1_000.0, (2020, 8, 18)),
+            ("LTC/USDT", 80.0, "0.01", "0.001", 0.035, 15, 100.0, (2017, 12, 13)),
+        )
+    ),
     # Illiquid: ~15% of minutes trade, so most 1m klines are missing.
     SymbolSpec(
         symbol="XYZ/USDT",

@@ -582,6 +582,49 @@ def test_coinbase_faults_and_trades(sim: ThreadedSimulator) -> None:
     assert [int(t["id"]) for t in trades] == [t.id for t in latest]
 
 
+# ---------------------------------------------------- every exchange's markets
+#: Each front-end's own id of DOGE/USDT (Kraken names DOGE ``XDG``, asset ``XXDG``).
+DOGE_IDS = {
+    "binance": "DOGEUSDT",
+    "bybit": "DOGEUSDT",
+    "okx": "DOGE-USDT",
+    "coinbaseexchange": "DOGE-USDT",
+    "kraken": "XDGUSDT",
+}
+LIQUID = [s for s in DEFAULT_MODEL.specs.values() if s.active_fraction == 1 and not s.delisted_ms]
+
+
+def test_ten_liquid_markets_each_trading_every_minute_near_its_price() -> None:
+    """Ten tickers can be live at once (issue 25's soak: bench/soak.py --tickers 10)."""
+    assert len(LIQUID) >= 10
+    for spec in LIQUID:
+        rows = expected_klines(spec.symbol, "1m", T0, T0 + 59 * MINUTE_MS)
+        assert len(rows) == 60, spec.symbol  # no minute without trades
+        assert 0.2 < float(rows[-1].close) / spec.price < 5, spec.symbol
+        assert all(k.trades >= 1 and k.low <= k.open <= k.high for k in rows)
+
+
+@pytest.mark.parametrize("exchange_id", sorted(DOGE_IDS))
+def test_every_exchange_lists_every_market_under_its_own_ids(
+    sim: ThreadedSimulator, exchange_id: str
+) -> None:
+    sim.set_time(FROZEN_NOW)
+    exchange = getattr(ccxt, exchange_id)(SPOT_ONLY)
+    point_ccxt_at(exchange, sim.base_url)
+    exchange.load_markets()
+    assert set(exchange.markets) == set(DEFAULT_MODEL.specs)
+    assert all(exchange.market(s.symbol)["active"] for s in LIQUID)
+    doge = exchange.market("DOGE/USDT")
+    assert (doge["id"], doge["base"], doge["quote"]) == (DOGE_IDS[exchange_id], "DOGE", "USDT")
+    assert doge["precision"]["price"] == 0.00001 and doge["precision"]["amount"] == 1
+    since = interval_open("1m", FROZEN_NOW) - 30 * MINUTE_MS
+    rows = exchange.fetch_ohlcv("DOGE/USDT", "1m", since=since, limit=10)
+    served = ohlcv(
+        expected_klines("DOGE/USDT", "1m", since - 30 * MINUTE_MS, FROZEN_NOW, now_ms=FROZEN_NOW)
+    )
+    assert rows and all(row in served for row in rows)
+
+
 # ------------------------------------------------------- determinism/CLI
 def test_model_is_stable_across_processes() -> None:
     code = (
