@@ -128,3 +128,40 @@ def test_a_sink_without_a_reachable_broker_reports_it_and_a_probe_does_not_clear
     problem, changed, first = asyncio.run(scenario())
     assert problem is not None and "brokers are down" in problem, problem
     assert changed == 1 and first == problem  # one change: the relay hears it once
+
+
+def test_a_background_task_that_dies_turns_the_ingestor_unhealthy() -> None:
+    """A crashed status or work-intake task was only logged: the relay would go on
+    seeing a subscribed ingestor that never answers, and /healthz said ok."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from ingestor import metrics
+    from ingestor.app import Ingestor
+    from ingestor.config import Settings
+
+    async def scenario() -> list[str]:
+        ingestor = Ingestor(Settings(ingestor_id="ing-1"))
+
+        async def status_loop() -> None:
+            raise RuntimeError("the DEALER was closed")
+
+        async def probes() -> None:
+            return None  # ends normally: not a failure
+
+        ingestor._spawn(status_loop(), "status")
+        ingestor._spawn(probes(), "health-probes")
+        # Their done callbacks (the app's first) have run once gather returns.
+        await asyncio.gather(*list(ingestor._tasks), return_exceptions=True)
+        return list(ingestor.failed_tasks)
+
+    assert asyncio.run(scenario()) == ["status"]
+    running = SimpleNamespace(
+        ready=True, stopping=False, feeds=None, prefixes=["BINANCE:"], ingestor_id="ing-1",
+        sink=SimpleNamespace(problem="1/1 brokers are down"), failed_tasks=[],
+    )  # fmt: skip
+    health = metrics.health(cast(Any, running))
+    assert health.ok and health.details["kafka_problem"] == "1/1 brokers are down"
+    running.failed_tasks = ["status"]
+    health = metrics.health(cast(Any, running))
+    assert not health.ok and health.details["failed_tasks"] == ["status"]
