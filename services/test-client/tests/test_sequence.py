@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -207,3 +208,40 @@ def test_a_gap_revealed_by_an_already_recovered_candle_is_still_reported() -> No
         (60_000, False),
         (0, True),
     ]
+
+
+def test_the_iceberg_read_waits_for_the_store_delay_and_a_close_cancels_it() -> None:
+    """The pipeline stores a closed candle ~2-3 s after publishing it: an immediate read
+    would miss the newest lost one."""
+    stored = _Stored([_candle(0, 60_000, closed=True)])
+    read_at: list[float] = []
+
+    def recover(ticker: str, period: int, start_ms: int, end_ms: int) -> list[OHLC]:
+        read_at.append(time.monotonic())
+        return stored(ticker, period, start_ms, end_ms)
+
+    done = threading.Event()
+    stream = LiveStream(
+        [f"{T}|ohlc:60"], lambda s: None, recover=recover, recovery_delay_s=0.3,
+        on_sequence=lambda e: done.set() if e.kind == "recovered" else None,
+    )  # fmt: skip
+    stream.deliver(_candle(1, 0, closed=True))
+    seen_at = time.monotonic()
+    stream.deliver(_candle(5, 120_000))  # reveals the gap
+    assert done.wait(5)
+    assert read_at[0] - seen_at >= 0.3
+    assert [m.open_time_ms for m in _drain(stream) if m.closed] == [0, 60_000]
+
+    cancelled = LiveStream([f"{T}|ohlc:60"], lambda s: None, recover=recover, recovery_delay_s=5)
+    cancelled.deliver(_candle(1, 0, closed=True))
+    cancelled.deliver(_candle(5, 120_000))
+    cancelled.close()  # during the wait: the recovery thread ends without reading
+
+    def recovering() -> bool:
+        return any(t.name == "mdclient-recovery" for t in threading.enumerate())
+
+    deadline = time.monotonic() + 2
+    while recovering():
+        assert time.monotonic() < deadline, "the recovery thread outlived close()"
+        time.sleep(0.01)
+    assert len(read_at) == 1

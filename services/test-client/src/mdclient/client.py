@@ -478,6 +478,7 @@ class Client(Closeable):
             on_status=on_status,
             on_sequence=on_sequence,
             recover=self._closed_candles,
+            recovery_delay_s=self.settings.live_recovery_delay_s,
         )
         with self._streams_lock:
             self._streams.add(stream)

@@ -57,6 +57,9 @@ class ClientSettings(runtime.FileSettings):
     legacy_attempts: int = Field(default=1, ge=1)
     progress_interval_s: float = Field(default=0.2, gt=0)
     live_queue_size: int = Field(default=10_000, ge=1)
+    # A gap's closed candles are read from Iceberg this long after it is seen: the
+    # pipeline stores a closed candle ~2-3 s after publishing it (docs/protocol.md).
+    live_recovery_delay_s: float = Field(default=4.0, ge=0)
 
     # Iceberg (REST catalog + S3). Empty S3 settings: those the catalog hands out
     # (the platform's catalog tells clients its S3 endpoint, region and keys).

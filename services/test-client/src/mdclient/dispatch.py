@@ -149,7 +149,8 @@ def backfill_start(closed_upto_ms: int | None, first_open_ms: int, period_second
 
     After the newest closed candle delivered before the gap, or from the first
     candle the stream saw when none closed yet; the read runs to now. A window's
-    closed candle is stored before it is published, so the table holds each lost one.
+    closed candle is stored ~2-3 s after it is published, so a read that waits for that
+    (`live_recovery_delay_s`) finds each lost one.
     """
     return first_open_ms if closed_upto_ms is None else closed_upto_ms + period_seconds * 1000
 

@@ -21,9 +21,11 @@ duplicates are dropped and counted in `duplicates`; a gap or a publisher
 restart goes to `on_sequence` (or the log, WARNING for a gap), and on a candle
 topic the closed candles the gap may have swallowed are read from Iceberg on a
 recovery thread and delivered (those not delivered yet), followed by a
-`recovered` event. Callbacks never run concurrently (the recovery thread
-delivers under the stream's lock). A new subscription receives the topic's last
-value from the pipeline (current candle, latest tick) at once.
+`recovered` event. The read waits `recovery_delay_s` first: the pipeline stores
+a closed candle a few seconds after it publishes it. Callbacks never run
+concurrently (the recovery thread delivers under the stream's lock). A new
+subscription receives the topic's last value from the pipeline (current
+candle, latest tick) at once.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ class LiveStream(QueueStream[LiveMessage]):
         on_status: StatusCallback | None = None,
         on_sequence: SequenceCallback | None = None,
         recover: ClosedCandles | None = None,
+        recovery_delay_s: float = 0.0,
     ) -> None:
         super().__init__(topic_list, closer, maxsize)
         self._callback = callback
@@ -141,6 +144,7 @@ class LiveStream(QueueStream[LiveMessage]):
         self._on_status = on_status
         self._on_sequence = on_sequence
         self._recover = recover
+        self._recovery_delay_s = recovery_delay_s
         self._lock = threading.RLock()
         self._tracker = SequenceTracker()
         self._candles: dict[int, _Candles] = {}
@@ -261,7 +265,8 @@ class LiveStream(QueueStream[LiveMessage]):
     def _recovery(self, ticker: str, period: int, start_ms: int) -> None:
         key = (ticker, period)
         while True:
-            if not self._closed.is_set():
+            # The newest lost candle reaches the table a few seconds after it was published.
+            if not self._closed.wait(self._recovery_delay_s):
                 self._recover_once(ticker, period, start_ms)
             with self._lock:  # a gap meanwhile left where to start again
                 pending = self._recovering[key]
