@@ -136,13 +136,14 @@ class PipelineHeartbeats:
         """Gauges per kind of work, and a log line whenever one changes."""
         if not self.watch.enabled:
             return
-        for work, serving in self.watch.serving(now).items():
+        for work in Part:
+            refusal = self.watch.refusal(work, now)
+            serving = refusal is None
             self._metrics.pipeline_serving.labels(work.value).set(serving)
             if self._serving.get(work) == serving:
                 continue
             first = work not in self._serving
             self._serving[work] = serving
-            refusal = self.watch.refusal(work, now)
             if refusal is None:
                 log.info("pipeline serves %s: accepting %s", work.value, work.requests)
             elif not first:  # at start-up nothing was accepted yet: no news
