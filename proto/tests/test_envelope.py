@@ -84,6 +84,24 @@ SAMPLES: dict[MessageType, Message] = {
     MessageType.PIPELINE_STATUS: m.PipelineStatus(
         sent_at_ms=1_700_000_000_000, interval_ms=1000, history=True, reason="CEP is disabled"
     ),
+    MessageType.BOOK_SNAPSHOT: m.BookSnapshot(
+        ticker="OKX:BTC/USDT",
+        bids=[m.BookLevel(price=100.5, amount=2.0)],
+        asks=[m.BookLevel(price=100.6, amount=1.5)],
+        depth=400,
+        exchange_sequence=123_456_789_012,
+        reset=m.BookReset.BOOK_RESET_CHECKSUM,
+        reason="checksum 123 != 456",
+        sequence=3,
+        publisher_epoch=1_700_000_000_000_000,
+    ),
+    MessageType.BOOK_DELTA: m.BookDelta(
+        ticker="OKX:BTC/USDT",
+        bids=[m.BookLevel(price=100.5, amount=0.0)],
+        exchange_sequence=123_456_789_013,
+        exchange_prev_sequence=123_456_789_012,
+        sequence=4,
+    ),
     MessageType.INGEST_CLAIM: m.IngestClaim(
         kind=m.IngestClaim.CLAIM,
         ingestor_id="i1",
@@ -97,7 +115,7 @@ SAMPLES: dict[MessageType, Message] = {
 def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
-        0x13, 0x14, 0x15, 0x20,
+        0x13, 0x14, 0x15, 0x16, 0x17, 0x20,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

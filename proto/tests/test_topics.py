@@ -36,7 +36,7 @@ def test_market_data_topics() -> None:
     assert topics.parse_market_topic("BINANCE:BTC/USDT|ohlc:") == topics.MarketTopic(
         "BINANCE:BTC/USDT", "ohlc", None
     )
-    for other in ["RESPONSE:c1", "BINANCE:BTC/USDT|ohlc:0", "BINANCE:BTC/USDT|book", "", "|tick"]:
+    for other in ["RESPONSE:c1", "BINANCE:BTC/USDT|ohlc:0", "BINANCE:BTC/USDT|books", "", "|tick"]:
         assert topics.parse_market_topic(other) is None
 
 

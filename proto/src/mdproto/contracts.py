@@ -24,6 +24,9 @@ KAFKA_TICKS: Final = "market.ticks"  # Tick, key = ticker
 # Closed live candles (OHLC, closed=true, key = ticker), the pipeline's own: its live
 # engine writes them, its candles-store query MERGEs them into ICEBERG_OHLC.
 KAFKA_LIVE_CANDLES: Final = "market.ohlc.live"
+# L2 order books: BookSnapshot and BookDelta records of every live book, key = ticker, in
+# the exchange's order (docs/protocol.md "Order books").
+KAFKA_BOOK: Final = "market.book"
 KAFKA_MARKETS: Final = "market.markets"  # Market, key = ticker (compacted)
 KAFKA_INGEST_CLAIMS: Final = "ingest.claims"  # claim records, key = request_id (1 partition)
 KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_id (compacted)
@@ -33,6 +36,7 @@ ICEBERG_NAMESPACE: Final = "market"
 ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
 ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request
+ICEBERG_BOOK_SNAPSHOTS: Final = "market.book_snapshots"  # periodic L2 snapshots per ticker
 ICEBERG_MARKETS: Final = "market.markets"  # one row per ticker, from KAFKA_MARKETS
 
 # Live candle periods (seconds) the pipeline aggregates and the relay accepts on

@@ -46,6 +46,8 @@ class MessageType(IntEnum):
     INGESTOR_STATUS = 0x13
     FEED_STATUS = 0x14
     PIPELINE_STATUS = 0x15
+    BOOK_SNAPSHOT = 0x16
+    BOOK_DELTA = 0x17
     INGEST_CLAIM = 0x20  # Kafka ingest.claims only (ingestor to ingestor)
 
 
@@ -68,6 +70,8 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.INGESTOR_STATUS: pb.IngestorStatus,
     MessageType.FEED_STATUS: pb.FeedStatus,
     MessageType.PIPELINE_STATUS: pb.PipelineStatus,
+    MessageType.BOOK_SNAPSHOT: pb.BookSnapshot,
+    MessageType.BOOK_DELTA: pb.BookDelta,
     MessageType.INGEST_CLAIM: pb.IngestClaim,
 }
 

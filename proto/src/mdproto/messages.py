@@ -3,6 +3,10 @@
 from mdproto.gen.marketdata_pb2 import (
     OHLC,
     BatchMetadata,
+    BookDelta,
+    BookLevel,
+    BookReset,
+    BookSnapshot,
     CEPCondition,
     CEPTriggerAck,
     CEPTriggerEvent,
@@ -32,6 +36,10 @@ from mdproto.gen.marketdata_pb2 import (
 __all__ = [
     "OHLC",
     "BatchMetadata",
+    "BookDelta",
+    "BookLevel",
+    "BookReset",
+    "BookSnapshot",
     "CEPCondition",
     "CEPTriggerAck",
     "CEPTriggerEvent",

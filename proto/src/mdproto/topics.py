@@ -16,6 +16,7 @@ _ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 TICK = "tick"
 OHLC = "ohlc"
 STATUS = "status"
+BOOK = "book"
 RESPONSE_PREFIX = "RESPONSE:"
 HISTORY_READY_PREFIX = "HISTORY_READY:"
 CEP_PREFIX = "CEP:"
@@ -80,6 +81,11 @@ def ohlc_topic(ticker: str, period_seconds: int) -> str:
     return f"{ticker}|{OHLC}:{period_seconds}"
 
 
+def book_topic(ticker: str) -> str:
+    """Where a ticker's L2 order book is published (BookSnapshot, BookDelta)."""
+    return f"{ticker}|{BOOK}"
+
+
 def status_topic(ticker: str) -> str:
     """Where the relay publishes a ticker's FeedStatus (live feed started, lost, failed...)."""
     return f"{ticker}|{STATUS}"
@@ -131,10 +137,10 @@ def _route(
 
 @dataclass(frozen=True, slots=True)
 class MarketTopic:
-    """A parsed market-data topic: `{ticker}|tick` or `{ticker}|ohlc:{period}`."""
+    """A parsed market-data topic: `{ticker}|tick`, `{ticker}|ohlc:{period}` or `{ticker}|book`."""
 
     ticker: str
-    kind: Literal["tick", "ohlc"]
+    kind: Literal["tick", "ohlc", "book"]
     period_seconds: int | None = None
 
 
@@ -149,6 +155,8 @@ def parse_market_topic(topic: str) -> MarketTopic | None:
         return None
     if data_type == TICK:
         return MarketTopic(ticker, "tick")
+    if data_type == BOOK:
+        return MarketTopic(ticker, "book")
     kind, colon, period = data_type.partition(":")
     if kind != OHLC or not colon:
         return None
