@@ -58,7 +58,8 @@ def pipeline_env(
 ) -> dict[str, str]:
     """The environment of a `python -m pipeline` on the stack with its own namespace,
     topics, checkpoints and PUB: this process's, without its PIPELINE_* variables.
-    Its closed live candles go to a topic of its own next to `ticks_topic`."""
+    Its closed live candles and its order books go to topics of its own next to
+    `ticks_topic`."""
     from infra.artifacts import spark_jars
 
     e = endpoints
@@ -70,6 +71,7 @@ def pipeline_env(
             "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": batches_topic,
             "PIPELINE_KAFKA__TOPIC_TICKS": ticks_topic,
             "PIPELINE_KAFKA__TOPIC_LIVE_CANDLES": f"{ticks_topic}.live-candles",
+            "PIPELINE_KAFKA__TOPIC_BOOK": f"{ticks_topic}.book",
             **e.catalog_env("PIPELINE_CATALOG__"),
             "PIPELINE_CATALOG__NAMESPACE": namespace,
             "PIPELINE_SPARK__MASTER": "local[2]",

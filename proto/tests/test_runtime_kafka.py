@@ -14,6 +14,7 @@ def test_every_contract_topic_has_one_spec_and_keeps_it_under_another_name() -> 
         contracts.KAFKA_MARKETS,
         contracts.KAFKA_INGEST_CLAIMS,
         contracts.KAFKA_CEP_TRIGGERS,
+        contracts.KAFKA_BOOK,
     }
     triggers = spec(contracts.KAFKA_CEP_TRIGGERS, "t1.cep")
     assert triggers.name == "t1.cep" and triggers.config["cleanup.policy"] == "compact"

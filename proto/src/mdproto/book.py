@@ -148,6 +148,14 @@ class OrderBook:
     __hash__ = None  # type: ignore[assignment]
 
 
+def reset_name(reset: int) -> str:
+    """``BOOK_RESET_SEQUENCE_GAP`` -> ``SEQUENCE_GAP`` (an unknown value: its number), as
+    logs, the CLI and Iceberg ``book_snapshots.reset`` spell it."""
+    if reset in BookReset.values():
+        return BookReset.Name(reset).removeprefix("BOOK_RESET_")  # type: ignore[arg-type]
+    return str(reset)
+
+
 def levels_message(levels: Iterable[Level]) -> list[BookLevel]:
     return [BookLevel(price=price, amount=amount) for price, amount in levels]
 

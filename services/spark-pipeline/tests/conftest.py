@@ -191,6 +191,11 @@ class PipelineRun:
         return f"tcp://127.0.0.1:{self.pub_port}"
 
     @property
+    def book_topic(self) -> str:
+        """`infra.testing.pipeline_env`'s book topic for this run."""
+        return f"{self.ticks_topic}.book"
+
+    @property
     def ready_file(self) -> Path:
         return self.workdir / "ready.json"
 
@@ -218,6 +223,7 @@ class PipelineRun:
                 "PIPELINE_LIVE__WATERMARK_S": "5",
                 "PIPELINE_LIVE__PERSIST_TRIGGER_S": "2",
                 "PIPELINE_LIVE__STORE_TRIGGER_S": "1",
+                "PIPELINE_LIVE__BOOK_STORE_TRIGGER_S": "1",
                 "PIPELINE_MARKETS__TRIGGER_S": "2",
             }
         )

@@ -32,8 +32,11 @@ def test_defaults_follow_the_contracts() -> None:
         "history",
         "ticks-persist",
         "candles-store",
+        "book-store",
         "markets",
     ]
+    assert s.kafka.topic_book == "market.book"
+    assert (s.live.book_snapshot_s, s.catalog.book_snapshots_table) == (1.0, "book_snapshots")
     assert s.kafka.topic_cep_triggers == "cep.triggers"
     assert s.kafka.topic_markets == "market.markets"
     assert s.markets.trigger_s == 60.0  # markets change rarely: keep Spark idle

@@ -29,6 +29,7 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
         "market.ticks",
         "market.requests",
         "market.markets",
+        "market.book_snapshots",
     }
     assert steps[2].sql == "CALL lake.system.rewrite_manifests(table => 'market.ohlc')"
     expire = steps[3].sql

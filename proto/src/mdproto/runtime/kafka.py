@@ -47,6 +47,7 @@ TOPICS: Mapping[str, TopicSpec] = {
             contracts.KAFKA_INGEST_CLAIMS, partitions=1, config={"retention.ms": str(86_400_000)}
         ),
         TopicSpec(contracts.KAFKA_CEP_TRIGGERS, config=COMPACT),
+        TopicSpec(contracts.KAFKA_BOOK),
     )
 }
 

@@ -8,6 +8,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, l
                                                           -> Kafka market.ohlc.live
                       -> ticks-persist query  -> MERGE ticks
          market.ohlc.live -> candles-store query -> MERGE ohlc (source live)
+   market.book -> live engine -> PUB BookSnapshot, BookDelta ({ticker}|book)
+               -> book-store query -> MERGE book_snapshots (the snapshots only)
    cep.triggers + market.ticks -> live engine: CEP (docs/cep.md) -> PUB CEPTriggerEvent
                                                                  -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
@@ -51,7 +53,13 @@ class Pipeline:
         self.settings = settings
         c = settings.catalog
         self.names = TableNames(
-            c.name, c.namespace, c.ohlc_table, c.ticks_table, c.requests_table, c.markets_table
+            c.name,
+            c.namespace,
+            c.ohlc_table,
+            c.ticks_table,
+            c.requests_table,
+            c.markets_table,
+            c.book_snapshots_table,
         )
         self.publisher: Publisher | None = None
         self.spark: SparkSession | None = None

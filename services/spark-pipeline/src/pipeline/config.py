@@ -32,6 +32,8 @@ class KafkaConfig(_Section):
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
     #: Compacted topic of Market records, key ticker (the ``markets`` query's source).
     topic_markets: str = contracts.KAFKA_MARKETS
+    #: BookSnapshot and BookDelta records, key ticker (live books; snapshots to Iceberg).
+    topic_book: str = contracts.KAFKA_BOOK
     #: Where a query starts when its checkpoint is new; later runs resume from the checkpoint.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: Spark's failOnDataLoss: stop (rather than skip) when retention deleted unread records.
@@ -61,6 +63,7 @@ class CatalogConfig(_Section):
     ticks_table: str = "ticks"
     requests_table: str = "requests"
     markets_table: str = "markets"
+    book_snapshots_table: str = "book_snapshots"
 
 
 class HistoryConfig(_Section):
@@ -84,6 +87,11 @@ class LiveConfig(_Section):
     #: How often the live engine snapshots its offsets and open candles (what a restart
     #: reads again is at most this much).
     snapshot_s: float = Field(default=2.0, gt=0)
+    #: Order books: a BookSnapshot of each book that changed is published this often,
+    #: so a subscriber that lost a delta heals within it (docs/protocol.md "Order books").
+    book_snapshot_s: float = Field(default=1.0, gt=0)
+    #: book-store: the ingestor's periodic and reset snapshots into ``book_snapshots``.
+    book_store_trigger_s: float = Field(default=15.0, ge=0)
     #: ticks-persist: every trigger is a MERGE whose cost hardly depends on its rows, and
     #: Kafka holds the ticks meanwhile: a slow trigger keeps the pipeline's cost at rest low.
     persist_trigger_s: float = Field(default=60.0, ge=0)
@@ -238,7 +246,7 @@ class Settings(runtime.FileSettings):
         if self.history.enabled:
             names.append("history")
         if self.live.enabled:
-            names += ["ticks-persist", "candles-store"]
+            names += ["ticks-persist", "candles-store", "book-store"]
         if self.markets.enabled:
             names.append("markets")
         return names

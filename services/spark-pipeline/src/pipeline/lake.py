@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from mdproto import topics
 from pipeline import history_notices
 from pipeline.history_notices import CompletedRequest
-from pipeline.records import OHLC_SCHEMA, TICK_SCHEMA
+from pipeline.records import BOOK_SNAPSHOT_SCHEMA, OHLC_SCHEMA, TICK_SCHEMA
 from pipeline.restarts import failure_cause
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class TableNames:
     ticks_table: str = "ticks"
     requests_table: str = "requests"
     markets_table: str = "markets"
+    book_snapshots_table: str = "book_snapshots"
 
     @property
     def namespace_id(self) -> str:
@@ -113,6 +114,10 @@ class TableNames:
     @property
     def markets(self) -> str:
         return f"{self.namespace_id}.{self.markets_table}"
+
+    @property
+    def book_snapshots(self) -> str:
+        return f"{self.namespace_id}.{self.book_snapshots_table}"
 
     @property
     def ohlc_for_clients(self) -> str:
@@ -244,6 +249,25 @@ TBLPROPERTIES (
   {_properties()})"""
 
 
+def create_book_snapshots(names: TableNames) -> str:
+    """L2 books, one per row: a book of a past time is the newest row at or before it."""
+    return f"""CREATE TABLE IF NOT EXISTS {names.book_snapshots} (
+  ticker STRING NOT NULL,
+  exchange STRING,
+  symbol STRING,
+  snapshot_time TIMESTAMP NOT NULL,
+  exchange_sequence BIGINT,
+  depth INT,
+  reset STRING,
+  bids ARRAY<STRUCT<price: DOUBLE, amount: DOUBLE>>,
+  asks ARRAY<STRUCT<price: DOUBLE, amount: DOUBLE>>,
+  ingested_at TIMESTAMP)
+USING iceberg
+PARTITIONED BY (ticker, days(snapshot_time))
+TBLPROPERTIES (
+  {_properties()})"""
+
+
 def ddl(names: TableNames) -> list[str]:
     return [
         create_namespace(names),
@@ -251,6 +275,7 @@ def ddl(names: TableNames) -> list[str]:
         create_ticks(names),
         create_requests(names),
         create_markets(names),
+        create_book_snapshots(names),
     ]
 
 
@@ -312,6 +337,17 @@ def merge_ticks(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
     return f"""MERGE INTO {target} t
 USING {source_view} s
 ON t.ticker = s.ticker AND t.trade_id = s.trade_id AND {_time_bounds("trade_time", lo_ms, hi_ms)}
+WHEN NOT MATCHED THEN INSERT *"""
+
+
+def merge_book_snapshots(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
+    """Insert snapshots whose (ticker, snapshot_time, exchange_sequence, reset) is new
+    within the batch's time range: a replayed micro-batch adds nothing."""
+    return f"""MERGE INTO {target} t
+USING {source_view} s
+ON t.ticker = s.ticker AND t.snapshot_time = s.snapshot_time
+AND t.exchange_sequence <=> s.exchange_sequence AND t.reset <=> s.reset
+AND {_time_bounds("snapshot_time", lo_ms, hi_ms)}
 WHEN NOT MATCHED THEN INSERT *"""
 
 
@@ -425,6 +461,7 @@ class Lake:
             self.names.ticks: TICK_SCHEMA.names,
             self.names.requests: history_notices.REQUESTS_SCHEMA.names,
             self.names.markets: MARKET_COLUMNS,
+            self.names.book_snapshots: BOOK_SNAPSHOT_SCHEMA.names,
         }
         evolving = {  # tables from before these columns get them (older rows read null)
             self.names.requests: history_notices.ADDED_COLUMNS,  # the integrity report
@@ -514,6 +551,18 @@ class Lake:
             self._run(ticks.sparkSession, merge_ticks(self.names.ticks, view, lo_ms, hi_ms))
         finally:
             ticks.sparkSession.catalog.dropTempView(view)
+
+    def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
+        """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (the book-store query's only
+        write)."""
+        times = pc.min_max(rows["snapshot_time"].cast(pa.int64()))
+        lo_ms, hi_ms = times["min"].as_py() // 1000, -(-times["max"].as_py() // 1000)
+        view = _view_name("books")
+        session.createDataFrame(rows).createOrReplaceTempView(view)
+        try:
+            self._run(session, merge_book_snapshots(self.names.book_snapshots, view, lo_ms, hi_ms))
+        finally:
+            session.catalog.dropTempView(view)
 
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
         """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""

@@ -4,6 +4,8 @@
                          (ticker, trade_id) into ``ticks``
     market.ohlc.live  -> candles-store (every live.store_trigger_s): MERGE closed
                          candles into ``ohlc`` (source live; a correction amends)
+    market.book       -> book-store (every live.book_store_trigger_s): MERGE the
+                         BookSnapshot records (deltas skipped) into ``book_snapshots``
 
 Publication (ticks, previews, closed candles) is the live engine's, in the PUB
 process (``live_engine.py``): these queries only store. Both decode on the driver
@@ -90,6 +92,31 @@ class CandleStore:
         )
 
 
+class BookStore:
+    """book-store: the ingestor's snapshots (periodic and resets) -> ``book_snapshots``.
+
+    Only snapshots: a past book is the newest stored snapshot at or before its time
+    (docs/protocol.md "Order books", and "Iceberg tables" for the storage cost).
+    """
+
+    def __init__(self, lake: Lake) -> None:
+        self._lake = lake
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        rows, rejects = records.decode_book_snapshots(batch_df.select(*KAFKA_COLUMNS).toArrow())
+        records.log_rejects(f"book-store batch {batch_id}", rejects)
+        if rows.num_rows == 0:
+            return
+        self._lake.merge_book_snapshots(batch_df.sparkSession, rows)
+        log.info(
+            "book-store batch %d: %d book snapshots merged in %.0f ms",
+            batch_id,
+            rows.num_rows,
+            (time.monotonic() - started) * 1000,
+        )
+
+
 def live_ohlc_rows(rows: pa.Table) -> pa.Table:
     """Closed candle rows -> ``ohlc`` rows of source live (no exchange-only volumes), their
     ``incomplete`` note kept."""
@@ -140,4 +167,17 @@ def starters(
             trigger_s=live.store_trigger_s,
         )
 
-    return {"ticks-persist": ticks_persist, "candles-store": candles_store}
+    def book_store() -> StreamingQuery:
+        return start_query(
+            kafka(k.topic_book),
+            name="book-store",
+            settings=settings,
+            function=BookStore(lake),
+            trigger_s=live.book_store_trigger_s,
+        )
+
+    return {
+        "ticks-persist": ticks_persist,
+        "candles-store": candles_store,
+        "book-store": book_store,
+    }

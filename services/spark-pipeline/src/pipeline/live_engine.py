@@ -10,6 +10,8 @@ docs/pipeline-benchmarks.md "Lean pipeline"):
                                                        -> Kafka market.ohlc.live (the
                                                           candles-store query MERGEs them)
     + cep.triggers   ------> CepStage (docs/cep.md)    -> PUB CEPTriggerEvent, tombstones
+    + market.book    --decode--> BookSnapshot/BookDelta -> PUB {ticker}|book (live only)
+    every live.book_snapshot_s: a BookSnapshot of each order book that changed
     every live.snapshot_s: flush the producer, save the CEP state, then the snapshot
     (offsets + open candles + CEP batch id) to <checkpoint_dir>/live-engine/snapshot.json
 
@@ -26,6 +28,8 @@ supervisor restarts it from the snapshot) rather than leaving a hole in ``ohlc``
 Ticks are live, not durable: only those written after the engine started are
 published (a backlog read from the snapshot counts in candles only); a trade
 delivered twice is published once if its first copy is among the last 200,000.
+Order books likewise: ``market.book`` is read from its end at every start and never
+saved in the snapshot; the outlet keeps each book (``live_books.py``).
 """
 
 from __future__ import annotations
@@ -40,17 +44,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import Message
 
-from mdproto import envelope, topics
-from mdproto.messages import Tick
+from mdproto import ProtocolError, envelope, topics
+from mdproto.messages import BookDelta, BookSnapshot, Tick
 from pipeline import records
 from pipeline.candle_close import Closing
 from pipeline.cep.records import Coordinates
 from pipeline.cep.state import local_path
 from pipeline.config import Settings
+from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
 
 if TYPE_CHECKING:
@@ -64,6 +69,14 @@ STALL_S = 0.25
 SNAPSHOT_FORMAT = 2
 #: Longest wait in consume(): the idle-close and CEP timers' resolution.
 POLL_S = 0.05
+
+
+class BookOutlet(Protocol):
+    """Where order-book records go: the PUB's outlet, which keeps the books."""
+
+    def send_books(self, records: Iterable[BookRecord]) -> int: ...
+
+    def send_book_snapshots(self) -> int: ...
 
 
 class RecentKeys:
@@ -140,9 +153,12 @@ class LiveEngine:
     """The consumer thread. `start`, then `wait_assigned` before producers are told the
     pipeline is ready (ticks written earlier are not published)."""
 
-    def __init__(self, settings: Settings, send_many: SendMany) -> None:
+    def __init__(
+        self, settings: Settings, send_many: SendMany, books: BookOutlet | None = None
+    ) -> None:
         self._settings = settings
         self._send_many = send_many
+        self._books = books
         self._stop = threading.Event()
         self._assigned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-engine", daemon=True)
@@ -195,7 +211,8 @@ class LiveEngine:
 
                 next_batch = 0 if snapshot.cep_batch is None else snapshot.cep_batch + 1
                 cep = CepStage(s, self._send_many, next_batch=next_batch)
-            run = _Run(s, consumer, producer, file, snapshot, cep, self._send_many)
+            books = self._books if s.live.enabled else None
+            run = _Run(s, consumer, producer, file, snapshot, cep, self._send_many, books)
             self._assigned.set()
             run.loop(self._stop)
             run.save()  # a clean stop reads nothing again
@@ -221,12 +238,16 @@ class _Run:
         snapshot: Snapshot,
         cep: CepStage | None,
         send_many: SendMany,
+        books: BookOutlet | None = None,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
         self.file = file
         self.cep = cep
         self.send_many = send_many
+        self.books = books
+        self.book_topic = s.kafka.topic_book
+        self.book_snapshot_s = s.live.book_snapshot_s
         self.recent = RecentKeys(200_000)
         self.snapshot_s = s.live.snapshot_s
         self.ticks_topic = s.kafka.topic_ticks
@@ -253,6 +274,8 @@ class _Run:
             starts[self.ticks_topic] = s.cep.ticks_starting_offsets
         if self.cep is not None:
             starts[self.cep.trigger_topic] = "earliest"  # every registration
+        if self.books is not None:
+            starts[self.book_topic] = "latest"  # live only: never from the snapshot
         positions: dict[Position, int] = {}
         live_from: dict[Position, int] = {}
         assignment = []
@@ -265,7 +288,7 @@ class _Run:
                 low, high = _watermarks(self.consumer, TopicPartition(topic, p))
                 if topic == self.ticks_topic:
                     live_from[(topic, p)] = high
-                saved = snapshot.offsets.get((topic, p))
+                saved = None if topic == self.book_topic else snapshot.offsets.get((topic, p))
                 if saved is not None:
                     position = max(saved, low)  # retention may have removed the rest
                 else:
@@ -289,6 +312,7 @@ class _Run:
         candles = self.candles
         stats = _Stats()
         saved_at, dirty = time.monotonic(), False
+        book_snapshot_at = time.monotonic()
         while not stop.is_set():
             if self.delivery_error is not None:
                 raise RuntimeError(f"Kafka refused a closed candle: {self.delivery_error}")
@@ -297,6 +321,11 @@ class _Run:
             asked = time.monotonic()
             messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
             stats.waited(time.monotonic() - asked)
+            if self.books is not None:
+                messages = self._books(messages)
+                if time.monotonic() - book_snapshot_at >= self.book_snapshot_s:
+                    self.books.send_book_snapshots()
+                    book_snapshot_at = time.monotonic()
             now_ms = _now_ms()
             if not self.caught_up and self._caught_up():
                 self.caught_up = True
@@ -322,6 +351,15 @@ class _Run:
             return False
         self.positions[(m.topic(), m.partition() or 0)] = (m.offset() or 0) + 1
         return True
+
+    def _books(self, messages: list[Any]) -> list[Any]:
+        """Publish the ``market.book`` records among `messages`; returns the others."""
+        assert self.books is not None
+        book = [m for m in messages if m.topic() == self.book_topic]
+        if not book:
+            return messages
+        self.books.send_books(decode_book_records([m.value() for m in book]))
+        return [m for m in messages if m.topic() != self.book_topic]
 
     def _for_cep(self, where: Coordinates) -> bool:
         """A tick from where CEP's state starts?"""
@@ -380,7 +418,8 @@ class _Run:
             return False
         cep_batch = self.cep.checkpoint() if self.cep is not None else None
         candles = self.candles.snapshot() if self.candles is not None else None
-        self.file.save(Snapshot(dict(self.positions), candles, cep_batch))
+        offsets = {k: o for k, o in self.positions.items() if k[0] != self.book_topic}
+        self.file.save(Snapshot(offsets, candles, cep_batch))
         return True
 
 
@@ -410,6 +449,22 @@ class _Stats:
                     self.worst_age_ms,
                 )
             self.start, self.count, self.worst_age_ms = time.monotonic(), 0, 0.0
+
+
+def decode_book_records(values: Iterable[bytes | None]) -> list[BookRecord]:
+    """The BookSnapshot and BookDelta records among Kafka values; others logged, dropped."""
+    out: list[BookRecord] = []
+    for value in values:
+        try:
+            record = envelope.decode_record(value or b"")
+        except ProtocolError as exc:
+            log.error("live engine: dropped a book record: %s", exc)
+            continue
+        if not isinstance(record, BookSnapshot | BookDelta) or not record.ticker:
+            log.error("live engine: dropped a %s (no book, or no ticker)", record.DESCRIPTOR.name)
+            continue
+        out.append(record)
+    return out
 
 
 def _watermarks(consumer: Any, partition: Any, timeout_s: float = 60.0) -> tuple[int, int]:

@@ -11,8 +11,10 @@ with the topic's last value (zguide "last value cache"; checked every
 to 10 s, then raises): a notification is never dropped on our side.
 
 `Sequencer` (``sequence`` per topic, ``publisher_epoch`` per server start, so a
-subscriber sees gaps and restarts: docs/protocol.md) and `LastValues` are plain
-classes without sockets, driven by the `Outlet` under its send lock.
+subscriber sees gaps and restarts: docs/protocol.md), `LastValues` and
+`LiveBooks` (order books: their last value is the current book, not the last
+message) are plain classes without sockets, driven by the `Outlet` under its
+send lock.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope, topics
 from pipeline.config import Settings
+from pipeline.live_books import BookRecord, LiveBooks
 
 if TYPE_CHECKING:
     from pipeline.live_engine import LiveEngine
@@ -336,7 +339,46 @@ class Outlet:
         self._lock = threading.Lock()
         self.sequencer = sequencer
         self.last = LastValues()
+        self.books = LiveBooks()
         self.snapshots_sent = 0
+
+    def send_books(self, records: Iterable[BookRecord]) -> int:
+        """The live engine's ``market.book`` records: each applied to its book and sent
+        in one step under the lock, so the book is the one after the topic's last
+        message whenever a subscription is answered. Returns the count sent."""
+        count = 0
+        with self._lock:
+            for record in records:
+                if self.books.apply(record):
+                    self._send_stamped(topics.book_topic(record.ticker), record)
+                    count += 1
+        return count
+
+    def send_book_snapshots(self) -> int:
+        """A BookSnapshot (reset NONE) of every book changed since its last snapshot."""
+        with self._lock:
+            snapshots = self.books.take_changed()
+            for snapshot in snapshots:
+                self._send_stamped(topics.book_topic(snapshot.ticker), snapshot)
+        return len(snapshots)
+
+    def _send_stamped(self, topic: str, message: Message) -> None:
+        self.sequencer.stamp(topic, message)
+        self._xpub.send_multipart(envelope.encode_pub(topic, message))
+
+    def _book_values(self, prefix: str) -> Iterator[list[bytes]]:
+        """The current book of each book topic matching `prefix`, stamped with the
+        topic's last sequence (a subscriber that has it drops it as a duplicate)."""
+        for ticker in self.books.tickers():
+            topic = topics.book_topic(ticker)
+            if not topic.startswith(prefix):
+                continue
+            snapshot = self.books.snapshot(ticker)
+            if snapshot is None:
+                continue
+            snapshot.sequence = self.sequencer.last(topic)
+            snapshot.publisher_epoch = self.sequencer.epoch
+            yield envelope.encode_pub(topic, snapshot)
 
     def send_many(self, items: Iterable[tuple[str, Message]]) -> int:
         """The live engine's batch (``SendMany``): stamp, encode, send; the count.
@@ -384,7 +426,7 @@ class Outlet:
                 if event[:1] != bytes([_SUBSCRIBE]):
                     continue  # an unsubscription
                 prefix = event[1:].decode("utf-8", errors="replace")
-                for frames in self.last.matching(prefix):
+                for frames in (*self.last.matching(prefix), *self._book_values(prefix)):
                     self._xpub.send_multipart(frames)
                     sent += 1
         self.snapshots_sent += sent
@@ -405,7 +447,7 @@ def _start_live_engine(settings: Settings, outlet: Outlet) -> LiveEngine:
     """Kafka ticks -> the outlet (imported here: Kafka only when used)."""
     from pipeline.live_engine import LiveEngine
 
-    engine = LiveEngine(settings, outlet.send_many)
+    engine = LiveEngine(settings, outlet.send_many, books=outlet)
     engine.start()
     return engine
 

@@ -23,7 +23,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto import ProtocolError, envelope, topics
-from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, TakerSide, Tick
+from mdproto.book import reset_name
+from mdproto.messages import (
+    OHLC,
+    BatchMetadata,
+    BookDelta,
+    BookSnapshot,
+    OHLCBatch,
+    TakerSide,
+    Tick,
+)
 
 log = logging.getLogger(__name__)
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -78,6 +87,28 @@ TICK_SCHEMA = pa.schema(
         pa.field("ingested_at", UTC_US),
     ]
 )
+
+BOOK_LEVEL = pa.struct([pa.field("price", pa.float64()), pa.field("amount", pa.float64())])
+
+#: Row layout of Iceberg ``market.book_snapshots``: one L2 book per row, best price
+#: first on each side (docs/protocol.md "Order books").
+BOOK_SNAPSHOT_SCHEMA = pa.schema(
+    [
+        pa.field("ticker", pa.string(), nullable=False),
+        pa.field("exchange", pa.string()),
+        pa.field("symbol", pa.string()),
+        #: The exchange's time of the book, else when the ingestor built it.
+        pa.field("snapshot_time", UTC_US, nullable=False),
+        pa.field("exchange_sequence", pa.int64()),
+        pa.field("depth", pa.int32()),
+        #: BookReset name without its prefix: NONE (periodic), START, SEQUENCE_GAP, ...
+        pa.field("reset", pa.string()),
+        pa.field("bids", pa.list_(BOOK_LEVEL)),
+        pa.field("asks", pa.list_(BOOK_LEVEL)),
+        pa.field("ingested_at", UTC_US),
+    ]
+)
+BOOK_SNAPSHOT_KEY = ("ticker", "snapshot_time", "exchange_sequence", "reset")
 
 OHLC_KEY = ("ticker", "period_seconds", "open_time")
 #: Times Spark and Iceberg can hold: [1970-01-01, 9999-12-31]; anything else is bad input.
@@ -520,3 +551,52 @@ def decode_live_candles(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, lis
         schema=LIVE_CANDLE_SCHEMA,
     )
     return dedupe_last(table, OHLC_KEY), rejects
+
+
+def decode_book_snapshots(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
+    """``market.book`` rows -> its BookSnapshot records as ``BOOK_SNAPSHOT_SCHEMA`` rows
+    (deltas skipped), unique on ``BOOK_SNAPSHOT_KEY``, and the rejects.
+
+    ``snapshot_time`` is the exchange's time, else the ingestor's, else the Kafka time;
+    ``ingested_at`` the ingestor's time, else the Kafka time (replays write the same).
+    """
+    partitions, offsets = kafka_coordinates(kafka)
+    stamps = kafka_timestamps_ms(kafka, kafka.num_rows, 0)
+    rows: dict[str, list[Any]] = {name: [] for name in BOOK_SNAPSHOT_SCHEMA.names}
+    rejects: list[Reject] = []
+    for i, value in enumerate(_column(kafka, "value")):
+        try:
+            record = envelope.decode_record(value or b"")
+        except ProtocolError as exc:
+            rejects.append(Reject(partitions[i], offsets[i], exc.code, exc.reason))
+            continue
+        if isinstance(record, BookDelta):
+            continue
+        split = split_ticker(getattr(record, "ticker", ""))
+        if not isinstance(record, BookSnapshot) or split is None:
+            what = f"{record.DESCRIPTOR.name} {getattr(record, 'ticker', '')!r}"
+            rejects.append(Reject(partitions[i], offsets[i], "bad_book", what))
+            continue
+        ingested_ms = record.ingested_at_ms or stamps[i]
+        at_ms = record.exchange_time_ms or ingested_ms
+        if not 0 < at_ms <= MAX_TIME_MS:
+            rejects.append(Reject(partitions[i], offsets[i], "bad_book", f"time {at_ms}"))
+            continue
+        for name, v in (
+            ("ticker", record.ticker),
+            ("exchange", split[0]),
+            ("symbol", split[1]),
+            ("snapshot_time", at_ms * 1000),
+            ("exchange_sequence", record.exchange_sequence),
+            ("depth", record.depth),
+            ("reset", reset_name(record.reset)),
+            ("bids", [{"price": x.price, "amount": x.amount} for x in record.bids]),
+            ("asks", [{"price": x.price, "amount": x.amount} for x in record.asks]),
+            ("ingested_at", ingested_ms * 1000),
+        ):
+            rows[name].append(v)
+    table = pa.table(
+        {n: pa.array(v, BOOK_SNAPSHOT_SCHEMA.field(n).type) for n, v in rows.items()},
+        schema=BOOK_SNAPSHOT_SCHEMA,
+    )
+    return dedupe_last(table, BOOK_SNAPSHOT_KEY), rejects

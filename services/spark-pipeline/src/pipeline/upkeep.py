@@ -53,7 +53,7 @@ def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
     older_than = cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
     steps: list[Step] = []
     # markets: every ingestor refresh MERGEs each row again (new updated_at): delete files.
-    for full in (names.ohlc, names.ticks, names.requests, names.markets):
+    for full in (names.ohlc, names.ticks, names.requests, names.markets, names.book_snapshots):
         table = full.removeprefix(f"{catalog}.")
         steps += [
             Step(
