@@ -1,4 +1,5 @@
-"""`mdclient` command line: history, status, live, legacy, CEP triggers and market metadata.
+"""`mdclient` command line: history, status, live, order books, legacy, CEP triggers and
+market metadata.
 
 Flow of `mdclient history`:
 
@@ -20,9 +21,9 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich import box
 from rich.table import Table
@@ -38,8 +39,11 @@ if TYPE_CHECKING:
     from mdclient.client import Client
     from mdclient.history import HistoryResult, ProgressEvent
     from mdclient.live import LiveMessage
+    from mdclient.streams import QueueStream
+    from mdproto.book import Level
     from mdproto.messages import FeedStatus
 
+T = TypeVar("T")
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: unexpected exception (traceback with -v)
 EXIT_USAGE = 2  # bad arguments, time/period/ticker format, config, output path
@@ -150,6 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     live.add_argument("--count", type=int, help="stop after N messages (exit 0)")
     live.add_argument("--duration", type=float, help="stop after N seconds (exit 0)")
+
+    book = sub.add_parser(
+        "book",
+        parents=[common],
+        help="a live L2 order book ladder (or a stored one with --at)",
+        description="On a terminal the ladder is redrawn in place; otherwise one line per "
+        "update. Resets and resyncs of the book go to stderr.",
+    )
+    book.add_argument("ticker", help="EXCHANGE:BASE/QUOTE")
+    book.add_argument("--depth", type=int, default=10, help="levels per side shown (default 10)")
+    book.add_argument("--count", type=int, help="stop after N updates (exit 0)")
+    book.add_argument("--duration", type=float, help="stop after N seconds (exit 0)")
+    book.add_argument(
+        "--once", action="store_true", help="print the ladder once the book is whole, then exit"
+    )
+    book.add_argument(
+        "--at", metavar="TIME", help="the stored book at TIME (Iceberg; no relay needed)"
+    )
 
     status = sub.add_parser(
         "status",
@@ -338,8 +360,6 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     want_ticks = args.ticks or not periods
     settings = settings_from_args(args)
     out = Console(highlight=False, soft_wrap=True)
-    deadline = time.monotonic() + args.duration if args.duration else None
-    shown = 0
 
     def on_status(status: FeedStatus) -> None:  # stderr: stdout stays data only
         err.print(f"status: {describe_status(status)}", highlight=False, markup=False)
@@ -355,20 +375,108 @@ def cmd_live(args: argparse.Namespace, err: Console) -> int:
     ):
         if not args.quiet:
             err.print(f"streaming {', '.join(s.topics)} (Ctrl-C to stop)", highlight=False)
-        while args.count is None or shown < args.count:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            message = s.get(timeout_s=remaining)
-            if message is None:
-                if s.error is not None:
-                    raise s.error  # FAILED/REFUSED: reason on stderr, exit 4/3
-                continue
+        for message in _until(s, args.count, args.duration):
             out.print(live_line(message), markup=False)
-            shown += 1
         if s.dropped and not args.quiet:
             err.print(f"{s.dropped} messages dropped (terminal too slow)")
     return EXIT_OK
+
+
+def cmd_book(args: argparse.Namespace, err: Console) -> int:
+    from rich.console import Console
+
+    ticker = _ticker(args.ticker)
+    if args.depth < 1:
+        raise UsageError("--depth must be at least 1")
+    settings = settings_from_args(args)
+    out = Console(highlight=False, soft_wrap=True)
+    if args.at is not None:
+        return _stored_book(ticker, args, settings, out, err)
+    from mdclient.book import BookEvent
+
+    def on_event(event: BookEvent) -> None:  # stderr: stdout stays data only
+        err.print(f"book: {event.describe()}", highlight=False, markup=False)
+
+    def on_status(status: FeedStatus) -> None:
+        from mdclient.live import describe_status
+
+        err.print(f"status: {describe_status(status)}", highlight=False, markup=False)
+
+    with (
+        _client(settings) as client,
+        client.book(ticker, on_event=on_event, on_status=on_status) as b,
+    ):
+        if not args.quiet:
+            err.print(f"streaming {ticker}|book (Ctrl-C to stop)", highlight=False)
+        with _LadderView(out, redraw=out.is_terminal and not args.once) as view:
+            for _ in _until(b, 1 if args.once else args.count, args.duration):
+                bids, asks = b.depth(args.depth)
+                if args.once:  # the first message applied is the snapshot: the book is whole
+                    view.ladder(ticker, bids, asks)
+                else:
+                    view.update(ticker, bids, asks, in_sync=b.in_sync)
+    return EXIT_OK
+
+
+def _stored_book(
+    ticker: str, args: argparse.Namespace, settings: ClientSettings, out: Console, err: Console
+) -> int:
+    """`book --at`: Iceberg only, like `markets`."""
+    from mdclient.book import read_book_at
+    from mdclient.frames import IcebergReader
+
+    try:
+        at_ms = timeparse.parse_time(args.at, now_ms=int(time.time() * 1000))
+    except timeparse.TimeFormatError as exc:
+        raise UsageError(str(exc)) from None
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    try:
+        book = read_book_at(reader, settings, ticker, at_ms)
+    except errors.StorageError as exc:
+        if exc.error_code != "not_found":
+            raise
+        err.print(str(exc), highlight=False, markup=False)
+        return EXIT_NOT_FOUND
+    err.print(
+        f"{ticker} book stored at {timeparse.format_ms(book.exchange_time_ms)}", highlight=False
+    )
+    for line in ladder_lines(book.bids.top(args.depth), book.asks.top(args.depth)):
+        out.print(line, markup=False)
+    return EXIT_OK
+
+
+class _LadderView:
+    """The live ladder: redrawn in place on a terminal (rich Live), else one line per update."""
+
+    def __init__(self, out: Console, *, redraw: bool) -> None:
+        from rich.live import Live
+
+        self._out = out
+        self._live = Live(console=out, auto_refresh=False, transient=False) if redraw else None
+
+    def __enter__(self) -> _LadderView:
+        if self._live is not None:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def update(self, ticker: str, bids: list[Level], asks: list[Level], *, in_sync: bool) -> None:
+        line = book_line(ticker, bids, asks) + ("" if in_sync else "  (out of sync)")
+        if self._live is None:
+            self._out.print(line, markup=False)
+            return
+        from rich.text import Text
+
+        lines = [line, *ladder_lines(bids, asks)]
+        self._live.update(Text("\n".join(lines)), refresh=True)
+
+    def ladder(self, ticker: str, bids: list[Level], asks: list[Level]) -> None:
+        self._out.print(book_line(ticker, bids, asks), markup=False)
+        for line in ladder_lines(bids, asks):
+            self._out.print(line, markup=False)
 
 
 def cmd_status(args: argparse.Namespace, err: Console) -> int:
@@ -434,6 +542,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "history": cmd_history,
     "legacy": cmd_legacy,
     "live": cmd_live,
+    "book": cmd_book,
     "status": cmd_status,
     "markets": cmd_markets,
     "trigger": cmd_trigger,
@@ -464,6 +573,24 @@ def describe(ticker: str, period: int, start_ms: int, end_ms: int) -> str:
     """`BINANCE:BTC/USDT 1m [2026-11-20T00:00:00Z, 2026-11-21T00:00:00Z)`"""
     start, end = timeparse.format_ms(start_ms), timeparse.format_ms(end_ms)
     return f"{ticker} {timeparse.format_period(period)} [{start}, {end})"
+
+
+def _until(stream: QueueStream[T], count: int | None, duration: float | None) -> Iterator[T]:
+    """The stream's messages, `count` at most, for `duration` seconds (None: no limit); a
+    stream ended by an error (FAILED, REFUSED: its reason went to stderr) raises it."""
+    deadline = time.monotonic() + duration if duration else None
+    taken = 0
+    while count is None or taken < count:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return
+        message = stream.get(timeout_s=remaining)
+        if message is None:
+            if stream.error is not None:
+                raise stream.error
+            continue
+        taken += 1
+        yield message
 
 
 def _ticker(text: str) -> str:
@@ -684,3 +811,30 @@ def live_line(message: LiveMessage) -> str:
         f"{timeparse.format_ms(message.timestamp_ms)}  {message.ticker}  tick  {side:<4}  "
         f"{message.price:g} x {message.amount:g}  #{message.trade_id}"
     )
+
+
+def book_line(ticker: str, bids: list[Level], asks: list[Level]) -> str:
+    """One line per book update: the best of each side and the spread."""
+    bid = f"{bids[0][0]:g} x {bids[0][1]:g}" if bids else "-"
+    ask = f"{asks[0][0]:g} x {asks[0][1]:g}" if asks else "-"
+    spread = f"{asks[0][0] - bids[0][0]:g}" if bids and asks else "-"
+    return (
+        f"{timeparse.format_ms(int(time.time() * 1000))}  {ticker}  book  bid {bid}  "
+        f"ask {ask}  spread {spread}  levels {len(bids)}/{len(asks)}"
+    )
+
+
+def ladder_lines(bids: list[Level], asks: list[Level]) -> list[str]:
+    """The ladder: asks above (best lowest, next to the spread), bids below, aligned."""
+    rows = [(price, amount) for price, amount in reversed(asks)]
+    prices = [f"{p:g}" for p, _ in (*rows, *bids)]
+    amounts = [f"{a:g}" for _, a in (*rows, *bids)]
+    width_p = max((len(p) for p in prices), default=0)
+    width_a = max((len(a) for a in amounts), default=0)
+    lines = []
+    for i, (p, a) in enumerate(zip(prices, amounts, strict=True)):
+        side = "ask" if i < len(rows) else "bid"
+        lines.append(f"{side}  {p:>{width_p}}  {a:>{width_a}}")
+    if rows and bids:
+        lines.insert(len(rows), f"---  spread {asks[0][0] - bids[0][0]:g}")
+    return lines

@@ -7,6 +7,9 @@ Example::
         df = result.to_pandas()
         for message in client.live("BINANCE:BTC/USDT", ohlc=["1m"]):
             ...
+        with client.book("BINANCE:BTC/USDT") as book:
+            for _ in book:
+                print(book.best_bid(), book.best_ask())
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, TypeVar, Unpack
 
 from google.protobuf.message import Message
 
 from mdclient import timeparse
+from mdclient.book import BookCallback, BookEventCallback, BookStream, read_book_at
 from mdclient.config import ClientSettings, NotifyName, load_settings
 from mdclient.dispatch import Dispatcher
 from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable, StorageError
@@ -49,6 +53,7 @@ from mdclient.triggers import (
     parse_condition,
 )
 from mdproto import envelope, topics
+from mdproto.book import OrderBook
 from mdproto.messages import (
     OHLC,
     CEPCondition,
@@ -67,6 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TimeLike = int | datetime | str
+Stream = TypeVar("Stream", LiveStream, BookStream)
 PeriodLike = int | str
 
 
@@ -157,7 +163,7 @@ class Client(Closeable):
             raise ConfigError(f"notify must be one of {sorted(PATTERNS)}")
         self._reader = reader
         self._reader_lock = threading.Lock()
-        self._streams: set[LiveStream] = set()
+        self._streams: set[LiveStream | BookStream] = set()
         self._event_streams: set[TriggerEvents] = set()
         self._streams_lock = threading.Lock()
         self._dispatcher = Dispatcher()
@@ -197,7 +203,10 @@ class Client(Closeable):
             return
         self._closed = True
         with self._streams_lock:
-            streams: list[LiveStream | TriggerEvents] = [*self._streams, *self._event_streams]
+            streams: list[LiveStream | BookStream | TriggerEvents] = [
+                *self._streams,
+                *self._event_streams,
+            ]
         for stream in streams:
             stream.close()
         self._transport.close()
@@ -480,18 +489,66 @@ class Client(Closeable):
             recover=self._closed_candles,
             recovery_delay_s=self.settings.live_recovery_delay_s,
         )
+        return self._open_stream(stream)
+
+    def _open_stream(self, stream: Stream) -> Stream:
+        """Route the stream's topics to it, then subscribe them in order (status first)."""
         with self._streams_lock:
             self._streams.add(stream)
-        for topic in topic_list:
+        for topic in stream.topics:
             self._dispatcher.add_sink(topic, stream.deliver)
         try:
-            for topic in dict.fromkeys(topic_list):
+            for topic in stream.topics:
                 self.subscribe(topic)
                 stream.subscribed.append(topic)
         except BaseException:
             stream.close()  # unsubscribes only what was subscribed
             raise
         return stream
+
+    def book(
+        self,
+        ticker: str,
+        *,
+        callback: BookCallback | None = None,
+        on_event: BookEventCallback | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> BookStream:
+        """Subscribe to `{ticker}|status`, then `{ticker}|book`: a live L2 order book.
+
+        The stream keeps the book (`best_bid`, `best_ask`, `spread`, `depth(n)`,
+        `in_sync`, `wait_synced`); iterate it (or pass `callback`) for each snapshot or
+        delta once applied. A lost message or an exchange-side reset marks the book out
+        of sync until the next snapshot (at most ~1 s): each is a `BookEvent` to
+        `on_event` or the log. FAILED feed status ends the stream as for `live`.
+        """
+        try:
+            topics.parse_ticker(ticker)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        stream = BookStream(
+            ticker,
+            self._close_stream,
+            maxsize=self.settings.live_queue_size,
+            callback=callback,
+            on_event=on_event,
+            on_status=on_status,
+        )
+        return self._open_stream(stream)
+
+    def book_at(self, ticker: str, at: TimeLike) -> OrderBook:
+        """The stored book of `ticker` at `at`: the newest snapshot in Iceberg
+        ``market.book_snapshots`` at or before it (stored every ~10 s, and on each reset).
+
+        Its `exchange_time_ms` is the snapshot's time. `StorageError` (`not_found`) when
+        no snapshot lies within `book_lookback_s` before `at`. Reads Iceberg only.
+        """
+        try:
+            topics.parse_ticker(ticker)
+            at_ms = timeparse.to_ms(at, now_ms=int(time.time() * 1000))
+        except (ValueError, timeparse.TimeFormatError) as exc:
+            raise InvalidRequest(str(exc)) from None
+        return read_book_at(self.reader(), self.settings, ticker, at_ms)
 
     def on_live(
         self,
@@ -543,7 +600,7 @@ class Client(Closeable):
         table = self.reader().read_ohlc(self.settings.ohlc_table, ticker, period, start_ms, end_ms)
         return closed_ohlc(table)
 
-    def _close_stream(self, stream: LiveStream) -> None:
+    def _close_stream(self, stream: LiveStream | BookStream) -> None:
         with self._streams_lock:
             self._streams.discard(stream)
         for topic in stream.topics:

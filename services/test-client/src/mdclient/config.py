@@ -74,6 +74,9 @@ class ClientSettings(runtime.FileSettings):
     requests_table: str = contracts.ICEBERG_REQUESTS
     recover_from_table: bool = True  # after a wait times out, ask requests_table first
     markets_table: str = contracts.ICEBERG_MARKETS
+    book_snapshots_table: str = contracts.ICEBERG_BOOK_SNAPSHOTS
+    #: How far before the asked time `book_at` looks for a stored snapshot.
+    book_lookback_s: float = Field(default=3600.0, gt=0)
     pin_snapshot: bool = True
 
     @model_validator(mode="after")

@@ -40,7 +40,15 @@ from typing import Literal
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope, topics
-from mdproto.messages import OHLC, CEPTriggerEvent, FeedStatus, HistoryReadyNotification, Tick
+from mdproto.messages import (
+    OHLC,
+    BookDelta,
+    BookSnapshot,
+    CEPTriggerEvent,
+    FeedStatus,
+    HistoryReadyNotification,
+    Tick,
+)
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +266,7 @@ class Dispatcher:
                 topic_sink(topic, message)
         if isinstance(message, HistoryReadyNotification):
             self._notify(topic, message)
-        elif isinstance(message, Tick | OHLC | FeedStatus):  # statuses: `{ticker}|status`
+        elif isinstance(message, Tick | OHLC | BookSnapshot | BookDelta | FeedStatus):
             with self._lock:
                 sinks = list(self._sinks.get(topic, ()))
             if not sinks and not watched:

@@ -216,6 +216,40 @@ class IcebergReader:
             ) from exc
         return arrow.sort_by("ticker")
 
+    def read_book(
+        self, table_name: str, ticker: str, at_ms: int, lookback_ms: int
+    ) -> dict[str, Any] | None:
+        """The newest ``book_snapshots`` row of `ticker` at or before `at_ms` (and not before
+        `at_ms - lookback_ms`: the scan stays in a few day partitions), or None.
+
+        The row's ``snapshot_time_ms`` is added (epoch ms)."""
+        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
+
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start and fills it from the Kafka topic "
+            "market.book, which the ingestors write",
+        )
+        row_filter = And(
+            _equal("ticker", ticker),
+            _predicate(GreaterThanOrEqual, "snapshot_time", (at_ms - lookback_ms) * 1000),
+            _predicate(LessThanOrEqual, "snapshot_time", at_ms * 1000),
+        )
+        try:
+            arrow = table.scan(row_filter=row_filter).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} for {ticker} failed: {exc}", error_code="scan_failed"
+            ) from exc
+        if arrow.num_rows == 0:
+            return None
+        micros = pc.cast(arrow["snapshot_time"], pa.int64())
+        newest: dict[str, Any] = arrow.slice(
+            pc.index(micros, pc.max(micros)).as_py(), 1
+        ).to_pylist()[0]
+        newest["snapshot_time_ms"] = pc.max(micros).as_py() // 1000
+        return newest
+
     def _table(self, table_name: str, missing: str = "") -> Table:
         """`missing`: who creates the table, for the error when it does not exist yet."""
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError

@@ -31,7 +31,6 @@ candle, latest tick) at once.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -89,6 +88,37 @@ def describe_status(status: FeedStatus) -> str:
     return f"{status.ticker} {state_name(status)}{code}{reason}"
 
 
+class FeedWatch:
+    """The state of a ticker's feed as a stream sees it (`{ticker}|status`): each change
+    surfaced once (the relay repeats bad states), and the error that ends the stream."""
+
+    __slots__ = ("_on_status", "_periods", "status")
+
+    def __init__(self, periods: tuple[int, ...], on_status: StatusCallback | None) -> None:
+        self._periods = periods
+        self._on_status = on_status
+        self.status: FeedStatus | None = None  # the latest one that concerns the stream
+
+    def see(self, status: FeedStatus) -> FeedUnavailable | None:
+        """Report `status` if it is news; the error that ends the stream (FAILED, REFUSED)."""
+        if not concerns(status, self._periods):
+            return None
+        last = self.status
+        self.status = status
+        key = (status.state, status.error_code, status.period_seconds)
+        if last is not None and key == (last.state, last.error_code, last.period_seconds):
+            return None
+        if self._on_status is not None:
+            try:
+                self._on_status(status)
+            except Exception:
+                log.exception("status callback failed for %s", status.ticker)
+        else:
+            level = logging.INFO if status.state in _QUIET else logging.WARNING
+            log.log(level, "live feed %s", describe_status(status))
+        return feed_error(status)
+
+
 def live_topics(ticker: str, *, ticks: bool, ohlc_periods: tuple[int, ...]) -> list[str]:
     """Exact topics for a ticker's ticks and/or candles of the given periods."""
     result = [topics.tick_topic(ticker)] if ticks else []
@@ -140,8 +170,7 @@ class LiveStream(QueueStream[LiveMessage]):
     ) -> None:
         super().__init__(topic_list, closer, maxsize)
         self._callback = callback
-        self._periods = periods
-        self._on_status = on_status
+        self._feed = FeedWatch(periods, on_status)
         self._on_sequence = on_sequence
         self._recover = recover
         self._recovery_delay_s = recovery_delay_s
@@ -150,8 +179,6 @@ class LiveStream(QueueStream[LiveMessage]):
         self._candles: dict[int, _Candles] = {}
         #: Running recoveries -> where another run must start (None: no rerun).
         self._recovering: dict[tuple[str, int], int | None] = {}
-        self.status: FeedStatus | None = None  # the latest one that concerns this stream
-        self.dropped = 0
         self.dropped_closed = 0  # closed candles that left the full queue unread
         self.duplicates = 0
         self.gaps = 0
@@ -201,18 +228,7 @@ class LiveStream(QueueStream[LiveMessage]):
         return not candle.closed or state.first_close(candle.open_time_ms)
 
     def _accept(self, message: LiveMessage) -> None:
-        if self._callback is not None:
-            try:
-                self._callback(message)
-            except Exception:
-                log.exception("live callback failed for %s", message.ticker)
-            return
-        while True:
-            try:
-                self._queue.put_nowait(message)
-                return
-            except queue.Full:
-                self._make_room()
+        self._hand_over(message, self._callback)
 
     def _make_room(self) -> None:
         """Drop the oldest supersedable message, else the oldest closed candle (reported).
@@ -294,24 +310,15 @@ class LiveStream(QueueStream[LiveMessage]):
                     delivered += 1
         self._sequence_event(SequenceEvent(topic, "recovered", candles=delivered))
 
+    @property
+    def status(self) -> FeedStatus | None:
+        """The latest FeedStatus that concerns this stream."""
+        return self._feed.status
+
     def _feed_status(self, status: FeedStatus) -> None:
-        """Surface each change once (the relay repeats bad states); fail on FAILED/REFUSED."""
-        if self._closed.is_set() or not concerns(status, self._periods):
+        if self._closed.is_set():
             return
-        last = self.status
-        self.status = status
-        key = (status.state, status.error_code, status.period_seconds)
-        if last is not None and key == (last.state, last.error_code, last.period_seconds):
-            return
-        if self._on_status is not None:
-            try:
-                self._on_status(status)
-            except Exception:
-                log.exception("status callback failed for %s", status.ticker)
-        else:
-            level = logging.INFO if status.state in _QUIET else logging.WARNING
-            log.log(level, "live feed %s", describe_status(status))
-        error = feed_error(status)
+        error = self._feed.see(status)
         if error is not None:
             self.fail(error)
 

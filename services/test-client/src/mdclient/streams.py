@@ -11,6 +11,7 @@ and `error` says why.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +20,7 @@ from typing import Any, Self, TypeVar
 
 T = TypeVar("T")
 _STEP_S = 0.25
+log = logging.getLogger(__name__)
 
 
 class Closeable:
@@ -53,7 +55,30 @@ class QueueStream(Closeable, Iterator[T]):
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self.received = 0
+        self.dropped = 0  # queued messages dropped to make room (`_make_room`)
         self.error: Exception | None = None  # set by `fail`
+
+    def _hand_over(self, message: T, callback: Callable[[T], None] | None) -> None:
+        """To `callback` (an exception in it is logged), else into the queue, making room
+        while it is full: the subscriber thread never blocks."""
+        if callback is not None:
+            try:
+                callback(message)
+            except Exception:
+                log.exception("stream callback failed on %s", self.topics)
+            return
+        while True:
+            try:
+                self._queue.put_nowait(message)
+                return
+            except queue.Full:
+                self._make_room()
+
+    def _make_room(self) -> None:
+        """Drop the oldest queued message (subclasses choose otherwise)."""
+        with contextlib.suppress(queue.Empty):
+            self._queue.get_nowait()
+            self.dropped += 1
 
     def fail(self, error: Exception) -> None:
         """End the stream with `error` (any thread); the first error wins."""
