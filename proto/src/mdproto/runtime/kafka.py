@@ -40,6 +40,7 @@ TOPICS: Mapping[str, TopicSpec] = {
     for spec in (
         TopicSpec(contracts.KAFKA_OHLC_BATCHES),
         TopicSpec(contracts.KAFKA_TICKS),
+        TopicSpec(contracts.KAFKA_BOOK),
         TopicSpec(contracts.KAFKA_LIVE_CANDLES),
         TopicSpec(contracts.KAFKA_MARKETS, config={"cleanup.policy": "compact"}),
         # One partition: the claim order is the arbitration (docs/protocol.md).

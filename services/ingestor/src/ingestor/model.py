@@ -110,3 +110,34 @@ class ExchangeCallError(Exception):
         self.kind = kind
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class BookView:
+    """The best `depth` levels per side of an exchange's book after one update.
+
+    Copied out of ccxt's book at once (ccxt mutates its book in place on the
+    next message). `nonce` is the exchange's update id the book is at (0: none).
+    """
+
+    bids: dict[float, float]
+    asks: dict[float, float]
+    nonce: int
+    timestamp_ms: int
+
+
+class BookIntegrity(enum.Enum):
+    """Why the exchange's book stream cannot be trusted any more (a reset's cause)."""
+
+    SEQUENCE_GAP = "sequence_gap"  # an update id was skipped
+    CHECKSUM = "checksum"  # the exchange's checksum disagrees with the book
+
+
+class BookIntegrityError(Exception):
+    """The book the exchange stream built is wrong; watching again rebuilds it from a
+    fresh snapshot (ccxt forgets its book when it raises)."""
+
+    def __init__(self, kind: BookIntegrity, reason: str) -> None:
+        super().__init__(f"{kind.value}: {reason}")
+        self.kind = kind
+        self.reason = reason
