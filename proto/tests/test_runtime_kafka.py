@@ -10,6 +10,7 @@ def test_every_contract_topic_has_one_spec_and_keeps_it_under_another_name() -> 
     assert set(TOPICS) == {
         contracts.KAFKA_OHLC_BATCHES,
         contracts.KAFKA_TICKS,
+        contracts.KAFKA_BOOK,
         contracts.KAFKA_LIVE_CANDLES,
         contracts.KAFKA_MARKETS,
         contracts.KAFKA_INGEST_CLAIMS,
