@@ -160,9 +160,9 @@ def _plain(field: Any, value: Any, *, map_value: bool = False) -> Any:
 
 
 def notification_dict(note: HistoryReadyNotification) -> dict[str, Any]:
-    """A HistoryReadyNotification as JSON; `sequence` and `publisher_epoch` null when it
-    was read from `market.requests` (epoch 0) rather than received: they stamp one
-    publication, and the table does not record them."""
+    """A HistoryReadyNotification as JSON; `sequence` and `publisher_epoch` null when
+    unknown (epoch 0): read from `market.requests`, which does not record them, for a
+    request whose publication this gateway did not receive (gateway.notices)."""
     data = to_dict(note)
     if not note.publisher_epoch:
         data["sequence"] = data["publisher_epoch"] = None
@@ -249,6 +249,17 @@ def parse_history(body: object) -> HistoryParams:
     if not isinstance(refetch, bool):
         raise GatewayError("bad_request", "refetch must be true or false")
     return HistoryParams(ticker, body["period"], body["start"], body.get("end", "now"), refetch)
+
+
+def server_timing(notify_s: float, read_s: float, encode_s: float) -> str:
+    """A `POST /history` answer's `Server-Timing` header (W3C; durations in ms): the
+    gateway's own measure of a request, whatever the client's clock does."""
+    parts = (
+        ("notify", notify_s, "submit to notification"),
+        ("read", read_s, "rows read"),
+        ("encode", encode_s, "answer encoded"),
+    )
+    return ", ".join(f'{name};dur={max(s, 0) * 1000:.1f};desc="{what}"' for name, s, what in parts)
 
 
 def integrity(note: Message | None) -> dict[str, Any]:

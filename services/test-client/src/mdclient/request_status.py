@@ -3,7 +3,9 @@
 The pipeline writes one row per notified request (its notification dedupe) in
 the same commit that makes the rows visible. A client that missed its
 notification (a dropped connection, a restarted process) asks the table
-instead of submitting again: the row holds everything the notification held.
+instead of submitting again: the row holds everything the notification held but
+its `sequence` and `publisher_epoch` (left 0), which the PUB server gives when it
+sends, after the row is committed (docs/protocol.md "Gateway").
 No row means no outcome yet: the request is still running, or was never
 accepted (the table cannot tell those apart; the SubmitResponse could).
 """
