@@ -25,6 +25,7 @@ from gateway.messages import to_dict as message_dict
 from mdclient import Client, HistoryResult, MdClientError, SequenceEvent
 from mdclient.live import feed_error
 from mdclient.request_status import RequestStatus
+from mdproto.error_codes import FEED_UNAVAILABLE, UNAVAILABLE
 from mdproto.messages import FeedStatus
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class SdkUpstream:
                 topic.name, lambda name, message: deliver(message_frame(name, message))
             )
         except MdClientError as exc:
-            raise GatewayError(exc.error_code or "unavailable", exc.reason) from None
+            raise GatewayError(exc.error_code or UNAVAILABLE, exc.reason) from None
 
     def _live(
         self, topic: Topic, deliver: Callable[[str], None], fail: Callable[[str, str], None]
@@ -62,7 +63,7 @@ class SdkUpstream:
             deliver(control_frame("feed_status", name, data=message_dict(status)))
             error = feed_error(status)
             if error is not None:
-                fail(error.error_code or "feed_unavailable", error.reason)
+                fail(error.error_code or FEED_UNAVAILABLE, error.reason)
 
         def on_sequence(event: SequenceEvent) -> None:
             deliver(
