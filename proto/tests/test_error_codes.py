@@ -49,10 +49,10 @@ def _literal(node: ast.expr | None) -> str | None:
     return None
 
 
-def codes_sent(source: str) -> Iterator[tuple[int, str]]:
-    """(line, code) for every string literal the source uses as an error code, and
-    every name it takes from `mdproto.error_codes`. Text inside an f-string is for
-    humans (`f"{code or 'error'}: ..."`), not a code."""
+def codes_sent(source: str) -> Iterator[tuple[int, str, bool]]:
+    """(line, code, literal) for every string literal the source uses as an error code
+    (literal True) and every name it takes from `mdproto.error_codes`. Text inside an
+    f-string is for humans (`f"{code or 'error'}: ..."`), not a code."""
     tree = ast.parse(source)
     in_text = {
         id(inner)
@@ -86,17 +86,17 @@ def codes_sent(source: str) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module == "mdproto.error_codes":
             for alias in node.names:
                 if alias.name.isupper() and alias.name != "VOCABULARY":
-                    yield node.lineno, getattr(error_codes, alias.name, alias.name)
+                    yield node.lineno, getattr(error_codes, alias.name, alias.name), False
         elif (
             isinstance(node, ast.Attribute)
             and _name(node.value) == "error_codes"
             and node.attr.isupper()
         ):
-            yield node.lineno, getattr(error_codes, node.attr, node.attr)
+            yield node.lineno, getattr(error_codes, node.attr, node.attr), False
         for candidate in candidates:
             text = _literal(candidate)
             if text is not None and _CODE.match(text):
-                yield getattr(candidate, "lineno", node.lineno), text
+                yield getattr(candidate, "lineno", node.lineno), text, True
 
 
 def code_constants(source: str) -> Iterator[tuple[int, str]]:
@@ -136,7 +136,8 @@ raise ValueError("not a code, a sentence")
 line = f", {note.error_code or 'error'}: {note.reason}"
 from mdproto.error_codes import VOCABULARY, Carrier
 """
-    assert sorted(code for _, code in codes_sent(source)) == sorted(
+    found = {code: literal for _, code, literal in codes_sent(source)}
+    assert sorted(found) == sorted(
         [
             "no_ingestor",
             "frame_count",
@@ -152,6 +153,7 @@ from mdproto.error_codes import VOCABULARY, Carrier
             "sink_error",
         ]
     )
+    assert not found["no_ingestor"] and not found["sink_error"] and found["bad_row"]
     assert list(code_constants('TIMEOUT = "timeout"\nQUERY = "history"\n')) == [(1, "TIMEOUT")]
 
 
@@ -159,12 +161,22 @@ def test_every_code_the_source_sends_is_in_the_vocabulary() -> None:
     unknown = [
         f"{path}:{line}: {code!r}"
         for path, source in _sources()
-        for line, code in codes_sent(source)
+        for line, code, _ in codes_sent(source)
         if code not in VOCABULARY
     ]
     assert not unknown, "add these to mdproto/error_codes.py (and docs/protocol.md):\n" + "\n".join(
         unknown
     )
+
+
+def test_codes_are_named_by_their_constants() -> None:
+    literals = [
+        f"{path}:{line}: {code!r}"
+        for path, source in _sources()
+        for line, code, literal in codes_sent(source)
+        if literal
+    ]
+    assert not literals, "use the constants of mdproto.error_codes:\n" + "\n".join(literals)
 
 
 def test_codes_are_defined_only_in_the_vocabulary() -> None:

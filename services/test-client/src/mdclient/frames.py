@@ -194,7 +194,7 @@ class IcebergReader:
         try:
             table = self._table(table_name)
         except StorageError as exc:
-            if exc.error_code == "no_table":  # nothing was ever notified: still pending
+            if exc.error_code == NO_TABLE:  # nothing was ever notified: still pending
                 return None
             raise
         try:
