@@ -35,7 +35,8 @@ from mdclient import (
     RequestTimeout,
     SubmitRejected,
 )
-from mdproto import rules, topics
+from mdproto import topics
+from mdproto.error_codes import BAD_ID, BAD_REQUEST, INTERNAL, UNAUTHORIZED
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -80,7 +81,7 @@ async def require_token(
             log.warning(
                 "refused %s %s from %s: bad token", request.method, request.path, request.remote
             )
-            return error_response(401, "unauthorized", "a valid bearer token is required")
+            return error_response(401, UNAUTHORIZED, "a valid bearer token is required")
     return await handler(request)
 
 
@@ -93,7 +94,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
         async for frame in ws:
             if frame.type != WSMsgType.TEXT:
                 if frame.type == WSMsgType.BINARY:
-                    session.push(messages.error_frame("bad_request", "send JSON text frames"))
+                    session.push(messages.error_frame(BAD_REQUEST, "send JSON text frames"))
                 continue
             try:
                 op = messages.parse_op(frame.data)
@@ -116,7 +117,7 @@ async def history(request: web.Request) -> web.StreamResponse:
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:
-        return error_response(400, "bad_request", "the body must be a JSON object")
+        return error_response(400, BAD_REQUEST, "the body must be a JSON object")
     try:
         params = messages.parse_history(body)
         fmt = messages.choose_format(
@@ -164,7 +165,7 @@ def _sdk_error(exc: MdClientError) -> web.Response:
 
 def error_code(exc: MdClientError) -> str:
     """The SDK's code; `internal` for an error that carries none (docs/protocol.md)."""
-    return exc.error_code or "internal"
+    return exc.error_code or INTERNAL
 
 
 def history_headers(result: HistoryResult) -> dict[str, str]:
@@ -221,7 +222,7 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
 async def status(request: web.Request) -> web.Response:
     request_id = request.match_info["request_id"]
     if not topics.is_valid_id(request_id):  # could never be recorded: not PENDING
-        return error_response(400, rules.BAD_ID, f"{request_id!r}: an id is {messages.ID_RULE}")
+        return error_response(400, BAD_ID, f"{request_id!r}: an id is {messages.ID_RULE}")
     loop = asyncio.get_running_loop()
     try:
         answer = await loop.run_in_executor(

@@ -27,6 +27,7 @@ from gateway.notices import ReceivedStamps
 from mdclient import Client, HistoryResult, MdClientError, SequenceEvent
 from mdclient.live import feed_error
 from mdclient.request_status import RequestStatus
+from mdproto.error_codes import FEED_UNAVAILABLE, UNAVAILABLE
 from mdproto.messages import FeedStatus, HistoryReadyNotification
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class SdkUpstream:
                 topic.name, lambda name, message: self._watched(name, message, deliver)
             )
         except MdClientError as exc:
-            raise GatewayError(exc.error_code or "unavailable", exc.reason) from None
+            raise GatewayError(exc.error_code or UNAVAILABLE, exc.reason) from None
 
     def _watched(self, name: str, message: Message, deliver: Callable[[str], None]) -> None:
         if isinstance(message, HistoryReadyNotification):
@@ -74,7 +75,7 @@ class SdkUpstream:
             deliver(control_frame("feed_status", name, data=message_dict(status)))
             error = feed_error(status)
             if error is not None:
-                fail(error.error_code or "feed_unavailable", error.reason)
+                fail(error.error_code or FEED_UNAVAILABLE, error.reason)
 
         def on_sequence(event: SequenceEvent) -> None:
             deliver(

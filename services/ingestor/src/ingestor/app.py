@@ -33,7 +33,6 @@ from ingestor.config import Settings, credentials_for
 from ingestor.coverage import NO_COVERAGE, CoverageSource, IcebergCoverage
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import (
-    ABANDONED,
     ClaimLostError,
     FetchEnv,
     HealthBook,
@@ -51,6 +50,7 @@ from ingestor.model import ExchangeCallError
 from ingestor.retry import RetryPolicy
 from ingestor.work import LegacyResponder, WorkIntake, new_context
 from mdproto import ProtocolError, contracts
+from mdproto.error_codes import ABANDONED
 from mdproto.messages import DataRequest, IngestorControl, Status
 from mdproto.runtime.kafka import TopicSpec, spec
 from mdproto.topics import is_valid_id, parse_ticker

@@ -25,9 +25,11 @@ from enum import Enum
 import zmq
 
 from mdproto import envelope
+from mdproto.error_codes import EXCHANGE_UNAVAILABLE, KAFKA_UNAVAILABLE, NO_INGESTOR
 from mdproto.messages import DataRequest, IngestorControl, IngestorStatus
 from relay import sockets
 from relay.config import RelaySettings
+from relay.log_throttle import LogThrottle
 from relay.metrics import RelayMetrics
 from relay.sockets import Socket, parse_subscription
 from relay.subscriptions import Announce, Cancel
@@ -42,7 +44,7 @@ class Ingestors:
         self,
         settings: RelaySettings,
         metrics: RelayMetrics,
-        throttle: Callable[[str, float], str | None],  # client_requests.LogThrottle
+        throttle: LogThrottle,
         work: Socket,
         control: Socket,
         *,
@@ -224,10 +226,6 @@ class Ingestors:
 
 
 # --- liveness: can an exchange take work now? (pure: `now` is passed in) ------------
-
-NO_INGESTOR = "no_ingestor"
-EXCHANGE_UNAVAILABLE = "exchange_unavailable"
-KAFKA_UNAVAILABLE = "kafka_unavailable"
 
 _EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 _MAX_EXCHANGES = 256  # per status: more is a broken sender, not a deployment

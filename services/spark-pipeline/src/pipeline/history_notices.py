@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from mdproto import topics
 from mdproto.contracts import FROM_STORAGE
+from mdproto.error_codes import INCOMPLETE, INGESTOR_ERROR
 from mdproto.messages import (
     BatchMetadata,
     HistoryReadyNotification,
@@ -145,7 +146,7 @@ def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
         return (
             Status.ERROR,
             meta.reason or "the ingestor reported an error",
-            meta.error_code or "ingestor_error",
+            meta.error_code or INGESTOR_ERROR,
             0,
         )
     name = Status.Name(meta.status) if meta.status in Status.values() else str(meta.status)
@@ -287,7 +288,7 @@ def reconcile(request: CompletedRequest, found: int) -> CompletedRequest:
                 f"only {found} of the {announced} candles sent by the ingestor are in "
                 f"{request.iceberg_table}: invalid rows were dropped (see the pipeline log)"
             ),
-            error_code="incomplete",
+            error_code=INCOMPLETE,
             row_count=found,
             missing_candles=missing(request.expected_candles, found, request.exchange_gaps),
         )

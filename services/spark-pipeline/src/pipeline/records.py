@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto import ProtocolError, envelope, topics
+from mdproto.error_codes import BAD_CANDLE, BAD_REQUEST_ID, BAD_ROW, BAD_TICK
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, TakerSide, Tick
 
 log = logging.getLogger(__name__)
@@ -329,7 +330,7 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
         request_id = record.request_id or (meta.request_id if meta else "")
         if not topics.is_valid_id(request_id):
             batch.rejects.append(
-                Reject(partition, offset, "bad_request_id", f"request_id {request_id!r} is invalid")
+                Reject(partition, offset, BAD_REQUEST_ID, f"request_id {request_id!r} is invalid")
             )
             continue
         key = keys[i]
@@ -353,7 +354,7 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
             Reject(
                 partitions[order],
                 offsets[order],
-                "bad_row",
+                BAD_ROW,
                 f"{count} row(s) without a valid ticker or period, with an open_time outside "
                 "1970..9999, a non-finite price or volume, or a trade_count beyond int64",
             )
@@ -408,7 +409,7 @@ def decode_tick_values(
             continue
         problem = tick_problem(tick)
         if problem:
-            out.rejects.append(Reject(partitions[i], offsets[i], "bad_tick", problem))
+            out.rejects.append(Reject(partitions[i], offsets[i], BAD_TICK, problem))
             continue
         out.ticks.append(tick)
         out.coordinates.append((partitions[i], offsets[i]))
@@ -496,7 +497,7 @@ def decode_live_candles(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, lis
             continue
         split = split_ticker(c.ticker)
         if split is None or not 0 <= c.open_time_ms <= MAX_TIME_MS or not c.period_seconds:
-            rejects.append(Reject(partitions[i], offsets[i], "bad_candle", f"{c.ticker!r}"))
+            rejects.append(Reject(partitions[i], offsets[i], BAD_CANDLE, f"{c.ticker!r}"))
             continue
         for name, v in (
             ("ticker", c.ticker),

@@ -49,6 +49,7 @@ from mdclient.triggers import (
     parse_condition,
 )
 from mdproto import envelope, topics
+from mdproto.error_codes import BAD_TIME, RELAY_UNAVAILABLE, SNAPSHOT_GONE
 from mdproto.messages import (
     OHLC,
     CEPCondition,
@@ -186,7 +187,7 @@ class Client(Closeable):
             raise RelayUnavailable(
                 f"relay market-data socket {self.settings.market_data_address} not reachable "
                 f"within {timeout:g}s{self._transport.subscriber.hint()}",
-                error_code="relay_unavailable",
+                error_code=RELAY_UNAVAILABLE,
             )
         if self.settings.notify == "per_client":
             # Pattern 1: one subscription for the client's lifetime.
@@ -248,7 +249,7 @@ class Client(Closeable):
                 end_ms=timeparse.to_ms(end, now_ms=now_ms),
             )
         except timeparse.TimeFormatError as exc:
-            raise InvalidRequest(str(exc), error_code="bad_time") from None
+            raise InvalidRequest(str(exc), error_code=BAD_TIME) from None
 
     def wait_history(
         self,
@@ -372,7 +373,7 @@ class Client(Closeable):
         try:
             return read(snapshot_id=snapshot_id), ""
         except StorageError as exc:
-            if exc.error_code != "snapshot_gone":
+            if exc.error_code != SNAPSHOT_GONE:
                 raise
             note = (
                 f"{exc.reason}: read the current snapshot instead (the same rows unless a "
@@ -627,7 +628,7 @@ class Client(Closeable):
                 assert expires is not None
                 expires_ms = timeparse.to_ms(expires, now_ms=int(time.time() * 1000))
         except timeparse.TimeFormatError as exc:
-            raise InvalidRequest(str(exc), error_code="bad_time") from None
+            raise InvalidRequest(str(exc), error_code=BAD_TIME) from None
         parsed = [parse_condition(c) if isinstance(c, str) else c for c in conditions]
         if per_trigger is None:
             per_trigger = self.settings.notify == "per_request"

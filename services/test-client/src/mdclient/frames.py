@@ -25,6 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdclient.errors import StorageError
+from mdproto.error_codes import (
+    CATALOG_UNAVAILABLE,
+    LOAD_FAILED,
+    NO_TABLE,
+    SCAN_FAILED,
+    SNAPSHOT_GONE,
+)
 from mdproto.messages import OHLC
 
 if TYPE_CHECKING:
@@ -146,7 +153,7 @@ class IcebergReader:
                 except Exception as exc:
                     raise StorageError(
                         f"cannot open Iceberg REST catalog at {uri}: {exc}",
-                        error_code="catalog_unavailable",
+                        error_code=CATALOG_UNAVAILABLE,
                     ) from exc
             return self._catalog
 
@@ -171,14 +178,14 @@ class IcebergReader:
             if table.snapshot_by_id(snapshot_id) is None:
                 raise StorageError(
                     f"snapshot {snapshot_id} of {table_name} is gone (expired by table upkeep)",
-                    error_code="snapshot_gone",
+                    error_code=SNAPSHOT_GONE,
                 )
             scan_args["snapshot_id"] = snapshot_id
         try:
             arrow = table.scan(**scan_args).to_arrow()
         except Exception as exc:
             raise StorageError(
-                f"reading {table_name} for {ticker} failed: {exc}", error_code="scan_failed"
+                f"reading {table_name} for {ticker} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
         return normalise(arrow)
 
@@ -187,7 +194,7 @@ class IcebergReader:
         try:
             table = self._table(table_name)
         except StorageError as exc:
-            if exc.error_code == "no_table":  # nothing was ever notified: still pending
+            if exc.error_code == NO_TABLE:  # nothing was ever notified: still pending
                 return None
             raise
         try:
@@ -195,7 +202,7 @@ class IcebergReader:
         except Exception as exc:
             raise StorageError(
                 f"reading {table_name} for request {request_id} failed: {exc}",
-                error_code="scan_failed",
+                error_code=SCAN_FAILED,
             ) from exc
         found: list[dict[str, Any]] = rows.to_pylist()
         # One row per request_id (the pipeline MERGEs on it); the latest wins all the same.
@@ -212,7 +219,7 @@ class IcebergReader:
             arrow = table.scan(row_filter=_equal("exchange", exchange)).to_arrow()
         except Exception as exc:
             raise StorageError(
-                f"reading {table_name} for {exchange} failed: {exc}", error_code="scan_failed"
+                f"reading {table_name} for {exchange} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
         return arrow.sort_by("ticker")
 
@@ -230,8 +237,8 @@ class IcebergReader:
                 if missing
                 else (f"no Iceberg table {table_name}")
             )
-            raise StorageError(reason, error_code="no_table") from exc
+            raise StorageError(reason, error_code=NO_TABLE) from exc
         except Exception as exc:
             raise StorageError(
-                f"cannot load Iceberg table {table_name}: {exc}", error_code="load_failed"
+                f"cannot load Iceberg table {table_name}: {exc}", error_code=LOAD_FAILED
             ) from exc
