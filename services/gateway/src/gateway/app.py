@@ -37,6 +37,7 @@ from mdclient import (
 )
 from mdproto import topics
 from mdproto.error_codes import BAD_ID, BAD_REQUEST, INTERNAL, UNAUTHORIZED
+from mdproto.tables import Ohlc
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -191,9 +192,9 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
         sink = io.BytesIO()
         pq.write_table(table, sink)
         return sink.getvalue()
-    times = table.column("open_time").cast(pa.int64()).to_pylist()
-    counts = table.column("trade_count").to_pylist()
-    columns = ("open", "high", "low", "close", "volume")
+    times = table.column(Ohlc.OPEN_TIME).cast(pa.int64()).to_pylist()
+    counts = table.column(Ohlc.TRADE_COUNT).to_pylist()
+    columns = (Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE, Ohlc.VOLUME)
     values = [table.column(name).to_pylist() for name in columns]
     candles = [
         {

@@ -73,8 +73,10 @@ def parse_topic(text: object) -> Topic:
             return Topic(text, kind)
     ticker, _, rest = text.partition("|")
     market = topics.parse_market_topic(text)
-    if market is not None and (market.kind == "tick" or market.period_seconds):
-        return Topic(text, market.kind, market.ticker, market.period_seconds or 0)
+    if market is not None and market.kind == "tick":
+        return Topic(text, "tick", market.ticker)
+    if market is not None and market.kind == "ohlc" and market.period_seconds:
+        return Topic(text, "ohlc", market.ticker, market.period_seconds)
     if rest == topics.STATUS:
         try:
             topics.parse_ticker(ticker)

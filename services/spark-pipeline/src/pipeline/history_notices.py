@@ -30,48 +30,15 @@ from mdproto.messages import (
     NotifyPattern,
     Status,
 )
-from pipeline.records import UTC_US, FinalMarker
+from mdproto.tables import Requests, arrow_schema
+from pipeline.records import FinalMarker
 
 _RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
 
-#: Row layout of Iceberg ``market.requests`` (one row per notified request).
-REQUESTS_SCHEMA = pa.schema(
-    [
-        pa.field("request_id", pa.string(), nullable=False),
-        pa.field("client_id", pa.string()),
-        pa.field("status", pa.string()),
-        pa.field("reason", pa.string()),
-        pa.field("error_code", pa.string()),
-        pa.field("ticker", pa.string()),
-        pa.field("period_seconds", pa.int32()),
-        # Client-supplied range, kept as given (epoch ms): any int64 is storable.
-        pa.field("start_time_ms", pa.int64()),
-        pa.field("end_time_ms", pa.int64()),
-        pa.field("row_count", pa.int64()),
-        pa.field("iceberg_table", pa.string()),
-        pa.field("snapshot_id", pa.int64()),
-        pa.field("notification_topic", pa.string()),
-        pa.field("ingestor_id", pa.string()),
-        pa.field("completed_at", UTC_US),
-        pa.field("query_id", pa.string()),
-        pa.field("batch_id", pa.int64()),
-        pa.field("kafka_partition", pa.int32()),
-        pa.field("kafka_offset", pa.int64()),
-        # Integrity report (added later: `ADDED_COLUMNS` migrates older tables).
-        pa.field("expected_candles", pa.int64()),
-        pa.field("exchange_gaps", pa.int64()),
-        pa.field("missing_candles", pa.int64()),
-        pa.field("source", pa.string()),
-    ]
-)
-#: Columns added to ``requests`` after its first release, with their Spark SQL types.
-ADDED_COLUMNS: dict[str, str] = {
-    "expected_candles": "BIGINT",
-    "exchange_gaps": "BIGINT",
-    "missing_candles": "BIGINT",
-    "source": "STRING",
-}
-_TIME_FIELDS = {"completed_at": "completed_at_ms"}
+#: Row layout of Iceberg ``market.requests`` (mdproto.tables.Requests), one row per
+#: notified request: `CompletedRequest`'s fields, times as timestamps.
+REQUESTS_SCHEMA = arrow_schema(Requests.SCHEMA)
+_TIME_FIELDS = {Requests.COMPLETED_AT: "completed_at_ms"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,8 +340,8 @@ def to_table(requests: Sequence[CompletedRequest]) -> pa.Table:
     columns: dict[str, list[Any]] = {name: [] for name in REQUESTS_SCHEMA.names}
     for request in requests:
         row = asdict(request)
-        row["status"] = Status.Name(request.status)  # type: ignore[arg-type]
-        row["source"] = HistorySource.Name(request.source)  # type: ignore[arg-type]
+        row[Requests.STATUS] = Status.Name(request.status)  # type: ignore[arg-type]
+        row[Requests.SOURCE] = HistorySource.Name(request.source)  # type: ignore[arg-type]
         for column, ms in _TIME_FIELDS.items():
             row[column] = row.pop(ms) * 1000
         for name in REQUESTS_SCHEMA.names:

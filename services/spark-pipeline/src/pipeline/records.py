@@ -25,66 +25,30 @@ import pyarrow.compute as pc
 from mdproto import ProtocolError, envelope, topics
 from mdproto.error_codes import BAD_CANDLE, BAD_REQUEST_ID, BAD_ROW, BAD_TICK
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, TakerSide, Tick
+from mdproto.tables import Ohlc, Ticks, arrow_schema
 
 log = logging.getLogger(__name__)
 UTC_US = pa.timestamp("us", tz="UTC")
 
-#: Row layout of Iceberg ``market.ohlc`` (docs/protocol.md).
-OHLC_SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string(), nullable=False),
-        pa.field("exchange", pa.string()),
-        pa.field("symbol", pa.string()),
-        pa.field("period_seconds", pa.int32(), nullable=False),
-        pa.field("open_time", UTC_US, nullable=False),
-        pa.field("open", pa.float64()),
-        pa.field("high", pa.float64()),
-        pa.field("low", pa.float64()),
-        pa.field("close", pa.float64()),
-        pa.field("volume", pa.float64()),
-        pa.field("trade_count", pa.int64()),
-        pa.field("source", pa.string()),
-        pa.field("request_id", pa.string()),
-        pa.field("ingested_at", UTC_US),
-        # What the exchange reports besides OHLCV; null where it does not. Last,
-        # where ALTER TABLE ADD COLUMNS puts them in a table created before them.
-        pa.field("quote_volume", pa.float64()),
-        pa.field("taker_buy_volume", pa.float64()),
-        pa.field("taker_buy_quote_volume", pa.float64()),
-        # Live candles: true if the feed may have missed trades of the window (OHLC.incomplete);
-        # null for exchange candles.
-        pa.field("incomplete", pa.bool_()),
-    ]
-)
+#: Row layout of Iceberg ``market.ohlc`` (mdproto.tables.Ohlc).
+OHLC_SCHEMA = arrow_schema(Ohlc.SCHEMA)
 
 #: OHLC fields that are optional in the message and nullable in ``ohlc``, trade_count aside.
 OptionalVolume = Literal["quote_volume", "taker_buy_volume", "taker_buy_quote_volume"]
 OPTIONAL_VOLUMES: tuple[OptionalVolume, ...] = (
-    "quote_volume",
-    "taker_buy_volume",
-    "taker_buy_quote_volume",
+    Ohlc.QUOTE_VOLUME,
+    Ohlc.TAKER_BUY_VOLUME,
+    Ohlc.TAKER_BUY_QUOTE_VOLUME,
 )
 
 #: Row layout of Iceberg ``market.ticks`` and of the candle aggregation's input.
-TICK_SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string(), nullable=False),
-        pa.field("exchange", pa.string()),
-        pa.field("symbol", pa.string()),
-        pa.field("trade_id", pa.string(), nullable=False),
-        pa.field("price", pa.float64()),
-        pa.field("amount", pa.float64()),
-        pa.field("side", pa.string()),
-        pa.field("trade_time", UTC_US, nullable=False),
-        pa.field("ingested_at", UTC_US),
-    ]
-)
+TICK_SCHEMA = arrow_schema(Ticks.SCHEMA)
 
-OHLC_KEY = ("ticker", "period_seconds", "open_time")
+OHLC_KEY = Ohlc.SCHEMA.key
 #: Times Spark and Iceberg can hold: [1970-01-01, 9999-12-31]; anything else is bad input.
 MAX_TIME_MS = 253_402_300_799_999
 MAX_PERIOD_SECONDS = 2**31 - 1  # period_seconds is an Iceberg int
-TICK_KEY = ("ticker", "trade_id")
+TICK_KEY = Ticks.SCHEMA.key
 SOURCE_HISTORY = "history"
 SOURCE_LIVE = "live"
 _SIDES = {TakerSide.BUY: "BUY", TakerSide.SELL: "SELL"}

@@ -33,6 +33,7 @@ from mdproto.error_codes import (
     SNAPSHOT_GONE,
 )
 from mdproto.messages import OHLC
+from mdproto.tables import Markets, Ohlc, Requests, arrow_schema
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -41,18 +42,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The candle frame: these ``market.ohlc`` columns (mdproto.tables.Ohlc), any of them
+#: nullable (a legacy reply's candle may lack a trade count).
 SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string()),
-        pa.field("period_seconds", pa.int32()),
-        pa.field("open_time", pa.timestamp("us", tz="UTC")),
-        pa.field("open", pa.float64()),
-        pa.field("high", pa.float64()),
-        pa.field("low", pa.float64()),
-        pa.field("close", pa.float64()),
-        pa.field("volume", pa.float64()),
-        pa.field("trade_count", pa.int64()),
-    ]
+    f.with_nullable(True)
+    for f in arrow_schema(
+        Ohlc.SCHEMA,
+        (
+            Ohlc.TICKER,
+            Ohlc.PERIOD_SECONDS,
+            Ohlc.OPEN_TIME,
+            Ohlc.OPEN,
+            Ohlc.HIGH,
+            Ohlc.LOW,
+            Ohlc.CLOSE,
+            Ohlc.VOLUME,
+            Ohlc.TRADE_COUNT,
+        ),
+    )
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
@@ -66,15 +73,15 @@ def candles_from_ohlc(rows: Iterable[OHLC]) -> pa.Table:
     items = list(rows)
     table = pa.table(
         {
-            "ticker": [r.ticker for r in items],
-            "period_seconds": [r.period_seconds for r in items],
-            "open_time": [r.open_time_ms * 1000 for r in items],
-            "open": [r.open for r in items],
-            "high": [r.high for r in items],
-            "low": [r.low for r in items],
-            "close": [r.close for r in items],
-            "volume": [r.volume for r in items],
-            "trade_count": [r.trade_count if r.HasField("trade_count") else None for r in items],
+            Ohlc.TICKER: [r.ticker for r in items],
+            Ohlc.PERIOD_SECONDS: [r.period_seconds for r in items],
+            Ohlc.OPEN_TIME: [r.open_time_ms * 1000 for r in items],
+            Ohlc.OPEN: [r.open for r in items],
+            Ohlc.HIGH: [r.high for r in items],
+            Ohlc.LOW: [r.low for r in items],
+            Ohlc.CLOSE: [r.close for r in items],
+            Ohlc.VOLUME: [r.volume for r in items],
+            Ohlc.TRADE_COUNT: [r.trade_count if r.HasField("trade_count") else None for r in items],
         },
         schema=SCHEMA,
     )
@@ -92,13 +99,13 @@ def normalise(table: pa.Table) -> pa.Table:
 def sort_candles(table: pa.Table) -> pa.Table:
     if table.num_rows < 2:
         return table
-    return table.take(pc.sort_indices(table, sort_keys=[("open_time", "ascending")]))
+    return table.take(pc.sort_indices(table, sort_keys=[(Ohlc.OPEN_TIME, "ascending")]))
 
 
 def closed_ohlc(table: pa.Table) -> list[OHLC]:
     """Candle frame -> `OHLC(closed=True)` messages (stored candles are closed)."""
-    micros = table.column("open_time").cast(pa.int64()).to_pylist()
-    rows = table.drop_columns(["open_time"]).to_pylist()
+    micros = table.column(Ohlc.OPEN_TIME).cast(pa.int64()).to_pylist()
+    rows = table.drop_columns([Ohlc.OPEN_TIME]).to_pylist()
     return [
         OHLC(
             open_time_ms=us // 1000,
@@ -114,10 +121,10 @@ def ohlc_filter(ticker: str, period_seconds: int, start_ms: int, end_ms: int) ->
     from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 
     return And(
-        _predicate(EqualTo, "ticker", ticker),
-        _predicate(EqualTo, "period_seconds", period_seconds),
-        _predicate(GreaterThanOrEqual, "open_time", start_ms * 1000),
-        _predicate(LessThan, "open_time", end_ms * 1000),
+        _predicate(EqualTo, Ohlc.TICKER, ticker),
+        _predicate(EqualTo, Ohlc.PERIOD_SECONDS, period_seconds),
+        _predicate(GreaterThanOrEqual, Ohlc.OPEN_TIME, start_ms * 1000),
+        _predicate(LessThan, Ohlc.OPEN_TIME, end_ms * 1000),
     )
 
 
@@ -198,7 +205,7 @@ class IcebergReader:
                 return None
             raise
         try:
-            rows = table.scan(row_filter=_equal("request_id", request_id)).to_arrow()
+            rows = table.scan(row_filter=_equal(Requests.REQUEST_ID, request_id)).to_arrow()
         except Exception as exc:
             raise StorageError(
                 f"reading {table_name} for request {request_id} failed: {exc}",
@@ -206,7 +213,7 @@ class IcebergReader:
             ) from exc
         found: list[dict[str, Any]] = rows.to_pylist()
         # One row per request_id (the pipeline MERGEs on it); the latest wins all the same.
-        return max(found, key=lambda r: r.get("completed_at") or 0, default=None)
+        return max(found, key=lambda r: r.get(Requests.COMPLETED_AT) or 0, default=None)
 
     def read_markets(self, table_name: str, exchange: str) -> pa.Table:
         """One exchange's rows of the markets table (docs/protocol.md), sorted by ticker."""
@@ -216,12 +223,12 @@ class IcebergReader:
             "market.markets, which the ingestors write",
         )
         try:
-            arrow = table.scan(row_filter=_equal("exchange", exchange)).to_arrow()
+            arrow = table.scan(row_filter=_equal(Markets.EXCHANGE, exchange)).to_arrow()
         except Exception as exc:
             raise StorageError(
                 f"reading {table_name} for {exchange} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
-        return arrow.sort_by("ticker")
+        return arrow.sort_by(Markets.TICKER)
 
     def _table(self, table_name: str, missing: str = "") -> Table:
         """`missing`: who creates the table, for the error when it does not exist yet."""
