@@ -72,10 +72,13 @@ def error_response(status: int, error_code: str, reason: str, **extra: Any) -> w
 async def require_token(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """With `token` set, every route but /healthz needs it (header, or `?token=` for the
-    page and browsers' WebSockets, which cannot set headers)."""
+    """With `token` set, every route but /healthz and /static needs it (header, or
+    `?token=` for the page and browsers' WebSockets, which cannot set headers).
+
+    /static holds the page's code, styles and words, no data: the browser fetches
+    them from `<script>`/`<link>` tags and `fetch` calls that carry no token."""
     token = request.app[SETTINGS].token
-    if token and request.path != "/healthz":
+    if token and request.path != "/healthz" and not request.path.startswith("/static/"):
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         given = given or request.query.get("token", "")
         if not hmac.compare_digest(given.encode(), token.encode()):
