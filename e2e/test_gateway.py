@@ -144,6 +144,10 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
     assert table.num_rows == len(candles)
     assert status["state"] == "OK" and status["notification"]["request_id"] == as_json["request_id"]
     assert status["notification"]["snapshot_id"] == as_json["snapshot_id"]
+    # The whole notification: the stamps of the publication this gateway received.
+    assert int(status["notification"]["sequence"]) >= 1
+    assert int(status["notification"]["publisher_epoch"]) > 0
+    assert "notify;dur=" in arrow_headers["Server-Timing"]
     assert pending == {"request_id": "never-submitted-0", "state": "PENDING", "notification": None}
     assert malformed == (400, "bad_id")  # can never exist: not PENDING
     assert rejected[0] == 400 and rejected[1]["error_code"]

@@ -7,14 +7,14 @@ from __future__ import annotations
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway import assets
-from infra.testing import run_ci_script
+from infra.testing import poll_until, run_ci_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -63,16 +63,6 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _wait(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)  # polling a page's state: there is nothing to block on
-    raise AssertionError(f"{what} not within {timeout_s} s")
-
-
 # The session's platform may start inside this test (minutes on loaded cores), and the
 # page's first history request waits for a just-started pipeline.
 @pytest.mark.timeout(1500)
@@ -95,7 +85,7 @@ def test_the_chart_page_draws_history_and_live_updates(
     browser.get(f"{gateway}/?ticker={TICKER}&period=60&range=-2h")
     # The page's history request waits for the platform (the SDK's timeout and retries):
     # minutes on a just-started pipeline on loaded cores, well under 10 s warm.
-    ready = _wait("history drawn", lambda: state().get("ready") and state(), 480)
+    ready = poll_until("history drawn", lambda: state().get("ready") and state(), 480)
     load_s = time.monotonic() - started
     assert not ready["errors"], ready["errors"]
     assert ready["historyCandles"] >= 60 and ready["candles"] >= ready["historyCandles"]
@@ -106,16 +96,22 @@ def test_the_chart_page_draws_history_and_live_updates(
         "return document.querySelector('#report td[data-key=expected_candles]').textContent"
     )
     assert shown == report["expected_candles"]
+    # Enums in words, and the gateway's timings of the request (Server-Timing), not 0.
+    source = browser.execute_script(
+        "return document.querySelector('#report td[data-key=source]').textContent"
+    )
+    assert source and source != report["source"], source
+    assert ready["timings"]["notify"] > 0 and ready["timings"]["read"] > 0, ready["timings"]
 
     # A live candle update (the simulator trades all the time): within seconds.
     before = ready["liveUpdates"]
     t0 = time.monotonic()
-    live = _wait(
+    live = poll_until(
         "a live candle update", lambda: state().get("liveUpdates", 0) > before and state(), 60
     )
     live_s = time.monotonic() - t0
     assert live["lastLive"]["time"] % 60 == 0 and live["lastLive"]["close"] > 0
-    _wait("a trade in the trades table", lambda: state().get("trades", 0) > 0, 60)
+    poll_until("a trade in the trades table", lambda: state().get("trades", 0) > 0, 60)
 
     shot = tmp_path / "chart.png"
     assert browser.save_screenshot(str(shot))

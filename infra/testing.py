@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,11 +28,25 @@ if TYPE_CHECKING:
     from mdclient import ClientSettings, HistoryResult
     from mdproto.messages import OHLC
 
+_T = TypeVar("_T")
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def poll_until(what: str, check: Callable[[], _T], timeout_s: float, interval_s: float = 0.2) -> _T:
+    """`check()` once it is truthy, polled: for state with nothing to block on (a browser
+    page's); AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} not within {timeout_s} s")
 
 
 def run_ci_script(name: str, timeout_s: float) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from . import bybit
+from . import books, bybit, okx
 from .model import (
     INTERVAL_MS,
     MAX_TRADES_PER_MINUTE,
@@ -40,12 +40,14 @@ WEIGHTS: dict[str, int] = {
     "/api/v3/klines": 2,
     "/api/v3/aggTrades": 4,
     "/api/v3/trades": 25,
+    "/api/v3/depth": 5,  # limit <= 100 (Binance: 25 up to 500, 50 up to 1000, 250 beyond)
     "/fapi/v1/exchangeInfo": 1,
     "/dapi/v1/exchangeInfo": 1,
 }
 DEFAULT_WEIGHT_LIMIT = 6000
 MAX_BACKLOG_MS = 10 * MINUTE_MS  # streams never replay more than this after a clock jump
-_STREAM_RE = re.compile(r"^[a-z0-9]+@[A-Za-z0-9_]+$")
+_STREAM_RE = re.compile(r"^[a-z0-9]+@[A-Za-z0-9_]+(@[0-9]+ms)?$")
+MAX_DEPTH_LIMIT = 5000
 
 
 def binance_error(
@@ -207,6 +209,7 @@ class BinanceRest:
             web.get("/api/v3/klines", self.klines),
             web.get("/api/v3/aggTrades", self.agg_trades),
             web.get("/api/v3/trades", self.recent_trades),
+            web.get("/api/v3/depth", self.depth),
             # ccxt asks for linear/inverse markets unless options.fetchMarkets.types
             # says otherwise; answer with no symbols so default ccxt still loads.
             web.get("/fapi/v1/exchangeInfo", self.empty_exchange_info),
@@ -374,6 +377,17 @@ class BinanceRest:
             ]
         )
 
+    async def depth(self, request: web.Request) -> web.Response:
+        """The book at the stream's last event (its `lastUpdateId`), so a client that
+        buffered the diff stream continues with the very next event, as on Binance."""
+        try:
+            spec = self._spec(_mandatory(request, "symbol"))
+            limit = _limit(request, 100, MAX_DEPTH_LIMIT)
+        except _ParamError as exc:
+            return exc.response
+        book = self.state.books.current(spec.symbol, self.state.clock.now_ms())
+        return web.json_response(books.binance_depth_snapshot(book, limit))
+
 
 def agg_trade_payload(trade: Trade) -> dict[str, Any]:
     """REST ``aggTrades`` row (each model trade is its own aggregate)."""
@@ -413,15 +427,24 @@ class _Conn:
     request: web.Request
     combined: bool
     streams: set[str] = field(default_factory=set)
-    dialect: str = "binance"  # or "bybit": how messages are read and trades written
+    dialect: str = "binance"  # "bybit", "okx": how messages are read and events written
     queue: asyncio.Queue[str | None] = field(default_factory=lambda: asyncio.Queue(maxsize=100_000))
 
 
 def _stream_symbol(stream: str) -> str:
-    """``btcusdt@trade`` (Binance) or ``publicTrade.BTCUSDT`` (Bybit) -> ``BTCUSDT``."""
+    """``btcusdt@trade`` (Binance), ``publicTrade.BTCUSDT`` (Bybit) -> ``BTCUSDT``;
+    ``books:BTC-USDT`` (OKX) -> ``BTC-USDT``."""
     if stream.startswith(bybit.TOPIC):
         return bybit.topic_symbol(stream)
+    inst_id = okx.key_inst_id(stream)
+    if inst_id is not None:
+        return inst_id
     return stream.split("@", 1)[0].upper()
+
+
+def _is_depth(stream: str) -> bool:
+    """``btcusdt@depth`` or ``btcusdt@depth@100ms`` (the diff depth stream)."""
+    return stream.split("@")[1:2] == ["depth"]
 
 
 class BinanceStreams:
@@ -432,7 +455,9 @@ class BinanceStreams:
     the URL (``/ws/btcusdt@trade``, ``/stream?streams=a/b``) or from
     ``{"method": "SUBSCRIBE", "params": [...], "id": n}`` messages.
     Bybit's spot stream (``handle_bybit``, protocol in ``bybit.py``) shares the
-    bookkeeping: subscribers, model-trade pump, injection and drops.
+    bookkeeping: subscribers, model-trade pump, injection and drops; so does OKX's
+    public stream (``handle_okx``, its `books` channel). Order books (``books.py``)
+    are pumped with the trades: Binance ``<symbol>@depth[@100ms]`` and OKX `books`.
     """
 
     def __init__(
@@ -486,6 +511,15 @@ class BinanceStreams:
         conn = _Conn(next(self._conn_ids), ws, request, combined=False, dialect="bybit")
         return await self._serve(conn, [])
 
+    async def handle_okx(self, request: web.Request) -> web.StreamResponse:
+        """OKX's public stream: `op` messages, text `ping`/`pong` (no protocol pings)."""
+        ws = web.WebSocketResponse(autoping=True)
+        if not ws.can_prepare(request).ok:
+            return okx.okx_error("60012", "websocket upgrade required")
+        await ws.prepare(request)
+        conn = _Conn(next(self._conn_ids), ws, request, combined=False, dialect="okx")
+        return await self._serve(conn, [])
+
     async def _serve(self, conn: _Conn, initial: Sequence[str]) -> web.WebSocketResponse:
         ws = conn.ws
         self.state.stats.ws_connections_total += 1
@@ -522,12 +556,16 @@ class BinanceStreams:
             self.state.stats.ws_messages_sent += 1
 
     def _send(self, conn: _Conn, payload: object) -> None:
+        text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
         try:
-            conn.queue.put_nowait(json.dumps(payload, separators=(",", ":")))
+            conn.queue.put_nowait(text)
         except asyncio.QueueFull:
             self.state.stats.ws_messages_discarded += 1
 
     def _on_text(self, conn: _Conn, text: str) -> None:
+        if conn.dialect == "okx":
+            self._on_okx_text(conn, text)
+            return
         if conn.dialect == "bybit":
             reply, op, topics = bybit.on_message(text, conn.id)
             self._send(conn, reply)  # ack before any event
@@ -578,15 +616,33 @@ class BinanceStreams:
                 conn, {"code": 2, "msg": f"Invalid request: unknown method {method}", "id": req_id}
             )
 
+    def _on_okx_text(self, conn: _Conn, text: str) -> None:
+        replies, op, inst_ids = okx.on_message(text, conn.id)
+        for reply in replies:
+            self._send(conn, reply)  # acks before the snapshots
+        keys = [okx.channel_key(i) for i in inst_ids]
+        if op == "subscribe":
+            self._subscribe(conn, keys)
+        elif op == "unsubscribe":
+            conn.streams.difference_update(keys)
+            self._notify()
+
     def _subscribe(self, conn: _Conn, streams: Sequence[str]) -> None:
         now = self.state.clock.now_ms()
         for stream in streams:
             conn.streams.add(stream)
             try:
-                symbol = self.state.model.spec(_stream_symbol(stream)).symbol
+                spec = self.state.model.spec(_stream_symbol(stream))
             except UnknownSymbolError:
                 continue  # Binance acks unknown symbols and then stays silent
-            self._cursor.setdefault(symbol, now)  # live from now, never replay history
+            if conn.dialect == "okx":  # OKX answers a subscription with the whole book
+                book = self.state.books.current(spec.symbol, now)
+                self._send(conn, books.okx_snapshot(spec.coinbase_id, book, now))
+                continue
+            if _is_depth(stream):
+                self.state.books.current(spec.symbol, now)  # the stream starts here
+                continue
+            self._cursor.setdefault(spec.symbol, now)  # live from now, never replay history
         self._notify()
 
     # ------------------------------------------------------ subscriptions
@@ -606,6 +662,16 @@ class BinanceStreams:
     def subscribers(self, symbol: str) -> int:
         """Open connections subscribed to ``symbol``'s trades (any stream of any dialect)."""
         names = self._symbol_streams(symbol)
+        return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
+
+    def _book_streams(self, symbol: str) -> tuple[str, str, str]:
+        spec = self.state.model.spec(symbol)
+        lower = spec.binance_id.lower()
+        return f"{lower}@depth", f"{lower}@depth@100ms", okx.channel_key(spec.coinbase_id)
+
+    def book_subscribers(self, symbol: str) -> int:
+        """Open connections subscribed to ``symbol``'s book (Binance depth, OKX books)."""
+        names = self._book_streams(symbol)
         return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
 
     def connections(self) -> int:
@@ -690,8 +756,64 @@ class BinanceStreams:
         self.publish(spec.symbol, built)
         return built
 
+    def pump_books(self) -> int:
+        """One book event per watched market, from its last event to now; returns events.
+
+        Armed faults act here: `book_drop` swallows the event (the next one's ids
+        then skip it), `book_checksum` sends OKX a wrong checksum.
+        """
+        now = self.state.clock.now_ms()
+        stream = self.state.books
+        sent = 0
+        for symbol in stream.symbols():
+            if not self.book_subscribers(symbol):
+                stream.forget(symbol)
+                continue
+            update = stream.advance(symbol, now)
+            if update is None:
+                continue
+            sent += 1
+            self.state.stats.book_events += 1
+            spec = self.state.model.spec(symbol)
+            depth = self._book_streams(symbol)
+            for exchange in ("binance", "okx"):
+                conns = [c for c in self._conns if c.streams.intersection(depth)]
+                conns = [c for c in conns if (c.dialect == "okx") == (exchange == "okx")]
+                if not conns:
+                    continue
+                if self._book_fault("book_drop", exchange, symbol):
+                    continue
+                if exchange == "okx":
+                    corrupt = self._book_fault("book_checksum", exchange, symbol)
+                    message = books.okx_update(spec.coinbase_id, update, now, corrupt=corrupt)
+                    for conn in conns:
+                        self._send(conn, message)
+                    continue
+                event = books.binance_depth_event(spec.binance_id, update, now)
+                for conn in conns:
+                    for name in conn.streams.intersection(depth):
+                        self._send(
+                            conn, {"stream": name, "data": event} if conn.combined else event
+                        )
+        return sent
+
+    def _book_fault(self, kind: str, exchange: str, symbol: str) -> bool:
+        fault = self.state.faults.take_event(kind, exchange, symbol)
+        if fault is not None:
+            self.state.stats.faults_triggered.append(
+                {
+                    "id": fault.id,
+                    "kind": kind,
+                    "path": f"{exchange}:{symbol}",
+                    "t_ms": self.state.clock.now_ms(),
+                }
+            )
+        return fault is not None
+
     def pump(self) -> int:
-        """Emit the model trades that became due since the last pump; returns trades sent."""
+        """Emit the model trades that became due since the last pump, and the book events;
+        returns trades sent."""
+        self.pump_books()
         if not self.stream_model_trades:
             return 0
         now = self.state.clock.now_ms()
@@ -726,7 +848,11 @@ class BinanceStreams:
         """
         if mode not in ("close", "abort"):
             raise ValueError("mode must be 'close' or 'abort'")
-        names = self._symbol_streams(symbol) if symbol is not None else None
+        names = (
+            self._symbol_streams(symbol) + self._book_streams(symbol)
+            if symbol is not None
+            else None
+        )
         victims = [c for c in self._conns if names is None or c.streams.intersection(names)]
         for conn in victims:
             if mode == "abort" and conn.request.transport is not None:

@@ -4,7 +4,9 @@ Why: the ingestor's retry/back-off logic must be tested against the real
 failure modes of an exchange (rate limits, bans, outages, slowness, bad
 symbols) and those must be switchable per test, from Python or over HTTP; and
 its integrity report against answers that are wrong without saying so (a page
-cut short or empty: `truncate`).
+cut short or empty: `truncate`); and its order-book integrity checks against a
+stream that loses an event (`book_drop`) or sends a wrong checksum (`book_checksum`):
+those two act on the next book event of `symbol`, never on a request.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
 FaultKind = Literal[
-    "rate_limit", "ban", "unavailable", "slow", "unknown_symbol", "error", "truncate"
+    "rate_limit",
+    "ban",
+    "unavailable",
+    "slow",
+    "unknown_symbol",
+    "error",
+    "truncate",
+    "book_drop",
+    "book_checksum",
 ]
+
+#: Faults of the book streams: consumed by stream events (`FaultBook.take_event`).
+STREAM_KINDS: frozenset[str] = frozenset({"book_drop", "book_checksum"})
 
 #: Accepted spellings (HTTP status codes are handy in JSON) -> canonical kind.
 KIND_ALIASES: dict[str, FaultKind] = {
@@ -32,6 +45,8 @@ KIND_ALIASES: dict[str, FaultKind] = {
     "bad_symbol": "unknown_symbol",
     "error": "error",
     "truncate": "truncate",
+    "book_drop": "book_drop",
+    "book_checksum": "book_checksum",
 }
 
 _ids = itertools.count(1)
@@ -55,6 +70,7 @@ class Fault:
     body: str | None = None  # for error (default: the exchange's generic error)
     after: int = 0  # matching requests let through before the fault applies (a later page)
     keep: float = 0.5  # for truncate: the fraction of the candle rows kept (0: an empty page)
+    symbol: str | None = None  # for book_*: the market (BTC/USDT); None matches all
     id: int = field(default_factory=lambda: next(_ids))
     remaining: int = -1  # set from count
 
@@ -65,6 +81,7 @@ class Fault:
     def matches(self, exchange: str, path: str) -> bool:
         return (
             self.remaining > 0
+            and self.kind not in STREAM_KINDS
             and (self.exchange is None or self.exchange == exchange)
             and (self.path is None or self.path in path)
         )
@@ -91,6 +108,7 @@ def parse_fault(data: Mapping[str, Any]) -> Fault:
             body=cast(str | None, data.get("body")),
             after=int(data.get("after", 0)),
             keep=float(data.get("keep", 0.5)),
+            symbol=cast(str | None, data.get("symbol")),
         )
     except (TypeError, ValueError) as exc:
         raise FaultError(str(exc)) from None
@@ -152,6 +170,21 @@ class FaultBook:
                 if fault.after > 0:  # not yet: this request passes this fault
                     fault.after -= 1
                     continue
+                fault.remaining -= 1
+                if fault.remaining == 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    def take_event(self, kind: str, exchange: str, symbol: str) -> Fault | None:
+        """Consume one use of the first stream fault `kind` armed for this market's event."""
+        for fault in self._faults:
+            if (
+                fault.kind == kind
+                and fault.remaining > 0
+                and fault.exchange in (None, exchange)
+                and fault.symbol in (None, symbol)
+            ):
                 fault.remaining -= 1
                 if fault.remaining == 0:
                     self._faults.remove(fault)

@@ -1,4 +1,4 @@
-"""OKX front-end (ccxt id ``okx``), REST only: markets and candles.
+"""OKX front-end (ccxt id ``okx``): REST markets and candles, and the public `books` stream.
 
 The third wire format, and the first whose candle pages hold the NEWEST
 ``limit`` candles of a window (``before < ts < after``, both exclusive, newest
@@ -9,6 +9,7 @@ Binance and Coinbase. ``/api/v5/public/time`` answers the platform's probe.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from aiohttp import web
@@ -134,3 +135,61 @@ class OkxRest:
                 for k in rows
             ]
         )
+
+
+# ----------------------------------------------------------- public websocket
+
+#: `wss://ws.okx.com:8443/ws/v5/public` as `point_ccxt_at` rewrites it (host label `ws`).
+WS_PATH = "/ws/ws/v5/public"
+BOOK_CHANNEL = "books"
+
+
+def channel_key(inst_id: str) -> str:
+    """How a connection records its `books` subscription (`books:BTC-USDT`)."""
+    return f"{BOOK_CHANNEL}:{inst_id}"
+
+
+def key_inst_id(key: str) -> str | None:
+    channel, _, inst_id = key.partition(":")
+    return inst_id if channel == BOOK_CHANNEL else None
+
+
+def on_message(text: str, conn_id: int) -> tuple[list[Any], str, list[str]]:
+    """A client message -> (the replies, `subscribe`/`unsubscribe`/"", its instIds).
+
+    As OKX answers: the text `ping` gets `pong`; each subscribed argument gets
+    `{"event": "subscribe", "arg": {...}, "connId": ...}` (then the snapshot); a
+    channel the simulator does not serve gets `{"event": "error", "code": "60018"}`.
+    """
+    if text == "ping":
+        return ["pong"], "", []
+    conn = f"sim{conn_id:06d}"
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError:
+        return [_ws_error("60012", f"Illegal request: {text}", conn)], "", []
+    if not isinstance(msg, dict) or msg.get("op") not in ("subscribe", "unsubscribe"):
+        return [_ws_error("60012", f"Illegal request: {text}", conn)], "", []
+    op, args = str(msg["op"]), msg.get("args")
+    if not isinstance(args, list) or not all(isinstance(a, dict) for a in args):
+        return [_ws_error("60012", f"Illegal request: {text}", conn)], "", []
+    replies: list[Any] = []
+    inst_ids: list[str] = []
+    for arg in args:
+        channel, inst_id = arg.get("channel"), arg.get("instId")
+        if channel != BOOK_CHANNEL or not isinstance(inst_id, str):
+            replies.append(
+                _ws_error(
+                    "60018", f"Wrong URL or channel:{channel},instId:{inst_id} doesn't exist", conn
+                )
+            )
+            continue
+        replies.append(
+            {"event": op, "arg": {"channel": channel, "instId": inst_id}, "connId": conn}
+        )
+        inst_ids.append(inst_id)
+    return replies, op, inst_ids
+
+
+def _ws_error(code: str, message: str, conn: str) -> dict[str, Any]:
+    return {"event": "error", "code": code, "msg": message, "connId": conn}

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from .binance import DEFAULT_WEIGHT_LIMIT, WEIGHTS, BinanceRest, BinanceStreams, binance_error
+from .books import DEFAULT_LEVELS, SimBook
 from .bybit import PREFIX as BYBIT_PREFIX
 from .bybit import WS_PATH as BYBIT_WS_PATH
 from .bybit import BybitRest, bybit_error
@@ -33,6 +34,7 @@ from .kraken import PREFIX as KRAKEN_PREFIX
 from .kraken import KrakenRest, kraken_error
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
 from .okx import PREFIX as OKX_PREFIX
+from .okx import WS_PATH as OKX_WS_PATH
 from .okx import OkxRest, okx_error
 from .replay import WINDOWS, RefusedError, Replay
 from .state import SimClock, SimState, Stats
@@ -45,7 +47,7 @@ COINBASE_PREFIXES = ("/products", "/currencies", "/time")
 
 def exchange_of(path: str) -> str:
     """Which simulated exchange a request path belongs to."""
-    if path.startswith(OKX_PREFIX):
+    if path.startswith(OKX_PREFIX) or path == OKX_WS_PATH:
         return "okx"
     if path.startswith(BYBIT_PREFIX) or path == BYBIT_WS_PATH:
         return "bybit"
@@ -73,7 +75,8 @@ class SimulatorServer:
     with that activity; ``now_ms`` freezes the clock at start;
     ``stream_model_trades=False`` leaves websocket streams silent except for
     injected trades; ``weight_limit`` enforces Binance's per-minute request
-    weight (None: never 429 on its own).
+    weight (None: never 429 on its own); ``book_levels`` is how many price levels
+    per side the simulated order books hold.
     """
 
     def __init__(
@@ -88,13 +91,19 @@ class SimulatorServer:
         pump_interval: float = 0.1,
         weight_limit: int | None = DEFAULT_WEIGHT_LIMIT,
         log_size: int = 2000,
+        book_levels: int = DEFAULT_LEVELS,
     ) -> None:
         world = model or DEFAULT_MODEL
         if trade_rate is not None:
             world = world.with_trade_rate(trade_rate)
         self.host = host
         self._requested_port = port
-        self.state = SimState(model=world, clock=SimClock(now_ms), stats=Stats(log_size=log_size))
+        self.state = SimState(
+            model=world,
+            clock=SimClock(now_ms),
+            stats=Stats(log_size=log_size),
+            book_levels=book_levels,
+        )
         self.binance = BinanceRest(self.state, weight_limit=weight_limit)
         self.streams = BinanceStreams(
             self.state, stream_model_trades=stream_model_trades, pump_interval=pump_interval
@@ -131,6 +140,7 @@ class SimulatorServer:
         app.add_routes(self.bybit.routes())
         app.add_routes(self.kraken.routes())
         app.router.add_get(BYBIT_WS_PATH, self.streams.handle_bybit)  # before /stream/{tail}
+        app.router.add_get(OKX_WS_PATH, self.streams.handle_okx)  # before /ws/{tail}
         for path in ("/ws", "/ws/{tail:.*}", "/stream", "/stream/{tail:.*}"):
             app.router.add_get(path, self.streams.handle)
         app.add_routes(
@@ -146,6 +156,7 @@ class SimulatorServer:
                 web.delete("/_sim/replay", self._h_replay_clear),
                 web.post("/_sim/ws/drop", self._h_ws_drop),
                 web.get("/_sim/subscribers", self._h_subscribers),
+                web.get("/_sim/book", self._h_book),
                 web.get("/_sim/clock", self._h_clock_get),
                 web.post("/_sim/clock", self._h_clock_set),
             ]
@@ -204,6 +215,16 @@ class SimulatorServer:
     ) -> None:
         """Block until exactly ``count`` connections are subscribed to ``symbol``."""
         await self.streams.wait_for_subscribers(symbol, count, timeout_s)
+
+    def book(self, symbol: str, step: int | None = None) -> SimBook:
+        """The book at update id `step`; None: where its stream is (the last event sent)."""
+        spec = self.model.spec(symbol)
+        if step is not None:
+            return self.state.books.books.book_at(spec.symbol, step)
+        return self.state.books.current(spec.symbol, self.now_ms())
+
+    def book_subscribers(self, symbol: str) -> int:
+        return self.streams.book_subscribers(symbol)
 
     def now_ms(self) -> int:
         return self.state.clock.now_ms()
@@ -506,6 +527,23 @@ class SimulatorServer:
                 {"error": str(exc), "count": self.subscribers(symbol)}, status=408
             )
 
+    async def _h_book(self, request: web.Request) -> web.Response:
+        """``?symbol=BTC/USDT[&step=N]``: the book (its stream's position, or at update id N)."""
+        symbol = request.query.get("symbol", "")
+        try:
+            step = int(request.query["step"]) if "step" in request.query else None
+            book = self.book(symbol, step)
+        except (UnknownSymbolError, ValueError) as exc:
+            return self._bad(f"no book: {exc}")
+        return web.json_response(
+            {
+                "step": book.step,
+                "bids": [[str(p), str(a)] for p, a in book.bids],
+                "asks": [[str(p), str(a)] for p, a in book.asks],
+                "subscribers": self.book_subscribers(symbol),
+            }
+        )
+
     async def _h_clock_get(self, request: web.Request) -> web.Response:
         return web.json_response({"now_ms": self.now_ms(), "frozen": self.state.clock.frozen})
 
@@ -625,6 +663,12 @@ class ThreadedSimulator:
 
     def wait_for_subscribers(self, symbol: str, count: int = 1, timeout: float = 10.0) -> None:
         self._await(self.server.wait_for_subscribers(symbol, count, timeout), timeout + 5)
+
+    def book(self, symbol: str, step: int | None = None) -> SimBook:
+        return self._call(lambda: self.server.book(symbol, step))
+
+    def book_subscribers(self, symbol: str) -> int:
+        return self._call(lambda: self.server.book_subscribers(symbol))
 
     def now_ms(self) -> int:
         return self._call(self.server.now_ms)

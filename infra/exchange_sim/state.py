@@ -12,6 +12,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .books import DEFAULT_LEVELS, BookModel, BookStream
 from .faults import FaultBook
 from .model import MarketModel
 
@@ -60,6 +61,7 @@ class Stats:
     ws_messages_discarded: int = 0
     ws_dropped_by_sim: int = 0
     trades_injected: int = 0
+    book_events: int = 0  # book stream events sent (per market, not per connection)
 
     def record(self, entry: dict[str, Any]) -> None:
         self.requests_total += 1
@@ -82,6 +84,7 @@ class Stats:
                 "messages_discarded": self.ws_messages_discarded,
                 "dropped_by_sim": self.ws_dropped_by_sim,
                 "trades_injected": self.trades_injected,
+                "book_events": self.book_events,
             },
         }
         if include_log:
@@ -91,9 +94,15 @@ class Stats:
 
 @dataclass
 class SimState:
-    """What every front-end needs: the world, the time, the faults and the counters."""
+    """What every front-end needs: the world, the time, the faults and the counters;
+    and the order books' stream positions, shared by REST snapshots and streams."""
 
     model: MarketModel
     clock: SimClock
     faults: FaultBook = field(default_factory=FaultBook)
     stats: Stats = field(default_factory=Stats)
+    book_levels: int = DEFAULT_LEVELS
+    books: BookStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.books = BookStream(BookModel(self.model, self.book_levels))

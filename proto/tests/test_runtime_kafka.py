@@ -10,11 +10,11 @@ def test_every_contract_topic_has_one_spec_and_keeps_it_under_another_name() -> 
     assert set(TOPICS) == {
         contracts.KAFKA_OHLC_BATCHES,
         contracts.KAFKA_TICKS,
+        contracts.KAFKA_BOOK,
         contracts.KAFKA_LIVE_CANDLES,
         contracts.KAFKA_MARKETS,
         contracts.KAFKA_INGEST_CLAIMS,
         contracts.KAFKA_CEP_TRIGGERS,
-        contracts.KAFKA_BOOK,
     }
     triggers = spec(contracts.KAFKA_CEP_TRIGGERS, "t1.cep")
     assert triggers.name == "t1.cep" and triggers.config["cleanup.policy"] == "compact"

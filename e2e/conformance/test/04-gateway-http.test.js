@@ -87,6 +87,9 @@ describe("gateway HTTP history", () => {
     const status = await call("GET", `/status/${h.request_id}`);
     assert.equal(status.json.state, "OK");
     assert.equal(status.json.notification.snapshot_id, h.snapshot_id);
+    // The gateway received this notification itself: /status carries its stamps.
+    assert.match(status.json.notification.sequence, INT64);
+    assert.match(status.json.notification.publisher_epoch, INT64);
   });
 
   test("format=arrow as a query parameter: Arrow IPC stream", OPTS, async () => {

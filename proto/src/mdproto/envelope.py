@@ -23,6 +23,16 @@ from typing import TypeVar, overload
 
 from google.protobuf.message import Message
 
+from mdproto.error_codes import (
+    BAD_PAYLOAD,
+    BAD_TOPIC,
+    BAD_VERSION,
+    EMPTY_FRAME,
+    FRAME_COUNT,
+    TOO_LARGE,
+    UNEXPECTED_TYPE,
+    UNKNOWN_TYPE,
+)
 from mdproto.errors import ProtocolError
 from mdproto.gen import marketdata_pb2 as pb
 
@@ -136,7 +146,7 @@ def decode(
     can use the result without isinstance checks.
     """
     if len(frames) != 2:
-        raise ProtocolError("frame_count", f"expected 2 envelope frames, got {len(frames)}")
+        raise ProtocolError(FRAME_COUNT, f"expected 2 envelope frames, got {len(frames)}")
     version, body = frames
     _check_version(version)
     return _parse_body(body, expected, max_payload)
@@ -145,7 +155,7 @@ def decode(
 def decode_sub(frames: Frames, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[str, Message]:
     """Parse what a SUB socket receives: topic frame, then the envelope."""
     if len(frames) != 3:
-        raise ProtocolError("frame_count", f"expected topic + 2 envelope frames, got {len(frames)}")
+        raise ProtocolError(FRAME_COUNT, f"expected topic + 2 envelope frames, got {len(frames)}")
     return decode_topic(frames[0]), decode(frames[1:], max_payload=max_payload)
 
 
@@ -161,7 +171,7 @@ def decode_record(
 ) -> Message:
     """Parse a Kafka record value written by `encode_record`."""
     if len(value) < 2:
-        raise ProtocolError("empty_frame", f"record of {len(value)} bytes is too short")
+        raise ProtocolError(EMPTY_FRAME, f"record of {len(value)} bytes is too short")
     _check_version(value[:1])
     return _parse_body(value[1:], expected, max_payload)
 
@@ -175,7 +185,7 @@ def split_routed(frames: Frames) -> tuple[list[bytes], list[bytes]]:
     unchanged for the peer's socket to accept them.
     """
     if len(frames) < 2:
-        raise ProtocolError("frame_count", f"routed message has only {len(frames)} frame(s)")
+        raise ProtocolError(FRAME_COUNT, f"routed message has only {len(frames)} frame(s)")
     for i, frame in enumerate(frames[1:], start=1):
         if len(frame) == 0:
             return list(frames[: i + 1]), list(frames[i + 1 :])
@@ -186,7 +196,7 @@ def decode_topic(frame: bytes) -> str:
     try:
         return frame.decode()
     except UnicodeDecodeError as exc:
-        raise ProtocolError("bad_topic", f"topic is not UTF-8: {exc.reason}") from None
+        raise ProtocolError(BAD_TOPIC, f"topic is not UTF-8: {exc.reason}") from None
 
 
 def _body(message: Message) -> bytes:
@@ -198,32 +208,32 @@ def _body(message: Message) -> bytes:
 
 def _check_version(version: bytes) -> None:
     if len(version) != 1:
-        raise ProtocolError("bad_version", f"version frame has {len(version)} bytes, expected 1")
+        raise ProtocolError(BAD_VERSION, f"version frame has {len(version)} bytes, expected 1")
     if version[0] != PROTOCOL_VERSION:
         raise ProtocolError(
-            "bad_version", f"unsupported protocol version {version[0]} (speaks {PROTOCOL_VERSION})"
+            BAD_VERSION, f"unsupported protocol version {version[0]} (speaks {PROTOCOL_VERSION})"
         )
 
 
 def _parse_body(body: bytes, expected: type[Message] | None, max_payload: int) -> Message:
     if len(body) == 0:
-        raise ProtocolError("empty_frame", "message frame is empty")
+        raise ProtocolError(EMPTY_FRAME, "message frame is empty")
     payload_size = len(body) - 1
     if payload_size > max_payload:
         raise ProtocolError(
-            "too_large", f"payload of {payload_size} bytes exceeds the maximum {max_payload}"
+            TOO_LARGE, f"payload of {payload_size} bytes exceeds the maximum {max_payload}"
         )
     cls = _CLASS_BY_BYTE.get(body[0])
     if cls is None:
-        raise ProtocolError("unknown_type", f"unknown message type 0x{body[0]:02X}")
+        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type 0x{body[0]:02X}")
     if expected is not None and cls is not expected:
         raise ProtocolError(
-            "unexpected_type",
+            UNEXPECTED_TYPE,
             f"expected {expected.DESCRIPTOR.name}, got {cls.DESCRIPTOR.name} (0x{body[0]:02X})",
         )
     try:
         return cls.FromString(body[1:])
     except Exception as exc:  # protobuf backends raise DecodeError or others
         raise ProtocolError(
-            "bad_payload", f"{cls.DESCRIPTOR.name} payload does not parse: {exc}"
+            BAD_PAYLOAD, f"{cls.DESCRIPTOR.name} payload does not parse: {exc}"
         ) from None

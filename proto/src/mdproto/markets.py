@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from mdproto import envelope, topics
+from mdproto.error_codes import BAD_TICKER
 from mdproto.errors import ProtocolError
 from mdproto.messages import Market
 
@@ -22,5 +23,5 @@ def decode_market_record(key: bytes | None, value: bytes | None) -> tuple[str, M
     try:
         topics.parse_ticker(ticker)
     except ProtocolError as exc:
-        raise ProtocolError("bad_ticker", exc.reason) from None
+        raise ProtocolError(BAD_TICKER, exc.reason) from None
     return ticker, market

@@ -12,22 +12,23 @@ import math
 from collections.abc import Callable
 
 from mdproto import topics
+
+# The codes a RuleViolation carries (defined in mdproto.error_codes), re-exported
+# so callers can name them with the rules: `rules.BAD_ID`.
+from mdproto.error_codes import BAD_ACTION as BAD_ACTION
+from mdproto.error_codes import BAD_CONDITION as BAD_CONDITION
+from mdproto.error_codes import BAD_ID as BAD_ID
+from mdproto.error_codes import BAD_NOTIFY as BAD_NOTIFY
+from mdproto.error_codes import BAD_PERIOD as BAD_PERIOD
+from mdproto.error_codes import BAD_SYMBOL as BAD_SYMBOL
+from mdproto.error_codes import BAD_TICKER as BAD_TICKER
+from mdproto.error_codes import BAD_TIME_RANGE as BAD_TIME_RANGE
+from mdproto.error_codes import EXPIRED as EXPIRED
+from mdproto.error_codes import MISSING_ID as MISSING_ID
+from mdproto.error_codes import RANGE_TOO_LARGE as RANGE_TOO_LARGE
+from mdproto.error_codes import UNKNOWN_EXCHANGE as UNKNOWN_EXCHANGE
 from mdproto.errors import ProtocolError
 from mdproto.gen.marketdata_pb2 import CEPCondition, CEPTriggerRequest, NotifyPattern
-
-# Rejection codes (docs/protocol.md): part of the client contract.
-MISSING_ID = "missing_id"
-BAD_ID = "bad_id"
-BAD_TICKER = "bad_ticker"
-UNKNOWN_EXCHANGE = "unknown_exchange"
-BAD_SYMBOL = "bad_symbol"  # the exchange's market metadata lists no such (active) market
-BAD_PERIOD = "bad_period"
-BAD_TIME_RANGE = "bad_time_range"
-RANGE_TOO_LARGE = "range_too_large"
-BAD_NOTIFY = "bad_notify"
-BAD_ACTION = "bad_action"
-BAD_CONDITION = "bad_condition"
-EXPIRED = "expired"
 
 # Plain ints: protobuf enum attribute lookups cost microseconds on the relay's hot path.
 WINDOWED = frozenset({int(CEPCondition.PCT_MOVE), int(CEPCondition.VOLUME_OVER)})

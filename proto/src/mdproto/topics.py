@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from mdproto.error_codes import BAD_TOPIC
 from mdproto.errors import ProtocolError
 from mdproto.gen.marketdata_pb2 import NotifyPattern
 
@@ -52,9 +53,7 @@ class Ticker:
 def parse_ticker(ticker: str) -> Ticker:
     match = _TICKER.match(ticker)
     if match is None:
-        raise ProtocolError(
-            "bad_topic", f"ticker {ticker!r} is not EXCHANGE:BASE/QUOTE (upper case)"
-        )
+        raise ProtocolError(BAD_TOPIC, f"ticker {ticker!r} is not EXCHANGE:BASE/QUOTE (upper case)")
     return Ticker(match["exchange"], match["base"], match["quote"])
 
 
@@ -126,11 +125,11 @@ def _route(
     per_client = pattern == _PER_CLIENT or (pattern == _AUTO and bool(client_id))
     if per_client:
         if not client_id:
-            raise ProtocolError("bad_topic", "per-client topics need a client_id")
+            raise ProtocolError(BAD_TOPIC, "per-client topics need a client_id")
         return response_topic(client_id)
     if not own_id:
         raise ProtocolError(
-            "bad_topic", f"per-{own_name.removesuffix('_id')} topics need a {own_name}"
+            BAD_TOPIC, f"per-{own_name.removesuffix('_id')} topics need a {own_name}"
         )
     return own_topic(own_id)
 

@@ -15,7 +15,7 @@ from gateway.cli import main
 from gateway.config import GatewaySettings
 
 
-def test_a_token_is_required_everywhere_but_healthz() -> None:
+def test_a_token_is_required_everywhere_but_healthz_and_static() -> None:
     async def scenario() -> dict[str, Any]:
         app = create_app(GatewaySettings(token="s3cret"), upstream=None)  # type: ignore[arg-type]
         async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as http:
@@ -31,6 +31,12 @@ def test_a_token_is_required_everywhere_but_healthz() -> None:
                 out["query"] = resp.status
             async with http.get(f"{base}/healthz") as resp:
                 out["health"] = resp.status
+            async with http.get(f"{base}/static/words.json") as resp:
+                out["static"] = resp.status  # the page's own files carry no token
+            async with http.get(f"{base}/static/../app.py") as resp:
+                out["escape"] = resp.status
+            async with http.get(f"{base}/") as resp:
+                out["page"] = resp.status
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await http.ws_connect(f"{base}/ws")
             out["ws"] = refused.value.status
@@ -45,6 +51,8 @@ def test_a_token_is_required_everywhere_but_healthz() -> None:
         {"error_code": "unauthorized", "reason": "a valid bearer token is required"},
     )
     assert (out["wrong"], out["header"], out["query"], out["health"]) == (401, 200, 200, 200)
+    assert (out["static"], out["page"]) == (200, 401)
+    assert out["escape"] in (401, 403, 404)
     assert out["ws"] == 401
     assert out["ws_error"]["type"] == "error" and out["ws_error"]["error_code"] == "bad_request"
 

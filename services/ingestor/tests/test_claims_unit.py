@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingestor.claims import CLAIM, DONE, HEARTBEAT, ClaimLedger, Claims, decode_claim
-from ingestor.history import ABANDONED, write_error_marker
+from ingestor.history import write_error_marker
+from mdproto.error_codes import ABANDONED
 from mdproto.messages import DataRequest, IngestClaim, Status
 
 

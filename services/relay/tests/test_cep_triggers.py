@@ -130,6 +130,9 @@ class DirectorySink:
     def tickers(self) -> set[str]:
         return self.directory.tickers()
 
+    def start(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

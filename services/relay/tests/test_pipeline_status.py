@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from mdproto import topics
+from mdproto.error_codes import PIPELINE_UNAVAILABLE
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
@@ -21,7 +22,7 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
-from relay.pipeline_status import PIPELINE_UNAVAILABLE, Part, PipelineWatch
+from relay.pipeline_status import Part, PipelineWatch
 from relay.triggers import Stored
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ class StoringSink:
 
     def tickers(self) -> set[str]:
         return set()
+
+    def start(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -125,6 +125,12 @@ class RecordingSink:
         else:
             stored(None)
 
+    def start(self) -> None:
+        pass
+
+    def tickers(self) -> set[str]:
+        return set()
+
     def close(self) -> None:
         pass
 

@@ -70,6 +70,6 @@ def test_the_table_lists_the_row_columns_in_order_and_partitions_by_ticker_and_d
     assert ddl in lake.ddl(NAMES)
     merge = lake.merge_book_snapshots(NAMES.book_snapshots, "src", 1_000, 2_000)
     assert merge.startswith("MERGE INTO lake.market.book_snapshots t")
-    assert "t.exchange_sequence <=> s.exchange_sequence AND t.reset <=> s.reset" in merge
+    assert "t.exchange_sequence = s.exchange_sequence AND t.reset = s.reset" in merge
     assert "t.snapshot_time >= TIMESTAMP '1970-01-01 00:00:01.000000+00:00'" in merge
     assert merge.endswith("WHEN NOT MATCHED THEN INSERT *")

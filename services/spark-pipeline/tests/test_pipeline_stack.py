@@ -450,8 +450,9 @@ def test_tables_from_an_older_pipeline_are_migrated_at_start(
     rows read null) and the requests table's integrity report."""
     from pyiceberg.catalog import load_catalog
 
-    from pipeline.history_notices import ADDED_COLUMNS, REQUESTS_SCHEMA
+    from pipeline.history_notices import REQUESTS_SCHEMA
     from pipeline.lake import OHLC_ADDED_COLUMNS
+    from pipeline.lake import REQUESTS_ADDED_COLUMNS as ADDED_COLUMNS
     from pipeline.records import OHLC_SCHEMA
 
     run = make_run(  # the history query alone: the others would only load the cores

@@ -40,6 +40,9 @@ TOPICS: Mapping[str, TopicSpec] = {
     for spec in (
         TopicSpec(contracts.KAFKA_OHLC_BATCHES),
         TopicSpec(contracts.KAFKA_TICKS),
+        # Deltas are many and live only: a day covers a pipeline outage; snapshots
+        # outlive it in Iceberg (docs/protocol.md "Order books").
+        TopicSpec(contracts.KAFKA_BOOK, config={"retention.ms": str(86_400_000)}),
         TopicSpec(contracts.KAFKA_LIVE_CANDLES),
         TopicSpec(contracts.KAFKA_MARKETS, config={"cleanup.policy": "compact"}),
         # One partition: the claim order is the arbitration (docs/protocol.md).
@@ -47,7 +50,6 @@ TOPICS: Mapping[str, TopicSpec] = {
             contracts.KAFKA_INGEST_CLAIMS, partitions=1, config={"retention.ms": str(86_400_000)}
         ),
         TopicSpec(contracts.KAFKA_CEP_TRIGGERS, config=COMPACT),
-        TopicSpec(contracts.KAFKA_BOOK),
     )
 }
 

@@ -11,11 +11,12 @@ import collections
 import hmac
 import io
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import WSMsgType, web
 
@@ -34,9 +35,12 @@ from mdclient import (
     RequestTimeout,
     SubmitRejected,
 )
-from mdproto import rules, topics
+from mdproto import topics
+from mdproto.error_codes import BAD_ID, BAD_REQUEST, INTERNAL, UNAUTHORIZED
+from mdproto.tables import Ohlc
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STATIC = Path(str(resources.files("gateway") / "static"))
 CHART_JS = STATIC / "vendor" / "lightweight-charts.standalone.production.js"
@@ -68,17 +72,20 @@ def error_response(status: int, error_code: str, reason: str, **extra: Any) -> w
 async def require_token(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """With `token` set, every route but /healthz needs it (header, or `?token=` for the
-    page and browsers' WebSockets, which cannot set headers)."""
+    """With `token` set, every route but /healthz and /static needs it (header, or
+    `?token=` for the page and browsers' WebSockets, which cannot set headers).
+
+    /static holds the page's code, styles and words, no data: the browser fetches
+    them from `<script>`/`<link>` tags and `fetch` calls that carry no token."""
     token = request.app[SETTINGS].token
-    if token and request.path != "/healthz":
+    if token and request.path != "/healthz" and not request.path.startswith("/static/"):
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         given = given or request.query.get("token", "")
         if not hmac.compare_digest(given.encode(), token.encode()):
             log.warning(
                 "refused %s %s from %s: bad token", request.method, request.path, request.remote
             )
-            return error_response(401, "unauthorized", "a valid bearer token is required")
+            return error_response(401, UNAUTHORIZED, "a valid bearer token is required")
     return await handler(request)
 
 
@@ -91,7 +98,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
         async for frame in ws:
             if frame.type != WSMsgType.TEXT:
                 if frame.type == WSMsgType.BINARY:
-                    session.push(messages.error_frame("bad_request", "send JSON text frames"))
+                    session.push(messages.error_frame(BAD_REQUEST, "send JSON text frames"))
                 continue
             try:
                 op = messages.parse_op(frame.data)
@@ -114,7 +121,7 @@ async def history(request: web.Request) -> web.StreamResponse:
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:
-        return error_response(400, "bad_request", "the body must be a JSON object")
+        return error_response(400, BAD_REQUEST, "the body must be a JSON object")
     try:
         params = messages.parse_history(body)
         fmt = messages.choose_format(
@@ -125,21 +132,30 @@ async def history(request: web.Request) -> web.StreamResponse:
         return error_response(400, exc.error_code, exc.reason)
     app = request.app
     loop = asyncio.get_running_loop()
-    try:
-        result = await loop.run_in_executor(
-            app[HISTORY_POOL], app[UPSTREAM].history, params, app[SETTINGS].history_timeout_s
+    upstream, timeout_s = app[UPSTREAM], app[SETTINGS].history_timeout_s
+    try:  # timed in the worker: a wait for a free worker is not the platform's time
+        result, call_s = await loop.run_in_executor(
+            app[HISTORY_POOL], _timed, lambda: upstream.history(params, timeout_s)
         )
     except MdClientError as exc:
         response = _sdk_error(exc)
-        app[HISTORY_OUTCOMES][exc.error_code or type(exc).__name__] += 1
+        app[HISTORY_OUTCOMES][error_code(exc)] += 1
         return response
     app[HISTORY_OUTCOMES]["ok"] += 1
-    body_bytes = await loop.run_in_executor(app[HISTORY_POOL], encode_history, result, fmt)
-    return web.Response(
-        body=body_bytes,
-        content_type=messages.MEDIA_TYPES[fmt],
-        headers=history_headers(result),
+    body_bytes, encode_s = await loop.run_in_executor(
+        app[HISTORY_POOL], _timed, lambda: encode_history(result, fmt)
     )
+    headers = history_headers(result)
+    # The SDK's elapsed_s ends at the notification; the rest of its call read the rows.
+    headers["Server-Timing"] = messages.server_timing(
+        result.elapsed_s, call_s - result.elapsed_s, encode_s
+    )
+    return web.Response(body=body_bytes, content_type=messages.MEDIA_TYPES[fmt], headers=headers)
+
+
+def _timed(call: Callable[[], _T]) -> tuple[_T, float]:
+    started = time.perf_counter()
+    return call(), time.perf_counter() - started
 
 
 def _sdk_error(exc: MdClientError) -> web.Response:
@@ -148,7 +164,12 @@ def _sdk_error(exc: MdClientError) -> web.Response:
     note = getattr(exc, "notification", None)
     if note is not None:
         extra["notification"] = messages.notification_dict(note)
-    return error_response(status, exc.error_code or type(exc).__name__, exc.reason, **extra)
+    return error_response(status, error_code(exc), exc.reason, **extra)
+
+
+def error_code(exc: MdClientError) -> str:
+    """The SDK's code; `internal` for an error that carries none (docs/protocol.md)."""
+    return exc.error_code or INTERNAL
 
 
 def history_headers(result: HistoryResult) -> dict[str, str]:
@@ -174,9 +195,9 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
         sink = io.BytesIO()
         pq.write_table(table, sink)
         return sink.getvalue()
-    times = table.column("open_time").cast(pa.int64()).to_pylist()
-    counts = table.column("trade_count").to_pylist()
-    columns = ("open", "high", "low", "close", "volume")
+    times = table.column(Ohlc.OPEN_TIME).cast(pa.int64()).to_pylist()
+    counts = table.column(Ohlc.TRADE_COUNT).to_pylist()
+    columns = (Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE, Ohlc.VOLUME)
     values = [table.column(name).to_pylist() for name in columns]
     candles = [
         {
@@ -205,7 +226,7 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
 async def status(request: web.Request) -> web.Response:
     request_id = request.match_info["request_id"]
     if not topics.is_valid_id(request_id):  # could never be recorded: not PENDING
-        return error_response(400, rules.BAD_ID, f"{request_id!r}: an id is {messages.ID_RULE}")
+        return error_response(400, BAD_ID, f"{request_id!r}: an id is {messages.ID_RULE}")
     loop = asyncio.get_running_loop()
     try:
         answer = await loop.run_in_executor(

@@ -25,6 +25,7 @@ from gateway.messages import (
     dumps,
     error_frame,
 )
+from mdproto.error_codes import INTERNAL
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class Hub:
             raise
         except Exception as exc:  # the SDK's errors carry a code; anything else is a bug
             error = GatewayError(
-                getattr(exc, "error_code", "") or "internal", getattr(exc, "reason", str(exc))
+                getattr(exc, "error_code", "") or INTERNAL, getattr(exc, "reason", str(exc))
             )
             log.warning("cannot subscribe %s upstream: %s", name, error.reason)
             future.set_exception(error)

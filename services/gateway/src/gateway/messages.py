@@ -17,6 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, topics
+from mdproto.error_codes import BAD_FORMAT, BAD_REQUEST, BAD_TOPIC
 from mdproto.messages import HistoryReadyNotification
 
 TopicKind = Literal["tick", "ohlc", "status", "response", "history_ready", "cep"]
@@ -64,24 +65,26 @@ class Topic:
 def parse_topic(text: object) -> Topic:
     """`text` as an exact topic, or GatewayError(`bad_topic`) saying what is accepted."""
     if not isinstance(text, str) or not text:
-        raise GatewayError("bad_topic", "topic must be a non-empty string")
+        raise GatewayError(BAD_TOPIC, "topic must be a non-empty string")
     for prefix, kind in _ID_PREFIXES:
         if text.startswith(prefix):
             if not topics.is_valid_id(text.removeprefix(prefix)):
-                raise GatewayError("bad_topic", f"{text!r}: the id must be {ID_RULE}")
+                raise GatewayError(BAD_TOPIC, f"{text!r}: the id must be {ID_RULE}")
             return Topic(text, kind)
     ticker, _, rest = text.partition("|")
     market = topics.parse_market_topic(text)
-    if market is not None and (market.kind == "tick" or market.period_seconds):
-        return Topic(text, market.kind, market.ticker, market.period_seconds or 0)
+    if market is not None and market.kind == "tick":
+        return Topic(text, "tick", market.ticker)
+    if market is not None and market.kind == "ohlc" and market.period_seconds:
+        return Topic(text, "ohlc", market.ticker, market.period_seconds)
     if rest == topics.STATUS:
         try:
             topics.parse_ticker(ticker)
         except ProtocolError as exc:
-            raise GatewayError("bad_topic", exc.reason) from None
+            raise GatewayError(BAD_TOPIC, exc.reason) from None
         return Topic(text, "status", ticker)
     raise GatewayError(
-        "bad_topic",
+        BAD_TOPIC,
         f"{text!r} is not an exact topic: use EXCHANGE:BASE/QUOTE|tick, |ohlc:SECONDS, "
         "|status, RESPONSE:id, HISTORY_READY:id or CEP:id (prefixes are not accepted)",
     )
@@ -99,15 +102,15 @@ def parse_op(text: str | bytes) -> Op:
     try:
         data = json.loads(text)
     except ValueError:
-        raise GatewayError("bad_request", "a frame must be one JSON object") from None
+        raise GatewayError(BAD_REQUEST, "a frame must be one JSON object") from None
     if not isinstance(data, dict):
-        raise GatewayError("bad_request", "a frame must be one JSON object")
+        raise GatewayError(BAD_REQUEST, "a frame must be one JSON object")
     op, topic = data.get("op"), data.get("topic")
     sent = topic if isinstance(topic, str) else None
     if op not in ("subscribe", "unsubscribe"):
-        raise GatewayError("bad_request", f"op must be subscribe or unsubscribe, not {op!r}", sent)
+        raise GatewayError(BAD_REQUEST, f"op must be subscribe or unsubscribe, not {op!r}", sent)
     if "topic" not in data:  # a malformed frame; a topic that is no exact topic is bad_topic
-        raise GatewayError("bad_request", f"a {op} frame needs a topic")
+        raise GatewayError(BAD_REQUEST, f"a {op} frame needs a topic")
     try:
         return Op(op, parse_topic(topic))
     except GatewayError as exc:
@@ -160,9 +163,9 @@ def _plain(field: Any, value: Any, *, map_value: bool = False) -> Any:
 
 
 def notification_dict(note: HistoryReadyNotification) -> dict[str, Any]:
-    """A HistoryReadyNotification as JSON; `sequence` and `publisher_epoch` null when it
-    was read from `market.requests` (epoch 0) rather than received: they stamp one
-    publication, and the table does not record them."""
+    """A HistoryReadyNotification as JSON; `sequence` and `publisher_epoch` null when
+    unknown (epoch 0): read from `market.requests`, which does not record them, for a
+    request whose publication this gateway did not receive (gateway.notices)."""
     data = to_dict(note)
     if not note.publisher_epoch:
         data["sequence"] = data["publisher_epoch"] = None
@@ -208,7 +211,7 @@ def choose_format(query_format: str | None, accept: str | None) -> HistoryFormat
     if query_format:
         if query_format not in MEDIA_TYPES:
             raise GatewayError(
-                "bad_format", f"format must be one of {sorted(MEDIA_TYPES)}, not {query_format!r}"
+                BAD_FORMAT, f"format must be one of {sorted(MEDIA_TYPES)}, not {query_format!r}"
             )
         return query_format
     by_type = {media: name for name, media in MEDIA_TYPES.items()}
@@ -231,24 +234,35 @@ class HistoryParams:
 def parse_history(body: object) -> HistoryParams:
     """The POST /history body; times and periods as the SDK takes them (ms, `-24h`, `1m`)."""
     if not isinstance(body, dict):
-        raise GatewayError("bad_request", "the body must be a JSON object")
+        raise GatewayError(BAD_REQUEST, "the body must be a JSON object")
     unknown = set(body) - {"ticker", "period", "start", "end", "refetch", "format"}
     if unknown:
-        raise GatewayError("bad_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+        raise GatewayError(BAD_REQUEST, f"unknown field(s): {', '.join(sorted(unknown))}")
     for name in ("ticker", "period", "start"):
         if name not in body:
-            raise GatewayError("bad_request", f"missing field {name!r}")
+            raise GatewayError(BAD_REQUEST, f"missing field {name!r}")
     ticker = body["ticker"]
     if not isinstance(ticker, str):
-        raise GatewayError("bad_request", "ticker must be a string")
+        raise GatewayError(BAD_REQUEST, "ticker must be a string")
     for name in ("period", "start", "end"):
         value = body.get(name, "now")
         if isinstance(value, bool) or not isinstance(value, int | str):
-            raise GatewayError("bad_request", f"{name} must be a number or a string")
+            raise GatewayError(BAD_REQUEST, f"{name} must be a number or a string")
     refetch = body.get("refetch", False)
     if not isinstance(refetch, bool):
-        raise GatewayError("bad_request", "refetch must be true or false")
+        raise GatewayError(BAD_REQUEST, "refetch must be true or false")
     return HistoryParams(ticker, body["period"], body["start"], body.get("end", "now"), refetch)
+
+
+def server_timing(notify_s: float, read_s: float, encode_s: float) -> str:
+    """A `POST /history` answer's `Server-Timing` header (W3C; durations in ms): the
+    gateway's own measure of a request, whatever the client's clock does."""
+    parts = (
+        ("notify", notify_s, "submit to notification"),
+        ("read", read_s, "rows read"),
+        ("encode", encode_s, "answer encoded"),
+    )
+    return ", ".join(f'{name};dur={max(s, 0) * 1000:.1f};desc="{what}"' for name, s, what in parts)
 
 
 def integrity(note: Message | None) -> dict[str, Any]:

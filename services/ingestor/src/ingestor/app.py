@@ -6,6 +6,7 @@ exchanges (ccxt, load_markets) -> Kafka producer -> Market records
      silent claim holder     -> takeover claim -> fetch pages -> OHLCBatch records -> done
      DataRequest legacy_sync -> claim -> fetch pages -> DataResponse (DEALER :5556)
      DataRequest REALTIME    -> start feed / refresh lease -> Tick records (Kafka)
+     DataRequest BOOK        -> start book feed / refresh lease -> BookSnapshot/BookDelta (Kafka)
                                   '-> FeedStatus (started, lost, failed...) (DEALER :5556)
      IngestorControl         -> cancel feed / apply config + republish markets
 every exchange call -> HealthBook -> IngestorStatus (DEALER :5556) every interval and on change
@@ -26,12 +27,12 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from ingestor.books import BookFeeds
 from ingestor.claims import Claims
 from ingestor.config import Settings, credentials_for
 from ingestor.coverage import NO_COVERAGE, CoverageSource, IcebergCoverage
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import (
-    ABANDONED,
     ClaimLostError,
     FetchEnv,
     HealthBook,
@@ -49,6 +50,7 @@ from ingestor.model import ExchangeCallError
 from ingestor.retry import RetryPolicy
 from ingestor.work import LegacyResponder, WorkIntake, new_context
 from mdproto import ProtocolError, contracts
+from mdproto.error_codes import ABANDONED
 from mdproto.messages import DataRequest, IngestorControl, Status
 from mdproto.runtime.kafka import TopicSpec, spec
 from mdproto.topics import is_valid_id, parse_ticker
@@ -91,6 +93,7 @@ class Ingestor:
         self._stopping = asyncio.Event()
         self.sink: KafkaSink | None = None
         self.feeds: LiveFeeds | None = None
+        self.books: BookFeeds | None = None
         self.intake: WorkIntake | None = None
         self._claims: Claims | None = None
         self._claims_task: asyncio.Task[None] | None = None
@@ -155,6 +158,20 @@ class Ingestor:
                 ingestor_id=self.ingestor_id,
             )
             self._spawn(self.feeds.run_sweeper(s.live.sweep_interval_s), "lease-sweeper")
+            self.books = BookFeeds(
+                {a.prefix + ":": a for a in self._adapters.values() if a.settings.live},
+                self.sink,
+                depth=s.book.depth,
+                store_interval_s=s.book.store_interval_s,
+                lease_s=s.live.realtime_lease_s,
+                reconnect=RetryPolicy(
+                    base_delay_s=s.live.reconnect_base_s, max_delay_s=s.live.reconnect_max_s
+                ),
+                start_attempts=s.live.start_attempts,
+                on_status=self._post_to_relay,
+                ingestor_id=self.ingestor_id,
+            )
+            self._spawn(self.books.run_sweeper(s.live.sweep_interval_s), "book-lease-sweeper")
             if s.market_metadata.refresh_s > 0:
                 self._spawn(self._refresh_markets_periodically(), "markets-refresh")
             self._responder = LegacyResponder(
@@ -206,6 +223,7 @@ class Ingestor:
         return [
             spec(contracts.KAFKA_OHLC_BATCHES, k.topic_ohlc_batches),
             spec(contracts.KAFKA_TICKS, k.topic_ticks),
+            spec(contracts.KAFKA_BOOK, k.topic_book),
             spec(contracts.KAFKA_MARKETS, k.topic_markets),
             spec(contracts.KAFKA_INGEST_CLAIMS, k.topic_claims),
         ]
@@ -288,6 +306,10 @@ class Ingestor:
         if request.kind == DataRequest.REALTIME:
             assert self.feeds is not None
             self.feeds.request(request.ticker)
+            return
+        if request.kind == DataRequest.BOOK:
+            assert self.books is not None
+            self.books.request(request.ticker)
             return
         if request.kind != DataRequest.HISTORICAL:
             log.warning("request %r has no kind; ignored", request.request_id)
@@ -432,6 +454,9 @@ class Ingestor:
         if control.action == IngestorControl.CANCEL_REALTIME:
             assert self.feeds is not None
             self._spawn(self.feeds.cancel(control.ticker), f"cancel-{control.ticker}")
+        elif control.action == IngestorControl.CANCEL_BOOK:
+            assert self.books is not None
+            self._spawn(self.books.cancel(control.ticker), f"cancel-book-{control.ticker}")
         elif control.action == IngestorControl.CONFIG_UPDATE:
             self._apply_config(dict(control.config))
             self._spawn(self.publish_markets(reload=True), "markets-refresh-now")
@@ -551,6 +576,8 @@ class Ingestor:
             await asyncio.gather(self._claims_task, return_exceptions=True)
         if self.feeds is not None:
             await self.feeds.stop_all()
+        if self.books is not None:
+            await self.books.stop_all()
         if self._responder is not None:
             self._responder.close()
         if self._tail is not None:

@@ -91,6 +91,7 @@ class KafkaSettings(_Section):
     topic_ohlc_batches: str = contracts.KAFKA_OHLC_BATCHES
     topic_ticks: str = contracts.KAFKA_TICKS
     topic_markets: str = contracts.KAFKA_MARKETS
+    topic_book: str = contracts.KAFKA_BOOK
     topic_claims: str = KAFKA_INGEST_CLAIMS
     ensure_topics: bool = True  # create missing topics at start (claims: one partition)
     topic_partitions: int = 3  # for topics this ingestor creates, claims excepted
@@ -134,6 +135,13 @@ class LiveSettings(_Section):
     reconnect_max_s: float = Field(default=30.0, ge=0)
     # Failed tries in a row before any data that make a feed FAILED (exchange down).
     start_attempts: int = Field(default=4, ge=1)
+
+
+class BookSettings(_Section):
+    """Order-book feeds (docs/protocol.md "Order books")."""
+
+    depth: int = Field(default=100, gt=0)  # levels per side kept and published
+    store_interval_s: float = Field(default=10.0, gt=0)  # a BookSnapshot (reset NONE) this often
 
 
 class ClaimSettings(_Section):
@@ -203,6 +211,7 @@ class Settings(runtime.FileSettings):
     history: HistorySettings = Field(default_factory=lambda: HistorySettings())
     retry: RetrySettings = Field(default_factory=lambda: RetrySettings())
     live: LiveSettings = Field(default_factory=lambda: LiveSettings())
+    book: BookSettings = Field(default_factory=lambda: BookSettings())
     claims: ClaimSettings = Field(default_factory=lambda: ClaimSettings())
     market_metadata: MarketSettings = Field(default_factory=lambda: MarketSettings())
     health: HealthSettings = Field(default_factory=lambda: HealthSettings())

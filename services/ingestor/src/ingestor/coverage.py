@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingestor.candles import FetchPlan
 from mdproto.messages import HistorySource
+from mdproto.tables import Requests
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WEEK_S = 7 * 24 * 3600
+#: The `market.requests` columns `stored_span` reads.
+_READ = (
+    Requests.STATUS,
+    Requests.PERIOD_SECONDS,
+    Requests.START_TIME_MS,
+    Requests.END_TIME_MS,
+    Requests.EXPECTED_CANDLES,
+    Requests.MISSING_CANDLES,
+)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -50,16 +60,16 @@ def first_slot(start_ms: int, period_ms: int) -> int:
 
 def stored_span(row: Mapping[str, Any]) -> Span | None:
     """What one `market.requests` row proves is stored, or None."""
-    period_s = int(row.get("period_seconds") or 0)
-    expected = int(row.get("expected_candles") or 0)
-    if row.get("status") != "OK" or not 0 < period_s < WEEK_S or expected <= 0:
+    period_s = int(row.get(Requests.PERIOD_SECONDS) or 0)
+    expected = int(row.get(Requests.EXPECTED_CANDLES) or 0)
+    if row.get(Requests.STATUS) != "OK" or not 0 < period_s < WEEK_S or expected <= 0:
         return None
-    if int(row.get("missing_candles") or 0) != 0:
+    if int(row.get(Requests.MISSING_CANDLES) or 0) != 0:
         return None
-    start = int(row.get("start_time_ms") or 0)
+    start = int(row.get(Requests.START_TIME_MS) or 0)
     period_ms = period_s * 1000
     first = first_slot(start, period_ms)
-    end = min(int(row.get("end_time_ms") or 0), first + expected * period_ms)
+    end = min(int(row.get(Requests.END_TIME_MS) or 0), first + expected * period_ms)
     return Span(start, end) if end > start else None
 
 
@@ -168,16 +178,14 @@ class IcebergCoverage:
             return []  # nothing was ever notified
         eq: Any = EqualTo  # pyiceberg's pydantic predicates hide (term, literal) from mypy
         condition = And(
-            eq("ticker", ticker), eq("period_seconds", period_seconds), eq("status", "OK")
+            eq(Requests.TICKER, ticker),
+            eq(Requests.PERIOD_SECONDS, period_seconds),
+            eq(Requests.STATUS, "OK"),
         )
-        columns = (
-            "status", "period_seconds", "start_time_ms", "end_time_ms",
-            "expected_candles", "missing_candles",
-        )  # fmt: skip
-        if "expected_candles" not in {f.name for f in table.schema().fields}:
+        if Requests.EXPECTED_CANDLES not in {f.name for f in table.schema().fields}:
             return []  # a table from before the integrity report: nothing is provably complete
         rows: list[dict[str, Any]] = (
-            table.scan(row_filter=condition, selected_fields=columns).to_arrow().to_pylist()
+            table.scan(row_filter=condition, selected_fields=_READ).to_arrow().to_pylist()
         )
         return rows
 

@@ -19,10 +19,21 @@ import ccxt.pro as ccxt_pro
 from ccxt.base import errors as ccxt_errors
 
 from ingestor.config import Credentials, ExchangeSettings
-from ingestor.model import Candle, ExchangeCallError, FaultKind, MarketInfo, RawFields, Trade
+from ingestor.model import (
+    BookIntegrity,
+    BookIntegrityError,
+    BookView,
+    Candle,
+    ExchangeCallError,
+    FaultKind,
+    MarketInfo,
+    RawFields,
+    Trade,
+)
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
+from ingestor.venues.base import BookChecksum
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +59,11 @@ _DECIMAL_PLACES = 2
 _SIGNIFICANT_DIGITS = 3
 
 
-def _capturing(cls: type[Any], transport: Transport | None = None) -> type[Any]:
+def _capturing(
+    cls: type[Any],
+    transport: Transport | None = None,
+    book_checksum: Callable[[], BookChecksum] | None = None,
+) -> type[Any]:
     """A subclass of a ccxt exchange class that records HTTP error responses.
 
     ccxt raises DDoSProtection for a 429 without the Retry-After header; the
@@ -56,6 +71,8 @@ def _capturing(cls: type[Any], transport: Transport | None = None) -> type[Any]:
     per task, lets the retry policy honour it safely. With a `transport`, every
     REST call goes to it instead of the network; ccxt still builds the request
     and parses the answer, so replayed payloads take the production path.
+    With `book_checksum` (OKX), every raw book message is checked against the
+    exchange's checksum, which ccxt 4.5.90 ignores (`_checking_books`).
     """
 
     def handle_errors(
@@ -92,10 +109,52 @@ def _capturing(cls: type[Any], transport: Transport | None = None) -> type[Any]:
         _LAST_RESPONSE.set(response)
         return response
 
-    subclass: type[Any] = type(
-        cls.__name__, (cls,), {"handle_errors": handle_errors, "fetch": fetch}
-    )
+    methods: dict[str, Any] = {"handle_errors": handle_errors, "fetch": fetch}
+    if book_checksum is not None:
+        methods["handle_order_book_message"] = _checking_books(lambda: subclass, book_checksum)
+    subclass: type[Any] = type(cls.__name__, (cls,), methods)
     return subclass
+
+
+def _checking_books(
+    owner: Callable[[], type[Any]], new_checker: Callable[[], BookChecksum]
+) -> Callable[..., Any]:
+    """ccxt.pro okx's per-message book handler, then the checksum of the raw message.
+
+    A mismatch is handled as ccxt handles a `prevSeqId` gap: the book and the
+    subscription are dropped, the watch rejected with ChecksumError, and the
+    channel marked for a resync, so the next `watch_order_book` unsubscribes and
+    subscribes again, and the exchange sends a fresh snapshot.
+    """
+
+    def handle_order_book_message(
+        self: Any, client: Any, message: Any, orderbook: Any, message_hash: str, market: Any = None
+    ) -> Any:
+        snapshot = orderbook.get("nonce") is None  # a book ccxt just created for a snapshot
+        parent: Any = super(owner(), self)
+        result = parent.handle_order_book_message(client, message, orderbook, message_hash, market)
+        symbol = orderbook.get("symbol")
+        checkers: dict[str, BookChecksum] = self.__dict__.setdefault("_book_checksums", {})
+        if message_hash not in client.subscriptions or symbol is None:  # ccxt saw a gap
+            checkers.pop(str(symbol), None)
+            return result
+        checker = checkers.get(symbol) if not snapshot else None
+        if checker is None:
+            checker = checkers[symbol] = new_checker()
+        if checker.apply(message, snapshot):
+            return result
+        checkers.pop(symbol, None)
+        del client.subscriptions[message_hash]
+        self.orderbooks.pop(symbol, None)
+        client.reject(
+            ccxt_errors.ChecksumError(f"{self.id} {self.orderbook_checksum_message(symbol)}"),
+            message_hash,
+        )
+        if snapshot:  # ccxt marks an update's channel for a resync itself, not a snapshot's
+            client.subscriptions[message_hash] = "resync"
+        return result
+
+    return handle_order_book_message
 
 
 def fault_from(exc: BaseException, now_ms: int | None = None) -> ExchangeCallError:
@@ -195,13 +254,15 @@ class ExchangeAdapter:
             config["rateLimit"] = settings.rate_limit_ms
         if credentials is not None:
             config.update(credentials.ccxt_config())
-        self._exchange: Any = _capturing(base, transport)(config)
+        checksum = self.venue.book_checksum
+        self._exchange: Any = _capturing(base, transport, checksum)(config)
         if settings.api_base_url:
             # A new dict: class-level defaults shared with other instances stay untouched.
             urls = dict(self._exchange.urls)
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
+        self.supports_books = bool(self._exchange.has.get("watchOrderBook"))
         self.consecutive_trade_ids = settings.consecutive_trade_ids
         self.bounded_pages = paging_mode(self.venue, settings.bounded_pages)
         features = (self._exchange.features or {}).get("spot") or {}
@@ -343,6 +404,39 @@ class ExchangeAdapter:
             await self._exchange.un_watch_trades(symbol)
         except Exception as exc:  # the stream is going away anyway
             log.debug("unwatch %s %s failed: %s", self.exchange_id, symbol, exc)
+
+    async def watch_order_book(self, symbol: str, depth: int) -> BookView:
+        """The book's best `depth` levels after the next update; BookIntegrityError when
+        the exchange's ids skipped or its checksum disagreed (watch again: ccxt then
+        rebuilds the book from a fresh snapshot)."""
+        try:
+            book = await self._exchange.watch_order_book(symbol, depth)
+            # Copied before the next await: ccxt updates this book in place.
+            return BookView(
+                bids={float(p): float(a) for p, a, *_ in book["bids"][:depth]},
+                asks={float(p): float(a) for p, a, *_ in book["asks"][:depth]},
+                nonce=int(book.get("nonce") or 0),
+                timestamp_ms=int(book.get("timestamp") or 0),
+            )
+        except ccxt_errors.ChecksumError as exc:  # first: it subclasses InvalidNonce
+            # ccxt's binance raises ChecksumError for a skipped update id: a gap where
+            # the exchange sends no checksum.
+            checked = self.venue.book_checksum is not None
+            kind = BookIntegrity.CHECKSUM if checked else BookIntegrity.SEQUENCE_GAP
+            raise BookIntegrityError(kind, str(exc)) from exc
+        except ccxt_errors.InvalidNonce as exc:
+            raise BookIntegrityError(BookIntegrity.SEQUENCE_GAP, str(exc)) from exc
+        except Exception as exc:
+            raise fault_from(exc) from exc
+
+    async def unwatch_order_book(self, symbol: str) -> None:
+        """Unsubscribe from the symbol's book stream (best effort)."""
+        if not self._exchange.has.get("unWatchOrderBook"):
+            return
+        try:
+            await self._exchange.un_watch_order_book(symbol)
+        except Exception as exc:  # the stream is going away anyway
+            log.debug("unwatch book %s %s failed: %s", self.exchange_id, symbol, exc)
 
     async def close(self) -> None:
         try:

@@ -40,20 +40,17 @@ from ingestor.model import Candle, ExchangeCallError, FaultKind
 from ingestor.retry import GiveUp, RetryPolicy, decide
 from ingestor.venues import GENERIC, HistoryUnavailableError, Venue
 from mdproto import rules
+from mdproto.error_codes import (
+    HISTORY_UNAVAILABLE,
+    INTERNAL,
+    INVALID_REQUEST,
+    KAFKA_DELIVERY,
+    UNSUPPORTED_PERIOD,
+)
 from mdproto.messages import DataRequest, ExchangeHealth, IngestorStatus, OHLCBatch, Status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# error_code values of ERROR markers besides the FaultKind values
-# (rate_limited, exchange_unavailable, timeout, network_error, bad_symbol,
-# bad_request, not_supported, exchange_error); see docs/protocol.md.
-INVALID_REQUEST = "invalid_request"
-UNSUPPORTED_PERIOD = "unsupported_period"
-HISTORY_UNAVAILABLE = "history_unavailable"
-KAFKA_DELIVERY = "kafka_delivery"
-INTERNAL = "internal"
-ABANDONED = "abandoned"  # every ingestor that held the request stopped without finishing it
 
 
 class CandleSource(Protocol):

@@ -207,6 +207,13 @@ class KafkaSink:
         with contextlib.suppress(KafkaException):  # counted in _queue
             await self._queue(self.settings.topic_ticks, key, value, self._count, None)
 
+    async def send_book(self, key: str, record: Message) -> None:
+        """Book snapshots and deltas, like ticks: a failure is only counted. A lost delta
+        is healed downstream by the next snapshot (docs/protocol.md "Order books")."""
+        value = envelope.encode_record(record)
+        with contextlib.suppress(KafkaException):  # counted in _queue
+            await self._queue(self.settings.topic_book, key, value, self._count, None)
+
     async def send_market(self, key: str, record: Message) -> asyncio.Future[int]:
         return await self.enqueue(self.settings.topic_markets, key, envelope.encode_record(record))
 

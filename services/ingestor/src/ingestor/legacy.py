@@ -14,18 +14,16 @@ import logging
 
 from ingestor.candles import ohlc_row
 from ingestor.history import (
-    INTERNAL,
     CandleSource,
     FetchEnv,
     RequestFailedError,
     iter_pages,
     plan_request,
 )
+from mdproto.error_codes import INTERNAL, TOO_MANY_CANDLES
 from mdproto.messages import DataRequest, DataResponse, Status
 
 log = logging.getLogger(__name__)
-
-TOO_MANY_CANDLES = "too_many_candles"
 
 
 async def legacy_response(

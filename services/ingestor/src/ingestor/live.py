@@ -20,9 +20,9 @@ import functools
 import logging
 import random
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
@@ -286,12 +286,16 @@ async def run_feed(
 
 
 class LiveFeeds:
-    """Starts, refreshes and stops feeds as REALTIME requests and cancels arrive."""
+    """Starts, refreshes and stops feeds as REALTIME requests and cancels arrive.
+
+    Sources and sink are `TradeSource`s and a `TickSink` here; a subclass runs
+    another kind of feed through the hooks below `request` (`ingestor.books`).
+    """
 
     def __init__(
         self,
-        sources: Mapping[str, TradeSource],
-        sink: TickSink,
+        sources: Mapping[str, Any],
+        sink: Any,
         *,
         lease_s: float,
         dedupe_capacity: int,
@@ -346,8 +350,8 @@ class LiveFeeds:
             log.warning("REALTIME request with bad ticker ignored: %s", exc.reason)
             return False
         source = self._sources.get(prefix)
-        if source is None or not source.supports_websocket:
-            log.warning("REALTIME %s ignored: no live source for %s", ticker, prefix)
+        if source is None or not self._serves(source):
+            log.warning("%s %s ignored: no live source for %s", self.kind, ticker, prefix)
             return False
         self._leases.refresh(ticker, self._monotonic())
         feed = self._feeds.get(ticker)
@@ -362,23 +366,44 @@ class LiveFeeds:
             self._report(
                 ticker, StatusChange(FeedStatus.LOST, code, f"retrying: {feed.stats.failed}")
             )
-        stats = FeedStats()
+        stats = self._new_stats()
+        report = functools.partial(self._report, ticker)
         task = asyncio.create_task(
-            run_feed(
-                ticker,
-                source,
-                self._sink,
-                stats,
-                dedupe=RecentIds(self._dedupe_capacity),
-                reconnect=self._reconnect,
-                start_attempts=self._start_attempts,
-                report=functools.partial(self._report, ticker),
-            ),
-            name=f"live-{ticker}",
+            self._run(ticker, source, stats, report), name=f"{self.kind.lower()}-{ticker}"
         )
         self._feeds[ticker] = _Feed(task, stats)
-        log.info("live feed %s started", ticker)
+        log.info("%s feed %s started", self.kind, ticker)
         return True
+
+    # What a kind of feed changes (ingestor.books.BookFeeds: the order book's).
+    kind = "REALTIME"
+
+    def _serves(self, source: Any) -> bool:
+        return bool(source.supports_websocket)
+
+    def _new_stats(self) -> FeedStats:
+        return FeedStats()
+
+    def _run(
+        self,
+        ticker: str,
+        source: Any,
+        stats: Any,
+        report: Callable[[StatusChange], None],
+    ) -> Coroutine[Any, Any, None]:
+        return run_feed(
+            ticker,
+            source,
+            self._sink,
+            stats,
+            dedupe=RecentIds(self._dedupe_capacity),
+            reconnect=self._reconnect,
+            start_attempts=self._start_attempts,
+            report=report,
+        )
+
+    async def _unwatch(self, source: Any, symbol: str) -> None:
+        await source.unwatch_trades(symbol)
 
     def _report(self, ticker: str, change: StatusChange) -> None:
         status = FeedStatus(
@@ -417,8 +442,8 @@ class LiveFeeds:
         await asyncio.gather(feed.task, return_exceptions=True)
         source = self._sources.get(parse_ticker(ticker).prefix)
         if source is not None:
-            await source.unwatch_trades(parse_ticker(ticker).symbol)
-        log.info("live feed %s stopped (%s; %d ticks)", ticker, why, feed.stats.ticks)
+            await self._unwatch(source, parse_ticker(ticker).symbol)
+        log.info("%s feed %s stopped (%s; %s)", self.kind, ticker, why, feed.stats)
         return True
 
     async def sweep(self) -> list[str]:

@@ -10,6 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from mdproto import error_codes
+
 
 @dataclass(frozen=True, slots=True)
 class Candle:
@@ -79,14 +81,14 @@ class MarketInfo:
 class FaultKind(enum.Enum):
     """Why an exchange call failed, as far as retrying is concerned."""
 
-    RATE_LIMITED = "rate_limited"  # 429/418, DDoSProtection, RateLimitExceeded
-    UNAVAILABLE = "exchange_unavailable"  # 503, refused connection, maintenance
-    TIMEOUT = "timeout"  # request timed out
-    NETWORK = "network_error"  # other transient transport failure (disconnect, bad nonce)
-    BAD_SYMBOL = "bad_symbol"  # the exchange does not know the symbol
-    BAD_REQUEST = "bad_request"  # the exchange rejected the parameters
-    NOT_SUPPORTED = "not_supported"  # the exchange lacks the feature
-    EXCHANGE_ERROR = "exchange_error"  # any other error the exchange reported
+    RATE_LIMITED = error_codes.RATE_LIMITED  # 429/418, DDoSProtection, RateLimitExceeded
+    UNAVAILABLE = error_codes.EXCHANGE_UNAVAILABLE  # 503, refused connection, maintenance
+    TIMEOUT = error_codes.TIMEOUT  # request timed out
+    NETWORK = error_codes.NETWORK_ERROR  # other transient failure (disconnect, bad nonce)
+    BAD_SYMBOL = error_codes.BAD_SYMBOL  # the exchange does not know the symbol
+    BAD_REQUEST = error_codes.BAD_REQUEST  # the exchange rejected the parameters
+    NOT_SUPPORTED = error_codes.NOT_SUPPORTED  # the exchange lacks the feature
+    EXCHANGE_ERROR = error_codes.EXCHANGE_ERROR  # any other error the exchange reported
 
     @property
     def transient(self) -> bool:
@@ -110,3 +112,34 @@ class ExchangeCallError(Exception):
         self.kind = kind
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class BookView:
+    """The best `depth` levels per side of an exchange's book after one update.
+
+    Copied out of ccxt's book at once (ccxt mutates its book in place on the
+    next message). `nonce` is the exchange's update id the book is at (0: none).
+    """
+
+    bids: dict[float, float]
+    asks: dict[float, float]
+    nonce: int
+    timestamp_ms: int
+
+
+class BookIntegrity(enum.Enum):
+    """Why the exchange's book stream cannot be trusted any more (a reset's cause)."""
+
+    SEQUENCE_GAP = "sequence_gap"  # an update id was skipped
+    CHECKSUM = "checksum"  # the exchange's checksum disagrees with the book
+
+
+class BookIntegrityError(Exception):
+    """The book the exchange stream built is wrong; watching again rebuilds it from a
+    fresh snapshot (ccxt forgets its book when it raises)."""
+
+    def __init__(self, kind: BookIntegrity, reason: str) -> None:
+        super().__init__(f"{kind.value}: {reason}")
+        self.kind = kind
+        self.reason = reason

@@ -26,6 +26,7 @@ import zmq.asyncio
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope
+from mdproto.error_codes import UNEXPECTED_TYPE
 from mdproto.messages import DataRequest, IngestorControl
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class WorkIntake:
             topic, message = envelope.decode_sub(frames, max_payload=self._max_payload)
             if not isinstance(message, DataRequest):
                 raise ProtocolError(
-                    "unexpected_type",
+                    UNEXPECTED_TYPE,
                     f"work channel carries DataRequest, got {type(message).__name__}",
                 )
         except ProtocolError as exc:
@@ -116,7 +117,7 @@ class WorkIntake:
             if not isinstance(message, IngestorControl):
                 got = type(message).__name__
                 raise ProtocolError(
-                    "unexpected_type", f"control channel carries IngestorControl, got {got}"
+                    UNEXPECTED_TYPE, f"control channel carries IngestorControl, got {got}"
                 )
         except ProtocolError as exc:
             self.stats.malformed += 1

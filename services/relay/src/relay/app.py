@@ -40,14 +40,16 @@ from typing import Any, TypeAlias
 import zmq
 
 from mdproto import envelope, topics
+from mdproto.error_codes import BAD_STATUS, UNEXPECTED_TYPE
 from mdproto.errors import ProtocolError
 from mdproto.messages import DataResponse, FeedStatus, IngestorStatus
 from mdproto.runtime.metrics_http import Health, MetricsServer
 from relay import curve, sockets
-from relay.client_requests import UNEXPECTED_TYPE, ClientRequests, LogThrottle
+from relay.client_requests import ClientRequests
 from relay.config import RelaySettings
 from relay.ingestors import BadStatusError, Ingestors
 from relay.live_feeds import LiveFeeds
+from relay.log_throttle import LogThrottle
 from relay.markets import MarketDirectory
 from relay.metrics import RelayMetrics
 from relay.pipeline_status import PipelineHeartbeats
@@ -123,7 +125,7 @@ class Relay:
             )  # fmt: skip
             self._live = LiveFeeds(
                 s, m, self._ingestors, self._proxy, check_symbol=self.check_symbol,
-                trigger_tickers=getattr(self._sink, "tickers", None),
+                trigger_tickers=self._sink.tickers,
                 wall_ms=wall_ms, new_id=new_id, now=now,
             )  # fmt: skip
             self._requests = ClientRequests(
@@ -156,9 +158,7 @@ class Relay:
                 if self._pipeline.watch.enabled:  # else no heartbeat subscription goes up
                     self._heartbeat_sub.connect(upstream)
             self._proxy.start()
-            start_sink = getattr(self._sink, "start", None)
-            if start_sink is not None:
-                start_sink()
+            self._sink.start()
             if self.markets is not None:
                 self.markets.start()
             if s.metrics_port:
@@ -338,7 +338,7 @@ class Relay:
         except ProtocolError as exc:
             self._bad_frame("ingestor", exc, now)
         except BadStatusError as exc:
-            self._bad_frame("ingestor", ProtocolError("bad_status", str(exc)), now)
+            self._bad_frame("ingestor", ProtocolError(BAD_STATUS, str(exc)), now)
 
     def _on_pipeline_status(self, frames: list[bytes], now: float) -> None:
         try:

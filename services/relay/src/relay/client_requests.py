@@ -15,8 +15,8 @@ without sockets (`now`, ids and the symbol predicate are passed in):
 validation, the relay's policy (served exchanges, limits) over `mdproto.rules`
 (the client and the pipeline check the same rules) and the replies it builds,
 the market-metadata check (`relay.markets`) last; and the rate limit,
-`TokenBuckets` (one flooding client cannot starve the others) and `LogThrottle`
-(one flooding cause cannot drown the log; app.py and ingestors.py use it too).
+`TokenBuckets` (one flooding client cannot starve the others); its log lines go
+through the relay's `LogThrottle` (log_throttle.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import math
 import queue
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -35,6 +34,7 @@ import zmq
 from google.protobuf.message import Message
 
 from mdproto import envelope, rules
+from mdproto.error_codes import INTERNAL, RATE_LIMITED, SINK_ERROR, UNEXPECTED_TYPE
 from mdproto.errors import ProtocolError
 from mdproto.messages import (
     CEPTriggerAck,
@@ -53,16 +53,13 @@ from relay.config import RelaySettings
 from relay.ingestors import Ingestors
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
 from relay.live_feeds import LiveFeeds
+from relay.log_throttle import LogThrottle
 from relay.metrics import RelayMetrics
 from relay.pipeline_status import Part, PipelineHeartbeats
 from relay.sockets import Socket
-from relay.triggers import SINK_ERROR, TriggerSink, TriggerSinkError
+from relay.triggers import TriggerSink, TriggerSinkError
 
 log = logging.getLogger(__name__)
-
-RATE_LIMITED = "rate_limited"
-INTERNAL = "internal"
-UNEXPECTED_TYPE = "unexpected_type"
 
 BadFrame = Callable[[str, ProtocolError, float], None]
 
@@ -618,20 +615,3 @@ class TokenBuckets:
         first = not bucket.limited
         bucket.limited = True
         return False, first
-
-
-class LogThrottle:
-    """At most one log line per key per second; counts the ones it swallowed."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def __call__(self, key: str, now: float) -> str | None:
-        """None: stay quiet; else a suffix for the line about suppressed repeats."""
-        if now - self._last.get(key, -math.inf) < 1.0:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        skipped = self._suppressed.pop(key, 0)
-        return f" ({skipped} similar suppressed)" if skipped else ""

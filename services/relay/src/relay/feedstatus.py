@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from mdproto import topics
+from mdproto.error_codes import UNSUPPORTED_PERIOD
 from mdproto.messages import FeedStatus
 
-UNSUPPORTED_PERIOD = "unsupported_period"
 MAX_REFUSALS = 1024
 _REPEATED = frozenset({FeedStatus.LOST, FeedStatus.FAILED, FeedStatus.REFUSED})
 

@@ -25,9 +25,11 @@ from enum import Enum
 import zmq
 
 from mdproto import envelope
+from mdproto.error_codes import EXCHANGE_UNAVAILABLE, KAFKA_UNAVAILABLE, NO_INGESTOR
 from mdproto.messages import DataRequest, IngestorControl, IngestorStatus
 from relay import sockets
 from relay.config import RelaySettings
+from relay.log_throttle import LogThrottle
 from relay.metrics import RelayMetrics
 from relay.sockets import Socket, parse_subscription
 from relay.subscriptions import Announce, Cancel
@@ -42,7 +44,7 @@ class Ingestors:
         self,
         settings: RelaySettings,
         metrics: RelayMetrics,
-        throttle: Callable[[str, float], str | None],  # client_requests.LogThrottle
+        throttle: LogThrottle,
         work: Socket,
         control: Socket,
         *,
@@ -103,31 +105,41 @@ class Ingestors:
             )
 
     def announce(self, action: Announce) -> None:
-        """DataRequest{REALTIME}: start a live feed, or refresh its lease."""
+        """DataRequest{REALTIME} (a book: {BOOK}): start a live feed, or refresh its lease."""
+        book = action.kind == "book"
         request = DataRequest(
             request_id=action.request_id,
-            kind=DataRequest.REALTIME,
+            kind=DataRequest.BOOK if book else DataRequest.REALTIME,
             ticker=action.ticker,
             submitted_at_ms=self._wall_ms(),
         )
         self._work.send_multipart(envelope.encode_pub(action.prefix, request), zmq.NOBLOCK)
-        self._metrics.published.labels(_PUBLISHED_KIND.get(action.why, "realtime_join")).inc()
+        published = _PUBLISHED_KIND.get(action.why, "realtime_join")
+        self._metrics.published.labels(
+            published.replace("realtime", "book") if book else published
+        ).inc()
         level = logging.DEBUG if action.why == "refresh" else logging.INFO
         log.log(
-            level, "live data %s: %s (request_id=%s)", action.why, action.ticker, action.request_id
+            level,
+            "live %s %s: %s (request_id=%s)",
+            action.kind,
+            action.why,
+            action.ticker,
+            action.request_id,
         )
 
     def cancel(self, action: Cancel) -> None:
-        """IngestorControl{CANCEL_REALTIME}: nobody wants the feed any more."""
+        """IngestorControl{CANCEL_REALTIME} (a book: CANCEL_BOOK): nobody wants the feed."""
+        book = action.kind == "book"
         control = IngestorControl(
-            action=IngestorControl.CANCEL_REALTIME,
+            action=IngestorControl.CANCEL_BOOK if book else IngestorControl.CANCEL_REALTIME,
             ticker=action.ticker,
             request_id=action.request_id,
             issued_at_ms=self._wall_ms(),
         )
         self._control.send_multipart(envelope.encode_pub(action.prefix, control), zmq.NOBLOCK)
-        self._metrics.published.labels("cancel_realtime").inc()
-        log.info("live data cancelled: %s (no subscriber left)", action.ticker)
+        self._metrics.published.labels("cancel_book" if book else "cancel_realtime").inc()
+        log.info("live %s cancelled: %s (no subscriber left)", action.kind, action.ticker)
 
     # --- operator commands (HTTP, the metrics port; never a client socket) ----------
 
@@ -214,10 +226,6 @@ class Ingestors:
 
 
 # --- liveness: can an exchange take work now? (pure: `now` is passed in) ------------
-
-NO_INGESTOR = "no_ingestor"
-EXCHANGE_UNAVAILABLE = "exchange_unavailable"
-KAFKA_UNAVAILABLE = "kafka_unavailable"
 
 _EXCHANGE = re.compile(r"^[A-Z][A-Z0-9_]{0,31}$")
 _MAX_EXCHANGES = 256  # per status: more is a broken sender, not a deployment

@@ -13,6 +13,7 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from mdproto.error_codes import DUPLICATE_REQUEST, PENDING_FULL, TIMEOUT
 from mdproto.messages import DataResponse, Response, Status
 
 
@@ -25,8 +26,8 @@ class Pending:
 
 class Admission(enum.Enum):
     ADDED = "added"
-    FULL = "pending_full"
-    DUPLICATE = "duplicate_request"
+    FULL = PENDING_FULL
+    DUPLICATE = DUPLICATE_REQUEST
 
 
 class PendingRequests:
@@ -79,5 +80,5 @@ def timeout_response(pending: Pending, timeout: float) -> Response:
         request_id=pending.request_id,
         status=Status.TIMEOUT,
         reason=f"no ingestor answered within {timeout:g} s",
-        error_code="timeout",
+        error_code=TIMEOUT,
     )

@@ -16,8 +16,8 @@ import logging
 from collections.abc import Callable
 
 from mdproto import envelope
+from mdproto.error_codes import BAD_SYMBOL
 from mdproto.messages import FeedStatus
-from mdproto.rules import BAD_SYMBOL
 from mdproto.topics import parse_market_topic, status_topic
 from relay.config import RelaySettings
 from relay.feedstatus import StatusBoard, state_name, status_ticker

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 from mdproto import envelope, topics
+from mdproto.error_codes import PIPELINE_UNAVAILABLE, UNEXPECTED_TYPE
 from mdproto.errors import ProtocolError
 from mdproto.messages import PipelineStatus
 from relay.metrics import RelayMetrics
 
 log = logging.getLogger(__name__)
-
-PIPELINE_UNAVAILABLE = "pipeline_unavailable"
 
 
 class Part(Enum):
@@ -123,7 +122,7 @@ class PipelineHeartbeats:
         _topic, message = envelope.decode_sub(frames)
         if not isinstance(message, PipelineStatus):
             raise ProtocolError(
-                "unexpected_type", f"{message.DESCRIPTOR.name} on {topics.PIPELINE_STATUS}"
+                UNEXPECTED_TYPE, f"{message.DESCRIPTOR.name} on {topics.PIPELINE_STATUS}"
             )
         self.watch.beat(message, now)
         self._metrics.pipeline_heartbeats.inc()

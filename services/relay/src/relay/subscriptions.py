@@ -16,6 +16,11 @@ starts it (`Announce`); when the last one leaves a `Cancel` follows after
 live tickers are announced again, because PUB/SUB loses messages to ingestors
 that (re)connect late; ingestors treat announcements as idempotent start/lease
 refresh. Pure: the caller passes `now` (monotonic seconds).
+
+The order book is a feed of its own (docs/protocol.md "Order books"):
+`{ticker}|book` holds a *book* stream of the ticker, with its own request_id,
+re-announcement, grace and cancel (`kind` "book": DataRequest{BOOK},
+IngestorControl{CANCEL_BOOK}); it never starts the trade feed, nor the reverse.
 """
 
 from __future__ import annotations
@@ -27,14 +32,18 @@ from typing import Literal
 from mdproto import topics
 from mdproto.errors import ProtocolError
 
+#: What a stream carries: the ticker's trades (REALTIME) or its order book (BOOK).
+FeedKind = Literal["trades", "book"]
+
 
 @dataclass(frozen=True, slots=True)
 class Announce:
-    """Publish `DataRequest{REALTIME, ticker}` on the work socket."""
+    """Publish `DataRequest{REALTIME, ticker}` (kind "book": `{BOOK, ticker}`) on :5555."""
 
     ticker: str
     request_id: str
     why: Literal["start", "refresh", "ingestor joined"]
+    kind: FeedKind = "trades"
 
     @property
     def prefix(self) -> str:
@@ -43,10 +52,11 @@ class Announce:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Publish `IngestorControl{CANCEL_REALTIME, ticker}` on the control socket."""
+    """Publish `IngestorControl{CANCEL_REALTIME, ticker}` (kind "book": CANCEL_BOOK)."""
 
     ticker: str
     request_id: str
+    kind: FeedKind = "trades"
 
     @property
     def prefix(self) -> str:
@@ -83,7 +93,7 @@ class LiveSubscriptions:
         self._exchanges = frozenset(known_exchanges)
         self._new_id = new_id
         self._topics: set[str] = set()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[tuple[str, FeedKind], _Stream] = {}
         self._next_refresh = now + refresh
 
     @property
@@ -93,46 +103,46 @@ class LiveSubscriptions:
 
     @property
     def live_tickers(self) -> list[str]:
-        """Tickers being streamed, including those in their grace period."""
-        return sorted(self._streams)
+        """Tickers being streamed (trades or book), including those in their grace period."""
+        return sorted({ticker for ticker, _ in self._streams})
 
     def is_live(self, ticker: str) -> bool:
-        return ticker in self._streams
+        return any(t == ticker for t, _ in self._streams)
 
     def subscribed(self, topic: str, now: float) -> list[Action]:
         self._topics.add(topic)
-        ticker = self._ticker_of(topic)
-        if ticker is None:
+        feed = self._feed_of(topic)
+        if feed is None:
             return []
-        return self._hold(ticker, topic)
+        return self._hold(*feed, topic)
 
     def unsubscribed(self, topic: str, now: float) -> list[Action]:
         self._topics.discard(topic)
-        ticker = self._ticker_of(topic)
-        return self._release(ticker, topic, now) if ticker else []
+        feed = self._feed_of(topic)
+        return self._release(*feed, topic, now) if feed else []
 
     def pin(self, ticker: str, now: float) -> list[Action]:
         """Keep `ticker` live without any subscriber: it has CEP triggers to evaluate."""
         if not self._known(ticker):
             return []
-        return self._hold(ticker, PINNED)
+        return self._hold(ticker, "trades", PINNED)
 
     def unpin(self, ticker: str, now: float) -> list[Action]:
         """Its last trigger is gone: the ticker now lives by its subscribers alone."""
-        return self._release(ticker, PINNED, now)
+        return self._release(ticker, "trades", PINNED, now)
 
-    def _hold(self, ticker: str, reason: str) -> list[Action]:
-        stream = self._streams.get(ticker)
+    def _hold(self, ticker: str, kind: FeedKind, reason: str) -> list[Action]:
+        stream = self._streams.get((ticker, kind))
         if stream is None:
-            stream = self._streams[ticker] = _Stream(self._new_id())
+            stream = self._streams[ticker, kind] = _Stream(self._new_id())
             stream.topics.add(reason)
-            return [Announce(ticker, stream.request_id, "start")]
+            return [Announce(ticker, stream.request_id, "start", kind)]
         stream.topics.add(reason)
         stream.cancel_at = None  # back within the grace period: keep streaming
         return []
 
-    def _release(self, ticker: str, reason: str, now: float) -> list[Action]:
-        stream = self._streams.get(ticker)
+    def _release(self, ticker: str, kind: FeedKind, reason: str, now: float) -> list[Action]:
+        stream = self._streams.get((ticker, kind))
         if stream is None or reason not in stream.topics:
             return []
         stream.topics.discard(reason)
@@ -143,15 +153,15 @@ class LiveSubscriptions:
     def due(self, now: float) -> list[Action]:
         """Cancels whose grace period is over, then the periodic re-announcement."""
         actions: list[Action] = []
-        for ticker, stream in list(self._streams.items()):
+        for (ticker, kind), stream in list(self._streams.items()):
             if stream.cancel_at is not None and stream.cancel_at <= now:
-                del self._streams[ticker]
-                actions.append(Cancel(ticker, stream.request_id))
+                del self._streams[ticker, kind]
+                actions.append(Cancel(ticker, stream.request_id, kind))
         if now >= self._next_refresh:
             self._next_refresh = now + self._refresh
             actions.extend(
-                Announce(ticker, stream.request_id, "refresh")
-                for ticker, stream in sorted(self._streams.items())
+                Announce(ticker, stream.request_id, "refresh", kind)
+                for (ticker, kind), stream in sorted(self._streams.items())
             )
         return actions
 
@@ -163,8 +173,8 @@ class LiveSubscriptions:
         is a prefix of it.
         """
         return [
-            Announce(ticker, stream.request_id, "ingestor joined")
-            for ticker, stream in sorted(self._streams.items())
+            Announce(ticker, stream.request_id, "ingestor joined", kind)
+            for (ticker, kind), stream in sorted(self._streams.items())
             if topics.exchange_prefix(ticker).startswith(subscription)
         ]
 
@@ -172,13 +182,16 @@ class LiveSubscriptions:
         cancels = [s.cancel_at for s in self._streams.values() if s.cancel_at is not None]
         return min([self._next_refresh, *cancels])
 
-    def _ticker_of(self, topic: str) -> str | None:
+    def _feed_of(self, topic: str) -> tuple[str, FeedKind] | None:
+        """The (ticker, feed kind) a market topic needs live; None for anything else."""
         market = topics.parse_market_topic(topic)
         if market is None or not self._known(market.ticker):
             return None
+        if market.kind == "book":
+            return market.ticker, "book"
         if self._periods is not None and market.period_seconds not in (None, *self._periods):
             return None
-        return market.ticker
+        return market.ticker, "trades"
 
     def _known(self, ticker: str) -> bool:
         """A valid ticker of a configured exchange (any exchange when none is configured)."""

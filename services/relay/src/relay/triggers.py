@@ -14,10 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from mdproto.error_codes import NO_TRIGGER_STORE, SINK_ERROR
 from mdproto.messages import CEPTriggerRequest
-
-SINK_ERROR = "sink_error"
-NO_TRIGGER_STORE = "no_trigger_store"
 
 #: Called once per submitted request, from any thread: None once it is durably
 #: stored, else why it is not.
@@ -33,6 +31,9 @@ class TriggerSinkError(Exception):
 
 
 class TriggerSink(Protocol):
+    def start(self) -> object:
+        """Connect to the store; the relay calls it once, from `Relay.start`."""
+
     def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
         """Store one validated REGISTER or CANCEL without blocking the relay's loop, and
         call `stored` when the store has it (or cannot take it); raise TriggerSinkError
@@ -54,6 +55,9 @@ class NoTriggerStore:
         "this relay has no trigger store (kafka.bootstrap_servers is empty), so no "
         "trigger would be evaluated"
     )
+
+    def start(self) -> None:
+        return None
 
     def submit(self, request: CEPTriggerRequest, stored: Stored) -> None:
         raise TriggerSinkError(self.REASON, NO_TRIGGER_STORE)

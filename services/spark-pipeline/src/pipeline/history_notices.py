@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from mdproto import topics
 from mdproto.contracts import FROM_STORAGE
+from mdproto.error_codes import INCOMPLETE, INGESTOR_ERROR
 from mdproto.messages import (
     BatchMetadata,
     HistoryReadyNotification,
@@ -29,48 +30,15 @@ from mdproto.messages import (
     NotifyPattern,
     Status,
 )
-from pipeline.records import UTC_US, FinalMarker
+from mdproto.tables import Requests, arrow_schema
+from pipeline.records import FinalMarker
 
 _RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
 
-#: Row layout of Iceberg ``market.requests`` (one row per notified request).
-REQUESTS_SCHEMA = pa.schema(
-    [
-        pa.field("request_id", pa.string(), nullable=False),
-        pa.field("client_id", pa.string()),
-        pa.field("status", pa.string()),
-        pa.field("reason", pa.string()),
-        pa.field("error_code", pa.string()),
-        pa.field("ticker", pa.string()),
-        pa.field("period_seconds", pa.int32()),
-        # Client-supplied range, kept as given (epoch ms): any int64 is storable.
-        pa.field("start_time_ms", pa.int64()),
-        pa.field("end_time_ms", pa.int64()),
-        pa.field("row_count", pa.int64()),
-        pa.field("iceberg_table", pa.string()),
-        pa.field("snapshot_id", pa.int64()),
-        pa.field("notification_topic", pa.string()),
-        pa.field("ingestor_id", pa.string()),
-        pa.field("completed_at", UTC_US),
-        pa.field("query_id", pa.string()),
-        pa.field("batch_id", pa.int64()),
-        pa.field("kafka_partition", pa.int32()),
-        pa.field("kafka_offset", pa.int64()),
-        # Integrity report (added later: `ADDED_COLUMNS` migrates older tables).
-        pa.field("expected_candles", pa.int64()),
-        pa.field("exchange_gaps", pa.int64()),
-        pa.field("missing_candles", pa.int64()),
-        pa.field("source", pa.string()),
-    ]
-)
-#: Columns added to ``requests`` after its first release, with their Spark SQL types.
-ADDED_COLUMNS: dict[str, str] = {
-    "expected_candles": "BIGINT",
-    "exchange_gaps": "BIGINT",
-    "missing_candles": "BIGINT",
-    "source": "STRING",
-}
-_TIME_FIELDS = {"completed_at": "completed_at_ms"}
+#: Row layout of Iceberg ``market.requests`` (mdproto.tables.Requests), one row per
+#: notified request: `CompletedRequest`'s fields, times as timestamps.
+REQUESTS_SCHEMA = arrow_schema(Requests.SCHEMA)
+_TIME_FIELDS = {Requests.COMPLETED_AT: "completed_at_ms"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +113,7 @@ def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
         return (
             Status.ERROR,
             meta.reason or "the ingestor reported an error",
-            meta.error_code or "ingestor_error",
+            meta.error_code or INGESTOR_ERROR,
             0,
         )
     name = Status.Name(meta.status) if meta.status in Status.values() else str(meta.status)
@@ -287,7 +255,7 @@ def reconcile(request: CompletedRequest, found: int) -> CompletedRequest:
                 f"only {found} of the {announced} candles sent by the ingestor are in "
                 f"{request.iceberg_table}: invalid rows were dropped (see the pipeline log)"
             ),
-            error_code="incomplete",
+            error_code=INCOMPLETE,
             row_count=found,
             missing_candles=missing(request.expected_candles, found, request.exchange_gaps),
         )
@@ -372,8 +340,8 @@ def to_table(requests: Sequence[CompletedRequest]) -> pa.Table:
     columns: dict[str, list[Any]] = {name: [] for name in REQUESTS_SCHEMA.names}
     for request in requests:
         row = asdict(request)
-        row["status"] = Status.Name(request.status)  # type: ignore[arg-type]
-        row["source"] = HistorySource.Name(request.source)  # type: ignore[arg-type]
+        row[Requests.STATUS] = Status.Name(request.status)  # type: ignore[arg-type]
+        row[Requests.SOURCE] = HistorySource.Name(request.source)  # type: ignore[arg-type]
         for column, ms in _TIME_FIELDS.items():
             row[column] = row.pop(ms) * 1000
         for name in REQUESTS_SCHEMA.names:

@@ -22,9 +22,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto import topics
+from mdproto.tables import (
+    BookSnapshots,
+    Column,
+    ColumnType,
+    Markets,
+    Ohlc,
+    Partition,
+    Requests,
+    TableSchema,
+    Ticks,
+)
 from pipeline import history_notices
 from pipeline.history_notices import CompletedRequest
-from pipeline.records import BOOK_SNAPSHOT_SCHEMA, OHLC_SCHEMA, TICK_SCHEMA
 from pipeline.restarts import failure_cause
 
 if TYPE_CHECKING:
@@ -33,22 +43,35 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: What a candle built from trades has (live candles).
-LIVE_VALUE_COLUMNS = ("open", "high", "low", "close", "volume", "trade_count")
+LIVE_VALUE_COLUMNS = (Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE, Ohlc.VOLUME, Ohlc.TRADE_COUNT)
 #: ... plus what an exchange may report besides (history candles; null otherwise).
 OHLC_VALUE_COLUMNS = (
     *LIVE_VALUE_COLUMNS,
-    "quote_volume",
-    "taker_buy_volume",
-    "taker_buy_quote_volume",
+    Ohlc.QUOTE_VOLUME,
+    Ohlc.TAKER_BUY_VOLUME,
+    Ohlc.TAKER_BUY_QUOTE_VOLUME,
 )
-#: ``ohlc`` columns added after the table's first release: added to an older
-#: table at start (ALTER TABLE ADD COLUMNS: metadata only, old rows read null).
-OHLC_ADDED_COLUMNS = {
-    "quote_volume": "DOUBLE",
-    "taker_buy_volume": "DOUBLE",
-    "taker_buy_quote_volume": "DOUBLE",
-    "incomplete": "BOOLEAN",
+#: Spark SQL's name of each Iceberg type (Spark's TIMESTAMP is Iceberg's timestamptz).
+SQL_TYPES: dict[ColumnType, str] = {
+    "string": "STRING",
+    "int": "INT",
+    "long": "BIGINT",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "timestamptz": "TIMESTAMP",
+    "levels": "ARRAY<STRUCT<price: DOUBLE, amount: DOUBLE>>",
 }
+
+
+def added_columns(table: TableSchema) -> dict[str, str]:
+    """``table``'s columns added after its first release, with their Spark SQL types:
+    added to an older table at start (ALTER TABLE ADD COLUMNS: metadata only, old
+    rows read null)."""
+    return {name: SQL_TYPES[table.column(name).type] for name in table.added}
+
+
+OHLC_ADDED_COLUMNS = added_columns(Ohlc.SCHEMA)  # exchanges' extra volumes, live notes
+REQUESTS_ADDED_COLUMNS = added_columns(Requests.SCHEMA)  # the integrity report
 
 #: Iceberg's own commit loop (refresh, re-apply, commit again) covers a commit the
 #: catalog refused as a conflict (CommitFailedException, HTTP 409). History, live
@@ -137,78 +160,41 @@ def create_namespace(names: TableNames) -> str:
     return f"CREATE NAMESPACE IF NOT EXISTS {names.namespace_id}"
 
 
-def create_ohlc(names: TableNames) -> str:
-    return f"""CREATE TABLE IF NOT EXISTS {names.ohlc} (
-  ticker STRING NOT NULL,
-  exchange STRING,
-  symbol STRING,
-  period_seconds INT NOT NULL,
-  open_time TIMESTAMP NOT NULL,
-  open DOUBLE,
-  high DOUBLE,
-  low DOUBLE,
-  close DOUBLE,
-  volume DOUBLE,
-  trade_count BIGINT,
-  source STRING,
-  request_id STRING,
-  ingested_at TIMESTAMP,
-  quote_volume DOUBLE,
-  taker_buy_volume DOUBLE,
-  taker_buy_quote_volume DOUBLE,
-  incomplete BOOLEAN)
+def _column_sql(column: Column) -> str:
+    return f"{column.name} {SQL_TYPES[column.type]}{' NOT NULL' if column.required else ''}"
+
+
+def _partition_sql(partition: Partition) -> str:
+    column, transform = partition.column, partition.transform
+    if transform == "identity":
+        return column
+    if transform.startswith("bucket["):
+        return f"bucket({transform[len('bucket[') : -1]}, {column})"
+    return f"{transform}s({column})"  # day -> days(...), month -> months(...)
+
+
+def create_table(target: str, table: TableSchema) -> str:
+    """Spark DDL for ``table`` (mdproto.tables) under the identifier ``target``."""
+    columns = ",\n  ".join(_column_sql(c) for c in table.columns)
+    partitions = ", ".join(_partition_sql(p) for p in table.partitioning)
+    return f"""CREATE TABLE IF NOT EXISTS {target} (
+  {columns})
 USING iceberg
-PARTITIONED BY (ticker, period_seconds, months(open_time))
+PARTITIONED BY ({partitions})
 TBLPROPERTIES (
   {_properties()})"""
+
+
+def create_ohlc(names: TableNames) -> str:
+    return create_table(names.ohlc, Ohlc.SCHEMA)
 
 
 def create_ticks(names: TableNames) -> str:
-    return f"""CREATE TABLE IF NOT EXISTS {names.ticks} (
-  ticker STRING NOT NULL,
-  exchange STRING,
-  symbol STRING,
-  trade_id STRING NOT NULL,
-  price DOUBLE,
-  amount DOUBLE,
-  side STRING,
-  trade_time TIMESTAMP NOT NULL,
-  ingested_at TIMESTAMP)
-USING iceberg
-PARTITIONED BY (ticker, days(trade_time))
-TBLPROPERTIES (
-  {_properties()})"""
+    return create_table(names.ticks, Ticks.SCHEMA)
 
 
 def create_requests(names: TableNames) -> str:
-    return f"""CREATE TABLE IF NOT EXISTS {names.requests} (
-  request_id STRING NOT NULL,
-  client_id STRING,
-  status STRING,
-  reason STRING,
-  error_code STRING,
-  ticker STRING,
-  period_seconds INT,
-  start_time_ms BIGINT,
-  end_time_ms BIGINT,
-  row_count BIGINT,
-  iceberg_table STRING,
-  snapshot_id BIGINT,
-  notification_topic STRING,
-  ingestor_id STRING,
-  completed_at TIMESTAMP,
-  query_id STRING,
-  batch_id BIGINT,
-  kafka_partition INT,
-  kafka_offset BIGINT,
-  expected_candles BIGINT,
-  exchange_gaps BIGINT,
-  missing_candles BIGINT,
-  source STRING)
-USING iceberg
-PARTITIONED BY (bucket(16, request_id))
-TBLPROPERTIES (
-  {_properties()})"""
+    return create_table(names.requests, Requests.SCHEMA)
 
 
 def set_properties(table: str, properties: dict[str, str]) -> str:
@@ -227,45 +213,11 @@ def add_columns(table: str, columns: dict[str, str]) -> str:
 
 
 def create_markets(names: TableNames) -> str:
-    """One row per ticker (a few thousand per exchange): partitioned by exchange only."""
-    return f"""CREATE TABLE IF NOT EXISTS {names.markets} (
-  ticker STRING NOT NULL,
-  exchange STRING,
-  symbol STRING,
-  base STRING,
-  quote STRING,
-  active BOOLEAN,
-  price_precision DOUBLE,
-  amount_precision DOUBLE,
-  min_amount DOUBLE,
-  max_amount DOUBLE,
-  min_price DOUBLE,
-  max_price DOUBLE,
-  min_cost DOUBLE,
-  updated_at TIMESTAMP)
-USING iceberg
-PARTITIONED BY (exchange)
-TBLPROPERTIES (
-  {_properties()})"""
+    return create_table(names.markets, Markets.SCHEMA)
 
 
 def create_book_snapshots(names: TableNames) -> str:
-    """L2 books, one per row: a book of a past time is the newest row at or before it."""
-    return f"""CREATE TABLE IF NOT EXISTS {names.book_snapshots} (
-  ticker STRING NOT NULL,
-  exchange STRING,
-  symbol STRING,
-  snapshot_time TIMESTAMP NOT NULL,
-  exchange_sequence BIGINT,
-  depth INT,
-  reset STRING,
-  bids ARRAY<STRUCT<price: DOUBLE, amount: DOUBLE>>,
-  asks ARRAY<STRUCT<price: DOUBLE, amount: DOUBLE>>,
-  ingested_at TIMESTAMP)
-USING iceberg
-PARTITIONED BY (ticker, days(snapshot_time))
-TBLPROPERTIES (
-  {_properties()})"""
+    return create_table(names.book_snapshots, BookSnapshots.SCHEMA)
 
 
 def ddl(names: TableNames) -> list[str]:
@@ -289,11 +241,13 @@ def _time_bounds(column: str, lo_ms: int, hi_ms: int) -> str:
     return f"t.{column} >= {timestamp_literal(lo_ms)} AND t.{column} <= {timestamp_literal(hi_ms)}"
 
 
+def _key_on(table: TableSchema) -> str:
+    """A MERGE's match on ``table``'s natural key (target ``t``, source ``s``)."""
+    return " AND ".join(f"t.{c} = s.{c}" for c in table.key)
+
+
 def _ohlc_on(lo_ms: int, hi_ms: int) -> str:
-    return (
-        "t.ticker = s.ticker AND t.period_seconds = s.period_seconds "
-        f"AND t.open_time = s.open_time AND {_time_bounds('open_time', lo_ms, hi_ms)}"
-    )
+    return f"{_key_on(Ohlc.SCHEMA)} AND {_time_bounds(Ohlc.OPEN_TIME, lo_ms, hi_ms)}"
 
 
 def merge_history_candles(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
@@ -336,26 +290,21 @@ def merge_ticks(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
     """Insert ticks whose (ticker, trade_id) is new within the batch's trade-time range."""
     return f"""MERGE INTO {target} t
 USING {source_view} s
-ON t.ticker = s.ticker AND t.trade_id = s.trade_id AND {_time_bounds("trade_time", lo_ms, hi_ms)}
+ON {_key_on(Ticks.SCHEMA)} AND {_time_bounds(Ticks.TRADE_TIME, lo_ms, hi_ms)}
 WHEN NOT MATCHED THEN INSERT *"""
 
 
 def merge_book_snapshots(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
-    """Insert snapshots whose (ticker, snapshot_time, exchange_sequence, reset) is new
-    within the batch's time range: a replayed micro-batch adds nothing."""
+    """Insert snapshots whose key (ticker, snapshot_time, exchange_sequence, reset) is
+    new within the batch's time range: a replayed micro-batch adds nothing."""
+    time_bounds = _time_bounds(BookSnapshots.SNAPSHOT_TIME, lo_ms, hi_ms)
     return f"""MERGE INTO {target} t
 USING {source_view} s
-ON t.ticker = s.ticker AND t.snapshot_time = s.snapshot_time
-AND t.exchange_sequence <=> s.exchange_sequence AND t.reset <=> s.reset
-AND {_time_bounds("snapshot_time", lo_ms, hi_ms)}
+ON {_key_on(BookSnapshots.SCHEMA)} AND {time_bounds}
 WHEN NOT MATCHED THEN INSERT *"""
 
 
-MARKET_COLUMNS = (
-    "ticker", "exchange", "symbol", "base", "quote", "active", "price_precision",
-    "amount_precision", "min_amount", "max_amount", "min_price", "max_price", "min_cost",
-    "updated_at",
-)  # fmt: skip
+MARKET_COLUMNS = Markets.SCHEMA.names
 
 
 def merge_markets(target: str, source_view: str) -> str:
@@ -367,7 +316,7 @@ def merge_markets(target: str, source_view: str) -> str:
     values = ", ".join(f"s.{c}" for c in MARKET_COLUMNS)
     return f"""MERGE INTO {target} t
 USING {source_view} s
-ON t.ticker = s.ticker
+ON {_key_on(Markets.SCHEMA)}
 WHEN MATCHED AND s.deleted THEN DELETE
 WHEN MATCHED AND (t.updated_at IS NULL OR s.updated_at > t.updated_at) THEN UPDATE SET {updates}
 WHEN NOT MATCHED AND NOT s.deleted THEN INSERT ({columns}) VALUES ({values})"""
@@ -457,15 +406,15 @@ class Lake:
         for statement in ddl(self.names):
             self._spark.sql(statement)
         expected = {
-            self.names.ohlc: OHLC_SCHEMA.names,
-            self.names.ticks: TICK_SCHEMA.names,
-            self.names.requests: history_notices.REQUESTS_SCHEMA.names,
-            self.names.markets: MARKET_COLUMNS,
-            self.names.book_snapshots: BOOK_SNAPSHOT_SCHEMA.names,
+            self.names.ohlc: Ohlc.SCHEMA.names,
+            self.names.ticks: Ticks.SCHEMA.names,
+            self.names.requests: Requests.SCHEMA.names,
+            self.names.markets: Markets.SCHEMA.names,
+            self.names.book_snapshots: BookSnapshots.SCHEMA.names,
         }
         evolving = {  # tables from before these columns get them (older rows read null)
-            self.names.requests: history_notices.ADDED_COLUMNS,  # the integrity report
-            self.names.ohlc: OHLC_ADDED_COLUMNS,  # exchanges' extra volumes, live notes
+            self.names.requests: REQUESTS_ADDED_COLUMNS,
+            self.names.ohlc: OHLC_ADDED_COLUMNS,
         }
         for table, added in evolving.items():
             have = set(self._spark.table(table).columns)
@@ -567,7 +516,7 @@ class Lake:
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
         """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""
         flags = pa.array([False] * rows.num_rows + [True] * len(deleted))
-        gone = pa.table({"ticker": pa.array(list(deleted), pa.string())})
+        gone = pa.table({Markets.TICKER: pa.array(list(deleted), pa.string())})
         source = pa.concat_tables([rows, gone], promote_options="default")
         source = source.append_column("deleted", flags)
         view = _view_name("markets")
@@ -648,12 +597,11 @@ def _view_name(kind: str) -> str:
 
 def _ranges(candles: pa.Table) -> list[SeriesRange]:
     """(ticker, period, first open_time, last open_time) of each series in ``candles``."""
-    ms = pc.cast(candles["open_time"], pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-    keyed = pa.table(
-        {"ticker": candles["ticker"], "period_seconds": candles["period_seconds"], "t": ms}
-    )
-    groups = keyed.group_by(["ticker", "period_seconds"]).aggregate([("t", "min"), ("t", "max")])
+    series = [Ohlc.TICKER, Ohlc.PERIOD_SECONDS]
+    ms = pc.cast(candles[Ohlc.OPEN_TIME], pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+    keyed = candles.select(series).append_column("t", ms)
+    groups = keyed.group_by(series).aggregate([("t", "min"), ("t", "max")])
     return [
-        SeriesRange(row["ticker"], row["period_seconds"], row["t_min"], row["t_max"])
+        SeriesRange(row[Ohlc.TICKER], row[Ohlc.PERIOD_SECONDS], row["t_min"], row["t_max"])
         for row in groups.to_pylist()
     ]

@@ -22,6 +22,7 @@ import pyarrow as pa
 from mdproto import ProtocolError
 from mdproto.markets import decode_market_record
 from mdproto.messages import Market
+from mdproto.tables import Markets, arrow_schema
 from pipeline import records
 from pipeline.config import Settings
 from pipeline.lake import Lake
@@ -36,27 +37,9 @@ log = logging.getLogger(__name__)
 
 QUERY_NAME = "markets"
 
-#: Row layout of Iceberg ``market.markets`` (docs/protocol.md): the Market message's
-#: fields; 0 in a precision or limit means the exchange did not give one.
-MARKETS_SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string(), nullable=False),
-        pa.field("exchange", pa.string()),
-        pa.field("symbol", pa.string()),  # exchange-native id, e.g. BTCUSDT
-        pa.field("base", pa.string()),
-        pa.field("quote", pa.string()),
-        pa.field("active", pa.bool_()),
-        pa.field("price_precision", pa.float64()),
-        pa.field("amount_precision", pa.float64()),
-        pa.field("min_amount", pa.float64()),
-        pa.field("max_amount", pa.float64()),
-        pa.field("min_price", pa.float64()),
-        pa.field("max_price", pa.float64()),
-        pa.field("min_cost", pa.float64()),
-        pa.field("updated_at", records.UTC_US),
-    ]
-)
-_COPIED = [f.name for f in MARKETS_SCHEMA if f.name not in ("ticker", "updated_at")]
+#: Row layout of Iceberg ``market.markets`` (mdproto.tables.Markets).
+MARKETS_SCHEMA = arrow_schema(Markets.SCHEMA)
+_COPIED = [n for n in MARKETS_SCHEMA.names if n not in (Markets.TICKER, Markets.UPDATED_AT)]
 
 
 @dataclass(slots=True)
@@ -98,13 +81,14 @@ def decode_markets(kafka: pa.Table) -> MarketBatch:
 def _to_table(markets: list[tuple[str, Market]]) -> pa.Table:
     columns: dict[str, list[Any]] = {name: [] for name in MARKETS_SCHEMA.names}
     for ticker, m in markets:
-        columns["ticker"].append(ticker)
+        columns[Markets.TICKER].append(ticker)
         for name in _COPIED:
             columns[name].append(getattr(m, name))
-        columns["updated_at"].append(m.updated_at_ms * 1000)
+        columns[Markets.UPDATED_AT].append(m.updated_at_ms * 1000)
+    stamp = Markets.UPDATED_AT  # epoch microseconds until cast
     return pa.table(
         {
-            name: pa.array(values, pa.int64() if name == "updated_at" else f.type).cast(f.type)
+            name: pa.array(values, pa.int64() if name == stamp else f.type).cast(f.type)
             for (name, values), f in zip(columns.items(), MARKETS_SCHEMA, strict=True)
         },
         schema=MARKETS_SCHEMA,

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from mdproto import ProtocolError, envelope, topics
 from mdproto.book import reset_name
+from mdproto.error_codes import BAD_BOOK, BAD_CANDLE, BAD_REQUEST_ID, BAD_ROW, BAD_TICK
 from mdproto.messages import (
     OHLC,
     BatchMetadata,
@@ -33,88 +34,34 @@ from mdproto.messages import (
     TakerSide,
     Tick,
 )
+from mdproto.tables import BookSnapshots, Ohlc, Ticks, arrow_schema
 
 log = logging.getLogger(__name__)
 UTC_US = pa.timestamp("us", tz="UTC")
 
-#: Row layout of Iceberg ``market.ohlc`` (docs/protocol.md).
-OHLC_SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string(), nullable=False),
-        pa.field("exchange", pa.string()),
-        pa.field("symbol", pa.string()),
-        pa.field("period_seconds", pa.int32(), nullable=False),
-        pa.field("open_time", UTC_US, nullable=False),
-        pa.field("open", pa.float64()),
-        pa.field("high", pa.float64()),
-        pa.field("low", pa.float64()),
-        pa.field("close", pa.float64()),
-        pa.field("volume", pa.float64()),
-        pa.field("trade_count", pa.int64()),
-        pa.field("source", pa.string()),
-        pa.field("request_id", pa.string()),
-        pa.field("ingested_at", UTC_US),
-        # What the exchange reports besides OHLCV; null where it does not. Last,
-        # where ALTER TABLE ADD COLUMNS puts them in a table created before them.
-        pa.field("quote_volume", pa.float64()),
-        pa.field("taker_buy_volume", pa.float64()),
-        pa.field("taker_buy_quote_volume", pa.float64()),
-        # Live candles: true if the feed may have missed trades of the window (OHLC.incomplete);
-        # null for exchange candles.
-        pa.field("incomplete", pa.bool_()),
-    ]
-)
+#: Row layout of Iceberg ``market.ohlc`` (mdproto.tables.Ohlc).
+OHLC_SCHEMA = arrow_schema(Ohlc.SCHEMA)
 
 #: OHLC fields that are optional in the message and nullable in ``ohlc``, trade_count aside.
 OptionalVolume = Literal["quote_volume", "taker_buy_volume", "taker_buy_quote_volume"]
 OPTIONAL_VOLUMES: tuple[OptionalVolume, ...] = (
-    "quote_volume",
-    "taker_buy_volume",
-    "taker_buy_quote_volume",
+    Ohlc.QUOTE_VOLUME,
+    Ohlc.TAKER_BUY_VOLUME,
+    Ohlc.TAKER_BUY_QUOTE_VOLUME,
 )
 
 #: Row layout of Iceberg ``market.ticks`` and of the candle aggregation's input.
-TICK_SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string(), nullable=False),
-        pa.field("exchange", pa.string()),
-        pa.field("symbol", pa.string()),
-        pa.field("trade_id", pa.string(), nullable=False),
-        pa.field("price", pa.float64()),
-        pa.field("amount", pa.float64()),
-        pa.field("side", pa.string()),
-        pa.field("trade_time", UTC_US, nullable=False),
-        pa.field("ingested_at", UTC_US),
-    ]
-)
+TICK_SCHEMA = arrow_schema(Ticks.SCHEMA)
 
-BOOK_LEVEL = pa.struct([pa.field("price", pa.float64()), pa.field("amount", pa.float64())])
+#: Row layout of Iceberg ``market.book_snapshots`` (docs/protocol.md "Order books").
+BOOK_SNAPSHOT_SCHEMA = arrow_schema(BookSnapshots.SCHEMA)
+BOOK_SNAPSHOT_KEY = BookSnapshots.SCHEMA.key
 
-#: Row layout of Iceberg ``market.book_snapshots``: one L2 book per row, best price
-#: first on each side (docs/protocol.md "Order books").
-BOOK_SNAPSHOT_SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string(), nullable=False),
-        pa.field("exchange", pa.string()),
-        pa.field("symbol", pa.string()),
-        #: The exchange's time of the book, else when the ingestor built it.
-        pa.field("snapshot_time", UTC_US, nullable=False),
-        pa.field("exchange_sequence", pa.int64()),
-        pa.field("depth", pa.int32()),
-        #: BookReset name without its prefix: NONE (periodic), START, SEQUENCE_GAP, ...
-        pa.field("reset", pa.string()),
-        pa.field("bids", pa.list_(BOOK_LEVEL)),
-        pa.field("asks", pa.list_(BOOK_LEVEL)),
-        pa.field("ingested_at", UTC_US),
-    ]
-)
-BOOK_SNAPSHOT_KEY = ("ticker", "snapshot_time", "exchange_sequence", "reset")
-
-OHLC_KEY = ("ticker", "period_seconds", "open_time")
+OHLC_KEY = Ohlc.SCHEMA.key
 #: Times Spark and Iceberg can hold: [1970-01-01, 9999-12-31]; anything else is bad input.
 MAX_TIME_MS = 253_402_300_799_999
 MAX_PERIOD_SECONDS = 2**31 - 1  # period_seconds is an Iceberg int
-TICK_KEY = ("ticker", "trade_id")
+TICK_KEY = Ticks.SCHEMA.key
 SOURCE_HISTORY = "history"
 SOURCE_LIVE = "live"
 _SIDES = {TakerSide.BUY: "BUY", TakerSide.SELL: "SELL"}
@@ -360,7 +307,7 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
         request_id = record.request_id or (meta.request_id if meta else "")
         if not topics.is_valid_id(request_id):
             batch.rejects.append(
-                Reject(partition, offset, "bad_request_id", f"request_id {request_id!r} is invalid")
+                Reject(partition, offset, BAD_REQUEST_ID, f"request_id {request_id!r} is invalid")
             )
             continue
         key = keys[i]
@@ -384,7 +331,7 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
             Reject(
                 partitions[order],
                 offsets[order],
-                "bad_row",
+                BAD_ROW,
                 f"{count} row(s) without a valid ticker or period, with an open_time outside "
                 "1970..9999, a non-finite price or volume, or a trade_count beyond int64",
             )
@@ -439,7 +386,7 @@ def decode_tick_values(
             continue
         problem = tick_problem(tick)
         if problem:
-            out.rejects.append(Reject(partitions[i], offsets[i], "bad_tick", problem))
+            out.rejects.append(Reject(partitions[i], offsets[i], BAD_TICK, problem))
             continue
         out.ticks.append(tick)
         out.coordinates.append((partitions[i], offsets[i]))
@@ -527,7 +474,7 @@ def decode_live_candles(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, lis
             continue
         split = split_ticker(c.ticker)
         if split is None or not 0 <= c.open_time_ms <= MAX_TIME_MS or not c.period_seconds:
-            rejects.append(Reject(partitions[i], offsets[i], "bad_candle", f"{c.ticker!r}"))
+            rejects.append(Reject(partitions[i], offsets[i], BAD_CANDLE, f"{c.ticker!r}"))
             continue
         for name, v in (
             ("ticker", c.ticker),
@@ -575,12 +522,12 @@ def decode_book_snapshots(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, l
         split = split_ticker(getattr(record, "ticker", ""))
         if not isinstance(record, BookSnapshot) or split is None:
             what = f"{record.DESCRIPTOR.name} {getattr(record, 'ticker', '')!r}"
-            rejects.append(Reject(partitions[i], offsets[i], "bad_book", what))
+            rejects.append(Reject(partitions[i], offsets[i], BAD_BOOK, what))
             continue
         ingested_ms = record.ingested_at_ms or stamps[i]
         at_ms = record.exchange_time_ms or ingested_ms
         if not 0 < at_ms <= MAX_TIME_MS:
-            rejects.append(Reject(partitions[i], offsets[i], "bad_book", f"time {at_ms}"))
+            rejects.append(Reject(partitions[i], offsets[i], BAD_BOOK, f"time {at_ms}"))
             continue
         for name, v in (
             ("ticker", record.ticker),

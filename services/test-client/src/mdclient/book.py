@@ -32,7 +32,9 @@ from mdclient.streams import QueueStream
 from mdclient.timeparse import format_ms
 from mdproto import topics
 from mdproto.book import Level, OrderBook, reset_name
+from mdproto.error_codes import NO_BOOK
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, FeedStatus
+from mdproto.tables import BookSnapshots
 
 if TYPE_CHECKING:
     from mdclient.config import ClientSettings
@@ -274,7 +276,7 @@ def read_book_at(
     reader: IcebergReader, settings: ClientSettings, ticker: str, at_ms: int
 ) -> OrderBook:
     """The newest stored book of `ticker` at or before `at_ms` (`Client.book_at`, and the
-    CLI's `book --at` without a relay); StorageError `not_found` without one."""
+    CLI's `book --at` without a relay); StorageError `no_book` without one."""
     table = settings.book_snapshots_table
     lookback_ms = int(settings.book_lookback_s * 1000)
     row = reader.read_book(table, ticker, at_ms, lookback_ms)
@@ -282,17 +284,18 @@ def read_book_at(
         raise StorageError(
             f"no {ticker} book stored in {table} within {settings.book_lookback_s:g} s "
             f"before {format_ms(at_ms)}",
-            error_code="not_found",
+            error_code=NO_BOOK,
         )
     return book_from_row(row)
 
 
 def book_from_row(row: dict[str, Any]) -> OrderBook:
     """A ``market.book_snapshots`` row -> the book it stores (`exchange_time_ms` = its time)."""
-    book = OrderBook(str(row["ticker"]), int(row.get("depth") or 0))
-    book.bids.replace((lv["price"], lv["amount"]) for lv in row.get("bids") or [])
-    book.asks.replace((lv["price"], lv["amount"]) for lv in row.get("asks") or [])
-    book.exchange_sequence = int(row.get("exchange_sequence") or 0)
+    t = BookSnapshots
+    book = OrderBook(str(row[t.TICKER]), int(row.get(t.DEPTH) or 0))
+    book.bids.replace((lv["price"], lv["amount"]) for lv in row.get(t.BIDS) or [])
+    book.asks.replace((lv["price"], lv["amount"]) for lv in row.get(t.ASKS) or [])
+    book.exchange_sequence = int(row.get(t.EXCHANGE_SEQUENCE) or 0)
     book.exchange_time_ms = int(row["snapshot_time_ms"])
     return book
 

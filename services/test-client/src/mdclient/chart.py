@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mdproto.tables import Ohlc
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -28,12 +30,12 @@ def candlestick_png(
     if table.num_rows == 0:
         raise ValueError("no candles to draw")
     rows = table.to_pylist()
-    x = mdates.date2num([row["open_time"] for row in rows])
-    opens = [row["open"] for row in rows]
-    closes = [row["close"] for row in rows]
-    highs = [row["high"] for row in rows]
-    lows = [row["low"] for row in rows]
-    volumes = [row["volume"] for row in rows]
+    x = mdates.date2num([row[Ohlc.OPEN_TIME] for row in rows])
+    opens = [row[Ohlc.OPEN] for row in rows]
+    closes = [row[Ohlc.CLOSE] for row in rows]
+    highs = [row[Ohlc.HIGH] for row in rows]
+    lows = [row[Ohlc.LOW] for row in rows]
+    volumes = [row[Ohlc.VOLUME] for row in rows]
     colors = [UP if c >= o else DOWN for o, c in zip(opens, closes, strict=True)]
     width = period_seconds / 86_400 * 0.7  # matplotlib dates are days
     span = (max(highs) - min(lows)) or max(abs(highs[0]), 1.0)

@@ -31,6 +31,7 @@ from rich.table import Table
 from mdclient import errors, timeparse
 from mdclient.config import ClientSettings, load_settings
 from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, TakerSide
+from mdproto.tables import Markets, Ohlc
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -424,6 +425,7 @@ def _stored_book(
     """`book --at`: Iceberg only, like `markets`."""
     from mdclient.book import read_book_at
     from mdclient.frames import IcebergReader
+    from mdproto.error_codes import NO_BOOK
 
     try:
         at_ms = timeparse.parse_time(args.at, now_ms=int(time.time() * 1000))
@@ -433,7 +435,7 @@ def _stored_book(
     try:
         book = read_book_at(reader, settings, ticker, at_ms)
     except errors.StorageError as exc:
-        if exc.error_code != "not_found":
+        if exc.error_code != NO_BOOK:
             raise
         err.print(str(exc), highlight=False, markup=False)
         return EXIT_NOT_FOUND
@@ -519,7 +521,7 @@ def cmd_markets(args: argparse.Namespace, err: Console) -> int:
     reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
     rows = reader.read_markets(settings.markets_table, exchange)
     if args.active:
-        rows = rows.filter(pc.field("active"))
+        rows = rows.filter(pc.field(Markets.ACTIVE))
     if rows.num_rows == 0:
         which = "active markets" if args.active else "markets"
         err.print(f"no {which} of {exchange} in {settings.markets_table}", highlight=False)
@@ -662,7 +664,7 @@ def _setup_logging(verbose: bool) -> None:
 
 # --- rendering ---
 
-PRICE_COLUMNS = ("open", "high", "low", "close")
+PRICE_COLUMNS = (Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE)
 _SOURCES = {
     HistorySource.SOURCE_EXCHANGE: "from the exchange",
     HistorySource.SOURCE_STORAGE: "from storage (the exchange was not asked)",
@@ -718,7 +720,7 @@ def _table(title: str) -> Table:
 def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
     """A rich table; with more than `max_rows` rows shows the head and the tail."""
     rows = table.to_pylist()
-    decimals = decimals_for([row["close"] for row in rows])
+    decimals = decimals_for([row[Ohlc.CLOSE] for row in rows])
     out = _table(title)
     out.add_column("open_time (UTC)", no_wrap=True)
     for name in (*PRICE_COLUMNS, "volume", "trades"):
@@ -734,22 +736,22 @@ def candle_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
             out.add_row(f"… {hidden} more rows", *["…"] * 6, style="dim")
             continue
         out.add_row(
-            row["open_time"].strftime("%Y-%m-%d %H:%M:%S"),
+            row[Ohlc.OPEN_TIME].strftime("%Y-%m-%d %H:%M:%S"),
             *(f"{row[name]:.{decimals}f}" for name in PRICE_COLUMNS),
-            f"{row['volume']:.4f}",
-            "" if row["trade_count"] is None else str(row["trade_count"]),  # unknown: blank
+            f"{row[Ohlc.VOLUME]:.4f}",
+            "" if row[Ohlc.TRADE_COUNT] is None else str(row[Ohlc.TRADE_COUNT]),  # unknown: blank
         )
     return out
 
 
 MARKET_NUMBERS = (
-    ("price step", "price_precision"),
-    ("amount step", "amount_precision"),
-    ("min amount", "min_amount"),
-    ("max amount", "max_amount"),
-    ("min price", "min_price"),
-    ("max price", "max_price"),
-    ("min cost", "min_cost"),
+    ("price step", Markets.PRICE_PRECISION),
+    ("amount step", Markets.AMOUNT_PRECISION),
+    ("min amount", Markets.MIN_AMOUNT),
+    ("max amount", Markets.MAX_AMOUNT),
+    ("min price", Markets.MIN_PRICE),
+    ("max price", Markets.MAX_PRICE),
+    ("min cost", Markets.MIN_COST),
 )
 
 
@@ -762,13 +764,13 @@ def market_table(table: pa.Table, *, title: str) -> Table:
         out.add_column(header, justify="right", no_wrap=True)
     out.add_column("updated (UTC)", no_wrap=True)
     for row in table.to_pylist():
-        updated = row["updated_at"]
+        updated = row[Markets.UPDATED_AT]
         out.add_row(
-            row["ticker"],
-            "yes" if row["active"] else "no",
+            row[Markets.TICKER],
+            "yes" if row[Markets.ACTIVE] else "no",
             *(f"{row[name]:g}" if row[name] else "-" for _, name in MARKET_NUMBERS),
             updated.strftime("%Y-%m-%d %H:%M:%S") if updated is not None else "-",
-            style=None if row["active"] else "dim",
+            style=None if row[Markets.ACTIVE] else "dim",
         )
     return out
 
@@ -779,11 +781,11 @@ def write_csv(table: pa.Table, path: Path) -> None:
 
     # As text, an unknown (null) trade count is an empty field; as a pandas int
     # column with nulls it would turn every count into a float ("7.0").
-    index = table.schema.get_field_index("trade_count")
-    table = table.set_column(index, "trade_count", table.column(index).cast(pa.string()))
+    index = table.schema.get_field_index(Ohlc.TRADE_COUNT)
+    table = table.set_column(index, Ohlc.TRADE_COUNT, table.column(index).cast(pa.string()))
     frame = table.to_pandas()
-    frame.insert(3, "open_time_ms", frame["open_time"].astype("int64") // 1000)
-    frame["open_time"] = frame["open_time"].dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    frame.insert(3, "open_time_ms", frame[Ohlc.OPEN_TIME].astype("int64") // 1000)
+    frame[Ohlc.OPEN_TIME] = frame[Ohlc.OPEN_TIME].dt.strftime("%Y-%m-%dT%H:%M:%SZ")
     frame.to_csv(path, index=False)
 
 

@@ -54,6 +54,7 @@ from mdclient.triggers import (
 )
 from mdproto import envelope, topics
 from mdproto.book import OrderBook
+from mdproto.error_codes import BAD_TIME, RELAY_UNAVAILABLE, SNAPSHOT_GONE
 from mdproto.messages import (
     OHLC,
     CEPCondition,
@@ -192,7 +193,7 @@ class Client(Closeable):
             raise RelayUnavailable(
                 f"relay market-data socket {self.settings.market_data_address} not reachable "
                 f"within {timeout:g}s{self._transport.subscriber.hint()}",
-                error_code="relay_unavailable",
+                error_code=RELAY_UNAVAILABLE,
             )
         if self.settings.notify == "per_client":
             # Pattern 1: one subscription for the client's lifetime.
@@ -257,7 +258,7 @@ class Client(Closeable):
                 end_ms=timeparse.to_ms(end, now_ms=now_ms),
             )
         except timeparse.TimeFormatError as exc:
-            raise InvalidRequest(str(exc), error_code="bad_time") from None
+            raise InvalidRequest(str(exc), error_code=BAD_TIME) from None
 
     def wait_history(
         self,
@@ -381,7 +382,7 @@ class Client(Closeable):
         try:
             return read(snapshot_id=snapshot_id), ""
         except StorageError as exc:
-            if exc.error_code != "snapshot_gone":
+            if exc.error_code != SNAPSHOT_GONE:
                 raise
             note = (
                 f"{exc.reason}: read the current snapshot instead (the same rows unless a "
@@ -540,8 +541,8 @@ class Client(Closeable):
         """The stored book of `ticker` at `at`: the newest snapshot in Iceberg
         ``market.book_snapshots`` at or before it (stored every ~10 s, and on each reset).
 
-        Its `exchange_time_ms` is the snapshot's time. `StorageError` (`not_found`) when
-        no snapshot lies within `book_lookback_s` before `at`. Reads Iceberg only.
+        Its `exchange_time_ms` is the snapshot's time. `StorageError` when
+        no snapshot lies within `book_lookback_s` before `at` (`no_book`). Reads Iceberg only.
         """
         try:
             topics.parse_ticker(ticker)
@@ -684,7 +685,7 @@ class Client(Closeable):
                 assert expires is not None
                 expires_ms = timeparse.to_ms(expires, now_ms=int(time.time() * 1000))
         except timeparse.TimeFormatError as exc:
-            raise InvalidRequest(str(exc), error_code="bad_time") from None
+            raise InvalidRequest(str(exc), error_code=BAD_TIME) from None
         parsed = [parse_condition(c) if isinstance(c, str) else c for c in conditions]
         if per_trigger is None:
             per_trigger = self.settings.notify == "per_request"

@@ -16,7 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from mdclient.errors import ConfigError
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
-from mdproto.runtime.settings import pyiceberg_properties
+from mdproto.runtime.settings import CatalogSettings
 
 NotifyName = Literal["per_client", "per_request"]
 
@@ -61,8 +61,10 @@ class ClientSettings(runtime.FileSettings):
     # pipeline stores a closed candle ~2-3 s after publishing it (docs/protocol.md).
     live_recovery_delay_s: float = Field(default=4.0, ge=0)
 
-    # Iceberg (REST catalog + S3). Empty S3 settings: those the catalog hands out
-    # (the platform's catalog tells clients its S3 endpoint, region and keys).
+    # Iceberg (REST catalog + S3), as `catalog` below. Empty S3 settings: those the
+    # catalog hands out (the platform's catalog tells clients its S3 endpoint, region
+    # and keys). Flat keys, unlike the services' `catalog:` section: they are the SDK's
+    # public names (YAML, MDCLIENT_* and flags).
     catalog_name: str = "rest"
     catalog_uri: str = "http://127.0.0.1:8181"
     warehouse: str = ""
@@ -106,16 +108,22 @@ class ClientSettings(runtime.FileSettings):
     def market_data_address(self) -> str:
         return ", ".join(self.market_data_addresses)
 
-    def catalog_properties(self) -> dict[str, str]:
-        """Properties for pyiceberg `load_catalog` (REST catalog, S3 FileIO)."""
-        return pyiceberg_properties(
-            self.catalog_uri,
+    @property
+    def catalog(self) -> CatalogSettings:
+        """The catalog keys as the section every service reads the catalog with."""
+        return CatalogSettings(
+            name=self.catalog_name,
+            uri=self.catalog_uri,
+            warehouse=self.warehouse,
             s3_endpoint=self.s3_endpoint,
             s3_region=self.s3_region,
-            warehouse=self.warehouse,
             s3_access_key=self.s3_access_key,
             s3_secret_key=self.s3_secret_key,
         )
+
+    def catalog_properties(self) -> dict[str, str]:
+        """Properties for pyiceberg `load_catalog` (REST catalog, S3 FileIO)."""
+        return self.catalog.properties()
 
 
 def _endpoints(explicit: str, hosts: str, port: int) -> list[str]:

@@ -25,7 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdclient.errors import StorageError
+from mdproto.error_codes import (
+    CATALOG_UNAVAILABLE,
+    LOAD_FAILED,
+    NO_TABLE,
+    SCAN_FAILED,
+    SNAPSHOT_GONE,
+)
 from mdproto.messages import OHLC
+from mdproto.tables import BookSnapshots, Markets, Ohlc, Requests, arrow_schema
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -34,18 +42,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The candle frame: these ``market.ohlc`` columns (mdproto.tables.Ohlc), any of them
+#: nullable (a legacy reply's candle may lack a trade count).
 SCHEMA = pa.schema(
-    [
-        pa.field("ticker", pa.string()),
-        pa.field("period_seconds", pa.int32()),
-        pa.field("open_time", pa.timestamp("us", tz="UTC")),
-        pa.field("open", pa.float64()),
-        pa.field("high", pa.float64()),
-        pa.field("low", pa.float64()),
-        pa.field("close", pa.float64()),
-        pa.field("volume", pa.float64()),
-        pa.field("trade_count", pa.int64()),
-    ]
+    f.with_nullable(True)
+    for f in arrow_schema(
+        Ohlc.SCHEMA,
+        (
+            Ohlc.TICKER,
+            Ohlc.PERIOD_SECONDS,
+            Ohlc.OPEN_TIME,
+            Ohlc.OPEN,
+            Ohlc.HIGH,
+            Ohlc.LOW,
+            Ohlc.CLOSE,
+            Ohlc.VOLUME,
+            Ohlc.TRADE_COUNT,
+        ),
+    )
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
@@ -59,15 +73,15 @@ def candles_from_ohlc(rows: Iterable[OHLC]) -> pa.Table:
     items = list(rows)
     table = pa.table(
         {
-            "ticker": [r.ticker for r in items],
-            "period_seconds": [r.period_seconds for r in items],
-            "open_time": [r.open_time_ms * 1000 for r in items],
-            "open": [r.open for r in items],
-            "high": [r.high for r in items],
-            "low": [r.low for r in items],
-            "close": [r.close for r in items],
-            "volume": [r.volume for r in items],
-            "trade_count": [r.trade_count if r.HasField("trade_count") else None for r in items],
+            Ohlc.TICKER: [r.ticker for r in items],
+            Ohlc.PERIOD_SECONDS: [r.period_seconds for r in items],
+            Ohlc.OPEN_TIME: [r.open_time_ms * 1000 for r in items],
+            Ohlc.OPEN: [r.open for r in items],
+            Ohlc.HIGH: [r.high for r in items],
+            Ohlc.LOW: [r.low for r in items],
+            Ohlc.CLOSE: [r.close for r in items],
+            Ohlc.VOLUME: [r.volume for r in items],
+            Ohlc.TRADE_COUNT: [r.trade_count if r.HasField("trade_count") else None for r in items],
         },
         schema=SCHEMA,
     )
@@ -85,13 +99,13 @@ def normalise(table: pa.Table) -> pa.Table:
 def sort_candles(table: pa.Table) -> pa.Table:
     if table.num_rows < 2:
         return table
-    return table.take(pc.sort_indices(table, sort_keys=[("open_time", "ascending")]))
+    return table.take(pc.sort_indices(table, sort_keys=[(Ohlc.OPEN_TIME, "ascending")]))
 
 
 def closed_ohlc(table: pa.Table) -> list[OHLC]:
     """Candle frame -> `OHLC(closed=True)` messages (stored candles are closed)."""
-    micros = table.column("open_time").cast(pa.int64()).to_pylist()
-    rows = table.drop_columns(["open_time"]).to_pylist()
+    micros = table.column(Ohlc.OPEN_TIME).cast(pa.int64()).to_pylist()
+    rows = table.drop_columns([Ohlc.OPEN_TIME]).to_pylist()
     return [
         OHLC(
             open_time_ms=us // 1000,
@@ -107,10 +121,10 @@ def ohlc_filter(ticker: str, period_seconds: int, start_ms: int, end_ms: int) ->
     from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 
     return And(
-        _predicate(EqualTo, "ticker", ticker),
-        _predicate(EqualTo, "period_seconds", period_seconds),
-        _predicate(GreaterThanOrEqual, "open_time", start_ms * 1000),
-        _predicate(LessThan, "open_time", end_ms * 1000),
+        _predicate(EqualTo, Ohlc.TICKER, ticker),
+        _predicate(EqualTo, Ohlc.PERIOD_SECONDS, period_seconds),
+        _predicate(GreaterThanOrEqual, Ohlc.OPEN_TIME, start_ms * 1000),
+        _predicate(LessThan, Ohlc.OPEN_TIME, end_ms * 1000),
     )
 
 
@@ -146,7 +160,7 @@ class IcebergReader:
                 except Exception as exc:
                     raise StorageError(
                         f"cannot open Iceberg REST catalog at {uri}: {exc}",
-                        error_code="catalog_unavailable",
+                        error_code=CATALOG_UNAVAILABLE,
                     ) from exc
             return self._catalog
 
@@ -171,14 +185,14 @@ class IcebergReader:
             if table.snapshot_by_id(snapshot_id) is None:
                 raise StorageError(
                     f"snapshot {snapshot_id} of {table_name} is gone (expired by table upkeep)",
-                    error_code="snapshot_gone",
+                    error_code=SNAPSHOT_GONE,
                 )
             scan_args["snapshot_id"] = snapshot_id
         try:
             arrow = table.scan(**scan_args).to_arrow()
         except Exception as exc:
             raise StorageError(
-                f"reading {table_name} for {ticker} failed: {exc}", error_code="scan_failed"
+                f"reading {table_name} for {ticker} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
         return normalise(arrow)
 
@@ -187,19 +201,19 @@ class IcebergReader:
         try:
             table = self._table(table_name)
         except StorageError as exc:
-            if exc.error_code == "no_table":  # nothing was ever notified: still pending
+            if exc.error_code == NO_TABLE:  # nothing was ever notified: still pending
                 return None
             raise
         try:
-            rows = table.scan(row_filter=_equal("request_id", request_id)).to_arrow()
+            rows = table.scan(row_filter=_equal(Requests.REQUEST_ID, request_id)).to_arrow()
         except Exception as exc:
             raise StorageError(
                 f"reading {table_name} for request {request_id} failed: {exc}",
-                error_code="scan_failed",
+                error_code=SCAN_FAILED,
             ) from exc
         found: list[dict[str, Any]] = rows.to_pylist()
         # One row per request_id (the pipeline MERGEs on it); the latest wins all the same.
-        return max(found, key=lambda r: r.get("completed_at") or 0, default=None)
+        return max(found, key=lambda r: r.get(Requests.COMPLETED_AT) or 0, default=None)
 
     def read_markets(self, table_name: str, exchange: str) -> pa.Table:
         """One exchange's rows of the markets table (docs/protocol.md), sorted by ticker."""
@@ -209,12 +223,12 @@ class IcebergReader:
             "market.markets, which the ingestors write",
         )
         try:
-            arrow = table.scan(row_filter=_equal("exchange", exchange)).to_arrow()
+            arrow = table.scan(row_filter=_equal(Markets.EXCHANGE, exchange)).to_arrow()
         except Exception as exc:
             raise StorageError(
-                f"reading {table_name} for {exchange} failed: {exc}", error_code="scan_failed"
+                f"reading {table_name} for {exchange} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
-        return arrow.sort_by("ticker")
+        return arrow.sort_by(Markets.TICKER)
 
     def read_book(
         self, table_name: str, ticker: str, at_ms: int, lookback_ms: int
@@ -230,20 +244,21 @@ class IcebergReader:
             missing="the pipeline creates it at start and fills it from the Kafka topic "
             "market.book, which the ingestors write",
         )
+        at_column = BookSnapshots.SNAPSHOT_TIME
         row_filter = And(
-            _equal("ticker", ticker),
-            _predicate(GreaterThanOrEqual, "snapshot_time", (at_ms - lookback_ms) * 1000),
-            _predicate(LessThanOrEqual, "snapshot_time", at_ms * 1000),
+            _equal(BookSnapshots.TICKER, ticker),
+            _predicate(GreaterThanOrEqual, at_column, (at_ms - lookback_ms) * 1000),
+            _predicate(LessThanOrEqual, at_column, at_ms * 1000),
         )
         try:
             arrow = table.scan(row_filter=row_filter).to_arrow()
         except Exception as exc:
             raise StorageError(
-                f"reading {table_name} for {ticker} failed: {exc}", error_code="scan_failed"
+                f"reading {table_name} for {ticker} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
         if arrow.num_rows == 0:
             return None
-        micros = pc.cast(arrow["snapshot_time"], pa.int64())
+        micros = pc.cast(arrow[at_column], pa.int64())
         newest: dict[str, Any] = arrow.slice(
             pc.index(micros, pc.max(micros)).as_py(), 1
         ).to_pylist()[0]
@@ -264,8 +279,8 @@ class IcebergReader:
                 if missing
                 else (f"no Iceberg table {table_name}")
             )
-            raise StorageError(reason, error_code="no_table") from exc
+            raise StorageError(reason, error_code=NO_TABLE) from exc
         except Exception as exc:
             raise StorageError(
-                f"cannot load Iceberg table {table_name}: {exc}", error_code="load_failed"
+                f"cannot load Iceberg table {table_name}: {exc}", error_code=LOAD_FAILED
             ) from exc

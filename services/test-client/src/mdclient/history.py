@@ -36,6 +36,14 @@ from mdclient.errors import (
     SubmitRejected,
 )
 from mdproto import ProtocolError, envelope, rules, topics
+from mdproto.error_codes import (
+    HISTORY_TIMEOUT,
+    REQUEST_ID_MISMATCH,
+    SUBMIT_TIMEOUT,
+    TOPIC_MISMATCH,
+    UNEXPECTED_STATUS,
+    UNEXPECTED_TYPE,
+)
 from mdproto.messages import (
     CEPTriggerAck,
     HistoryReadyNotification,
@@ -255,7 +263,7 @@ def decode_reply(
     if not isinstance(message, expected):
         raise ProtocolMismatch(
             f"expected {expected.DESCRIPTOR.name}, got {message.DESCRIPTOR.name}",
-            error_code="unexpected_type",
+            error_code=UNEXPECTED_TYPE,
         )
     return message
 
@@ -272,13 +280,13 @@ def check_submit_reply(frames: Sequence[bytes], request_id: str, topic: str) -> 
     if message.status != Status.OK:
         raise ProtocolMismatch(
             f"SubmitResponse status {Status.Name(message.status)} is neither OK nor REJECTED",
-            error_code="unexpected_status",
+            error_code=UNEXPECTED_STATUS,
             request_id=request_id,
         )
     if message.request_id and message.request_id != request_id:
         raise ProtocolMismatch(
             f"SubmitResponse is for request {message.request_id!r}, sent {request_id!r}",
-            error_code="request_id_mismatch",
+            error_code=REQUEST_ID_MISMATCH,
             request_id=request_id,
         )
     if message.notification_topic and message.notification_topic != topic:
@@ -286,7 +294,7 @@ def check_submit_reply(frames: Sequence[bytes], request_id: str, topic: str) -> 
         raise ProtocolMismatch(
             f"relay announces notification topic {message.notification_topic!r}, "
             f"client subscribed to {topic!r}",
-            error_code="topic_mismatch",
+            error_code=TOPIC_MISMATCH,
             request_id=request_id,
         )
     return message
@@ -339,13 +347,13 @@ def _timeout(call: _Call, policy: RetryPolicy) -> Exception:
         return RequestTimeout(
             f"relay did not acknowledge any of {policy.attempts} submit attempt(s) "
             f"within {policy.submit_timeout_s:g}s each",
-            error_code="submit_timeout",
+            error_code=SUBMIT_TIMEOUT,
             request_id=ids[-1] if ids else "",
         )
     return HistoryTimeout(
         f"no HistoryReadyNotification within {policy.history_timeout_s:g}s for any of "
         f"{len(ids)} attempt(s)",
-        error_code="history_timeout",
+        error_code=HISTORY_TIMEOUT,
         request_id=ids[-1],
         request_ids=ids,
     )

@@ -22,6 +22,7 @@ from mdclient.errors import (
 )
 from mdclient.history import HistoryQuery
 from mdproto import ProtocolError, envelope
+from mdproto.error_codes import REQUEST_ID_MISMATCH
 from mdproto.messages import OHLCRequest, Response, Status
 
 
@@ -85,7 +86,7 @@ def check_response(frames: Sequence[bytes], request_id: str) -> Response:
     if response.request_id and response.request_id != request_id:
         raise ProtocolMismatch(
             f"Response is for request {response.request_id!r}, sent {request_id!r}",
-            error_code="request_id_mismatch",
+            error_code=REQUEST_ID_MISMATCH,
             request_id=request_id,
         )
     status = response.status

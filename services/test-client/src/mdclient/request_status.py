@@ -3,7 +3,9 @@
 The pipeline writes one row per notified request (its notification dedupe) in
 the same commit that makes the rows visible. A client that missed its
 notification (a dropped connection, a restarted process) asks the table
-instead of submitting again: the row holds everything the notification held.
+instead of submitting again: the row holds everything the notification held but
+its `sequence` and `publisher_epoch` (left 0), which the PUB server gives when it
+sends, after the row is committed (docs/protocol.md "Gateway").
 No row means no outcome yet: the request is still running, or was never
 accepted (the table cannot tell those apart; the SubmitResponse could).
 """
@@ -16,6 +18,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from mdproto.messages import HistoryReadyNotification, HistorySource, Status
+from mdproto.tables import Requests
 
 State = Literal["PENDING", "OK", "NOT_FOUND", "ERROR"]
 _STATES: dict[str, State] = {"OK": "OK", "NOT_FOUND": "NOT_FOUND", "ERROR": "ERROR"}
@@ -37,34 +40,38 @@ def status_from_row(request_id: str, row: Mapping[str, Any] | None) -> RequestSt
     """PENDING without a row; else the row as the notification it was published as."""
     if row is None:
         return RequestStatus(request_id, "PENDING")
-    state = _STATES.get(str(row.get("status") or ""), "ERROR")
+    state = _STATES.get(str(row.get(Requests.STATUS) or ""), "ERROR")
     return RequestStatus(request_id, state, notification_from_row(row))
 
 
 def notification_from_row(row: Mapping[str, Any]) -> HistoryReadyNotification:
     """The HistoryReadyNotification a `market.requests` row records (docs/protocol.md)."""
-    status_name = str(row.get("status") or "")
-    completed = row.get("completed_at")
+    status_name = str(row.get(Requests.STATUS) or "")
+    completed = row.get(Requests.COMPLETED_AT)
     return HistoryReadyNotification(
-        request_id=str(row["request_id"]),
-        client_id=_text(row, "client_id"),
+        request_id=str(row[Requests.REQUEST_ID]),
+        client_id=_text(row, Requests.CLIENT_ID),
         status=Status.Value(status_name) if status_name in _STATES else Status.ERROR,
-        reason=_text(row, "reason")
+        reason=_text(row, Requests.REASON)
         or ("" if status_name in _STATES else f"unknown status {status_name!r}"),
-        error_code=_text(row, "error_code"),
-        ticker=_text(row, "ticker"),
-        period_seconds=int(row.get("period_seconds") or 0),
-        start_time_ms=int(row.get("start_time_ms") or 0),
-        end_time_ms=int(row.get("end_time_ms") or 0),
-        row_count=int(row.get("row_count") or 0),
-        iceberg_table=_text(row, "iceberg_table"),
-        snapshot_id=int(row.get("snapshot_id") or 0),
+        error_code=_text(row, Requests.ERROR_CODE),
+        ticker=_text(row, Requests.TICKER),
+        period_seconds=_int(row, Requests.PERIOD_SECONDS),
+        start_time_ms=_int(row, Requests.START_TIME_MS),
+        end_time_ms=_int(row, Requests.END_TIME_MS),
+        row_count=_int(row, Requests.ROW_COUNT),
+        iceberg_table=_text(row, Requests.ICEBERG_TABLE),
+        snapshot_id=_int(row, Requests.SNAPSHOT_ID),
         completed_at_ms=int(completed.timestamp() * 1000) if isinstance(completed, datetime) else 0,
-        expected_candles=int(row.get("expected_candles") or 0),
-        exchange_gaps=int(row.get("exchange_gaps") or 0),
-        missing_candles=int(row.get("missing_candles") or 0),
-        source=_SOURCES.get(str(row.get("source")), HistorySource.SOURCE_UNSPECIFIED),
+        expected_candles=_int(row, Requests.EXPECTED_CANDLES),
+        exchange_gaps=_int(row, Requests.EXCHANGE_GAPS),
+        missing_candles=_int(row, Requests.MISSING_CANDLES),
+        source=_SOURCES.get(str(row.get(Requests.SOURCE)), HistorySource.SOURCE_UNSPECIFIED),
     )
+
+
+def _int(row: Mapping[str, Any], key: str) -> int:
+    return int(row.get(key) or 0)
 
 
 def _text(row: Mapping[str, Any], key: str) -> str:

@@ -35,6 +35,15 @@ import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from mdclient.errors import ConfigError, RelayUnavailable, RequestTimeout
+from mdproto.error_codes import (
+    CLOSED,
+    RELAY_UNAVAILABLE,
+    RELAY_UNREACHABLE,
+    REQUEST_TIMEOUT,
+    SEND_TIMEOUT,
+    SOCKET_ERROR,
+    SUBSCRIBER_STUCK,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +60,6 @@ _HEARTBEAT_IVL_MS = 5_000
 _HEARTBEAT_TIMEOUT_MS = 15_000
 _SUB_RCVHWM = 100_000
 _pipe_ids = itertools.count()
-_UNREACHABLE = "relay_unreachable"
 _CURVE_HINT = (
     "CURVE is on: a client key the relay does not allow, or a wrong relay public key "
     "(curve_server_key_file), looks like this too; the relay logs refused keys"
@@ -169,7 +177,7 @@ class RequestChannel:
             try:
                 return self._request(frames, min(self._failover_s, left), early=early)
             except RequestTimeout as exc:
-                if exc.error_code == _UNREACHABLE:
+                if exc.error_code == RELAY_UNREACHABLE:
                     gone.add(self._current)
                 if deadline - time.monotonic() <= 0.001:
                     raise RequestTimeout(
@@ -194,7 +202,7 @@ class RequestChannel:
                     raise RequestTimeout(
                         f"relay at {self._address} did not answer within {timeout_s:g}s"
                         + self._hint(),
-                        error_code="request_timeout",
+                        error_code=REQUEST_TIMEOUT,
                     )
                 return sock.recv_multipart()
             except zmq.Again:
@@ -202,7 +210,7 @@ class RequestChannel:
                 raise RequestTimeout(
                     f"could not send to relay at {self._address} within {timeout_s:g}s"
                     + self._hint(),
-                    error_code="send_timeout",
+                    error_code=SEND_TIMEOUT,
                 ) from None
             except BaseException:
                 # Lost reply, Ctrl-C or a socket error: this REQ is stuck mid-cycle.
@@ -228,7 +236,7 @@ class RequestChannel:
                 if event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CONNECT_RETRIED):
                     raise RequestTimeout(
                         f"relay at {self._address} is unreachable (connection lost or refused)",
-                        error_code=_UNREACHABLE,
+                        error_code=RELAY_UNREACHABLE,
                     )
             if time.monotonic() >= deadline:
                 return False
@@ -317,7 +325,7 @@ class Subscriber:
             self._pipe.close(linger=0)
             raise RelayUnavailable(
                 f"cannot open the market-data socket {address}: {self._failure}",
-                error_code="socket_error",
+                error_code=SOCKET_ERROR,
             )
 
     @property
@@ -349,7 +357,7 @@ class Subscriber:
             raise RelayUnavailable(
                 f"no connection to the relay's market-data socket {self._address} "
                 f"within {timeout_s:g}s{self.hint()}",
-                error_code="relay_unavailable",
+                error_code=RELAY_UNAVAILABLE,
             )
         if command.newly and self._settle_s > 0:
             # No ack exists in ZeroMQ: give the frame time to reach the XPUB.
@@ -375,7 +383,7 @@ class Subscriber:
 
     def _send(self, command: _Command, timeout_s: float) -> _Command:
         if not self._thread.is_alive():
-            raise RelayUnavailable("the subscriber thread is not running", error_code="closed")
+            raise RelayUnavailable("the subscriber thread is not running", error_code=CLOSED)
         self._commands.put(command)
         with self._pipe_lock:
             try:
@@ -383,12 +391,12 @@ class Subscriber:
                 self._pipe.send(b"!", zmq.NOBLOCK)
             except zmq.Again:
                 raise RelayUnavailable(
-                    "the subscriber thread does not take commands", error_code="closed"
+                    "the subscriber thread does not take commands", error_code=CLOSED
                 ) from None
         if not command.done.wait(timeout_s):
             raise RelayUnavailable(
                 f"subscriber thread did not apply {command.action} {command.topic!r}",
-                error_code="subscriber_stuck",
+                error_code=SUBSCRIBER_STUCK,
             )
         return command
 

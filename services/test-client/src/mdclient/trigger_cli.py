@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from mdclient import timeparse
 from mdclient.errors import InvalidRequest
+from mdproto.error_codes import BAD_TIME
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -107,7 +108,7 @@ def _add(args: argparse.Namespace, err: Console, client: Client) -> int:
         within = timeparse.parse_period(args.within) if args.within else 0
         expires = timeparse.parse_time(args.expires, now_ms=now_ms) if args.expires else 0
     except timeparse.TimeFormatError as exc:
-        raise _UsageError(str(exc), error_code="bad_time") from None
+        raise _UsageError(str(exc), error_code=BAD_TIME) from None
     conditions = [parse_condition(text) for text in args.conditions]
     events = client.register_trigger(
         args.ticker.strip().upper(),

@@ -22,6 +22,7 @@ from mdclient.errors import InvalidRequest, ProtocolMismatch, SubmitRejected
 from mdclient.history import decode_reply
 from mdclient.streams import QueueStream
 from mdproto import rules, topics
+from mdproto.error_codes import BAD_CONDITION, WRONG_ID
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
@@ -56,7 +57,7 @@ def parse_condition(text: str) -> CEPCondition:
         raise InvalidRequest(
             f"condition {text!r}: expected KIND:THRESHOLD[@WINDOW] with KIND one of "
             f"{', '.join(KINDS)}",
-            error_code="bad_condition",
+            error_code=BAD_CONDITION,
         )
     threshold_text, at, window_text = rest.partition("@")
     try:
@@ -64,14 +65,14 @@ def parse_condition(text: str) -> CEPCondition:
     except ValueError:
         raise InvalidRequest(
             f"condition {text!r}: threshold {threshold_text!r} is not a number",
-            error_code="bad_condition",
+            error_code=BAD_CONDITION,
         ) from None
     window = 0
     if at:
         try:
             window = timeparse.parse_period(window_text)
         except timeparse.TimeFormatError as exc:
-            raise InvalidRequest(f"condition {text!r}: {exc}", error_code="bad_condition") from None
+            raise InvalidRequest(f"condition {text!r}: {exc}", error_code=BAD_CONDITION) from None
     condition = CEPCondition(kind=kind, threshold=threshold, window_seconds=window)  # type: ignore[arg-type]
     check_condition(condition)
     return condition
@@ -107,7 +108,7 @@ def build_register(
 ) -> CEPTriggerRequest:
     """A REGISTER request, checked by the relay's rules (fail before sending)."""
     if period_seconds < 0 or within_seconds < 0:  # uint32 on the wire
-        raise InvalidRequest("period and within cannot be negative", error_code="bad_condition")
+        raise InvalidRequest("period and within cannot be negative", error_code=BAD_CONDITION)
     notify = NotifyPattern.NOTIFY_PER_CLIENT if per_client else NotifyPattern.NOTIFY_PER_REQUEST
     request = CEPTriggerRequest(
         trigger_id=trigger_id,
@@ -143,7 +144,7 @@ def check_ack(frames: Sequence[bytes], trigger_id: str) -> CEPTriggerAck:
         )
     if message.trigger_id and trigger_id and message.trigger_id != trigger_id:
         raise ProtocolMismatch(
-            f"ack is for trigger {message.trigger_id}, not {trigger_id}", error_code="wrong_id"
+            f"ack is for trigger {message.trigger_id}, not {trigger_id}", error_code=WRONG_ID
         )
     return message
 

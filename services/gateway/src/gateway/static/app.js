@@ -10,7 +10,14 @@ const state = (window.chartState = {
   ticker: "", period: 0, candles: 0, historyCandles: 0, liveUpdates: 0, lastLive: null,
   trades: 0, integrity: null, requestId: null, feed: null, errors: [], ready: false,
   loadedAt: null, answeredAt: null, firstChartAt: null, // ms since navigation start
+  timings: null, // the last history answer's: the gateway's (Server-Timing) and this page's, ms
+  sequenceEvents: 0,
 });
+
+// Enum names and error codes in words (static/words.json); a name without words shows as is.
+let words = {};
+const say = (group, name) => (words[group] && words[group][name]) || name;
+const problem = (code, reason) => `${say("error_code", code)}${reason ? ": " + reason : ""} (${code})`;
 
 function showStatus(text, isError) {
   $("status").textContent = text;
@@ -60,7 +67,7 @@ function trade(data) {
   state.trades += 1;
   const row = document.createElement("tr");
   const time = new Date(Number(data.timestamp_ms)).toISOString().slice(11, 19);
-  for (const [text, cls] of [[time, ""], [data.side, data.side], [data.price, ""], [data.amount, ""]]) {
+  for (const [text, cls] of [[time, ""], [say("side", data.side), data.side], [data.price, ""], [data.amount, ""]]) {
     const cell = document.createElement("td");
     cell.textContent = text;
     if (cls) cell.className = cls;
@@ -71,17 +78,10 @@ function trade(data) {
   while (body.rows.length > 25) body.deleteRow(-1);
 }
 
-// The integrity report's enum values in words (docs/protocol.md, "Integrity report").
-const SOURCES = {
-  SOURCE_UNSPECIFIED: "unknown (an older platform)",
-  SOURCE_EXCHANGE: "fetched from the exchange",
-  SOURCE_STORAGE: "already stored (exchange not asked)",
-  SOURCE_STORAGE_AND_EXCHANGE: "stored, gaps fetched from the exchange",
-};
-
+// The integrity report (docs/protocol.md, "Integrity report"), enums in words.
 function showReport(answer) {
-  const report = { request_id: answer.request_id, ...answer.integrity };
-  if (report.source in SOURCES) report.source = SOURCES[report.source];
+  const report = { request_id: answer.request_id, ...answer.integrity,
+                   status: say("status", answer.status), source: say("source", answer.integrity.source) };
   for (const cell of document.querySelectorAll("#report td")) {
     const value = report[cell.dataset.key];
     cell.textContent = value === undefined ? "-" : value;
@@ -108,9 +108,14 @@ function connect() {
     if (frame.type === "message" && frame.message_type === "OHLC") liveCandle(frame.data);
     else if (frame.type === "message" && frame.message_type === "Tick") trade(frame.data);
     else if (frame.type === "feed_status") {
-      state.feed = frame.data.state;
-      $("feed").textContent = `${frame.data.state} ${frame.data.error_code || ""} ${frame.data.reason || ""}`;
-    } else if (frame.type === "error") showStatus(`${frame.topic || ""}: ${frame.error_code}: ${frame.reason}`, true);
+      const { state: feed, error_code: code, reason } = frame.data;
+      state.feed = feed;
+      $("feed").textContent = say("feed_state", feed) + (code ? `: ${problem(code, reason)}` : reason ? `: ${reason}` : "");
+    } else if (frame.type === "sequence") {
+      state.sequenceEvents += 1;
+      const count = frame.kind === "gap" ? `${frame.missed} ` : frame.candles ? `${frame.candles} ` : "";
+      $("sequence").textContent = `${count}${say("sequence", frame.kind)}${frame.reason ? ": " + frame.reason : ""}`;
+    } else if (frame.type === "error") showStatus(`${frame.topic || ""}: ${problem(frame.error_code, frame.reason)}`, true);
     else if (frame.type === "dropped") showStatus(`${frame.count} live messages dropped (slow page)`, true);
   };
 }
@@ -123,6 +128,19 @@ function watch(ticker, period) {
 }
 
 // --- history --------------------------------------------------------------------
+
+// `Server-Timing: notify;dur=3590.2;desc="...", read;dur=...` -> {notify: 3590.2, read: ...} (ms)
+function serverTiming(header) {
+  const out = {};
+  for (const part of (header || "").split(",")) {
+    const [name, ...params] = part.trim().split(";");
+    const dur = params.map((p) => p.trim()).find((p) => p.startsWith("dur="));
+    if (name && dur) out[name] = Number(dur.slice(4));
+  }
+  return out;
+}
+
+const seconds = (ms) => `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
 
 async function load() {
   const ticker = $("ticker").value.trim().toUpperCase();
@@ -142,9 +160,15 @@ async function load() {
       headers: { "Content-Type": "application/json", ...auth },
       body: JSON.stringify({ ticker, period, start: $("range").value, end: "now" }),
     });
-    const answer = await resp.json();
+    const text = await resp.text();
     state.answeredAt = performance.now();
-    if (!resp.ok) throw new Error(`${answer.error_code}: ${answer.reason}`);
+    let answer;
+    try {
+      answer = JSON.parse(text);
+    } catch {
+      throw new Error(`the gateway answered ${resp.status}: ${text.slice(0, 200)}`);
+    }
+    if (!resp.ok) throw new Error(problem(answer.error_code, answer.reason));
     for (const c of answer.candles) {
       const b = bar(c);
       if (!bars.has(b.time)) bars.set(b.time, b); // a live update already there is newer
@@ -153,9 +177,18 @@ async function load() {
     chart.timeScale().fitContent();
     Object.assign(state, { historyCandles: answer.candles.length, integrity: answer.integrity,
                            requestId: answer.request_id, ready: true });
-    if (state.firstChartAt === null) state.firstChartAt = performance.now();
+    const drawn = performance.now();
+    if (state.firstChartAt === null) state.firstChartAt = drawn;
+    // What the gateway measured (the platform's time, whatever this browser's clock does),
+    // then this page's own round trip and drawing.
+    const gateway = serverTiming(resp.headers.get("Server-Timing"));
+    state.timings = { ...gateway, roundTrip: state.answeredAt - started, draw: drawn - state.answeredAt };
     showReport(answer);
-    showStatus(`${answer.candles.length} candles in ${((performance.now() - started) / 1000).toFixed(1)} s; live`);
+    const platform = "notify" in gateway
+      ? `submit to notification ${seconds(gateway.notify)}, rows read ${seconds(gateway.read)}; `
+      : "";
+    showStatus(`${answer.candles.length} candles (${say("status", answer.status)}): ${platform}` +
+               `answer here after ${seconds(state.timings.roundTrip)}, drawn in ${state.timings.draw.toFixed(0)} ms; live`);
   } catch (err) {
     showStatus(`history failed: ${err.message}`, true);
   }
@@ -165,9 +198,11 @@ async function init() {
   const params = new URLSearchParams(location.search);
   let info = { tickers: [], periods: [60] };
   try {
-    const resp = await fetch("info", { headers: auth });
-    if (resp.ok) info = await resp.json();
-    else showStatus(`gateway answered ${resp.status}`, true);
+    const [infoResp, wordsResp] = await Promise.all([fetch("info", { headers: auth }),
+                                                     fetch("static/words.json", { headers: auth })]);
+    if (infoResp.ok) info = await infoResp.json();
+    else showStatus(`gateway answered ${infoResp.status}`, true);
+    if (wordsResp.ok) words = await wordsResp.json(); // else names as they are
   } catch (err) {
     showStatus(`gateway unreachable: ${err.message}`, true);
   }

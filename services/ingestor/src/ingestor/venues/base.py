@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ingestor.model import RawFields
 
 #: (decoded response body, exchange market id) -> {open time ms: fields ccxt drops}
 RawReader = Callable[[Any, str], dict[int, RawFields]]
+
+
+class BookChecksum(Protocol):
+    """Verifies an exchange's book checksum from its raw messages, one market."""
+
+    def apply(self, message: Mapping[str, Any], snapshot: bool) -> bool:
+        """Apply one raw book message; False when its checksum disagrees with the book."""
+        ...
 
 
 class Paging(enum.Enum):
@@ -61,6 +69,8 @@ class Venue:
     (OKX `after`), so the inclusive bound is sent one millisecond later.
     `raw_fields`: reads what ccxt's OHLCV drops (trade count, quote and taker
     volumes, the final flag) from the raw candle response; None: nothing to add.
+    `book_checksum`: a new checker of the exchange's order-book checksum, one per
+    market, fed the raw messages (ccxt 4.5.90 checks none); None: it sends none.
     `prefix`: the platform prefix (tickers `PREFIX:BASE/QUOTE`) when the
     configuration names none. `status_url`: a cheap public endpoint that
     answers when the real exchange is reachable (the platform's probe).
@@ -75,6 +85,7 @@ class Venue:
     sends_until: bool = True
     until_exclusive: bool = False
     raw_fields: RawReader | None = None
+    book_checksum: Callable[[], BookChecksum] | None = None
 
     def platform_prefix(self, exchange_id: str) -> str:
         """`prefix`, or the ccxt id in upper case for an exchange without a module."""

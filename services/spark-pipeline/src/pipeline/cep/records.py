@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from mdproto import ProtocolError, envelope, topics
+from mdproto.error_codes import BAD_TICK, BAD_TRIGGER
 from mdproto.messages import CEPTriggerRequest, Tick
 from pipeline.records import Reject, kafka_coordinates, kafka_timestamps_ms, tick_problem
 
@@ -69,7 +70,7 @@ def decode_batch(kafka: pa.Table, trigger_topic: str, *, now_ms: int = 0) -> Cep
             continue
         problem = tick_problem(tick)
         if problem:
-            rejects.append(Reject(partitions[i], offsets[i], "bad_tick", problem))
+            rejects.append(Reject(partitions[i], offsets[i], BAD_TICK, problem))
             continue
         ticks.append((tick, where))
     batch = ordered_batch(triggers, ticks)
@@ -89,7 +90,7 @@ def ordered_batch(
     for key, value, (stamp, partition, offset) in triggers:
         record = _trigger(key, value, stamp)
         if isinstance(record, str):
-            out.rejects.append(Reject(partition, offset, "bad_trigger", record))
+            out.rejects.append(Reject(partition, offset, BAD_TRIGGER, record))
             continue
         out.triggers += 1
         keyed.append(((stamp, 0, partition, offset), record))

@@ -1,0 +1,284 @@
+"""L2 order books: a deterministic book per market and the two wire formats that carry it.
+
+Why a pure function of (seed, symbol, step): a test recomputes the very book the
+simulator served at any update id (`BookModel.book_at`), so "the platform's book
+equals the exchange's, level by level" is checked without racing the stream.
+
+The book (README "Order books"): a step every 100 ms of the simulator clock; the
+update id of a step is its index (`t_ms // 100`). Around the last model trade
+price `P` (in ticks), the best bid is one or two ticks below `P`, the best ask
+one or two above, then `levels` price ticks per side with some holes. Each level
+redraws its amount every `life` steps (5-49, per price, with a per-price phase),
+so a step changes a handful of levels and a price move shifts the whole side.
+
+Wire formats, as the exchanges send them (fixtures: infra/tests/fixtures/books/):
+
+- Binance spot diff depth stream `<symbol>@depth[@100ms]`:
+  `{"e": "depthUpdate", "E": ms, "s": "BTCUSDT", "U": first id, "u": last id,
+  "b": [["price", "qty"], ...], "a": [...]}` (qty "0.00000000" removes) and REST
+  `GET /api/v3/depth` `{"lastUpdateId": id, "bids": [...], "asks": [...]}`.
+- OKX `books`: `{"arg": {"channel": "books", "instId": "BTC-USDT"}, "action":
+  "snapshot"|"update", "data": [{"asks": [["px", "sz", "0", "orders"], ...],
+  "bids": [...], "ts": "ms", "checksum": int32, "prevSeqId": id|-1, "seqId": id}]}`.
+  The checksum is OKX's: CRC32 (signed) of the top 25 levels interleaved
+  `bid:size:ask:size:...`, the exchange's own strings (`okx_checksum`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from .model import MarketModel, fmt8
+
+STEP_MS = 100
+DEFAULT_LEVELS = 40
+CHECKSUM_LEVELS = 25  # OKX checksums the best 25 levels per side
+_MIN_LIFE, _LIFE_SPAN = 5, 45
+_HOLE = 0.15  # chance that a level below the best is empty
+_PRICE_LOOKBACK_MIN = 60  # an idle market's book sits at its centre price
+
+#: One level as the simulator keeps it: exact decimals, best first.
+Level = tuple[Decimal, Decimal]
+
+
+class SimBook(NamedTuple):
+    """A market's whole book at one step (`step` is the exchange's update id)."""
+
+    step: int
+    bids: tuple[Level, ...]  # price descending
+    asks: tuple[Level, ...]  # price ascending
+
+
+@dataclass(frozen=True, slots=True)
+class BookUpdate:
+    """The levels that turn `before` into `after` (amount 0 removes), one stream event."""
+
+    before: SimBook
+    after: SimBook
+    bids: tuple[Level, ...]
+    asks: tuple[Level, ...]
+
+
+def _unit(*parts: object) -> int:
+    """A stable 64-bit number for `parts` (blake2b: never the salted `hash()`)."""
+    key = "|".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+def step_of(t_ms: int) -> int:
+    return t_ms // STEP_MS
+
+
+class BookModel:
+    """Books of every market of `model`, `levels` price levels per side at most."""
+
+    def __init__(self, model: MarketModel, levels: int = DEFAULT_LEVELS) -> None:
+        if levels < 1:
+            raise ValueError("levels must be >= 1")
+        self.model = model
+        self.levels = levels
+
+    def _last_price_ticks(self, symbol: str, t_ms: int) -> int:
+        spec = self.model.spec(symbol)
+        tick = Decimal(spec.tick)
+        trades = self.model.iter_trades_backward(spec.symbol, t_ms, max_minutes=_PRICE_LOOKBACK_MIN)
+        last = next(trades, None)
+        price = last.price if last is not None else Decimal(str(spec.price))
+        return int(price / tick)
+
+    def book_at(self, symbol: str, step: int) -> SimBook:
+        """The book at update id `step` (pure: the same for every caller, every run)."""
+        spec = self.model.spec(symbol)
+        seed = self.model.seed
+        ticks = self._last_price_ticks(spec.symbol, step * STEP_MS)
+        spread = _unit(seed, spec.symbol, "spread", step)
+        best_bid = max(1, ticks - 1 - spread % 2)
+        best_ask = max(best_bid + 1, ticks + 1 + (spread >> 8) % 2)
+        bids = self._side(spec.symbol, range(best_bid, max(0, best_bid - self.levels), -1), step)
+        asks = self._side(spec.symbol, range(best_ask, best_ask + self.levels), step)
+        return SimBook(step, bids, asks)
+
+    def _side(self, symbol: str, indexes: Iterable[int], step: int) -> tuple[Level, ...]:
+        spec = self.model.spec(symbol)
+        seed, places = self.model.seed, spec.price_decimals
+        step_size = Decimal(spec.step)
+        side: list[Level] = []
+        for n, index in enumerate(indexes):
+            per_price = _unit(seed, symbol, "level", index)
+            life = _MIN_LIFE + per_price % _LIFE_SPAN
+            epoch = (step + (per_price >> 16) % life) // life
+            draw = _unit(seed, symbol, index, epoch)
+            if n > 0 and (draw >> 40) / (1 << 24) < _HOLE:
+                continue
+            amount = step_size * (1 + draw % 100_000)
+            side.append((Decimal(index).scaleb(-places), amount))
+        return tuple(side)
+
+    def update(self, before: SimBook, after: SimBook) -> BookUpdate:
+        return BookUpdate(
+            before, after, _diff(before.bids, after.bids), _diff(before.asks, after.asks)
+        )
+
+
+def _diff(old: Sequence[Level], new: Sequence[Level]) -> tuple[Level, ...]:
+    was = dict(old)
+    now = dict(new)
+    changed = [(p, a) for p, a in new if was.get(p) != a]
+    changed.extend((p, Decimal(0)) for p in was if p not in now)
+    return tuple(changed)
+
+
+# ------------------------------------------------------------------ Binance
+
+
+def binance_levels(levels: Iterable[Level]) -> list[list[str]]:
+    return [[fmt8(p), fmt8(a)] for p, a in levels]
+
+
+def binance_depth_event(market_id: str, update: BookUpdate, event_ms: int) -> dict[str, Any]:
+    """One `<symbol>@depth` event: every change from the previous event's id to this one's."""
+    return {
+        "e": "depthUpdate",
+        "E": event_ms,
+        "s": market_id,
+        "U": update.before.step + 1,
+        "u": update.after.step,
+        "b": binance_levels(update.bids),
+        "a": binance_levels(update.asks),
+    }
+
+
+def binance_depth_snapshot(book: SimBook, limit: int) -> dict[str, Any]:
+    """`GET /api/v3/depth`: the best `limit` levels per side at `lastUpdateId`."""
+    return {
+        "lastUpdateId": book.step,
+        "bids": binance_levels(book.bids[:limit]),
+        "asks": binance_levels(book.asks[:limit]),
+    }
+
+
+# ---------------------------------------------------------------------- OKX
+
+
+def okx_number(value: Decimal) -> str:
+    """OKX prints numbers without trailing zeros: "8476.98", "415", "0.0001"."""
+    return format(value.normalize(), "f")
+
+
+def okx_levels(levels: Iterable[Level]) -> list[list[str]]:
+    """`[price, size, "0" (deprecated liquidated orders), orders]` as OKX sends them."""
+    return [
+        [okx_number(p), okx_number(a), "0", "0" if not a else str(1 + int(p * 100) % 9)]
+        for p, a in levels
+    ]
+
+
+def okx_checksum(bids: Sequence[Sequence[str]], asks: Sequence[Sequence[str]]) -> int:
+    """OKX's book checksum: CRC32 of `bid1:size1:ask1:size1:bid2:...` over the best 25
+    levels (a side with fewer levels just ends), as a signed 32-bit integer."""
+    parts: list[str] = []
+    for i in range(CHECKSUM_LEVELS):
+        if i < len(bids):
+            parts.extend((bids[i][0], bids[i][1]))
+        if i < len(asks):
+            parts.extend((asks[i][0], asks[i][1]))
+    crc = zlib.crc32(":".join(parts).encode())
+    return crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+def _okx_push(
+    inst_id: str, action: str, data: dict[str, Any], book: SimBook, ts_ms: int, corrupt: bool
+) -> dict[str, Any]:
+    top_bids = okx_levels(book.bids[:CHECKSUM_LEVELS])
+    top_asks = okx_levels(book.asks[:CHECKSUM_LEVELS])
+    checksum = okx_checksum(top_bids, top_asks)
+    if corrupt:  # wrong, and still a signed int32
+        checksum = checksum + 1 if checksum < (1 << 31) - 1 else checksum - 1
+    data.update({"ts": str(ts_ms), "checksum": checksum})
+    return {"arg": {"channel": "books", "instId": inst_id}, "action": action, "data": [data]}
+
+
+def okx_snapshot(inst_id: str, book: SimBook, ts_ms: int) -> dict[str, Any]:
+    data = {
+        "asks": okx_levels(book.asks),
+        "bids": okx_levels(book.bids),
+        "prevSeqId": -1,
+        "seqId": book.step,
+    }
+    return _okx_push(inst_id, "snapshot", data, book, ts_ms, False)
+
+
+def okx_update(
+    inst_id: str, update: BookUpdate, ts_ms: int, *, corrupt: bool = False
+) -> dict[str, Any]:
+    data = {
+        "asks": okx_levels(update.asks),
+        "bids": okx_levels(update.bids),
+        "prevSeqId": update.before.step,
+        "seqId": update.after.step,
+    }
+    return _okx_push(inst_id, "update", data, update.after, ts_ms, corrupt)
+
+
+# ------------------------------------------------------------- the stream
+
+
+class BookStream:
+    """Per-market stream positions: the book subscribers last got, and the next event.
+
+    Events are cut at the pump's pace (every 100 ms): one event from the last
+    emitted step to now, or none when no level changed (the id then keeps
+    counting steps, so the next event's range starts right after the last one).
+    """
+
+    def __init__(self, books: BookModel) -> None:
+        self.books = books
+        self._at: dict[str, SimBook] = {}  # unified symbol -> book at the last event
+
+    def current(self, symbol: str, now_ms: int) -> SimBook:
+        """The book subscribers hold (the last event's), starting the stream if new."""
+        book = self._at.get(symbol)
+        if book is None:
+            book = self._at[symbol] = self.books.book_at(symbol, step_of(now_ms))
+        return book
+
+    def advance(self, symbol: str, now_ms: int) -> BookUpdate | None:
+        """The next event of `symbol`, or None when nothing changed since the last one."""
+        before = self.current(symbol, now_ms)
+        step = step_of(now_ms)
+        if step <= before.step:
+            return None
+        after = self.books.book_at(symbol, step)
+        update = self.books.update(before, after)
+        if not update.bids and not update.asks:
+            return None
+        self._at[symbol] = after
+        return update
+
+    def forget(self, symbol: str) -> None:
+        self._at.pop(symbol, None)
+
+    def symbols(self) -> list[str]:
+        return list(self._at)
+
+
+__all__ = [
+    "CHECKSUM_LEVELS",
+    "DEFAULT_LEVELS",
+    "STEP_MS",
+    "BookModel",
+    "BookStream",
+    "BookUpdate",
+    "SimBook",
+    "binance_depth_event",
+    "binance_depth_snapshot",
+    "okx_checksum",
+    "okx_snapshot",
+    "okx_update",
+    "step_of",
+]

@@ -1,0 +1,59 @@
+"""The HistoryReadyNotifications this gateway received, kept for `GET /status`.
+
+`market.requests` records every field of a notification but `sequence` and
+`publisher_epoch`: the pipeline commits the row *before* it publishes (so a crash
+between the two re-publishes rather than loses), and the numbers are given at
+send time by the PUB server process, per topic, on topics (`RESPONSE:{client_id}`)
+that trigger events numbered in that process share (docs/protocol.md "Gateway").
+So the gateway remembers the stamps of the notifications it received itself (its
+`POST /history` waits, its WebSocket subscriptions to notification topics) and
+`/status` answers those requests with the notification as published.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from mdproto.messages import HistoryReadyNotification
+
+#: Requests remembered (the newest): two integers and an id each.
+CAPACITY = 10_000
+
+
+class ReceivedStamps:
+    """request_id -> (sequence, publisher_epoch) of its latest publication received.
+
+    Thread-safe: the SDK's subscriber thread and the history workers add, status
+    workers read. A re-publication (after a pipeline restart) replaces the stamps:
+    it is the latest publication, with a new epoch.
+    """
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self._capacity = capacity
+        self._stamps: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, note: HistoryReadyNotification) -> None:
+        """Remember a received notification's stamps (none: recovered from the table)."""
+        if not note.publisher_epoch:
+            return
+        with self._lock:
+            self._stamps[note.request_id] = (note.sequence, note.publisher_epoch)
+            self._stamps.move_to_end(note.request_id)
+            while len(self._stamps) > self._capacity:
+                self._stamps.popitem(last=False)
+
+    def stamped(self, note: HistoryReadyNotification) -> HistoryReadyNotification:
+        """`note` (read from the table) with the stamps it was received with, if it was."""
+        with self._lock:
+            stamps = self._stamps.get(note.request_id)
+        if stamps is None or note.publisher_epoch:
+            return note
+        out = HistoryReadyNotification()
+        out.CopyFrom(note)
+        out.sequence, out.publisher_epoch = stamps
+        return out
+
+    def __len__(self) -> int:
+        return len(self._stamps)
