@@ -51,11 +51,14 @@ import aiohttp
 
 from ingestor.candles import BatchBuilder, metadata_for
 from ingestor.config import ExchangeSettings, KafkaSettings
+from ingestor.dedupe import RecentIds
+from ingestor.exchange_calls import FetchEnv
 from ingestor.exchanges import ExchangeAdapter
-from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job
+from ingestor.history import run_history_job
 from ingestor.kafka_sink import KafkaSink
-from ingestor.live import FeedStats, RecentIds, run_feed
+from ingestor.live import FeedStats, run_feed
 from ingestor.model import Candle
+from ingestor.pages import iter_pages, plan_request
 from ingestor.retry import RetryPolicy
 from mdproto import envelope
 from mdproto.messages import DataRequest, Status

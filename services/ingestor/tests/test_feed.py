@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ingestor.live import FeedStats, LiveFeeds, RecentIds, run_feed
+from ingestor.dedupe import RecentIds
+from ingestor.live import FeedStats, LiveFeeds, run_feed
 from ingestor.model import ExchangeCallError, FaultKind, Trade
 from ingestor.retry import RetryPolicy
 from mdproto.messages import FeedStatus, Tick

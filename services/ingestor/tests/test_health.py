@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from ingestor.history import FetchEnv, HealthBook, RequestFailedError, call_with_retry
+from ingestor.errors import RequestFailedError
+from ingestor.exchange_calls import FetchEnv, call_with_retry
+from ingestor.health import HealthBook
 from ingestor.model import ExchangeCallError, FaultKind
 from ingestor.retry import RetryPolicy
 

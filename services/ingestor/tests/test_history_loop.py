@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from ingestor.coverage import Span
-from ingestor.history import FetchEnv, iter_pages, plan_request, run_history_job
+from ingestor.exchange_calls import FetchEnv
+from ingestor.history import run_history_job
 from ingestor.model import ExchangeCallError, FaultKind
+from ingestor.pages import iter_pages, plan_request
 from ingestor.retry import RetryPolicy
 from mdproto.messages import DataRequest, HistorySource, Status
 
@@ -192,6 +194,21 @@ def test_unsupported_period_and_bad_requests_become_error_markers() -> None:
         outcome = job(FakeExchange([]), sink, req, env())
         assert (outcome.status, outcome.error_code) == (Status.ERROR, code), req
         assert sink.batches[-1][1].is_final
+
+
+def test_a_ticker_no_exchange_here_serves_is_an_invalid_request_asking_nobody() -> None:
+    """No exchange of this ingestor has the ticker's prefix (a misrouted or malformed
+    request): an ERROR marker, and no other exchange asked in its stead."""
+    reasons = {}
+    for ticker in ("KRAKEN:BTC/USD", "binance:btc"):
+        sink = FakeSink()
+        req = request(0, 10 * MIN, ticker=ticker)
+        outcome = run(run_history_job(req, None, sink, ingestor_id="i", batch_size=9, env=env()))
+        assert (outcome.status, outcome.error_code) == (Status.ERROR, "invalid_request")
+        assert outcome.delivered and sink.batches[-1][1].metadata.reason == outcome.reason
+        reasons[ticker] = outcome.reason
+    assert "serves no exchange with the prefix KRAKEN" in reasons["KRAKEN:BTC/USD"]
+    assert "serves no exchange" not in reasons["binance:btc"]  # the ticker rule's own reason
 
 
 def test_delivery_failure_turns_the_marker_into_an_error() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ingestor.history import FetchEnv
+from ingestor.exchange_calls import FetchEnv
 from ingestor.legacy import legacy_response
 from ingestor.model import ExchangeCallError, FaultKind
 from mdproto.messages import DataRequest, Status

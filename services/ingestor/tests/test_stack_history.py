@@ -288,7 +288,7 @@ def test_markets_are_published_at_start_and_on_config_update(
     assert not old.active  # delisted (status BREAK)
     assert ingestor.stats.markets_published == len(markets) == 2 * listed
     assert len(tickers) == listed
-    assert ingestor._batch_size == 9
+    assert ingestor.jobs is not None and ingestor.jobs.batch_size == 9
 
 
 def test_second_exchange_format_coinbase(harness: Any, run_ingestor: Any) -> None:

@@ -45,9 +45,11 @@ from infra.exchange_sim.replay import (
 )
 from infra.exchange_sim.replay import series as replay_series
 from ingestor.config import ExchangeSettings
+from ingestor.errors import RequestFailedError
+from ingestor.exchange_calls import FetchEnv
 from ingestor.exchanges import ExchangeAdapter
-from ingestor.history import FetchEnv, RequestFailedError, iter_pages, plan_request
 from ingestor.model import Candle, ExchangeCallError, FaultKind
+from ingestor.pages import iter_pages, plan_request
 from mdproto.messages import DataRequest, Status
 
 

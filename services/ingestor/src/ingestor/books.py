@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
-from ingestor.history import wall_clock_ms
+from ingestor.clock import wall_clock_ms
 from ingestor.live import FeedPhase, FeedStats, LiveFeeds, StatusChange
 from ingestor.model import BookIntegrity, BookIntegrityError, BookView, ExchangeCallError
 from ingestor.retry import RetryPolicy, backoff_delay

@@ -8,15 +8,19 @@ Nested keys are overridden with `__`, e.g.
 API keys are read only from the environment
 (`INGESTOR_<CCXT ID>_API_KEY`, `_SECRET`, `_PASSWORD`), held as SecretStr and
 never logged; the YAML file cannot carry them (unknown keys are rejected).
+
+A few keys change while running (`runtime_update`, from the relay's CONFIG_UPDATE).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -27,6 +31,8 @@ from ingestor.venues import venue_for
 from mdproto import contracts
 from mdproto.runtime import settings as runtime
 from mdproto.runtime.settings import CatalogSettings
+
+log = logging.getLogger(__name__)
 
 #: Kafka topic of ingestor claims (docs/protocol.md); not yet in mdproto.contracts.
 KAFKA_INGEST_CLAIMS = contracts.KAFKA_INGEST_CLAIMS
@@ -270,6 +276,39 @@ class Settings(runtime.FileSettings):
             prefix = cfg.prefix or venue_for(exchange_id).platform_prefix(exchange_id)
             result[exchange_id] = cfg.model_copy(update={"prefix": prefix})
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeUpdate:
+    """What an `IngestorControl{CONFIG_UPDATE}` changes while running; None: unchanged."""
+
+    batch_size: int | None = None
+    realtime_lease_s: float | None = None
+    log_level: str | None = None
+
+
+def runtime_update(config: Mapping[str, str]) -> RuntimeUpdate:
+    """The runtime keys of a CONFIG_UPDATE: `batch_size`, `realtime_lease_s` (or its old
+    name `realtime_lease_secs`), `log_level`; other keys and bad values are logged and
+    ignored (the rest of the settings need a restart)."""
+    update: dict[str, Any] = {}
+    for key, value in config.items():
+        try:
+            if key == "batch_size" and int(value) > 0:
+                update["batch_size"] = int(value)
+            elif key in ("realtime_lease_s", "realtime_lease_secs") and float(value) > 0:
+                update["realtime_lease_s"] = float(value)
+            elif key == "log_level":
+                if value.upper() not in logging.getLevelNamesMapping():
+                    raise ValueError(value)
+                update["log_level"] = value.upper()
+            else:
+                log.warning("CONFIG_UPDATE key %r not applied", key)
+                continue
+            log.info("CONFIG_UPDATE %s=%s applied", key, value)
+        except ValueError:
+            log.warning("CONFIG_UPDATE %s=%r is not a valid value", key, value)
+    return RuntimeUpdate(**update)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -1,7 +1,8 @@
 """Legacy synchronous flow: `DataRequest{legacy_sync}` -> inline `DataResponse`.
 
 The candles travel in the response, sent through a DEALER to the relay's
-ROUTER :5556 (`work.LegacyResponder`), not through Kafka. `limit` caps the
+ROUTER :5556 (`work.LegacyResponder`), not through Kafka; history.py's
+`HistoryJobs` claims the request and sends the answer. `limit` caps the
 candles (the first `limit` from the start of the range); 0 means no limit,
 bounded by `history.legacy_max_candles` so a response stays a sane size. A
 range with more candles than that bound is an ERROR (`too_many_candles`), never
@@ -13,13 +14,9 @@ from __future__ import annotations
 import logging
 
 from ingestor.candles import ohlc_row
-from ingestor.history import (
-    CandleSource,
-    FetchEnv,
-    RequestFailedError,
-    iter_pages,
-    plan_request,
-)
+from ingestor.errors import RequestFailedError
+from ingestor.exchange_calls import FetchEnv
+from ingestor.pages import CandleSource, iter_pages, plan_request
 from mdproto.error_codes import INTERNAL, TOO_MANY_CANDLES
 from mdproto.messages import DataRequest, DataResponse, Status
 
@@ -28,7 +25,7 @@ log = logging.getLogger(__name__)
 
 async def legacy_response(
     request: DataRequest,
-    source: CandleSource,
+    source: CandleSource | None,
     env: FetchEnv,
     *,
     ingestor_id: str,
@@ -44,6 +41,7 @@ async def legacy_response(
     truncated = False
     try:
         symbol, plan = plan_request(request, source, env)
+        assert source is not None  # plan_request refuses a request no exchange serves
         async for page in iter_pages(source, symbol, plan, env):
             room = cap - len(response.candles)
             if len(page) > room:

@@ -1,6 +1,6 @@
 """Live trade feeds: websocket trades -> Tick records, one asyncio task per ticker.
 
-- `RecentIds` dedupes trade ids in bounded memory (a reconnect may replay trades).
+- `dedupe.RecentIds` drops trade ids seen before (a reconnect may replay trades).
 - `LeaseBook` tracks which tickers the relay still wants: the relay re-announces
   active tickers every few seconds (`DataRequest{REALTIME}`), a repeat refreshes
   the lease, a CANCEL_REALTIME ends it, and an unrefreshed lease expires.
@@ -19,14 +19,14 @@ import asyncio
 import functools
 import logging
 import random
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from google.protobuf.message import Message
 
-from ingestor.history import wall_clock_ms
+from ingestor.clock import wall_clock_ms
+from ingestor.dedupe import RecentIds
 from ingestor.model import ExchangeCallError, Trade
 from ingestor.retry import RetryPolicy, backoff_delay
 from mdproto import ProtocolError
@@ -34,29 +34,6 @@ from mdproto.messages import FeedStatus, TakerSide, Tick
 from mdproto.topics import parse_ticker
 
 log = logging.getLogger(__name__)
-
-
-class RecentIds:
-    """The last `capacity` ids seen; `add` says whether an id is new."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity <= 0:
-            raise ValueError("capacity must be positive")
-        self._capacity = capacity
-        self._order: deque[str] = deque()
-        self._seen: set[str] = set()
-
-    def add(self, item: str) -> bool:
-        if item in self._seen:
-            return False
-        self._seen.add(item)
-        self._order.append(item)
-        if len(self._order) > self._capacity:
-            self._seen.discard(self._order.popleft())
-        return True
-
-    def __len__(self) -> int:
-        return len(self._order)
 
 
 class LeaseBook:
