@@ -12,13 +12,14 @@ import hmac
 import io
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateway import messages
 from gateway.config import GatewaySettings
@@ -48,6 +49,9 @@ CHART_JS = STATIC / "vendor" / "lightweight-charts.standalone.production.js"
 HUB = web.AppKey("hub", Hub)
 UPSTREAM = web.AppKey("upstream", SdkUpstream)
 SETTINGS = web.AppKey("settings", GatewaySettings)
+#: Open WebSockets, closed at shutdown: aiohttp's graceful stop otherwise waits for
+#: each browser to hang up (up to its 60 s shutdown timeout).
+SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
 HISTORY_POOL = web.AppKey("history_pool", ThreadPoolExecutor)
 #: POST /history answers by outcome: "ok" or the error_code sent (gateway.metrics).
 HISTORY_OUTCOMES = web.AppKey("history_outcomes", collections.Counter[str])
@@ -92,6 +96,7 @@ async def require_token(
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=20)
     await ws.prepare(request)
+    request.app[SOCKETS].add(ws)
     hub = request.app[HUB]
     session = hub.session(ws.send_str, request.app[SETTINGS].client_queue_size)
     try:
@@ -278,6 +283,13 @@ def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Applicat
         await app[HUB].close()
         app[HISTORY_POOL].shutdown(wait=False, cancel_futures=True)
 
+    async def close_sockets(app: web.Application) -> None:
+        open_sockets: weakref.WeakSet[web.WebSocketResponse] = app[SOCKETS]
+        for ws in list(open_sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway shutting down")
+
+    app[SOCKETS] = weakref.WeakSet()
+    app.on_shutdown.append(close_sockets)
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", index)
     app.router.add_get("/ws", websocket)
