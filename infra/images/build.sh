@@ -47,8 +47,15 @@ phase() {
 
 have_image() { [[ -z "${REBUILD:-}" ]] && docker image inspect "$1" >/dev/null 2>&1; }
 
+# The base is redone when rootfs.sh changed (its checksum is the image's mdp.rootfs label).
 debian_base() {
-    have_image "$DEBIAN" || infra/images/debian/rootfs.sh "$DEBIAN"
+    local want
+    want="$(sha256sum infra/images/debian/rootfs.sh | cut -c1-16)"
+    if have_image "$DEBIAN" \
+        && [[ "$(docker image inspect -f '{{index .Config.Labels "mdp.rootfs"}}' "$DEBIAN")" == "$want" ]]; then
+        return
+    fi
+    MDP_ROOTFS_LABEL="$want" infra/images/debian/rootfs.sh "$DEBIAN"
 }
 
 # docker build -f infra/images/<dir>/Dockerfile -t <image> [--build-arg K=V ...] .

@@ -1407,6 +1407,70 @@ def test_pyproject_deps_drops_the_named_projects() -> None:
     assert {"pyzmq", "pyarrow", "pandas"} <= set(kept)
 
 
+SERVICE_VENV_DOCKERFILES = [d for d in PYTHON_DOCKERFILES if d.startswith("services/")] + [
+    "services/spark-pipeline/Dockerfile"
+]
+
+
+@pytest.mark.parametrize("dockerfile", SERVICE_VENV_DOCKERFILES)
+def test_service_venvs_are_pruned_in_the_builder_and_carry_no_chart(dockerfile: str) -> None:
+    """Small images (docs/docker.md, "Image sizes"): what the service never imports stays out."""
+    parsed = parse_dockerfile(dockerfile)
+    builds = [
+        i.args
+        for stage in parsed.stages
+        if stage is not parsed.final
+        for i in stage.instructions
+        if i.keyword == "RUN" and "/opt/venv" in i.args and " install " in i.args
+    ]
+    assert len(builds) == 1 and "prune-venv.sh /opt/venv" in builds[0]
+    # The SDK's chart extra (matplotlib) only on request: MDCLIENT_EXTRAS is empty by default.
+    text = (REPO / dockerfile).read_text()
+    assert "[chart" not in text and "matplotlib" not in builds[0]
+    if dockerfile == "services/test-client/Dockerfile":
+        assert "ARG MDCLIENT_EXTRAS=\n" in text and "${MDCLIENT_EXTRAS:+" in builds[0]
+
+
+def _fake_venv(root: Path) -> Path:
+    site = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    (root / "bin").mkdir()
+    (root / "bin" / "python").symlink_to(sys.executable)
+    return site
+
+
+def test_prune_venv_removes_tests_arrow_build_files_and_named_packages(tmp_path: Path) -> None:
+    site = _fake_venv(tmp_path)
+    files = [
+        "pkg/__init__.py", "pkg/tests/test_x.py", "ccxt/test/base.py", "ccxt/base/x.py",
+        "pyarrow/include/arrow/api.h", "pyarrow/lib.pyx", "pyarrow/_flight.cpython-311-x.so",
+        "pyarrow/libarrow_flight.so.2600", "pyarrow/libarrow.so.2600",
+        "pyarrow/libarrow_python.so", "pyarrow/libarrow_python.so.2600",
+        "pyarrow/libarrow_python.so.2600.1.0", "rich/__init__.py", "numpy.libs/libblas.so",
+    ]  # fmt: skip
+    for name in files:
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text("")
+    script = str(REPO / "infra/compose/bin/prune-venv.sh")
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    _stub(stubs, "strip", 'echo "$@" >> "$0.log"\n')  # the fake libraries are no ELF files
+    env = {**os.environ, "PATH": f"{stubs}:/usr/bin:/bin"}
+    done = subprocess.run(["sh", script, str(tmp_path), "rich"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    kept = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert kept == [
+        "ccxt/base/x.py", "numpy.libs/libblas.so", "pkg/__init__.py",
+        "pyarrow/libarrow.so.2600", "pyarrow/libarrow_python.so.2600",
+    ]  # fmt: skip
+    stripped = (stubs / "strip.log").read_text()
+    assert "libarrow.so.2600" in stripped and "--strip-unneeded" in stripped
+    assert "libblas" not in stripped  # auditwheel's patched libraries break when stripped
+    # A package that is not there is a mistake in the Dockerfile, not a no-op.
+    missing = subprocess.run(["sh", script, str(tmp_path), "nope"], env=env, capture_output=True)
+    assert missing.returncode == 2 and b"no package nope" in missing.stderr
+
+
 def _stub(directory: Path, name: str, body: str) -> None:
     path = directory / name
     path.write_text("#!/bin/sh\n" + body)

@@ -45,11 +45,30 @@ if compgen -G '/etc/apt/sources.list.d/*.sources' >/dev/null; then
 else
     grep -s '^deb .*debian' /etc/apt/sources.list > "$rootfs/etc/apt/sources.list" || true
 fi
-# Small images: no apt lists, caches, docs or man pages are kept.
-rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/usr/share/doc/* \
-    "$rootfs"/usr/share/man/*
+# Small images, now and after every later `apt-get install` in the images built
+# on this one: dpkg skips docs, man pages and translations, and apt keeps neither
+# the downloaded .deb files nor its package caches (~120 MB per install layer).
+cat > "$rootfs/etc/dpkg/dpkg.cfg.d/mdp-slim" <<'CFG'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/lintian/*
+CFG
+cat > "$rootfs/etc/apt/apt.conf.d/mdp-slim" <<'CFG'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+CFG
+rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb \
+    "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/* "$rootfs"/usr/share/info/*
+find "$rootfs"/usr/share/doc -mindepth 1 -not -name copyright -not -type d -delete
 tar -C "$rootfs" -c . | docker import \
     --change 'CMD ["bash"]' \
     --change 'ENV LANG=C.UTF-8' \
+    --change "LABEL mdp.rootfs=${MDP_ROOTFS_LABEL:-manual}" \
     --message "debootstrap --variant=minbase $suite" - "$image" >/dev/null
 echo "$image"

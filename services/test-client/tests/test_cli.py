@@ -94,6 +94,20 @@ def test_usage_errors_exit_2_before_any_network(argv: list[str], capsys: Any) ->
     assert capsys.readouterr().err  # says why
 
 
+def test_chart_without_the_chart_extra_says_how_to_install_it_before_any_network(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    chart = tmp_path / "c.png"
+    nowhere = ["--request-endpoint", "tcp://127.0.0.1:9"]
+    code = main(["history", TICKER, *RANGE, "--chart", str(chart), *nowhere])
+    assert code == EXIT_USAGE  # 7 (unavailable) had it tried the relay
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "--chart" in err and "matplotlib" in err
+    assert "pip install 'mdclient[chart]'" in err
+    assert not chart.exists()
+
+
 def test_help_exits_0(capsys: Any) -> None:
     assert main(["--help"]) == EXIT_OK
     assert "Exit codes" in capsys.readouterr().out

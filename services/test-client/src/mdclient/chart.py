@@ -1,5 +1,7 @@
 """Candlestick chart with a volume panel, drawn with plain matplotlib (no pyplot state).
 
+matplotlib is the optional extra `mdclient[chart]` (mdclient.extras).
+
 Up candles (close >= open) are green, down candles red; wicks span low-high,
 bodies open-close, and a doji still gets a thin visible body.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mdclient import extras
 from mdproto.tables import Ohlc
 
 if TYPE_CHECKING:
@@ -16,12 +19,14 @@ if TYPE_CHECKING:
 
 UP = "#26a69a"
 DOWN = "#ef5350"
+FEATURE = "drawing a chart (--chart)"
 
 
 def candlestick_png(
     table: pa.Table, path: Path, *, title: str, period_seconds: int, dpi: int = 110
 ) -> Path:
     """Write the chart for a candle frame (frames.SCHEMA) to `path` (PNG)."""
+    extras.require("chart", FEATURE)
     import matplotlib.dates
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rich import box
 from rich.table import Table
 
-from mdclient import errors, timeparse
+from mdclient import errors, extras, timeparse
+from mdclient.chart import FEATURE as CHART_FEATURE
 from mdclient.config import ClientSettings, load_settings
 from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, TakerSide
 from mdproto.tables import Markets, Ohlc
@@ -284,6 +285,8 @@ def _fetch(args: argparse.Namespace, err: Console, *, legacy: bool) -> int:
                 check_writable(path)
             except OSError as exc:
                 raise UsageError(str(exc)) from None
+    if args.chart and not extras.installed("chart"):  # before asking the platform anything
+        raise UsageError(extras.missing_message("chart", CHART_FEATURE))
     settings = settings_from_args(args)
     what = describe(ticker, period, start_ms, end_ms)
     with _client(settings) as client, _Progress(err, what, quiet=args.quiet) as progress:
@@ -776,17 +779,25 @@ def market_table(table: pa.Table, *, title: str) -> Table:
 
 
 def write_csv(table: pa.Table, path: Path) -> None:
-    """CSV with ISO-8601 UTC open_time plus open_time_ms for scripts."""
+    """CSV with ISO-8601 UTC open_time plus open_time_ms for scripts.
+
+    The csv module, not pandas (an optional extra): an unknown (null) trade
+    count is an empty field, and numbers are written as Python prints them.
+    """
+    import csv
+
     import pyarrow as pa
 
-    # As text, an unknown (null) trade count is an empty field; as a pandas int
-    # column with nulls it would turn every count into a float ("7.0").
-    index = table.schema.get_field_index(Ohlc.TRADE_COUNT)
-    table = table.set_column(index, Ohlc.TRADE_COUNT, table.column(index).cast(pa.string()))
-    frame = table.to_pandas()
-    frame.insert(3, "open_time_ms", frame[Ohlc.OPEN_TIME].astype("int64") // 1000)
-    frame[Ohlc.OPEN_TIME] = frame[Ohlc.OPEN_TIME].dt.strftime("%Y-%m-%dT%H:%M:%SZ")
-    frame.to_csv(path, index=False)
+    names = list(table.column_names)
+    at = names.index(Ohlc.OPEN_TIME) + 1
+    micros = table.column(Ohlc.OPEN_TIME).cast(pa.int64()).to_pylist()
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([*names[:at], "open_time_ms", *names[at:]])
+        for row, us in zip(table.to_pylist(), micros, strict=True):
+            values = [row[name] for name in names]
+            values[at - 1] = row[Ohlc.OPEN_TIME].strftime("%Y-%m-%dT%H:%M:%SZ")
+            writer.writerow([*values[:at], us // 1000, *values[at:]])
 
 
 def write_parquet(table: pa.Table, path: Path) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+from mdclient import extras
 from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import (
     HistoryFailed,
@@ -139,7 +140,11 @@ class HistoryResult:
         return bool(self.table.num_rows == 0)
 
     def to_pandas(self) -> Any:
-        """A pandas DataFrame (typed Any: pandas ships no type stubs here)."""
+        """A pandas DataFrame (typed Any: pandas ships no type stubs here).
+
+        pandas is the optional extra `mdclient[pandas]`.
+        """
+        extras.require("pandas", "HistoryResult.to_pandas()")
         return self.table.to_pandas()
 
 
