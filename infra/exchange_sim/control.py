@@ -64,6 +64,12 @@ class SimulatorControl:
     def now_ms(self) -> int:
         return int(self._call("GET", "health")["now_ms"])
 
+    def book(self, symbol: str, step: int | None = None) -> dict[str, Any]:
+        """The exchange's book of `symbol` at update id `step` (None: where its stream
+        is): `{"step", "bids", "asks", "subscribers"}`, levels as [price, amount] strings."""
+        query = f"book?symbol={symbol}" + ("" if step is None else f"&step={step}")
+        return dict(self._call("GET", query))
+
     def advance_time(self, delta_ms: int) -> int:
         """Move the simulator's clock on and stream the model trades now due; returns
         how many were streamed (its REST answers follow the same clock)."""
