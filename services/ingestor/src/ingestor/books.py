@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from google.protobuf.message import Message
 
 from ingestor.clock import wall_clock_ms
-from ingestor.live import FeedPhase, FeedStats, LiveFeeds, StatusChange
+from ingestor.live import FeedPhase, FeedStats, LiveFeeds, StatusChange, reconnect_delay
 from ingestor.model import BookIntegrity, BookIntegrityError, BookView, ExchangeCallError
-from ingestor.retry import RetryPolicy, backoff_delay
+from ingestor.retry import RetryPolicy
 from mdproto.book import diff_side, levels_message
 from mdproto.messages import BookDelta, BookReset, BookSnapshot
 from mdproto.topics import parse_ticker
@@ -161,7 +161,7 @@ async def run_book_feed(
                 reset, last = reset_of(fault), None
             failures += 1
             stats.reconnects += 1
-            delay = max(backoff_delay(failures, reconnect, rand()), fault.retry_after_s or 0.0)
+            delay = reconnect_delay(fault, failures, reconnect, rand())
             log.warning("book %s: %s; reconnecting in %.2f s", ticker, fault, delay)
             await sleep(delay)
             continue

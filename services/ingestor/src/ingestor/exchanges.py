@@ -398,12 +398,7 @@ class ExchangeAdapter:
 
     async def unwatch_trades(self, symbol: str) -> None:
         """Unsubscribe from the symbol's trade stream (best effort)."""
-        if not self._exchange.has.get("unWatchTrades"):
-            return
-        try:
-            await self._exchange.un_watch_trades(symbol)
-        except Exception as exc:  # the stream is going away anyway
-            log.debug("unwatch %s %s failed: %s", self.exchange_id, symbol, exc)
+        await self._unwatch("unWatchTrades", "un_watch_trades", symbol)
 
     async def watch_order_book(self, symbol: str, depth: int) -> BookView:
         """The book's best `depth` levels after the next update; BookIntegrityError when
@@ -431,12 +426,17 @@ class ExchangeAdapter:
 
     async def unwatch_order_book(self, symbol: str) -> None:
         """Unsubscribe from the symbol's book stream (best effort)."""
-        if not self._exchange.has.get("unWatchOrderBook"):
+        await self._unwatch("unWatchOrderBook", "un_watch_order_book", symbol)
+
+    async def _unwatch(self, capability: str, method: str, symbol: str) -> None:
+        """Call ccxt's `method` where the exchange has `capability`; failures only logged:
+        the stream is going away anyway."""
+        if not self._exchange.has.get(capability):
             return
         try:
-            await self._exchange.un_watch_order_book(symbol)
-        except Exception as exc:  # the stream is going away anyway
-            log.debug("unwatch book %s %s failed: %s", self.exchange_id, symbol, exc)
+            await getattr(self._exchange, method)(symbol)
+        except Exception as exc:
+            log.debug("%s %s %s failed: %s", method, self.exchange_id, symbol, exc)
 
     async def close(self) -> None:
         try:

@@ -36,6 +36,14 @@ from mdproto.topics import parse_ticker
 log = logging.getLogger(__name__)
 
 
+def reconnect_delay(
+    fault: ExchangeCallError, failures: int, policy: RetryPolicy, rand: float
+) -> float:
+    """How long a feed waits before its next connection: the backoff for `failures`
+    in a row, or longer when the exchange said when to come back (every feed's rule)."""
+    return max(backoff_delay(failures, policy, rand), fault.retry_after_s or 0.0)
+
+
 class LeaseBook:
     """Ticker -> time of the last REALTIME announcement (monotonic seconds)."""
 
@@ -239,7 +247,7 @@ async def run_feed(
             failures += 1
             stats.reconnects += 1
             gaps.reconnected()
-            delay = max(backoff_delay(failures, reconnect, rand()), fault.retry_after_s or 0.0)
+            delay = reconnect_delay(fault, failures, reconnect, rand())
             log.warning("live %s: %s; reconnecting in %.2f s", ticker, fault, delay)
             await sleep(delay)
             continue
