@@ -7,8 +7,6 @@ BIN    := $(VENV)/bin
 PACKAGES := $(patsubst %/pyproject.toml,%,$(wildcard proto/pyproject.toml infra/pyproject.toml services/*/pyproject.toml))
 # The SDK's optional extras (charts, pandas: services/test-client/pyproject.toml) are
 # part of the development venv, so `make run` and the tests have them.
-comma := ,
-PACKAGE_INSTALLS := $(patsubst services/test-client,services/test-client[chart$(comma)pandas],$(PACKAGES))
 TESTS    := $(wildcard proto/tests infra/tests services/*/tests e2e/test_*.py)
 INSTALLED := $(VENV)/.installed
 GENERATED := proto/src/mdproto/gen/marketdata_pb2.py
@@ -28,10 +26,14 @@ help:
 
 venv: $(INSTALLED)
 
+# The SDK's optional extras (charts, pandas) go in a second pip call: with them in the
+# first, a fresh venv's resolver did not see that test-client provides the gateway's mdclient.
 $(INSTALLED): constraints.txt requirements-dev.txt $(addsuffix /pyproject.toml,$(PACKAGES))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt \
-		-r requirements-dev.txt $(addprefix -e ,$(PACKAGE_INSTALLS))
+		-r requirements-dev.txt $(addprefix -e ,$(PACKAGES))
+	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt \
+		-e 'services/test-client[chart,pandas]'
 	@touch $@
 
 proto: $(GENERATED)
