@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from . import books, bybit, okx
+from . import books, bybit, coinbase, kraken, okx
 from .model import (
     INTERVAL_MS,
     MAX_TRADES_PER_MINUTE,
@@ -432,19 +432,34 @@ class _Conn:
 
 
 def _stream_symbol(stream: str) -> str:
-    """``btcusdt@trade`` (Binance), ``publicTrade.BTCUSDT`` (Bybit) -> ``BTCUSDT``;
-    ``books:BTC-USDT`` (OKX) -> ``BTC-USDT``."""
-    if stream.startswith(bybit.TOPIC):
+    """``btcusdt@trade`` (Binance), ``publicTrade.BTCUSDT``, ``orderbook.50.BTCUSDT``
+    (Bybit) -> ``BTCUSDT``; ``books:BTC-USDT`` (OKX) -> ``BTC-USDT``;
+    ``kraken.book.10.BTC/USDT`` -> ``BTC/USDT``; ``coinbase.level2.BTC-USDT`` -> ``BTC-USDT``."""
+    if stream.startswith((bybit.TOPIC, bybit.BOOK_TOPIC)):
         return bybit.topic_symbol(stream)
-    inst_id = okx.key_inst_id(stream)
-    if inst_id is not None:
-        return inst_id
+    kraken_book = kraken.key_book(stream)
+    if kraken_book is not None:
+        return kraken_book[0]
+    name = okx.key_inst_id(stream) or coinbase.key_product(stream)
+    if name is not None:
+        return name
     return stream.split("@", 1)[0].upper()
 
 
 def _is_depth(stream: str) -> bool:
     """``btcusdt@depth`` or ``btcusdt@depth@100ms`` (the diff depth stream)."""
     return stream.split("@")[1:2] == ["depth"]
+
+
+def _is_book(stream: str) -> bool:
+    """A book subscription of any dialect."""
+    return (
+        _is_depth(stream)
+        or okx.key_inst_id(stream) is not None
+        or bybit.book_depth(stream) is not None
+        or kraken.key_book(stream) is not None
+        or coinbase.key_product(stream) is not None
+    )
 
 
 class BinanceStreams:
@@ -456,8 +471,10 @@ class BinanceStreams:
     ``{"method": "SUBSCRIBE", "params": [...], "id": n}`` messages.
     Bybit's spot stream (``handle_bybit``, protocol in ``bybit.py``) shares the
     bookkeeping: subscribers, model-trade pump, injection and drops; so does OKX's
-    public stream (``handle_okx``, its `books` channel). Order books (``books.py``)
-    are pumped with the trades: Binance ``<symbol>@depth[@100ms]`` and OKX `books`.
+    public stream (``handle_okx``, its `books` channel), Kraken's v2 (``handle_kraken``,
+    `book`) and Coinbase's feed (``handle_coinbase``, `level2`/`level2_batch`). Order
+    books (``books.py``) are pumped with the trades: Binance ``<symbol>@depth[@100ms]``,
+    OKX `books`, Bybit ``orderbook.{depth}.{symbol}``, Kraken `book`, Coinbase `level2`.
     """
 
     def __init__(
@@ -470,6 +487,7 @@ class BinanceStreams:
         self._conn_ids = itertools.count(1)
         self._cursor: dict[str, int] = {}  # unified symbol -> last model-trade time emitted
         self._injected_seq: dict[int, int] = {}  # minute index -> next injected position
+        self._book_ids: dict[str, int] = {}  # unified symbol -> Bybit `u` of its last event
         self._changed = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
 
@@ -520,6 +538,25 @@ class BinanceStreams:
         conn = _Conn(next(self._conn_ids), ws, request, combined=False, dialect="okx")
         return await self._serve(conn, [])
 
+    async def handle_kraken(self, request: web.Request) -> web.StreamResponse:
+        """Kraken's public v2 stream: `method` messages; a status message first."""
+        ws = web.WebSocketResponse(autoping=True)
+        if not ws.can_prepare(request).ok:
+            return kraken.kraken_error("EGeneral:Invalid arguments")
+        await ws.prepare(request)
+        conn = _Conn(next(self._conn_ids), ws, request, combined=False, dialect="kraken")
+        self._send(conn, kraken.status_message(conn.id))
+        return await self._serve(conn, [])
+
+    async def handle_coinbase(self, request: web.Request) -> web.StreamResponse:
+        """Coinbase Exchange's websocket feed: `type` messages."""
+        ws = web.WebSocketResponse(autoping=True, heartbeat=30.0)
+        if not ws.can_prepare(request).ok:
+            return coinbase.coinbase_error(400, "websocket upgrade required")
+        await ws.prepare(request)
+        conn = _Conn(next(self._conn_ids), ws, request, combined=False, dialect="coinbase")
+        return await self._serve(conn, [])
+
     async def _serve(self, conn: _Conn, initial: Sequence[str]) -> web.WebSocketResponse:
         ws = conn.ws
         self.state.stats.ws_connections_total += 1
@@ -565,6 +602,9 @@ class BinanceStreams:
     def _on_text(self, conn: _Conn, text: str) -> None:
         if conn.dialect == "okx":
             self._on_okx_text(conn, text)
+            return
+        if conn.dialect in ("kraken", "coinbase"):
+            self._on_book_text(conn, text)
             return
         if conn.dialect == "bybit":
             reply, op, topics = bybit.on_message(text, conn.id)
@@ -627,6 +667,33 @@ class BinanceStreams:
             conn.streams.difference_update(keys)
             self._notify()
 
+    def _on_book_text(self, conn: _Conn, text: str) -> None:
+        """Kraken's and Coinbase's messages (their streams serve books only)."""
+        if conn.dialect == "kraken":
+            replies, op, keys = kraken.on_message(text, self._listed(lambda s: s.symbol))
+        else:
+            replies, op, keys = coinbase.on_message(text, self._listed(lambda s: s.coinbase_id))
+        for reply in replies:
+            self._send(conn, reply)  # acks before the snapshots
+        if op == "subscribe":
+            if conn.dialect == "coinbase":
+                self._send(conn, coinbase.subscriptions(conn.streams.union(keys)))
+            self._subscribe(conn, keys)
+        elif op == "unsubscribe":
+            conn.streams.difference_update(keys)
+            if conn.dialect == "coinbase":
+                self._send(conn, coinbase.subscriptions(conn.streams))
+            self._notify()
+
+    def _listed(self, name: Callable[[SymbolSpec], str]) -> Callable[[str], bool]:
+        def known(market: str) -> bool:
+            try:
+                return name(self.state.model.spec(market)) == market
+            except UnknownSymbolError:
+                return False
+
+        return known
+
     def _subscribe(self, conn: _Conn, streams: Sequence[str]) -> None:
         now = self.state.clock.now_ms()
         for stream in streams:
@@ -635,12 +702,11 @@ class BinanceStreams:
                 spec = self.state.model.spec(_stream_symbol(stream))
             except UnknownSymbolError:
                 continue  # Binance acks unknown symbols and then stays silent
-            if conn.dialect == "okx":  # OKX answers a subscription with the whole book
-                book = self.state.books.current(spec.symbol, now)
-                self._send(conn, books.okx_snapshot(spec.coinbase_id, book, now))
-                continue
-            if _is_depth(stream):
-                self.state.books.current(spec.symbol, now)  # the stream starts here
+            if _is_book(stream):
+                book = self.state.books.current(spec.symbol, now)  # the stream starts here
+                snapshot = self._book_snapshot(conn, stream, spec, book, now)
+                if snapshot is not None:  # all but Binance answer with the whole book
+                    self._send(conn, snapshot)
                 continue
             self._cursor.setdefault(spec.symbol, now)  # live from now, never replay history
         self._notify()
@@ -664,15 +730,22 @@ class BinanceStreams:
         names = self._symbol_streams(symbol)
         return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
 
-    def _book_streams(self, symbol: str) -> tuple[str, str, str]:
-        spec = self.state.model.spec(symbol)
-        lower = spec.binance_id.lower()
-        return f"{lower}@depth", f"{lower}@depth@100ms", okx.channel_key(spec.coinbase_id)
+    def _book_keys(self, conn: _Conn, symbol: str) -> list[str]:
+        """The connection's subscriptions to ``symbol``'s book (any dialect, any depth)."""
+        found = []
+        for stream in conn.streams:
+            if not _is_book(stream):
+                continue
+            try:
+                if self.state.model.spec(_stream_symbol(stream)).symbol == symbol:
+                    found.append(stream)
+            except UnknownSymbolError:
+                continue
+        return found
 
     def book_subscribers(self, symbol: str) -> int:
-        """Open connections subscribed to ``symbol``'s book (Binance depth, OKX books)."""
-        names = self._book_streams(symbol)
-        return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
+        """Open connections subscribed to ``symbol``'s book (any exchange's channel)."""
+        return sum(1 for c in self._conns if not c.ws.closed and self._book_keys(c, symbol))
 
     def connections(self) -> int:
         return len(self._conns)
@@ -759,14 +832,16 @@ class BinanceStreams:
     def pump_books(self) -> int:
         """One book event per watched market, from its last event to now; returns events.
 
-        Armed faults act here: `book_drop` swallows the event (the next one's ids
-        then skip it), `book_checksum` sends OKX a wrong checksum.
+        Armed faults act here, per exchange (a dialect is its exchange's name):
+        `book_drop` swallows the event (the next one's ids then skip it; Bybit's `u`
+        counts it too), `book_checksum` sends OKX or Kraken a wrong checksum.
         """
         now = self.state.clock.now_ms()
         stream = self.state.books
         sent = 0
         for symbol in stream.symbols():
-            if not self.book_subscribers(symbol):
+            targets = [(c, k) for c in self._conns for k in self._book_keys(c, symbol)]
+            if not targets:
                 stream.forget(symbol)
                 continue
             update = stream.advance(symbol, now)
@@ -774,28 +849,70 @@ class BinanceStreams:
                 continue
             sent += 1
             self.state.stats.book_events += 1
+            self._book_ids[symbol] = self._book_id(symbol, now) + 1
             spec = self.state.model.spec(symbol)
-            depth = self._book_streams(symbol)
-            for exchange in ("binance", "okx"):
-                conns = [c for c in self._conns if c.streams.intersection(depth)]
-                conns = [c for c in conns if (c.dialect == "okx") == (exchange == "okx")]
-                if not conns:
-                    continue
+            for exchange in sorted({c.dialect for c, _ in targets}):
                 if self._book_fault("book_drop", exchange, symbol):
                     continue
-                if exchange == "okx":
-                    corrupt = self._book_fault("book_checksum", exchange, symbol)
-                    message = books.okx_update(spec.coinbase_id, update, now, corrupt=corrupt)
-                    for conn in conns:
-                        self._send(conn, message)
-                    continue
-                event = books.binance_depth_event(spec.binance_id, update, now)
-                for conn in conns:
-                    for name in conn.streams.intersection(depth):
-                        self._send(
-                            conn, {"stream": name, "data": event} if conn.combined else event
-                        )
+                corrupt = exchange in ("okx", "kraken") and self._book_fault(
+                    "book_checksum", exchange, symbol
+                )
+                for conn, key in targets:
+                    if conn.dialect == exchange:
+                        message = self._book_event(conn, key, spec, update, now, corrupt)
+                        if message is not None:
+                            self._send(conn, message)
         return sent
+
+    def _book_id(self, symbol: str, now: int) -> int:
+        """Bybit's `u` of ``symbol``'s last event (unrelated to the step, as on Bybit)."""
+        return self._book_ids.setdefault(symbol, books.step_of(now) % 10_000_000 + 1)
+
+    def _book_snapshot(
+        self, conn: _Conn, key: str, spec: SymbolSpec, book: books.SimBook, now: int
+    ) -> object | None:
+        """The book a new subscription gets first; None where none is sent (Binance)."""
+        if conn.dialect == "okx":
+            return books.okx_snapshot(spec.coinbase_id, book, now)
+        if conn.dialect == "bybit":
+            depth = bybit.book_depth(key) or 0
+            return books.bybit_snapshot(
+                spec.binance_id, book, depth, self._book_id(spec.symbol, now), now
+            )
+        kraken_book = kraken.key_book(key)
+        if kraken_book is not None:
+            places = (spec.price_decimals, spec.qty_decimals)
+            message = books.kraken_snapshot(kraken_book[0], book, kraken_book[1], places)
+            return books.kraken_text(message)
+        if conn.dialect == "coinbase":
+            return books.coinbase_snapshot(spec.coinbase_id, book, spec.price_decimals)
+        return None
+
+    def _book_event(
+        self,
+        conn: _Conn,
+        key: str,
+        spec: SymbolSpec,
+        update: books.BookUpdate,
+        now: int,
+        corrupt: bool,
+    ) -> object | None:
+        """One book event as ``conn``'s exchange writes it; None when it has nothing to say."""
+        if conn.dialect == "okx":
+            return books.okx_update(spec.coinbase_id, update, now, corrupt=corrupt)
+        if conn.dialect == "bybit":
+            depth, update_id = bybit.book_depth(key) or 0, self._book_ids[spec.symbol]
+            return books.bybit_delta(spec.binance_id, update, depth, update_id, now)
+        kraken_book = kraken.key_book(key)
+        if kraken_book is not None:
+            symbol, depth = kraken_book
+            places = (spec.price_decimals, spec.qty_decimals)
+            message = books.kraken_update(symbol, update, depth, places, now, corrupt=corrupt)
+            return None if message is None else books.kraken_text(message)
+        if conn.dialect == "coinbase":
+            return books.coinbase_update(spec.coinbase_id, update, spec.price_decimals, now)
+        event = books.binance_depth_event(spec.binance_id, update, now)
+        return {"stream": key, "data": event} if conn.combined else event
 
     def _book_fault(self, kind: str, exchange: str, symbol: str) -> bool:
         fault = self.state.faults.take_event(kind, exchange, symbol)
@@ -848,12 +965,14 @@ class BinanceStreams:
         """
         if mode not in ("close", "abort"):
             raise ValueError("mode must be 'close' or 'abort'")
-        names = (
-            self._symbol_streams(symbol) + self._book_streams(symbol)
-            if symbol is not None
-            else None
-        )
-        victims = [c for c in self._conns if names is None or c.streams.intersection(names)]
+        names = self._symbol_streams(symbol) if symbol is not None else None
+        victims = [
+            c
+            for c in self._conns
+            if names is None
+            or c.streams.intersection(names)
+            or (symbol is not None and self._book_keys(c, symbol))
+        ]
         for conn in victims:
             if mode == "abort" and conn.request.transport is not None:
                 conn.request.transport.abort()

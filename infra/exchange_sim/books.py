@@ -22,14 +22,31 @@ Wire formats, as the exchanges send them (fixtures: infra/tests/fixtures/books/)
   "bids": [...], "ts": "ms", "checksum": int32, "prevSeqId": id|-1, "seqId": id}]}`.
   The checksum is OKX's: CRC32 (signed) of the top 25 levels interleaved
   `bid:size:ask:size:...`, the exchange's own strings (`okx_checksum`).
+- Bybit v5 `orderbook.{depth}.{symbol}`: `{"topic", "type": "snapshot"|"delta", "ts",
+  "data": {"s", "b": [["price", "size"], ...], "a": [...], "u": update id, "seq": cross
+  sequence}, "cts"}`; `u` counts the topic's messages (+1 each), `seq` is the book's
+  step here; only the best `depth` levels are kept (one leaving the top is sent with
+  size "0").
+- Kraken websocket v2 `book`: `{"channel": "book", "type": "snapshot"|"update", "data":
+  [{"symbol": "BTC/USDT", "bids": [{"price": n, "qty": n}], "asks": [...], "checksum":
+  uint32, "timestamp": RFC 3339}]}`, numbers written with the pair's full precision
+  (`kraken_text`); the checksum is CRC32 of the best 10 asks then the best 10 bids,
+  each price and qty without its "." and leading zeros (`kraken_checksum`). No
+  sequence. Levels leaving the subscribed depth are not removed on the wire.
+- Coinbase Exchange `level2` / `level2_batch`: `{"type": "snapshot", "product_id",
+  "bids": [["price", "size"]], "asks": [...]}` then `{"type": "l2update", "product_id",
+  "changes": [["buy"|"sell", "price", "size"]], "time": ISO}`. No sequence, no checksum.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -38,6 +55,7 @@ from .model import MarketModel, fmt8
 STEP_MS = 100
 DEFAULT_LEVELS = 40
 CHECKSUM_LEVELS = 25  # OKX checksums the best 25 levels per side
+KRAKEN_CHECKSUM_LEVELS = 10  # Kraken checksums the best 10 levels per side
 _MIN_LIFE, _LIFE_SPAN = 5, 45
 _HOLE = 0.15  # chance that a level below the best is empty
 _PRICE_LOOKBACK_MIN = 60  # an idle market's book sits at its centre price
@@ -225,6 +243,193 @@ def okx_update(
     return _okx_push(inst_id, "update", data, update.after, ts_ms, corrupt)
 
 
+# -------------------------------------------------------------------- Bybit
+
+
+def _top_update(update: BookUpdate, depth: int) -> tuple[tuple[Level, ...], tuple[Level, ...]]:
+    """The changes of the best `depth` levels (a level leaving them is removed)."""
+    before, after = update.before, update.after
+    return _diff(before.bids[:depth], after.bids[:depth]), _diff(
+        before.asks[:depth], after.asks[:depth]
+    )
+
+
+def _bybit_push(
+    market_id: str, kind: str, bids: Iterable[Level], asks: Iterable[Level], *ids: int, ts: int
+) -> dict[str, Any]:
+    depth, update_id, seq = ids
+    return {
+        "topic": f"orderbook.{depth}.{market_id}",
+        "type": kind,
+        "ts": ts,
+        "data": {
+            "s": market_id,
+            "b": binance_levels(bids),
+            "a": binance_levels(asks),
+            "u": update_id,
+            "seq": seq,
+        },
+        "cts": ts,
+    }
+
+
+def bybit_snapshot(
+    market_id: str, book: SimBook, depth: int, update_id: int, ts_ms: int
+) -> dict[str, Any]:
+    """The first push of `orderbook.{depth}.{symbol}`: the best `depth` levels."""
+    return _bybit_push(
+        market_id,
+        "snapshot",
+        book.bids[:depth],
+        book.asks[:depth],
+        depth,
+        update_id,
+        book.step,
+        ts=ts_ms,
+    )
+
+
+def bybit_delta(
+    market_id: str, update: BookUpdate, depth: int, update_id: int, ts_ms: int
+) -> dict[str, Any] | None:
+    """A `delta` push, or None when none of the best `depth` levels changed."""
+    bids, asks = _top_update(update, depth)
+    if not bids and not asks:
+        return None
+    return _bybit_push(
+        market_id, "delta", bids, asks, depth, update_id, update.after.step, ts=ts_ms
+    )
+
+
+# ------------------------------------------------------------------- Kraken
+
+
+def kraken_digits(value: str) -> str:
+    """A number as Kraken's checksum reads it: no ".", no leading zeros."""
+    return value.replace(".", "").lstrip("0")
+
+
+def kraken_checksum(bids: Sequence[Sequence[str]], asks: Sequence[Sequence[str]]) -> int:
+    """Kraken's book checksum: CRC32 (unsigned) of the best 10 asks, then the best 10
+    bids, each `price qty` in full precision with "." and leading zeros removed."""
+    parts = [
+        kraken_digits(price) + kraken_digits(qty)
+        for side in (asks, bids)
+        for price, qty, *_ in side[:KRAKEN_CHECKSUM_LEVELS]
+    ]
+    return zlib.crc32("".join(parts).encode())
+
+
+def _kraken_levels(levels: Iterable[Level], places: tuple[int, int]) -> list[list[str]]:
+    return [[f"{p:.{places[0]}f}", f"{a:.{places[1]}f}"] for p, a in levels]
+
+
+def _kraken_push(
+    symbol: str,
+    kind: str,
+    changed: tuple[Iterable[Level], Iterable[Level]],
+    book: SimBook,
+    places: tuple[int, int],
+    ts_ms: int | None,
+    corrupt: bool = False,
+) -> dict[str, Any]:
+    checksum = kraken_checksum(
+        _kraken_levels(book.bids[:KRAKEN_CHECKSUM_LEVELS], places),
+        _kraken_levels(book.asks[:KRAKEN_CHECKSUM_LEVELS], places),
+    )
+    if corrupt:
+        checksum ^= 1
+    data: dict[str, Any] = {
+        "symbol": symbol,
+        "bids": [{"price": p, "qty": q} for p, q in _kraken_levels(changed[0], places)],
+        "asks": [{"price": p, "qty": q} for p, q in _kraken_levels(changed[1], places)],
+        "checksum": checksum,
+    }
+    if ts_ms is not None:
+        data["timestamp"] = (
+            datetime.fromtimestamp(ts_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
+        )
+    return {"channel": "book", "type": kind, "data": [data]}
+
+
+def kraken_snapshot(
+    symbol: str, book: SimBook, depth: int, places: tuple[int, int]
+) -> dict[str, Any]:
+    """The snapshot after a subscription: the best `depth` levels (`places`: the
+    pair's price and qty decimals), with the checksum of the best 10."""
+    return _kraken_push(
+        symbol, "snapshot", (book.bids[:depth], book.asks[:depth]), book, places, None
+    )
+
+
+def kraken_update(
+    symbol: str,
+    update: BookUpdate,
+    depth: int,
+    places: tuple[int, int],
+    ts_ms: int,
+    *,
+    corrupt: bool = False,
+) -> dict[str, Any] | None:
+    """An update of the best `depth` levels, or None when none of them changed. A
+    level pushed out of the depth is not removed: the client truncates its book."""
+    before, after = update.before, update.after
+    bids = _kept(_diff(before.bids[:depth], after.bids[:depth]), after.bids)
+    asks = _kept(_diff(before.asks[:depth], after.asks[:depth]), after.asks)
+    if not bids and not asks:
+        return None
+    return _kraken_push(symbol, "update", (bids, asks), after, places, ts_ms, corrupt)
+
+
+def _kept(changes: Iterable[Level], side: Sequence[Level]) -> list[Level]:
+    """`changes` without the removal of a level that still exists beyond the depth."""
+    present = {price for price, _ in side}
+    return [(p, a) for p, a in changes if a or p not in present]
+
+
+_QUOTED_NUMBER = re.compile(r'"(price|qty)":"(-?[0-9]+(?:\.[0-9]+)?)"')
+
+
+def kraken_text(message: dict[str, Any]) -> str:
+    """The JSON text Kraken sends: prices and quantities as numbers with every digit
+    of the pair's precision (`0.10000000`), which `json.dumps` of a float would drop."""
+    return _QUOTED_NUMBER.sub(r'"\1":\2', json.dumps(message, separators=(",", ":")))
+
+
+# ----------------------------------------------------------------- Coinbase
+
+
+def coinbase_levels(levels: Iterable[Level], price_places: int) -> list[list[str]]:
+    return [[f"{p:.{price_places}f}", fmt8(a)] for p, a in levels]
+
+
+def coinbase_snapshot(product_id: str, book: SimBook, price_places: int) -> dict[str, Any]:
+    """The first `level2` message: the whole book."""
+    return {
+        "type": "snapshot",
+        "product_id": product_id,
+        "bids": coinbase_levels(book.bids, price_places),
+        "asks": coinbase_levels(book.asks, price_places),
+    }
+
+
+def coinbase_update(
+    product_id: str, update: BookUpdate, price_places: int, ts_ms: int
+) -> dict[str, Any]:
+    """One `l2update`: `[side, price, size]` changes, size "0.00000000" removes."""
+    changes = [
+        [side, *level]
+        for side, levels in (("buy", update.bids), ("sell", update.asks))
+        for level in coinbase_levels(levels, price_places)
+    ]
+    return {
+        "type": "l2update",
+        "product_id": product_id,
+        "changes": changes,
+        "time": datetime.fromtimestamp(ts_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z",
+    }
+
+
 # ------------------------------------------------------------- the stream
 
 
@@ -277,6 +482,14 @@ __all__ = [
     "SimBook",
     "binance_depth_event",
     "binance_depth_snapshot",
+    "bybit_delta",
+    "bybit_snapshot",
+    "coinbase_snapshot",
+    "coinbase_update",
+    "kraken_checksum",
+    "kraken_snapshot",
+    "kraken_text",
+    "kraken_update",
     "okx_checksum",
     "okx_snapshot",
     "okx_update",

@@ -13,7 +13,9 @@ The stream (``wss://stream.bybit.com/v5/public/spot``, served at
 ``/stream/v5/public/spot`` by ``point_ccxt_at``'s rule) speaks ``{"op":
 "subscribe", "args": ["publicTrade.BTCUSDT"], "req_id": n}`` and pushes
 ``{"topic": "publicTrade.BTCUSDT", "type": "snapshot", "ts": ms, "data":
-[trades]}``; the connection bookkeeping is shared with Binance's streams.
+[trades]}``; the connection bookkeeping is shared with Binance's streams. The
+order book topic ``orderbook.{depth}.{symbol}`` (spot depths 1, 50, 200, 1000) sends a
+snapshot, then deltas (``books.bybit_snapshot``/``bybit_delta``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ MAX_TRADES_LIMIT = 60  # spot recent-trade
 PREFIX = "/v5/"
 WS_PATH = "/stream/v5/public/spot"
 TOPIC = "publicTrade."
+BOOK_TOPIC = "orderbook."
+BOOK_DEPTHS = (1, 50, 200, 1000)  # spot
 
 
 def bybit_error(code: int, message: str, now_ms: int, status: int = 200) -> web.Response:
@@ -202,8 +206,17 @@ def taker_side(trade: Trade) -> str:
 
 
 def topic_symbol(topic: str) -> str:
-    """``publicTrade.BTCUSDT`` -> ``BTCUSDT``."""
-    return topic.removeprefix(TOPIC)
+    """``publicTrade.BTCUSDT``, ``orderbook.50.BTCUSDT`` -> ``BTCUSDT``."""
+    return topic.rsplit(".", 1)[-1]
+
+
+def book_depth(topic: str) -> int | None:
+    """``orderbook.50.BTCUSDT`` -> 50; None for another topic or depth."""
+    parts = topic.split(".")
+    if len(parts) != 3 or parts[0] + "." != BOOK_TOPIC or not parts[1].isdigit():
+        return None
+    depth = int(parts[1])
+    return depth if depth in BOOK_DEPTHS else None
 
 
 def trade_message(market_id: str, trades: Sequence[Trade], event_ms: int) -> dict[str, Any]:
@@ -253,7 +266,11 @@ def on_message(text: str, conn_id: int) -> tuple[dict[str, Any], str, list[str]]
         args = msg.get("args")
         if not isinstance(args, list) or not args:
             return {**reply, "success": False, "ret_msg": "args must be a non-empty list"}, "", []
-        bad = [a for a in args if not isinstance(a, str) or not a.startswith(TOPIC)]
+        bad = [
+            a
+            for a in args
+            if not isinstance(a, str) or not (a.startswith(TOPIC) or book_depth(a) is not None)
+        ]
         if bad:
             return {**reply, "success": False, "ret_msg": f"handler not found:{bad[0]}"}, "", []
         ack = {**reply, "ret_msg": "subscribe"} if op == "subscribe" else reply

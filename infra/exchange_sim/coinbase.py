@@ -1,4 +1,5 @@
-"""Coinbase Exchange front-end (ccxt id ``coinbaseexchange``), REST only.
+"""Coinbase Exchange front-end (ccxt id ``coinbaseexchange``): REST, and the websocket
+feed's order-book channels `level2` / `level2_batch` (snapshot, then `l2update`s).
 
 Why Coinbase as the second format: ccxt loads its markets from two plain
 endpoints (``/currencies``, ``/products``) with no asset-code aliasing, and
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -243,3 +246,75 @@ class CoinbaseRest:
             ],
             headers=headers,
         )
+
+
+# ----------------------------------------------------------------- websocket
+
+#: `wss://ws-feed.exchange.coinbase.com` as `point_ccxt_at` rewrites it.
+WS_PATH = "/ws-feed"
+BOOK_CHANNELS = ("level2", "level2_batch")
+_BOOK_KEY = "coinbase."
+
+
+def book_key(channel: str, product_id: str) -> str:
+    """How a connection records a book subscription (`coinbase.level2_batch.BTC-USDT`)."""
+    return f"{_BOOK_KEY}{channel}.{product_id}"
+
+
+def key_product(key: str) -> str | None:
+    """`coinbase.level2.BTC-USDT` -> `BTC-USDT`; None for another key."""
+    return key.rsplit(".", 1)[-1] if key.startswith(_BOOK_KEY) else None
+
+
+def on_message(text: str, known: Callable[[str], bool]) -> tuple[list[Any], str, list[str]]:
+    """A client message -> (the replies, `subscribe`/`unsubscribe`/"", its book keys).
+
+    As Coinbase answers: `{"type": "subscriptions", "channels": [...]}` listing what
+    the connection now holds, or `{"type": "error", "message", "reason"}`. `level2`
+    needs a signed request (Coinbase requires authentication for it since 2023);
+    `level2_batch`, the same messages batched every 50 ms, is public.
+    """
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError:
+        return [_error("Failed to parse request")], "", []
+    kind = msg.get("type") if isinstance(msg, dict) else None
+    if kind not in ("subscribe", "unsubscribe"):
+        return [_error(f"Invalid type {kind!r}")], "", []
+    assert isinstance(msg, dict)
+    products = msg.get("product_ids") or []
+    keys: list[str] = []
+    for channel in msg.get("channels") or []:
+        name = channel.get("name") if isinstance(channel, dict) else channel
+        ids = channel.get("product_ids", products) if isinstance(channel, dict) else products
+        ids = ids if isinstance(ids, list) else []
+        if name not in BOOK_CHANNELS:
+            return [_error("Failed to subscribe", f"{name} is not a valid channel")], "", []
+        if name == "level2" and kind == "subscribe" and "signature" not in msg:
+            return [_error("Failed to subscribe", "level2 requires authentication")], "", []
+        for product_id in ids:
+            if not known(product_id):
+                return (
+                    [_error("Failed to subscribe", f"{product_id} is not a valid product")],
+                    "",
+                    [],
+                )
+            keys.append(book_key(str(name), str(product_id)))
+    return [], str(kind), keys
+
+
+def subscriptions(keys: Iterable[str]) -> dict[str, Any]:
+    """The `subscriptions` reply: every channel of the connection with its products."""
+    channels: dict[str, list[str]] = {}
+    for key in sorted(keys):
+        if key.startswith(_BOOK_KEY):
+            channel, _, product_id = key.removeprefix(_BOOK_KEY).partition(".")
+            channels.setdefault(channel, []).append(product_id)
+    return {
+        "type": "subscriptions",
+        "channels": [{"name": n, "product_ids": ids} for n, ids in channels.items()],
+    }
+
+
+def _error(message: str, reason: str = "") -> dict[str, Any]:
+    return {"type": "error", "message": message, "reason": reason}

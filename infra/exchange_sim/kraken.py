@@ -1,4 +1,5 @@
-"""Kraken spot front-end (ccxt id ``kraken``), REST only: assets, pairs, time, OHLC.
+"""Kraken spot front-end (ccxt id ``kraken``): REST assets, pairs, time, OHLC, and the
+websocket v2 `book` channel (the one ccxt 4.5.90's ``watch_order_book`` uses).
 
 Why these shapes: unmodified ccxt ``kraken`` must load markets (``load_markets``
 calls ``/0/public/Assets``, then ``/0/public/AssetPairs``) and parse candles, so
@@ -18,6 +19,8 @@ each candle's trade count. Same deterministic model as the other front-ends.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -192,3 +195,105 @@ class KrakenRest:
                 "last": str(last),  # a string, as in the recorded payloads
             }
         )
+
+
+# ------------------------------------------------------- public websocket v2
+
+#: `wss://ws.kraken.com/v2` as `point_ccxt_at` rewrites it (host label `ws`).
+WS_PATH = "/ws/v2"
+BOOK_DEPTHS = (10, 25, 100, 500, 1000)
+_BOOK_KEY = "kraken.book."
+
+
+def book_key(symbol: str, depth: int) -> str:
+    """How a connection records its `book` subscription (`kraken.book.100.BTC/USDT`)."""
+    return f"{_BOOK_KEY}{depth}.{symbol}"
+
+
+def key_book(key: str) -> tuple[str, int] | None:
+    """`kraken.book.100.BTC/USDT` -> ("BTC/USDT", 100); None for another key."""
+    if not key.startswith(_BOOK_KEY):
+        return None
+    depth, _, symbol = key.removeprefix(_BOOK_KEY).partition(".")
+    return symbol, int(depth)
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def on_message(text: str, known: Callable[[str], bool]) -> tuple[list[Any], str, list[str]]:
+    """A client message -> (the replies, `subscribe`/`unsubscribe`/"", its book keys).
+
+    As Kraken's v2 answers: `{"method": "ping"}` gets `pong`; each symbol of a `book`
+    (un)subscription gets `{"method": ..., "result": {...}, "success": true}`, or
+    `success: false` with an `error` (an unknown pair, another channel, a depth
+    Kraken does not serve); `known` says whether a pair is listed.
+    """
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError:
+        return [_failed("", None, "Malformed request", None)], "", []
+    if not isinstance(msg, dict):
+        return [_failed("", None, "Malformed request", None)], "", []
+    method, req_id = str(msg.get("method", "")), msg.get("req_id")
+    if method == "ping":
+        return [_result("pong", req_id, None)], "", []
+    if method not in ("subscribe", "unsubscribe"):
+        return [_failed(method, req_id, "Method not found", None)], "", []
+    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+    assert isinstance(params, dict)
+    if params.get("channel") != "book":
+        return [_failed(method, req_id, "Channel not supported by the simulator", None)], "", []
+    depth = params.get("depth", 10)
+    symbols = params.get("symbol")
+    if not isinstance(symbols, list) or not symbols:
+        return [_failed(method, req_id, "Pair field must be an array", None)], "", []
+    if depth not in BOOK_DEPTHS:
+        return [_failed(method, req_id, "Subscription depth not supported", None)], "", []
+    replies: list[Any] = []
+    keys: list[str] = []
+    for symbol in symbols:
+        if not isinstance(symbol, str) or not known(symbol):
+            replies.append(_failed(method, req_id, f"Currency pair not supported {symbol}", symbol))
+            continue
+        result = {"channel": "book", "depth": depth, "symbol": symbol}
+        if method == "subscribe":
+            result["snapshot"] = True
+        replies.append(_result(method, req_id, result))
+        keys.append(book_key(symbol, depth))
+    return replies, method, keys
+
+
+def _result(method: str, req_id: Any, result: dict[str, Any] | None) -> dict[str, Any]:
+    reply: dict[str, Any] = {"method": method}
+    if result is not None:
+        reply.update(result=result, success=True)
+    if req_id is not None:
+        reply["req_id"] = req_id
+    return {**reply, "time_in": _stamp(), "time_out": _stamp()}
+
+
+def _failed(method: str, req_id: Any, error: str, symbol: str | None) -> dict[str, Any]:
+    reply: dict[str, Any] = {"error": error, "method": method, "success": False}
+    if symbol is not None:
+        reply["symbol"] = symbol
+    if req_id is not None:
+        reply["req_id"] = req_id
+    return {**reply, "time_in": _stamp(), "time_out": _stamp()}
+
+
+def status_message(conn_id: int) -> dict[str, Any]:
+    """What Kraken's v2 sends first on every connection."""
+    return {
+        "channel": "status",
+        "type": "update",
+        "data": [
+            {
+                "api_version": "v2",
+                "connection_id": conn_id,
+                "system": "online",
+                "version": "2.0.0",
+            }
+        ],
+    }

@@ -28,9 +28,11 @@ from .books import DEFAULT_LEVELS, SimBook
 from .bybit import PREFIX as BYBIT_PREFIX
 from .bybit import WS_PATH as BYBIT_WS_PATH
 from .bybit import BybitRest, bybit_error
+from .coinbase import WS_PATH as COINBASE_WS_PATH
 from .coinbase import CoinbaseRest, coinbase_error
 from .faults import Fault, FaultError, parse_fault, truncate
 from .kraken import PREFIX as KRAKEN_PREFIX
+from .kraken import WS_PATH as KRAKEN_WS_PATH
 from .kraken import KrakenRest, kraken_error
 from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
 from .okx import PREFIX as OKX_PREFIX
@@ -51,8 +53,10 @@ def exchange_of(path: str) -> str:
         return "okx"
     if path.startswith(BYBIT_PREFIX) or path == BYBIT_WS_PATH:
         return "bybit"
-    if path.startswith(KRAKEN_PREFIX):
+    if path.startswith(KRAKEN_PREFIX) or path == KRAKEN_WS_PATH:
         return "kraken"
+    if path == COINBASE_WS_PATH:
+        return "coinbase"
     return "coinbase" if path.startswith(COINBASE_PREFIXES) else "binance"
 
 
@@ -141,6 +145,8 @@ class SimulatorServer:
         app.add_routes(self.kraken.routes())
         app.router.add_get(BYBIT_WS_PATH, self.streams.handle_bybit)  # before /stream/{tail}
         app.router.add_get(OKX_WS_PATH, self.streams.handle_okx)  # before /ws/{tail}
+        app.router.add_get(KRAKEN_WS_PATH, self.streams.handle_kraken)  # before /ws/{tail}
+        app.router.add_get(COINBASE_WS_PATH, self.streams.handle_coinbase)
         for path in ("/ws", "/ws/{tail:.*}", "/stream", "/stream/{tail:.*}"):
             app.router.add_get(path, self.streams.handle)
         app.add_routes(

@@ -8,6 +8,8 @@ values and `ExchangeCallError`s.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -33,7 +35,7 @@ from ingestor.model import (
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
-from ingestor.venues.base import BookChecksum
+from ingestor.venues.base import BookChecksum, BookContext, BookGuard
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +61,18 @@ _DECIMAL_PLACES = 2
 _SIGNIFICANT_DIGITS = 3
 
 
+class _BookRejected(ccxt_errors.InvalidNonce):  # type: ignore[misc]  # ccxt is untyped
+    """A book watch rejected by a venue's `BookGuard` (a gap or a bad checksum)."""
+
+    def __init__(self, kind: BookIntegrity, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
 def _capturing(
     cls: type[Any],
     transport: Transport | None = None,
-    book_checksum: Callable[[], BookChecksum] | None = None,
+    venue: Venue | None = None,
 ) -> type[Any]:
     """A subclass of a ccxt exchange class that records HTTP error responses.
 
@@ -71,8 +81,11 @@ def _capturing(
     per task, lets the retry policy honour it safely. With a `transport`, every
     REST call goes to it instead of the network; ccxt still builds the request
     and parses the answer, so replayed payloads take the production path.
-    With `book_checksum` (OKX), every raw book message is checked against the
-    exchange's checksum, which ccxt 4.5.90 ignores (`_checking_books`).
+    With the venue's `book_checksum` (OKX), every raw book message is checked
+    against the exchange's checksum, which ccxt 4.5.90 ignores (`_checking_books`);
+    with its `book_guard` (Bybit, Kraken), before ccxt applies it (`_guarding_books`).
+    With `public_books` (Coinbase), a book subscription goes out unsigned when
+    no credentials are configured.
     """
 
     def handle_errors(
@@ -109,11 +122,75 @@ def _capturing(
         _LAST_RESPONSE.set(response)
         return response
 
+    def authenticate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.apiKey:
+            return {}
+        parent: Any = super(subclass, self)
+        return parent.authenticate(*args, **kwargs)
+
     methods: dict[str, Any] = {"handle_errors": handle_errors, "fetch": fetch}
-    if book_checksum is not None:
-        methods["handle_order_book_message"] = _checking_books(lambda: subclass, book_checksum)
+    if venue is not None and venue.book_checksum is not None:
+        methods["handle_order_book_message"] = _checking_books(
+            lambda: subclass, venue.book_checksum
+        )
+    if venue is not None and venue.book_guard is not None:
+        methods["handle_order_book"] = _guarding_books(lambda: subclass, venue.book_guard)
+    if venue is not None and venue.public_books:
+        methods["authenticate"] = authenticate
     subclass: type[Any] = type(cls.__name__, (cls,), methods)
     return subclass
+
+
+def _market_of(exchange: Any) -> Callable[[str], Any]:
+    """A ccxt market by unified symbol or by spot market id (the platform's markets)."""
+
+    def market(key: str) -> Any:
+        markets = exchange.markets or {}
+        return markets[key] if key in markets else exchange.safe_market(key, None, None, "spot")
+
+    return market
+
+
+def _guarding_books(
+    owner: Callable[[], type[Any]], new_guard: Callable[[BookContext], BookGuard]
+) -> Callable[..., Any]:
+    """ccxt.pro's book handler behind the venue's guard (one per exchange object).
+
+    A message the guard accepts goes to ccxt, and the book gets the guard's sequence
+    as its `nonce`; an update of a book awaiting its snapshot is dropped. On a gap or
+    a bad checksum ccxt's book and subscription are dropped, the watch rejected
+    (`_BookRejected`), and the channel unsubscribed (`_book_resyncs`, which the next
+    watch awaits before it subscribes again and gets a fresh snapshot).
+    """
+
+    def handle_order_book(self: Any, client: Any, message: Any) -> Any:
+        guard: BookGuard | None = self.__dict__.get("_book_guard")
+        if guard is None:
+            depths: dict[str, int] = self.__dict__.setdefault("_book_depths", {})
+            guard = self._book_guard = new_guard(BookContext(_market_of(self), depths.get))
+        parent: Any = super(owner(), self)
+        verdict = guard.check(message)
+        if verdict is None:
+            return parent.handle_order_book(client, message)
+        if verdict.stale:
+            return None
+        symbol = verdict.symbol
+        if verdict.problem is None:
+            result = parent.handle_order_book(client, message)
+            book = self.orderbooks.get(symbol)
+            if verdict.sequence is not None and book is not None:
+                book["nonce"] = verdict.sequence
+            return result
+        message_hash = guard.message_hash(symbol)
+        self.orderbooks.pop(symbol, None)
+        client.subscriptions.pop(message_hash, None)
+        depth = self.__dict__.get("_book_depths", {}).get(symbol)
+        resyncs: dict[str, Any] = self.__dict__.setdefault("_book_resyncs", {})
+        resyncs[symbol] = asyncio.ensure_future(client.send(guard.unsubscribe(symbol, depth)))
+        client.reject(_BookRejected(verdict.problem, f"{self.id} {verdict.reason}"), message_hash)
+        return None
+
+    return handle_order_book
 
 
 def _checking_books(
@@ -254,8 +331,7 @@ class ExchangeAdapter:
             config["rateLimit"] = settings.rate_limit_ms
         if credentials is not None:
             config.update(credentials.ccxt_config())
-        checksum = self.venue.book_checksum
-        self._exchange: Any = _capturing(base, transport, checksum)(config)
+        self._exchange: Any = _capturing(base, transport, self.venue)(config)
         if settings.api_base_url:
             # A new dict: class-level defaults shared with other instances stay untouched.
             urls = dict(self._exchange.urls)
@@ -404,8 +480,15 @@ class ExchangeAdapter:
         """The book's best `depth` levels after the next update; BookIntegrityError when
         the exchange's ids skipped or its checksum disagreed (watch again: ccxt then
         rebuilds the book from a fresh snapshot)."""
+        limit = self.venue.book_depth(depth)
+        self._exchange.__dict__.setdefault("_book_depths", {})[symbol] = limit
         try:
-            book = await self._exchange.watch_order_book(symbol, depth)
+            resync = self._exchange.__dict__.get("_book_resyncs", {}).pop(symbol, None)
+            if resync is not None:  # the unsubscribe goes out before the new subscribe
+                with contextlib.suppress(Exception):
+                    await resync
+            params = dict(self.venue.book_params)
+            book = await self._exchange.watch_order_book(symbol, limit, params)
             # Copied before the next await: ccxt updates this book in place.
             return BookView(
                 bids={float(p): float(a) for p, a, *_ in book["bids"][:depth]},
@@ -413,6 +496,8 @@ class ExchangeAdapter:
                 nonce=int(book.get("nonce") or 0),
                 timestamp_ms=int(book.get("timestamp") or 0),
             )
+        except _BookRejected as exc:
+            raise BookIntegrityError(exc.kind, str(exc)) from exc
         except ccxt_errors.ChecksumError as exc:  # first: it subclasses InvalidNonce
             # ccxt's binance raises ChecksumError for a skipped update id: a gap where
             # the exchange sends no checksum.
@@ -425,16 +510,20 @@ class ExchangeAdapter:
             raise fault_from(exc) from exc
 
     async def unwatch_order_book(self, symbol: str) -> None:
-        """Unsubscribe from the symbol's book stream (best effort)."""
-        await self._unwatch("unWatchOrderBook", "un_watch_order_book", symbol)
+        """Unsubscribe from the symbol's book stream (best effort), at the depth watched."""
+        limit = self._exchange.__dict__.get("_book_depths", {}).get(symbol)
+        params = {"limit": limit} if self.venue.book_depths and limit else {}
+        await self._unwatch("unWatchOrderBook", "un_watch_order_book", symbol, params)
 
-    async def _unwatch(self, capability: str, method: str, symbol: str) -> None:
+    async def _unwatch(
+        self, capability: str, method: str, symbol: str, params: dict[str, Any] | None = None
+    ) -> None:
         """Call ccxt's `method` where the exchange has `capability`; failures only logged:
         the stream is going away anyway."""
         if not self._exchange.has.get(capability):
             return
         try:
-            await getattr(self._exchange, method)(symbol)
+            await getattr(self._exchange, method)(symbol, *([params] if params else []))
         except Exception as exc:
             log.debug("%s %s %s failed: %s", method, self.exchange_id, symbol, exc)
 

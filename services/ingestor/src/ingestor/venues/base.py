@@ -5,11 +5,11 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ingestor.model import RawFields
+from ingestor.model import BookIntegrity, RawFields
 
 #: (decoded response body, exchange market id) -> {open time ms: fields ccxt drops}
 RawReader = Callable[[Any, str], dict[int, RawFields]]
@@ -20,6 +20,49 @@ class BookChecksum(Protocol):
 
     def apply(self, message: Mapping[str, Any], snapshot: bool) -> bool:
         """Apply one raw book message; False when its checksum disagrees with the book."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BookContext:
+    """What a `BookGuard` may ask of the exchange: the ccxt market of an exchange id or
+    symbol, and the depth a symbol's book is watched with (None: not known)."""
+
+    market: Callable[[str], Mapping[str, Any]]
+    depth: Callable[[str], int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class BookVerdict:
+    """A guard's reading of one raw book message of `symbol` (unified).
+
+    `problem`: the gap or bad checksum it reveals (None: the book may take it);
+    `sequence`: the exchange id the book is at after it, where ccxt leaves `nonce`
+    unset; `stale`: an update of a book that awaits its new snapshot, to be dropped.
+    """
+
+    symbol: str
+    problem: BookIntegrity | None = None
+    reason: str = ""
+    sequence: int | None = None
+    stale: bool = False
+
+
+class BookGuard(Protocol):
+    """Checks one exchange's raw book messages (all markets) BEFORE ccxt applies them,
+    where ccxt checks neither sequence nor checksum (pure: no I/O, no ccxt)."""
+
+    def check(self, message: Mapping[str, Any]) -> BookVerdict | None:
+        """The verdict on `message`; None when it is not a book message."""
+        ...
+
+    def message_hash(self, symbol: str) -> str:
+        """ccxt 4.5.90's hash of `symbol`'s book watch (and of its subscription)."""
+        ...
+
+    def unsubscribe(self, symbol: str, depth: int | None) -> dict[str, Any]:
+        """The request that ends `symbol`'s book channel, so the next subscription
+        brings a fresh snapshot (the exchange sends one only on subscribing)."""
         ...
 
 
@@ -70,7 +113,13 @@ class Venue:
     `raw_fields`: reads what ccxt's OHLCV drops (trade count, quote and taker
     volumes, the final flag) from the raw candle response; None: nothing to add.
     `book_checksum`: a new checker of the exchange's order-book checksum, one per
-    market, fed the raw messages (ccxt 4.5.90 checks none); None: it sends none.
+    market, fed the raw messages after ccxt applied them (OKX; ccxt checks its ids).
+    `book_guard`: a new `BookGuard` for the exchange, run before ccxt applies each
+    raw book message (Bybit's ids, Kraken's checksum: ccxt 4.5.90 checks neither).
+    `book_depths`: the depths the exchange's book channel serves (ccxt refuses
+    others): the smallest one holding the configured depth is watched.
+    `book_params`: ccxt `params` of `watch_order_book` (Coinbase: its public channel).
+    `public_books`: the book channel needs no credentials though ccxt signs it.
     `prefix`: the platform prefix (tickers `PREFIX:BASE/QUOTE`) when the
     configuration names none. `status_url`: a cheap public endpoint that
     answers when the real exchange is reachable (the platform's probe).
@@ -86,6 +135,10 @@ class Venue:
     until_exclusive: bool = False
     raw_fields: RawReader | None = None
     book_checksum: Callable[[], BookChecksum] | None = None
+    book_guard: Callable[[BookContext], BookGuard] | None = None
+    book_depths: tuple[int, ...] = ()
+    book_params: Mapping[str, Any] = field(default_factory=dict)
+    public_books: bool = False
 
     def platform_prefix(self, exchange_id: str) -> str:
         """`prefix`, or the ccxt id in upper case for an exchange without a module."""
@@ -96,6 +149,13 @@ class Venue:
         if not self.sends_until:
             return {}
         return {"until": until_ms + 1 if self.until_exclusive else until_ms}
+
+    def book_depth(self, depth: int) -> int:
+        """The depth to watch for a book kept to `depth` levels: the smallest the
+        exchange serves that holds it (its largest if none does)."""
+        if not self.book_depths:
+            return depth
+        return min((d for d in self.book_depths if d >= depth), default=max(self.book_depths))
 
     @property
     def bounded(self) -> bool:

@@ -3,12 +3,24 @@
 `start`/`end` are inclusive and Bybit returns the newest `limit` (max 1000)
 klines between them, newest first: bounded windows. A row is [start, open,
 high, low, close, volume (base), turnover (quote)]; no trade count.
+
+Order books (topic `orderbook.{depth}.{symbol}`, spot depths 1, 50, 200, 1000): a
+snapshot, then deltas; each carries `u`, the topic's update id (+1 a message; a
+snapshot with `u` 1 after Bybit restarts its service) and `seq`, the cross sequence
+(the book's version, comparable across depths). ccxt 4.5.90 checks neither and
+leaves `nonce` unset: `BybitBookGuard` checks `u` and reports `seq` as the book's
+exchange sequence. No checksum.
+
+    {"topic": "orderbook.50.BTCUSDT", "type": "delta", "ts": 1671179923046,
+     "data": {"s": "BTCUSDT", "b": [], "a": [["17440.50", "78.857"]],
+              "u": 13079593, "seq": 22520573378}, "cts": 1671179923037}
 """
 
+from collections.abc import Mapping
 from typing import Any
 
-from ingestor.model import RawFields
-from ingestor.venues.base import Paging, Venue
+from ingestor.model import BookIntegrity, RawFields
+from ingestor.venues.base import BookContext, BookVerdict, Paging, Venue
 
 
 def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
@@ -17,11 +29,53 @@ def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
     return {int(r[0]): RawFields(quote_volume=float(r[6])) for r in rows if len(r) > 6}
 
 
+BOOK_TOPIC = "orderbook."
+
+
+class BybitBookGuard:
+    """Each market's last `u`: an update must carry the next one."""
+
+    def __init__(self, context: BookContext) -> None:
+        self._context = context
+        self._last: dict[str, int] = {}  # unified symbol -> `u` of the book's last message
+
+    def check(self, message: Mapping[str, Any]) -> BookVerdict | None:
+        if not str(message.get("topic", "")).startswith(BOOK_TOPIC):
+            return None
+        data = message.get("data") or {}
+        symbol = str(self._context.market(str(data.get("s")))["symbol"])
+        update_id, seq = int(data["u"]), int(data["seq"])
+        if message.get("type") == "snapshot":
+            self._last[symbol] = update_id
+            return BookVerdict(symbol, sequence=seq)
+        last = self._last.get(symbol)
+        if last is None:
+            return BookVerdict(symbol, stale=True)
+        if update_id != last + 1:
+            del self._last[symbol]
+            return BookVerdict(
+                symbol,
+                BookIntegrity.SEQUENCE_GAP,
+                f"update id {update_id} after {last} ({update_id - last - 1} skipped)",
+            )
+        self._last[symbol] = update_id
+        return BookVerdict(symbol, sequence=seq)
+
+    def message_hash(self, symbol: str) -> str:
+        return "orderbook:" + symbol
+
+    def unsubscribe(self, symbol: str, depth: int | None) -> dict[str, Any]:
+        market_id = self._context.market(symbol)["id"]
+        return {"op": "unsubscribe", "args": [f"{BOOK_TOPIC}{depth or 50}.{market_id}"]}
+
+
 VENUE = Venue(
     exchange_id="bybit",
     paging=Paging.NEWEST_IN_WINDOW,
     page_cap=1000,
     raw_fields=raw_fields,
+    book_guard=BybitBookGuard,
+    book_depths=(1, 50, 200, 1000),
     prefix="BYBIT",
     status_url="https://api.bybit.com/v5/market/time",
 )

@@ -8,12 +8,25 @@ time Kraken can serve. ccxt has no end parameter for Kraken (it would send
 `until` on as an unknown query parameter), so none is sent.
 A row is [time s, open, high, low, close, vwap, volume, count]; `last` is the
 time of the last committed (final) entry.
+
+Order books (websocket v2 channel `book`, depths 10, 25, 100, 500, 1000): a snapshot,
+then updates, each with `checksum`, CRC32 of the best 10 asks then the best 10 bids,
+each price and qty in the pair's full precision without "." and leading zeros. No
+sequence. Levels pushed out of the depth are not removed on the wire (the client
+truncates). ccxt 4.5.90 ships its check switched off: `KrakenBookGuard` checks.
+
+    {"channel": "book", "type": "update", "data": [{"symbol": "MATIC/USD",
+     "bids": [{"price": 0.5657, "qty": 1098.3947558}], "asks": [],
+     "checksum": 2114181697, "timestamp": "2023-10-06T17:35:55.440295Z"}]}
 """
 
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
-from ingestor.model import RawFields
-from ingestor.venues.base import Paging, Venue
+from ingestor.model import BookIntegrity, RawFields
+from ingestor.venues.base import BookContext, BookVerdict, Paging, Venue
 
 
 def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
@@ -31,6 +44,102 @@ def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
     }
 
 
+CHECKSUM_DEPTH = 10
+
+
+def _digits(value: str) -> str:
+    return value.replace(".", "").lstrip("0")
+
+
+def book_checksum(asks: Sequence[Sequence[str]], bids: Sequence[Sequence[str]]) -> int:
+    """Kraken's checksum of a book given best first as (price, qty) strings written with
+    the pair's precision: asks first, then bids, unsigned."""
+    text = "".join(
+        _digits(price) + _digits(qty)
+        for side in (asks, bids)
+        for price, qty in side[:CHECKSUM_DEPTH]
+    )
+    return zlib.crc32(text.encode())
+
+
+def _text(value: Any, places: int | None) -> str:
+    """A price or qty as Kraken writes it: every digit of the pair's precision."""
+    number = Decimal(str(value))
+    return f"{number:.{places}f}" if places is not None else f"{number:f}"
+
+
+def _places(market: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The pair's price and qty decimals (AssetPairs `pair_decimals`, `lot_decimals`)."""
+    info = market.get("info") or {}
+    price, qty = info.get("pair_decimals"), info.get("lot_decimals")
+    return (None if price is None else int(price), None if qty is None else int(qty))
+
+
+class KrakenBookGuard:
+    """Each market's book as Kraken's strings, to recompute each message's checksum."""
+
+    def __init__(self, context: BookContext) -> None:
+        self._context = context
+        self._books: dict[str, tuple[dict[Decimal, list[str]], dict[Decimal, list[str]]]] = {}
+
+    def check(self, message: Mapping[str, Any]) -> BookVerdict | None:
+        if message.get("channel") != "book":
+            return None
+        data = (message.get("data") or [{}])[0]
+        symbol = str(data.get("symbol"))
+        book = self._books.get(symbol)
+        if message.get("type") == "snapshot":
+            book = self._books[symbol] = ({}, {})
+        elif book is None:
+            return BookVerdict(symbol, stale=True)
+        places = _places(self._context.market(symbol))
+        depth = self._context.depth(symbol)
+        bids, asks = book
+        for side, key in ((bids, "bids"), (asks, "asks")):
+            _apply(side, data.get(key) or (), places)
+            _truncate(side, depth, descending=side is bids)
+        expected = data.get("checksum")
+        if expected is None:
+            return BookVerdict(symbol)
+        best_asks = [asks[p] for p in sorted(asks)[:CHECKSUM_DEPTH]]
+        best_bids = [bids[p] for p in sorted(bids, reverse=True)[:CHECKSUM_DEPTH]]
+        actual = book_checksum(best_asks, best_bids)
+        if actual == int(expected):
+            return BookVerdict(symbol)
+        del self._books[symbol]
+        return BookVerdict(
+            symbol, BookIntegrity.CHECKSUM, f"checksum {expected}, the book's is {actual}"
+        )
+
+    def message_hash(self, symbol: str) -> str:
+        return "orderbook@" + symbol
+
+    def unsubscribe(self, symbol: str, depth: int | None) -> dict[str, Any]:
+        params = {"channel": "book", "symbol": [symbol], "depth": depth or 10}
+        return {"method": "unsubscribe", "params": params}
+
+
+def _apply(
+    side: dict[Decimal, list[str]],
+    levels: Iterable[Mapping[str, Any]],
+    places: tuple[int | None, int | None],
+) -> None:
+    for level in levels:
+        price, qty = Decimal(str(level["price"])), Decimal(str(level["qty"]))
+        if qty == 0:
+            side.pop(price, None)
+        else:
+            side[price] = [_text(level["price"], places[0]), _text(level["qty"], places[1])]
+
+
+def _truncate(side: dict[Decimal, list[str]], depth: int | None, *, descending: bool) -> None:
+    """Kraken sends no removal for a level pushed out of the subscribed depth."""
+    if depth is None or len(side) <= depth:
+        return
+    for price in sorted(side, reverse=descending)[depth:]:
+        del side[price]
+
+
 VENUE = Venue(
     exchange_id="kraken",
     paging=Paging.OLDEST_FROM_SINCE,
@@ -38,6 +147,8 @@ VENUE = Venue(
     history_entries=720,
     sends_until=False,
     raw_fields=raw_fields,
+    book_guard=KrakenBookGuard,
+    book_depths=(10, 25, 100, 500, 1000),
     prefix="KRAKEN",
     status_url="https://api.kraken.com/0/public/Time",
 )
