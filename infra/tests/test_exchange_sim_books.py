@@ -12,6 +12,7 @@ import asyncio
 import json
 import zlib
 from collections.abc import Iterator
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,13 @@ import ccxt.pro as ccxtpro
 import pytest
 
 from infra.exchange_sim import DEFAULT_MODEL, ThreadedSimulator, point_ccxt_at, run_in_thread
-from infra.exchange_sim.books import BookModel, okx_checksum, step_of
+from infra.exchange_sim.books import (
+    BookModel,
+    kraken_checksum,
+    kraken_text,
+    okx_checksum,
+    step_of,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "books"
 FROZEN_NOW = 1_700_000_000_000 + 12_345
@@ -96,7 +103,7 @@ async def _ws_messages(url: str, subscribe: dict[str, Any], count: int, sim: Any
         await ws.send_str(json.dumps(subscribe))
         messages: list[Any] = []
         while len(messages) < count:
-            if len(messages) == 1:  # after the ack (and OKX's snapshot): move the clock on
+            if len(messages) == count - 1 and count > 1:  # before the last: move the clock on
                 await asyncio.to_thread(sim.advance_time, 1_000)
             msg = await asyncio.wait_for(ws.receive(), 10)
             messages.append(json.loads(msg.data))
@@ -193,3 +200,147 @@ def test_ccxt_keeps_the_simulators_book_and_sees_a_dropped_event(
         return seen
 
     assert asyncio.run(run()) == [error]
+
+
+# ------------------------------------------------- Bybit, Kraken, Coinbase
+
+
+def test_kraken_checksum_follows_the_documented_algorithm() -> None:
+    # Kraken's "Book checksum (WebSocket v2)": asks low to high, then bids high to low;
+    # each price and qty in full precision without "." and leading zeros; CRC32 unsigned.
+    asks = [["45285.2", "0.00100000"]]
+    bids = [["45283.5", "0.10000000"]]
+    assert kraken_checksum(bids, asks) == zlib.crc32(b"452852100000" + b"452835" + b"10000000")
+    deep = [[f"{100 - i}.0", "1.00000000"] for i in range(12)]
+    assert kraken_checksum(deep, []) == kraken_checksum(deep[:10], [])  # only the best 10
+    assert kraken_checksum([], [["0.05000", "0.00000304"]]) == zlib.crc32(b"5000304")
+
+
+def _levels(book: Any, side: str, places: int, qty_places: int) -> list[list[str]]:
+    return [[f"{p:.{places}f}", f"{a:.{qty_places}f}"] for p, a in getattr(book, side)[:10]]
+
+
+def test_bybit_books_have_the_recorded_shapes(frozen: ThreadedSimulator) -> None:
+    url = frozen.base_url.replace("http", "ws") + "/stream/v5/public/spot"
+    subscribe = {"op": "subscribe", "args": ["orderbook.50.BTCUSDT"], "req_id": "1"}
+    ack, snapshot, delta = asyncio.run(_ws_messages(url, subscribe, 3, frozen))
+    assert ack["success"] is True and ack["op"] == "subscribe"
+    assert shape(snapshot) == shape(recorded("bybit_orderbook_snapshot.json"))
+    assert shape(delta) == shape(recorded("bybit_orderbook_delta.json"))
+    assert delta["data"]["u"] == snapshot["data"]["u"] + 1  # one message, one id
+    assert delta["data"]["seq"] > snapshot["data"]["seq"]
+    book = frozen.book("BTC/USDT", delta["data"]["seq"])  # seq: the book's step here
+    assert len(snapshot["data"]["b"]) <= 50
+    assert [float(p) for p, _ in snapshot["data"]["b"]] == sorted(
+        (float(p) for p, _ in snapshot["data"]["b"]), reverse=True
+    )
+    assert book.step == delta["data"]["seq"]
+
+
+def test_kraken_books_have_the_recorded_shapes_and_checksums(frozen: ThreadedSimulator) -> None:
+    url = frozen.base_url.replace("http", "ws") + "/ws/v2"
+    subscribe = {
+        "method": "subscribe",
+        "params": {"channel": "book", "symbol": ["BTC/USDT"], "depth": 10},
+        "req_id": 3,
+    }
+    status, ack, snapshot, update = asyncio.run(_ws_messages(url, subscribe, 4, frozen))
+    assert status["channel"] == "status"
+    assert ack["success"] is True and ack["result"]["depth"] == 10 and ack["req_id"] == 3
+    assert shape(snapshot) == shape(recorded("kraken_book_snapshot.json"))
+    recorded_update = recorded("kraken_book_update.json")
+    assert set(update["data"][0]) == set(recorded_update["data"][0])
+    assert len(snapshot["data"][0]["bids"]) == 10
+    spec = DEFAULT_MODEL.spec("BTC/USDT")
+    places = (spec.price_decimals, spec.qty_decimals)
+    top = snapshot["data"][0]  # depth 10: the snapshot is the checksummed top
+    text = [[f"{x['price']:.{places[0]}f}", f"{x['qty']:.{places[1]}f}"] for x in top["bids"]]
+    ask_text = [[f"{x['price']:.{places[0]}f}", f"{x['qty']:.{places[1]}f}"] for x in top["asks"]]
+    assert top["checksum"] == kraken_checksum(text, ask_text)
+    data = update["data"][0]
+    stamp = datetime.fromisoformat(data["timestamp"].replace("Z", "+00:00"))
+    book = frozen.book("BTC/USDT", step_of(int(stamp.timestamp() * 1000)))
+    bids, asks = _levels(book, "bids", *places), _levels(book, "asks", *places)
+    assert data["checksum"] == kraken_checksum(bids, asks)
+
+
+def test_kraken_numbers_keep_their_full_precision_on_the_wire() -> None:
+    message = {"channel": "book", "data": [{"bids": [{"price": "45283.5", "qty": "0.10000000"}]}]}
+    assert '"price":45283.5,"qty":0.10000000' in kraken_text(message)
+
+
+def test_coinbase_level2_has_the_recorded_shapes(frozen: ThreadedSimulator) -> None:
+    url = frozen.base_url.replace("http", "ws") + "/ws-feed"
+    unsigned = {"type": "subscribe", "product_ids": ["BTC-USDT"], "channels": ["level2"]}
+    (refused,) = asyncio.run(_ws_messages(url, unsigned, 1, frozen))
+    assert refused["type"] == "error" and "authentication" in refused["reason"]
+    subscribe = {**unsigned, "channels": ["level2_batch"]}
+    ack, snapshot, update = asyncio.run(_ws_messages(url, subscribe, 3, frozen))
+    assert ack == {
+        "type": "subscriptions",
+        "channels": [{"name": "level2_batch", "product_ids": ["BTC-USDT"]}],
+    }
+    assert shape(snapshot) == shape(recorded("coinbase_level2_snapshot.json"))
+    assert shape(update) == shape(recorded("coinbase_level2_update.json"))
+    assert {side for side, *_ in update["changes"]} <= {"buy", "sell"}
+
+
+def test_recorded_bybit_kraken_coinbase_messages_parse_through_ccxt(
+    live: ThreadedSimulator,
+) -> None:
+    """The exchanges' own messages through ccxt.pro's handlers: the path the sim's take."""
+
+    async def run() -> dict[str, Any]:
+        books: dict[str, Any] = {}
+        bybit = ccxtpro.bybit(SPOT_ONLY)
+        point_ccxt_at(bybit, live.base_url)
+        await bybit.load_markets()
+        client = bybit.client(bybit.urls["api"]["ws"]["public"]["spot"])
+        for name in ("bybit_orderbook_snapshot.json", "bybit_orderbook_delta.json"):
+            bybit.handle_message(client, recorded(name))
+        books["bybit"] = bybit.orderbooks["BTC/USDT"]
+        await bybit.close()
+        kraken = ccxtpro.kraken()
+        client = kraken.client(kraken.urls["api"]["ws"]["publicV2"])
+        kraken.set_markets([_market("MATIC/USD", "MATICUSD", "MATIC", "USD")])
+        client.subscriptions["orderbook@MATIC/USD"] = {"limit": 10}
+        for name in ("kraken_book_snapshot.json", "kraken_book_update.json"):
+            kraken.handle_message(client, recorded(name))
+        books["kraken"] = kraken.orderbooks["MATIC/USD"]
+        await kraken.close()
+        coinbase = ccxtpro.coinbaseexchange()
+        client = coinbase.client(coinbase.urls["api"]["ws"])
+        coinbase.set_markets([_market("BTC/USD", "BTC-USD", "BTC", "USD")])
+        for name in ("coinbase_level2_snapshot.json", "coinbase_level2_update.json"):
+            coinbase.handle_message(client, recorded(name))
+        books["coinbase"] = coinbase.orderbooks["BTC/USD"]
+        await coinbase.close()
+        return books
+
+    books = asyncio.run(run())
+    assert [list(x[:2]) for x in books["bybit"]["bids"]] == [[16493.0, 0.1]]  # "0" removed
+    assert [list(x[:2]) for x in books["bybit"]["asks"]][:2] == [[16611.0, 0.04], [16611.5, 1.51]]
+    assert books["bybit"]["nonce"] is None  # ccxt keeps neither `u` nor `seq`: our guard does
+    assert [0.5657, 1098.3947558] in [list(x[:2]) for x in books["kraken"]["bids"]]
+    assert books["kraken"]["timestamp"] == 1696613755440
+    assert [list(x[:2]) for x in books["coinbase"]["bids"]] == [
+        [10101.8, 0.162567],
+        [10101.1, 0.4505414],
+    ]
+
+
+def _market(symbol: str, market_id: str, base: str, quote: str) -> dict[str, Any]:
+    return {
+        "id": market_id,
+        "symbol": symbol,
+        "base": base,
+        "quote": quote,
+        "baseId": base,
+        "quoteId": quote,
+        "type": "spot",
+        "spot": True,
+        "active": True,
+        "info": {"wsname": symbol},
+        "precision": {},
+        "limits": {},
+    }
