@@ -8,7 +8,7 @@ Local processes by default; the Docker Compose platform with MDP_E2E_STACK=compo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +17,41 @@ from infra.compose_platform import STACK_ENV, STACK_NAME, ComposePlatform
 from infra.compose_platform import compose_stack as compose_stack  # the fixture
 from infra.exchange_sim.control import SimulatorControl
 from infra.localstack import Ports, StackConfig
+from infra.localstack.process import log_tail
 from infra.platform import Platform, PlatformConfig, ServicePorts
 from infra.platform.faults import Faults, LocalFaults
 from infra.platform.supervisor import PlatformEndpoints
 from mdclient import ClientSettings
 
+#: The services whose logs a failed test's report carries (CI keeps nothing else).
+LOGGED_SERVICES = ("relay", "ingestor", "spark-pipeline")
+LOG_TAIL_LINES = 60
+_platform_logs: list[Callable[[], str]] = []
+
 
 def on_compose() -> bool:
     return os.environ.get(STACK_ENV) == STACK_NAME
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report ends with the platform's log tails: a CI run on a
+    fresh machine leaves nothing else to read once it has failed."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call" and report.failed and _platform_logs:
+        try:
+            text = _platform_logs[-1]()
+        except Exception as exc:  # the report matters more than its appendix
+            text = f"(no logs: {exc!r})"
+        report.sections.append(("platform logs (tail)", text))
+
+
+def _local_log_tails(logs_dir: Path) -> str:
+    return "\n".join(
+        f"----- {name} -----\n{log_tail(logs_dir / f'{name}.log', LOG_TAIL_LINES)}"
+        for name in LOGGED_SERVICES
+    )
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +71,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     )
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as running:
+        _platform_logs.append(lambda: _local_log_tails(data_dir / "logs"))
         yield running
+        _platform_logs.clear()
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +81,7 @@ def endpoints(request: pytest.FixtureRequest) -> PlatformEndpoints:
     """The local platform, or the Docker Compose one with MDP_E2E_STACK=compose (`make e2e`)."""
     if on_compose():
         stack: ComposePlatform = request.getfixturevalue("compose_stack")
+        _platform_logs.append(lambda: stack.logs(*LOGGED_SERVICES, tail=LOG_TAIL_LINES))
         return stack.endpoints.platform_endpoints()
     platform: Platform = request.getfixturevalue("platform")
     return platform.endpoints
