@@ -33,7 +33,7 @@ the simulator), never on the fixed ports. A quiet machine is needed for figures
 (docs/pipeline-benchmarks.md, "Order books through the platform").
 
     .venv/bin/python bench/book_platform.py [--markets 12] [--seconds 60]
-        [--burst-seconds 30] [--warmup 10]
+        [--burst-seconds 30] [--warmup 10] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import zmq
-from pipeline_common import percentile
+from pipeline_common import percentile, workdir
 
 from infra.exchange_sim import DEFAULT_MODEL
 from infra.exchange_sim.control import SimulatorControl
@@ -223,7 +222,13 @@ def row(path: str, phase: int, sample: Sample, seconds: float, offered: float) -
 def run(args: argparse.Namespace) -> None:
     symbols = pick_symbols(args.markets)
     tickers = [f"BINANCE:{s}" for s in symbols]
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-books-"))
+    with workdir(args.workdir) as tmp:
+        measure(args, symbols, tickers, Path(tmp))
+
+
+def measure(
+    args: argparse.Namespace, symbols: list[str], tickers: list[str], data_dir: Path
+) -> None:
     config = PlatformConfig(data_dir=data_dir, ports=ServicePorts.free())
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     ctx = mp.get_context("spawn")
@@ -317,6 +322,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="the natural phase")
     parser.add_argument("--burst-seconds", type=float, default=30.0, help="0: no burst phase")
     parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--workdir", type=Path, help="keep the platform's data and logs here")
     run(parser.parse_args())
 
 
