@@ -1,19 +1,22 @@
 """The gateway's chart page in a real browser (Debian's headless Chromium, Selenium)
 over the running platform: history candles drawn, a live candle update within
-seconds, the integrity report shown, and a screenshot that is not blank."""
+seconds, the integrity report shown, the order book's ladder beside the chart
+equal to the exchange's top levels, a dropped delta shown as a reset, and a
+screenshot that is not blank."""
 
 from __future__ import annotations
 
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway import assets
+from infra.exchange_sim.control import SimulatorControl
 from infra.testing import poll_until, run_ci_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
@@ -67,7 +70,7 @@ def browser() -> Iterator[Any]:
 # page's first history request waits for a just-started pipeline.
 @pytest.mark.timeout(1500)
 def test_the_chart_page_draws_history_and_live_updates(
-    gateway: str, browser: Any, tmp_path: Path
+    gateway: str, browser: Any, tmp_path: Path, sim: SimulatorControl
 ) -> None:
     assets.fetch()  # `make test` fetched it already; a bare pytest run may not have
     from PIL import Image, ImageStat
@@ -112,6 +115,7 @@ def test_the_chart_page_draws_history_and_live_updates(
     live_s = time.monotonic() - t0
     assert live["lastLive"]["time"] % 60 == 0 and live["lastLive"]["close"] > 0
     poll_until("a trade in the trades table", lambda: state().get("trades", 0) > 0, 60)
+    book_shown_s = check_the_book_ladder(browser, state, sim)
 
     shot = tmp_path / "chart.png"
     assert browser.save_screenshot(str(shot))
@@ -131,5 +135,45 @@ def test_the_chart_page_draws_history_and_live_updates(
     print(
         f"\nchart page: history drawn {load_s:.1f} s after load (first chart at "
         f"{ready['firstChartAt']:.0f} ms since navigation, history answered at "
-        f"{ready['answeredAt']:.0f} ms), a live update {live_s:.1f} s later; screenshot {shot}"
+        f"{ready['answeredAt']:.0f} ms), a live update {live_s:.1f} s later, a dropped book "
+        f"delta shown as a reset {book_shown_s:.1f} s after the drop; screenshot {shot}"
     )
+
+
+def check_the_book_ladder(
+    browser: Any, state: Callable[[], dict[str, Any]], sim: SimulatorControl
+) -> float:
+    """The ladder beside the chart: live, its best levels the exchange's at the update
+    id it shows; a delta the exchange drops is shown as a SEQUENCE_GAP reset, in words.
+    Returns seconds from the drop to the reset on the page."""
+    symbol = TICKER.partition(":")[2]
+    book = poll_until(
+        "the order book drawn", lambda: (b := state().get("book", {})).get("inSync") and b, 120
+    )
+    assert book["levels"][0] > 0 and book["levels"][1] > 0 and book["spread"] > 0, book
+
+    def best_levels_match() -> bool:
+        shown = state().get("book", {})
+        if not shown.get("inSync"):
+            return False
+        exchange = sim.book(symbol, int(shown["exchangeSequence"]))
+        top = [float(x) for x in exchange["bids"][0]], [float(x) for x in exchange["asks"][0]]
+        return (shown["bestBid"], shown["bestAsk"]) == (top[0], top[1])
+
+    poll_until("the page's best bid/ask equal to the exchange's", best_levels_match, 30)
+    resets = [e for e in book["events"] if e["kind"] == "reset"]
+    sim.add_fault("book_drop", symbol=symbol, exchange="binance")
+    dropped = time.monotonic()
+    reset = poll_until(
+        "the dropped delta shown as a reset",
+        lambda: [e for e in state().get("book", {}).get("events", []) if e["kind"] == "reset"][
+            len(resets) :
+        ],
+        60,
+    )
+    shown_s = time.monotonic() - dropped
+    assert reset[0]["reset"] == "BOOK_RESET_SEQUENCE_GAP", reset
+    text = browser.execute_script("return document.getElementById('book-event').textContent")
+    assert "update ids skipped" in text and "BOOK_RESET" not in text, text
+    poll_until("the book live again", lambda: state().get("book", {}).get("inSync"), 30)
+    return shown_s

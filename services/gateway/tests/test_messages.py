@@ -8,6 +8,8 @@ import pytest
 
 from gateway.messages import (
     GatewayError,
+    book_event_frame,
+    book_frame,
     choose_format,
     integrity,
     message_frame,
@@ -34,6 +36,7 @@ T = "BINANCE:BTC/USDT"
         (f"{T}|tick", "tick", 0),
         (f"{T}|ohlc:60", "ohlc", 60),
         (f"{T}|ohlc:86400", "ohlc", 86400),
+        (f"{T}|book", "book", 0),
         (f"{T}|status", "status", 0),
         ("RESPONSE:desk-7", "response", 0),
         ("HISTORY_READY:abc123", "history_ready", 0),
@@ -62,6 +65,8 @@ def test_exact_topics_are_accepted(text: str, kind: str, period: int) -> None:
         None,
         5,
         f"{T}|statusx",
+        f"{T}|book:20",
+        f"{T}|bookx",
     ],
 )
 def test_prefixes_and_junk_are_refused_as_bad_topic(text: object) -> None:
@@ -147,3 +152,43 @@ def test_integrity_report_comes_from_the_notification() -> None:
         "row_count": "7",
     }
     assert integrity(None) == {}
+
+
+def test_a_book_ladder_spells_out_the_best_levels_and_the_spread() -> None:
+    frame = json.loads(
+        book_frame(
+            f"{T}|book",
+            [(99.5, 2.0), (99.0, 1.0)],
+            [(100.25, 0.5)],
+            in_sync=True,
+            exchange_sequence=2**60,
+            exchange_time_ms=1_795_764_453_815,
+        )
+    )
+    assert frame["best_bid"] == [99.5, 2.0] and frame["best_ask"] == [100.25, 0.5]
+    assert frame["spread"] == 0.75
+    assert frame["bids"] == [[99.5, 2.0], [99.0, 1.0]] and frame["asks"] == [[100.25, 0.5]]
+    assert frame["exchange_sequence"] == str(2**60)  # exact in JavaScript
+    empty = json.loads(
+        book_frame(f"{T}|book", [], [(1.0, 1.0)], in_sync=False, exchange_sequence=0,
+                   exchange_time_ms=0)
+    )  # fmt: skip
+    assert (empty["best_bid"], empty["spread"], empty["in_sync"]) == (None, None, False)
+    tight = json.loads(
+        book_frame(f"{T}|book", [(51788.55, 1.0)], [(51788.56, 1.0)], in_sync=True,
+                   exchange_sequence=0, exchange_time_ms=0)
+    )  # fmt: skip
+    assert tight["spread"] == 0.01  # in the prices' decimals, not 0.00999999999476131
+
+
+def test_book_events_carry_the_reset_name_or_null() -> None:
+    reset = json.loads(
+        book_event_frame(f"{T}|book", "reset", reset="BOOK_RESET_CHECKSUM", reason="crc")
+    )
+    gap = json.loads(book_event_frame(f"{T}|book", "gap", reason="sequence gap", missed=3))
+    assert (reset["kind"], reset["reset"], reset["reason"]) == (
+        "reset",
+        "BOOK_RESET_CHECKSUM",
+        "crc",
+    )
+    assert (gap["reset"], gap["missed"], gap["waited_ms"]) == (None, "3", 0)

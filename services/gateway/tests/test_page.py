@@ -1,5 +1,6 @@
 """The chart page's script in headless Chromium over the real gateway app and a fake
-platform: enum names and error codes shown in words, the gateway's timings shown."""
+platform: enum names and error codes shown in words, the gateway's timings shown, the
+order book's ladder drawn with its reset and gap visible."""
 
 from __future__ import annotations
 
@@ -17,12 +18,21 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import GatewaySettings
-from gateway.messages import HistoryParams, Topic, control_frame, message_frame, to_dict
+from gateway.messages import (
+    HistoryParams,
+    Topic,
+    book_event_frame,
+    book_frame,
+    control_frame,
+    message_frame,
+    to_dict,
+)
 from infra.testing import poll_until
 from mdclient import HistoryResult, SubmitRejected
 from mdclient.frames import candles_from_ohlc
 from mdproto.messages import (
     OHLC,
+    BookReset,
     FeedStatus,
     HistoryReadyNotification,
     HistorySource,
@@ -46,9 +56,14 @@ class Handle:
         pass
 
 
+BIDS = [(99.5, 2.0), (99.0, 4.0), (98.5, 1.0)]
+ASKS = [(100.0, 1.0), (100.5, 3.0)]
+
+
 class FakePlatform:
     """What the page meets on a real platform: a feed that is LOST, a sequence gap, a
-    trade, history that took time, then a refused submit."""
+    trade, a book reset by a checksum and then out of sync, history that took time,
+    then a refused submit."""
 
     def __init__(self) -> None:
         self.failure: Exception | None = None
@@ -56,7 +71,14 @@ class FakePlatform:
     def open(
         self, topic: Topic, deliver: Callable[[str], None], fail: Callable[[str, str], None]
     ) -> Handle:
-        if topic.kind == "tick":
+        if topic.kind == "book":
+            reset = book_event_frame(topic.name, "reset", reset="BOOK_RESET_CHECKSUM", reason="crc")
+            deliver(reset)
+            ids = {"exchange_sequence": 7, "exchange_time_ms": 1}
+            deliver(book_frame(topic.name, BIDS, ASKS, in_sync=True, **ids))
+            deliver(book_event_frame(topic.name, "gap", reason="sequence gap", missed=2))
+            deliver(book_frame(topic.name, BIDS, ASKS, in_sync=False, **ids))
+        elif topic.kind == "tick":
             deliver(message_frame(topic.name, Tick(ticker=T, price=2.5, side=TakerSide.BUY)))
             lost = FeedStatus(
                 ticker=T, state=FeedStatus.LOST, error_code="network_error", reason="reset"
@@ -141,6 +163,9 @@ def test_the_page_shows_words_and_the_gateways_timings(browser: Any) -> None:
         ready = poll_until("history shown", lambda: state().get("ready") and state(), 60)
         poll_until("the feed's state", lambda: state().get("feed") and state().get("trades"), 60)
         poll_until("a sequence event", lambda: state().get("sequenceEvents"), 60)
+        book: Any = poll_until(
+            "the book's gap", lambda: len(state()["book"]["events"]) == 2 and state()["book"], 60
+        )
         assert not ready["errors"], ready["errors"]
 
         timings = ready["timings"]
@@ -158,8 +183,24 @@ def test_the_page_shows_words_and_the_gateways_timings(browser: Any) -> None:
             "network error talking to the exchange: reset (network_error)"
         )
         assert text("#sequence") == "3 live messages lost"
-        aside = text("aside")
+
+        assert book["levels"] == [3, 2] and book["spread"] == 0.5 and not book["inSync"]
+        assert [e["kind"] for e in book["events"]] == ["reset", "gap"]
+        assert book["events"][0]["text"] == (
+            "book rebuilt by the feed: the exchange's checksum disagreed with the book (crc)"
+        )
+        assert text("#book-event").endswith(
+            "book messages lost, waiting for a snapshot (2 messages)"
+        )
+        assert text("#book-state") == "out of sync, waiting for a snapshot"
+        assert text("#spread") == "0.5"
+        assert text("#asks tr:last-child td") == "100"  # the best ask next to the spread
+        assert text("#bids tr:first-child td") == "99.5"
+        classes = browser.execute_script("return [...document.getElementById('ladder').classList]")
+        assert "stale" in classes  # (a reset outlines it for 3 s: not asserted, timing)
+        aside = text("aside") + text("#book")
         names = [v.name for e in (Status, HistorySource, TakerSide) for v in e.DESCRIPTOR.values]
+        names += list(BookReset.keys())
         names += [v.name for v in FeedStatus.State.DESCRIPTOR.values]
         shown = [name for name in names if re.search(rf"\b{name}\b", aside)]
         assert not shown, f"enum names shown as they are: {shown}"

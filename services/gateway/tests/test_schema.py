@@ -12,6 +12,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from gateway.app import encode_history
 from gateway.messages import (
+    book_event_frame,
+    book_frame,
     control_frame,
     dumps,
     error_frame,
@@ -23,6 +25,7 @@ from mdclient import HistoryResult
 from mdclient.frames import candles_from_ohlc
 from mdproto.messages import (
     OHLC,
+    BookReset,
     CEPTriggerEvent,
     FeedStatus,
     HistoryReadyNotification,
@@ -67,7 +70,16 @@ def test_server_frames_match_the_schema() -> None:
         error_frame("bad_topic", "not an exact topic", "BINANCE:"),
         error_frame("unsupported_period", "served: 60, 300, 3600", f"{T}|ohlc:6"),
         dumps({"type": "dropped", "count": 2}),
-    ]
+        book_frame(
+            f"{T}|book", [(2.0, 1.5)], [(2.5, 0.1)], in_sync=True, exchange_sequence=BIG,
+            exchange_time_ms=5,
+        ),
+        book_frame(f"{T}|book", [], [], in_sync=False, exchange_sequence=0, exchange_time_ms=0),
+        book_event_frame(f"{T}|book", "reset", reset="BOOK_RESET_SEQUENCE_GAP", reason="u 7"),
+        book_event_frame(f"{T}|book", "gap", reason="sequence gap", missed=2),
+        book_event_frame(f"{T}|book", "resynced", waited_ms=350),
+        control_frame("subscribed", f"{T}|book"),
+    ]  # fmt: skip
     for frame in frames:
         check("server_frame", json.loads(frame))
     with pytest.raises(jsonschema.ValidationError):  # 64-bit integers are strings
@@ -75,6 +87,14 @@ def test_server_frames_match_the_schema() -> None:
     check("client_op", {"op": "subscribe", "topic": "HISTORY_READY:abc"})
     with pytest.raises(jsonschema.ValidationError):
         check("client_op", {"op": "subscribe", "topic": f"{T}|ohlc:"})
+    with pytest.raises(jsonschema.ValidationError):  # a level removed is never sent
+        check("book", {**json.loads(frames[12]), "bids": [[2.0, 0.0]]})
+
+
+def test_the_book_reset_names_in_the_schema_are_the_protos() -> None:
+    """Every BookReset a reset event can name (NONE is a periodic copy: no event)."""
+    names = SCHEMA["$defs"]["book_event"]["properties"]["reset"]["anyOf"][0]["enum"]
+    assert sorted(names) == sorted(set(BookReset.keys()) - {"BOOK_RESET_NONE"})
 
 
 def test_history_answer_matches_the_schema() -> None:

@@ -12,7 +12,7 @@ from google.protobuf.descriptor import EnumDescriptor
 
 from gateway.app import STATIC
 from mdproto.error_codes import VOCABULARY
-from mdproto.messages import FeedStatus, HistorySource, Status, TakerSide
+from mdproto.messages import BookReset, FeedStatus, HistorySource, Status, TakerSide
 
 WORDS = json.loads((STATIC / "words.json").read_text())
 PROTOCOL = (Path(__file__).parents[3] / "docs" / "protocol.md").read_text()
@@ -21,6 +21,7 @@ ENUMS: dict[str, EnumDescriptor] = {
     "source": HistorySource.DESCRIPTOR,
     "feed_state": FeedStatus.State.DESCRIPTOR,
     "side": TakerSide.DESCRIPTOR,
+    "book_reset": BookReset.DESCRIPTOR,
 }
 
 
@@ -35,6 +36,13 @@ def test_the_sequence_kinds_have_words() -> None:
     kinds = re.search(r"`kind` \(([^)]*)\)", PROTOCOL.split("| `sequence` |")[1])
     assert kinds is not None
     assert set(WORDS["sequence"]) == {k.strip() for k in kinds.group(1).split(",")}
+
+
+def test_the_book_event_kinds_have_words() -> None:
+    kinds = re.search(r"`kind` \(([^)]*)\)", PROTOCOL.split("| `book_event` |")[1])
+    assert kinds is not None
+    assert set(WORDS["book_event"]) == {k.strip() for k in kinds.group(1).split(",")}
+    assert all(text and text != kind for kind, text in WORDS["book_event"].items())
 
 
 def test_the_page_has_words_for_every_error_code() -> None:

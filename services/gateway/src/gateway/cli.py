@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot reach the platform: %s", exc.reason)
         return 3
     try:
-        app = create_app(settings, SdkUpstream(client))
+        app = create_app(settings, SdkUpstream(client, settings.book_levels))
         if settings.metrics_port:
             MetricsServer(
                 settings.metrics_host,

@@ -40,6 +40,8 @@ class GatewaySettings(runtime.FileSettings):
     history_timeout_s: float = Field(default=120.0, gt=0)  # per attempt (SDK retries)
     history_workers: int = Field(default=4, ge=1)  # history calls served at once
     client_queue_size: int = Field(default=1000, ge=1)  # per WebSocket; oldest dropped
+    #: Levels per side of a `{ticker}|book` ladder sent to WebSocket clients.
+    book_levels: int = Field(default=20, ge=1, le=1000)
     #: What the page offers in its pickers (any ticker can still be typed in).
     tickers: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT"]

@@ -2,28 +2,32 @@
 
 Client -> gateway: `{"op": "subscribe" | "unsubscribe", "topic": "..."}`. Gateway ->
 client: `subscribed`, `unsubscribed`, `message` (a platform message as JSON),
-`feed_status` and `sequence` (what the SDK learnt about a live topic), `dropped`
-(this client fell behind), `error`. Topics are the platform's exact topics; prefixes
-are refused, so a subscriber gets exactly the topic it named (docs/protocol.md).
+`feed_status` and `sequence` (what the SDK learnt about a live topic), `book` (the
+top of an order book the gateway keeps) and `book_event` (its resets, losses and
+resyncs), `dropped` (this client fell behind), `error`. Topics are the platform's
+exact topics; prefixes are refused, so a subscriber gets exactly the topic it named
+(docs/protocol.md).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, topics
+from mdproto.book import Level
 from mdproto.error_codes import BAD_FORMAT, BAD_REQUEST, BAD_TOPIC
 from mdproto.messages import HistoryReadyNotification
 
-TopicKind = Literal["tick", "ohlc", "status", "response", "history_ready", "cep"]
+TopicKind = Literal["tick", "ohlc", "book", "status", "response", "history_ready", "cep"]
 #: Kinds whose latest message a late subscriber gets at once (state, not events),
-#: like the pipeline's last-value cache (docs/protocol.md).
-LAST_VALUE_KINDS: frozenset[TopicKind] = frozenset({"tick", "ohlc", "status"})
+#: like the pipeline's last-value cache (docs/protocol.md); a book's is its ladder.
+LAST_VALUE_KINDS: frozenset[TopicKind] = frozenset({"tick", "ohlc", "book", "status"})
 #: What mdproto.topics.is_valid_id accepts, for reasons sent to clients.
 ID_RULE = "1-128 characters of [A-Za-z0-9_.-]"
 _ID_PREFIXES: tuple[tuple[str, TopicKind], ...] = (
@@ -77,6 +81,8 @@ def parse_topic(text: object) -> Topic:
         return Topic(text, "tick", market.ticker)
     if market is not None and market.kind == "ohlc" and market.period_seconds:
         return Topic(text, "ohlc", market.ticker, market.period_seconds)
+    if market is not None and market.kind == "book":
+        return Topic(text, "book", market.ticker)
     if rest == topics.STATUS:
         try:
             topics.parse_ticker(ticker)
@@ -86,7 +92,7 @@ def parse_topic(text: object) -> Topic:
     raise GatewayError(
         BAD_TOPIC,
         f"{text!r} is not an exact topic: use EXCHANGE:BASE/QUOTE|tick, |ohlc:SECONDS, "
-        "|status, RESPONSE:id, HISTORY_READY:id or CEP:id (prefixes are not accepted)",
+        "|book, |status, RESPONSE:id, HISTORY_READY:id or CEP:id (prefixes are not accepted)",
     )
 
 
@@ -194,6 +200,73 @@ def control_frame(frame_type: str, topic: str, /, **extra: Any) -> str:
 
 def error_frame(error_code: str, reason: str, topic: str | None = None) -> str:
     return dumps({"type": "error", "topic": topic, "error_code": error_code, "reason": reason})
+
+
+def book_frame(
+    topic: str,
+    bids: list[Level],
+    asks: list[Level],
+    *,
+    in_sync: bool,
+    exchange_sequence: int,
+    exchange_time_ms: int,
+) -> str:
+    """The top of a book as a ladder: what a page draws, without keeping a book itself.
+
+    `bids`/`asks` best first (the gateway's depth limit); best levels and the spread
+    are spelled out so a client need not know which end of a list is best. `in_sync`
+    false: the book lost messages and waits for a snapshot (these levels are stale).
+    """
+    best_bid = list(bids[0]) if bids else None
+    best_ask = list(asks[0]) if asks else None
+    return dumps(
+        {
+            "type": "book",
+            "topic": topic,
+            "in_sync": in_sync,
+            "bids": [list(level) for level in bids],
+            "asks": [list(level) for level in asks],
+            "best_bid": best_bid,
+            "best_ask": best_ask,
+            "spread": price_difference(asks[0][0], bids[0][0]) if bids and asks else None,
+            "exchange_sequence": int64(exchange_sequence),
+            "exchange_time_ms": int64(exchange_time_ms),
+        }
+    )
+
+
+def price_difference(high: float, low: float) -> float:
+    """`high - low` in the prices' own decimals (51788.56 - 51788.55 is 0.01, not
+    0.00999999999476131): prices are doubles read from the exchange's decimal strings."""
+    return float(Decimal(repr(high)) - Decimal(repr(low)))
+
+
+BookEventKind = Literal["reset", "gap", "resynced"]
+
+
+def book_event_frame(
+    topic: str,
+    kind: BookEventKind,
+    *,
+    reset: str | None = None,
+    reason: str = "",
+    missed: int = 0,
+    waited_ms: int = 0,
+) -> str:
+    """What happened to a book (the SDK's BookEvent): `reset` by the feed (its BookReset
+    name), a `gap` (`missed` messages lost: a decimal string, like `sequence`'s), or
+    `resynced` from a snapshot `waited_ms` after the gap."""
+    return dumps(
+        {
+            "type": "book_event",
+            "topic": topic,
+            "kind": kind,
+            "reset": reset,
+            "reason": reason,
+            "missed": int64(missed),
+            "waited_ms": waited_ms,
+        }
+    )
 
 
 # --- HTTP history -----------------------------------------------------------------

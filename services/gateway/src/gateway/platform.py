@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,8 @@ from gateway.messages import (
     GatewayError,
     HistoryParams,
     Topic,
+    book_event_frame,
+    book_frame,
     control_frame,
     int64,
     message_frame,
@@ -25,10 +28,11 @@ from gateway.messages import (
 from gateway.messages import to_dict as message_dict
 from gateway.notices import ReceivedStamps
 from mdclient import Client, HistoryResult, MdClientError, SequenceEvent
+from mdclient.book import BookEvent, BookMessage, BookStream
 from mdclient.live import feed_error
 from mdclient.request_status import RequestStatus
 from mdproto.error_codes import FEED_UNAVAILABLE, UNAVAILABLE
-from mdproto.messages import FeedStatus, HistoryReadyNotification
+from mdproto.messages import BookReset, BookSnapshot, FeedStatus, HistoryReadyNotification
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +44,9 @@ class SdkUpstream:
     `status` adds to what the requests table holds (gateway.notices).
     """
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, book_levels: int = 20) -> None:
         self.client = client
+        self.book_levels = book_levels
         self.received = ReceivedStamps()
 
     def open(
@@ -50,6 +55,8 @@ class SdkUpstream:
         try:
             if topic.live:
                 return self._live(topic, deliver, fail)
+            if topic.kind == "book":
+                return self._book(topic, deliver, fail)
             return self.client.watch(
                 topic.name, lambda name, message: self._watched(name, message, deliver)
             )
@@ -71,12 +78,6 @@ class SdkUpstream:
         def on_message(message: Message) -> None:
             deliver(message_frame(name, message))
 
-        def on_status(status: FeedStatus) -> None:
-            deliver(control_frame("feed_status", name, data=message_dict(status)))
-            error = feed_error(status)
-            if error is not None:
-                fail(error.error_code or FEED_UNAVAILABLE, error.reason)
-
         def on_sequence(event: SequenceEvent) -> None:
             deliver(
                 control_frame(
@@ -94,9 +95,37 @@ class SdkUpstream:
             on_message,
             ticks=topic.kind == "tick",
             ohlc=[topic.period_seconds] if topic.kind == "ohlc" else [],
-            on_status=on_status,
+            on_status=self._status_sink(name, deliver, fail),
             on_sequence=on_sequence,
         )
+
+    def _book(
+        self, topic: Topic, deliver: Callable[[str], None], fail: Callable[[str, str], None]
+    ) -> BookStream:
+        """The SDK's book (sequence checks, resync by snapshot) as ladders (`BookLadder`)."""
+        ladder = BookLadder(topic.name, deliver, self.book_levels)
+        stream = self.client.book(
+            topic.ticker,
+            callback=ladder.on_book,
+            on_event=ladder.on_event,
+            on_status=self._status_sink(topic.name, deliver, fail),
+        )
+        ladder.attach(stream)
+        return stream
+
+    @staticmethod
+    def _status_sink(
+        name: str, deliver: Callable[[str], None], fail: Callable[[str, str], None]
+    ) -> Callable[[FeedStatus], None]:
+        """The feed's state told (`feed_status`); FAILED/REFUSED end the subscription."""
+
+        def on_status(status: FeedStatus) -> None:
+            deliver(control_frame("feed_status", name, data=message_dict(status)))
+            error = feed_error(status)
+            if error is not None:
+                fail(error.error_code or FEED_UNAVAILABLE, error.reason)
+
+        return on_status
 
     def history(self, params: HistoryParams, timeout_s: float) -> HistoryResult:
         """Submit, wait for the notification, read the rows from Iceberg (SDK errors raise)."""
@@ -125,3 +154,76 @@ class SdkUpstream:
         if answer.notification is None:
             return answer
         return dataclasses.replace(answer, notification=self.received.stamped(answer.notification))
+
+
+class BookLadder:
+    """One book topic's frames: a ladder of the SDK book's best `levels` per side after
+    each message the book applied, and its events (no book of its own: the SDK's).
+
+    The SDK reports a feed reset before it hands over the snapshot; the reset is told
+    from that snapshot instead (its BookReset, for the page's words). A gap is followed
+    by the stale ladder (`in_sync` false), so a ladder is always the topic's last
+    frame: what a late joiner gets (gateway.hub). Messages may arrive before
+    `client.book` returns the stream: the first ladder then waits for `attach`. The
+    lock keeps ladders in the order of the book states they show.
+    """
+
+    def __init__(self, topic: str, deliver: Callable[[str], None], levels: int) -> None:
+        self._topic = topic
+        self._deliver = deliver
+        self._levels = levels
+        self._lock = threading.Lock()
+        self._stream: BookStream | None = None
+        self._exchange_ids = (0, 0)  # (exchange_sequence, exchange_time_ms) last applied
+
+    def attach(self, stream: BookStream) -> None:
+        with self._lock:
+            self._stream = stream
+            if stream.received:  # applied before we could read it
+                self._send_ladder()
+
+    def on_book(self, message: BookMessage) -> None:
+        with self._lock:
+            if isinstance(message, BookSnapshot) and message.reset != BookReset.BOOK_RESET_NONE:
+                reset = BookReset.Name(message.reset)
+                self._deliver(
+                    book_event_frame(self._topic, "reset", reset=reset, reason=message.reason)
+                )
+            sequence, time_ms = self._exchange_ids
+            self._exchange_ids = (
+                message.exchange_sequence or sequence,
+                message.exchange_time_ms or time_ms,
+            )
+            self._send_ladder()
+
+    def on_event(self, event: BookEvent) -> None:
+        if event.kind == "reset":
+            log.info("%s", event.describe())  # told from its snapshot (on_book)
+            return
+        frame = book_event_frame(
+            self._topic,
+            event.kind,
+            reason=event.reason,
+            missed=event.missed,
+            waited_ms=event.waited_ms,
+        )
+        with self._lock:
+            self._deliver(frame)
+            if event.kind == "gap":
+                self._send_ladder()
+
+    def _send_ladder(self) -> None:
+        if self._stream is None:
+            return
+        bids, asks = self._stream.depth(self._levels)
+        sequence, time_ms = self._exchange_ids
+        self._deliver(
+            book_frame(
+                self._topic,
+                bids,
+                asks,
+                in_sync=self._stream.in_sync,
+                exchange_sequence=sequence,
+                exchange_time_ms=time_ms,
+            )
+        )

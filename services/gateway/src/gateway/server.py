@@ -63,7 +63,7 @@ class GatewayThread:
         self._loop.close()
 
     async def _start(self) -> None:
-        app = create_app(self.settings, SdkUpstream(self.client))
+        app = create_app(self.settings, SdkUpstream(self.client, self.settings.book_levels))
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)

@@ -1,5 +1,6 @@
-// The gateway's chart page: history from POST /history, live candles and trades over
-// /ws (docs/protocol.md "Gateway"). State for tests and curious users: window.chartState.
+// The gateway's chart page: history from POST /history, live candles, trades and the
+// order book's ladder over /ws (docs/protocol.md "Gateway"). State for tests and curious
+// users: window.chartState.
 "use strict";
 
 const token = new URLSearchParams(location.search).get("token") || "";
@@ -12,6 +13,9 @@ const state = (window.chartState = {
   loadedAt: null, answeredAt: null, firstChartAt: null, // ms since navigation start
   timings: null, // the last history answer's: the gateway's (Server-Timing) and this page's, ms
   sequenceEvents: 0,
+  // The ladder the gateway sends (`book` frames) and what happened to the book (`book_event`).
+  book: { updates: 0, inSync: false, bestBid: null, bestAsk: null, spread: null, levels: [0, 0],
+          exchangeSequence: null, events: [] },
 });
 
 // Enum names and error codes in words (static/words.json); a name without words shows as is.
@@ -89,6 +93,68 @@ function showReport(answer) {
   }
 }
 
+// --- the order book: the gateway's ladder, drawn as sent -------------------------
+
+// Rows of [price, amount], best first; each amount cell carries a bar of its share of the
+// largest amount shown, so the ladder doubles as a depth picture.
+function ladderRows(body, levels, max, colour) {
+  body.replaceChildren();
+  for (const [price, amount] of levels) {
+    const row = body.insertRow();
+    const p = row.insertCell();
+    p.textContent = price;
+    p.className = "price";
+    const a = row.insertCell();
+    a.textContent = amount;
+    const share = max > 0 ? Math.round((100 * amount) / max) : 0;
+    a.style.background = `linear-gradient(to left, ${colour} ${share}%, transparent ${share}%)`;
+  }
+}
+
+function drawBook(frame) {
+  const max = Math.max(0, ...frame.bids.map((l) => l[1]), ...frame.asks.map((l) => l[1]));
+  ladderRows($("asks"), [...frame.asks].reverse(), max, "#4a1f22"); // best ask next to the spread
+  ladderRows($("bids"), frame.bids, max, "#16403b");
+  $("spread").textContent = frame.spread === null ? "-" : +frame.spread.toPrecision(10);
+  $("ladder").classList.toggle("stale", !frame.in_sync);
+  $("book-state").textContent = frame.in_sync ? "live" : "out of sync, waiting for a snapshot";
+  $("book-state").className = "book-state" + (frame.in_sync ? "" : " bad");
+  Object.assign(state.book, { updates: state.book.updates + 1, inSync: frame.in_sync,
+                              bestBid: frame.best_bid, bestAsk: frame.best_ask, spread: frame.spread,
+                              levels: [frame.bids.length, frame.asks.length],
+                              exchangeSequence: frame.exchange_sequence });
+}
+
+let resetShown = null;
+
+// A reset (the feed rebuilt the book: a gap at the exchange, a bad checksum, a reconnect), a
+// gap (messages lost on the way here) or a resync, in words; a reset outlines the ladder.
+function bookEvent(frame) {
+  const text = frame.kind === "reset"
+    ? `${say("book_event", "reset")}: ${say("book_reset", frame.reset)}${frame.reason ? " (" + frame.reason + ")" : ""}`
+    : frame.kind === "gap"
+      ? `${say("book_event", "gap")}${Number(frame.missed) ? ` (${frame.missed} messages)` : ""}`
+      : `${say("book_event", "resynced")} after ${frame.waited_ms} ms`;
+  $("book-event").textContent = `${new Date().toISOString().slice(11, 19)} ${text}`;
+  $("book-event").className = frame.kind === "resynced" ? "" : "bad";
+  state.book.events.push({ kind: frame.kind, reset: frame.reset, text });
+  if (frame.kind === "reset") {
+    $("ladder").classList.add("reset");
+    clearTimeout(resetShown);
+    resetShown = setTimeout(() => $("ladder").classList.remove("reset"), 3000);
+  }
+}
+
+function clearBook() {
+  for (const id of ["asks", "bids"]) $(id).replaceChildren();
+  $("spread").textContent = "-";
+  $("book-state").textContent = "-";
+  $("book-event").textContent = "";
+  $("book-feed").textContent = "";
+  state.book = { updates: 0, inSync: false, bestBid: null, bestAsk: null, spread: null,
+                 levels: [0, 0], exchangeSequence: null, events: [] };
+}
+
 // --- live: one WebSocket, resubscribed on every load ----------------------------
 
 let ws = null;
@@ -107,10 +173,18 @@ function connect() {
     if (!wsTopics.includes(frame.topic) && frame.type !== "dropped") return; // an old subscription
     if (frame.type === "message" && frame.message_type === "OHLC") liveCandle(frame.data);
     else if (frame.type === "message" && frame.message_type === "Tick") trade(frame.data);
+    else if (frame.type === "book") drawBook(frame);
+    else if (frame.type === "book_event") bookEvent(frame);
     else if (frame.type === "feed_status") {
       const { state: feed, error_code: code, reason } = frame.data;
-      state.feed = feed;
-      $("feed").textContent = say("feed_state", feed) + (code ? `: ${problem(code, reason)}` : reason ? `: ${reason}` : "");
+      const text = say("feed_state", feed) + (code ? `: ${problem(code, reason)}` : reason ? `: ${reason}` : "");
+      if (frame.topic.endsWith("|book")) { // the book's own feed (trades and book are separate)
+        state.book.feed = feed;
+        $("book-feed").textContent = text;
+      } else {
+        state.feed = feed;
+        $("feed").textContent = text;
+      }
     } else if (frame.type === "sequence") {
       state.sequenceEvents += 1;
       const count = frame.kind === "gap" ? `${frame.missed} ` : frame.candles ? `${frame.candles} ` : "";
@@ -121,7 +195,7 @@ function connect() {
 }
 
 function watch(ticker, period) {
-  const next = [`${ticker}|ohlc:${period}`, `${ticker}|tick`];
+  const next = [`${ticker}|ohlc:${period}`, `${ticker}|tick`, `${ticker}|book`];
   wsTopics.filter((t) => !next.includes(t)).forEach((t) => send("unsubscribe", t));
   next.filter((t) => !wsTopics.includes(t)).forEach((t) => send("subscribe", t));
   wsTopics = next;
@@ -150,6 +224,8 @@ async function load() {
   bars.clear();
   redraw();
   $("trades").tBodies[0].replaceChildren();
+  if (ticker !== state.book.ticker) clearBook();
+  state.book.ticker = ticker;
   history.replaceState(null, "", `?ticker=${encodeURIComponent(ticker)}&period=${period}` + (token ? `&token=${encodeURIComponent(token)}` : ""));
   watch(ticker, period); // subscribe first: live candles during the request are kept
   showStatus(`loading ${ticker} history ...`);
