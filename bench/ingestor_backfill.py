@@ -51,7 +51,6 @@ import aiohttp
 
 from ingestor.candles import BatchBuilder, metadata_for
 from ingestor.config import ExchangeSettings, KafkaSettings
-from ingestor.dedupe import RecentIds
 from ingestor.exchange_calls import FetchEnv
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import run_history_job
@@ -62,6 +61,7 @@ from ingestor.pages import iter_pages, plan_request
 from ingestor.retry import RetryPolicy
 from mdproto import envelope
 from mdproto.messages import DataRequest, Status
+from mdproto.recent import RecentKeys
 
 MIN = 60_000
 SYMBOL = "BTC/USDT"
@@ -371,7 +371,7 @@ async def feed_run(
     await sink.deliver(topic, TICKER, b"warm-up")  # topic created, connection up
     stats = FeedStats()
     feed = asyncio.create_task(
-        run_feed(TICKER, adapter, sink, stats, dedupe=RecentIds(50_000), reconnect=RetryPolicy())
+        run_feed(TICKER, adapter, sink, stats, dedupe=RecentKeys(50_000), reconnect=RetryPolicy())
     )
     async with session.get(
         f"{base_url}/_sim/subscribers", params={"symbol": SYMBOL, "wait": "1"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ingestor.dedupe import RecentIds
 from ingestor.live import FeedStats, LiveFeeds, run_feed
 from ingestor.model import ExchangeCallError, FaultKind, Trade
 from ingestor.retry import RetryPolicy
 from mdproto.messages import FeedStatus, Tick
+from mdproto.recent import RecentKeys
 
 
 def live_feeds(fakes: Any, source: Any, **options: Any) -> LiveFeeds:
@@ -41,7 +41,7 @@ def test_feed_dedupes_across_a_reconnect_and_backs_off(fakes: Any) -> None:
                 source,
                 sink,
                 stats,
-                dedupe=RecentIds(100),
+                dedupe=RecentKeys(100),
                 reconnect=RetryPolicy(base_delay_s=0.25, jitter=0),
                 now_ms=lambda: 42,
                 sleep=sleep,
@@ -73,7 +73,7 @@ def test_skipped_trade_ids_are_counted_and_the_next_tick_marked(fakes: Any) -> N
                 source,
                 sink,
                 stats,
-                dedupe=RecentIds(100),
+                dedupe=RecentKeys(100),
                 reconnect=RetryPolicy(),
             )
         )
@@ -106,7 +106,7 @@ def test_feed_stops_on_a_permanent_error(fakes: Any) -> None:
             source,
             fakes.FakeSink(),
             stats,
-            dedupe=RecentIds(10),
+            dedupe=RecentKeys(10),
             reconnect=RetryPolicy(),
         )
     )

@@ -402,3 +402,33 @@ def test_event_topic_follows_notify() -> None:
     assert spec_from_request(request).topic == "RESPONSE:bob"
     request.notify = NotifyPattern.NOTIFY_PER_REQUEST
     assert spec_from_request(request).topic == "CEP:t9"
+
+
+def test_trade_id_memory_of_a_snapshot_from_before_the_shared_class_is_read() -> None:
+    """Snapshots pickle the engine's trade-id memory; those written while it was the
+    engine's own class (slots `_order`, `_seen`, `capacity`) must still restore."""
+    import copyreg
+    import io
+    from collections import deque
+
+    from pipeline.cep import engine as engine_module
+
+    class Written:  # what the old class held
+        state = {"_order": deque(["a", "b"]), "_seen": {"a", "b"}, "capacity": 2}
+
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, 5)  # the bytes an old snapshot holds for that object
+    pickler.dispatch_table = {
+        Written: lambda w: (
+            copyreg._reconstructor,
+            (engine_module.RecentIds, object, None),
+            (None, w.state),
+        )
+    }
+    pickler.dump(Written())
+    restored = pickle.loads(buffer.getvalue())
+    assert not restored.first_time("a")
+    assert restored.first_time("c")  # evicts "a"
+    assert restored.first_time("a")
+    again = pickle.loads(pickle.dumps(restored, 5))
+    assert not again.first_time("a") and again.first_time("b")

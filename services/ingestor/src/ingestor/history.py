@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from ingestor.candles import BatchBuilder, ExchangeGaps, FetchPlan, candle_slots, metadata_for
 from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
-from ingestor.dedupe import RecentIds
 from ingestor.errors import RequestFailedError
 from ingestor.exchange_calls import FetchEnv
 from ingestor.legacy import legacy_response
@@ -30,6 +29,7 @@ from ingestor.stats import IngestorStats
 from mdproto import ProtocolError
 from mdproto.error_codes import ABANDONED, INTERNAL, KAFKA_DELIVERY
 from mdproto.messages import DataRequest, DataResponse, OHLCBatch, Status
+from mdproto.recent import RecentKeys
 from mdproto.topics import is_valid_id, parse_ticker
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ class HistoryJobs:
         self._stored = stored
         self._stats = stats
         self._stopping = stopping
-        self._seen = RecentIds(REPEATS_REMEMBERED)
+        self._seen = RecentKeys[str](REPEATS_REMEMBERED)
         self._semaphore = asyncio.Semaphore(settings.max_concurrent)
         self._jobs: set[asyncio.Task[None]] = set()
 
@@ -323,7 +323,7 @@ class HistoryJobs:
         if not is_valid_id(request.request_id):
             log.warning("historical request with invalid request_id %r ignored", request.request_id)
             return
-        if not self._seen.add(request.request_id):
+        if not self._seen.first_time(request.request_id):
             self._stats.skipped_repeat += 1
             log.info("request %s already handled here; repeat ignored", request.request_id)
             return
@@ -340,7 +340,7 @@ class HistoryJobs:
             self._claims.abandon(request.request_id)
             return
         self._stats.taken_over += 1
-        self._seen.add(request.request_id)
+        self._seen.first_time(request.request_id)
         self._start(request, attempt)
 
     async def drain(self, grace_s: float) -> None:

@@ -1,6 +1,6 @@
 """Live trade feeds: websocket trades -> Tick records, one asyncio task per ticker.
 
-- `dedupe.RecentIds` drops trade ids seen before (a reconnect may replay trades).
+- `mdproto.recent.RecentKeys` drops trade ids seen before (a reconnect may replay trades).
 - `LeaseBook` tracks which tickers the relay still wants: the relay re-announces
   active tickers every few seconds (`DataRequest{REALTIME}`), a repeat refreshes
   the lease, a CANCEL_REALTIME ends it, and an unrefreshed lease expires.
@@ -26,11 +26,11 @@ from typing import Any, Protocol
 from google.protobuf.message import Message
 
 from ingestor.clock import wall_clock_ms
-from ingestor.dedupe import RecentIds
 from ingestor.model import ExchangeCallError, Trade
 from ingestor.retry import RetryPolicy, backoff_delay
 from mdproto import ProtocolError
 from mdproto.messages import FeedStatus, TakerSide, Tick
+from mdproto.recent import RecentKeys
 from mdproto.topics import parse_ticker
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ async def run_feed(
     sink: TickSink,
     stats: FeedStats,
     *,
-    dedupe: RecentIds,
+    dedupe: RecentKeys[str],
     reconnect: RetryPolicy,
     start_attempts: int = 4,
     report: Callable[[StatusChange], None] = _no_report,
@@ -257,7 +257,7 @@ async def run_feed(
             report(change)
         ingested = now_ms()
         for trade in trades:
-            if not trade.trade_id or not dedupe.add(trade.trade_id):
+            if not trade.trade_id or not dedupe.first_time(trade.trade_id):
                 stats.duplicates += 1
                 continue
             gap, skipped = gaps.follows_gap(trade.trade_id)
@@ -381,7 +381,7 @@ class LiveFeeds:
             source,
             self._sink,
             stats,
-            dedupe=RecentIds(self._dedupe_capacity),
+            dedupe=RecentKeys(self._dedupe_capacity),
             reconnect=self._reconnect,
             start_attempts=self._start_attempts,
             report=report,

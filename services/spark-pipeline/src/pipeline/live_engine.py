@@ -40,7 +40,6 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
+from mdproto.recent import RecentKeys
 from pipeline import records
 from pipeline.candle_close import Closing
 from pipeline.cep.records import Coordinates
@@ -77,22 +77,6 @@ class BookOutlet(Protocol):
     def send_books(self, records: Iterable[BookRecord]) -> int: ...
 
     def send_book_snapshots(self) -> int: ...
-
-
-class RecentKeys:
-    """The last ``capacity`` keys seen: drops re-deliveries of a trade before publication."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._keys: OrderedDict[tuple[str, str], None] = OrderedDict()
-
-    def first_time(self, key: tuple[str, str]) -> bool:
-        if key in self._keys:
-            return False
-        self._keys[key] = None
-        if len(self._keys) > self._capacity:
-            self._keys.popitem(last=False)
-        return True
 
 
 @dataclass
@@ -248,7 +232,7 @@ class _Run:
         self.books = books
         self.book_topic = s.kafka.topic_book
         self.book_snapshot_s = s.live.book_snapshot_s
-        self.recent = RecentKeys(200_000)
+        self.recent = RecentKeys[tuple[str, str]](200_000)
         self.snapshot_s = s.live.snapshot_s
         self.ticks_topic = s.kafka.topic_ticks
         self.candle_topic = s.kafka.topic_live_candles

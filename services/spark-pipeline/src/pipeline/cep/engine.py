@@ -13,11 +13,12 @@ from __future__ import annotations
 import heapq
 import pickle
 import uuid
-from collections import Counter, deque
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from mdproto.recent import RecentKeys
 from pipeline.cep.candles import ArrivalCandle, CandleBuilder
 from pipeline.cep.model import Condition, Kind, Notice, NoticeKind, TriggerSpec
 from pipeline.cep.thresholds import Member, ThresholdIndex
@@ -133,24 +134,19 @@ class Series:
         return hits
 
 
-class RecentIds:
-    """The last `capacity` trade ids of one ticker (Kafka may deliver a trade twice)."""
+class RecentIds(RecentKeys[str]):
+    """Reads the trade-id memory of snapshots written before it moved to
+    `mdproto.recent` (slots `_order`, `_seen`, `capacity`); new ones pickle RecentKeys."""
 
-    __slots__ = ("_order", "_seen", "capacity")
+    __slots__ = ()
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._order: deque[str] = deque()
-        self._seen: set[str] = set()
-
-    def first_time(self, trade_id: str) -> bool:
-        if trade_id in self._seen:
-            return False
-        self._seen.add(trade_id)
-        self._order.append(trade_id)
-        if len(self._order) > self.capacity:
-            self._seen.discard(self._order.popleft())
-        return True
+    def __setstate__(self, state: tuple[None, dict[str, Any]]) -> None:
+        _, slots = state
+        if "_keys" in slots:
+            self._keys, self._capacity = slots["_keys"], slots["_capacity"]
+        else:
+            self._keys = OrderedDict.fromkeys(slots["_order"])
+            self._capacity = slots["capacity"]
 
 
 @dataclass  # no slots: see ArrivalCandle
@@ -187,7 +183,7 @@ class Engine:
         self._series: dict[SeriesKey, Series] = {}
         self._by_ticker: dict[str, list[Series]] = {}
         self._last_price: dict[str, float] = {}
-        self._recent: dict[str, RecentIds] = {}
+        self._recent: dict[str, RecentKeys[str]] = {}
         self._expiries: list[tuple[int, int, str]] = []  # heap of (expires_at, serial, id)
         self._serial = 0
         self._lineage = uuid.uuid4().hex[:12]
@@ -286,7 +282,7 @@ class Engine:
             last = self._last_price.get(spec.ticker) if spec.period_seconds == 0 else None
             series = self._series[key] = Series(spec.ticker, spec.period_seconds, last)
             self._by_ticker.setdefault(spec.ticker, []).append(series)
-            self._recent.setdefault(spec.ticker, RecentIds(self.dedupe_capacity))
+            self._recent.setdefault(spec.ticker, RecentKeys(self.dedupe_capacity))
         return series
 
     def _drop(self, trigger_id: str) -> _Trigger | None:
