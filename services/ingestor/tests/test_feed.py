@@ -204,3 +204,52 @@ def test_a_failed_feed_repeats_its_status_per_announcement_not_per_retry(fakes: 
 
     asyncio.run(scenario())
     assert sent[0] == sent[1] and sent[0].error_code == "bad_symbol"
+
+
+def test_a_feed_restarted_while_its_old_one_unsubscribes_keeps_streaming(fakes: Any) -> None:
+    """Real ccxt.pro on the simulator: a relay cancels a ticker and announces it again
+    33 ms later (a subscriber left, another came). The new feed must not subscribe
+    before the old feed's unsubscribe went out: that unsubscribe would end the new
+    subscription (ccxt rejects its pending watch), and the feed would be FAILED for good."""
+    from infra.exchange_sim import run_in_thread
+    from ingestor.config import ExchangeSettings
+    from ingestor.exchanges import ExchangeAdapter
+
+    ticker, symbol = "BINANCE:BTC/USDT", "BTC/USDT"
+
+    async def next_injected(sim: Any, sink: Any) -> None:
+        for _ in range(40):
+            [trade] = await asyncio.to_thread(
+                sim.inject_trades, symbol, [{"price": "100", "qty": "1"}]
+            )
+            for _ in range(25):
+                if any(t.trade_id == str(trade.id) for _, t in sink.ticks):
+                    return
+                await asyncio.sleep(0.02)
+        raise AssertionError("no injected trade reached the sink")
+
+    async def scenario(sim: Any) -> FeedStats:
+        adapter = ExchangeAdapter("binance", ExchangeSettings(api_base_url=sim.base_url))
+        await adapter.load_markets()
+        sink = fakes.FakeSink()
+        feeds = LiveFeeds(
+            {"BINANCE:": adapter}, sink, lease_s=60, dedupe_capacity=1000, reconnect=RetryPolicy()
+        )
+        try:
+            assert feeds.request(ticker)
+            await next_injected(sim, sink)
+            cancelling = asyncio.create_task(feeds.cancel(ticker))
+            await asyncio.sleep(0)  # the cancel has begun, its unsubscribe not yet sent
+            assert feeds.request(ticker)
+            assert await cancelling
+            await next_injected(sim, sink)
+            stats = feeds.stats(ticker)
+            assert stats is not None
+            return stats
+        finally:
+            await feeds.cancel(ticker)
+            await adapter.close()
+
+    with run_in_thread() as sim:
+        stats = asyncio.run(scenario(sim))
+    assert (stats.failed, stats.reconnects) == ("", 0)

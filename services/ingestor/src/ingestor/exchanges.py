@@ -262,6 +262,8 @@ def fault_from(exc: BaseException, now_ms: int | None = None) -> ExchangeCallErr
         return ExchangeCallError(FaultKind.NETWORK, reason)
     if isinstance(exc, ccxt_errors.ExchangeClosedByUser):
         return ExchangeCallError(FaultKind.NETWORK, reason)
+    if isinstance(exc, ccxt_errors.UnsubscribeError):  # another watcher unsubscribed: resubscribe
+        return ExchangeCallError(FaultKind.NETWORK, f"unsubscribed: {reason}")
     if isinstance(exc, ccxt_errors.BaseError):
         return ExchangeCallError(FaultKind.EXCHANGE_ERROR, reason)
     return ExchangeCallError(FaultKind.EXCHANGE_ERROR, f"{type(exc).__name__}: {reason}")

@@ -303,6 +303,9 @@ class LiveFeeds:
         self._reconnect = reconnect
         self._monotonic = monotonic or asyncio.get_running_loop().time
         self._feeds: dict[str, _Feed] = {}
+        # ticker -> set once its cancelled feed has unsubscribed: a feed started in the
+        # meantime waits for it, or that unsubscribe would end the new subscription too.
+        self._stopping: dict[str, asyncio.Event] = {}
 
     @property
     def leases(self) -> LeaseBook:
@@ -354,7 +357,7 @@ class LiveFeeds:
         stats = self._new_stats()
         report = functools.partial(self._report, ticker)
         task = asyncio.create_task(
-            self._run(ticker, source, stats, report), name=f"{self.kind.lower()}-{ticker}"
+            self._start(ticker, source, stats, report), name=f"{self.kind.lower()}-{ticker}"
         )
         self._feeds[ticker] = _Feed(task, stats)
         log.info("%s feed %s started", self.kind, ticker)
@@ -368,6 +371,18 @@ class LiveFeeds:
 
     def _new_stats(self) -> FeedStats:
         return FeedStats()
+
+    async def _start(
+        self,
+        ticker: str,
+        source: Any,
+        stats: Any,
+        report: Callable[[StatusChange], None],
+    ) -> None:
+        stopping = self._stopping.get(ticker)
+        if stopping is not None:
+            await stopping.wait()
+        await self._run(ticker, source, stats, report)
 
     def _run(
         self,
@@ -423,11 +438,17 @@ class LiveFeeds:
         feed = self._feeds.pop(ticker, None)
         if feed is None:
             return False
-        feed.task.cancel()
-        await asyncio.gather(feed.task, return_exceptions=True)
-        source = self._sources.get(parse_ticker(ticker).prefix)
-        if source is not None:
-            await self._unwatch(source, parse_ticker(ticker).symbol)
+        stopped = self._stopping[ticker] = asyncio.Event()
+        try:
+            feed.task.cancel()
+            await asyncio.gather(feed.task, return_exceptions=True)
+            source = self._sources.get(parse_ticker(ticker).prefix)
+            if source is not None:
+                await self._unwatch(source, parse_ticker(ticker).symbol)
+        finally:
+            stopped.set()
+            if self._stopping.get(ticker) is stopped:
+                del self._stopping[ticker]
         log.info("%s feed %s stopped (%s; %s)", self.kind, ticker, why, feed.stats)
         return True
 
