@@ -119,9 +119,15 @@ _POOLS = f"""<?xml version="1.0"?>
 
 
 def scheduler_pools_file() -> Path:
-    """FAIR pools: history and the live stores' tasks go before upkeep's and markets'."""
-    path = Path(tempfile.mkdtemp(prefix="pipeline-pools-")) / "fairscheduler.xml"
-    path.write_text(_POOLS)
+    """FAIR pools: history and the live stores' tasks go before upkeep's and markets'.
+
+    One file per machine, not a directory per start (tests start hundreds): written
+    beside and renamed over, so concurrent starts never read half of it."""
+    path = Path(tempfile.gettempdir()) / "mdp-pipeline-fairscheduler.xml"
+    if not path.exists() or path.read_text() != _POOLS:
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(_POOLS)
+        partial.replace(path)
     return path
 
 
