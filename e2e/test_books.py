@@ -5,46 +5,26 @@ Simulator (Binance depth stream) -> ingestor (ccxt.pro book, deltas) -> Kafka
 equals the exchange's at the same update id, level by level; a delta the exchange
 drops is healed by a reset snapshot (SEQUENCE_GAP) that the client reports, after
 which the book is equal again (docs/protocol.md "Order books"). The checksum path
-(OKX) is proven from the exchange to Kafka in services/ingestor/tests/test_stack_books.py.
+(OKX, Kraken) and the other exchanges' books run on the platform without Binance
+(e2e/test_exchanges_without_binance.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from infra.exchange_sim.control import SimulatorControl
-from infra.testing import poll_until
+from infra.testing import book_equals_exchange, poll_until
 from mdclient import Client, ClientSettings
-from mdclient.book import BookEvent, BookStream
+from mdclient.book import BookEvent
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack]
 
 SYMBOL = "ADA/USDT"
 TICKER = f"BINANCE:{SYMBOL}"
-
-
-def levels(side: list[list[str]]) -> list[tuple[float, float]]:
-    return [(float(price), float(amount)) for price, amount in side]
-
-
-def equal_to_the_exchange(book: BookStream, sim: SimulatorControl) -> Callable[[], bool]:
-    """A check for poll_until: the client's whole book equals the exchange's at the
-    update id the client's book is at (a book moves every 100 ms: compare like with like)."""
-
-    def check() -> bool:
-        if not book.in_sync:
-            return False
-        mine = book.snapshot()
-        exchange = sim.book(SYMBOL, mine.exchange_sequence)
-        return mine.bids.top() == levels(exchange["bids"]) and mine.asks.top() == levels(
-            exchange["asks"]
-        )
-
-    return check
 
 
 def test_a_clients_book_equals_the_exchanges_through_a_dropped_delta(
@@ -57,7 +37,7 @@ def test_a_clients_book_equals_the_exchanges_through_a_dropped_delta(
     ):
         assert book.wait_synced(90), f"no book within 90 s: {book.status}"
         poll_until(
-            "the client's book equal to the exchange's", equal_to_the_exchange(book, sim), 30
+            "the client's book equal to the exchange's", book_equals_exchange(book, sim, SYMBOL), 30
         )
         bid, ask = book.best_bid(), book.best_ask()
         assert bid is not None and ask is not None and bid[0] < ask[0]
@@ -70,7 +50,7 @@ def test_a_clients_book_equals_the_exchanges_through_a_dropped_delta(
             30,
         )
         healed_s = time.monotonic() - dropped_at
-        poll_until("equal again after the reset", equal_to_the_exchange(book, sim), 30)
+        poll_until("equal again after the reset", book_equals_exchange(book, sim, SYMBOL), 30)
 
     assert reset[0].reason.startswith("SEQUENCE_GAP: "), reset[0]
     stats: dict[str, Any] = book.stats

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from infra.localstack import StackEndpoints
     from infra.platform import Platform
     from mdclient import ClientSettings, HistoryResult
+    from mdclient.book import BookStream
     from mdproto.messages import OHLC
 
 _T = TypeVar("_T")
@@ -426,6 +427,31 @@ def assert_live_equals_exchange(run: LiveRun, exchange_id: str, symbol: str, per
         assert not candle.incomplete, f"{open_ms}: seen whole, yet marked incomplete"
     late = [m for m in run.corrections if m.period_seconds == period]
     assert not late, f"{len(late)} closed candle(s) amended by late trades"
+
+
+def book_equals_exchange(
+    book: BookStream, sim: SimulatorControl, symbol: str
+) -> Callable[[], bool]:
+    """A check for `poll_until`: the client's whole book equals the exchange's at the
+    update the client's book is at (books move every 100 ms: compare like with like).
+    That update is the exchange's id where it sends one (Binance `u`, OKX `seqId`,
+    Bybit `seq`: the simulator's step), else the step of its time (Kraken, Coinbase)."""
+    from infra.exchange_sim.books import step_of
+
+    def levels(side: list[list[str]]) -> list[tuple[float, float]]:
+        return [(float(price), float(amount)) for price, amount in side]
+
+    def check() -> bool:
+        if not book.in_sync:
+            return False
+        mine = book.snapshot()
+        step = mine.exchange_sequence or step_of(mine.exchange_time_ms)
+        exchange = sim.book(symbol, step)
+        return mine.bids.top() == levels(exchange["bids"]) and mine.asks.top() == levels(
+            exchange["asks"]
+        )
+
+    return check
 
 
 @contextmanager
