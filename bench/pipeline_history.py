@@ -20,15 +20,15 @@ The clock runs as above; this is the pipeline's fixed cost per answer.
 
 `--variant NAME=DIR` (repeatable) runs the pipeline package from ``DIR``
 (PYTHONPATH) under ``NAME``, e.g. main's ``services/spark-pipeline/src`` against
-a branch's: in one stack, the variants take turns, `--rounds` times each (a
-fresh pipeline per turn), so a before/after comparison shares the load of the
-moment. Load averages are printed with each turn.
+a branch's: the variants run side by side on one stack and take each request
+in turn (the order alternating per rep), so a before/after comparison shares
+the load of the moment. Load averages are printed with each measurement.
 
 The pipeline's own per-step timings (fetch, decode, append/merge, lookup, count,
 record) are printed from its log.
 
     .venv/bin/python bench/pipeline_history.py [--reps 3] [--sizes 43200 525600]
-        [--trigger 0.5] [--overlap] [--stored] [--variant NAME=DIR ...] [--rounds 1]
+        [--trigger 0.5] [--overlap] [--stored] [--variant NAME=DIR ...]
         [--stack-dir .data]
 """
 
@@ -39,6 +39,7 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -171,82 +172,96 @@ def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def measure(
+@dataclass
+class Variant:
+    """One pipeline under test, its SUB and its results."""
+
+    name: str
+    pipeline: PipelineProcess
+    collector: Subscriber
+    producer: Producer
+    results: dict[str, list[float]] = field(default_factory=dict)
+
+    def answer(self, request_id: str, values: Sequence[bytes], rows: int) -> float:
+        """Seconds from Kafka's acknowledgement of ``values`` to the OK notification."""
+        landed = produce(self.producer, self.pipeline.batches_topic, values)
+        got = self.collector.wait_for(
+            lambda r: (
+                isinstance(r.message, HistoryReadyNotification)
+                and r.message.request_id == request_id
+            )
+        )[0]
+        message = got.message
+        assert isinstance(message, HistoryReadyNotification)
+        assert message.status == Status.OK, message
+        assert message.row_count == rows, message
+        return got.at - landed
+
+    def add(self, case: str, seconds: float) -> str:
+        self.results.setdefault(case, []).append(seconds)
+        return f"{case.removeprefix('pipeline ')} {seconds:.2f} s"
+
+
+def start_variant(
+    name: str,
     endpoints: StackEndpoints,
     tmp: Path,
     args: argparse.Namespace,
     overrides: dict[str, str],
-    results: dict[str, list[float]],
-    prefix: str,
-) -> list[str]:
-    """One pipeline's turn: start it, run every case `--reps` times; its step log lines."""
-    with contextlib.ExitStack() as cleanup:
-        pipeline = PipelineProcess(
-            endpoints,
-            tmp,
-            {
-                "PIPELINE_LIVE__ENABLED": "false",
-                "PIPELINE_CEP__ENABLED": "false",
-                "PIPELINE_HISTORY__TRIGGER_S": str(args.trigger),
-                **overrides,
-            },
-        )
-        collector = Subscriber(
-            pipeline.pub_endpoint, [topics.response_topic(CLIENT).encode()], wait_s=WAIT_S
-        )
-        cleanup.callback(collector.close)
-        cleanup.callback(pipeline.stop)  # also when a measurement fails
-        started = time.perf_counter()
-        pipeline.start()
-        print(f"{prefix}pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)
-        producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap, "linger.ms": 5})
-        counter = iter(range(1_000_000))
+    cleanup: contextlib.ExitStack,
+) -> Variant:
+    pipeline = PipelineProcess(
+        endpoints,
+        tmp,
+        {
+            "PIPELINE_LIVE__ENABLED": "false",
+            "PIPELINE_CEP__ENABLED": "false",
+            "PIPELINE_HISTORY__TRIGGER_S": str(args.trigger),
+            **overrides,
+        },
+    )
+    collector = Subscriber(
+        pipeline.pub_endpoint, [topics.response_topic(CLIENT).encode()], wait_s=WAIT_S
+    )
+    cleanup.callback(collector.close)
+    cleanup.callback(pipeline.stop)  # also when a measurement fails
+    started = time.perf_counter()
+    pipeline.start()
+    print(f"[{name}] pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)
+    producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap, "linger.ms": 5})
+    variant = Variant(name, pipeline, collector, producer)
+    cold = variant.answer("bench-cold", request_records("bench-cold", 1000, T0 - 86_400_000), 1000)
+    print(f"[{name}] cold first request (1,000 candles): {cold:.2f} s", flush=True)
+    return variant
 
-        def answer(request_id: str, values: Sequence[bytes], rows: int) -> float:
-            landed = produce(producer, pipeline.batches_topic, values)
-            got = collector.wait_for(
-                lambda r: (
-                    isinstance(r.message, HistoryReadyNotification)
-                    and r.message.request_id == request_id
-                )
-            )[0]
-            message = got.message
-            assert isinstance(message, HistoryReadyNotification)
-            assert message.status == Status.OK, message
-            assert message.row_count == rows, message
-            return got.at - landed
 
-        cold = answer("bench-cold", request_records("bench-cold", 1000, T0 - 86_400_000), 1000)
-        print(f"{prefix}cold first request (1,000 candles): {cold:.2f} s", flush=True)
-        base_counter = iter(range(1_000_000))
-        for _ in range(args.reps):
-            for n in args.sizes:
-                k = next(counter)
-                request_id, t0 = f"bench-{k}", T0 + k * 600 * 86_400_000
-                seconds = answer(request_id, request_records(request_id, n, t0), n)
-                results.setdefault(f"pipeline {n}", []).append(seconds)
-                line = f"{prefix}n={n} (load {_load()}): pipeline {seconds:.2f} s"
-                if args.stored:
-                    again = f"{request_id}-stored"
-                    results.setdefault(f"pipeline {n} stored", []).append(
-                        answer(again, stored_answer(again, n, t0), n)
-                    )
-                    line += f", stored {results[f'pipeline {n} stored'][-1]:.2f} s"
-                if args.overlap:
-                    again = f"{request_id}-again"
-                    results.setdefault(f"pipeline {n} overlap", []).append(
-                        answer(again, request_records(again, n, t0), n)
-                    )
-                    line += f", overlap {results[f'pipeline {n} overlap'][-1]:.2f} s"
-                if args.baseline:
-                    b = next(base_counter)
-                    rows = baseline_rows(n, T0 + b * 600 * 86_400_000)
-                    results.setdefault(f"baseline {n}", []).append(
-                        baseline_append(endpoints, pipeline.namespace, rows)
-                    )
-                    line += f", baseline {results[f'baseline {n}'][-1]:.2f} s"
-                print(line, flush=True)
-        return pipeline.log_lines("history batch")
+def measure(variant: Variant, n: int, k: int, args: argparse.Namespace) -> str:
+    """Every case of one size for one variant; the line that reports it."""
+    request_id, t0 = f"bench-{k}", T0 + k * 600 * 86_400_000
+    line = [
+        variant.add(
+            f"pipeline {n}", variant.answer(request_id, request_records(request_id, n, t0), n)
+        )
+    ]
+    if args.stored:
+        again = f"{request_id}-stored"
+        line.append(
+            variant.add(
+                f"pipeline {n} stored", variant.answer(again, stored_answer(again, n, t0), n)
+            )
+        )
+    if args.overlap:
+        again = f"{request_id}-again"
+        line.append(
+            variant.add(
+                f"pipeline {n} overlap", variant.answer(again, request_records(again, n, t0), n)
+            )
+        )
+    if args.baseline:
+        rows = baseline_rows(n, T0 + k * 600 * 86_400_000)
+        seconds = baseline_append(variant.pipeline.endpoints, variant.pipeline.namespace, rows)
+        line.append(variant.add(f"baseline {n}", seconds))
+    return f"[{variant.name}] n={n} (load {_load()}): " + ", ".join(line)
 
 
 def _variants(specs: Sequence[str]) -> dict[str, dict[str, str]]:
@@ -258,31 +273,39 @@ def _variants(specs: Sequence[str]) -> dict[str, dict[str, str]]:
         if not (path / "pipeline" / "__init__.py").is_file():
             raise SystemExit(f"--variant {spec}: no pipeline/__init__.py under {path}")
         inherited = os.environ.get("PYTHONPATH")
-        variants[name] = {
-            "PYTHONPATH": f"{path}{os.pathsep}{inherited}" if inherited else str(path)
-        }
+        pythonpath = f"{path}{os.pathsep}{inherited}" if inherited else str(path)
+        variants[name] = {"PYTHONPATH": pythonpath}
     return variants or {"pipeline": {}}
 
 
 def run(args: argparse.Namespace) -> None:
-    variants = _variants(args.variant)
-    results: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
-    with stack(args.stack_dir) as endpoints, workdir(args.workdir) as tmp:
-        for round_ in range(args.rounds):
-            for name, overrides in variants.items():
-                prefix = f"[{name} {round_ + 1}/{args.rounds}] " if len(variants) > 1 else ""
-                print(f"{prefix}load {_load()}", flush=True)
-                steps = measure(endpoints, Path(tmp), args, overrides, results[name], prefix)
-                print(f"{prefix}pipeline steps (per micro-batch, from its log):")
-                for line in steps:
-                    print("  " + line.split("pipeline.history: ", 1)[-1][:400])
+    specs = _variants(args.variant)
+    with (
+        stack(args.stack_dir) as endpoints,
+        workdir(args.workdir) as tmp,
+        contextlib.ExitStack() as cleanup,
+    ):
+        print(f"load {_load()}", flush=True)
+        variants = [
+            start_variant(name, endpoints, Path(tmp), args, overrides, cleanup)
+            for name, overrides in specs.items()
+        ]
+        counter = iter(range(1_000_000))
+        for rep in range(args.reps):
+            for n in args.sizes:
+                # Each variant in turn, the order alternating: paired under the same load.
+                for variant in variants[:: 1 if rep % 2 == 0 else -1]:
+                    print(measure(variant, n, next(counter), args), flush=True)
+        for variant in variants:
+            print(f"[{variant.name}] pipeline steps (per micro-batch, from its log):")
+            for line in variant.pipeline.log_lines("history batch"):
+                print("  " + line.split("pipeline.history: ", 1)[-1][:400])
     print()
-    names = list(variants)
+    names = [v.name for v in variants]
     print(f"{'case':<28} " + " ".join(f"{name + ' s':>12}" for name in names), end="")
     print(f" {names[-1] + ' / ' + names[0]:>16}" if len(names) > 1 else "")
-    cases = dict.fromkeys(case for name in names for case in results[name])
-    for case in cases:
-        medians = [median(results[name][case]) for name in names]
+    for case in variants[0].results:
+        medians = [median(v.results[case]) for v in variants]
         row = f"{case:<28} " + " ".join(f"{m:12.2f}" for m in medians)
         print(row + (f" {medians[-1] / medians[0]:16.2f}" if len(names) > 1 else ""))
 
@@ -306,7 +329,6 @@ def main() -> None:
         metavar="NAME=DIR",
         help="run the pipeline package from DIR under NAME (repeat to compare)",
     )
-    parser.add_argument("--rounds", type=int, default=1, help="turns of each variant")
     parser.add_argument("--stack-dir", type=Path, help="use the stack started with this dir")
     parser.add_argument("--workdir", type=Path, help="keep the pipeline's logs here")
     run(parser.parse_args())
