@@ -300,12 +300,14 @@ def run(args: argparse.Namespace) -> None:
             print(f"[{variant.name}] pipeline steps (per micro-batch, from its log):")
             for line in variant.pipeline.log_lines("history batch"):
                 print("  " + line.split("pipeline.history: ", 1)[-1][:400])
+        results = {v.name: v.results for v in variants}
+        del variants, variant  # their Kafka producers go before the stack does
     print()
-    names = [v.name for v in variants]
+    names = list(results)
     print(f"{'case':<28} " + " ".join(f"{name + ' s':>12}" for name in names), end="")
     print(f" {names[-1] + ' / ' + names[0]:>16}" if len(names) > 1 else "")
-    for case in variants[0].results:
-        medians = [median(v.results[case]) for v in variants]
+    for case in results[names[0]]:
+        medians = [median(results[name][case]) for name in names]
         row = f"{case:<28} " + " ".join(f"{m:12.2f}" for m in medians)
         print(row + (f" {medians[-1] / medians[0]:16.2f}" if len(names) > 1 else ""))
 
