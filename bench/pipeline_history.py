@@ -136,24 +136,25 @@ def baseline_rows(n: int, t0: int) -> pa.Table:
 
     opens = pa.array([(t0 + i * MINUTE) * 1000 for i in range(n)], pa.int64()).cast(UTC_US)
     prices = pa.array([100.0 + i % 50 for i in range(n)], pa.float64())
-    return pa.table(
-        {
-            "ticker": [BASELINE_TICKER] * n,
-            "exchange": ["BINANCE"] * n,
-            "symbol": ["BASE/LINE"] * n,
-            "period_seconds": pa.array([60] * n, pa.int32()),
-            "open_time": opens,
-            "open": prices,
-            "high": prices,
-            "low": prices,
-            "close": prices,
-            "volume": prices,
-            "trade_count": pa.array([10] * n, pa.int64()),
-            "source": ["history"] * n,
-            "request_id": ["baseline"] * n,
-            "ingested_at": opens,
-        }
-    ).cast(OHLC_SCHEMA)
+    columns = {
+        "ticker": [BASELINE_TICKER] * n,
+        "exchange": ["BINANCE"] * n,
+        "symbol": ["BASE/LINE"] * n,
+        "period_seconds": pa.array([60] * n, pa.int32()),
+        "open_time": opens,
+        "open": prices,
+        "high": prices,
+        "low": prices,
+        "close": prices,
+        "volume": prices,
+        "trade_count": pa.array([10] * n, pa.int64()),
+        "source": ["history"] * n,
+        "request_id": ["baseline"] * n,
+        "ingested_at": opens,
+    }
+    # Columns a history candle leaves empty (extra volumes, live notes): null.
+    full = {f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in OHLC_SCHEMA}
+    return pa.table(full).cast(OHLC_SCHEMA)
 
 
 def baseline_append(endpoints: StackEndpoints, namespace: str, rows: pa.Table) -> float:
