@@ -26,6 +26,7 @@ from mdproto.messages import (
     BookSnapshot,
     HistoryReadyNotification,
     HistorySource,
+    OHLCBatch,
     Status,
     Tick,
 )
@@ -225,6 +226,58 @@ def test_duplicate_deliveries_add_no_rows_and_no_second_notification(
     stored = pipeline.lake.rows("ohlc", _range_filter(build, t0, meta.end_time_ms))
     keys = [r["open_time"] for r in stored]
     assert len(keys) == 1500 and len(set(keys)) == 1500
+
+
+def test_stored_answers_are_counted_at_their_snapshot(
+    pipeline: Any, tools: Any, build: Any
+) -> None:
+    """An answer from storage (a final marker alone) announces the candles its range holds
+    at the notified snapshot: across files that cross the range's edges and a file a
+    MERGE left deletes for, counted on the driver (no fallback to the Spark count)."""
+    t0 = build.T0 + 3 * 10**9
+    first = [build.candle(i, t0=t0) for i in range(1200)]
+    meta = build.metadata("hist-st-a", start=t0, end=t0 + 1200 * build.MINUTE)
+    pipeline.kafka.send(
+        pipeline.run.batches_topic, build.request_records("hist-st-a", first, meta=meta)
+    )
+    _notification(pipeline, tools, "hist-st-a")
+    # Overlaps the first and goes beyond it, with other prices: a MERGE (deletes).
+    second = [build.candle(i, t0=t0, close=1.0) for i in range(1000, 1500)]
+    start, end = t0 + 1000 * build.MINUTE, t0 + 1500 * build.MINUTE
+    meta = build.metadata("hist-st-b", start=start, end=end)
+    pipeline.kafka.send(
+        pipeline.run.batches_topic, build.request_records("hist-st-b", second, meta=meta)
+    )
+    _notification(pipeline, tools, "hist-st-b")
+    third = [build.candle(i, t0=t0) for i in range(2000, 2100)]  # alone in its range: one file
+    start, end = t0 + 2000 * build.MINUTE, t0 + 2100 * build.MINUTE
+    meta = build.metadata("hist-st-c", start=start, end=end)
+    pipeline.kafka.send(
+        pipeline.run.batches_topic, build.request_records("hist-st-c", third, meta=meta)
+    )
+    _notification(pipeline, tools, "hist-st-c")
+    present = {*range(1500), *range(2000, 2100)}
+
+    ranges = {
+        "hist-st-1": (100, 1300),
+        "hist-st-2": (0, 1500),
+        "hist-st-3": (1490, 1600),
+        "hist-st-4": (2000, 2100),
+    }
+    for request_id, (lo, hi) in ranges.items():
+        start, end = t0 + lo * build.MINUTE, t0 + hi * build.MINUTE
+        final = build.metadata(request_id, start=start, end=end)
+        final.status = Status.OK
+        final.source = HistorySource.SOURCE_STORAGE
+        final.expected_candles = hi - lo
+        marker = OHLCBatch(request_id=request_id, metadata=final, is_final=True)
+        pipeline.kafka.send(pipeline.run.batches_topic, [envelope.encode_record(marker)])
+        _, n = _notification(pipeline, tools, request_id)
+        stored = pipeline.lake.rows("ohlc", _range_filter(build, start, end), n.snapshot_id)
+        expected = len(present & set(range(lo, hi)))
+        assert (n.status, n.row_count) == (Status.OK, expected) == (Status.OK, len(stored))
+        assert n.exchange_gaps == (hi - lo) - n.row_count
+    assert "counting rows on the driver failed" not in pipeline.run.log_text()
 
 
 def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, build: Any) -> None:

@@ -10,7 +10,10 @@ Per micro-batch, on the driver (foreachBatch):
 A request's row count comes from the rows its records brought
 (`history_notices.AcceptedRows`); only answers from storage, and requests
 whose records this process did not all see, are counted in ``ohlc`` at the
-new snapshot, and that count runs alongside the ``requests`` lookup.
+new snapshot, and that count runs alongside the ``requests`` lookup. The
+lookup reads the table only for ids it may hold (`known_requests`): a new
+request, the usual case, needs no Spark query. The first micro-batch of each
+sink, the one Spark may be replaying, always reads the table.
 
 A request's records share a Kafka key, hence a partition, so when its final
 marker is processed every row it announced is in this or an earlier (already
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -32,6 +35,7 @@ import pyarrow.compute as pc
 from mdproto.messages import Status
 from pipeline import history_notices, records
 from pipeline.config import Settings
+from pipeline.known_requests import KnownRequests
 from pipeline.lake import Lake
 from pipeline.pub_server import Publisher
 from pipeline.records import log_rejects
@@ -52,14 +56,21 @@ class HistorySink:
     """The foreachBatch function of the history query."""
 
     def __init__(
-        self, lake: Lake, publisher: Publisher, identity: QueryIdentity, crash_point: CrashPoint
+        self,
+        lake: Lake,
+        publisher: Publisher,
+        identity: QueryIdentity,
+        crash_point: CrashPoint,
+        pool: Executor | None = None,
     ) -> None:
         self._lake = lake
         self._publisher = publisher
         self._identity = identity
         self._crash_point = crash_point
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="history-lookup")
+        self._pool = pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="history-lookup")
         self._accepted = history_notices.AcceptedRows()
+        self._known = KnownRequests()
+        self._loading: Future[None] | None = None
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         laps = Laps()
@@ -73,15 +84,17 @@ class HistorySink:
         laps.lap("decode")
         # The requests lookup does not depend on the candle write: overlap the two.
         ids = sorted({m.request_id for m in decoded.finals})
-        lookup = self._pool.submit(self._lake.find_requests, session, ids) if ids else None
+        to_read = self._known.to_look_up(ids)
+        lookup = self._pool.submit(self._lake.find_requests, session, to_read) if to_read else None
         how = self._lake.write_history(session, decoded.candles)
         self._crash_point("history-after-ohlc-commit")
         self._accepted.add(decoded.accepted)
         laps.lap(how)
         plan = history_notices.Plan()
-        if lookup is not None:
+        if ids:
             plan = self._complete(session, decoded.finals, lookup, batch_id, laps)
             self._accepted.forget(ids)
+        self._load_known()
         log.info(
             "history batch %d: %d records, %d candles (%d duplicates), %d final markers -> "
             "%d notified (%d again after a restart, %d duplicates skipped); %s; "
@@ -98,11 +111,25 @@ class HistorySink:
             _age(kafka),
         )
 
+    def _load_known(self) -> None:
+        """Read the ids in ``requests`` once, after this sink's first batch (again if that
+        read failed): from then on a new request needs no lookup."""
+        loading = self._loading
+        if loading is not None:
+            if not loading.done() or loading.exception() is None:
+                return
+            log.warning("reading the ids in requests failed: %s", loading.exception())
+
+        def load() -> None:
+            self._known.loaded(self._lake.request_ids())
+
+        self._loading = self._pool.submit(load)
+
     def _complete(
         self,
         session: SparkSession,
         finals: list[records.FinalMarker],
-        lookup: Future[dict[str, history_notices.CompletedRequest]],
+        lookup: Future[dict[str, history_notices.CompletedRequest]] | None,
         batch_id: int,
         laps: Laps,
     ) -> history_notices.Plan:
@@ -132,13 +159,18 @@ class HistorySink:
             if to_count
             else None
         )
-        plan = plan_for(lookup.result())
-        laps.lap("lookup")
+        plan = plan_for(lookup.result() if lookup is not None else {})
+        laps.lap("lookup" if lookup is not None else "lookup (known)")
         if counting is not None:
             found |= counting.result()
             laps.lap(f"count {len(to_count)}")
         plan = history_notices.apply_counts(plan, found)
-        self._lake.record_requests(session, plan.record)
+        try:
+            self._lake.record_requests(session, plan.record)
+        except Exception:
+            self._known.write_failed()  # it may have landed: look the table up from now on
+            raise
+        self._known.added(r.request_id for r in plan.record)
         self._crash_point("history-after-requests-commit")
         laps.lap("record")
         self._publisher.publish_many((r.notification_topic, r.notification()) for r in plan.publish)

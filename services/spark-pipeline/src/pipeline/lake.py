@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +33,7 @@ from mdproto.tables import (
     TableSchema,
     Ticks,
 )
-from pipeline import history_notices
+from pipeline import history_notices, row_counts
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
 
@@ -374,6 +374,10 @@ def select_requests(target: str, request_ids: Sequence[str]) -> str:
     return f"SELECT * FROM {target} WHERE request_id IN ({_id_list(request_ids)})"
 
 
+def select_request_ids(target: str) -> str:
+    return f"SELECT {Requests.REQUEST_ID} FROM {target}"
+
+
 _CONFLICT_MARKERS = (
     "CommitFailedException",
     "ValidationException",
@@ -548,6 +552,12 @@ class Lake:
         rows = session.sql(select_requests(self.names.requests, request_ids)).toArrow()
         return history_notices.from_table(rows)
 
+    def request_ids(self) -> list[str]:
+        """Every request id in ``requests`` (`known_requests.KnownRequests`)."""
+        rows = self._spark.sql(select_request_ids(self.names.requests)).toArrow()
+        ids: list[str] = rows.column(Requests.REQUEST_ID).to_pylist()
+        return ids
+
     def count_request_rows(
         self, session: SparkSession, snapshot_id: int, requests: Sequence[CompletedRequest]
     ) -> dict[str, int]:
@@ -561,20 +571,41 @@ class Lake:
         ]
         if not ranges or snapshot_id == 0:
             return {r.request_id: 0 for r in requests}
+        try:
+            return self._count_on_driver(snapshot_id, ranges)
+        except Exception as exc:  # a Java API that moved: the Spark count is always right
+            log.warning("counting rows on the driver failed, counting with Spark: %s", exc)
         sql = count_request_rows(self.names.ohlc, snapshot_id, ranges)
         rows = session.sql(sql).toArrow().to_pylist()
         return {row["request_id"]: int(row["n"]) for row in rows}
 
+    def _count_on_driver(
+        self, snapshot_id: int, ranges: Sequence[tuple[str, SeriesRange]]
+    ) -> dict[str, int]:
+        """`row_counts.count` of each range: no Spark job."""
+        jvm, table = self._java_table(self.names.ohlc)
+        gateway = self._spark.sparkContext._gateway
+        return {
+            request_id: row_counts.count(
+                jvm, gateway, table, snapshot_id, r.ticker, r.period_seconds, r.lo_ms, r.hi_ms
+            )
+            for request_id, r in ranges
+        }
+
     def snapshot_id(self, table: str) -> int:
         """Current snapshot of ``table`` (0 if none), read fresh from the catalog."""
+        snapshot = self._java_table(table)[1].currentSnapshot()
+        return 0 if snapshot is None else int(snapshot.snapshotId())
+
+    def _java_table(self, table: str) -> tuple[Any, Any]:
+        """(the JVM view, Iceberg's Table object of ``table``, loaded fresh)."""
         spark = self._spark
         jvm = spark.sparkContext._jvm
         assert jvm is not None
-        jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        loaded = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
             spark._jsparkSession, table
         )
-        snapshot = jtable.currentSnapshot()
-        return 0 if snapshot is None else int(snapshot.snapshotId())
+        return jvm, loaded
 
     # -- internals ---------------------------------------------------------------
 

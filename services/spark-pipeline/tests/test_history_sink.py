@@ -1,0 +1,129 @@
+"""The history sink's `requests` lookups, with the lake faked: a new request reads no table
+once the recorded ids are known, a recorded one still does, a failed write stops trusting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pipeline.history import HistorySink
+from pipeline.history_notices import CompletedRequest
+from pipeline.lake import TableNames
+from pipeline.streams import QueryIdentity
+
+
+class Inline(Executor):
+    """Runs each task when submitted: the sink's background work, in order."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+class FakeLake:
+    names = TableNames("lake", "market")
+
+    def __init__(self) -> None:
+        self.requests: dict[str, CompletedRequest] = {}
+        self.looked_up: list[list[str]] = []
+        self.fail_record = False
+
+    def find_requests(self, session: Any, ids: list[str]) -> dict[str, CompletedRequest]:
+        self.looked_up.append(list(ids))
+        return {i: self.requests[i] for i in ids if i in self.requests}
+
+    def request_ids(self) -> list[str]:
+        return list(self.requests)
+
+    def write_history(self, session: Any, candles: pa.Table) -> str:
+        return "append" if candles.num_rows else "none"
+
+    def snapshot_id(self, table: str) -> int:
+        return 7
+
+    def count_request_rows(
+        self, session: Any, snapshot_id: int, requests: list[CompletedRequest]
+    ) -> dict[str, int]:
+        return {r.request_id: r.row_count for r in requests}
+
+    def record_requests(self, session: Any, requests: list[CompletedRequest]) -> None:
+        if self.fail_record:
+            raise RuntimeError("CommitStateUnknownException")
+        self.requests |= {r.request_id: r for r in requests}
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def publish_many(self, messages: Iterable[tuple[str, Any]]) -> None:
+        self.sent += [message.request_id for _, message in messages]
+
+
+class Batch:
+    """What foreachBatch hands the sink: Kafka rows behind select(...).toArrow()."""
+
+    sparkSession = None  # noqa: N815 (PySpark's name)
+
+    def __init__(self, kafka: pa.Table) -> None:
+        self._kafka = kafka
+
+    def select(self, *columns: str) -> Batch:
+        return self
+
+    def toArrow(self) -> pa.Table:  # noqa: N802 (PySpark's name)
+        return self._kafka
+
+
+@pytest.fixture
+def run(build: Any) -> tuple[Callable[[int, str], None], FakeLake, FakePublisher]:
+    lake, publisher, identity = FakeLake(), FakePublisher(), QueryIdentity()
+    identity.set("query-1")
+    sink = HistorySink(lake, publisher, identity, lambda _: None, pool=Inline())  # type: ignore[arg-type]
+
+    def batch(batch_id: int, request_id: str) -> None:
+        rows = [build.candle(i) for i in range(3)]
+        meta = build.metadata(request_id, end=build.T0 + 3 * build.MINUTE)
+        values = build.request_records(request_id, rows, meta=meta)
+        sink(Batch(build.kafka_table(values, first_offset=batch_id * 10)), batch_id)  # type: ignore[arg-type]
+
+    return batch, lake, publisher
+
+
+def test_the_first_batch_reads_the_table_later_new_requests_do_not(run: Any) -> None:
+    batch, lake, publisher = run
+    batch(0, "r1")
+    batch(1, "r2")
+    batch(2, "r3")
+    assert lake.looked_up == [["r1"]]
+    assert publisher.sent == ["r1", "r2", "r3"]
+    assert set(lake.requests) == {"r1", "r2", "r3"}
+
+
+def test_a_recorded_request_is_still_read_and_not_notified_again(run: Any) -> None:
+    batch, lake, publisher = run
+    batch(0, "r1")
+    batch(1, "r2")
+    batch(2, "r2")  # a second ingestor's copy, later
+    assert lake.looked_up == [["r1"], ["r2"]]
+    assert publisher.sent == ["r1", "r2"]
+
+
+def test_after_a_failed_requests_write_every_request_is_read_again(run: Any) -> None:
+    batch, lake, publisher = run
+    batch(0, "r1")
+    lake.fail_record = True
+    with pytest.raises(RuntimeError):
+        batch(1, "r2")
+    lake.fail_record = False
+    batch(2, "r3")
+    assert lake.looked_up == [["r1"], ["r3"]]
+    assert publisher.sent == ["r1", "r3"]
