@@ -17,6 +17,8 @@ and an ingestor in the first client process subscribes to the work socket
 (draining the DataRequests, which really travel over TCP; that client process
 does the extra work too) and sends `IngestorStatus` heartbeats. A reply other
 than OK is counted and reported: the figures are for accepted requests only.
+The server process's CPU time (all its threads, from /proc) over the window,
+per round trip, is reported too: the machine's load moves it less than rates.
 
 `--curve` compares the relay (WARNING logs) with CURVE off and on instead: the
 client sockets then hold an allow-listed key pair.
@@ -30,6 +32,7 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
+import os
 import re
 import signal
 import statistics
@@ -96,7 +99,7 @@ def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = F
         tempfile.NamedTemporaryFile("w", suffix=".log") as log_file,
         tempfile.TemporaryDirectory() as keys,
     ):
-        listener = configure_logging(log_level, stream=log_file)  # as `relay` does, to a file
+        log_lines = configure_logging(log_level, stream=log_file)  # as `relay` does, to a file
         overrides = _curve_keys(Path(keys)) if curve else {}
         pipeline = zmq.Context().socket(zmq.PUB)  # heartbeats only: no market data measured
         pipeline.linger = 0
@@ -138,7 +141,7 @@ def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = F
         threading.Thread(target=stopper, daemon=True).start()
         relay.run()
         relay.close()
-        listener.stop()
+        log_lines.close()
 
 
 def _curve_keys(keys: Path) -> dict[str, str]:
@@ -303,6 +306,16 @@ class Result:
     p50_ms: float
     p99_ms: float
     refused: int = 0  # replies other than OK (the run measured the wrong thing)
+    cpu_us: float = 0.0  # server process CPU (all threads) per round trip in the window
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, all threads (Linux /proc; load moves it less than rates)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+_CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 
 
 def one_run(mode: str, n_clients: int, seconds: float) -> Result:
@@ -338,6 +351,11 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     start_at = time.monotonic() + 0.1  # every client connected: they start together
     for _ in workers:
         start.put(start_at)
+    assert server.pid is not None
+    time.sleep(max(0.0, start_at + WARMUP - time.monotonic()))
+    cpu_begin = _cpu_s(server.pid)
+    time.sleep(max(0.0, start_at + WARMUP + seconds - time.monotonic()))
+    cpu = _cpu_s(server.pid) - cpu_begin
     parts = [results.get(timeout=60) for _ in workers]
     for w in workers:
         w.join(10)
@@ -350,6 +368,7 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
         lat[len(lat) // 2] * 1000,
         lat[int(len(lat) * 0.99)] * 1000,
         sum(p[2] for p in parts),
+        cpu / max(done, 1) * 1e6,
     )
 
 
@@ -518,9 +537,10 @@ def submit_table(reps: int, seconds: float) -> None:
     modes = ("echo", "relay", "relay-quiet")
     print(
         "| clients | echo rt/s | relay rt/s (INFO) | ratio (min-max) | relay rt/s (WARNING) "
-        "| ratio (min-max) | p50/p99 ms echo | relay | relay-quiet |"
+        "| ratio (min-max) | p50/p99 ms echo | relay | relay-quiet "
+        "| server CPU us/rt echo | relay | relay-quiet |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (1, 10, 100):
         runs: dict[str, list[Result]] = {m: [] for m in modes}
         for _ in range(reps):
@@ -531,7 +551,8 @@ def submit_table(reps: int, seconds: float) -> None:
             f"| {n} | {med['echo'].rate:,.0f} | {med['relay'].rate:,.0f} "
             f"| {_ratio(runs['relay'], runs['echo'])} | {med['relay-quiet'].rate:,.0f} "
             f"| {_ratio(runs['relay-quiet'], runs['echo'])} "
-            f"| {' | '.join(_latency(med[m]) for m in modes)} |",
+            f"| {' | '.join(_latency(med[m]) for m in modes)} "
+            f"| {' | '.join(f'{med[m].cpu_us:.0f}' for m in modes)} |",
             flush=True,
         )
         refused = sum(r.refused for m in modes for r in runs[m])

@@ -48,8 +48,13 @@ class RuleViolation(ValueError):  # noqa: N818 (reads as the verdict it is)
 def check_ids(**ids: str) -> None:
     """Ids become topic suffixes and SQL literals; empty means "not given"."""
     for name, value in ids.items():
-        if value and not topics.is_valid_id(value):
-            raise RuleViolation(BAD_ID, f"{name} must be 1-128 characters of [A-Za-z0-9_.-]")
+        check_id(name, value)
+
+
+def check_id(name: str, value: str) -> None:
+    """`check_ids` for one id, without building a dict (the relay's per-request path)."""
+    if value and not topics.is_valid_id(value):
+        raise RuleViolation(BAD_ID, f"{name} must be 1-128 characters of [A-Za-z0-9_.-]")
 
 
 def ticker(text: str) -> topics.Ticker:

@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_UPDATE_PATH = "/control/config-update"
 _BATCH = 256  # messages taken from one socket per loop turn, so none starves the rest
+_POLLIN = int(zmq.POLLIN)
 
 Handler: TypeAlias = Callable[[list[bytes], float], None]
 
@@ -272,22 +273,21 @@ class Relay:
             self._market_monitor: self._on_market_event,
             self._heartbeat_sub: self._on_pipeline_status,
         }
-        poller = zmq.Poller()
-        for sock in handlers:
-            poller.register(sock, zmq.POLLIN)
-        poller.register(self._wakeup.fileno(), zmq.POLLIN)
+        # zmq_poll straight on a list built once; it answers in this order (the
+        # handler table's, the wake-up fd last): no dict of the answer to look up.
+        items: list[tuple[Socket | int, int]] = [(sock, _POLLIN) for sock in handlers]
+        items.append((self._wakeup.fileno(), _POLLIN))
         next_stats = self._clock()
         while not self._stopping:
             now = self._clock()
             deadline = min(self._next_deadline(), next_stats, now + 1.0)
-            ready = dict(poller.poll(math.ceil(max(0.0, deadline - now) * 1000)))
-            for sock, handler in handlers.items():
-                if sock in ready:
-                    self._drain(sock, handler)
-            if self._wakeup.fileno() in ready:
-                self._wakeup.drain()
-                self._ingestors.send_operator_controls()
-                self._requests.send_stored_triggers(self._clock())
+            for sock, _events in zmq.zmq_poll(items, math.ceil(max(0.0, deadline - now) * 1000)):
+                if isinstance(sock, int):  # the wake-up fd
+                    self._wakeup.drain()
+                    self._ingestors.send_operator_controls()
+                    self._requests.send_stored_triggers(self._clock())
+                else:
+                    self._drain(sock, handlers[sock])
             now = self._clock()
             if now >= deadline:  # a deadline a handler just set is met by the next turn's poll
                 self._requests.expire_legacy(now)

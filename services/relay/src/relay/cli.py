@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import queue
 import signal
 import sys
 from collections.abc import Mapping
-from logging.handlers import QueueHandler, QueueListener
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -22,42 +20,29 @@ from pydantic import ValidationError
 from relay import curve
 from relay.app import Relay
 from relay.config import config_path_from_env, load_settings
+from relay.log_lines import BatchedLines, LineFormatter
 
 log = logging.getLogger("relay")
 
 
-class _DeferredFormatting(QueueHandler):
-    """Hands records to the queue with only their message merged: the arguments are
-    read now (they may change later), the line is formatted and written by the listener."""
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        record.msg, record.args = record.getMessage(), None
-        return record
-
-
-def configure_logging(level: str | int, stream: IO[str] | None = None) -> QueueListener:
-    """Plain lines on stderr, formatted and written by a listener thread.
+def configure_logging(level: str | int, stream: IO[str] | None = None) -> BatchedLines:
+    """Plain lines on stderr (or `stream`), written in batches by a thread (log_lines.py).
 
     The relay logs one line per forwarded request (the spec's INFO line), so the loop
-    only queues a record (QueueHandler) and the listener (QueueListener) formats and
-    writes it; call `stop()` on the returned listener to flush before exiting. The
-    format needs no thread, process or caller info, so none is collected (the last
-    is `logging._srcfile`, the logging HOWTO's "Optimization" switch)."""
+    must not block on the stream or hand each record to another thread; call `close()`
+    on the returned handler to write the rest before exiting. The format needs no
+    thread, process or caller info, so none is collected (the last is
+    `logging._srcfile`, the logging HOWTO's "Optimization" switch)."""
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
     logging._srcfile = None
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    handler = BatchedLines(stream or sys.stderr)
+    handler.setFormatter(LineFormatter())
     logging.basicConfig(
-        level=level.upper() if isinstance(level, str) else level,
-        handlers=[_DeferredFormatting(records)],
-        force=True,
+        level=level.upper() if isinstance(level, str) else level, handlers=[handler], force=True
     )
-    listener = QueueListener(records, handler)
-    listener.start()
-    return listener
+    return handler
 
 
 #: env_logger's levels (the spec's RUST_LOG) as Python's.
@@ -122,12 +107,12 @@ def main() -> int:
     if sys.argv[1:2] == ["keys"]:
         return keys_main(sys.argv[2:])
     level, source = log_level(os.environ)
-    listener = configure_logging(level)
+    lines = configure_logging(level)
     try:
         log.info("log level %s (%s)", level, source)
         return serve()
     finally:
-        listener.stop()  # every queued line is written before the process exits
+        lines.close()  # every kept line is written before the process exits
 
 
 def serve() -> int:

@@ -16,6 +16,7 @@ below it, is that rule: pure, `now` passed in, unit-tested without sockets.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import re
 from collections.abc import Callable
@@ -269,7 +270,11 @@ class _Ingestor:
     kafka_error: str = ""  # it cannot write to Kafka: whatever it fetched would be lost
 
     def alive(self, now: float) -> bool:
-        return now - self.last_seen <= self.expiry_s
+        return now <= self.expires_at
+
+    @property
+    def expires_at(self) -> float:
+        return self.last_seen + self.expiry_s
 
 
 class Liveness:
@@ -303,8 +308,8 @@ class Liveness:
         self._forget_after_s = forget_after_s
         self._ingestors: dict[str, _Ingestor] = {}
         self._reported: set[str] = set()  # prefixes some ingestor reported since subscribed
-        # (prefix, subscribed) -> (verdict, asked at, the live ingestors it counts).
-        self._verdicts: dict[tuple[str, bool], tuple[Verdict, float, list[_Ingestor]]] = {}
+        # (prefix, subscribed) -> (verdict, asked at, when the first ingestor it counts expires).
+        self._verdicts: dict[tuple[str, bool], tuple[Verdict, float, float]] = {}
 
     @property
     def prefixes(self) -> set[str]:
@@ -344,13 +349,14 @@ class Liveness:
         one of the live ingestors it counts expires."""
         key = (prefix, subscribed)
         kept = self._verdicts.get(key)
-        if kept is not None and kept[1] <= now and all(ing.alive(now) for ing in kept[2]):
+        if kept is not None and kept[1] <= now <= kept[2]:
             return kept[0]
         verdict, counted = self._judge(prefix, subscribed, now)
         if len(self._verdicts) >= _MAX_VERDICTS:  # prefixes come from requests: bounded
             self._verdicts.clear()
         if counted is not None:
-            self._verdicts[key] = (verdict, now, counted)
+            expires = min((ing.expires_at for ing in counted), default=math.inf)
+            self._verdicts[key] = (verdict, now, expires)
         return verdict
 
     def _judge(
