@@ -55,6 +55,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.local,  # local processes of its own: not a test of the compose stack
     pytest.mark.timeout(1500),
+    pytest.mark.heavy(seconds=200),
 ]
 
 HOUR_MS = 3_600_000

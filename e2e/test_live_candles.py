@@ -39,6 +39,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.local,  # local processes of its own: not a test of the compose stack
     pytest.mark.timeout(1500),
+    pytest.mark.heavy(seconds=250),
 ]
 
 SYMBOL = "ETH/USDT"  # trades every minute, so every window has a candle

@@ -21,7 +21,14 @@ from infra.platform import Platform
 from infra.platform.services import http_get
 from infra.testing import run_ci_script
 
-pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark, pytest.mark.local]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.stack,
+    pytest.mark.spark,
+    pytest.mark.local,
+    pytest.mark.heavy(seconds=110),
+    pytest.mark.xdist_group("local-platform"),
+]
 
 #: Each platform service and the prefix of its own metric names.
 SERVICES = {

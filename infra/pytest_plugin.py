@@ -17,6 +17,7 @@ heavy at module level.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -41,6 +42,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "stack: needs the local platform stack (Kafka, S3 store, Iceberg REST catalog)"
     )
     config.addinivalue_line("markers", "spark: starts a Spark session")
+    # Every JVM a test starts (Spark drivers above all: Kafka and the catalog already
+    # run so) compiles with C1 only. A test's JVM lives seconds to minutes, where C2's
+    # compiling costs more CPU than its faster code saves: a pipeline stack test took
+    # 99 CPU-seconds with C2, 68 without, on the 2-core machine (docs/development.md).
+    # JDK_JAVA_OPTIONS is read by every `java` the JDK launches, in worker processes too.
+    os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(scope="session")

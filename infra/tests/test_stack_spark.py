@@ -19,7 +19,7 @@ from infra.localstack import LocalStack
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = [pytest.mark.stack, pytest.mark.spark]
+pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=80)]
 
 
 def _produce(bootstrap: str, topic: str, values: list[str]) -> None:

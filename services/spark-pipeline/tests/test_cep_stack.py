@@ -13,7 +13,7 @@ import pytest
 from mdproto import envelope
 from mdproto.messages import CEPCondition, CEPTriggerEvent, CEPTriggerRequest, NotifyPattern, Tick
 
-pytestmark = [pytest.mark.stack, pytest.mark.spark]
+pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=130)]
 
 TICKER = "BINANCE:CEP/USDT"
 

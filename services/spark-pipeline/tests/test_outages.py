@@ -14,24 +14,17 @@ from typing import Any
 
 import pytest
 
+from infra.testing import poll_until
 from mdproto import envelope
 from mdproto.messages import HistoryReadyNotification, Status
 
-pytestmark = [pytest.mark.stack, pytest.mark.spark]
+pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=175)]
 
 OUTAGE_S = 20.0
 
 
 def _ms(value: Any) -> int:
     return round(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
-
-
-def _eventually(check: Any, what: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.5)
-    return value
 
 
 def test_catalog_restart_and_s3_outage_lose_and_duplicate_nothing(
@@ -64,8 +57,11 @@ def test_catalog_restart_and_s3_outage_lose_and_duplicate_nothing(
     def landed() -> None:
         for request_id in requests:
             sub.wait_for(tools.is_notification(request_id))
-        _eventually(
-            lambda: len(lake.rows("ticks")) >= len(sent_trades), "every trade stored", tools.WAIT_S
+        poll_until(
+            "every trade stored",
+            lambda: len(lake.rows("ticks")) >= len(sent_trades),
+            tools.WAIT_S,
+            interval_s=0.5,
         )
 
     def alive() -> None:

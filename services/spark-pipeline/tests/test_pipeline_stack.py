@@ -31,7 +31,7 @@ from mdproto.messages import (
     Tick,
 )
 
-pytestmark = [pytest.mark.stack, pytest.mark.spark]
+pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=280)]
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,36 @@ def test_values_that_would_break_the_sql_are_refused() -> None:
         lake.select_requests("t", ["x' OR '1'='1"])
     with pytest.raises(ProtocolError):
         lake.select_any_ohlc("t", [SeriesRange("X:A/B' --", 60, 0, 1)])
+
+
+def _current(names: TableNames) -> dict[str, lake.TableState | None]:
+    return {
+        target: lake.TableState(frozenset(schema.names), dict(lake.COMMIT_RETRY_PROPERTIES))
+        for target, schema in lake.pipeline_tables(names).items()
+    }
+
+
+def test_a_restart_on_current_tables_runs_no_table_statement() -> None:
+    assert lake.setup_statements(NAMES, _current(NAMES)) == []
+
+
+def test_missing_tables_are_created_and_older_ones_evolved_only_where_they_lag() -> None:
+    found = _current(NAMES)
+    found[NAMES.ticks] = None
+    ohlc_before = frozenset(c for c in lake.Ohlc.SCHEMA.names if c not in lake.OHLC_ADDED_COLUMNS)
+    found[NAMES.ohlc] = lake.TableState(ohlc_before, {"commit.retry.num-retries": "4"})
+    statements = lake.setup_statements(NAMES, found)
+    assert statements[:2] == [lake.create_namespace(NAMES), lake.create_ticks(NAMES)]
+    assert statements[2] == lake.add_columns(NAMES.ohlc, lake.OHLC_ADDED_COLUMNS)
+    assert statements[3].startswith("ALTER TABLE lake.market.ohlc SET TBLPROPERTIES")
+    assert "'commit.retry.num-retries' = '20'" in statements[3]
+    assert len(statements) == 4
+    everything = lake.setup_statements(NAMES, dict.fromkeys(lake.pipeline_tables(NAMES)))
+    assert everything == lake.ddl(NAMES)
+
+
+def test_a_table_without_a_column_the_pipeline_cannot_add_is_refused() -> None:
+    found = _current(NAMES)
+    found[NAMES.requests] = lake.TableState(frozenset({"request_id"}), {})
+    with pytest.raises(lake.SchemaMismatchError, match=r"lake\.market\.requests exists without"):
+        lake.setup_statements(NAMES, found)

@@ -41,6 +41,7 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
 
 @pytest.mark.stack
 @pytest.mark.spark
+@pytest.mark.heavy(seconds=170)
 def test_a_round_compacts_small_commits_and_expires_their_snapshots(
     make_run: Any, tools: Any, build: Any
 ) -> None:

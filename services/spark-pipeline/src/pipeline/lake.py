@@ -231,6 +231,56 @@ def ddl(names: TableNames) -> list[str]:
     ]
 
 
+def pipeline_tables(names: TableNames) -> dict[str, TableSchema]:
+    """Every table the pipeline writes, by Spark identifier."""
+    return {
+        names.ohlc: Ohlc.SCHEMA,
+        names.ticks: Ticks.SCHEMA,
+        names.requests: Requests.SCHEMA,
+        names.markets: Markets.SCHEMA,
+        names.book_snapshots: BookSnapshots.SCHEMA,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class TableState:
+    """What the catalog holds of one table: its columns and properties."""
+
+    columns: frozenset[str]
+    properties: dict[str, str]
+
+
+def setup_statements(names: TableNames, found: dict[str, TableState | None]) -> list[str]:
+    """The DDL that brings the catalog to the pipeline's tables, and nothing more.
+
+    Each statement is a Spark SQL round trip at start (a commit when it changes a
+    table), so a restart on current tables runs none. ``found``: each table's state,
+    None when it does not exist. A table without a column the pipeline writes that
+    is not one it may add (``TableSchema.added``) is someone else's table.
+    """
+    tables = pipeline_tables(names)
+    missing = [target for target in tables if found.get(target) is None]
+    statements = [create_namespace(names)] if missing else []
+    statements += [create_table(target, tables[target]) for target in missing]
+    for target, schema in tables.items():
+        state = found.get(target)
+        if state is None:
+            continue
+        new = {c: t for c, t in added_columns(schema).items() if c not in state.columns}
+        absent = [c for c in schema.names if c not in state.columns and c not in new]
+        if absent:
+            raise SchemaMismatchError(
+                f"Iceberg table {target} exists without columns {absent}: "
+                "migrate it or point catalog.namespace elsewhere"
+            )
+        if new:
+            statements.append(add_columns(target, new))
+        lacking = properties_to_set(state.properties, COMMIT_RETRY_PROPERTIES)
+        if lacking:
+            statements.append(set_properties(target, lacking))
+    return statements
+
+
 def timestamp_literal(ms: int) -> str:
     """A Spark SQL TIMESTAMP literal for epoch milliseconds (UTC)."""
     moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
@@ -386,6 +436,15 @@ _CONFLICT_MARKERS = (
 )
 
 
+#: How loading a table that does not exist (or whose namespace does not) fails.
+_MISSING_TABLE_MARKERS = (
+    "TABLE_OR_VIEW_NOT_FOUND",
+    "SCHEMA_NOT_FOUND",
+    "NoSuchTableException",
+    "NoSuchNamespaceException",
+)
+
+
 class SchemaMismatchError(RuntimeError):
     """An existing table lacks columns the pipeline writes."""
 
@@ -406,41 +465,29 @@ class Lake:
     # -- setup -------------------------------------------------------------------
 
     def ensure_tables(self) -> None:
-        """Create the namespace and tables if missing; fail clearly on a foreign schema."""
-        for statement in ddl(self.names):
+        """Create or evolve the namespace and tables as needed; fail clearly on a foreign
+        schema. Read through Iceberg's Java API (a catalog call per table, no Spark SQL
+        analysis): on a restart, start-up runs no statement at all."""
+        found = {target: self._table_state(target) for target in pipeline_tables(self.names)}
+        statements = setup_statements(self.names, found)
+        for statement in statements:
+            log.info("table setup: %s", statement.splitlines()[0])
             self._spark.sql(statement)
-        expected = {
-            self.names.ohlc: Ohlc.SCHEMA.names,
-            self.names.ticks: Ticks.SCHEMA.names,
-            self.names.requests: Requests.SCHEMA.names,
-            self.names.markets: Markets.SCHEMA.names,
-            self.names.book_snapshots: BookSnapshots.SCHEMA.names,
-        }
-        evolving = {  # tables from before these columns get them (older rows read null)
-            self.names.requests: REQUESTS_ADDED_COLUMNS,
-            self.names.ohlc: OHLC_ADDED_COLUMNS,
-        }
-        for table, added in evolving.items():
-            have = set(self._spark.table(table).columns)
-            new = {c: t for c, t in added.items() if c not in have}
-            if new:
-                log.info("adding columns %s to %s", sorted(new), table)
-                self._spark.sql(add_columns(table, new))
-                self._spark.catalog.refreshTable(table)
-        for table in expected:
-            props = self._spark.sql(f"SHOW TBLPROPERTIES {table}").collect()
-            lacking = properties_to_set({r.key: r.value for r in props}, COMMIT_RETRY_PROPERTIES)
-            if lacking:
-                log.info("setting %s on %s", lacking, table)
-                self._spark.sql(set_properties(table, lacking))
-        for table, columns in expected.items():
-            have = set(self._spark.table(table).columns)
-            missing = [c for c in columns if c not in have]
-            if missing:
-                raise SchemaMismatchError(
-                    f"Iceberg table {table} exists without columns {missing}: "
-                    "migrate it or point catalog.namespace elsewhere"
-                )
+        for target, state in found.items():
+            if state is not None and statements:  # altered: no stale schema in Spark's cache
+                self._spark.catalog.refreshTable(target)
+
+    def _table_state(self, table: str) -> TableState | None:
+        try:
+            loaded = self._java_table(table)[1]
+        except Exception as exc:  # PySpark's AnalysisException, or py4j's naming Iceberg's
+            if any(marker in str(exc) for marker in _MISSING_TABLE_MARKERS):
+                return None
+            raise
+        return TableState(
+            columns=frozenset(str(c.name()) for c in loaded.schema().columns()),
+            properties={str(k): str(v) for k, v in dict(loaded.properties()).items()},
+        )
 
     # -- writes ------------------------------------------------------------------
 
