@@ -61,15 +61,15 @@ lint: venv proto
 # Tests without the stack run in UNIT_WORKERS parallel workers (pytest-xdist): they
 # mostly wait on sockets and timeouts, so more workers than cores pays. Stack tests
 # run in STACK_WORKERS workers, each with its own stack on free ports, a test file
-# (or an xdist_group of files sharing a platform) per worker at a time, the longest
-# first (conftest.py). Tests start their JVMs compiling with C1 only (infra/pytest_plugin.py).
+# (or the files sharing a platform) per worker at a time, the longest first
+# (conftest.py). Tests start their JVMs compiling with C1 only (infra/pytest_plugin.py).
 # --durations: the slowest set-ups and tests, for docs/development.md's duration report.
 TEST_MARKS := not compose and (not e2e or local)
 UNIT_WORKERS ?= 4
 STACK_WORKERS ?= 3
 test: lint jars gateway-assets
 	$(BIN)/pytest -n $(UNIT_WORKERS) -m "not stack and ($(TEST_MARKS))" --durations=20 $(TESTS)
-	$(BIN)/pytest -n $(STACK_WORKERS) --dist loadgroup -m "stack and ($(TEST_MARKS))" --durations=40 $(TESTS)
+	$(BIN)/pytest -n $(STACK_WORKERS) --dist loadfile -m "stack and ($(TEST_MARKS))" --durations=40 $(TESTS)
 
 # The edit loop: every test that needs no stack (docs/development.md).
 test-unit: venv proto

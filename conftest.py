@@ -1,4 +1,6 @@
-"""Settings for every test in the repository."""
+"""Settings for every test in the repository, and how parallel workers share them out."""
+
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -10,22 +12,39 @@ settings.register_profile("repo", deadline=None)
 settings.load_profile("repo")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """How `make test` spreads stack tests over parallel workers (docs/development.md).
+#: Test files that share one session fixture costlier than their own work (the
+#: session's local platform, e2e/conftest.py `platform`): one worker runs them all.
+SHARED_SCOPES = {
+    "e2e/test_faults.py": "local-platform",
+    "e2e/test_service_metrics.py": "local-platform",
+}
 
-    With ``--dist loadgroup`` a worker takes a whole test file at a time (its module
-    fixtures start once), or a whole ``xdist_group`` where files share a session
-    fixture (the local platform). Longest first: a module says how long it takes with
-    ``pytest.mark.heavy(seconds=N)`` (measured on the 2-core machine), so that no long
-    file is handed out last to run on alone. A run in one process keeps its order."""
-    dist = config.getoption("dist", "no")
-    if dist == "no":
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with `SHARED_SCOPES`: a worker takes a whole file at a time (its
+    module fixtures start once), or all files sharing a session fixture. (xdist's own
+    `loadgroup` cannot do it under pytest 9: the group it appends to a test id is lost.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class SharedFixtureScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path: str = super()._split_scope(nodeid)
+            return SHARED_SCOPES.get(path, path)
+
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first in parallel workers (docs/development.md): the scheduler hands
+    files out in the order the workers collected them, so a long file handed out last
+    would run on alone while the other workers idle. A module says how long it takes
+    with ``pytest.mark.heavy(seconds=N)`` (measured on the 2-core machine). A run in
+    one process keeps its order."""
+    if not hasattr(config, "workerinput"):  # only xdist's workers collect what runs
         return
-    if dist == "loadgroup":
-        for item in items:
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
     def seconds(item: pytest.Item) -> float:
         marker = item.get_closest_marker("heavy")

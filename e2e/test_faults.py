@@ -444,7 +444,6 @@ def second_ingestor(platform: Platform) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @pytest.mark.heavy(seconds=160)
-@pytest.mark.xdist_group("local-platform")  # the session's platform, as test_service_metrics
 @pytest.mark.local  # two ingestor processes; the compose stack runs one ingestor container
 def test_claim_winner_killed_mid_fetch_is_taken_over_and_notified_once(
     platform: Platform,

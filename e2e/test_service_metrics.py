@@ -27,7 +27,6 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.local,
     pytest.mark.heavy(seconds=110),
-    pytest.mark.xdist_group("local-platform"),
 ]
 
 #: Each platform service and the prefix of its own metric names.
