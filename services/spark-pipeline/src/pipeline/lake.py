@@ -221,14 +221,8 @@ def create_book_snapshots(names: TableNames) -> str:
 
 
 def ddl(names: TableNames) -> list[str]:
-    return [
-        create_namespace(names),
-        create_ohlc(names),
-        create_ticks(names),
-        create_requests(names),
-        create_markets(names),
-        create_book_snapshots(names),
-    ]
+    """Every statement a catalog without the pipeline's tables needs."""
+    return setup_statements(names, {})
 
 
 def pipeline_tables(names: TableNames) -> dict[str, TableSchema]:
@@ -473,8 +467,8 @@ class Lake:
         for statement in statements:
             log.info("table setup: %s", statement.splitlines()[0])
             self._spark.sql(statement)
-        for target, state in found.items():
-            if state is not None and statements:  # altered: no stale schema in Spark's cache
+        if statements:  # a table may have changed: no stale schema in Spark's cache
+            for target in (t for t, state in found.items() if state is not None):
                 self._spark.catalog.refreshTable(target)
 
     def _table_state(self, table: str) -> TableState | None:
