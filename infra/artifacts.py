@@ -10,6 +10,7 @@ Cache layout (``$INFRA_CACHE_DIR``, default ``.cache/`` at the repository root):
     iceberg-rest/   the Iceberg REST catalog server jar and the PostgreSQL JDBC driver,
                     plus classes-<hash>/ (infra/catalog/CatalogServer.java, compiled)
     spark/          jars for spark.jars: Kafka source + Iceberg runtime + AWS bundle
+    spark-cds/      Spark drivers' class-data-sharing archive (infra/spark_class_archive.py)
     <dir>/.resolved.json   marker: pom fingerprint + the jar list
     maven.log       output of the last Maven run
 """
@@ -274,6 +275,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArtifactError as exc:
         _stderr(f"[artifacts] ERROR: {exc}")
         return 1
+    if "spark" in resolved:
+        from infra import spark_class_archive
+
+        try:
+            archive = spark_class_archive.ensure_archive(_stderr, cache)
+            print(f"[artifacts] spark-cds     {archive.stat().st_size / 2**20:7.1f} MiB  {archive}")
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            # Only start-up speed depends on it: say so and go on without it.
+            _stderr(f"[artifacts] WARNING: no class archive for Spark drivers ({exc})")
     versions = load_versions()
     for name, comp in resolved.items():
         print(

@@ -48,6 +48,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # 99 CPU-seconds with C2, 68 without, on the 2-core machine (docs/development.md).
     # JDK_JAVA_OPTIONS is read by every `java` the JDK launches, in worker processes too.
     os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+    # Every Spark driver a test starts maps Spark's classes from the archive `make jars`
+    # made (half the driver's start-up CPU; infra/spark_class_archive.py).
+    from infra import spark_class_archive
+
+    spark_class_archive.apply(os.environ)
 
 
 @pytest.fixture(scope="session")
