@@ -63,7 +63,7 @@ images-offline: docker-engine
 # skip with the reason, except under CI=true, where that is a failure. CI builds
 # them beside `make test` (`make e2e-images`, .ci/run) and finds them here.
 e2e: e2e-images
-	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 e2e infra/tests/test_compose.py $(E2E_ARGS)
+	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 --durations=20 e2e infra/tests/test_compose.py $(E2E_ARGS)
 
 e2e-images: venv proto
 	@if infra/ci/docker-engine.sh; then \
