@@ -459,8 +459,8 @@ def test_claim_winner_killed_mid_fetch_is_taken_over_and_notified_once(
     # seconds): the bound is about the takeover, not about a cold Spark session.
     with Client(settings=client_settings) as c:
         c.history("BINANCE:SOL/USDT", "1m", start, start + 3_600_000)
-    # Slow only the winner's first pages: up to 4 are fetched at once, so 3 slow ones
-    # are in flight together while the other two are served; the winner dies while the
+    # Slow only the first three pages asked for: up to 4 are fetched at once, so 3 slow
+    # ones are in flight together while one or two are served; the winner dies while the
     # slow ones are held. The taker-over's fetch is fast, so the timing shows the
     # takeover itself. The delay is wide enough that a loaded machine's polling of the
     # simulator's log cannot outlast it.
@@ -490,9 +490,12 @@ def test_claim_winner_killed_mid_fetch_is_taken_over_and_notified_once(
         request_id, winner = first.request_id, first.ingestor_id
         assert winner in (PLATFORM_INGESTOR, SECOND_INGESTOR)
 
-        # Mid-fetch: the unslowed pages served, the slow ones not yet.
+        # Mid-fetch: a page served, the slow ones not yet. Not "every unslowed page":
+        # pages come out in range order, so the fifth is asked for only once the first
+        # is out; when the first is a slow one, the fast pages after it all come within
+        # ~0.1 s of it, 8 s later (a loaded CI run's poll missed that window).
         end_wait = time.monotonic() + 60
-        while (served := pages_served(sim, symbol, start, end)) < PAGES - 3:
+        while (served := pages_served(sim, symbol, start, end)) < 1:
             assert time.monotonic() < end_wait, "the winner never fetched its pages"
             time.sleep(0.1)
         assert served < PAGES, "the fetch was over before the kill: nothing was in flight"
