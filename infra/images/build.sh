@@ -6,6 +6,7 @@
 # selects the set (docs/docker.md, "Without Docker Hub").
 #
 #   infra/images/build.sh            build what is missing (layer cache makes reruns cheap)
+#   infra/images/build.sh go|bases   only the Go compile | every image but MinIO's and mc's
 #   REBUILD=1 infra/images/build.sh  also redo the debootstrap base and the Go binaries
 #   MDP_HOST_CA=1 infra/images/build.sh  first copy the host's extra CA certificates
 #                                    (a TLS-intercepting proxy's) into infra/ca-certificates/
@@ -88,7 +89,15 @@ host_ca() {
     fi
 }
 
+# PART (first argument): all (default); go (only the Go compile, on this host);
+# bases (every image that needs no Go binary). `make e2e-images` runs `go` beside
+# `bases` and the service images, then `all`, which finds everything but MinIO and mc.
+part=${1:-all}
 total=$SECONDS
+if [[ $part == go ]]; then
+    phase "minio + mc (Go modules)" go_binaries
+    exit 0
+fi
 phase "extra CA certificates" host_ca
 phase "debian (debootstrap)" debian_base
 phase "python" build python "$PYTHON"
@@ -96,9 +105,11 @@ phase "jre" build jre "$JRE"
 phase "maven" build maven "$MAVEN"
 phase "spark" build spark "$SPARK" --build-arg "SPARK_VERSION=$SPARK_VERSION"
 phase "kafka" build kafka "$KAFKA"
-phase "minio + mc (Go modules)" go_binaries
-phase "minio" build minio "$MINIO"
-phase "mc" build mc "$MC"
 phase "prometheus" build prometheus "$PROMETHEUS"
 phase "postgres" build postgres "$POSTGRES"
-printf '[images] offline image set ready in %ds\n' $((SECONDS - total))
+if [[ $part == all ]]; then
+    phase "minio + mc (Go modules)" go_binaries
+    phase "minio" build minio "$MINIO"
+    phase "mc" build mc "$MC"
+fi
+printf '[images] offline image set (%s) ready in %ds\n' "$part" $((SECONDS - total))
