@@ -69,6 +69,7 @@ STALL_S = 0.25
 SNAPSHOT_FORMAT = 2
 #: Longest wait in consume(): the idle-close and CEP timers' resolution.
 POLL_S = 0.05
+PARTITIONS_WITHIN_S = 30.0  # a new topic's partitions reach the metadata within this
 
 
 class BookOutlet(Protocol):
@@ -152,9 +153,15 @@ class LiveEngine:
         self._thread.start()
 
     def wait_assigned(self, timeout_s: float = 60.0) -> None:
-        if not self._assigned.wait(timeout_s):
-            topic = self._settings.kafka.topic_ticks
-            raise RuntimeError(f"live engine got no partitions of {topic} in {timeout_s} s")
+        """Returns once every partition is assigned; raises at once with the engine's own
+        error if it failed first, not after the timeout with a guess."""
+        deadline = time.monotonic() + timeout_s
+        while not self._assigned.wait(0.1):
+            if self.error is not None:
+                raise RuntimeError(f"live engine failed at start: {self.error}") from self.error
+            if time.monotonic() >= deadline:
+                topic = self._settings.kafka.topic_ticks
+                raise RuntimeError(f"live engine got no partitions of {topic} in {timeout_s} s")
 
     @property
     def alive(self) -> bool:
@@ -208,6 +215,20 @@ class LiveEngine:
             producer.flush(10)
             if cep is not None:
                 cep.close()
+
+
+def _partitions(consumer: Any, topic: str, timeout_s: float = PARTITIONS_WITHIN_S) -> list[int]:
+    """The topic's partitions, once the broker's metadata names them: a topic created
+    a moment ago (CEP's, by this very start) can be listed with none yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        if time.monotonic() >= deadline:
+            error = meta.error if meta is not None else "not listed"
+            raise RuntimeError(f"topic {topic} has no partitions after {timeout_s:g} s: {error}")
+        time.sleep(0.2)  # the broker's metadata, polled
 
 
 class _Run:
@@ -264,11 +285,7 @@ class _Run:
         live_from: dict[Position, int] = {}
         assignment = []
         for topic, start in starts.items():
-            metadata = self.consumer.list_topics(topic, timeout=30)
-            partitions = sorted(metadata.topics[topic].partitions)
-            if not partitions:
-                raise RuntimeError(f"topic {topic} has no partitions")
-            for p in partitions:
+            for p in _partitions(self.consumer, topic):
                 low, high = _watermarks(self.consumer, TopicPartition(topic, p))
                 if topic == self.ticks_topic:
                     live_from[(topic, p)] = high
