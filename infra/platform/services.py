@@ -246,6 +246,9 @@ class Ingestor(Service):
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:
+        # Its own health first: the relay's count alone was met by another ingestor
+        # (a test's second one) while this one, restarted, was still starting.
+        _healthy(self.metrics_url)
         relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
         if (metric_sample(relay, 'relay_ingestor_subscriptions{socket="work"}') or 0) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
