@@ -18,6 +18,7 @@ class loader and stay outside the archive.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -71,7 +72,9 @@ def _pyspark_jars() -> Path:
     return Path(spec.origin).resolve().parent / "jars"
 
 
+@functools.cache
 def _java_version() -> str:
+    """`java -version` (a JVM start): once per process."""
     out = subprocess.run(
         ["java", "-version"], capture_output=True, text=True, check=True, timeout=60
     )
@@ -120,14 +123,14 @@ def ensure_archive(log: Callable[[str], None], cache: Path | None = None) -> Pat
 
 def apply(env: MutableMapping[str, str], cache: Path | None = None) -> bool:
     """Point Spark drivers started with ``env`` at the archive, if it was made."""
+    current = env.get(OPTS_ENV, "")
+    if "SharedArchiveFile" in current:  # inherited (an xdist worker): no JVM started to check
+        return True
     try:
         path = archive_path(cache)
     except (OSError, ImportError, subprocess.SubprocessError):
         return False
     if not path.exists():
         return False
-    option = f"-XX:SharedArchiveFile={path}"
-    current = env.get(OPTS_ENV, "")
-    if "SharedArchiveFile" not in current:
-        env[OPTS_ENV] = f"{current} {option}".strip()
+    env[OPTS_ENV] = f"{current} -XX:SharedArchiveFile={path}".strip()
     return True
