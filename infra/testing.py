@@ -516,6 +516,7 @@ def race_commits(
     commits keep it fast: the catalog does the same compare-and-swap as for an
     append, and only the catalog writes files.
     """
+    import threading
     import uuid
     from concurrent.futures import ThreadPoolExecutor
 
@@ -539,6 +540,10 @@ def race_commits(
     for name in expected:
         catalog.create_table(name, schema=schema)
 
+    # Every writer's first commit starts from the same metadata: on a quiet machine
+    # the loops alone may never overlap, and the shared table would see no contention.
+    all_loaded = threading.Barrier(writers)
+
     def write(w: int) -> int:
         own = connect(f"w{w}")
         conflicts = 0
@@ -547,6 +552,8 @@ def race_commits(
                 try:
                     with own.load_table(table_of[w]).transaction() as tx:
                         tx.set_properties({f"test.w{w}.c{i}": "1"})
+                        if i == 0 and conflicts == 0:
+                            all_loaded.wait(timeout=60)
                     break
                 except CommitFailedException:
                     conflicts += 1

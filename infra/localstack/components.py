@@ -27,7 +27,7 @@ from pathlib import Path
 from infra import artifacts
 from infra.localstack.config import LOOPBACK, StackConfig
 from infra.localstack.endpoints import S3_FILE_IO, StackEndpoints
-from infra.localstack.process import StackError, start_failure
+from infra.localstack.process import StackError, start_failure, this_start
 from infra.localstack.s3 import MiniS3
 
 _log = logging.getLogger("infra.localstack")
@@ -286,6 +286,10 @@ def check_disk_for_weed(data_dir: Path) -> None:
         )
 
 
+#: What `weed mini` logs once every part it runs is up (the admin server comes last).
+WEED_STARTED = "All enabled components are running"
+
+
 class SeaweedFS(Component):
     """SeaweedFS ``weed mini``: master, volume, filer and the S3 gateway in one process."""
 
@@ -383,6 +387,21 @@ class SeaweedFS(Component):
             self._client().list_buckets()
         except (OSError, ConnectionError) as exc:
             raise NotReadyError(f"ListBuckets failed: {exc}") from exc
+        self.check_started_log()
+
+    def check_started_log(self) -> None:
+        """Ready only once `weed mini` says every part is up, the admin server last.
+
+        S3 answers before the admin server binds; when another process took the
+        admin port meanwhile, weed serves on and exits 240 s later, taking S3 with
+        it. Seen from the log, that is a port conflict now (the stack retries on
+        new ports), not a lost S3 in the middle of a test.
+        """
+        started = this_start(self.log_file)
+        if "address already in use" in started:
+            raise start_failure(self.name, self.log_file, "port taken: address already in use")
+        if WEED_STARTED not in started:
+            raise NotReadyError("weed mini has not started all its parts yet (admin server)")
 
     def after_ready(self) -> None:
         if self._client().ensure_bucket(self.config.warehouse_bucket):

@@ -47,6 +47,19 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+#: What `spawn` writes before each start of a component into its log.
+START_HEADER = "\n===== "
+
+
+def this_start(log_file: Path) -> str:
+    """What a component logged since its latest start (its log holds every start)."""
+    try:
+        text = log_file.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[max(0, text.rfind(START_HEADER)) :]
+
+
 def start_failure(component: str, log_file: Path, reason: str) -> ComponentStartError:
     """Build the error naming the component and showing its log tail."""
     return ComponentStartError(
@@ -181,7 +194,7 @@ def spawn(
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        log.write(f"\n===== {stamp} starting {component}: {' '.join(argv)}\n".encode())
+        log.write(f"{START_HEADER}{stamp} starting {component}: {' '.join(argv)}\n".encode())
         log.flush()
         try:
             proc = subprocess.Popen(

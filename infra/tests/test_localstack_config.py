@@ -11,7 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from infra.localstack import KafkaSettings, Ports, StackConfig, endpoints_for
-from infra.localstack.components import IcebergRest, Kafka, SeaweedFS, base_env, check_disk_for_weed
+from infra.localstack.components import (
+    IcebergRest,
+    Kafka,
+    NotReadyError,
+    SeaweedFS,
+    base_env,
+    check_disk_for_weed,
+)
 from infra.localstack.config import REPO_ROOT
 from infra.localstack.process import StackError
 
@@ -192,3 +199,42 @@ def test_a_nearly_full_disk_is_refused_before_seaweedfs_starts(
         check_disk_for_weed(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(252 * gib, 52 * gib))
     check_disk_for_weed(tmp_path)  # plenty: no error
+
+
+# `weed mini`'s own lines (SeaweedFS 4.48), from a test stack whose admin port
+# another stack's process took between the free-port check and the bind.
+WEED_ADMIN_PORT_TAKEN = """
+===== 2026-11-28 00:21:16 starting seaweedfs: weed mini -admin.port=41525
+  S3           ready     0.2s
+  Admin        starting
+E1128 00:21:17.220396 mini.go:1673 Admin server error: admin server: listen tcp \
+127.0.0.1:41525: bind: address already in use
+  Admin        stopped   0.1s
+"""
+WEED_ALL_UP = """
+===== 2026-11-28 00:21:16 starting seaweedfs: weed mini -admin.port=33335
+  S3           ready     0.2s
+  Admin        starting
+  Admin        ready     0.5s
+  All enabled components are running and ready to use:
+"""
+
+
+def test_seaweedfs_is_ready_only_when_its_admin_server_is_up(tmp_path: Path) -> None:
+    """S3 answers before the admin server binds; a lost admin port kills weed 240 s later."""
+    cfg = StackConfig(data_dir=tmp_path)
+    comp = SeaweedFS(cfg, endpoints_for(cfg))
+    comp.log_file.parent.mkdir(parents=True)
+    log_until_admin = WEED_ALL_UP.split("  Admin        ready")[0]
+    comp.log_file.write_text(log_until_admin)
+    with pytest.raises(NotReadyError, match="admin server"):
+        comp.check_started_log()
+    comp.log_file.write_text(WEED_ALL_UP)
+    comp.check_started_log()
+    # A later start's conflict counts; the earlier start's success does not hide it.
+    comp.log_file.write_text(WEED_ALL_UP + WEED_ADMIN_PORT_TAKEN)
+    with pytest.raises(StackError, match="address already in use"):
+        comp.check_started_log()
+    # ... and an earlier start's conflict is history once a start succeeded.
+    comp.log_file.write_text(WEED_ADMIN_PORT_TAKEN + WEED_ALL_UP)
+    comp.check_started_log()
