@@ -22,6 +22,9 @@ from infra.localstack.process import wait_group_gone
 from infra.testing import Received, Subscriber, free_port, pipeline_env
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, Tick
+from pipeline.early_notices import EARLY_BATCH
+from pipeline.history_notices import CompletedRequest, complete
+from pipeline.records import FinalMarker
 
 TICKER = "BINANCE:BTC/USDT"
 MINUTE = 60_000
@@ -118,6 +121,19 @@ def tick(
     )
 
 
+def early_answer(request_id: str) -> CompletedRequest:
+    """What the stored-answers path publishes for a request (before the query records it)."""
+    marker = FinalMarker(request_id, metadata(request_id), partition=0, offset=99)
+    return complete(
+        marker,
+        iceberg_table="market.ohlc",
+        snapshot_id=7,
+        completed_at_ms=T0,
+        query_id="",
+        batch_id=EARLY_BATCH,
+    )
+
+
 def kafka_table(
     values: Sequence[bytes | None],
     *,
@@ -152,6 +168,7 @@ class Builders:
     request_records = staticmethod(request_records)
     tick = staticmethod(tick)
     kafka_table = staticmethod(kafka_table)
+    early_answer = staticmethod(early_answer)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The history sink's `requests` lookups, with the lake faked: a new request reads no table
-once the recorded ids are known, a recorded one still does, a failed write stops trusting."""
+once the recorded ids are known, a recorded one still does, a failed write stops trusting;
+and what the stored-answers path notified early is recorded, never published again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.history import HistorySink
 from pipeline.history_notices import CompletedRequest
 from pipeline.lake import TableNames
@@ -84,10 +86,17 @@ class Batch:
 
 
 @pytest.fixture
-def run(build: Any) -> tuple[Callable[[int, str], None], FakeLake, FakePublisher]:
+def early() -> EarlyNotices:
+    return EarlyNotices()
+
+
+@pytest.fixture
+def run(
+    build: Any, early: EarlyNotices
+) -> tuple[Callable[[int, str], None], FakeLake, FakePublisher]:
     lake, publisher, identity = FakeLake(), FakePublisher(), QueryIdentity()
     identity.set("query-1")
-    sink = HistorySink(lake, publisher, identity, lambda _: None, pool=Inline())  # type: ignore[arg-type]
+    sink = HistorySink(lake, publisher, identity, lambda _: None, pool=Inline(), early=early)  # type: ignore[arg-type]
 
     def batch(batch_id: int, request_id: str) -> None:
         rows = [build.candle(i) for i in range(3)]
@@ -98,12 +107,12 @@ def run(build: Any) -> tuple[Callable[[int, str], None], FakeLake, FakePublisher
     return batch, lake, publisher
 
 
-def test_the_first_batch_reads_the_table_later_new_requests_do_not(run: Any) -> None:
+def test_new_requests_read_no_table_once_the_ids_are_read_at_start(run: Any) -> None:
     batch, lake, publisher = run
     batch(0, "r1")
     batch(1, "r2")
     batch(2, "r3")
-    assert lake.looked_up == [["r1"]]
+    assert lake.looked_up == []
     assert publisher.sent == ["r1", "r2", "r3"]
     assert set(lake.requests) == {"r1", "r2", "r3"}
 
@@ -113,7 +122,7 @@ def test_a_recorded_request_is_still_read_and_not_notified_again(run: Any) -> No
     batch(0, "r1")
     batch(1, "r2")
     batch(2, "r2")  # a second ingestor's copy, later
-    assert lake.looked_up == [["r1"], ["r2"]]
+    assert lake.looked_up == [["r2"]]
     assert publisher.sent == ["r1", "r2"]
 
 
@@ -125,5 +134,43 @@ def test_after_a_failed_requests_write_every_request_is_read_again(run: Any) -> 
         batch(1, "r2")
     lake.fail_record = False
     batch(2, "r3")
-    assert lake.looked_up == [["r1"], ["r3"]]
+    assert lake.looked_up == [["r3"]]
     assert publisher.sent == ["r1", "r3"]
+
+
+def test_an_early_notice_is_recorded_by_the_query_and_not_published_again(
+    run: Any, early: EarlyNotices, build: Any
+) -> None:
+    batch, lake, publisher = run
+    assert early.claim("r1")
+    early.published(build.early_answer("r1"))
+    batch(0, "r1")
+    assert publisher.sent == []  # the stored-answers path published it
+    recorded = lake.requests["r1"]
+    assert (recorded.query_id, recorded.batch_id) == ("query-1", EARLY_BATCH)
+    assert not early.claim("r1") and early.claims == 0  # recorded: known, no claim left
+    batch(1, "r1")  # a replay, or another copy: a duplicate
+    assert publisher.sent == []
+
+
+def test_the_query_notifies_what_it_claimed_first(run: Any, early: EarlyNotices) -> None:
+    batch, lake, publisher = run
+    batch(0, "r1")
+    assert not early.claim("r1")  # recorded and notified by the query
+    assert publisher.sent == ["r1"]
+    assert lake.requests["r1"].batch_id == 0
+
+
+def test_a_failed_batch_keeps_the_early_notice_for_its_replay(
+    run: Any, early: EarlyNotices, build: Any
+) -> None:
+    batch, lake, publisher = run
+    assert early.claim("r1")
+    early.published(build.early_answer("r1"))
+    lake.fail_record = True
+    with pytest.raises(RuntimeError):
+        batch(0, "r1")
+    lake.fail_record = False
+    batch(0, "r1")  # Spark replays the batch
+    assert publisher.sent == []
+    assert lake.requests["r1"].batch_id == EARLY_BATCH

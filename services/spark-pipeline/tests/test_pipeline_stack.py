@@ -30,6 +30,7 @@ from mdproto.messages import (
     Status,
     Tick,
 )
+from pipeline.early_notices import EARLY_BATCH
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=280)]
 
@@ -278,6 +279,19 @@ def test_stored_answers_are_counted_at_their_snapshot(
         assert (n.status, n.row_count) == (Status.OK, expected) == (Status.OK, len(stored))
         assert n.exchange_gaps == (hi - lo) - n.row_count
     assert "counting rows on the driver failed" not in pipeline.run.log_text()
+    # Notified ahead of the history query (stored_answers), which recorded each once it
+    # came to the marker (it has, once a later request on the partition is notified).
+    sentinel = build.metadata("hist-st-sentinel", start=t0, end=t0 + build.MINUTE)
+    pipeline.kafka.send(
+        pipeline.run.batches_topic,
+        build.request_records("hist-st-sentinel", first[:1], meta=sentinel),
+    )
+    _notification(pipeline, tools, "hist-st-sentinel")
+    for request_id in ranges:
+        assert len(pipeline.sub.matching(tools.is_notification(request_id))) == 1
+        [row] = pipeline.lake.rows("requests", f"request_id = '{request_id}'")
+        assert row["batch_id"] == EARLY_BATCH, row
+    assert pipeline.run.log_text().count("ahead of the history query (stored answer)") == 4
 
 
 def test_ticks_become_candles_published_and_stored(pipeline: Any, tools: Any, build: Any) -> None:

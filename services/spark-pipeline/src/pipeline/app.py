@@ -4,6 +4,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, l
 -> heartbeat thread: PipelineStatus on PIPELINE:status every second (relays refuse without it)
 -> SparkSession (jars, Iceberg REST catalog)  ->  create namespace/tables
 -> history query: market.ohlc.batches -> write ohlc -> record requests -> PUB notification
+   stored answers: market.ohlc.batches -> a stored-only final marker -> count -> PUB notification
+                   (ahead of the history query, which records it)
 -> live: market.ticks -> live engine (in the PUB process) -> PUB Tick, OHLC closed=false/true
                                                           -> Kafka market.ohlc.live
                       -> ticks-persist query  -> MERGE ticks
@@ -32,11 +34,13 @@ from prometheus_client import CollectorRegistry, Counter
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.config import Settings
+from pipeline.early_notices import EarlyNotices
 from pipeline.heartbeat import Heartbeat, QueryState
 from pipeline.lake import Lake, TableNames
 from pipeline.progress import ProgressLogger
 from pipeline.pub_server import Publisher, PubServer
 from pipeline.restarts import Restarts, failure_cause
+from pipeline.stored_answers import StoredAnswers
 from pipeline.streams import QueryStarter
 
 if TYPE_CHECKING:
@@ -72,6 +76,7 @@ class Pipeline:
         self.restarts_total: Counter | None = None
         self.upkeep: upkeep.Upkeep | None = None
         self.heartbeat: Heartbeat | None = None
+        self.stored_answers: StoredAnswers | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -95,10 +100,14 @@ class Pipeline:
         lake = self.lake = Lake(spark, self.names)
         lake.ensure_tables()
         if settings.history.enabled:
+            early = EarlyNotices()
             self._launch(
                 history.QUERY_NAME,
-                lambda: history.start(spark, settings, lake, publisher, crash),
+                lambda: history.start(spark, settings, lake, publisher, crash, early),
             )
+            if settings.history.stored_answers_early:
+                self.stored_answers = StoredAnswers(settings, spark, lake, publisher, early)
+                self.stored_answers.start()
         if settings.live.enabled:
             for name, starter in live.starters(spark, settings, lake, crash).items():
                 self._launch(name, starter)
@@ -212,6 +221,9 @@ class Pipeline:
         if self.heartbeat is not None:  # relays refuse new work from here on
             self.heartbeat.stop()
             self.heartbeat = None
+        if self.stored_answers is not None:  # before Spark: it counts on the JVM
+            self.stored_answers.stop()
+            self.stored_answers = None
         if self.upkeep is not None:
             self.upkeep.stop()  # lets a running procedure call finish
             self.upkeep = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ import pyarrow.compute as pc
 from mdproto.messages import Status
 from pipeline import history_notices, records
 from pipeline.config import Settings
+from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.known_requests import KnownRequests
 from pipeline.lake import Lake
 from pipeline.pub_server import Publisher
@@ -62,6 +64,7 @@ class HistorySink:
         identity: QueryIdentity,
         crash_point: CrashPoint,
         pool: Executor | None = None,
+        early: EarlyNotices | None = None,
     ) -> None:
         self._lake = lake
         self._publisher = publisher
@@ -70,7 +73,10 @@ class HistorySink:
         self._pool = pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="history-lookup")
         self._accepted = history_notices.AcceptedRows()
         self._known = KnownRequests()
+        self._early = early if early is not None else EarlyNotices()
+        self._early.follow(self._known)
         self._loading: Future[None] | None = None
+        self._load_known()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         laps = Laps()
@@ -92,13 +98,20 @@ class HistorySink:
         laps.lap(how)
         plan = history_notices.Plan()
         if ids:
-            plan = self._complete(session, decoded.finals, lookup, batch_id, laps)
+            # What the stored-answers path published already is only recorded here.
+            early = self._early.take(ids)
+            try:
+                plan = self._complete(session, decoded.finals, lookup, batch_id, laps, early)
+            except BaseException:
+                self._early.finish(ids, recorded=False)
+                raise
+            self._early.finish(ids, recorded=True)
             self._accepted.forget(ids)
         self._load_known()
         log.info(
             "history batch %d: %d records, %d candles (%d duplicates), %d final markers -> "
-            "%d notified (%d again after a restart, %d duplicates skipped); %s; "
-            "%s since the newest record reached Kafka",
+            "%d notified (%d again after a restart, %d duplicates skipped, %d notified early); "
+            "%s; %s since the newest record reached Kafka",
             batch_id,
             decoded.records,
             decoded.candles.num_rows,
@@ -107,13 +120,15 @@ class HistorySink:
             len(plan.publish),
             len(plan.republished),
             len(plan.duplicates),
+            len(plan.notified_early),
             laps,
             _age(kafka),
         )
 
     def _load_known(self) -> None:
-        """Read the ids in ``requests`` once, after this sink's first batch (again if that
-        read failed): from then on a new request needs no lookup."""
+        """Read the ids in ``requests`` once, as the sink starts (again after a batch if
+        that read failed): from then on a new request needs no lookup, and stored
+        answers can be notified early (`stored_answers`)."""
         loading = self._loading
         if loading is not None:
             if not loading.done() or loading.exception() is None:
@@ -132,8 +147,10 @@ class HistorySink:
         lookup: Future[dict[str, history_notices.CompletedRequest]] | None,
         batch_id: int,
         laps: Laps,
+        early: dict[str, history_notices.CompletedRequest],
     ) -> history_notices.Plan:
         names = self._lake.names
+        finals = [m for m in finals if m.request_id not in early]
 
         def plan_for(existing: dict[str, history_notices.CompletedRequest]) -> history_notices.Plan:
             return history_notices.plan(
@@ -165,6 +182,10 @@ class HistorySink:
             found |= counting.result()
             laps.lap(f"count {len(to_count)}")
         plan = history_notices.apply_counts(plan, found)
+        # Published already: recorded under this query, never published again.
+        query_id = self._identity.get()
+        plan.record += [replace(r, query_id=query_id, batch_id=EARLY_BATCH) for r in early.values()]
+        plan.notified_early += early
         try:
             self._lake.record_requests(session, plan.record)
         except Exception:
@@ -224,6 +245,7 @@ def start(
     lake: Lake,
     publisher: Publisher,
     crash_point: CrashPoint | None = None,
+    early: EarlyNotices | None = None,
 ) -> StreamingQuery:
     source = kafka_source(
         spark,
@@ -236,7 +258,9 @@ def start(
         source,
         name=QUERY_NAME,
         settings=settings,
-        function=HistorySink(lake, publisher, identity, crash_point or (lambda _: None)),
+        function=HistorySink(
+            lake, publisher, identity, crash_point or (lambda _: None), early=early
+        ),
         trigger_s=settings.history.trigger_s,
         identity=identity,
     )

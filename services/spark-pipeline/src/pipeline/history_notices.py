@@ -97,6 +97,8 @@ class Plan:
     publish: list[CompletedRequest] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     republished: list[str] = field(default_factory=list)
+    #: published ahead of the history query (`early_notices`): recorded, not published
+    notified_early: list[str] = field(default_factory=list)
 
 
 def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:

@@ -1,0 +1,176 @@
+"""Stored answers without a micro-batch: notified as their final marker reaches Kafka.
+
+A request the ingestor answers wholly from storage writes one record, its final
+marker (source STORAGE): its rows are in Iceberg already, committed before the
+``requests`` row that told the ingestor so. All the history query would add is
+its fixed cost per answer: the trigger wait, Spark's Kafka fetch of the one
+record and the ``requests`` append, 1-2 s of a stored answer's 1.5-2.5 s
+(docs/pipeline-benchmarks.md). This thread reads the topic itself, counts the
+range's rows at the ``ohlc`` snapshot on the driver's JVM and publishes at once;
+the history query records it when its micro-batch comes (`early_notices`).
+
+Anything this path skips (another status or source, an id the sink may have
+recorded, a failure here) is the history query's, as before: this thread only
+ever makes a notification earlier.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from mdproto.messages import HistorySource, Status
+from pipeline import history_notices, records
+from pipeline.config import Settings
+from pipeline.early_notices import EARLY_BATCH, EarlyNotices
+from pipeline.lake import Lake
+from pipeline.pub_server import Publisher
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+#: A failed read of the topic (Kafka down) is tried again after this long.
+RETRY_S = 2.0
+
+
+def stored_only(markers: Sequence[records.FinalMarker]) -> list[records.FinalMarker]:
+    """The OK final markers of requests answered wholly from storage."""
+    return [
+        m
+        for m in history_notices.choose(markers)
+        if m.metadata is not None
+        and m.metadata.source == HistorySource.SOURCE_STORAGE
+        and history_notices.outcome(m.metadata)[0] == Status.OK
+    ]
+
+
+def kafka_table(messages: Sequence[Any]) -> pa.Table:
+    """confluent-kafka messages as the columns Spark's Kafka source gives (`records`)."""
+    return pa.table(
+        {
+            "key": pa.array([m.key() for m in messages], pa.binary()),
+            "value": pa.array([m.value() for m in messages], pa.binary()),
+            "partition": pa.array([m.partition() for m in messages], pa.int32()),
+            "offset": pa.array([m.offset() for m in messages], pa.int64()),
+            "timestamp": pa.array([m.timestamp()[1] for m in messages], pa.timestamp("ms")),
+        }
+    )
+
+
+class StoredAnswers:
+    """The driver thread that notifies stored answers ahead of the history query."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spark: SparkSession,
+        lake: Lake,
+        publisher: Publisher,
+        early: EarlyNotices,
+    ) -> None:
+        self._settings = settings
+        self._spark = spark
+        self._lake = lake
+        self._publisher = publisher
+        self._early = early
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stored-answers", daemon=True)
+        self.notified = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._read()
+            except Exception:
+                log.exception(
+                    "stored answers: reading the topic failed (the history query answers)"
+                )
+                self._stop.wait(RETRY_S)
+
+    def _read(self) -> None:
+        from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+        s = self._settings
+        topic = s.kafka.topic_ohlc_batches
+        consumer = Consumer(
+            {
+                "bootstrap.servers": s.kafka.bootstrap_servers,
+                "group.id": f"pipeline-stored-answers-{uuid.uuid4().hex[:8]}",  # never committed
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 100,  # the broker answers at once when a record arrives
+            }
+        )
+        try:
+            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise RuntimeError(f"topic {topic} lists no partitions")
+            # From the end: what came before is the history query's (it reads it anyway).
+            consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in meta.partitions])
+            while not self._stop.is_set():
+                messages = [m for m in consumer.consume(500, timeout=0.2) if m.error() is None]
+                if messages:
+                    self._answer_all(messages)
+        finally:
+            consumer.close()
+
+    def _answer_all(self, messages: Sequence[Any]) -> None:
+        decoded = records.decode_history(kafka_table(messages), now_ms=_now_ms())
+        for marker in stored_only(decoded.finals):
+            if not self._early.claim(marker.request_id):
+                continue
+            try:
+                request = self._answer(marker)
+            except Exception as exc:
+                self._early.failed(marker.request_id)
+                log.warning(
+                    "stored answer %s left to the history query: %s", marker.request_id, exc
+                )
+                continue
+            self._early.published(request)
+            self.notified += 1
+
+    def _answer(self, marker: records.FinalMarker) -> history_notices.CompletedRequest:
+        t0 = time.monotonic()
+        names = self._lake.names
+        snapshot = self._lake.snapshot_id(names.ohlc)
+        request = history_notices.complete(
+            marker,
+            iceberg_table=names.ohlc_for_clients,
+            snapshot_id=snapshot,
+            completed_at_ms=_now_ms(),
+            query_id="",  # the history query's, stamped when it records the row
+            batch_id=EARLY_BATCH,
+        )
+        if history_notices.needs_count(request):
+            counts = self._lake.count_request_rows(self._spark, snapshot, [request])
+            request = history_notices.reconcile(request, counts[request.request_id])
+        self._publisher.publish(request.notification_topic, request.notification())
+        log.info(
+            "notified %s on %s ahead of the history query (stored answer): %s, %d rows, "
+            "snapshot %d, %.0f ms after its marker was read",
+            request.request_id,
+            request.notification_topic,
+            Status.Name(request.status),  # type: ignore[arg-type]
+            request.row_count,
+            request.snapshot_id,
+            (time.monotonic() - t0) * 1000,
+        )
+        return request
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
