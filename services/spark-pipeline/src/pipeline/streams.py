@@ -16,6 +16,8 @@ BatchFunction = Callable[["DataFrame", int], None]
 #: Starts one query: at start-up, and again after it failed (fresh sources and sinks, same
 #: checkpoint; app.py keeps one per query).
 QueryStarter = Callable[[], "StreamingQuery"]
+#: How long the broker may hold a fetch of Spark's Kafka consumers (see `kafka_source`).
+FETCH_MAX_WAIT_MS = 20
 
 
 def kafka_source(
@@ -40,6 +42,11 @@ def kafka_source(
         .option("subscribe", topic)
         .option("startingOffsets", starting_offsets or k.starting_offsets)
         .option("failOnDataLoss", str(fail_on_data_loss).lower())
+        # A task seeks its cached consumer to the batch's offsets; the fetch that consumer
+        # pipelined after its last records is still parked at the broker for up to this
+        # long (Kafka's default 500 ms), and the seek waits for it: every micro-batch's
+        # fetch took 600 ms for a single record. Idle, nothing polls: no cost at rest.
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
     )
     if large_fetches:  # fewer, larger fetches: a year of 1-minute candles is ~40 MB of records
         reader = reader.option("kafka.max.partition.fetch.bytes", str(16 * 2**20))
