@@ -236,6 +236,9 @@ class PipelineRun:
                 "PIPELINE_SPARK__DRIVER_MEMORY": "1g",
                 "PIPELINE_METRICS_PORT": str(self.metrics_port),
                 "PIPELINE_HISTORY__TRIGGER_S": "0.5",
+                # ~3 CPU-s per start, for the first answer's latency: tested once, in
+                # test_pipeline_stack, which turns it on.
+                "PIPELINE_HISTORY__WARM_UP": "false",
                 "PIPELINE_LIVE__PERIODS": "[60, 300]",
                 "PIPELINE_LIVE__WATERMARK_S": "5",
                 "PIPELINE_LIVE__PERSIST_TRIGGER_S": "2",
@@ -350,6 +353,9 @@ class Lake:
 
     def table(self, table: str) -> Any:
         return self._catalog.load_table(f"{self.namespace}.{table}")
+
+    def table_names(self) -> set[str]:
+        return {name for _, name in self._catalog.list_tables(self.namespace)}
 
     def rows(
         self, table: str, row_filter: str = "", snapshot_id: int | None = None

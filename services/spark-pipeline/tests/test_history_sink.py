@@ -174,3 +174,11 @@ def test_a_failed_batch_keeps_the_early_notice_for_its_replay(
     batch(0, "r1")  # Spark replays the batch
     assert publisher.sent == []
     assert lake.requests["r1"].batch_id == EARLY_BATCH
+
+
+def test_the_warm_up_candle_is_a_valid_ohlc_row() -> None:
+    from pipeline.history import warm_up_candles
+    from pipeline.records import OHLC_SCHEMA
+
+    candles = warm_up_candles()
+    assert candles.num_rows == 1 and candles.schema == OHLC_SCHEMA

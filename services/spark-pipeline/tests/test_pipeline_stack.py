@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=28
 
 @pytest.fixture(scope="module")
 def pipeline(make_run: Any, tools: Any) -> Iterator[Any]:
-    run = make_run()
+    run = make_run(PIPELINE_HISTORY__WARM_UP="true")  # the other stack tests' pipelines skip it
     sub = tools.Subscriber(run.pub_endpoint)  # connected before the PUB even binds
     run.start()
     run.wait_ready()
@@ -227,6 +227,13 @@ def test_duplicate_deliveries_add_no_rows_and_no_second_notification(
     stored = pipeline.lake.rows("ohlc", _range_filter(build, t0, meta.end_time_ms))
     keys = [r["open_time"] for r in stored]
     assert len(keys) == 1500 and len(set(keys)) == 1500
+
+
+def test_the_warm_up_writes_the_history_path_once_and_leaves_no_table(pipeline: Any) -> None:
+    assert "history path warmed up" in pipeline.run.log_text()
+    assert pipeline.lake.table_names() == {
+        "ohlc", "ticks", "requests", "markets", "book_snapshots"
+    }  # fmt: skip
 
 
 def test_stored_answers_are_counted_at_their_snapshot(

@@ -47,6 +47,8 @@ from mdproto.runtime.kafka import TopicSpec, spec
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 10.0
+#: How long the start waits for the first read of the coverage table before saying ready.
+COVERAGE_WARM_WAIT_S = 10.0
 
 
 class Ingestor:
@@ -119,7 +121,7 @@ class Ingestor:
             )
             self._spawn(self.markets.first(), "markets-initial")
             if isinstance(self._coverage, IcebergCoverage):
-                self._spawn(self._coverage.warm(), "coverage-warm")
+                await self._warm_coverage(self._coverage)
             if s.claims.enabled:
                 self._claims = await self._open_claims()
             self.feeds = LiveFeeds(
@@ -310,6 +312,17 @@ class Ingestor:
         """A message for the relay's :5556 (FeedStatus); dropped before the DEALER exists."""
         if self._responder is not None:
             self._responder.post(message)
+
+    async def _warm_coverage(self, coverage: IcebergCoverage) -> None:
+        """Read the coverage table once before saying ready (a first request would wait
+        for pyiceberg's import and first scan, ~0.9 s); on until it exists, if it does
+        not yet (the pipeline creates it), in the background."""
+        try:
+            read = await asyncio.wait_for(coverage.warm(within_s=0), COVERAGE_WARM_WAIT_S)
+        except TimeoutError:
+            read = False  # the catalog is slow: ready anyway, the first request reads it
+        if not read:
+            self._spawn(coverage.warm(), "coverage-warm")
 
     # --- background tasks and shutdown --------------------------------------
 

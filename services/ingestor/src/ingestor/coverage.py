@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 log = logging.getLogger(__name__)
+#: How long `IcebergCoverage.warm` waits for the table to exist (a fresh platform).
+WARM_WITHIN_S = 120.0
+#: A ticker no request has: the warm-up's scan reads the table and finds nothing.
+WARM_TICKER = "WARMUP:WARM/UP"
 
 WEEK_S = 7 * 24 * 3600
 #: The `market.requests` columns `stored_span` reads.
@@ -161,21 +166,48 @@ class IcebergCoverage:
             return []
         return merge(span for row in rows if (span := stored_span(row)) is not None)
 
-    async def warm(self) -> None:
-        """Import pyiceberg and open the catalog ahead of the first request (~2 s once)."""
-        try:
-            await asyncio.to_thread(self._load)
-        except Exception as exc:  # the first request retries, and logs what fails
-            log.info("catalog for coverage not opened yet: %s", exc)
+    async def warm(self, within_s: float = WARM_WITHIN_S) -> bool:
+        """Open the catalog and read the table once ahead of the first request; True
+        once read.
+
+        A first read pays ~1-2 s for pyiceberg's import and the catalog, and more
+        for its first scan. On a fresh platform the table appears only when the
+        pipeline creates it: tried every second until then, for at most ``within_s``
+        (0: one try).
+        """
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                if await asyncio.to_thread(self._read_once):
+                    return True
+            except Exception as exc:  # the first request retries, and logs what fails
+                log.info("coverage table not read yet: %s", exc)
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(1.0)
+
+    def _read_once(self) -> bool:
+        """One scan (of a ticker with no rows); False while the table does not exist."""
+        table = self._table_or_none()
+        if table is not None:
+            self._scan(table, WARM_TICKER, 60)
+        return table is not None
 
     def _read(self, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
+        table = self._table_or_none()
+        return [] if table is None else self._scan(table, ticker, period_seconds)
+
+    def _table_or_none(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
-        from pyiceberg.expressions import And, EqualTo
 
         try:
-            table = self._load().load_table(self._table)
+            return self._load().load_table(self._table)
         except NoSuchTableError:
-            return []  # nothing was ever notified
+            return None  # nothing was ever notified
+
+    def _scan(self, table: Any, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
+        from pyiceberg.expressions import And, EqualTo
+
         eq: Any = EqualTo  # pyiceberg's pydantic predicates hide (term, literal) from mypy
         condition = And(
             eq(Requests.TICKER, ticker),

@@ -3,6 +3,7 @@
 preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, live engine
 -> heartbeat thread: PipelineStatus on PIPELINE:status every second (relays refuse without it)
 -> SparkSession (jars, Iceberg REST catalog)  ->  create namespace/tables
+-> warm-up: one synthetic candle written to a scratch table (the first answer finds warm code)
 -> history query: market.ohlc.batches -> write ohlc -> record requests -> PUB notification
    stored answers: market.ohlc.batches -> a stored-only final marker -> count -> PUB notification
                    (ahead of the history query, which records it)
@@ -100,6 +101,8 @@ class Pipeline:
         lake = self.lake = Lake(spark, self.names)
         lake.ensure_tables()
         if settings.history.enabled:
+            if settings.history.warm_up:
+                history.warm_up(lake)
             early = EarlyNotices()
             self._launch(
                 history.QUERY_NAME,

@@ -73,6 +73,9 @@ class HistoryConfig(_Section):
     #: Notify a request answered wholly from storage as its final marker reaches Kafka,
     #: ahead of the history query's micro-batch (`stored_answers`).
     stored_answers_early: bool = True
+    #: Before the queries start, write one synthetic candle to a scratch table (dropped
+    #: after): the first answer after a start then finds warm code (`history.warm_up`).
+    warm_up: bool = True
 
 
 class LiveConfig(_Section):
