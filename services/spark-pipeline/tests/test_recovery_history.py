@@ -1,5 +1,6 @@
 """kill -9 of the driver at each of the history query's three crash points: every
-request notified once, no row duplicated.
+request notified once, no row duplicated; and right after a stored answer went out
+ahead of the query: notified again, never lost, recorded once.
 
 The pipeline restarts four times; the PUB port is fixed per run, so one SUB,
 connected once, hears every incarnation (it reconnects long before Spark has
@@ -14,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from mdproto.messages import HistoryReadyNotification, Status
+from mdproto import envelope
+from mdproto.messages import HistoryReadyNotification, HistorySource, OHLCBatch, Status
+from pipeline.early_notices import EARLY_BATCH
 
-pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=380)]
+pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=440)]
 
 KILLED = -signal.SIGKILL
 
@@ -95,4 +98,35 @@ def test_history_crash_points_notify_once_and_never_duplicate_rows(
     assert len(rows) == n + 1  # + the sentinel's candle
     assert len({(r["ticker"], r["period_seconds"], r["open_time"]) for r in rows}) == n + 1
     assert len(lake.rows("requests")) == 2
+
+    # 5. A stored answer (a marker alone: crash-1's range is stored) goes out ahead of
+    #    the history query (stored_answers), whose 60 s trigger keeps it behind; the
+    #    driver dies right after the publish, before the query records it.
+    stored = build.metadata(
+        "crash-st", client_id="crash-client", start=t0, end=t0 + n * build.MINUTE
+    )
+    stored.status, stored.source, stored.expected_candles = (
+        Status.OK, HistorySource.SOURCE_STORAGE, n
+    )  # fmt: skip
+    marker = OHLCBatch(request_id="crash-st", metadata=stored, is_final=True)
+    run.stop()
+    run.extra_env["PIPELINE_HISTORY__TRIGGER_S"] = "60"
+    run.start(crash_at="stored-answer-after-publish")
+    run.wait_ready()  # the stored-answers path reads the topic from here on
+    kafka.send(run.batches_topic, [envelope.encode_record(marker)])
+    assert run.wait_exit() == KILLED
+    is_stored = tools.is_notification("crash-st")
+    early = len(sub.matching(is_stored))
+    assert early in (0, 1)
+    assert lake.rows("requests", "request_id = 'crash-st'") == []
+    # 6. Restarted, the query finds the marker neither recorded nor claimed: it
+    #    notifies it (again: at-least-once in that window, never lost) and records it.
+    del run.extra_env["PIPELINE_HISTORY__TRIGGER_S"]
+    run.start()
+    run.wait_ready()
+    [*_, last] = sub.wait_for(is_stored, count=early + 1)
+    assert isinstance(last.message, HistoryReadyNotification)
+    assert (last.message.status, last.message.row_count) == (Status.OK, n)
+    [row] = lake.rows("requests", "request_id = 'crash-st'")
+    assert row["batch_id"] != EARLY_BATCH  # the query's own notice, not the lost early one
     sub.close()

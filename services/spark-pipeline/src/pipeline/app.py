@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+#: How long the start waits for the stored-answers path before it says ready anyway.
+READY_WAIT_S = 30.0
 
 
 class Pipeline:
@@ -109,7 +111,7 @@ class Pipeline:
                 lambda: history.start(spark, settings, lake, publisher, crash, early),
             )
             if settings.history.stored_answers_early:
-                self.stored_answers = StoredAnswers(settings, spark, lake, publisher, early)
+                self.stored_answers = StoredAnswers(settings, spark, lake, publisher, early, crash)
                 self.stored_answers.start()
         if settings.live.enabled:
             for name, starter in live.starters(spark, settings, lake, crash).items():
@@ -120,6 +122,8 @@ class Pipeline:
             report = metrics.UpkeepMetrics(self.registry) if self.registry else None
             self.upkeep = upkeep.Upkeep(spark, self.names, settings.upkeep, report)
             self.upkeep.start()
+        if self.stored_answers is not None and not self.stored_answers.wait_ready(READY_WAIT_S):
+            log.warning("stored answers not ready in %g s: the history query answers", READY_WAIT_S)
         self._write_ready_file()
         log.info("pipeline running: %s", ", ".join(self.queries))
 

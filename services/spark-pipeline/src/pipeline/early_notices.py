@@ -57,6 +57,18 @@ class EarlyNotices:
 
     # -- the early path ---------------------------------------------------------------
 
+    def wait_vouching(self, timeout_s: float) -> bool:
+        """True once the current sink's ids are read: only then can `claim` say yes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._changed:
+                known = self._known
+            if known is not None and known.complete:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)  # the sink's one read of `requests`, in its own thread
+
     def claim(self, request_id: str) -> bool:
         """True if the early path is to notify this request now.
 

@@ -5,8 +5,8 @@ then of this process (``kill -9`` at that line, no cleanup). ``PIPELINE_FAIL_AT=
 <point>[,<point>...]`` raises `InjectedFailureError` the first time each point is
 reached: the micro-batch fails after its commit landed, as when a commit's
 state is unknown, and the query dies (app.py restarts it). Off the production
-path: app.py gives history and live `armed`'s hook only when a variable is
-set (else they hold a no-op).
+path: app.py gives history, stored answers and live `armed`'s hook only when a
+variable is set (else they hold a no-op).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ POINTS = frozenset(
         "history-after-ohlc-commit",
         "history-after-requests-commit",
         "history-after-publish",
+        "stored-answer-after-publish",
         "live-after-ticks-commit",
         "live-after-candles-commit",
     }

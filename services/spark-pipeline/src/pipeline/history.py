@@ -5,15 +5,17 @@ Per micro-batch, on the driver (foreachBatch):
 1. decode the OHLCBatch records (rows, final markers, rejects);
 2. MERGE the rows into ``ohlc`` (one commit);
 3. for the final markers: look up ``requests``, record the new ones (second
-   commit), then publish their notifications on the PUB.
+   commit), then publish their notifications on the PUB. A request answered
+   wholly from storage may have been published already, as its marker reached
+   Kafka (`stored_answers`): it is only recorded (`early_notices`).
 
 A request's row count comes from the rows its records brought
 (`history_notices.AcceptedRows`); only answers from storage, and requests
 whose records this process did not all see, are counted in ``ohlc`` at the
 new snapshot, and that count runs alongside the ``requests`` lookup. The
-lookup reads the table only for ids it may hold (`known_requests`): a new
-request, the usual case, needs no Spark query. The first micro-batch of each
-sink, the one Spark may be replaying, always reads the table.
+lookup reads the table only for ids it may hold (`known_requests`, read as the
+sink starts): a new request, the usual case, needs no Spark query. Until that
+read is done every id is looked up, so a batch Spark replays finds its rows.
 
 A request's records share a Kafka key, hence a partition, so when its final
 marker is processed every row it announced is in this or an earlier (already

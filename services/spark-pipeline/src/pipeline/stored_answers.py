@@ -35,6 +35,8 @@ from pipeline.pub_server import Publisher
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pipeline.faults import CrashPoint
+
 log = logging.getLogger(__name__)
 #: A failed read of the topic (Kafka down) is tried again after this long.
 RETRY_S = 2.0
@@ -74,18 +76,29 @@ class StoredAnswers:
         lake: Lake,
         publisher: Publisher,
         early: EarlyNotices,
+        crash_point: CrashPoint | None = None,
     ) -> None:
         self._settings = settings
+        self._crash_point = crash_point or (lambda _: None)
         self._spark = spark
         self._lake = lake
         self._publisher = publisher
         self._early = early
         self._stop = threading.Event()
+        self._reading = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stored-answers", daemon=True)
         self.notified = 0
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once a marker written from now on is answered early: the topic's end is
+        known and the history sink can vouch for new ids (its ids were read)."""
+        deadline = time.monotonic() + timeout_s
+        if not self._reading.wait(timeout_s):
+            return False
+        return self._early.wait_vouching(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,14 +108,12 @@ class StoredAnswers:
         while not self._stop.is_set():
             try:
                 self._read()
-            except Exception:
-                log.exception(
-                    "stored answers: reading the topic failed (the history query answers)"
-                )
+            except Exception as exc:  # Kafka away: the history query answers meanwhile
+                log.warning("stored answers: reading Kafka failed, again in %g s: %s", RETRY_S, exc)
                 self._stop.wait(RETRY_S)
 
     def _read(self) -> None:
-        from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+        from confluent_kafka import Consumer, TopicPartition
 
         s = self._settings
         topic = s.kafka.topic_ohlc_batches
@@ -118,8 +129,14 @@ class StoredAnswers:
             meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if meta is None or meta.error is not None or not meta.partitions:
                 raise RuntimeError(f"topic {topic} lists no partitions")
-            # From the end: what came before is the history query's (it reads it anyway).
-            consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in meta.partitions])
+            # From the end, resolved now: what came before is the history query's (it
+            # reads it anyway), and nothing written after `wait_ready` is missed.
+            ends = []
+            for p in meta.partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                ends.append(TopicPartition(topic, p, high))
+            consumer.assign(ends)
+            self._reading.set()
             while not self._stop.is_set():
                 messages = [m for m in consumer.consume(500, timeout=0.2) if m.error() is None]
                 if messages:
@@ -159,6 +176,7 @@ class StoredAnswers:
             counts = self._lake.count_request_rows(self._spark, snapshot, [request])
             request = history_notices.reconcile(request, counts[request.request_id])
         self._publisher.publish(request.notification_topic, request.notification())
+        self._crash_point("stored-answer-after-publish")
         log.info(
             "notified %s on %s ahead of the history query (stored answer): %s, %d rows, "
             "snapshot %d, %.0f ms after its marker was read",
