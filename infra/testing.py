@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from infra.localstack.config import free_ports
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -33,9 +34,10 @@ _T = TypeVar("_T")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, below the ephemeral range (`free_ports`: a server restarted
+    on it by a test finds it still free)."""
+    [port] = free_ports(1)
+    return port
 
 
 def poll_until(what: str, check: Callable[[], _T], timeout_s: float, interval_s: float = 0.2) -> _T:

@@ -7,6 +7,7 @@ file named by ``INFRA_STACK_CONFIG`` (or ``--config``), then the defaults below.
 
 from __future__ import annotations
 
+import random
 import socket
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,45 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_PREFIX = "INFRA_STACK_"
 CONFIG_FILE_ENV = "INFRA_STACK_CONFIG"
 LOOPBACK = "127.0.0.1"
+#: Where `free_ports` picks when the kernel's ephemeral range cannot be read.
+EPHEMERAL_LOW = 32768
+#: How many ports below the ephemeral range `free_ports` picks from.
+PICK_SPAN = 12_000
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux: 32768)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW
+
+
+def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """``count`` distinct loopback ports free now, picked below the ephemeral range.
+
+    Why not bind port 0: the kernel picks from the ephemeral range, where every
+    outgoing connection on the machine also takes its local port. A server's port
+    picked there can be taken by any client socket before the server binds it, or
+    while a test restarts the server on it (seen: SeaweedFS's admin and gRPC ports
+    under parallel test workers). Below the range only servers bind.
+    """
+    rng = rng or random.SystemRandom()
+    high = ephemeral_low()
+    low = max(1024, high - PICK_SPAN)
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = rng.randrange(low, high)
+        if port in chosen:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue  # a server listens there
+        chosen.append(port)
+    return chosen
 
 
 class Ports(BaseModel):
@@ -62,22 +102,8 @@ class Ports(BaseModel):
 
     @classmethod
     def free(cls) -> Ports:
-        """Pick free loopback ports for every field (for tests running side by side).
-
-        All sockets stay bound until every port is chosen, so the kernel hands
-        out distinct ports; a small window remains before the servers bind them.
-        """
-        socks: list[socket.socket] = []
-        try:
-            for _ in cls.model_fields:
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind((LOOPBACK, 0))
-                socks.append(s)
-            ports = [s.getsockname()[1] for s in socks]
-        finally:
-            for s in socks:
-                s.close()
-        return cls(**dict(zip(cls.model_fields, ports, strict=True)))
+        """Free loopback ports for every field (tests running side by side): `free_ports`."""
+        return cls(**dict(zip(cls.model_fields, free_ports(len(cls.model_fields)), strict=True)))
 
 
 class KafkaSettings(BaseModel):

@@ -8,15 +8,13 @@ Environment overrides use the `PLATFORM_` prefix, e.g. `PLATFORM_EXCHANGES=okx`,
 from __future__ import annotations
 
 import json
-import socket
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from infra.localstack.config import REPO_ROOT
+from infra.localstack.config import REPO_ROOT, free_ports
 from ingestor.venues import venue_for
 from mdproto import contracts
 
@@ -47,13 +45,7 @@ class ServicePorts(BaseModel):
     def free(cls) -> ServicePorts:
         """A set of currently free loopback ports (for tests running side by side)."""
         names = list(cls.model_fields)
-        with ExitStack() as stack:
-            ports = []
-            for _ in names:
-                sock = stack.enter_context(socket.socket())
-                sock.bind(("127.0.0.1", 0))
-                ports.append(sock.getsockname()[1])
-        return cls(**dict(zip(names, ports, strict=True)))
+        return cls(**dict(zip(names, free_ports(len(names)), strict=True)))
 
 
 class PlatformConfig(BaseSettings):

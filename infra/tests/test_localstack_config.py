@@ -238,3 +238,21 @@ def test_seaweedfs_is_ready_only_when_its_admin_server_is_up(tmp_path: Path) -> 
     # ... and an earlier start's conflict is history once a start succeeded.
     comp.log_file.write_text(WEED_ADMIN_PORT_TAKEN + WEED_ALL_UP)
     comp.check_started_log()
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones() -> None:
+    """Outgoing connections take local ports in the ephemeral range: a server port
+    picked there could be taken before its server binds it, or while a test restarts it."""
+    import random
+
+    from infra.localstack.config import ephemeral_low, free_ports
+
+    first = free_ports(1, random.Random(7))[0]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        ports = free_ports(20, random.Random(7))  # the same draws: the first is taken
+    assert first not in ports
+    assert len(set(ports)) == 20
+    assert all(1024 <= p < ephemeral_low() for p in ports)
+    assert all(p < ephemeral_low() for p in Ports.free().model_dump().values())
