@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from infra.localstack.config import free_ports
 from infra.testing import metric_sample
 
 if TYPE_CHECKING:
@@ -345,20 +345,6 @@ def require_docker() -> None:
     if in_ci():
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def free_ports(count: int, host: str = HOST) -> list[int]:
-    """Distinct free TCP ports (all held open until every one is chosen)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def compose_environment(
