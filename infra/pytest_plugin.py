@@ -53,6 +53,14 @@ def pytest_configure(config: pytest.Config) -> None:
     from infra import spark_class_archive
 
     spark_class_archive.apply(os.environ)
+    # Each xdist worker picks free ports in its own part of the range, so that two
+    # workers never pick the same port one of them has not bound yet.
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        from infra.localstack.config import PORT_SLICE_ENV
+
+        index = int(str(worker["workerid"]).removeprefix("gw"))
+        os.environ[PORT_SLICE_ENV] = f"{index}/{worker['workercount']}"
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ file named by ``INFRA_STACK_CONFIG`` (or ``--config``), then the defaults below.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -25,6 +26,12 @@ LOOPBACK = "127.0.0.1"
 EPHEMERAL_LOW = 32768
 #: How many ports below the ephemeral range `free_ports` picks from.
 PICK_SPAN = 12_000
+#: ``K/N``: `free_ports` picks only in the K-th of N equal parts of its span. Set per
+#: pytest-xdist worker (infra/pytest_plugin.py), so that no two workers ever pick the
+#: same port: a check that a port is free says nothing about the port another worker
+#: picked a second ago and binds a minute later, when its platform's service starts
+#: (seen in CI: two workers' SeaweedFS admin ports).
+PORT_SLICE_ENV = "MDP_PORT_SLICE"
 
 
 def ephemeral_low() -> int:
@@ -36,6 +43,22 @@ def ephemeral_low() -> int:
         return EPHEMERAL_LOW
 
 
+def pick_range(high: int, span: int, slice_spec: str | None) -> range:
+    """The ports `free_ports` picks from: ``span`` ports below ``high`` (not below 1024),
+    narrowed to the ``K/N`` part ``slice_spec`` names (`PORT_SLICE_ENV`)."""
+    low = max(1024, high - span)
+    if not slice_spec:
+        return range(low, high)
+    try:
+        index, parts = (int(x) for x in slice_spec.split("/"))
+    except ValueError:
+        raise ValueError(f"{PORT_SLICE_ENV}={slice_spec!r}: expected K/N, e.g. 1/3") from None
+    if not 0 <= index < parts:
+        raise ValueError(f"{PORT_SLICE_ENV}={slice_spec!r}: K must be in 0..N-1")
+    width = (high - low) // parts
+    return range(low + index * width, low + (index + 1) * width)
+
+
 def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
     """``count`` distinct loopback ports free now, picked below the ephemeral range.
 
@@ -43,14 +66,14 @@ def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
     outgoing connection on the machine also takes its local port. A server's port
     picked there can be taken by any client socket before the server binds it, or
     while a test restarts the server on it (seen: SeaweedFS's admin and gRPC ports
-    under parallel test workers). Below the range only servers bind.
+    under parallel test workers). Below the range only servers bind, and parallel
+    test workers each pick in their own part of it (`PORT_SLICE_ENV`).
     """
     rng = rng or random.SystemRandom()
-    high = ephemeral_low()
-    low = max(1024, high - PICK_SPAN)
+    ports = pick_range(ephemeral_low(), PICK_SPAN, os.environ.get(PORT_SLICE_ENV))
     chosen: list[int] = []
     while len(chosen) < count:
-        port = rng.randrange(low, high)
+        port = rng.choice(ports)
         if port in chosen:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -256,3 +257,38 @@ def test_free_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones() ->
     assert len(set(ports)) == 20
     assert all(1024 <= p < ephemeral_low() for p in ports)
     assert all(p < ephemeral_low() for p in Ports.free().model_dump().values())
+
+
+def test_each_test_worker_picks_ports_in_its_own_part_of_the_range() -> None:
+    """A port one worker picked and binds later must never be another worker's pick."""
+    from infra.localstack.config import pick_range
+
+    whole = pick_range(32768, 12_000, None)
+    assert whole == range(20768, 32768)
+    parts = [pick_range(32768, 12_000, f"{k}/3") for k in range(3)]
+    assert [len(p) for p in parts] == [4000, 4000, 4000]
+    assert all(set(a).isdisjoint(b) for i, a in enumerate(parts) for b in parts[i + 1 :])
+    assert all(set(p) <= set(whole) for p in parts)
+    assert pick_range(2000, 12_000, None) == range(1024, 2000)
+    for bad in ("3/3", "x", "1-3"):
+        with pytest.raises(ValueError, match="MDP_PORT_SLICE"):
+            pick_range(32768, 12_000, bad)
+
+
+def test_free_ports_keep_to_the_workers_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.localstack.config import PICK_SPAN, PORT_SLICE_ENV, ephemeral_low, free_ports
+
+    monkeypatch.setenv(PORT_SLICE_ENV, "2/4")
+    low = max(1024, ephemeral_low() - PICK_SPAN)
+    width = (ephemeral_low() - low) // 4
+    assert all(low + 2 * width <= p < low + 3 * width for p in free_ports(50))
+
+
+def test_the_pytest_plugin_gives_each_xdist_worker_its_part() -> None:
+    from infra.localstack.config import PORT_SLICE_ENV
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        pytest.skip("not under pytest-xdist")
+    count = os.environ["PYTEST_XDIST_WORKER_COUNT"]
+    assert os.environ[PORT_SLICE_ENV] == f"{worker.removeprefix('gw')}/{count}"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 import zmq
 
+from infra.localstack.config import free_ports
 from mdproto import envelope, topics
 from mdproto.messages import PipelineStatus, Status, SubmitHistoricalRequest, SubmitResponse
 
@@ -42,17 +43,6 @@ PORT_KEYS = [
 ]
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 @pytest.fixture
 def relay_env(tmp_path: Path, pipeline: FakePipeline) -> dict[str, str]:
     """The spec's exact file as CONFIG_PATH; ports moved to free ones by env overrides."""
@@ -66,7 +56,7 @@ def relay_env(tmp_path: Path, pipeline: FakePipeline) -> dict[str, str]:
         RELAY_METRICS_HOST="127.0.0.1",
         RELAY_FLINK_MARKET_DATA_ENDPOINT=pipeline.endpoint,
     )
-    for key, port in zip(PORT_KEYS, _free_ports(len(PORT_KEYS)), strict=True):
+    for key, port in zip(PORT_KEYS, free_ports(len(PORT_KEYS)), strict=True):
         env[f"RELAY_{key}"] = str(port)
     return env
 
