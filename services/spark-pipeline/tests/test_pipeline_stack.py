@@ -8,6 +8,7 @@ uses its own request ids and tickers, so the tests do not depend on each other.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -285,7 +286,13 @@ def test_stored_answers_are_counted_at_their_snapshot(
         expected = len(present & set(range(lo, hi)))
         assert (n.status, n.row_count) == (Status.OK, expected) == (Status.OK, len(stored))
         assert n.exchange_gaps == (hi - lo) - n.row_count
-    assert "counting rows on the driver failed" not in pipeline.run.log_text()
+    log = pipeline.run.log_text()
+    assert "counting rows on the driver failed" not in log
+    # The empty-range probe (on the driver) let the first and third write append; the
+    # second overlaps the first and MERGEd (a wrong "empty" would have duplicated rows).
+    assert "probing ohlc on the driver failed" not in log
+    assert re.search(r"history batch \d+: .*, merge \d+ ms", log), log
+    assert len(re.findall(r"history batch \d+: .*, append \d+ ms", log)) >= 2, log
     # Notified ahead of the history query (stored_answers), which recorded each once it
     # came to the marker (it has, once a later request on the partition is notified).
     sentinel = build.metadata("hist-st-sentinel", start=t0, end=t0 + build.MINUTE)

@@ -1,6 +1,6 @@
 """Iceberg: the tables, their DDL/MERGE statements, and running them through Spark.
 
-The SQL builders are pure; `Lake` runs them (`Lake.merge_ticks` runs `merge_ticks`).
+The SQL builders are pure; `Lake` runs them (`Lake.merge_markets` runs `merge_markets`).
 Every write is a MERGE on the natural key, so a re-run micro-batch never adds a
 row and a MERGE that lost to a concurrent commit (history and live candles both
 write ``ohlc``) just runs again; the ON clause bounds the time column so Iceberg
@@ -33,12 +33,12 @@ from mdproto.tables import (
     TableSchema,
     Ticks,
 )
-from pipeline import history_notices, row_counts
+from pipeline import driver_reads, history_notices, row_counts
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -483,8 +483,10 @@ class Lake:
         self._spark.sql(create_table(scratch, Ohlc.SCHEMA))
         try:
             frame = self._spark.createDataFrame(candles)
-            self._spark.sql(select_any_ohlc(scratch, _ranges(candles))).isEmpty()
+            ranges = _ranges(candles)
+            self._occupied(self._spark, scratch, ranges)
             frame.writeTo(scratch).append()
+            self._occupied(self._spark, scratch, ranges)  # and the reader, on a file
         finally:
             self._spark.sql(f"DROP TABLE IF EXISTS {scratch} PURGE")
 
@@ -535,7 +537,7 @@ class Lake:
         frame = session.createDataFrame(candles)
         with self.ohlc_lock:
             ranges = _ranges(candles)
-            occupied = not session.sql(select_any_ohlc(self.names.ohlc, ranges)).isEmpty()
+            occupied = self._occupied(session, self.names.ohlc, ranges)
             if not occupied:
                 try:
                     frame.writeTo(self.names.ohlc).append()
@@ -555,13 +557,48 @@ class Lake:
                 session.catalog.dropTempView(view)
             return "merge"
 
-    def merge_ticks(self, ticks: DataFrame, lo_ms: int, hi_ms: int) -> None:
-        view = _view_name("ticks")
-        ticks.createOrReplaceTempView(view)
+    def _occupied(self, session: SparkSession, target: str, ranges: Sequence[SeriesRange]) -> bool:
+        """Whether ``target`` (``ohlc``) holds a candle in one of ``ranges`` now: probed on
+        the driver (`driver_reads.any_candle_in`), by a Spark query if that fails."""
         try:
-            self._run(ticks.sparkSession, merge_ticks(self.names.ticks, view, lo_ms, hi_ms))
+            jvm, table = self._java_table(target)
+            series = [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
+            return driver_reads.any_candle_in(jvm, table, series)
+        except Exception as exc:  # a Java API that moved: the Spark probe is always right
+            log.warning("probing ohlc on the driver failed, probing with Spark: %s", exc)
+        return not session.sql(select_any_ohlc(target, ranges)).isEmpty()
+
+    def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
+        """Store the ``TICK_SCHEMA`` rows (unique per key) whose (ticker, trade_id) is not
+        stored yet; returns how: "append N" or "merge".
+
+        The ticks-persist query is the table's only writer, one batch at a time, so
+        the keys read before the append cannot change before it: a replayed batch
+        finds its own and appends nothing. The keys are read on the driver
+        (`driver_reads.tick_keys`: the batch's time range holds a minute of files);
+        if that fails, the MERGE does the same in Spark.
+        """
+        times = pc.min_max(ticks[Ticks.TRADE_TIME].cast(pa.int64()))
+        lo_ms, hi_ms = times["min"].as_py() // 1000, -(-times["max"].as_py() // 1000)
+        try:
+            jvm, table = self._java_table(self.names.ticks)
+            gateway = self._spark.sparkContext._gateway
+            tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
+            stored = driver_reads.tick_keys(jvm, gateway, table, tickers, lo_ms, hi_ms)
+        except Exception as exc:  # a Java API that moved: the MERGE is always right
+            log.warning("reading stored ticks on the driver failed, MERGEing: %s", exc)
+        else:
+            new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
+            if new.num_rows:
+                session.createDataFrame(new).writeTo(self.names.ticks).append()
+            return f"append {new.num_rows}"
+        view = _view_name("ticks")
+        session.createDataFrame(ticks).createOrReplaceTempView(view)
+        try:
+            self._run(session, merge_ticks(self.names.ticks, view, lo_ms, hi_ms))
         finally:
-            ticks.sparkSession.catalog.dropTempView(view)
+            session.catalog.dropTempView(view)
+        return "merge"
 
     def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
         """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (the book-store query's only

@@ -1,7 +1,7 @@
 """Live path in Spark: what must be durable, on slow triggers and without Python workers.
 
-    market.ticks      -> ticks-persist (every live.persist_trigger_s): MERGE new
-                         (ticker, trade_id) into ``ticks``
+    market.ticks      -> ticks-persist (every live.persist_trigger_s): append the new
+                         (ticker, trade_id) to ``ticks`` (stored keys read first)
     market.ohlc.live  -> candles-store (every live.store_trigger_s): MERGE closed
                          candles into ``ohlc`` (source live; a correction amends)
     market.book       -> book-store (every live.book_store_trigger_s): MERGE the
@@ -20,7 +20,6 @@ import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline import records
 from pipeline.config import Settings
@@ -39,7 +38,7 @@ KAFKA_COLUMNS = ("value", "timestamp", "partition", "offset")
 
 
 class TickPersister:
-    """ticks-persist: decode on the driver, MERGE new (ticker, trade_id) into ``ticks``."""
+    """ticks-persist: decode on the driver, append new (ticker, trade_id) to ``ticks``."""
 
     def __init__(self, lake: Lake, crash_point: CrashPoint) -> None:
         self._lake = lake
@@ -51,14 +50,13 @@ class TickPersister:
         records.log_rejects(f"ticks-persist batch {batch_id}", rejects)
         if ticks.num_rows == 0:
             return
-        bounds = pc.min_max(ticks["trade_time"].cast(pa.int64()))
-        lo_ms, hi_ms = bounds["min"].as_py() // 1000, -(-bounds["max"].as_py() // 1000)
-        self._lake.merge_ticks(batch_df.sparkSession.createDataFrame(ticks), lo_ms, hi_ms)
+        how = self._lake.write_ticks(batch_df.sparkSession, ticks)
         self._crash_point("live-after-ticks-commit")
         log.info(
-            "ticks-persist batch %d: %d unique ticks merged in %.0f ms",
+            "ticks-persist batch %d: %d unique ticks stored (%s) in %.0f ms",
             batch_id,
             ticks.num_rows,
+            how,
             (time.monotonic() - started) * 1000,
         )
 

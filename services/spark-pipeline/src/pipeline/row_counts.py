@@ -1,7 +1,8 @@
 """Candles of one series in a time range at a snapshot, counted on the driver's JVM.
 
 Why: a stored answer's row count was a Spark job (a time-travel scan), whose
-fixed cost on two shared cores outweighs the data it reads. Here Iceberg plans
+fixed cost on two shared cores outweighs the data it reads (`driver_reads` does
+the same for the reads before a write). Here Iceberg plans
 the files of the range (manifests only) and:
 
 - a data file with no delete file attached whose ``open_time`` bounds lie
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mdproto.tables import Ohlc
+from pipeline.driver_reads import timestamp_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,10 @@ def count(
     both = getattr(x, "and")
     series = both(x.equal(Ohlc.TICKER, ticker), x.equal(Ohlc.PERIOD_SECONDS, period_seconds))
     lo_us, hi_us = lo_ms * 1000, hi_ms * 1000
-    in_range = both(x.greaterThanOrEqual(Ohlc.OPEN_TIME, lo_us), x.lessThan(Ohlc.OPEN_TIME, hi_us))
+    in_range = both(
+        x.greaterThanOrEqual(Ohlc.OPEN_TIME, timestamp_value(lo_us)),
+        x.lessThan(Ohlc.OPEN_TIME, timestamp_value(hi_us)),
+    )
     _check_identity(table)
     column = table.schema().findField(Ohlc.OPEN_TIME)
     field_id, field_type = column.fieldId(), column.type()
@@ -147,7 +152,10 @@ def count(
     if not planned.read:
         return planned.whole_rows
     spans = [
-        both(x.greaterThanOrEqual(Ohlc.OPEN_TIME, lo), x.lessThanOrEqual(Ohlc.OPEN_TIME, hi))
+        both(
+            x.greaterThanOrEqual(Ohlc.OPEN_TIME, timestamp_value(lo)),
+            x.lessThanOrEqual(Ohlc.OPEN_TIME, timestamp_value(hi)),
+        )
         for lo, hi in planned.read
     ]
     either = getattr(x, "or")
