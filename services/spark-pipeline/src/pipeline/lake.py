@@ -565,7 +565,9 @@ class Lake:
             series = [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
             return driver_reads.any_candle_in(jvm, table, series)
         except Exception as exc:  # a Java API that moved: the Spark probe is always right
-            log.warning("probing ohlc on the driver failed, probing with Spark: %s", exc)
+            log.warning(
+                "probing ohlc on the driver failed, probing with Spark: %s", failure_cause(exc)
+            )
         return not session.sql(select_any_ohlc(target, ranges)).isEmpty()
 
     def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
@@ -586,7 +588,9 @@ class Lake:
             tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
             stored = driver_reads.tick_keys(jvm, gateway, table, tickers, lo_ms, hi_ms)
         except Exception as exc:  # a Java API that moved: the MERGE is always right
-            log.warning("reading stored ticks on the driver failed, MERGEing: %s", exc)
+            log.warning(
+                "reading stored ticks on the driver failed, MERGEing: %s", failure_cause(exc)
+            )
         else:
             new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
             if new.num_rows:
@@ -669,7 +673,9 @@ class Lake:
         try:
             return self._count_on_driver(snapshot_id, ranges)
         except Exception as exc:  # a Java API that moved: the Spark count is always right
-            log.warning("counting rows on the driver failed, counting with Spark: %s", exc)
+            log.warning(
+                "counting rows on the driver failed, counting with Spark: %s", failure_cause(exc)
+            )
         sql = count_request_rows(self.names.ohlc, snapshot_id, ranges)
         rows = session.sql(sql).toArrow().to_pylist()
         return {row["request_id"]: int(row["n"]) for row in rows}
