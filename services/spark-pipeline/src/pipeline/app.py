@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 
 from mdproto.runtime.metrics_http import MetricsServer
+from mdproto.runtime.settings import pyiceberg_properties
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
+from pipeline.arrow_appends import ArrowAppends
 from pipeline.config import Settings
 from pipeline.early_notices import EarlyNotices
 from pipeline.heartbeat import Heartbeat, QueryState
@@ -100,7 +102,7 @@ class Pipeline:
         crash = faults.armed(session.jvm_pid(spark))  # None in production: a test hook
         spark.streams.addListener(ProgressLogger())
         self._serve_metrics()
-        lake = self.lake = Lake(spark, self.names)
+        lake = self.lake = Lake(spark, self.names, appends=_driver_appends(settings))
         lake.ensure_tables()
         if settings.history.enabled:
             if settings.history.warm_up:
@@ -277,3 +279,19 @@ def run(settings: Settings, stop: threading.Event) -> int:
         return pipeline.wait(stop)
     finally:
         pipeline.stop()
+
+
+def _driver_appends(settings: Settings) -> ArrowAppends | None:
+    """pyiceberg's client for the catalog Spark writes to, unless appends stay Spark's."""
+    c = settings.catalog
+    if not c.driver_appends:
+        return None
+    properties = pyiceberg_properties(
+        c.uri,
+        s3_endpoint=c.s3_endpoint,
+        s3_region=c.s3_region,
+        warehouse=c.warehouse,
+        s3_access_key=c.s3_access_key,
+        s3_secret_key=c.s3_secret_key,
+    )
+    return ArrowAppends(c.name, properties)

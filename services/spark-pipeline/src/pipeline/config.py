@@ -64,6 +64,9 @@ class CatalogConfig(_Section):
     requests_table: str = "requests"
     markets_table: str = "markets"
     book_snapshots_table: str = "book_snapshots"
+    #: Appends (candles, trades, requests) written by pyiceberg on the driver, not as
+    #: Spark jobs (`arrow_appends`: 3-10x faster here); MERGEs stay Spark's either way.
+    driver_appends: bool = True
 
 
 class HistoryConfig(_Section):

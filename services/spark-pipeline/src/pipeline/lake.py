@@ -34,6 +34,7 @@ from mdproto.tables import (
     Ticks,
 )
 from pipeline import driver_reads, history_notices, row_counts
+from pipeline.arrow_appends import ArrowAppends
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
 
@@ -449,10 +450,19 @@ def _is_conflict(exc: Exception) -> bool:
 
 
 class Lake:
-    def __init__(self, spark: SparkSession, names: TableNames, *, retries: int = 5) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        names: TableNames,
+        *,
+        retries: int = 5,
+        appends: ArrowAppends | None = None,
+    ) -> None:
         self._spark = spark
         self.names = names
         self._retries = retries
+        #: Appends from the driver (pyiceberg); None: every append is a Spark job.
+        self._appends = appends
         #: Held by every writer of ``ohlc`` in this process (history and live candles).
         self.ohlc_lock = threading.Lock()
 
@@ -482,10 +492,9 @@ class Lake:
         scratch = f"{self.names.catalog}.{self.names.namespace}.warmup_{uuid.uuid4().hex[:8]}"
         self._spark.sql(create_table(scratch, Ohlc.SCHEMA))
         try:
-            frame = self._spark.createDataFrame(candles)
             ranges = _ranges(candles)
             self._occupied(self._spark, scratch, ranges)
-            frame.writeTo(scratch).append()
+            self._append(self._spark, scratch, candles)
             self._occupied(self._spark, scratch, ranges)  # and the reader, on a file
         finally:
             self._spark.sql(f"DROP TABLE IF EXISTS {scratch} PURGE")
@@ -534,23 +543,24 @@ class Lake:
         """
         if candles.num_rows == 0:
             return "none"
-        frame = session.createDataFrame(candles)
         with self.ohlc_lock:
             ranges = _ranges(candles)
             occupied = self._occupied(session, self.names.ohlc, ranges)
             if not occupied:
                 try:
-                    frame.writeTo(self.names.ohlc).append()
+                    self._append(session, self.names.ohlc, candles)
                     return "append"
                 except Exception as exc:
-                    if not _is_conflict(exc):
+                    # Spark's append fails for a conflict or an unknown commit state; the
+                    # driver's for those and more (its client, its S3 writes). Landed or
+                    # not, the MERGE below is right.
+                    if self._appends is None and not _is_conflict(exc):
                         raise
-                    # Landed or not (commit state unknown), the MERGE below is right.
                     log.warning("append to ohlc failed, MERGEing instead: %s", failure_cause(exc))
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
             view = _view_name(kind)
-            frame.createOrReplaceTempView(view)
+            session.createDataFrame(candles).createOrReplaceTempView(view)
             try:
                 self._run(session, merge(self.names.ohlc, view, lo, hi))
             finally:
@@ -593,9 +603,16 @@ class Lake:
             )
         else:
             new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
-            if new.num_rows:
-                session.createDataFrame(new).writeTo(self.names.ticks).append()
-            return f"append {new.num_rows}"
+            new = new.select(ticks.schema.names).cast(ticks.schema)
+            if new.num_rows == 0:
+                return "append 0"
+            try:
+                self._append(session, self.names.ticks, new)
+                return f"append {new.num_rows}"
+            except Exception as exc:
+                if self._appends is None:
+                    raise  # Spark's append: the replay reads the keys again
+                log.warning("append to ticks failed, MERGEing: %s", failure_cause(exc))
         view = _view_name("ticks")
         session.createDataFrame(ticks).createOrReplaceTempView(view)
         try:
@@ -637,9 +654,15 @@ class Lake:
         """
         if not requests:
             return
-        session.createDataFrame(history_notices.to_table(requests)).writeTo(
-            self.names.requests
-        ).append()
+        self._append(session, self.names.requests, history_notices.to_table(requests))
+
+    def _append(self, session: SparkSession, target: str, rows: pa.Table) -> None:
+        """One commit appending ``rows`` to ``target``: from the driver (`ArrowAppends`)
+        when configured, else as a Spark job."""
+        if self._appends is not None:
+            self._appends.append(target.split(".", 1)[1], rows)  # no catalog prefix
+        else:
+            session.createDataFrame(rows).writeTo(target).append()
 
     # -- reads -------------------------------------------------------------------
 
