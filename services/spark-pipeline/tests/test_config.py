@@ -121,3 +121,19 @@ def test_retired_live_keys_are_ignored_with_a_warning(
     assert s.live.store_trigger_s == 2.0
     retired = [r.message for r in caplog.records if "no longer used" in r.message]
     assert len(retired) == 3, retired
+
+
+def test_driver_appends_reach_the_catalog_and_store_spark_writes_to() -> None:
+    from pipeline.config import CatalogConfig
+
+    c = CatalogConfig(uri="http://cat:8181", s3_endpoint="http://s3:9000", s3_access_key="k")
+    assert c.pyiceberg_properties() == {
+        "type": "rest",
+        "uri": "http://cat:8181",
+        "warehouse": "s3://warehouse/lake",
+        "s3.endpoint": "http://s3:9000",
+        "s3.path-style-access": "true",
+        "s3.region": "us-east-1",
+        "s3.access-key-id": "k",
+        "s3.secret-access-key": "localstack-secret",
+    }

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 
 from mdproto.runtime.metrics_http import MetricsServer
-from mdproto.runtime.settings import pyiceberg_properties
 from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.config import Settings
@@ -284,14 +283,4 @@ def run(settings: Settings, stop: threading.Event) -> int:
 def _driver_appends(settings: Settings) -> ArrowAppends | None:
     """pyiceberg's client for the catalog Spark writes to, unless appends stay Spark's."""
     c = settings.catalog
-    if not c.driver_appends:
-        return None
-    properties = pyiceberg_properties(
-        c.uri,
-        s3_endpoint=c.s3_endpoint,
-        s3_region=c.s3_region,
-        warehouse=c.warehouse,
-        s3_access_key=c.s3_access_key,
-        s3_secret_key=c.s3_secret_key,
-    )
-    return ArrowAppends(c.name, properties)
+    return ArrowAppends(c.name, c.pyiceberg_properties()) if c.driver_appends else None

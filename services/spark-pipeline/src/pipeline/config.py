@@ -68,6 +68,11 @@ class CatalogConfig(_Section):
     #: Spark jobs (`arrow_appends`: 3-10x faster here); MERGEs stay Spark's either way.
     driver_appends: bool = True
 
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """The same catalog and S3 store for a pyiceberg client (`arrow_appends`)."""
+        store = {"s3_endpoint", "s3_region", "warehouse", "s3_access_key", "s3_secret_key"}
+        return runtime.pyiceberg_properties(self.uri, **self.model_dump(include=store))
+
 
 class HistoryConfig(_Section):
     enabled: bool = True
