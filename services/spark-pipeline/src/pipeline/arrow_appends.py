@@ -1,4 +1,5 @@
-"""Arrow rows appended to Iceberg tables from the driver with pyiceberg: no Spark job.
+"""Arrow rows appended to Iceberg tables from the driver with pyiceberg: no Spark job
+(docs/adr/0008-driver-reads-and-appends.md).
 
 Why: every row the pipeline stores is decoded on the driver into Arrow first.
 Handing it to Spark for an append costs a transfer into the JVM, a job and a
