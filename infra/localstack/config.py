@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,21 +69,41 @@ def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
     while a test restarts the server on it (seen: SeaweedFS's admin and gRPC ports
     under parallel test workers). Below the range only servers bind, and parallel
     test workers each pick in their own part of it (`PORT_SLICE_ENV`).
+
+    Within a process the picks walk the part from a random start (``rng``) and never
+    hand out a port twice until they have gone round it: a port picked for one
+    server and not bound yet is not free to the next call (seen: a platform's relay
+    and its stack, picked by two calls, got the same port).
     """
-    rng = rng or random.SystemRandom()
     ports = pick_range(ephemeral_low(), PICK_SPAN, os.environ.get(PORT_SLICE_ENV))
-    chosen: list[int] = []
-    while len(chosen) < count:
-        port = rng.choice(ports)
-        if port in chosen:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((LOOPBACK, port))
-            except OSError:
+    with _CURSOR_LOCK:
+        start = _CURSORS.get(ports)
+        if start is None:
+            start = (rng or random.SystemRandom()).randrange(len(ports))
+        chosen: list[int] = []
+        for step in range(len(ports)):
+            port = ports[(start + step) % len(ports)]
+            if not _bindable(port):
                 continue  # a server listens there
-        chosen.append(port)
-    return chosen
+            chosen.append(port)
+            if len(chosen) == count:
+                _CURSORS[ports] = (start + step + 1) % len(ports)
+                return chosen
+    raise RuntimeError(f"fewer than {count} free ports in {ports.start}-{ports.stop - 1}")
+
+
+#: Where the next `free_ports` call of this process starts, per range picked from.
+_CURSORS: dict[range, int] = {}
+_CURSOR_LOCK = threading.Lock()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 class Ports(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 from pathlib import Path
@@ -252,7 +253,7 @@ def test_free_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones() ->
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", first))
         taken.listen()
-        ports = free_ports(20, random.Random(7))  # the same draws: the first is taken
+        ports = free_ports(20, random.Random(7))
     assert first not in ports
     assert len(set(ports)) == 20
     assert all(1024 <= p < ephemeral_low() for p in ports)
@@ -293,3 +294,32 @@ def test_the_pytest_plugin_gives_each_xdist_worker_its_part() -> None:
         return
     count = os.environ["PYTEST_XDIST_WORKER_COUNT"]
     assert os.environ[PORT_SLICE_ENV] == f"{worker.removeprefix('gw')}/{count}"
+
+
+def test_a_port_handed_out_is_not_handed_out_again_before_it_is_bound() -> None:
+    """A platform picks its services' ports and its stack's in two calls; neither binds
+    before both have picked (CI: a relay and a stack component got the same port)."""
+    from infra.localstack.config import free_ports
+
+    first = free_ports(30)
+    second = free_ports(30)  # nothing bound meanwhile
+    assert not set(first) & set(second)
+    assert len(set(first)) == len(set(second)) == 30
+
+
+def test_the_picks_go_round_the_range_and_skip_what_is_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from infra.localstack import config
+
+    monkeypatch.setattr(config, "_CURSORS", {})
+    monkeypatch.setattr(config, "ephemeral_low", lambda: 20_010)
+    monkeypatch.setattr(config, "PICK_SPAN", 10)  # ports 20000-20009
+    monkeypatch.delenv(config.PORT_SLICE_ENV, raising=False)
+    monkeypatch.setattr(config, "_bindable", lambda port: port != 20_004)
+    picked = [config.free_ports(3, random.Random(1)) for _ in range(3)]
+    flat = [p for ports in picked for p in ports]
+    assert 20_004 not in flat
+    assert len(set(flat[:9])) == 9  # every free port once before any comes again
+    with pytest.raises(RuntimeError, match="fewer than 10 free ports"):
+        config.free_ports(10)

@@ -150,3 +150,11 @@ def test_a_table_without_a_column_the_pipeline_cannot_add_is_refused() -> None:
     found[NAMES.requests] = lake.TableState(frozenset({"request_id"}), {})
     with pytest.raises(lake.SchemaMismatchError, match=r"lake\.market\.requests exists without"):
         lake.setup_statements(NAMES, found)
+
+
+def test_a_batchs_time_range_in_ms_holds_every_microsecond_time() -> None:
+    """The MERGEs' and the key read's time bounds: floor of the first, ceiling of the last."""
+    import pyarrow as pa
+
+    times = pa.chunked_array([[1_000_999, 5_000_001], [3_000_000]], pa.timestamp("us", "UTC"))
+    assert lake._time_range_ms(times) == (1_000, 5_001)

@@ -586,24 +586,12 @@ class Lake:
 
         The ticks-persist query is the table's only writer, one batch at a time, so
         the keys read before the append cannot change before it: a replayed batch
-        finds its own and appends nothing. The keys are read on the driver
-        (`driver_reads.tick_keys`: the batch's time range holds a minute of files);
-        if that fails, the MERGE does the same in Spark.
+        finds its own and appends nothing. If the read or the append fails, the
+        MERGE does the same in Spark.
         """
-        times = pc.min_max(ticks[Ticks.TRADE_TIME].cast(pa.int64()))
-        lo_ms, hi_ms = times["min"].as_py() // 1000, -(-times["max"].as_py() // 1000)
-        try:
-            jvm, table = self._java_table(self.names.ticks)
-            gateway = self._spark.sparkContext._gateway
-            tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
-            stored = driver_reads.tick_keys(jvm, gateway, table, tickers, lo_ms, hi_ms)
-        except Exception as exc:  # a Java API that moved: the MERGE is always right
-            log.warning(
-                "reading stored ticks on the driver failed, MERGEing: %s", failure_cause(exc)
-            )
-        else:
-            new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
-            new = new.select(ticks.schema.names).cast(ticks.schema)
+        lo_ms, hi_ms = _time_range_ms(ticks[Ticks.TRADE_TIME])
+        new = self._unstored_ticks(ticks, lo_ms, hi_ms)
+        if new is not None:
             if new.num_rows == 0:
                 return "append 0"
             try:
@@ -621,11 +609,26 @@ class Lake:
             session.catalog.dropTempView(view)
         return "merge"
 
+    def _unstored_ticks(self, ticks: pa.Table, lo_ms: int, hi_ms: int) -> pa.Table | None:
+        """The rows of ``ticks`` whose key ``ticks`` does not hold, by the keys stored in
+        the batch's time range (`driver_reads.tick_keys`, on the driver: that range holds
+        a minute of files); None if they could not be read."""
+        try:
+            jvm, table = self._java_table(self.names.ticks)
+            gateway = self._spark.sparkContext._gateway
+            tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
+            stored = driver_reads.tick_keys(jvm, gateway, table, tickers, lo_ms, hi_ms)
+        except Exception as exc:  # a Java API that moved: the MERGE is always right
+            cause = failure_cause(exc)
+            log.warning("reading stored ticks on the driver failed, MERGEing: %s", cause)
+            return None
+        new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
+        return new.select(ticks.schema.names).cast(ticks.schema)
+
     def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
         """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (the book-store query's only
         write)."""
-        times = pc.min_max(rows["snapshot_time"].cast(pa.int64()))
-        lo_ms, hi_ms = times["min"].as_py() // 1000, -(-times["max"].as_py() // 1000)
+        lo_ms, hi_ms = _time_range_ms(rows[BookSnapshots.SNAPSHOT_TIME])
         view = _view_name("books")
         session.createDataFrame(rows).createOrReplaceTempView(view)
         try:
@@ -748,6 +751,12 @@ class Lake:
 def _view_name(kind: str) -> str:
     # Temp views are per session, but be safe against concurrent batches of one query.
     return f"pipeline_src_{kind}_{uuid.uuid4().hex[:12]}"
+
+
+def _time_range_ms(times: pa.ChunkedArray) -> tuple[int, int]:
+    """The ms range ``[lo, hi]`` that holds every µs timestamp of ``times``."""
+    bounds = pc.min_max(times.cast(pa.int64()))
+    return bounds["min"].as_py() // 1000, -(-bounds["max"].as_py() // 1000)
 
 
 def _ranges(candles: pa.Table) -> list[SeriesRange]:
