@@ -127,3 +127,18 @@ def test_received_stamps_keep_the_latest_publication_of_the_newest_requests() ->
     assert stamps.stamped(recorded("d")).sequence == 1
     table_note = recorded("d")
     assert stamps.stamped(table_note) is not table_note and table_note.sequence == 0
+
+
+def test_a_received_notification_answers_status_before_its_row_is_written() -> None:
+    """A stored answer is notified ahead of the history query's `requests` row: the
+    gateway that received it says OK, not PENDING, in between (CI's conformance run)."""
+    from mdclient.request_status import status_from_notification
+
+    stamps = ReceivedStamps(capacity=1)
+    stamps.add(published("early", sequence=3))
+    note = stamps.received("early")
+    assert note is not None and note.sequence == 3
+    answer = status_from_notification(note)
+    assert (answer.request_id, answer.state, answer.done) == ("early", "OK", True)
+    stamps.add(published("later", sequence=1))
+    assert stamps.received("early") is None  # evicted with its stamps

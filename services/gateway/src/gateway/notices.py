@@ -32,6 +32,7 @@ class ReceivedStamps:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self._capacity = capacity
         self._stamps: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._notes: dict[str, HistoryReadyNotification] = {}
         self._lock = threading.Lock()
 
     def add(self, note: HistoryReadyNotification) -> None:
@@ -41,8 +42,17 @@ class ReceivedStamps:
         with self._lock:
             self._stamps[note.request_id] = (note.sequence, note.publisher_epoch)
             self._stamps.move_to_end(note.request_id)
+            self._notes[note.request_id] = note
             while len(self._stamps) > self._capacity:
-                self._stamps.popitem(last=False)
+                gone, _ = self._stamps.popitem(last=False)
+                self._notes.pop(gone, None)
+
+    def received(self, request_id: str) -> HistoryReadyNotification | None:
+        """The notification received for `request_id`, if any: an answer from storage is
+        notified before the history query records its row, so the table can still say
+        PENDING for a request this gateway saw answered."""
+        with self._lock:
+            return self._notes.get(request_id)
 
     def stamped(self, note: HistoryReadyNotification) -> HistoryReadyNotification:
         """`note` (read from the table) with the stamps it was received with, if it was."""

@@ -30,7 +30,7 @@ from gateway.notices import ReceivedStamps
 from mdclient import Client, HistoryResult, MdClientError, SequenceEvent
 from mdclient.book import BookEvent, BookMessage, BookStream
 from mdclient.live import feed_error
-from mdclient.request_status import RequestStatus
+from mdclient.request_status import RequestStatus, status_from_notification
 from mdproto.error_codes import FEED_UNAVAILABLE, UNAVAILABLE
 from mdproto.messages import BookReset, BookSnapshot, FeedStatus, HistoryReadyNotification
 
@@ -152,7 +152,10 @@ class SdkUpstream:
         with when this gateway received it (else they stay 0: not recorded)."""
         answer = self.client.status(request_id)
         if answer.notification is None:
-            return answer
+            note = self.received.received(request_id)
+            if note is None:
+                return answer
+            return status_from_notification(note)
         return dataclasses.replace(answer, notification=self.received.stamped(answer.notification))
 
 

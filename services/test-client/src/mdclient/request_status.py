@@ -44,6 +44,12 @@ def status_from_row(request_id: str, row: Mapping[str, Any] | None) -> RequestSt
     return RequestStatus(request_id, state, notification_from_row(row))
 
 
+def status_from_notification(note: HistoryReadyNotification) -> RequestStatus:
+    """A received notification as the request's status (its row may not be written yet)."""
+    state = _STATES.get(Status.Name(note.status), "ERROR")
+    return RequestStatus(note.request_id, state, note)
+
+
 def notification_from_row(row: Mapping[str, Any]) -> HistoryReadyNotification:
     """The HistoryReadyNotification a `market.requests` row records (docs/protocol.md)."""
     status_name = str(row.get(Requests.STATUS) or "")
