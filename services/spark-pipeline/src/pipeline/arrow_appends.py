@@ -34,12 +34,9 @@ class ArrowAppends:
         self._catalog: Catalog | None = None
         self._lock = threading.Lock()  # the history and live threads share the client
 
-    def append(self, identifier: str, rows: pa.Table) -> int:
-        """Append ``rows`` to ``identifier`` (``namespace.table``); the new snapshot's id."""
-        table = self._client().load_table(identifier)
-        table.append(rows)
-        snapshot = table.current_snapshot()
-        return 0 if snapshot is None else snapshot.snapshot_id
+    def append(self, identifier: str, rows: pa.Table) -> None:
+        """Append ``rows`` to ``identifier`` (``namespace.table``) in one commit."""
+        self._client().load_table(identifier).append(rows)
 
     def _client(self) -> Catalog:
         with self._lock:

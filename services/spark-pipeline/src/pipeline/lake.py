@@ -1,9 +1,10 @@
 """Iceberg: the tables, their DDL/MERGE statements, and running them through Spark.
 
 The SQL builders are pure; `Lake` runs them (`Lake.merge_markets` runs `merge_markets`).
-Every write is a MERGE on the natural key, so a re-run micro-batch never adds a
-row and a MERGE that lost to a concurrent commit (history and live candles both
-write ``ohlc``) just runs again; the ON clause bounds the time column so Iceberg
+Every write is keyed on the natural key, so a re-run micro-batch never adds a row:
+an append only of keys checked absent first (on the driver, ADR 0008), else a
+MERGE. A MERGE that lost to a concurrent commit (history and live candles both
+write ``ohlc``) just runs again; its ON clause bounds the time column so Iceberg
 prunes files before the join (partitioning: docs/adr/0004).
 """
 
@@ -559,12 +560,7 @@ class Lake:
                     log.warning("append to ohlc failed, MERGEing instead: %s", failure_cause(exc))
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
-            view = _view_name(kind)
-            session.createDataFrame(candles).createOrReplaceTempView(view)
-            try:
-                self._run(session, merge(self.names.ohlc, view, lo, hi))
-            finally:
-                session.catalog.dropTempView(view)
+            self._merge(session, kind, candles, lambda view: merge(self.names.ohlc, view, lo, hi))
             return "merge"
 
     def _occupied(self, session: SparkSession, target: str, ranges: Sequence[SeriesRange]) -> bool:
@@ -601,12 +597,9 @@ class Lake:
                 if self._appends is None:
                     raise  # Spark's append: the replay reads the keys again
                 log.warning("append to ticks failed, MERGEing: %s", failure_cause(exc))
-        view = _view_name("ticks")
-        session.createDataFrame(ticks).createOrReplaceTempView(view)
-        try:
-            self._run(session, merge_ticks(self.names.ticks, view, lo_ms, hi_ms))
-        finally:
-            session.catalog.dropTempView(view)
+        self._merge(
+            session, "ticks", ticks, lambda view: merge_ticks(self.names.ticks, view, lo_ms, hi_ms)
+        )
         return "merge"
 
     def _unstored_ticks(self, ticks: pa.Table, lo_ms: int, hi_ms: int) -> pa.Table | None:
@@ -629,12 +622,10 @@ class Lake:
         """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (the book-store query's only
         write)."""
         lo_ms, hi_ms = _time_range_ms(rows[BookSnapshots.SNAPSHOT_TIME])
-        view = _view_name("books")
-        session.createDataFrame(rows).createOrReplaceTempView(view)
-        try:
-            self._run(session, merge_book_snapshots(self.names.book_snapshots, view, lo_ms, hi_ms))
-        finally:
-            session.catalog.dropTempView(view)
+        target = self.names.book_snapshots
+        self._merge(
+            session, "books", rows, lambda view: merge_book_snapshots(target, view, lo_ms, hi_ms)
+        )
 
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
         """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""
@@ -642,12 +633,9 @@ class Lake:
         gone = pa.table({Markets.TICKER: pa.array(list(deleted), pa.string())})
         source = pa.concat_tables([rows, gone], promote_options="default")
         source = source.append_column("deleted", flags)
-        view = _view_name("markets")
-        session.createDataFrame(source).createOrReplaceTempView(view)
-        try:
-            self._run(session, merge_markets(self.names.markets, view))
-        finally:
-            session.catalog.dropTempView(view)
+        self._merge(
+            session, "markets", source, lambda view: merge_markets(self.names.markets, view)
+        )
 
     def record_requests(self, session: SparkSession, requests: Sequence[CompletedRequest]) -> None:
         """Append requests that `find_requests` did not find.
@@ -735,6 +723,17 @@ class Lake:
         return jvm, loaded
 
     # -- internals ---------------------------------------------------------------
+
+    def _merge(
+        self, session: SparkSession, kind: str, rows: pa.Table, statement: Callable[[str], str]
+    ) -> None:
+        """Run the MERGE ``statement(view)`` with ``rows`` as the temp view ``view``."""
+        view = _view_name(kind)
+        session.createDataFrame(rows).createOrReplaceTempView(view)
+        try:
+            self._run(session, statement(view))
+        finally:
+            session.catalog.dropTempView(view)
 
     def _run(self, session: SparkSession, statement: str) -> None:
         for attempt in range(1, self._retries + 1):
