@@ -3,6 +3,8 @@
     client processes (1, 10 or 100 REQ sockets, each: send, wait, send again)
         -> server process: the Relay (validate, publish DataRequest, answer)
                            or a ROUTER that sends every message straight back (baseline)
+                           or that echo, also publishing each request to the ingestor
+                           ("forward": the flow's transport, no Python work: the floor)
 
 Each run lasts `--seconds` after a short warm-up; round trips per second and
 p50/p99 latency are taken over that window. Modes alternate, `--reps` times,
@@ -13,9 +15,10 @@ a file) and with logging at WARNING; its rate limit is set high enough never to
 refuse (the token bucket is still consulted). As in production, every request
 passes the pipeline and ingestor liveness checks: a thread of the server
 process publishes `PipelineStatus` heartbeats where the relay's upstream is,
-and an ingestor in the first client process subscribes to the work socket
-(draining the DataRequests, which really travel over TCP; that client process
-does the extra work too) and sends `IngestorStatus` heartbeats. A reply other
+and an ingestor process subscribes to the work socket (receiving every
+DataRequest, which really travels over TCP, in a blocking loop as the ingestor
+service does; its CPU is the machine's too) and sends `IngestorStatus`
+heartbeats. A reply other
 than OK is counted and reported: the figures are for accepted requests only.
 The server process's CPU time (all its threads, from /proc) over the window,
 per round trip, is reported too: the machine's load moves it less than rates.
@@ -29,6 +32,7 @@ Run: .venv/bin/python bench/relay_submit.py [--reps 3] [--seconds 2] [--curve]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -80,7 +84,40 @@ def echo_server(announce: Announce, stop: Stop) -> None:
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     announce({"client_request": f"tcp://127.0.0.1:{port}", "ingestor_work": ""})
+    _echo(router, stop)
+    ctx.destroy(linger=0)
+
+
+def forward_server(announce: Announce, stop: Stop) -> None:
+    """The transport floor of the spec's flow: the echo, plus each request's envelope
+    published to the ingestors under the exchange prefix (a second message, as the
+    relay sends), nothing decoded or checked. The ingestor's heartbeats are ignored."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    work = ctx.socket(zmq.XPUB)
+    heartbeats = ctx.socket(zmq.ROUTER)
+    for sock in (router, work, heartbeats):
+        sock.linger = 0
+    work.sndhwm = 0
+    endpoints = {
+        name: f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+        for name, sock in (
+            ("client_request", router), ("ingestor_work", work), ("ingestor_response", heartbeats)
+        )
+    }  # fmt: skip
+    announce(endpoints)
+    _echo(router, stop, forward_to=work)
+    ctx.destroy(linger=0)
+
+
+def _echo(
+    router: zmq.Socket[bytes], stop: Stop, forward_to: zmq.Socket[bytes] | None = None
+) -> None:
+    """Every message straight back; with `forward_to` (an XPUB), its envelope published
+    there too (and the subscriptions arriving on it taken off)."""
     while not stop.is_set():
+        if forward_to is not None and forward_to.poll(0):
+            forward_to.recv()
         if router.poll(100):
             for _ in range(256):
                 try:
@@ -88,7 +125,8 @@ def echo_server(announce: Announce, stop: Stop) -> None:
                 except zmq.Again:
                     break
                 router.send_multipart(frames)
-    ctx.destroy(linger=0)
+                if forward_to is not None:
+                    forward_to.send_multipart([b"BINANCE:", *frames[-2:]])
 
 
 def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = False) -> None:
@@ -167,6 +205,8 @@ def _apply_client_keys(sock: zmq.Socket[bytes], ep: dict[str, str]) -> None:
 def serve(mode: str, announce: Announce, stop: Stop) -> None:
     if mode == "echo":
         echo_server(announce, stop)
+    elif mode == "forward":
+        forward_server(announce, stop)
     else:
         level = logging.INFO if mode == "relay" else logging.WARNING
         relay_server(announce, stop, level, curve=mode == "relay-curve")
@@ -219,9 +259,28 @@ def _wait_accepted(sock: zmq.Socket[bytes], status: zmq.Socket[bytes] | None) ->
         time.sleep(HEARTBEAT_S)
 
 
+def ingestor(ep: dict[str, str], stop: Stop) -> None:
+    """The ingestor's side in its own process, as in production: every DataRequest
+    received (a blocking receive, no poller), a heartbeat every HEARTBEAT_S."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    work, status = _ingestor(ctx, zmq.Poller(), ep)
+    work.rcvtimeo = int(HEARTBEAT_S * 1000)  # wakes for the heartbeat when idle
+    heartbeat = envelope.encode(INGESTOR_STATUS)
+    next_status = 0.0
+    while True:
+        now = time.monotonic()
+        if now >= next_status:
+            if stop.is_set():
+                break
+            status.send_multipart(heartbeat)
+            next_status = now + HEARTBEAT_S
+        with contextlib.suppress(zmq.Again):  # idle: time for a heartbeat
+            work.recv_multipart()
+    ctx.destroy(linger=0)
+
+
 def clients(
     ep: dict[str, str],
-    work: bool,
     n: int,
     ready: Queue[Any],
     start: Queue[Any],
@@ -230,8 +289,8 @@ def clients(
 ) -> None:
     """`n` REQ sockets in one process, each in a closed loop; counts the measured window.
 
-    With `work`, also the ingestor (`_ingestor`). Reports `ready` once connected (and
-    the relay accepts), then starts at the time `start` gives."""
+    Reports `ready` once connected (and the relay accepts: the ingestor process has
+    been seen), then starts at the time `start` gives."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     poller = zmq.Poller()
     socks = []
@@ -241,11 +300,7 @@ def clients(
         sock.connect(ep["client_request"])
         poller.register(sock, zmq.POLLIN)
         socks.append(sock)
-    ingestor = status_sock = None
-    if work:
-        ingestor, status_sock = _ingestor(ctx, poller, ep)
-        _wait_accepted(socks[0], status_sock)
-    next_status = 0.0
+    _wait_accepted(socks[0], None)
     request = REQUEST
     sent_at: dict[zmq.Socket[bytes], float] = {}
     counter = 0
@@ -257,17 +312,9 @@ def clients(
         sent_at[sock] = time.monotonic()
         sock.send_multipart(envelope.encode(request))
 
-    def heartbeat(now: float) -> None:
-        nonlocal next_status
-        if status_sock is not None and now >= next_status:
-            status_sock.send_multipart(envelope.encode(INGESTOR_STATUS))
-            next_status = now + HEARTBEAT_S
-
     ready.put(True)
     start_at = start.get()
-    while time.monotonic() < start_at:
-        heartbeat(time.monotonic())
-        time.sleep(0.001)
+    time.sleep(max(0.0, start_at - time.monotonic()))
     for sock in socks:
         send(sock)
     begin, end = start_at + WARMUP, start_at + WARMUP + seconds
@@ -277,15 +324,7 @@ def clients(
         now = time.monotonic()
         if now >= end:
             break
-        heartbeat(now)
         for sock, _ in poller.poll(100):
-            if sock is ingestor:
-                while True:
-                    try:
-                        ingestor.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                continue
             reply = sock.recv_multipart()
             now = time.monotonic()
             # Parse it as a client would (the echo returns the request).
@@ -326,6 +365,10 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
     server = spawn.Process(target=serve_in_process, args=(mode, endpoints, stop))
     server.start()
     ep = endpoints.get(timeout=30)
+    feeder = None
+    if ep["ingestor_work"]:
+        feeder = spawn.Process(target=ingestor, args=(ep, stop))
+        feeder.start()
     procs = min(2, n_clients)
     ready: Queue[Any] = spawn.Queue()
     start: Queue[Any] = spawn.Queue()
@@ -334,7 +377,6 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
             target=clients,
             args=(
                 ep,
-                i == 0 and bool(ep["ingestor_work"]),
                 n_clients // procs,
                 ready,
                 start,
@@ -361,6 +403,8 @@ def one_run(mode: str, n_clients: int, seconds: float) -> Result:
         w.join(10)
     stop.set()
     server.join(10)
+    if feeder is not None:
+        feeder.join(10)
     done = sum(p[0] for p in parts)
     lat = sorted(x for p in parts for x in p[1])
     return Result(
@@ -461,16 +505,20 @@ def server_instructions(mode: str, total: int) -> int:
 def instructions_table(small: int, large: int) -> None:
     """Server instructions per round trip (differences cancel start-up and shut-down)."""
     print("Server instructions per round trip (callgrind, 10 REQ clients, ingestor connected):\n")
+    modes = ("echo", "forward", "relay", "relay-quiet")
     per = {}
-    for mode in ("echo", "relay", "relay-quiet"):
+    for mode in modes:
         low = server_instructions(mode, small)
         high = server_instructions(mode, large)
         per[mode] = (high - low) / (large - small)
-    print("| echo | relay (INFO logs) | echo/relay | relay (WARNING) | echo/relay |")
-    print("|---|---|---|---|---|")
     print(
-        f"| {per['echo']:,.0f} | {per['relay']:,.0f} | {per['echo'] / per['relay']:.2f} "
-        f"| {per['relay-quiet']:,.0f} | {per['echo'] / per['relay-quiet']:.2f} |\n",
+        "| echo | forward | relay (INFO logs) | relay (WARNING) | echo/relay (INFO) "
+        "| forward/relay (INFO) |"
+    )
+    print("|---|---|---|---|---|---|")
+    print(
+        f"| {' | '.join(f'{per[m]:,.0f}' for m in modes)} "
+        f"| {per['echo'] / per['relay']:.2f} | {per['forward'] / per['relay']:.2f} |\n",
         flush=True,
     )
 
@@ -530,17 +578,18 @@ def _latency(result: Result) -> str:
 
 
 def submit_table(reps: int, seconds: float) -> None:
-    """Echo, relay (INFO) and relay (WARNING) alternated `reps` times per client count.
+    """Echo, forward, relay (INFO) and relay (WARNING) alternated `reps` times per client
+    count.
 
-    A ratio is the relay's round trips/s over the echo's in the same repetition (the
+    A ratio is one mode's round trips/s over another's in the same repetition (the
     machine's load moves both); the median is reported with the spread (min-max)."""
-    modes = ("echo", "relay", "relay-quiet")
+    modes = ("echo", "forward", "relay", "relay-quiet")
     print(
-        "| clients | echo rt/s | relay rt/s (INFO) | ratio (min-max) | relay rt/s (WARNING) "
-        "| ratio (min-max) | p50/p99 ms echo | relay | relay-quiet "
-        "| server CPU us/rt echo | relay | relay-quiet |"
+        "| clients | echo rt/s | forward / echo | relay / echo (INFO) | relay / echo (WARNING) "
+        "| relay / forward (INFO) | p50/p99 ms echo | forward | relay | relay-quiet "
+        "| server CPU us/rt echo | forward | relay | relay-quiet |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in (1, 10, 100):
         runs: dict[str, list[Result]] = {m: [] for m in modes}
         for _ in range(reps):
@@ -548,9 +597,10 @@ def submit_table(reps: int, seconds: float) -> None:
                 runs[mode].append(one_run(mode, n, seconds))
         med = {m: _median(runs[m]) for m in modes}
         print(
-            f"| {n} | {med['echo'].rate:,.0f} | {med['relay'].rate:,.0f} "
-            f"| {_ratio(runs['relay'], runs['echo'])} | {med['relay-quiet'].rate:,.0f} "
+            f"| {n} | {med['echo'].rate:,.0f} | {_ratio(runs['forward'], runs['echo'])} "
+            f"| {_ratio(runs['relay'], runs['echo'])} "
             f"| {_ratio(runs['relay-quiet'], runs['echo'])} "
+            f"| {_ratio(runs['relay'], runs['forward'])} "
             f"| {' | '.join(_latency(med[m]) for m in modes)} "
             f"| {' | '.join(f'{med[m].cpu_us:.0f}' for m in modes)} |",
             flush=True,

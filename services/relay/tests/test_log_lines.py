@@ -6,10 +6,11 @@ import io
 import logging
 import sys
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from relay.log_lines import BatchedLines, LineFormatter
+from relay.log_lines import BatchedLines, HotLine, LineFormatter
 
 LAYOUT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -110,6 +111,112 @@ def test_a_broken_stream_does_not_reach_the_logging_code() -> None:
     handler = _handler(Broken(), interval_s=3600)
     handler.handle(_record("lost"))
     handler.close()  # no exception
+
+
+FORWARDED = "Forwarded request to ingestors: prefix=%s, request_id=%s, kind=%s"
+
+
+@pytest.fixture
+def only_handler() -> Iterator[Callable[[logging.Handler], None]]:
+    """Makes a handler the root's only one (as the relay script does), pytest's back after."""
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+
+    def install(handler: logging.Handler) -> None:
+        root.handlers[:] = [handler]
+        root.setLevel(logging.INFO)
+
+    yield install
+    root.handlers[:] = saved
+    root.setLevel(level)
+
+
+Sink = Callable[[], tuple[Stream, BatchedLines]]
+
+
+@pytest.fixture
+def hot_sink(only_handler: Callable[[logging.Handler], None]) -> Sink:
+    """Installs the relay script's handler (the hot path's sink), writing only when closed.
+    Called by the test itself: pytest puts its own handlers on the root for each phase."""
+
+    def install() -> tuple[Stream, BatchedLines]:
+        stream = Stream()
+        handler = _handler(stream, interval_s=3600)
+        only_handler(handler)
+        return stream, handler
+
+    return install
+
+
+def test_a_hot_line_is_the_line_logging_would_write(
+    hot_sink: Sink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream, handler = hot_sink()
+    logger = logging.getLogger("relay.hot")
+    made: list[object] = []
+
+    def make_record(*args: object, **kwargs: object) -> None:
+        made.append(args)
+
+    monkeypatch.setattr(logger, "makeRecord", make_record)
+    HotLine(logger, logging.INFO, FORWARDED)("BINANCE:", "r1", "historical")
+    assert not made, "the hot path built a LogRecord"
+    handler.close()
+    line = stream.getvalue().rstrip("\n")
+    stamp = line.split(" INFO ", 1)[0]
+    record = logging.makeLogRecord(
+        {"name": "relay.hot", "msg": FORWARDED, "args": ("BINANCE:", "r1", "historical"),
+         "levelname": "INFO", "levelno": logging.INFO}
+    )  # fmt: skip
+    expected = logging.Formatter(LAYOUT).format(record)
+    assert line.split(" ", 2)[2] == expected.split(" ", 2)[2]
+    assert line.endswith("prefix=BINANCE:, request_id=r1, kind=historical")
+    assert len(stamp) == len("2026-11-28 07:00:00,123")
+
+
+def test_a_hot_line_is_an_ordinary_record_elsewhere(caplog: pytest.LogCaptureFixture) -> None:
+    """With pytest's handlers (or an embedding program's) on the root, logging gets it."""
+    logger = logging.getLogger("relay.hot")
+    with caplog.at_level(logging.INFO, logger="relay.hot"):
+        HotLine(logger, logging.INFO, FORWARDED)("BINANCE:", "r2", "legacy")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Forwarded request to ingestors: prefix=BINANCE:, request_id=r2, kind=legacy"
+    ]
+
+
+def test_a_hot_line_below_the_level_is_dropped(hot_sink: Sink) -> None:
+    stream, handler = hot_sink()
+    logging.getLogger().setLevel(logging.WARNING)
+    HotLine(logging.getLogger("relay.hot"), logging.INFO, FORWARDED)("X:", "r3", "legacy")
+    handler.close()
+    assert stream.getvalue() == ""
+
+
+def test_a_hot_line_that_does_not_format_is_written_as_such(
+    hot_sink: Sink,
+) -> None:
+    stream, handler = hot_sink()
+    hot = HotLine(logging.getLogger("relay.hot"), logging.INFO, FORWARDED)
+    hot("only one argument")
+    hot("X:", "r4", "historical")  # the writer goes on
+    handler.close()
+    first, second = stream.getvalue().splitlines()
+    assert "unformattable log line" in first
+    assert second.endswith("request_id=r4, kind=historical")
+
+
+def test_a_hot_line_through_another_formatter_gets_a_record(
+    only_handler: Callable[[logging.Handler], None],
+) -> None:
+    stream = Stream()
+    handler = BatchedLines(stream, interval_s=3600)
+    handler.setFormatter(logging.Formatter("%(levelname)s|%(name)s|%(message)s"))
+    only_handler(handler)
+    HotLine(logging.getLogger("relay.hot"), logging.INFO, FORWARDED)("X:", "r5", "legacy")
+    handler.close()
+    assert stream.getvalue() == (
+        "INFO|relay.hot|Forwarded request to ingestors: prefix=X:, request_id=r5, kind=legacy\n"
+    )
 
 
 @pytest.fixture(autouse=True)

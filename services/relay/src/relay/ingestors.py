@@ -30,12 +30,17 @@ from mdproto.error_codes import EXCHANGE_UNAVAILABLE, KAFKA_UNAVAILABLE, NO_INGE
 from mdproto.messages import DataRequest, IngestorControl, IngestorStatus
 from relay import sockets
 from relay.config import RelaySettings
+from relay.log_lines import HotLine
 from relay.log_throttle import LogThrottle
 from relay.metrics import RelayMetrics
 from relay.sockets import Socket, parse_subscription
 from relay.subscriptions import Announce, Cancel
 
 log = logging.getLogger(__name__)
+# The spec's line per forwarded request, off the loop when the relay's handler writes it.
+_forwarded = HotLine(
+    log, logging.INFO, "Forwarded request to ingestors: prefix=%s, request_id=%s, kind=%s"
+)
 
 _PUBLISHED_KIND = {"start": "realtime_start", "refresh": "realtime_refresh"}
 
@@ -98,12 +103,7 @@ class Ingestors:
             if suffix is not None:
                 log.warning("no ingestor is subscribed to %s: request lost%s", topic, suffix)
         if kind in ("historical", "legacy"):
-            log.info(
-                "Forwarded request to ingestors: prefix=%s, request_id=%s, kind=%s",
-                topic,
-                request.request_id,
-                kind,
-            )
+            _forwarded(topic, request.request_id, kind)
 
     def announce(self, action: Announce) -> None:
         """DataRequest{REALTIME} (a book: {BOOK}): start a live feed, or refresh its lease."""

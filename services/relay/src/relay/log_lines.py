@@ -8,6 +8,13 @@ appends the line; the writer wakes every `interval_s` (or once `batch` lines
 wait) and writes them in one call, so the loop still never blocks on the
 stream and pays no per-line thread switch. A line reaches the stream at most
 `interval_s` late; `close()` writes the rest.
+
+`HotLine` goes one step further for the line logged per request: when this
+handler is where the line would go, the loop appends the line's time and
+arguments and the writer formats it. `logging` would build a `LogRecord` (about
+8 us, a third of a bare echo's round trip), walk the logger tree, take the
+handler's lock and format on the loop; profiled under 100 clients that was a
+quarter of the loop's time (docs/relay-benchmarks.md).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import IO
+from typing import IO, NamedTuple
 
 
 class LineFormatter(logging.Formatter):
@@ -40,12 +47,29 @@ class LineFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         if datefmt:
             return super().formatTime(record, datefmt)
+        return self._stamp(record.created)
+
+    def line(self, created: float, levelname: str, name: str, message: str) -> str:
+        """The line `format` writes for a record with these fields (no exception)."""
+        return f"{self._stamp(created)} {levelname} {name}: {message}"
+
+    def _stamp(self, created: float) -> str:
         second, stamp = self._cached
-        if int(record.created) != second:
-            second = int(record.created)
+        if int(created) != second:
+            second = int(created)
             stamp = time.strftime(self.default_time_format, self.converter(second))
             self._cached = (second, stamp)
-        return f"{stamp},{int(record.msecs):03d}"
+        return f"{stamp},{int((created - second) * 1000):03d}"  # LogRecord.msecs' rule
+
+
+class _Deferred(NamedTuple):
+    """A `HotLine` call, formatted by the writer."""
+
+    created: float
+    level: int
+    name: str
+    msg: str
+    args: tuple[object, ...]
 
 
 class BatchedLines(logging.Handler):
@@ -56,7 +80,8 @@ class BatchedLines(logging.Handler):
         self._stream = stream
         self._interval_s = interval_s
         self._batch = batch
-        self._lines: deque[str] = deque()  # appended by any thread, taken by the writer
+        # Appended by any thread, taken by the writer.
+        self._lines: deque[str | _Deferred] = deque()
         self._due = threading.Event()  # set: write now (a full batch, or closing)
         self._closing = False
         self._writing = threading.Lock()  # the writer's turns and flush(): one at a time
@@ -70,6 +95,12 @@ class BatchedLines(logging.Handler):
                 self._due.set()
         except Exception:
             self.handleError(record)
+
+    def defer(self, line: _Deferred) -> None:
+        """Keep a line the writer will format (`HotLine`: no record, no lock)."""
+        self._lines.append(line)
+        if len(self._lines) >= self._batch:
+            self._due.set()
 
     def flush(self) -> None:
         """Write the kept lines now, from the calling thread."""
@@ -93,11 +124,63 @@ class BatchedLines(logging.Handler):
     def _write(self) -> None:
         with self._writing:
             take = self._lines.popleft
-            lines = [take() for _ in range(len(self._lines))]  # later ones: the next turn
-            if not lines:
+            kept = [take() for _ in range(len(self._lines))]  # later ones: the next turn
+            if not kept:
                 return
+            lines = [t if isinstance(t, str) else self._format_deferred(t) for t in kept]
             try:
                 self._stream.write("\n".join(lines) + "\n")
                 self._stream.flush()
             except (OSError, ValueError):  # a closed or broken stream: nothing to write to
                 pass
+
+    def _format_deferred(self, line: _Deferred) -> str:
+        formatter = self.formatter
+        try:
+            if isinstance(formatter, LineFormatter):
+                message = line.msg % line.args if line.args else line.msg
+                return formatter.line(
+                    line.created, logging.getLevelName(line.level), line.name, message
+                )
+            record = logging.makeLogRecord(
+                {"name": line.name, "msg": line.msg, "args": line.args, "created": line.created,
+                 "msecs": (line.created - int(line.created)) * 1000,
+                 "levelno": line.level, "levelname": logging.getLevelName(line.level)}
+            )  # fmt: skip
+            return self.format(record)
+        except Exception as exc:  # a bad format string must not lose the writer
+            return f"{line.name}: unformattable log line {line.msg!r} {line.args!r}: {exc}"
+
+
+class HotLine:
+    """One log line with a fixed format, for a per-request path (see the module).
+
+    When the logger is enabled for `level` and the root's only handler is a
+    `BatchedLines` without filters (what the `relay` script configures), a call
+    appends the time and arguments and the writer formats them; otherwise it is
+    `logger.log(level, msg, *args)`, so pytest's caplog or an embedding program's
+    handlers still get an ordinary record. (Of the logger's parents, only the root
+    is checked: the relay's own loggers carry no handlers.) The arguments are
+    formatted later, on the writer: pass immutable values (ids, names, numbers)."""
+
+    def __init__(self, logger: logging.Logger, level: int, msg: str) -> None:
+        self._logger = logger
+        self._level = level
+        self._msg = msg
+
+    def __call__(self, *args: object) -> None:
+        logger = self._logger
+        if not logger.isEnabledFor(self._level):
+            return
+        handlers = logging.root.handlers
+        sink = handlers[0] if len(handlers) == 1 else None
+        if (
+            type(sink) is BatchedLines
+            and sink.level <= self._level
+            and not sink.filters
+            and not logger.handlers
+            and not logger.filters
+        ):
+            sink.defer(_Deferred(time.time(), self._level, logger.name, self._msg, args))
+        else:
+            logger.log(self._level, self._msg, *args)
