@@ -3,6 +3,7 @@ an unknown key or no key fails within the connect timeout and says why."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,14 @@ import zmq
 from mdclient import Client
 from mdclient.config import ClientSettings
 from mdclient.errors import ConfigError, RelayUnavailable, RequestTimeout
-from mdclient.transport import CurveKeys, Transport, handshake_problem
+from mdclient.transport import (
+    CurveKeys,
+    Subscriber,
+    Transport,
+    greeting_mechanism,
+    handshake_problem,
+    peer_mechanism,
+)
 from mdproto import envelope, topics
 from mdproto.messages import Status, SubmitHistoricalRequest, SubmitResponse, Tick
 from relay import Relay, RelaySettings, curve
@@ -120,6 +128,50 @@ def test_an_unknown_key_fails_fast_and_names_authentication(curve_relay: CurveRe
 def test_no_keys_against_a_curve_relay_says_curve_is_required(curve_relay: CurveRelay) -> None:
     with pytest.raises(RelayUnavailable, match="the relay requires CURVE"):
         Client(settings=curve_relay.settings(None))
+
+
+def test_a_greeting_cut_short_is_asked_about_again(curve_relay: CurveRelay) -> None:
+    """Which handshake event a keyless client sees is a race (a busy machine often gets
+    only the closed connection); the hint asks the relay's greeting and does not race."""
+    assert curve_relay.relay.endpoints is not None
+    address = curve_relay.relay.endpoints.market_data
+    assert peer_mechanism(address) == "CURVE"
+    assert peer_mechanism(curve_relay.relay.endpoints.client_request) == "CURVE"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    subscriber = Subscriber(ctx, address, lambda frames: None)
+    try:
+        subscriber.handshake_problem = handshake_problem(
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, curve=False
+        )  # what the race's losing side reports
+        assert "the relay requires CURVE" in subscriber.hint()
+    finally:
+        subscriber.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_peer_without_curve_or_without_zmtp_is_not_called_curve() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    plain = ctx.socket(zmq.XPUB)
+    port = plain.bind_to_random_port("tcp://127.0.0.1")
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never speaks ZMTP
+    silent_address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        assert peer_mechanism(f"tcp://127.0.0.1:{port}") == "NULL"
+        assert peer_mechanism(silent_address, 0.2) is None
+        silent.close()
+        assert peer_mechanism(silent_address) is None  # refused
+        assert peer_mechanism("ipc:///nowhere") is None
+    finally:
+        silent.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_greeting_names_its_mechanism() -> None:
+    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x01" + b"CURVE".ljust(20, b"\x00")
+    assert greeting_mechanism(greeting + bytes(32)) == "CURVE"
+    assert greeting_mechanism(greeting[:31]) is None  # cut short
+    assert greeting_mechanism(b"HTTP/1.1 400 Bad Request\r\n" + bytes(40)) is None
+    assert greeting_mechanism(greeting[:10] + b"\x02" + greeting[11:]) is None  # ZMTP 2
 
 
 def test_a_request_timeout_names_authentication(curve_relay: CurveRelay) -> None:

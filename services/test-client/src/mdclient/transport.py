@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -113,10 +114,7 @@ def handshake_problem(event: int, value: int, curve: bool) -> str | None:
     ):
         if curve:
             return "the relay does not use CURVE but this client does (curve_* settings)"
-        return (
-            "the relay requires CURVE: set curve_secret_key_file and curve_server_key_file "
-            "(MDCLIENT_CURVE_SECRET_KEY_FILE, MDCLIENT_CURVE_SERVER_KEY_FILE)"
-        )
+        return _REQUIRES_CURVE
     if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
         if curve:
             return f"the CURVE handshake with the relay failed; {_CURVE_HINT}"
@@ -125,6 +123,47 @@ def handshake_problem(event: int, value: int, curve: bool) -> str | None:
         # yet; the socket reconnects on its own.
         return _GREETING_CLOSED
     return None
+
+
+_REQUIRES_CURVE = (
+    "the relay requires CURVE: set curve_secret_key_file and curve_server_key_file "
+    "(MDCLIENT_CURVE_SECRET_KEY_FILE, MDCLIENT_CURVE_SERVER_KEY_FILE)"
+)
+# A ZMTP 3 greeting's signature and major version (RFC 23): what makes a peer send the
+# rest of its own greeting, the mechanism included.
+_GREETING_START = b"\xff" + bytes(8) + b"\x7f\x03"
+
+
+def greeting_mechanism(greeting: bytes) -> str | None:
+    """The security mechanism a ZMTP 3 greeting names (bytes 12-31), or None if the
+    bytes are not the start of one (pure)."""
+    if len(greeting) < 32 or greeting[0] != 0xFF or greeting[9] != 0x7F or greeting[10] < 3:
+        return None
+    return greeting[12:32].rstrip(b"\x00").decode("ascii", "replace")
+
+
+def peer_mechanism(address: str, timeout_s: float = 0.5) -> str | None:
+    """Which mechanism the ZMTP peer at a tcp:// address speaks, or None if unknown.
+
+    libzmq cannot say: a NULL client meeting a CURVE server may see the mismatch, or,
+    when the server's close resets the connection before the client read its greeting
+    (likelier on a busy machine), only a closed connection. This sends a greeting's
+    first 11 bytes and reads the peer's; sending nothing more, the peer waits rather
+    than closes, so the answer does not race. pyzmq exposes no greeting, hence the
+    socket code."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout_s) as sock:
+            sock.sendall(_GREETING_START)
+            greeting = b""
+            while len(greeting) < 32:
+                chunk = sock.recv(64 - len(greeting))
+                if not chunk:
+                    break
+                greeting += chunk
+    except (OSError, ValueError):
+        return None
+    return greeting_mechanism(greeting)
 
 
 def _addresses(address: str | Sequence[str]) -> list[str]:
@@ -364,9 +403,19 @@ class Subscriber:
             time.sleep(self._settle_s)
 
     def hint(self) -> str:
-        """ "; <why>" when a handshake failed or CURVE could be the cause, else ""."""
-        if self.handshake_problem:
-            return f"; {self.handshake_problem}"
+        """ "; <why>" when a handshake failed or CURVE could be the cause, else "".
+
+        A greeting cut short, without CURVE here, is asked about once more: a relay
+        that answers `peer_mechanism` with CURVE requires it."""
+        problem = self.handshake_problem
+        if (
+            problem == _GREETING_CLOSED
+            and self._curve is None
+            and any(peer_mechanism(address) == "CURVE" for address in self._addresses)
+        ):
+            problem = _REQUIRES_CURVE
+        if problem:
+            return f"; {problem}"
         return f"; {_CURVE_HINT}" if self._curve is not None and not self.connected else ""
 
     def unsubscribe(self, topic: str, timeout_s: float = 5.0) -> None:
