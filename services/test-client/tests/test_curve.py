@@ -4,6 +4,7 @@ an unknown key or no key fails within the connect timeout and says why."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -132,17 +133,27 @@ def test_no_keys_against_a_curve_relay_says_curve_is_required(curve_relay: Curve
 
 def test_a_greeting_cut_short_is_asked_about_again(curve_relay: CurveRelay) -> None:
     """Which handshake event a keyless client sees is a race (a busy machine often gets
-    only the closed connection); the hint asks the relay's greeting and does not race."""
+    only the closed connection); that event makes the client ask the relay's greeting,
+    which does not race."""
     assert curve_relay.relay.endpoints is not None
     address = curve_relay.relay.endpoints.market_data
     assert peer_mechanism(address) == "CURVE"
     assert peer_mechanism(curve_relay.relay.endpoints.client_request) == "CURVE"
+    from infra.testing import free_port
+
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    subscriber = Subscriber(ctx, address, lambda frames: None)
+    nowhere = f"tcp://127.0.0.1:{free_port()}"  # its own connection makes no events of note
+    subscriber = Subscriber(ctx, nowhere, lambda frames: None)
+    events, monitor = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
     try:
-        subscriber.handshake_problem = handshake_problem(
-            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, curve=False
-        )  # what the race's losing side reports
+        monitor.bind("inproc://greeting-cut-short")
+        events.connect("inproc://greeting-cut-short")
+        # What the race's losing side reports: the connection closed, no detail.
+        events.send_multipart(
+            [struct.pack("=hi", zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0), address.encode()]
+        )
+        assert monitor.poll(5000)
+        subscriber._on_monitor(monitor)
         assert "the relay requires CURVE" in subscriber.hint()
     finally:
         subscriber.close()

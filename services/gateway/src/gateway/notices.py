@@ -17,35 +17,32 @@ from collections import OrderedDict
 
 from mdproto.messages import HistoryReadyNotification
 
-#: Requests remembered (the newest): two integers and an id each.
+#: Requests remembered (the newest): one notification each.
 CAPACITY = 10_000
 
 
 class ReceivedStamps:
-    """request_id -> (sequence, publisher_epoch) of its latest publication received.
+    """request_id -> its latest publication received, stamps and all.
 
     Thread-safe: the SDK's subscriber thread and the history workers add, status
-    workers read. A re-publication (after a pipeline restart) replaces the stamps:
+    workers read. A re-publication (after a pipeline restart) replaces the one kept:
     it is the latest publication, with a new epoch.
     """
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self._capacity = capacity
-        self._stamps: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        self._notes: dict[str, HistoryReadyNotification] = {}
+        self._notes: OrderedDict[str, HistoryReadyNotification] = OrderedDict()
         self._lock = threading.Lock()
 
     def add(self, note: HistoryReadyNotification) -> None:
-        """Remember a received notification's stamps (none: recovered from the table)."""
+        """Remember a received notification (unstamped: recovered from the table, skipped)."""
         if not note.publisher_epoch:
             return
         with self._lock:
-            self._stamps[note.request_id] = (note.sequence, note.publisher_epoch)
-            self._stamps.move_to_end(note.request_id)
             self._notes[note.request_id] = note
-            while len(self._stamps) > self._capacity:
-                gone, _ = self._stamps.popitem(last=False)
-                self._notes.pop(gone, None)
+            self._notes.move_to_end(note.request_id)
+            while len(self._notes) > self._capacity:
+                self._notes.popitem(last=False)
 
     def received(self, request_id: str) -> HistoryReadyNotification | None:
         """The notification received for `request_id`, if any: an answer from storage is
@@ -56,14 +53,13 @@ class ReceivedStamps:
 
     def stamped(self, note: HistoryReadyNotification) -> HistoryReadyNotification:
         """`note` (read from the table) with the stamps it was received with, if it was."""
-        with self._lock:
-            stamps = self._stamps.get(note.request_id)
-        if stamps is None or note.publisher_epoch:
+        received = self.received(note.request_id)
+        if received is None or note.publisher_epoch:
             return note
         out = HistoryReadyNotification()
         out.CopyFrom(note)
-        out.sequence, out.publisher_epoch = stamps
+        out.sequence, out.publisher_epoch = received.sequence, received.publisher_epoch
         return out
 
     def __len__(self) -> int:
-        return len(self._stamps)
+        return len(self._notes)

@@ -603,7 +603,7 @@ class Lake:
         return "merge"
 
     def _unstored_ticks(self, ticks: pa.Table, lo_ms: int, hi_ms: int) -> pa.Table | None:
-        """The rows of ``ticks`` whose key ``ticks`` does not hold, by the keys stored in
+        """The rows of ``ticks`` whose key the table does not hold, by the keys stored in
         the batch's time range (`driver_reads.tick_keys`, on the driver: that range holds
         a minute of files); None if they could not be read."""
         try:

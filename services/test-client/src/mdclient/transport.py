@@ -403,19 +403,9 @@ class Subscriber:
             time.sleep(self._settle_s)
 
     def hint(self) -> str:
-        """ "; <why>" when a handshake failed or CURVE could be the cause, else "".
-
-        A greeting cut short, without CURVE here, is asked about once more: a relay
-        that answers `peer_mechanism` with CURVE requires it."""
-        problem = self.handshake_problem
-        if (
-            problem == _GREETING_CLOSED
-            and self._curve is None
-            and any(peer_mechanism(address) == "CURVE" for address in self._addresses)
-        ):
-            problem = _REQUIRES_CURVE
-        if problem:
-            return f"; {problem}"
+        """ "; <why>" when a handshake failed or CURVE could be the cause, else ""."""
+        if self.handshake_problem:
+            return f"; {self.handshake_problem}"
         return f"; {_CURVE_HINT}" if self._curve is not None and not self.connected else ""
 
     def unsubscribe(self, topic: str, timeout_s: float = 5.0) -> None:
@@ -508,15 +498,21 @@ class Subscriber:
         while monitor.poll(0, zmq.POLLIN):
             message = recv_monitor_message(monitor)
             event = message["event"]
-            problem = handshake_problem(event, message["value"], self._curve is not None)
-            # A greeting cut short says less than a named mismatch or refusal on another
-            # attempt (which one a CURVE relay's close produces is a race): keep the latter.
-            vaguer = problem == _GREETING_CLOSED and self.handshake_problem is not None
-            if problem is not None and problem != self.handshake_problem and not vaguer:
-                log.warning("handshake with %s failed: %s", self._address, problem)
-                self.handshake_problem = problem
             endpoint = message.get("endpoint", b"")
             relay = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+            problem = handshake_problem(event, message["value"], self._curve is not None)
+            if problem == _GREETING_CLOSED:
+                # Which event a CURVE relay's close produces is a race: a greeting cut
+                # short says less than a named mismatch or refusal, so it never replaces
+                # one, and without CURVE here the relay's greeting is asked (once per
+                # problem: the same one again is not news).
+                if self.handshake_problem is not None:
+                    problem = None
+                elif self._curve is None and peer_mechanism(relay) == "CURVE":
+                    problem = _REQUIRES_CURVE
+            if problem is not None and problem != self.handshake_problem:
+                log.warning("handshake with %s failed: %s", self._address, problem)
+                self.handshake_problem = problem
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.handshake_problem = None
                 self.handshakes += 1
