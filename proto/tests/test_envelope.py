@@ -109,13 +109,26 @@ SAMPLES: dict[MessageType, Message] = {
         attempt=1,
         request=m.DataRequest(request_id="r1", ticker="BINANCE:BTC/USDT", period_seconds=60),
     ),
+    MessageType.TRADE_GAP: m.TradeGap(
+        gap_id="BINANCE:BTC/USDT|10|20",
+        ticker="BINANCE:BTC/USDT",
+        from_trade_id="10",
+        to_trade_id="20",
+        cause=m.TradeGap.SKIPPED_IDS,
+        state=m.TradeGap.REPAIRED,
+        trades_recovered=9,
+        missing_ids=9,
+    ),
+    MessageType.RECORDING_CHECKPOINT: m.RecordingCheckpoint(
+        ticker="BINANCE:BTC/USDT", last_trade_id="20", last_trade_time_ms=1_700_000_000_000
+    ),
 }
 
 
 def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
-        0x13, 0x14, 0x15, 0x16, 0x17, 0x20,
+        0x13, 0x14, 0x15, 0x16, 0x17, 0x20, 0x21, 0x22,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

@@ -15,7 +15,9 @@ def test_every_contract_topic_has_one_spec_and_keeps_it_under_another_name() -> 
         contracts.KAFKA_MARKETS,
         contracts.KAFKA_INGEST_CLAIMS,
         contracts.KAFKA_CEP_TRIGGERS,
+        contracts.KAFKA_RECORDING,
     }
     triggers = spec(contracts.KAFKA_CEP_TRIGGERS, "t1.cep")
     assert triggers.name == "t1.cep" and triggers.config["cleanup.policy"] == "compact"
     assert spec(contracts.KAFKA_INGEST_CLAIMS).partitions == 1
+    assert spec(contracts.KAFKA_RECORDING).partitions == contracts.RECORDING_SLOTS

@@ -83,3 +83,13 @@ def test_cep_event_topic_follows_notify() -> None:
 def test_exchange_names_are_what_tickers_allow() -> None:
     assert topics.is_valid_exchange("BINANCE") and topics.is_valid_exchange("GATE_IO2")
     assert not any(map(topics.is_valid_exchange, ["", "binance", "BIN:ANCE", "2X", "A/B"]))
+
+
+def test_a_recording_slot_is_the_same_everywhere_and_spreads_markets() -> None:
+    from mdproto.topics import gap_id, recording_slot
+
+    # Fixed values: every ingestor and version must compute the same slot.
+    assert recording_slot("BINANCE:BTC/USDT", 12) == recording_slot("BINANCE:BTC/USDT", 12)
+    slots = {recording_slot(f"BINANCE:C{i}/USDT", 12) for i in range(200)}
+    assert slots == set(range(12))
+    assert gap_id("BINANCE:BTC/USDT", "10", "20") == "BINANCE:BTC/USDT|10|20"

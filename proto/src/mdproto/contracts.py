@@ -29,6 +29,14 @@ KAFKA_LIVE_CANDLES: Final = "market.ohlc.live"
 KAFKA_BOOK: Final = "market.book"
 KAFKA_MARKETS: Final = "market.markets"  # Market, key = ticker (compacted)
 KAFKA_INGEST_CLAIMS: Final = "ingest.claims"  # claim records, key = request_id (1 partition)
+# Recording (docs/protocol.md "Recording"): the ingestors' recording slots. Partition p
+# is slot p: the consumer group of an exchange's recorders assigns the slots, and each
+# slot's partition holds its markets' RecordingCheckpoint (key = ticker) and TradeGap
+# (key = "gap:{gap_id}") records, compacted. The pipeline reads the TradeGaps.
+KAFKA_RECORDING: Final = "market.recording"
+#: Partitions of KAFKA_RECORDING: the most ingestors that record one exchange at once.
+#: A market's slot is `mdproto.topics.recording_slot(ticker)`; every ingestor must agree.
+RECORDING_SLOTS: Final = 12
 KAFKA_CEP_TRIGGERS: Final = "cep.triggers"  # CEPTriggerRequest, key = trigger_id (compacted)
 
 # Iceberg tables (namespace.table) in the REST catalog.
@@ -38,6 +46,7 @@ ICEBERG_TICKS: Final = "market.ticks"
 ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request
 ICEBERG_BOOK_SNAPSHOTS: Final = "market.book_snapshots"  # periodic L2 snapshots per ticker
 ICEBERG_MARKETS: Final = "market.markets"  # one row per ticker, from KAFKA_MARKETS
+ICEBERG_GAPS: Final = "market.gaps"  # one row per TradeGap.gap_id, its latest state
 
 # Live candle periods (seconds) the pipeline aggregates and the relay accepts on
 # `{ticker}|ohlc:{period}`; a subscription to any other period is REFUSED on

@@ -59,6 +59,8 @@ class MessageType(IntEnum):
     BOOK_SNAPSHOT = 0x16
     BOOK_DELTA = 0x17
     INGEST_CLAIM = 0x20  # Kafka ingest.claims only (ingestor to ingestor)
+    TRADE_GAP = 0x21  # Kafka market.recording (ingestors, pipeline)
+    RECORDING_CHECKPOINT = 0x22  # Kafka market.recording (ingestors)
 
 
 CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
@@ -83,6 +85,8 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.BOOK_SNAPSHOT: pb.BookSnapshot,
     MessageType.BOOK_DELTA: pb.BookDelta,
     MessageType.INGEST_CLAIM: pb.IngestClaim,
+    MessageType.TRADE_GAP: pb.TradeGap,
+    MessageType.RECORDING_CHECKPOINT: pb.RecordingCheckpoint,
 }
 
 TYPE_BY_NAME: dict[str, MessageType] = {

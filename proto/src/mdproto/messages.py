@@ -31,6 +31,8 @@ from mdproto.gen.marketdata_pb2 import (
     SubmitResponse,
     TakerSide,
     Tick,
+    TradeGap,
+    RecordingCheckpoint,
 )
 
 __all__ = [
@@ -64,4 +66,6 @@ __all__ = [
     "SubmitResponse",
     "TakerSide",
     "Tick",
+    "TradeGap",
+    "RecordingCheckpoint",
 ]

@@ -288,12 +288,57 @@ class BookSnapshots:
     )
 
 
+class Gaps:
+    """``market.gaps``: one row per gap of a recorded market's trades (TradeGap.gap_id),
+    its latest state; cause and state by their enum names (docs/protocol.md "Recording")."""
+
+    GAP_ID: Final = "gap_id"
+    TICKER: Final = "ticker"
+    EXCHANGE: Final = "exchange"
+    FROM_TRADE_ID: Final = "from_trade_id"
+    TO_TRADE_ID: Final = "to_trade_id"
+    FROM_TIME: Final = "from_time"
+    TO_TIME: Final = "to_time"
+    DETECTED_AT: Final = "detected_at"
+    CAUSE: Final = "cause"  # SKIPPED_IDS, RECONNECT, RESTART
+    STATUS: Final = "status"  # OPEN, REPAIRING, REPAIRED, UNREPAIRABLE
+    REASON: Final = "reason"
+    TRADES_RECOVERED: Final = "trades_recovered"
+    MISSING_IDS: Final = "missing_ids"
+    INGESTOR_ID: Final = "ingestor_id"
+    UPDATED_AT: Final = "updated_at"
+
+    SCHEMA: Final = TableSchema(
+        contracts.ICEBERG_GAPS,
+        columns=(
+            Column(GAP_ID, "string", required=True),
+            Column(TICKER, "string", required=True),
+            Column(EXCHANGE, "string"),
+            Column(FROM_TRADE_ID, "string"),
+            Column(TO_TRADE_ID, "string"),
+            Column(FROM_TIME, "timestamptz"),
+            Column(TO_TIME, "timestamptz"),
+            Column(DETECTED_AT, "timestamptz"),
+            Column(CAUSE, "string"),
+            Column(STATUS, "string"),
+            Column(REASON, "string"),
+            Column(TRADES_RECOVERED, "long"),
+            Column(MISSING_IDS, "long"),
+            Column(INGESTOR_ID, "string"),
+            Column(UPDATED_AT, "timestamptz"),
+        ),
+        key=(GAP_ID,),
+        partitioning=(Partition(TICKER),),  # a few rows per market and day
+    )
+
+
 TABLES: Final = (
     Ohlc.SCHEMA,
     Ticks.SCHEMA,
     Requests.SCHEMA,
     Markets.SCHEMA,
     BookSnapshots.SCHEMA,
+    Gaps.SCHEMA,
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,18 @@ def is_valid_exchange(name: str) -> bool:
 def is_valid_id(value: str) -> bool:
     """Request, client and trigger ids become topic suffixes: keep them plain."""
     return _ID.match(value) is not None
+
+
+def recording_slot(ticker: str, slots: int) -> int:
+    """The recording slot (Kafka `market.recording` partition) of a ticker: a stable hash,
+    the same in every process and version (not Python's salted `hash`)."""
+    digest = hashlib.blake2b(ticker.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % slots
+
+
+def gap_id(ticker: str, from_trade_id: str, to_trade_id: str) -> str:
+    """A TradeGap's id: the same gap found twice (a takeover) gets the same id."""
+    return f"{ticker}|{from_trade_id}|{to_trade_id}"
 
 
 def tick_topic(ticker: str) -> str:

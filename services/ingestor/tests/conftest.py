@@ -108,6 +108,12 @@ class FakeSink:
     async def send_tick(self, key: str, record: object) -> None:
         self.ticks.append((key, record))
 
+    async def send_tick_tracked(self, key: str, record: object) -> asyncio.Future[int]:
+        self.ticks.append((key, record))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future.set_result(len(self.ticks))
+        return future
+
 
 class Fakes:
     """What the `fakes` fixture hands out (tests cannot import conftest directly)."""

@@ -50,6 +50,8 @@ TOPICS: Mapping[str, TopicSpec] = {
             contracts.KAFKA_INGEST_CLAIMS, partitions=1, config={"retention.ms": str(86_400_000)}
         ),
         TopicSpec(contracts.KAFKA_CEP_TRIGGERS, config=COMPACT),
+        # A partition per recording slot: the slot's checkpoints and gaps (compacted).
+        TopicSpec(contracts.KAFKA_RECORDING, partitions=contracts.RECORDING_SLOTS, config=COMPACT),
     )
 }
 

@@ -10,6 +10,8 @@ exchanges (ccxt, load_markets) -> Kafka producer -> Market records (markets.py)
                                   -> BookSnapshot/BookDelta records (Kafka)
                                   '-> FeedStatus (started, lost, failed...) (DEALER :5556)
      IngestorControl         -> cancel feed / apply config + republish markets
+recording.exchanges -> recorder.Recorder per exchange: Kafka group slots -> recorded feeds
+     (live.LiveFeeds.record, books.BookFeeds.record) -> gaps -> repair.repair_gap -> Ticks
 every exchange call -> health.HealthMonitor -> IngestorStatus (DEALER :5556) every interval
 Kafka all brokers down / a delivery failed --'   and on change (kafka_error: kafka_unavailable)
                                  '-> probes of unhealthy exchanges, and of Kafka while it fails
@@ -37,6 +39,7 @@ from ingestor.history import HistoryJobs
 from ingestor.kafka_sink import KafkaSink, PartitionTail
 from ingestor.live import LiveFeeds
 from ingestor.markets import MarketPublisher
+from ingestor.recorder import Recorder, recorders_universe
 from ingestor.retry import RetryPolicy
 from ingestor.stats import IngestorStats
 from ingestor.work import LegacyResponder, WorkIntake, new_context
@@ -72,6 +75,7 @@ class Ingestor:
         self.intake: WorkIntake | None = None
         self.jobs: HistoryJobs | None = None
         self.markets: MarketPublisher | None = None
+        self.recorders: dict[str, Recorder] = {}  # by exchange prefix, "BINANCE:"
         self._claims: Claims | None = None
         self._claims_task: asyncio.Task[None] | None = None
         self._tail: PartitionTail | None = None
@@ -151,6 +155,7 @@ class Ingestor:
                 ingestor_id=self.ingestor_id,
             )
             self._spawn(self.books.run_sweeper(s.live.sweep_interval_s), "book-lease-sweeper")
+            self._start_recording()
             if s.market_metadata.refresh_s > 0:
                 self._spawn(
                     self.markets.refresh_every(s.market_metadata.refresh_s), "markets-refresh"
@@ -233,6 +238,7 @@ class Ingestor:
             spec(contracts.KAFKA_BOOK, k.topic_book),
             spec(contracts.KAFKA_MARKETS, k.topic_markets),
             spec(contracts.KAFKA_INGEST_CLAIMS, k.topic_claims),
+            spec(contracts.KAFKA_RECORDING, k.topic_recording),
         ]
 
     async def _open_claims(self) -> Claims:
@@ -261,6 +267,34 @@ class Ingestor:
         await self._tail.start(wall_clock_ms() - int(c.lookback_s * 1000))
         claims.ledger.advance(self._tail.start_offset)
         return claims
+
+    def _start_recording(self) -> None:
+        """A Recorder per served exchange that the `recording` section names."""
+        assert self.sink is not None and self.feeds is not None and self.books is not None
+        s = self.settings
+        for exchange_id, wanted in s.recording.exchanges.items():
+            adapter = self._adapters.get(exchange_id)
+            if adapter is None:
+                log.info(
+                    "recording: %s is not served here; its recorders are elsewhere", exchange_id
+                )
+                continue
+            recorder = Recorder(
+                adapter,
+                wanted,
+                s.recording,
+                feeds=self.feeds,
+                books=self.books,
+                sink=self.sink,
+                env=self._env,
+                ingestor_id=self.ingestor_id,
+                bootstrap=s.kafka.bootstrap_servers,
+                topic=s.kafka.topic_recording,
+            )
+            self.recorders[adapter.prefix + ":"] = recorder
+            self._spawn(recorder.run(), f"recorder-{adapter.prefix}")
+        self.feeds.recorded_anywhere = recorders_universe(self.recorders)
+        self.books.recorded_anywhere = self.feeds.recorded_anywhere
 
     def _env(self, adapter: ExchangeAdapter) -> FetchEnv:
         monitor = self._monitor

@@ -21,7 +21,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -99,6 +99,7 @@ class KafkaSettings(_Section):
     topic_markets: str = contracts.KAFKA_MARKETS
     topic_book: str = contracts.KAFKA_BOOK
     topic_claims: str = KAFKA_INGEST_CLAIMS
+    topic_recording: str = contracts.KAFKA_RECORDING
     ensure_topics: bool = True  # create missing topics at start (claims: one partition)
     topic_partitions: int = 3  # for topics this ingestor creates, claims excepted
     replication_factor: int = 1
@@ -187,6 +188,42 @@ class CoverageSettings(_Section):
     requests_table: str = contracts.ICEBERG_REQUESTS
 
 
+Channel = Literal["trades", "book"]
+
+
+class RecordedMarkets(_Section):
+    """What to record of one exchange (docs/protocol.md "Recording")."""
+
+    # BASE/QUOTE symbols, or "all": every active spot market the exchange lists.
+    markets: list[str] | Literal["all"] = Field(default_factory=list)
+    quote: str | None = None  # with "all": only markets quoted in this currency
+    top: int | None = Field(default=None, gt=0)  # with "all": the N first by 24 h quote volume
+    channels: list[Channel] = Field(default_factory=lambda: list[Channel](["trades"]))
+
+
+class RepairSettings(_Section):
+    """The gap repairer: pages the exchange's trade history (ingestor.repair)."""
+
+    enabled: bool = True
+    page_limit: int = Field(default=1000, gt=0)  # trades per call (capped by the venue)
+    max_pages: int = Field(default=2000, gt=0)  # one gap's pages before it is left open
+    concurrency: int = Field(default=1, gt=0)  # gaps of one exchange repaired at once
+    retry_s: float = Field(default=10.0, gt=0)  # an open gap whose repair failed is retried
+
+
+class RecordingSettings(_Section):
+    """Markets recorded whether or not a client subscribes (ingestor.recorder)."""
+
+    # ccxt id -> what to record; an exchange this ingestor does not serve is skipped.
+    exchanges: dict[str, RecordedMarkets] = Field(default_factory=dict)
+    group_prefix: str = "mdp-recorders"  # consumer group per exchange: {prefix}-{PREFIX}
+    # A dead recorder's markets move to another ingestor after this (Kafka's session
+    # timeout: the broker's group.min.session.timeout.ms, 6 s by default, is the floor).
+    session_timeout_s: float = Field(default=6.0, gt=0)
+    checkpoint_interval_s: float = Field(default=1.0, gt=0)  # the newest delivered trade
+    repair: RepairSettings = Field(default_factory=lambda: RepairSettings())
+
+
 class Settings(runtime.FileSettings):
     model_config = SettingsConfigDict(
         env_prefix="INGESTOR_",
@@ -222,6 +259,7 @@ class Settings(runtime.FileSettings):
     market_metadata: MarketSettings = Field(default_factory=lambda: MarketSettings())
     health: HealthSettings = Field(default_factory=lambda: HealthSettings())
     coverage: CoverageSettings = Field(default_factory=lambda: CoverageSettings())
+    recording: RecordingSettings = Field(default_factory=lambda: RecordingSettings())
 
     @field_validator("serve", mode="before")
     @classmethod

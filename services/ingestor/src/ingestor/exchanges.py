@@ -276,6 +276,20 @@ def _float(value: Any) -> float:
         return 0.0
 
 
+def _trades(trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
+    """ccxt's unified trades as ours (the websocket's and the REST history's alike)."""
+    return [
+        Trade(
+            trade_id=str(t.get("id") or ""),
+            price=_float(t.get("price")),
+            amount=_float(t.get("amount")),
+            timestamp_ms=int(t.get("timestamp") or 0),
+            side=str(t.get("side") or ""),
+        )
+        for t in trades
+    ]
+
+
 def _candle(row: list[Any]) -> Candle:
     values = [_float(row[i]) if i < len(row) else 0.0 for i in range(1, 6)]
     return Candle(int(row[0]), values[0], values[1], values[2], values[3], values[4])
@@ -463,16 +477,26 @@ class ExchangeAdapter:
             trades = await self._exchange.watch_trades(symbol)
         except Exception as exc:
             raise fault_from(exc) from exc
-        return [
-            Trade(
-                trade_id=str(t.get("id") or ""),
-                price=_float(t.get("price")),
-                amount=_float(t.get("amount")),
-                timestamp_ms=int(t.get("timestamp") or 0),
-                side=str(t.get("side") or ""),
-            )
-            for t in trades
-        ]
+        return _trades(trades)
+
+    async def fetch_trades(
+        self,
+        symbol: str,
+        limit: int,
+        *,
+        since_ms: int | None = None,
+        from_id: str | None = None,
+    ) -> list[Trade]:
+        """One page of the trade history, oldest first: from trade `from_id` on (the
+        venue's BY_ID cursor), from `since_ms` on, or the latest (neither)."""
+        params: dict[str, Any] = {}
+        if from_id is not None:
+            params = {**self.venue.trade_params, self.venue.trade_id_param: from_id}
+        try:
+            trades = await self._exchange.fetch_trades(symbol, since_ms, limit, params)
+        except Exception as exc:
+            raise fault_from(exc) from exc
+        return sorted(_trades(trades), key=lambda t: t.timestamp_ms)
 
     async def unwatch_trades(self, symbol: str) -> None:
         """Unsubscribe from the symbol's trade stream (best effort)."""

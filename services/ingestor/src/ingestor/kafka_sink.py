@@ -9,6 +9,10 @@
   the relay so that requests are refused instead of fetched into nowhere.
 - `PartitionTail`: reads one partition from a point in time on a background
   thread and hands records to the loop (used for the claims topic).
+- `GroupSlots`: this process's share of a topic's partitions in a consumer group
+  (the recording slots): Kafka's group protocol spreads them over the members and
+  moves a dead member's within its session timeout; each partition is read from its
+  start when it arrives (its records are the slot's state) and then followed.
 """
 
 from __future__ import annotations
@@ -20,9 +24,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+)
 from confluent_kafka import TopicPartition as _TopicPartition
 from google.protobuf.message import Message
 
@@ -207,6 +218,17 @@ class KafkaSink:
         with contextlib.suppress(KafkaException):  # counted in _queue
             await self._queue(self.settings.topic_ticks, key, value, self._count, None)
 
+    async def send_tick_tracked(self, key: str, record: Message) -> asyncio.Future[int]:
+        """A tick whose delivery is awaited (a recorded feed's checkpoint depends on it)."""
+        return await self.enqueue(self.settings.topic_ticks, key, envelope.encode_record(record))
+
+    async def send_recording(
+        self, key: str, record: Message, partition: int
+    ) -> asyncio.Future[int]:
+        """A RecordingCheckpoint or TradeGap into its slot's partition of market.recording."""
+        value = envelope.encode_record(record)
+        return await self.enqueue(self.settings.topic_recording, key, value, partition=partition)
+
     async def send_book(self, key: str, record: Message) -> None:
         """Book snapshots and deltas, like ticks: a failure is only counted. A lost delta
         is healed downstream by the next snapshot (docs/protocol.md "Order books")."""
@@ -334,6 +356,140 @@ class PartitionTail:
         self._thread.start()
 
     async def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+        await asyncio.to_thread(self._consumer.close)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRecord:
+    partition: int
+    key: bytes | None
+    value: bytes | None
+
+
+class SlotEvents(Protocol):
+    """What `GroupSlots` tells the loop, in the order it happened."""
+
+    def slot_records(self, records: list[SlotRecord]) -> None: ...
+
+    def slot_restored(self, partition: int) -> None:
+        """Every record the partition held when it was assigned has been delivered."""
+
+    def slot_revoked(self, partition: int) -> None: ...
+
+
+class GroupSlots:
+    """One consumer in group `group_id` on `topic`, on its own thread.
+
+    Cooperative-sticky assignment: a member joining or leaving moves only the
+    partitions that must move, so the other slots' feeds never stop.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group_id: str,
+        events: SlotEvents,
+        *,
+        session_timeout_s: float,
+        client_id: str,
+    ) -> None:
+        self._topic = topic
+        self._events = events
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group_id,
+                "client.id": client_id,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": int(session_timeout_s * 1000),
+                "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000 / 6)),
+                "enable.auto.commit": False,  # a slot is always read from its start
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 50,
+                "enable.partition.eof": False,
+                "logger": quiet_logger(f"slots-{group_id}"),
+            }
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._restoring: dict[int, int] = {}  # partition -> its end offset when assigned
+        self.owned: set[int] = set()  # read on the loop thread only through `events`
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._consumer.subscribe(
+            [self._topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
+        self._thread = threading.Thread(target=self._run, name=f"slots-{self._topic}", daemon=True)
+        self._thread.start()
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop closed under us: shutting down
+            self._stop.set()
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            tp.offset = OFFSET_BEGINNING
+            _, high = consumer.get_watermark_offsets(
+                _TopicPartition(self._topic, tp.partition), timeout=10.0, cached=False
+            )
+            self._restoring[tp.partition] = max(0, high)
+        consumer.incremental_assign(partitions)
+        log.info("recording slots assigned: %s", sorted(tp.partition for tp in partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            self._restoring.pop(tp.partition, None)
+            self._post(self._events.slot_revoked, tp.partition)
+        with contextlib.suppress(KafkaException):
+            consumer.incremental_unassign(partitions)
+        log.info("recording slots revoked: %s", sorted(tp.partition for tp in partitions))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                messages = self._consumer.consume(num_messages=500, timeout=0.1)
+            except KafkaException as exc:
+                log.warning("reading %s failed: %s", self._topic, exc)
+                continue
+            batch = []
+            for m in messages:
+                error = m.error()
+                if error is None:
+                    batch.append(SlotRecord(m.partition() or 0, m.key(), m.value()))
+                elif error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("reading %s: %s", self._topic, error)
+            if batch:
+                self._post(self._events.slot_records, batch)
+            self._check_restored()
+
+    def _check_restored(self) -> None:
+        if not self._restoring:
+            return
+        tps = [_TopicPartition(self._topic, p) for p in self._restoring]
+        try:
+            positions = self._consumer.position(tps)
+        except KafkaException:
+            return
+        for tp in positions:
+            end = self._restoring.get(tp.partition)
+            if end is not None and (end == 0 or tp.offset >= end):
+                del self._restoring[tp.partition]
+                self._post(self._events.slot_restored, tp.partition)
+
+    async def stop(self) -> None:
+        """Leave the group at once (the slots move to the others without a timeout)."""
         self._stop.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5.0)

@@ -11,6 +11,9 @@
   data (exchange down). Only changes are reported.
 - `LiveFeeds` starts/stops the feed tasks. Feeds never block historical work:
   each is its own task and Kafka produce does not block the loop.
+- A *recorded* ticker (ingestor.recorder) runs the same feed with a `Recording`:
+  no lease, deaf to cancels, its gaps reported as `GapFound` and its delivered
+  trades as checkpoints. Clients' REALTIME requests share it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ingestor.clock import wall_clock_ms
 from ingestor.model import ExchangeCallError, Trade
 from ingestor.retry import RetryPolicy, backoff_delay
 from mdproto import ProtocolError
-from mdproto.messages import FeedStatus, TakerSide, Tick
+from mdproto.messages import FeedStatus, TakerSide, Tick, TradeGap
 from mdproto.recent import RecentKeys
 from mdproto.topics import parse_ticker
 
@@ -103,10 +106,12 @@ class GapDetector:
     trade after every reconnect is marked.
     """
 
-    def __init__(self, consecutive_ids: bool = True) -> None:
+    def __init__(self, consecutive_ids: bool = True, resume_from: str | None = None) -> None:
         self._consecutive = consecutive_ids
         self._last_number: int | None = None
         self._unsure = True  # no trade yet, or reconnected since the last one
+        if resume_from is not None and resume_from.isdigit():  # an earlier run's last trade
+            self._last_number = int(resume_from)
 
     def reconnected(self) -> None:
         self._unsure = True
@@ -124,6 +129,39 @@ class GapDetector:
         return skipped > 0, skipped
 
 
+@dataclass(frozen=True, slots=True)
+class TradePoint:
+    """A trade's place in its market's stream: where a gap starts or ends."""
+
+    trade_id: str
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GapFound:
+    """Trades between `before` and `after` may be missing (`cause` a TradeGap.Cause)."""
+
+    ticker: str
+    before: TradePoint
+    after: TradePoint
+    cause: int
+    missing_ids: int  # skipped consecutive ids (0: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    """What a recorded feed does beyond a live one (ingestor.recorder).
+
+    `resume_from()`: the newest trade delivered so far (an earlier run's checkpoint);
+    the first trade of each run is compared with it (RESTART). `on_gap` is told every gap;
+    `on_sent` gets the newest trade of each batch with the delivery of its tick.
+    """
+
+    resume_from: Callable[[], TradePoint | None]
+    on_gap: Callable[[GapFound], None]
+    on_sent: Callable[[TradePoint, asyncio.Future[int]], None]
+
+
 class TradeSource(Protocol):
     prefix: str
     supports_websocket: bool
@@ -136,6 +174,8 @@ class TradeSource(Protocol):
 
 class TickSink(Protocol):
     async def send_tick(self, key: str, record: Message) -> None: ...
+
+    async def send_tick_tracked(self, key: str, record: Message) -> asyncio.Future[int]: ...
 
 
 @dataclass
@@ -227,12 +267,16 @@ async def run_feed(
     now_ms: Callable[[], int] = wall_clock_ms,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rand: Callable[[], float] = random.random,
+    recording: Recording | None = None,
 ) -> None:
     """Stream one ticker's trades into Kafka until cancelled or FAILED; `report` its changes."""
     symbol = parse_ticker(ticker).symbol
     phase = FeedPhase(start_attempts)
     failures = 0
-    gaps = GapDetector(source.consecutive_trade_ids)
+    resume = recording.resume_from() if recording is not None else None
+    gaps = GapDetector(source.consecutive_trade_ids, resume.trade_id if resume else None)
+    last = resume  # the newest trade sent (recorded feeds: a gap's start)
+    cause = TradeGap.RESTART  # what a gap before the next trade would be due to
     while True:
         try:
             trades = await source.watch_trades(symbol)
@@ -247,6 +291,8 @@ async def run_feed(
             failures += 1
             stats.reconnects += 1
             gaps.reconnected()
+            if last is not None:
+                cause = TradeGap.RECONNECT
             delay = reconnect_delay(fault, failures, reconnect, rand())
             log.warning("live %s: %s; reconnecting in %.2f s", ticker, fault, delay)
             await sleep(delay)
@@ -256,6 +302,7 @@ async def run_feed(
         if change is not None:
             report(change)
         ingested = now_ms()
+        record = None
         for trade in trades:
             if not trade.trade_id or not dedupe.first_time(trade.trade_id):
                 stats.duplicates += 1
@@ -265,9 +312,22 @@ async def run_feed(
                 stats.id_gaps += skipped
                 log.warning("live %s: %d trade ids skipped", ticker, skipped)
             stats.gaps_marked += gap
+            point = TradePoint(trade.trade_id, trade.timestamp_ms)
+            if gap and recording is not None and last is not None:
+                why = TradeGap.SKIPPED_IDS if cause == TradeGap.CAUSE_UNSPECIFIED else cause
+                recording.on_gap(GapFound(ticker, last, point, why, skipped))
+            last, cause = point, TradeGap.CAUSE_UNSPECIFIED
+            if record is not None:
+                await sink.send_tick(ticker, record)
             record = tick_record(ticker, trade, ingested, gap_before=gap)
-            await sink.send_tick(ticker, record)
             stats.ticks += 1
+        if record is None:
+            continue
+        if recording is None:
+            await sink.send_tick(ticker, record)
+        else:  # the batch's newest trade: its delivery vouches for the ones before (one key)
+            assert last is not None
+            recording.on_sent(last, await sink.send_tick_tracked(ticker, record))
 
 
 class LiveFeeds:
@@ -306,6 +366,12 @@ class LiveFeeds:
         # ticker -> set once its cancelled feed has unsubscribed: a feed started in the
         # meantime waits for it, or that unsubscribe would end the new subscription too.
         self._stopping: dict[str, asyncio.Event] = {}
+        # Recorded tickers this ingestor runs (no lease, cancels ignored), with their
+        # recording (None: a pinned feed with nothing more, e.g. a book).
+        self._recorded: dict[str, Recording | None] = {}
+        #: True for a ticker some ingestor records: a REALTIME request starts no second
+        #: feed for it (its recorder's feed serves the clients).
+        self.recorded_anywhere: Callable[[str], bool] = lambda _ticker: False
 
     @property
     def leases(self) -> LeaseBook:
@@ -341,7 +407,10 @@ class LiveFeeds:
         if source is None or not self._serves(source):
             log.warning("%s %s ignored: no live source for %s", self.kind, ticker, prefix)
             return False
-        self._leases.refresh(ticker, self._monotonic())
+        if ticker not in self._recorded:  # (a recorded feed serves every client: no lease)
+            if self.recorded_anywhere(ticker):  # recorded by another ingestor
+                return False
+            self._leases.refresh(ticker, self._monotonic())
         feed = self._feeds.get(ticker)
         if feed is not None:
             if not (feed.task.done() and feed.stats.retryable):
@@ -354,6 +423,10 @@ class LiveFeeds:
             self._report(
                 ticker, StatusChange(FeedStatus.LOST, code, f"retrying: {feed.stats.failed}")
             )
+        self._launch(ticker, source)
+        return True
+
+    def _launch(self, ticker: str, source: Any) -> None:
         stats = self._new_stats()
         report = functools.partial(self._report, ticker)
         task = asyncio.create_task(
@@ -361,7 +434,47 @@ class LiveFeeds:
         )
         self._feeds[ticker] = _Feed(task, stats)
         log.info("%s feed %s started", self.kind, ticker)
+
+    # --- recorded tickers (ingestor.recorder) -------------------------------
+
+    @property
+    def recorded(self) -> list[str]:
+        return sorted(self._recorded)
+
+    async def record(self, ticker: str, recording: Recording | None = None) -> bool:
+        """Run `ticker`'s feed for the recording until `unrecord`; False if no source.
+
+        A feed a client started before is replaced, so that the recording's gap
+        tracking sees every trade from its start.
+        """
+        source = self._sources.get(parse_ticker(ticker).prefix)
+        if source is None or not self._serves(source):
+            log.error("%s %s not recorded: no live source for it", self.kind, ticker)
+            return False
+        if ticker in self._feeds:
+            await self._stop(ticker, "the recording takes it over")
+        self._leases.cancel(ticker)
+        self._recorded[ticker] = recording
+        self._launch(ticker, source)
         return True
+
+    def revive_recorded(self) -> list[str]:
+        """Start again the recorded feeds that ended on transient faults (the exchange
+        was down): a recording needs no relay to announce it again."""
+        return [
+            ticker
+            for ticker in list(self._recorded)
+            if (feed := self._feeds.get(ticker)) is not None
+            and feed.task.done()
+            and feed.stats.retryable
+            and self.request(ticker)
+        ]
+
+    async def unrecord(self, ticker: str, why: str) -> bool:
+        """Stop recording `ticker` here (its slot moved, or shutdown)."""
+        if self._recorded.pop(ticker, False) is False:
+            return False
+        return await self._stop(ticker, why)
 
     # What a kind of feed changes (ingestor.books.BookFeeds: the order book's).
     kind = "REALTIME"
@@ -400,6 +513,7 @@ class LiveFeeds:
             reconnect=self._reconnect,
             start_attempts=self._start_attempts,
             report=report,
+            recording=self._recorded.get(ticker),
         )
 
     async def _unwatch(self, source: Any, symbol: str) -> None:
@@ -433,7 +547,13 @@ class LiveFeeds:
             log.exception("feed status of %s not sent", status.ticker)
 
     async def cancel(self, ticker: str, why: str = "cancelled") -> bool:
+        """Nobody wants the feed any more; a recorded one runs on."""
         self._leases.cancel(ticker)
+        if ticker in self._recorded:
+            return False
+        return await self._stop(ticker, why)
+
+    async def _stop(self, ticker: str, why: str) -> bool:
         self._last_status.pop(ticker, None)
         feed = self._feeds.pop(ticker, None)
         if feed is None:
@@ -465,5 +585,6 @@ class LiveFeeds:
             await self.sweep()
 
     async def stop_all(self) -> None:
+        self._recorded.clear()
         for ticker in list(self._feeds):
-            await self.cancel(ticker, "shutdown")
+            await self._stop(ticker, "shutdown")

@@ -82,6 +82,20 @@ class Paging(enum.Enum):
     NEWEST_IN_WINDOW = "newest_in_window"
 
 
+class TradePaging(enum.Enum):
+    """How the exchange's REST trade history is paged: the gap repairer's cursor.
+
+    BY_ID: the trades from a trade id on, oldest first (Binance `fromId`): a gap
+    of consecutive ids is paged exactly. BY_TIME: the trades from a time on,
+    oldest first (ccxt's `since`). LATEST_ONLY: only the newest trades (Bybit
+    spot's last 60 over REST): a gap older than those is unrepairable.
+    """
+
+    BY_ID = "by_id"
+    BY_TIME = "by_time"
+    LATEST_ONLY = "latest_only"
+
+
 class HistoryUnavailableError(ValueError):
     """The exchange does not serve candles that old (e.g. Kraken's last 720 entries)."""
 
@@ -120,6 +134,8 @@ class Venue:
     others): the smallest one holding the configured depth is watched.
     `book_params`: ccxt `params` of `watch_order_book` (Coinbase: its public channel).
     `public_books`: the book channel needs no credentials though ccxt signs it.
+    `trade_paging`, `trade_page_cap`, `trade_params`, `trade_id_param`: how the trade
+    history the gap repairer reads is paged (`TradePaging`).
     `prefix`: the platform prefix (tickers `PREFIX:BASE/QUOTE`) when the
     configuration names none. `status_url`: a cheap public endpoint that
     answers when the real exchange is reachable (the platform's probe).
@@ -139,6 +155,11 @@ class Venue:
     book_depths: tuple[int, ...] = ()
     book_params: Mapping[str, Any] = field(default_factory=dict)
     public_books: bool = False
+    trade_paging: TradePaging = TradePaging.BY_TIME
+    trade_page_cap: int = 1000  # the most trades one trade-history call returns
+    # ccxt `fetch_trades` params of BY_ID paging, the cursor given as `{id_param: id}`.
+    trade_params: Mapping[str, Any] = field(default_factory=dict)
+    trade_id_param: str = ""
 
     def platform_prefix(self, exchange_id: str) -> str:
         """`prefix`, or the ccxt id in upper case for an exchange without a module."""

@@ -1,4 +1,4 @@
-"""Binance spot: GET /api/v3/klines.
+"""Binance spot: GET /api/v3/klines; trades GET /api/v3/historicalTrades.
 
 `startTime`/`endTime` are inclusive and the first `limit` (max 1000) klines
 opening at or after `startTime` come back, oldest first, so one call skips any
@@ -10,7 +10,7 @@ taker buy quote volume, ignore]; ccxt keeps the first six.
 from typing import Any
 
 from ingestor.model import RawFields
-from ingestor.venues.base import Paging, Venue
+from ingestor.venues.base import Paging, TradePaging, Venue
 
 
 def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
@@ -30,4 +30,9 @@ VENUE = Venue(
     raw_fields=raw_fields,
     prefix="BINANCE",
     status_url="https://api.binance.com/api/v3/ping",
+    # The trade stream's ids are trade ids (aggTrades has its own): historicalTrades
+    # pages them by `fromId`, inclusive, 1000 a call.
+    trade_paging=TradePaging.BY_ID,
+    trade_params={"fetchTradesMethod": "publicGetHistoricalTrades"},
+    trade_id_param="fromId",
 )

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ingestor.model import BookIntegrity, RawFields
-from ingestor.venues.base import BookContext, BookVerdict, Paging, Venue
+from ingestor.venues.base import BookContext, BookVerdict, Paging, TradePaging, Venue
 
 
 def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
@@ -78,4 +78,7 @@ VENUE = Venue(
     book_depths=(1, 50, 200, 1000),
     prefix="BYBIT",
     status_url="https://api.bybit.com/v5/market/time",
+    # GET /v5/market/recent-trade: spot serves its latest 60 trades, no cursor.
+    trade_paging=TradePaging.LATEST_ONLY,
+    trade_page_cap=60,
 )
