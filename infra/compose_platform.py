@@ -58,6 +58,8 @@ COMPOSE_FILES_ENV = "MDP_COMPOSE_FILES"
 #: The e2e stack: the exchange simulator and Prometheus watching every service.
 PROFILES_OFFLINE = ("offline", "monitoring")
 STACK_ENV = "MDP_E2E_STACK"
+#: The e2e suite's override: what its stack records (infra.testing.E2E_RECORDED).
+E2E_RECORDING = "infra/compose/e2e-recording.yml"
 STACK_NAME = "compose"
 DOCKER_TIMEOUT_S = 20.0
 #: Services whose (re)start is only over once the relays hear the pipeline's heartbeat.
@@ -728,6 +730,6 @@ def _print_logs(compose: Any) -> None:
 @pytest.fixture(scope="session")
 def compose_stack() -> Iterator[ComposePlatform]:
     """The compose platform for the whole session (skips without a Docker engine,
-    fails without one when ``CI`` is true)."""
-    with compose_session() as running:
+    fails without one when ``CI`` is true), recording the e2e suite's markets."""
+    with compose_session(files=[*compose_files(), E2E_RECORDING]) as running:
         yield running

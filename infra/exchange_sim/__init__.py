@@ -1,5 +1,5 @@
-"""Offline exchange simulator: Binance and Bybit spot (REST + trade streams), Coinbase
-Exchange, OKX and Kraken (REST).
+"""Offline exchange simulator: Binance, Bybit spot and OKX (REST + trade streams), Coinbase
+Exchange and Kraken (REST), every exchange's order books and trade-history paging.
 
 Unmodified ccxt talks to it once ``point_ccxt_at`` has rewritten the
 exchange's URLs; data come from a deterministic model so tests can recompute
@@ -12,6 +12,7 @@ from .model import (
     DEFAULT_MODEL,
     DEFAULT_SPECS,
     INTERVAL_MS,
+    MODEL_ID_FLOOR,
     Kline,
     MarketModel,
     SymbolSpec,
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_SPECS",
     "INTERVAL_MS",
+    "MODEL_ID_FLOOR",
     "Fault",
     "Kline",
     "MarketModel",

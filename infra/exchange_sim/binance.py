@@ -12,7 +12,8 @@ import contextlib
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -20,11 +21,11 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from . import books, bybit, coinbase, kraken, okx
+from .faults import Fault
 from .model import (
     INTERVAL_MS,
-    MAX_TRADES_PER_MINUTE,
     MINUTE_MS,
-    TRADE_ID_STRIDE,
+    MODEL_ID_FLOOR,
     SymbolSpec,
     Trade,
     UnknownSymbolError,
@@ -40,6 +41,7 @@ WEIGHTS: dict[str, int] = {
     "/api/v3/klines": 2,
     "/api/v3/aggTrades": 4,
     "/api/v3/trades": 25,
+    "/api/v3/historicalTrades": 25,
     "/api/v3/depth": 5,  # limit <= 100 (Binance: 25 up to 500, 50 up to 1000, 250 beyond)
     "/fapi/v1/exchangeInfo": 1,
     "/dapi/v1/exchangeInfo": 1,
@@ -209,6 +211,7 @@ class BinanceRest:
             web.get("/api/v3/klines", self.klines),
             web.get("/api/v3/aggTrades", self.agg_trades),
             web.get("/api/v3/trades", self.recent_trades),
+            web.get("/api/v3/historicalTrades", self.historical_trades),
             web.get("/api/v3/depth", self.depth),
             # ccxt asks for linear/inverse markets unless options.fetchMarkets.types
             # says otherwise; answer with no symbols so default ccxt still loads.
@@ -331,6 +334,10 @@ class BinanceRest:
             raise _ParamError(
                 binance_error(400, -1127, "More than 1 hours between startTime and endTime.")
             )
+        if from_id is not None and (start is not None or end is not None):
+            raise _ParamError(
+                binance_error(400, -1128, "Combination of optional parameters invalid.")
+            )
         if from_id is not None:
             return list(
                 itertools.islice(model.iter_trades(spec.symbol, 0, now, from_id=from_id), limit)
@@ -353,29 +360,46 @@ class BinanceRest:
         return web.json_response([agg_trade_payload(t) for t in trades])
 
     async def recent_trades(self, request: web.Request) -> web.Response:
+        """``GET /api/v3/trades``: the latest ``limit`` trades, oldest first."""
         try:
             spec = self._spec(_mandatory(request, "symbol"))
             limit = _limit(request, 500, 1000)
         except _ParamError as exc:
             return exc.response
+        trades = await asyncio.to_thread(self._latest, spec.symbol, limit)
+        return web.json_response([trade_row(t) for t in trades])
+
+    async def historical_trades(self, request: web.Request) -> web.Response:
+        """``GET /api/v3/historicalTrades``: ``limit`` trades from ``fromId`` on (inclusive),
+        oldest first; without it the latest. The ids of the ``<symbol>@trade`` stream, so
+        a gap of stream ids is paged exactly (1000 a call). Security type MARKET_DATA, as
+        on Binance: an ``X-MBX-APIKEY`` header is required (any key; ccxt sends it only
+        when it has one), else 401 ``-2014``."""
+        if not request.headers.get("X-MBX-APIKEY"):
+            return binance_error(401, -2014, "API-key format invalid.")
+        try:
+            spec = self._spec(_mandatory(request, "symbol"))
+            limit = _limit(request, 500, 1000)
+            from_id = _int_param(request, "fromId")
+        except _ParamError as exc:
+            return exc.response
+        if from_id is None:
+            trades = await asyncio.to_thread(self._latest, spec.symbol, limit)
+        else:
+            now, model = self.state.clock.now_ms(), self.state.model
+            trades = await asyncio.to_thread(
+                lambda: list(
+                    itertools.islice(model.iter_trades(spec.symbol, 0, now, from_id=from_id), limit)
+                )
+            )
+        return web.json_response([trade_row(t) for t in trades])
+
+    def _latest(self, symbol: str, limit: int) -> list[Trade]:
         now = self.state.clock.now_ms()
         model = self.state.model
-        trades = list(itertools.islice(model.iter_trades_backward(spec.symbol, now), limit))
+        trades = list(itertools.islice(model.iter_trades_backward(symbol, now), limit))
         trades.reverse()
-        return web.json_response(
-            [
-                {
-                    "id": t.id,
-                    "price": fmt8(t.price),
-                    "qty": fmt8(t.qty),
-                    "quoteQty": fmt8(t.price * t.qty),
-                    "time": t.time_ms,
-                    "isBuyerMaker": t.buyer_is_maker,
-                    "isBestMatch": True,
-                }
-                for t in trades
-            ]
-        )
+        return trades
 
     async def depth(self, request: web.Request) -> web.Response:
         """The book at the stream's last event (its `lastUpdateId`), so a client that
@@ -387,6 +411,19 @@ class BinanceRest:
             return exc.response
         book = self.state.books.current(spec.symbol, self.state.clock.now_ms())
         return web.json_response(books.binance_depth_snapshot(book, limit))
+
+
+def trade_row(trade: Trade) -> dict[str, Any]:
+    """A row of ``GET /api/v3/trades`` and ``/api/v3/historicalTrades``."""
+    return {
+        "id": trade.id,
+        "price": fmt8(trade.price),
+        "qty": fmt8(trade.qty),
+        "quoteQty": fmt8(trade.price * trade.qty),
+        "time": trade.time_ms,
+        "isBuyerMaker": trade.buyer_is_maker,
+        "isBestMatch": True,
+    }
 
 
 def agg_trade_payload(trade: Trade) -> dict[str, Any]:
@@ -401,6 +438,14 @@ def agg_trade_payload(trade: Trade) -> dict[str, Any]:
         "m": trade.buyer_is_maker,
         "M": True,
     }
+
+
+def injected_id_start(now_s: float | None = None) -> int:
+    """First default id of injected trades: the wall-clock second x 10 000 (+1), below
+    ``MODEL_ID_FLOOR`` until the year 2286; a restarted simulator starts past the last
+    one's ids unless it injected more than 10 000 trades per second it ran."""
+    second = int(time.time() if now_s is None else now_s)
+    return second * 10_000 + 1
 
 
 def trade_event(stream_kind: str, binance_id: str, trade: Trade, event_ms: int) -> dict[str, Any]:
@@ -433,14 +478,14 @@ class _Conn:
 
 def _stream_symbol(stream: str) -> str:
     """``btcusdt@trade`` (Binance), ``publicTrade.BTCUSDT``, ``orderbook.50.BTCUSDT``
-    (Bybit) -> ``BTCUSDT``; ``books:BTC-USDT`` (OKX) -> ``BTC-USDT``;
+    (Bybit) -> ``BTCUSDT``; ``books:BTC-USDT``, ``trades:BTC-USDT`` (OKX) -> ``BTC-USDT``;
     ``kraken.book.10.BTC/USDT`` -> ``BTC/USDT``; ``coinbase.level2.BTC-USDT`` -> ``BTC-USDT``."""
     if stream.startswith((bybit.TOPIC, bybit.BOOK_TOPIC)):
         return bybit.topic_symbol(stream)
     kraken_book = kraken.key_book(stream)
     if kraken_book is not None:
         return kraken_book[0]
-    name = okx.key_inst_id(stream) or coinbase.key_product(stream)
+    name = okx.key_inst_id(stream) or okx.key_trades_inst_id(stream) or coinbase.key_product(stream)
     if name is not None:
         return name
     return stream.split("@", 1)[0].upper()
@@ -471,10 +516,13 @@ class BinanceStreams:
     ``{"method": "SUBSCRIBE", "params": [...], "id": n}`` messages.
     Bybit's spot stream (``handle_bybit``, protocol in ``bybit.py``) shares the
     bookkeeping: subscribers, model-trade pump, injection and drops; so does OKX's
-    public stream (``handle_okx``, its `books` channel), Kraken's v2 (``handle_kraken``,
-    `book`) and Coinbase's feed (``handle_coinbase``, `level2`/`level2_batch`). Order
-    books (``books.py``) are pumped with the trades: Binance ``<symbol>@depth[@100ms]``,
+    public stream (``handle_okx``, its `books` and `trades` channels), Kraken's v2
+    (``handle_kraken``, `book`) and Coinbase's feed (``handle_coinbase``,
+    `level2`/`level2_batch`). Order books (``books.py``) are pumped with the trades:
+    Binance ``<symbol>@depth[@100ms]``,
     OKX `books`, Bybit ``orderbook.{depth}.{symbol}``, Kraken `book`, Coinbase `level2`.
+    Trade-stream faults act here too: `trade_drop` (model trades not sent) and
+    `ws_outage` (connections closed, then refused until it ends).
     """
 
     def __init__(
@@ -486,8 +534,14 @@ class BinanceStreams:
         self._conns: set[_Conn] = set()
         self._conn_ids = itertools.count(1)
         self._cursor: dict[str, int] = {}  # unified symbol -> last model-trade time emitted
-        self._injected_seq: dict[int, int] = {}  # minute index -> next injected position
+        # Injected trades without an id: consecutive per symbol, below the model's ids,
+        # from a start that differs at each simulator start (stored trades stay unique).
+        self._injected_first = injected_id_start()
+        self._injected_next: dict[str, int] = {}  # unified symbol -> its next injected id
         self._book_ids: dict[str, int] = {}  # unified symbol -> Bybit `u` of its last event
+        self._warming: dict[str, asyncio.Future[None]] = {}  # symbol -> ids being counted
+        self._outages: dict[int, dict[str, Any]] = {}  # fault id -> its faults_triggered entry
+        self._tasks: set[asyncio.Future[Any]] = set()  # closes scheduled from sync code
         self._changed = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
 
@@ -501,12 +555,19 @@ class BinanceStreams:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump_task
             self._pump_task = None
+        pending = [*self._warming.values(), *self._tasks]
+        for task in pending:  # a counting thread finishes on its own; its result is dropped
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         await self.drop(None, mode="close", count_as_drop=False)
 
     # ------------------------------------------------------------ handler
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Binance: ``/ws/...`` and ``/stream...``."""
         # Binance pings every 20 s; ccxt answers, so dead clients get noticed.
+        refused = self.refused("binance")
+        if refused is not None:
+            return refused
         ws = web.WebSocketResponse(autoping=True, heartbeat=20.0)
         if not ws.can_prepare(request).ok:
             return binance_error(400, -1100, "Websocket upgrade required.")
@@ -522,6 +583,9 @@ class BinanceStreams:
     async def handle_bybit(self, request: web.Request) -> web.StreamResponse:
         """Bybit's public spot stream: subscriptions by ``op`` messages only."""
         # Bybit expects the client's {"op": "ping"} every 20 s; ccxt sends it.
+        refused = self.refused("bybit")
+        if refused is not None:
+            return refused
         ws = web.WebSocketResponse(autoping=True, heartbeat=20.0)
         if not ws.can_prepare(request).ok:
             return web.json_response({"retCode": 10001, "retMsg": "websocket upgrade required"})
@@ -531,6 +595,9 @@ class BinanceStreams:
 
     async def handle_okx(self, request: web.Request) -> web.StreamResponse:
         """OKX's public stream: `op` messages, text `ping`/`pong` (no protocol pings)."""
+        refused = self.refused("okx")
+        if refused is not None:
+            return refused
         ws = web.WebSocketResponse(autoping=True)
         if not ws.can_prepare(request).ok:
             return okx.okx_error("60012", "websocket upgrade required")
@@ -540,6 +607,9 @@ class BinanceStreams:
 
     async def handle_kraken(self, request: web.Request) -> web.StreamResponse:
         """Kraken's public v2 stream: `method` messages; a status message first."""
+        refused = self.refused("kraken")
+        if refused is not None:
+            return refused
         ws = web.WebSocketResponse(autoping=True)
         if not ws.can_prepare(request).ok:
             return kraken.kraken_error("EGeneral:Invalid arguments")
@@ -550,6 +620,9 @@ class BinanceStreams:
 
     async def handle_coinbase(self, request: web.Request) -> web.StreamResponse:
         """Coinbase Exchange's websocket feed: `type` messages."""
+        refused = self.refused("coinbase")
+        if refused is not None:
+            return refused
         ws = web.WebSocketResponse(autoping=True, heartbeat=30.0)
         if not ws.can_prepare(request).ok:
             return coinbase.coinbase_error(400, "websocket upgrade required")
@@ -657,10 +730,9 @@ class BinanceStreams:
             )
 
     def _on_okx_text(self, conn: _Conn, text: str) -> None:
-        replies, op, inst_ids = okx.on_message(text, conn.id)
+        replies, op, keys = okx.on_message(text, conn.id)
         for reply in replies:
             self._send(conn, reply)  # acks before the snapshots
-        keys = [okx.channel_key(i) for i in inst_ids]
         if op == "subscribe":
             self._subscribe(conn, keys)
         elif op == "unsubscribe":
@@ -697,11 +769,15 @@ class BinanceStreams:
     def _subscribe(self, conn: _Conn, streams: Sequence[str]) -> None:
         now = self.state.clock.now_ms()
         for stream in streams:
-            conn.streams.add(stream)
             try:
                 spec = self.state.model.spec(_stream_symbol(stream))
             except UnknownSymbolError:
+                conn.streams.add(stream)
                 continue  # Binance acks unknown symbols and then stays silent
+            if self._refuse(conn.dialect, spec.symbol):  # `ws_outage` of this market
+                self.background(self.close([conn], "close", b"simulated outage"))
+                return
+            conn.streams.add(stream)
             if _is_book(stream):
                 book = self.state.books.current(spec.symbol, now)  # the stream starts here
                 snapshot = self._book_snapshot(conn, stream, spec, book, now)
@@ -709,6 +785,7 @@ class BinanceStreams:
                     self._send(conn, snapshot)
                 continue
             self._cursor.setdefault(spec.symbol, now)  # live from now, never replay history
+            self._warm(spec.symbol, now, now)
         self._notify()
 
     # ------------------------------------------------------ subscriptions
@@ -720,10 +797,21 @@ class BinanceStreams:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _symbol_streams(self, symbol: str) -> tuple[str, str, str]:
-        market_id = self.state.model.spec(symbol).binance_id
-        lower = market_id.lower()
-        return f"{lower}@trade", f"{lower}@aggTrade", bybit.TOPIC + market_id
+    def _symbol_streams(self, symbol: str) -> tuple[str, str, str, str]:
+        """Keys of ``symbol``'s trade streams: Binance trade, aggTrade, Bybit, OKX."""
+        spec = self.state.model.spec(symbol)
+        lower = spec.binance_id.lower()
+        return (
+            f"{lower}@trade",
+            f"{lower}@aggTrade",
+            bybit.TOPIC + spec.binance_id,
+            okx.channel_key(okx.TRADES_CHANNEL, spec.coinbase_id),
+        )
+
+    def _trade_dialects(self, symbol: str) -> set[str]:
+        """The exchanges (dialects) whose open connections watch ``symbol``'s trades."""
+        names = self._symbol_streams(symbol)
+        return {c.dialect for c in self._conns if not c.ws.closed and c.streams.intersection(names)}
 
     def subscribers(self, symbol: str) -> int:
         """Open connections subscribed to ``symbol``'s trades (any stream of any dialect)."""
@@ -768,18 +856,35 @@ class BinanceStreams:
                 continue
 
     # -------------------------------------------------------------- fan-out
-    def publish(self, symbol: str, trades: Sequence[Trade]) -> int:
-        """Send trades to every connection subscribed to the symbol; returns connections reached."""
+    def publish(
+        self,
+        symbol: str,
+        trades: Sequence[Trade],
+        hidden: Mapping[str | None, set[int]] | None = None,
+    ) -> int:
+        """Send trades to every connection subscribed to the symbol; returns connections
+        reached. ``hidden``: ids not sent (key None: to anyone, an exchange: to its
+        connections), the `trade_drop` faults' work."""
         if not trades:
             return 0
         spec = self.state.model.spec(symbol)
-        trade_stream, agg_stream, topic = self._symbol_streams(symbol)
+        trade_stream, agg_stream, topic, okx_key = self._symbol_streams(symbol)
         event_ms = self.state.clock.now_ms()
         reached = 0
         for conn in list(self._conns):
+            streamed: Sequence[Trade] = trades
+            if hidden:
+                gone = hidden.get(None, set()) | hidden.get(conn.dialect, set())
+                streamed = [t for t in trades if t.id not in gone]
             if conn.dialect == "bybit":
-                if topic in conn.streams:
-                    self._send(conn, bybit.trade_message(spec.binance_id, trades, event_ms))
+                if topic in conn.streams and streamed:
+                    self._send(conn, bybit.trade_message(spec.binance_id, streamed, event_ms))
+                    reached += 1
+                continue
+            if conn.dialect == "okx":
+                if okx_key in conn.streams:
+                    for trade in streamed:  # OKX pushes one fill per message
+                        self._send(conn, okx.trades_push(spec.coinbase_id, trade))
                     reached += 1
                 continue
             hit = False
@@ -787,7 +892,7 @@ class BinanceStreams:
                 if name not in conn.streams:
                     continue
                 hit = True
-                for trade in trades:
+                for trade in streamed:
                     payload = trade_event(kind, spec.binance_id, trade, event_ms)
                     self._send(
                         conn, {"stream": name, "data": payload} if conn.combined else payload
@@ -809,12 +914,10 @@ class BinanceStreams:
             time_ms = int(raw.get("time_ms", raw.get("time", now)))
             trade_id = raw.get("id")
             if trade_id is None:
-                minute = time_ms // MINUTE_MS
-                pos = self._injected_seq.get(minute, MAX_TRADES_PER_MINUTE)
-                if pos >= TRADE_ID_STRIDE:
-                    raise ValueError(f"too many injected trades in minute {minute}")
-                self._injected_seq[minute] = pos + 1
-                trade_id = minute * TRADE_ID_STRIDE + pos
+                trade_id = self._injected_next.get(spec.symbol, self._injected_first)
+                self._injected_next[spec.symbol] = trade_id + 1
+            elif not 0 < int(trade_id) < MODEL_ID_FLOOR:
+                raise ValueError(f"injected trade id {trade_id} not in [1, {MODEL_ID_FLOOR})")
             built.append(
                 Trade(
                     symbol=spec.symbol,
@@ -927,9 +1030,14 @@ class BinanceStreams:
             )
         return fault is not None
 
-    def pump(self) -> int:
+    def pump(self, *, wait_for_ids: bool = False) -> int:
         """Emit the model trades that became due since the last pump, and the book events;
-        returns trades sent."""
+        returns the trades streamed (dropped ones not counted).
+
+        A market whose trade ids are not counted yet (the first trades of a day far
+        from the id epoch) waits while a worker thread counts them, unless
+        ``wait_for_ids`` (the clock control: its caller wants the trades now).
+        """
         self.pump_books()
         if not self.stream_model_trades:
             return 0
@@ -944,11 +1052,59 @@ class BinanceStreams:
                 self._cursor[symbol] = min(cursor, now)
                 continue
             cursor = max(cursor, now - MAX_BACKLOG_MS)
+            if not wait_for_ids and self._warm(symbol, cursor + 1, now):
+                continue  # counted off the loop; these trades go out once it is done
             trades = list(self.state.model.iter_trades(symbol, cursor + 1, now))
             self._cursor[symbol] = now
-            self.publish(symbol, trades)
-            sent += len(trades)
+            sent += self._stream(symbol, trades)
         return sent
+
+    def _warm(self, symbol: str, first_ms: int, last_ms: int) -> bool:
+        """Whether ``symbol``'s ids of these times are still being counted (then a
+        worker thread counts them: the loop must not stall for it)."""
+        model = self.state.model
+        if model.ids_ready(symbol, first_ms) and model.ids_ready(symbol, last_ms):
+            return False
+        task = self._warming.get(symbol)
+        if task is None or task.done():
+
+            def count() -> None:
+                model.warm_ids(symbol, first_ms)
+                model.warm_ids(symbol, last_ms)
+
+            self._warming[symbol] = asyncio.ensure_future(asyncio.to_thread(count))
+        return True
+
+    def _stream(self, symbol: str, trades: list[Trade]) -> int:
+        """Publish a batch of model trades, less those armed `trade_drop`s swallow
+        (recorded with their ids in `faults_triggered`); returns the trades streamed."""
+        counters = self.state.stats.model_trades.setdefault(
+            symbol, {"last_id": 0, "sent": 0, "dropped": 0}
+        )
+        if not trades:
+            return 0
+        hidden: dict[str | None, set[int]] = {}
+        hits = self.state.faults.take_trades(symbol, self._trade_dialects(symbol), len(trades))
+        for fault, first, n in hits:
+            ids = [t.id for t in trades[first : first + n]]
+            hidden.setdefault(fault.exchange, set()).update(ids)
+            self.state.stats.faults_triggered.append(
+                {
+                    "id": fault.id,
+                    "kind": "trade_drop",
+                    "path": f"{fault.exchange or '*'}:{symbol}",
+                    "symbol": symbol,
+                    "exchange": fault.exchange,
+                    "trade_ids": ids,
+                    "t_ms": self.state.clock.now_ms(),
+                }
+            )
+        self.publish(symbol, trades, hidden)
+        dropped = len(hidden.get(None, ()))
+        counters["last_id"] = trades[-1].id
+        counters["sent"] += len(trades) - dropped
+        counters["dropped"] += len({i for ids in hidden.values() for i in ids})
+        return len(trades) - dropped
 
     async def _pump_loop(self) -> None:
         while True:
@@ -956,31 +1112,113 @@ class BinanceStreams:
             self.pump()
 
     async def drop(
-        self, symbol: str | None, *, mode: str = "close", count_as_drop: bool = True
+        self,
+        symbol: str | None,
+        *,
+        mode: str = "close",
+        count_as_drop: bool = True,
+        exchange: str | None = None,
     ) -> int:
-        """Disconnect every stream connection (or those subscribed to ``symbol``).
+        """Disconnect every stream connection (or those subscribed to ``symbol``; of
+        ``exchange``'s dialect only, if given).
 
         ``close`` sends a websocket close frame (code 1001); ``abort`` cuts the
         TCP connection without one (the client sees 1006).
         """
         if mode not in ("close", "abort"):
             raise ValueError("mode must be 'close' or 'abort'")
+        victims = self._victims(symbol, exchange)
+        await self.close(victims, mode, b"simulated drop")
+        if count_as_drop:
+            self.state.stats.ws_dropped_by_sim += len(victims)
+        return len(victims)
+
+    def _victims(self, symbol: str | None, exchange: str | None) -> list[_Conn]:
+        """Connections of ``exchange`` (None: all) subscribed to ``symbol`` (None: all)."""
         names = self._symbol_streams(symbol) if symbol is not None else None
-        victims = [
+        return [
             c
             for c in self._conns
-            if names is None
-            or c.streams.intersection(names)
-            or (symbol is not None and self._book_keys(c, symbol))
+            if (exchange is None or c.dialect == exchange)
+            and (
+                names is None
+                or c.streams.intersection(names)
+                or (symbol is not None and self._book_keys(c, symbol))
+            )
         ]
+
+    async def close(
+        self, victims: Sequence[_Conn], mode: str = "close", reason: bytes = b"simulated outage"
+    ) -> None:
         for conn in victims:
             if mode == "abort" and conn.request.transport is not None:
                 conn.request.transport.abort()
         if mode == "close":
             await asyncio.gather(
-                *(c.ws.close(code=1001, message=b"simulated drop") for c in victims),
+                *(c.ws.close(code=1001, message=reason) for c in victims),
                 return_exceptions=True,
             )
-        if count_as_drop:
-            self.state.stats.ws_dropped_by_sim += len(victims)
+
+    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` on the loop without awaiting it (kept referenced until done)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -------------------------------------------------------------- outages
+    def begin_outage(self, fault: Fault) -> list[_Conn]:
+        """Start a `ws_outage`: from now until ``seconds`` later (simulator clock) its
+        connections are refused; returns the open ones it closes. Recorded in
+        `faults_triggered` with the last model trade id each market streamed before,
+        and counts of the connections closed and refused."""
+        now = self.state.clock.now_ms()
+        if fault.symbol is not None:
+            fault.symbol = self.state.model.spec(fault.symbol).symbol
+        fault.until_ms = now + int(fault.seconds * 1000)
+        victims = self._victims(fault.symbol, fault.exchange)
+        symbols = [fault.symbol] if fault.symbol is not None else sorted(self._cursor)
+        model_trades = self.state.stats.model_trades
+        record = {
+            "id": fault.id,
+            "kind": "ws_outage",
+            "path": f"{fault.exchange or '*'}:{fault.symbol or '*'}",
+            "symbol": fault.symbol,
+            "exchange": fault.exchange,
+            "t_ms": now,
+            "until_ms": fault.until_ms,
+            "closed": len(victims),
+            "refused": 0,
+            "last_ids": {s: model_trades[s]["last_id"] for s in symbols if s in model_trades},
+        }
+        self._outages[fault.id] = record
+        self.state.stats.faults_triggered.append(record)
+        self.state.stats.ws_dropped_by_sim += len(victims)
+        return victims
+
+    async def outage(self, fault: Fault) -> int:
+        """`begin_outage` and close its connections now; returns how many."""
+        victims = self.begin_outage(fault)
+        await self.close(victims, fault.mode, b"simulated outage")
         return len(victims)
+
+    def _refuse(self, exchange: str, symbol: str | None) -> bool:
+        """Whether a `ws_outage` refuses this connection (``symbol`` None) or this
+        subscription now; counts the refusal in the outage's record."""
+        fault = self.state.faults.outage(self.state.clock.now_ms(), exchange, symbol)
+        if fault is None:
+            return False
+        record = self._outages.get(fault.id)
+        if record is not None:
+            record["refused"] += 1
+        return True
+
+    def refused(self, exchange: str) -> web.Response | None:
+        """The answer to a websocket handshake during an outage: 503, as a load
+        balancer in front of a dead stream service sends (ccxt: NetworkError)."""
+        if not self._refuse(exchange, None):
+            return None
+        return web.Response(
+            status=503,
+            text="<html><body><h1>503 Service Unavailable</h1></body></html>",
+            content_type="text/html",
+        )

@@ -104,9 +104,8 @@ class BookModel:
     def _last_price_ticks(self, symbol: str, t_ms: int) -> int:
         spec = self.model.spec(symbol)
         tick = Decimal(spec.tick)
-        trades = self.model.iter_trades_backward(spec.symbol, t_ms, max_minutes=_PRICE_LOOKBACK_MIN)
-        last = next(trades, None)
-        price = last.price if last is not None else Decimal(str(spec.price))
+        last = self.model.last_price(spec.symbol, t_ms, _PRICE_LOOKBACK_MIN)
+        price = last if last is not None else Decimal(str(spec.price))
         return int(price / tick)
 
     def book_at(self, symbol: str, step: int) -> SimBook:

@@ -20,6 +20,7 @@ snapshot, then deltas (``books.bybit_snapshot``/``bybit_delta``).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Sequence
@@ -182,8 +183,10 @@ class BybitRest:
             limit = min(max(int(request.query.get("limit", "60")), 1), MAX_TRADES_LIMIT)
         except ValueError:
             return bybit_error(10001, "params error", now)
-        model = self.state.model
-        trades = list(itertools.islice(model.iter_trades_backward(spec.symbol, now), limit))
+        model, symbol = self.state.model, spec.symbol
+        trades = await asyncio.to_thread(
+            lambda: list(itertools.islice(model.iter_trades_backward(symbol, now), limit))
+        )
         rows = [
             {
                 "execId": str(t.id),

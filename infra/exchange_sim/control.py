@@ -34,8 +34,35 @@ class SimulatorControl:
         """Arm a fault (see README "Faults"), e.g. `add_fault("slow", delay=5, count=1)`."""
         self._call("POST", "faults", {"kind": kind, **options})
 
-    def clear_faults(self) -> None:
-        self._call("DELETE", "faults")
+    def clear_faults(self, kind: str | None = None) -> None:
+        """Disarm every fault, or those of `kind` (`"ws_outage"`: end an outage early)."""
+        self._call("DELETE", "faults" + ("" if kind is None else f"?kind={kind}"))
+
+    def pending_faults(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "faults")["faults"])
+
+    def trade_drop(self, symbol: str, count: int = 1, exchange: str | None = None) -> None:
+        """The trade streams of `symbol` (of `exchange` only, if given) skip its next
+        `count` model trades; the ids they skipped are in `stats()["faults_triggered"]`."""
+        self.add_fault("trade_drop", symbol=symbol, count=count, exchange=exchange)
+
+    def ws_outage(
+        self,
+        symbol: str | None = None,
+        exchange: str | None = None,
+        seconds: float = 120.0,
+        mode: str = "close",
+    ) -> int:
+        """Close the stream connections (of `symbol`, of `exchange`: None = all) and refuse
+        new ones for `seconds` of the simulator clock; returns the connections closed."""
+        body = {
+            "kind": "ws_outage",
+            "symbol": symbol,
+            "exchange": exchange,
+            "seconds": seconds,
+            "mode": mode,
+        }
+        return int(self._call("POST", "faults", body)["ws_dropped"])
 
     def wait_for_subscribers(self, symbol: str, count: int = 1, timeout_s: float = 60) -> None:
         """Block until exactly `count` stream connections watch `symbol`'s trades."""

@@ -6,13 +6,17 @@ symbols) and those must be switchable per test, from Python or over HTTP; and
 its integrity report against answers that are wrong without saying so (a page
 cut short or empty: `truncate`); and its order-book integrity checks against a
 stream that loses an event (`book_drop`) or sends a wrong checksum (`book_checksum`):
-those two act on the next book event of `symbol`, never on a request.
+those two act on the next book event of `symbol`, never on a request. Its trade-gap
+repair needs a trade stream that skips trades (`trade_drop`: the next `count` model
+trades of `symbol` are not streamed, REST still serves them) and an exchange that is
+unreachable for a while (`ws_outage`: stream connections closed and refused for
+`seconds` of the simulator clock).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
@@ -26,10 +30,14 @@ FaultKind = Literal[
     "truncate",
     "book_drop",
     "book_checksum",
+    "trade_drop",
+    "ws_outage",
 ]
 
-#: Faults of the book streams: consumed by stream events (`FaultBook.take_event`).
-STREAM_KINDS: frozenset[str] = frozenset({"book_drop", "book_checksum"})
+#: Faults of the streams, never of a request: book events consume `book_*`
+#: (`FaultBook.take_event`), model trades `trade_drop` (`take_trades`); `ws_outage`
+#: lasts until its `until_ms` (`outage`).
+STREAM_KINDS: frozenset[str] = frozenset({"book_drop", "book_checksum", "trade_drop", "ws_outage"})
 
 #: Accepted spellings (HTTP status codes are handy in JSON) -> canonical kind.
 KIND_ALIASES: dict[str, FaultKind] = {
@@ -47,6 +55,9 @@ KIND_ALIASES: dict[str, FaultKind] = {
     "truncate": "truncate",
     "book_drop": "book_drop",
     "book_checksum": "book_checksum",
+    "trade_drop": "trade_drop",
+    "ws_outage": "ws_outage",
+    "outage": "ws_outage",
 }
 
 _ids = itertools.count(1)
@@ -70,7 +81,10 @@ class Fault:
     body: str | None = None  # for error (default: the exchange's generic error)
     after: int = 0  # matching requests let through before the fault applies (a later page)
     keep: float = 0.5  # for truncate: the fraction of the candle rows kept (0: an empty page)
-    symbol: str | None = None  # for book_*: the market (BTC/USDT); None matches all
+    symbol: str | None = None  # book_*, trade_drop, ws_outage: the market; None matches all
+    seconds: float = 120.0  # for ws_outage: how long connections are refused (simulator clock)
+    mode: str = "close"  # for ws_outage: "close" (close frame 1001) or "abort" (TCP cut)
+    until_ms: int | None = None  # for ws_outage: set when it starts
     id: int = field(default_factory=lambda: next(_ids))
     remaining: int = -1  # set from count
 
@@ -109,9 +123,15 @@ def parse_fault(data: Mapping[str, Any]) -> Fault:
             after=int(data.get("after", 0)),
             keep=float(data.get("keep", 0.5)),
             symbol=cast(str | None, data.get("symbol")),
+            seconds=float(data.get("seconds", 120.0)),
+            mode=str(data.get("mode", "close")),
         )
     except (TypeError, ValueError) as exc:
         raise FaultError(str(exc)) from None
+    if fault.seconds <= 0:
+        raise FaultError("seconds must be > 0")
+    if fault.mode not in ("close", "abort"):
+        raise FaultError("mode must be 'close' or 'abort'")
     if fault.count < 1:
         raise FaultError("count must be >= 1")
     if fault.after < 0:
@@ -190,6 +210,62 @@ class FaultBook:
                     self._faults.remove(fault)
                 return fault
         return None
+
+    def take_trades(
+        self, symbol: str, exchanges: Collection[str], count: int
+    ) -> list[tuple[Fault, int, int]]:
+        """Consume the armed `trade_drop`s that hit a batch of `count` model trades of
+        `symbol`, streamed to connections of `exchanges`: `(fault, first, n)`, the
+        fault drops the batch's trades `[first, first + n)` (for its `exchange` only,
+        if it names one). Each fault takes the next trades not yet dropped for it."""
+        taken: dict[str | None, int] = {None: 0}
+        hits: list[tuple[Fault, int, int]] = []
+        for fault in list(self._faults):
+            if (
+                fault.kind != "trade_drop"
+                or fault.remaining <= 0
+                or fault.symbol not in (None, symbol)
+                or (fault.exchange is not None and fault.exchange not in exchanges)
+            ):
+                continue
+            first = taken[None] + (taken.get(fault.exchange, 0) if fault.exchange else 0)
+            n = min(fault.remaining, count - first)
+            if n <= 0:
+                continue
+            taken[fault.exchange] = taken.get(fault.exchange, 0) + n
+            fault.remaining -= n
+            if fault.remaining == 0:
+                self._faults.remove(fault)
+            hits.append((fault, first, n))
+        return hits
+
+    def outage(self, now_ms: int, exchange: str, symbol: str | None) -> Fault | None:
+        """The `ws_outage` refusing `exchange`'s stream connections now: for a new
+        connection (`symbol` None) one of all markets; for a subscription to `symbol`
+        also one of that market. Ended outages are forgotten."""
+        self.expire(now_ms)
+        for fault in self._faults:
+            if (
+                fault.kind == "ws_outage"
+                and fault.exchange in (None, exchange)
+                and (fault.symbol is None or fault.symbol == symbol)
+            ):
+                return fault
+        return None
+
+    def expire(self, now_ms: int) -> None:
+        """Forget the outages whose time is over (connections are accepted again)."""
+        self._faults = [
+            f
+            for f in self._faults
+            if f.kind != "ws_outage" or f.until_ms is None or f.until_ms > now_ms
+        ]
+
+    def clear_kind(self, kind: str) -> int:
+        """Disarm every fault of one kind (e.g. end an outage early); returns how many."""
+        before = len(self._faults)
+        self._faults = [f for f in self._faults if f.kind != kind]
+        return before - len(self._faults)
 
     def pending(self) -> list[Fault]:
         return list(self._faults)

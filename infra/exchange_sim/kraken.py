@@ -1,5 +1,5 @@
-"""Kraken spot front-end (ccxt id ``kraken``): REST assets, pairs, time, OHLC, and the
-websocket v2 `book` channel (the one ccxt 4.5.90's ``watch_order_book`` uses).
+"""Kraken spot front-end (ccxt id ``kraken``): REST assets, pairs, time, OHLC, trades, and
+the websocket v2 `book` channel (the one ccxt 4.5.90's ``watch_order_book`` uses).
 
 Why these shapes: unmodified ccxt ``kraken`` must load markets (``load_markets``
 calls ``/0/public/Assets``, then ``/0/public/AssetPairs``) and parse candles, so
@@ -14,19 +14,24 @@ entries opening after it; there is no end and no limit (ccxt applies its limit
 itself); ``last`` is the open time of the last committed (closed) entry. Rows
 are ``[time s, open, high, low, close, vwap, volume, count]``: Kraken reports
 each candle's trade count. Same deterministic model as the other front-ends.
+Trades page forward by ``since``: unix seconds, or the nanosecond cursor ``last`` the
+previous page returned (``trade_ns``: unique per trade, so a page never splits a
+millisecond's trades wrongly).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
 
-from .model import SymbolSpec, fmt8, interval_ms, interval_open
+from .model import MarketModel, SymbolSpec, Trade, fmt8, interval_ms, interval_open
 from .state import SimState
 
 #: Kraken `interval` (minutes) -> the model's intervals.
@@ -42,6 +47,9 @@ INTERVALS = {
 }
 #: Entries of an interval the OHLC endpoint serves (the newest ones).
 MAX_ENTRIES = 720
+MAX_TRADES = 1000  # Trades: a page
+#: A Trades ``since`` at least this is a nanosecond cursor (``last``); below, unix seconds.
+NS_CURSOR_MIN = 10**12
 PREFIX = "/0/public/"
 #: Kraken's asset ids and altnames where they differ from the unified code, as
 #: listed by the real ``/0/public/Assets`` (the older assets carry an ``X`` prefix;
@@ -90,6 +98,7 @@ class KrakenRest:
             web.get("/0/public/Assets", self.assets),
             web.get("/0/public/AssetPairs", self.asset_pairs),
             web.get("/0/public/OHLC", self.ohlc),
+            web.get("/0/public/Trades", self.trades),
         ]
 
     def _spec(self, pair: str) -> SymbolSpec | None:
@@ -195,6 +204,70 @@ class KrakenRest:
                 "last": str(last),  # a string, as in the recorded payloads
             }
         )
+
+    async def trades(self, request: web.Request) -> web.Response:
+        """Trades after ``since`` (exclusive), oldest first, at most ``count`` (default
+        and maximum 1000), and ``last``: the nanosecond cursor of the last one, to pass
+        as the next ``since``. Without ``since``: the latest ``count`` trades."""
+        query = request.query
+        spec = self._spec(query.get("pair", ""))
+        if spec is None:
+            return kraken_error("EQuery:Unknown asset pair")
+        try:
+            count = int(query.get("count", str(MAX_TRADES)))
+            since_ns = parse_since(query["since"]) if query.get("since") else None
+        except (ValueError, ArithmeticError):
+            return kraken_error("EGeneral:Invalid arguments")
+        if not 1 <= count <= MAX_TRADES:
+            return kraken_error("EGeneral:Invalid arguments:count")
+        now, model, symbol = self.state.clock.now_ms(), self.state.model, spec.symbol
+
+        def page() -> list[tuple[Trade, int]]:
+            if since_ns is None:
+                latest = list(itertools.islice(model.iter_trades_backward(symbol, now), count))
+                return [(t, trade_ns(model, t)) for t in reversed(latest)]
+            later = model.iter_trades(symbol, since_ns // 10**6, now)
+            stamped = ((t, trade_ns(model, t)) for t in later)
+            return list(itertools.islice(((t, ns) for t, ns in stamped if ns > since_ns), count))
+
+        rows = await asyncio.to_thread(page)
+        # Nothing new: the cursor stays (as a poll of Kraken with no new trade).
+        last = rows[-1][1] if rows else (since_ns if since_ns is not None else now * 10**6)
+        return _ok(
+            {
+                pair_id(spec): [
+                    [
+                        fmt8(t.price),
+                        fmt8(t.qty),
+                        ns / 1e9,
+                        "s" if t.buyer_is_maker else "b",  # the taker's side
+                        "l",
+                        "",
+                        t.id,
+                    ]
+                    for t, ns in rows
+                ],
+                "last": str(last),
+            }
+        )
+
+
+def parse_since(raw: str) -> int:
+    """Kraken's ``since``, in nanoseconds: a ``last`` cursor (nanoseconds) or unix
+    seconds, possibly fractional (what ccxt sends)."""
+    value = Decimal(raw)
+    if value < 0:
+        raise ValueError(raw)
+    return int(value) if value >= NS_CURSOR_MIN else int(value * 10**9)
+
+
+def trade_ns(model: MarketModel, trade: Trade) -> int:
+    """A model trade's Kraken time in nanoseconds: its millisecond plus 100 us plus
+    10 ns per earlier trade of its minute. Unique and increasing, so ``last`` pages
+    trades of one millisecond exactly; and the seconds float (``ns / 1e9``) stays
+    inside the millisecond, so ccxt's truncating ``int(time * 1000)`` gives it back."""
+    position = trade.id - model.first_trade_id(trade.symbol, trade.time_ms)
+    return trade.time_ms * 10**6 + 100_000 + 10 * position
 
 
 # ------------------------------------------------------- public websocket v2

@@ -17,6 +17,10 @@ How (see README.md, "Data model"):
 * Trades: the trades of a minute are generated from its bar so that they
   aggregate back to it exactly (open/high/low/close, volume, trade count,
   taker-buy volume). Quote volumes are volume x typical price, not summed.
+* Trade ids: consecutive per symbol, as real exchanges number a market's trades:
+  a trade's id counts the trades before it from a fixed day (``ID_EPOCH_MS``),
+  counted backward before that day; the per-day counts are cached, so ids near the
+  epoch are cheap and id -> minute lookups bisect days, then minutes.
 * Coarser candles aggregate the 1m bars; a candle that contains "now" is
   aggregated from the trades up to "now" (still open).
 
@@ -27,27 +31,37 @@ Python guarantees across versions, seeded by blake2b (never the salted
 
 from __future__ import annotations
 
+import array
+import bisect
 import dataclasses
+import functools
 import hashlib
+import itertools
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from functools import lru_cache
 from typing import NamedTuple
+
+try:  # optional: ~6x faster trade-id counting (``_count_day``); exact either way
+    import numpy as _np
+except ImportError:  # pragma: no cover - the simulator image may lack it
+    _np = None  # type: ignore[assignment]
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 DAY_MS = 24 * HOUR_MS
 MINUTES_PER_DAY = 1440
 
-#: Trade ids are ``minute index * TRADE_ID_STRIDE + position in minute``: unique,
-#: increasing with time, and a trade's minute is recoverable from its id.
-TRADE_ID_STRIDE = 100_000
-#: Model trades use positions below this; injected trades use the rest.
+#: A model minute holds fewer trades than this (bounds the ids before a symbol's id epoch).
 MAX_TRADES_PER_MINUTE = 50_000
+#: Model trade ids lie above this floor, consecutive per symbol; injected trades
+#: (``/_sim/trades``) take ids below it, so the two never collide (README "Trade ids").
+MODEL_ID_FLOOR = 10**14
 
 INTERVAL_MS: dict[str, int] = {
     "1m": MINUTE_MS,
@@ -110,6 +124,12 @@ def fmt8(value: Decimal) -> str:
 
 def _utc_ms(year: int, month: int, day: int) -> int:
     return int(datetime(year, month, day, tzinfo=UTC).timestamp() * 1000)
+
+
+#: Model ids are counted from this UTC midnight (a symbol listed later, or delisted
+#: earlier: from its first, or last, day): forward after it, backward before it. Near
+#: it ids are cheap; each day between it and a queried time costs ~2 ms once.
+ID_EPOCH_MS = _utc_ms(2025, 7, 1)
 
 
 def _decimals(text: str) -> int:
@@ -376,6 +396,153 @@ def _split(rng: random.Random, total: int, parts: int) -> list[int]:
     return [1 + s for s in shares]
 
 
+_U_SCALE = 1.0 / 9007199254740992.0  # random(): (a * 2**26 + b) / 2**53
+
+
+def _words(raw: bytes) -> Sequence[int]:
+    """The 32-bit outputs of a Mersenne Twister stream drawn as one little-endian int."""
+    words = array.array("I", raw)
+    if sys.byteorder != "little":
+        words.byteswap()
+    return words
+
+
+def _count_minute(words: Sequence[int], i: int, spec: SymbolSpec) -> int:
+    """Minute ``i``'s trade count as ``_generate_day`` draws it (0: the minute is idle).
+
+    ``random()`` is ``((a >> 5) * 2**26 + (b >> 6)) / 2**53`` of two outputs, so
+    ``u[k]`` is made of words ``2 k`` and ``2 k + 1``; minute ``i`` reads ``u[9 i]``
+    (active?) and ``u[9 i + 1]``, ``u[9 i + 2]`` (the count's normal draw).
+    """
+    w = 18 * i
+    if ((words[w] >> 5) * 67108864.0 + (words[w + 1] >> 6)) * _U_SCALE >= spec.active_fraction:
+        return 0
+    u1 = ((words[w + 2] >> 5) * 67108864.0 + (words[w + 3] >> 6)) * _U_SCALE
+    u2 = ((words[w + 4] >> 5) * 67108864.0 + (words[w + 5] >> 6)) * _U_SCALE
+    z_n = math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2)
+    n = round(spec.trades_per_minute * math.exp(0.5 * z_n - 0.125))
+    return 1 if n < 1 else min(n, MAX_TRADES_PER_MINUTE - 1)
+
+
+def _counts_numpy(raw: bytes, spec: SymbolSpec) -> list[int]:
+    """``_count_minute`` of every minute at once; near-ties recomputed exactly."""
+    assert _np is not None
+    words = _np.frombuffer(raw, dtype="<u4").reshape(MINUTES_PER_DAY, 18)
+    a = (words[:, 0:6:2] >> 5).astype(_np.float64)
+    u = (a * 67108864.0 + (words[:, 1:6:2] >> 6)) * _U_SCALE  # u[9 i], u[9 i + 1], u[9 i + 2]
+    z_n = _np.sqrt(-2.0 * _np.log(1.0 - u[:, 1])) * _np.cos(2.0 * math.pi * u[:, 2])
+    x = spec.trades_per_minute * _np.exp(0.5 * z_n - 0.125)
+    n = _np.clip(_np.rint(x), 1, MAX_TRADES_PER_MINUTE - 1).astype(_np.int64)
+    n[u[:, 0] >= spec.active_fraction] = 0
+    counts: list[int] = n.tolist()
+    ties = _np.flatnonzero(_np.abs(x - _np.floor(x) - 0.5) < 1e-6).tolist()
+    if ties:  # a last-bit difference from `math` could round these apart
+        exact = _words(raw)
+        for i in ties:
+            counts[i] = _count_minute(exact, i, spec)
+    return counts
+
+
+class _Draws(NamedTuple):
+    """A minute's trades before they get ids: offsets in the minute (ms), prices in
+    ticks, quantities in steps, taker sides; ids need the id index, candles do not."""
+
+    times: tuple[int, ...]
+    prices: tuple[int, ...]
+    qtys: tuple[int, ...]
+    taker_buy: tuple[bool, ...]
+
+
+class _IdIndex:
+    """Cumulative trade counts of one symbol's days, grown outward from its id epoch.
+
+    Why: model ids are consecutive per symbol, so a trade's id is the number of
+    trades before it, counted from a fixed day; the counts are cached, and a lookup
+    costs only the days between the epoch and the day asked for (never the whole
+    history). Thread-safe: REST handlers look ids up from worker threads.
+    """
+
+    def __init__(
+        self, spec: SymbolSpec, day_total: Callable[[int], int], epoch_ms: int = ID_EPOCH_MS
+    ) -> None:
+        self.first_day = spec.listed_ms // DAY_MS
+        self.last_day = None if spec.delisted_ms is None else (spec.delisted_ms - 1) // DAY_MS
+        epoch = max(epoch_ms // DAY_MS, self.first_day)
+        self.epoch_day = epoch if self.last_day is None else min(epoch, self.last_day)
+        # Room for every trade the symbol can have had before its epoch: ids stay > floor.
+        slack = (self.epoch_day - self.first_day) * MINUTES_PER_DAY * MAX_TRADES_PER_MINUTE
+        self.base = MODEL_ID_FLOOR + 1 + slack  # id of the first trade on the epoch day
+        self._total = day_total
+        self._fwd = [0]  # _fwd[j]: trades of the days [epoch, epoch + j)
+        self._bwd = [0]  # _bwd[j]: trades of the days [epoch - j, epoch)
+        self._lock = threading.Lock()
+
+    def _clamp(self, day: int) -> int:
+        """Days outside the symbol's life hold no trades: stop counting at its ends."""
+        if day < self.first_day:
+            return self.first_day
+        if self.last_day is not None and day > self.last_day + 1:
+            return self.last_day + 1
+        return day
+
+    def covers(self, day: int) -> bool:
+        """Whether `day_start(day)` is already counted (cheap: no day to generate)."""
+        day = self._clamp(day)
+        j = day - self.epoch_day
+        return j < len(self._fwd) if j >= 0 else -j < len(self._bwd)
+
+    def day_start(self, day: int) -> int:
+        """Id of the first model trade at or after ``day``'s midnight."""
+        day = self._clamp(day)
+        if day >= self.epoch_day:
+            return self.base + self._forward(day - self.epoch_day)[day - self.epoch_day]
+        return self.base - self._backward(self.epoch_day - day)[self.epoch_day - day]
+
+    def _forward(self, j: int) -> list[int]:
+        if j >= len(self._fwd):
+            with self._lock:
+                while len(self._fwd) <= j:
+                    day = self.epoch_day + len(self._fwd) - 1
+                    self._fwd.append(self._fwd[-1] + self._total(day))
+        return self._fwd
+
+    def _backward(self, j: int) -> list[int]:
+        if j >= len(self._bwd):
+            with self._lock:
+                while len(self._bwd) <= j:
+                    day = self.epoch_day - len(self._bwd)
+                    self._bwd.append(self._bwd[-1] + self._total(day))
+        return self._bwd
+
+    def day_of(self, trade_id: int, last_day: int) -> int | None:
+        """The day holding the first model trade with an id >= ``trade_id`` among the
+        days up to ``last_day``; None if there is none. Counts only from the epoch to
+        the answer (or to ``last_day`` / the listing day), never beyond."""
+        if trade_id >= self.base:
+            rel = trade_id - self.base
+            stop = self._clamp(last_day + 1) - self.epoch_day  # _fwd index of day last+1
+            j = 0
+            while True:
+                fwd = self._forward(j)
+                if fwd[-1] > rel or len(fwd) > stop:
+                    break
+                j = min(2 * len(fwd), stop)  # grow in doubling steps, then bisect
+            if fwd[-1] <= rel:
+                return None
+            return self.epoch_day + bisect.bisect_right(fwd, rel) - 1
+        need = self.base - trade_id  # trades between the id and the epoch
+        deepest = self.epoch_day - self.first_day  # _bwd index of the listing day
+        j = 0
+        while True:
+            bwd = self._backward(j)
+            if bwd[-1] >= need or len(bwd) > deepest:
+                break
+            j = min(2 * len(bwd), deepest)
+        j = bisect.bisect_left(bwd, need)
+        day = self.epoch_day - min(j, deepest)  # before every trade: the listing day
+        return day if day <= last_day else None
+
+
 class MarketModel:
     """The deterministic world: per-symbol minute bars, trades and candles.
 
@@ -386,14 +553,20 @@ class MarketModel:
     def __init__(self, specs: Sequence[SymbolSpec] = DEFAULT_SPECS, seed: int | str = 0) -> None:
         self.seed = seed
         self.specs: dict[str, SymbolSpec] = {s.symbol: s for s in specs}
+        self.fast_counts = True  # numpy for `_count_day` when installed (tests turn it off)
         self._aliases: dict[str, str] = {}
         for spec in specs:
             for alias in (spec.symbol, spec.binance_id, spec.coinbase_id):
                 self._aliases[alias.upper()] = spec.symbol
-        self._anchor = lru_cache(maxsize=1 << 16)(self._compute_anchor)
-        self._day = lru_cache(maxsize=64)(self._generate_day)
-        self._trades = lru_cache(maxsize=512)(self._generate_trades)
-        self._closed = lru_cache(maxsize=1 << 17)(self._compute_closed_bar)
+        self._anchor = functools.lru_cache(maxsize=1 << 16)(self._compute_anchor)
+        self._day = functools.lru_cache(maxsize=64)(self._generate_day)
+        self._draws = functools.lru_cache(maxsize=512)(self._generate_draws)
+        self._trades = functools.lru_cache(maxsize=512)(self._generate_trades)
+        self._closed = functools.lru_cache(maxsize=1 << 17)(self._compute_closed_bar)
+        self._offsets = functools.lru_cache(maxsize=256)(self._minute_offsets)
+        self._ids = {
+            s.symbol: _IdIndex(s, functools.partial(self._day_total, s.symbol)) for s in specs
+        }
 
     # ------------------------------------------------------------------ symbols
     def spec(self, symbol: str) -> SymbolSpec:
@@ -530,6 +703,46 @@ class MarketModel:
             append(Bar(o, h, lo, c, v, q, n, tbv, q * tbv // v, nb))
         return tuple(bars)
 
+    def _count_day(self, symbol: str, day: int) -> list[int]:
+        """The trade count of each minute of a day: ``[bar.n or 0 for bar in _day()]``.
+
+        Why a second path: ids need the counts of every day between the id epoch and
+        the day asked for, and drawing only what the counts depend on is much cheaper
+        than ``_generate_day`` (~0.4 ms a day with numpy, ~2 ms without). It replays
+        the same random stream (the walk's 1440 draws skipped in one call, then the
+        per-minute uniforms read from the raw Mersenne Twister words exactly as
+        ``random()`` combines them), so it is exact; numpy's transcendental functions
+        may differ from ``math``'s in the last bits, so a count whose unrounded value
+        lies near a rounding boundary is recomputed with ``math``. Tests compare the
+        paths with the bars.
+        """
+        spec = self.specs[symbol]
+        day_start = day * DAY_MS
+        if not (spec.trading_at(day_start) or spec.trading_at(day_start + DAY_MS - 1)):
+            return [0] * MINUTES_PER_DAY
+        rng = self._rng(symbol, "day", day)
+        rng.getrandbits(64 * MINUTES_PER_DAY)  # the walk: 1440 random() calls, 2 words each
+        raw = rng.getrandbits(64 * 9 * MINUTES_PER_DAY).to_bytes(72 * MINUTES_PER_DAY, "little")
+        lo_minute = max(0, (spec.listed_ms - day_start) // MINUTE_MS)
+        hi_minute = MINUTES_PER_DAY
+        if spec.delisted_ms is not None:
+            hi_minute = min(hi_minute, -((day_start - spec.delisted_ms) // MINUTE_MS))
+        if _np is not None and self.fast_counts:
+            counts = _counts_numpy(raw, spec)
+        else:
+            words = _words(raw)
+            counts = [_count_minute(words, i, spec) for i in range(MINUTES_PER_DAY)]
+        counts[:lo_minute] = [0] * lo_minute
+        counts[hi_minute:] = [0] * (MINUTES_PER_DAY - hi_minute)
+        return counts
+
+    def _day_total(self, symbol: str, day: int) -> int:
+        return sum(self._count_day(symbol, day))
+
+    def _minute_offsets(self, symbol: str, day: int) -> tuple[int, ...]:
+        """Trades of the day before each minute (1441 entries, the last the day's total)."""
+        return tuple(itertools.accumulate(self._count_day(symbol, day), initial=0))
+
     def minute_bar(self, symbol: str, minute_ms: int) -> Bar | None:
         """Full bar of the minute opening at ``minute_ms`` (None: no trades)."""
         sym = self.spec(symbol).symbol
@@ -537,12 +750,11 @@ class MarketModel:
         return self._day(sym, day)[offset // MINUTE_MS]
 
     # ------------------------------------------------------------------ trades
-    def _generate_trades(self, symbol: str, minute_index: int) -> tuple[Trade, ...]:
-        """The trades of one minute, built to aggregate exactly to its bar."""
-        spec = self.specs[symbol]
+    def _generate_draws(self, symbol: str, minute_index: int) -> _Draws | None:
+        """The trades of one minute, built to aggregate exactly to its bar (None: no bar)."""
         bar = self.minute_bar(symbol, minute_index * MINUTE_MS)
         if bar is None:
-            return ()
+            return None
         rng = self._rng(symbol, "trades", minute_index)
         n = bar.n
         times = sorted(_randbelow(rng, MINUTE_MS) for _ in range(n))
@@ -574,24 +786,67 @@ class MarketModel:
         buyer_taker = set(order[: bar.nb])
         buy_qty = iter(_split(rng, bar.tbv, bar.nb))
         sell_qty = iter(_split(rng, bar.v - bar.tbv, n - bar.nb))
+        taker_buy = tuple(pos in buyer_taker for pos in range(n))
+        qtys = tuple(next(buy_qty) if buy else next(sell_qty) for buy in taker_buy)
+        return _Draws(tuple(times), tuple(prices), qtys, taker_buy)
+
+    def _generate_trades(self, symbol: str, minute_index: int) -> tuple[Trade, ...]:
+        """The minute's trades with their ids: consecutive from the minute's first id."""
+        draws = self._draws(symbol, minute_index)
+        if draws is None:
+            return ()
+        spec = self.specs[symbol]
         pd, qd = spec.price_decimals, spec.qty_decimals
-        base_id = minute_index * TRADE_ID_STRIDE
+        first_id = self._minute_start_id(symbol, minute_index)
         minute_ms = minute_index * MINUTE_MS
-        trades = []
-        for pos in range(n):
-            taker_buy = pos in buyer_taker
-            qty = next(buy_qty) if taker_buy else next(sell_qty)
-            trades.append(
-                Trade(
-                    symbol=symbol,
-                    id=base_id + pos,
-                    time_ms=minute_ms + times[pos],
-                    price=Decimal(prices[pos]).scaleb(-pd),
-                    qty=Decimal(qty).scaleb(-qd),
-                    buyer_is_maker=not taker_buy,
-                )
+        return tuple(
+            Trade(
+                symbol=symbol,
+                id=first_id + pos,
+                time_ms=minute_ms + offset,
+                price=Decimal(price).scaleb(-pd),
+                qty=Decimal(qty).scaleb(-qd),
+                buyer_is_maker=not buy,
             )
-        return tuple(trades)
+            for pos, (offset, price, qty, buy) in enumerate(zip(*draws, strict=True))
+        )
+
+    # --------------------------------------------------------------- trade ids
+    def _minute_start_id(self, symbol: str, minute_index: int) -> int:
+        day, i = divmod(minute_index, MINUTES_PER_DAY)
+        return self._ids[symbol].day_start(day) + self._offsets(symbol, day)[i]
+
+    def first_trade_id(self, symbol: str, t_ms: int) -> int:
+        """Id of the first model trade in or after the minute containing ``t_ms``: the
+        id a trade of that minute starts with, also where the minute has none."""
+        return self._minute_start_id(self.spec(symbol).symbol, t_ms // MINUTE_MS)
+
+    def trade_minute(self, symbol: str, trade_id: int, until_ms: int) -> int | None:
+        """Open time of the minute holding the first model trade with an id >=
+        ``trade_id``, looking no later than ``until_ms``'s day; None if there is none.
+
+        An id before every trade (e.g. below ``MODEL_ID_FLOOR``: injected) gives the
+        listing minute. Cost: the days between the id epoch and the answer, once.
+        """
+        spec = self.spec(symbol)
+        index = self._ids[spec.symbol]
+        if trade_id <= MODEL_ID_FLOOR:
+            return max(spec.listed_ms - spec.listed_ms % MINUTE_MS, 0)
+        day = index.day_of(trade_id, until_ms // DAY_MS)
+        if day is None:
+            return None
+        offsets = self._offsets(spec.symbol, day)
+        i = bisect.bisect_right(offsets, trade_id - index.day_start(day)) - 1
+        return (day * MINUTES_PER_DAY + min(max(i, 0), MINUTES_PER_DAY - 1)) * MINUTE_MS
+
+    def ids_ready(self, symbol: str, t_ms: int) -> bool:
+        """Whether the ids of ``t_ms``'s day are counted (else the first lookup counts
+        every day from the id epoch: ~2 ms each; a server does it off its loop)."""
+        return self._ids[self.spec(symbol).symbol].covers(t_ms // DAY_MS)
+
+    def warm_ids(self, symbol: str, t_ms: int) -> None:
+        """Count the ids up to ``t_ms``'s day (call it from a worker thread)."""
+        self._ids[self.spec(symbol).symbol].day_start(t_ms // DAY_MS)
 
     def trades_in_minute(self, symbol: str, minute_ms: int) -> tuple[Trade, ...]:
         """All model trades of the minute that opens at (or contains) ``minute_ms``."""
@@ -603,7 +858,10 @@ class MarketModel:
         """Trades with ``start_ms <= time <= end_ms`` (and ``id >= from_id``), oldest first."""
         spec = self.spec(symbol)
         if from_id is not None:
-            start_ms = max(start_ms, (from_id // TRADE_ID_STRIDE) * MINUTE_MS)
+            located = self.trade_minute(spec.symbol, from_id, end_ms)
+            if located is None:
+                return
+            start_ms = max(start_ms, located)
         start_ms = max(start_ms, spec.listed_ms)
         minute = start_ms // MINUTE_MS
         while minute * MINUTE_MS <= end_ms:
@@ -629,7 +887,11 @@ class MarketModel:
         """
         spec = self.spec(symbol)
         if before_id is not None:
-            end_ms = min(end_ms, (before_id // TRADE_ID_STRIDE) * MINUTE_MS + MINUTE_MS - 1)
+            if before_id <= MODEL_ID_FLOOR + 1:
+                return  # no model trade has a smaller id
+            located = self.trade_minute(spec.symbol, before_id - 1, end_ms)
+            if located is not None:  # else every trade up to end_ms is older
+                end_ms = min(end_ms, located + MINUTE_MS - 1)
         minute = end_ms // MINUTE_MS
         stop = max(spec.listed_ms // MINUTE_MS, minute - max_minutes)
         while minute >= stop:
@@ -638,6 +900,22 @@ class MarketModel:
                     continue
                 yield trade
             minute -= 1
+
+    def last_price(self, symbol: str, t_ms: int, max_minutes: int) -> Decimal | None:
+        """Price of the last model trade at or before ``t_ms`` within ``max_minutes``
+        (None: no trade): what books centre on; needs no trade ids."""
+        spec = self.spec(symbol)
+        minute = t_ms // MINUTE_MS
+        stop = max(spec.listed_ms // MINUTE_MS, minute - max_minutes)
+        while minute >= stop:
+            draws = self._draws(spec.symbol, minute)
+            if draws is not None:
+                offset = t_ms - minute * MINUTE_MS
+                done = bisect.bisect_right(draws.times, offset)
+                if done:
+                    return Decimal(draws.prices[done - 1]).scaleb(-spec.price_decimals)
+            minute -= 1
+        return None
 
     # ----------------------------------------------------------------- candles
     def _compute_closed_bar(self, symbol: str, length: int, open_ms: int) -> Bar | None:
@@ -651,19 +929,17 @@ class MarketModel:
         return combine_bars(self._day(symbol, day)[first : first + length // MINUTE_MS])
 
     def _partial_minute(self, symbol: str, minute_ms: int, now_ms: int) -> Bar | None:
-        """The minute containing ``now``: aggregated from its trades so far."""
+        """The minute containing ``now``: aggregated from its trades so far (no ids needed)."""
         full = self.minute_bar(symbol, minute_ms)
-        if full is None:
+        draws = self._draws(symbol, minute_ms // MINUTE_MS)
+        if full is None or draws is None:
             return None
-        done = [t for t in self.trades_in_minute(symbol, minute_ms) if t.time_ms <= now_ms]
+        done = bisect.bisect_right(draws.times, now_ms - minute_ms)
         if not done:
             return None
-        spec = self.specs[symbol]
-        pd, qd = spec.price_decimals, spec.qty_decimals
-        prices = [int(t.price.scaleb(pd)) for t in done]
-        qtys = [int(t.qty.scaleb(qd)) for t in done]
+        prices, qtys, buys = draws.prices[:done], draws.qtys[:done], draws.taker_buy[:done]
         v = sum(qtys)
-        tbv = sum(q for q, t in zip(qtys, done, strict=True) if not t.buyer_is_maker)
+        tbv = sum(q for q, buy in zip(qtys, buys, strict=True) if buy)
         q = full.q * v // full.v
         return Bar(
             o=prices[0],
@@ -672,10 +948,10 @@ class MarketModel:
             c=prices[-1],
             v=v,
             q=q,
-            n=len(done),
+            n=done,
             tbv=tbv,
             tbq=q * tbv // v,
-            nb=sum(not t.buyer_is_maker for t in done),
+            nb=sum(buys),
         )
 
     def _open_bar(self, symbol: str, length: int, open_ms: int, now_ms: int) -> Bar | None:

@@ -1,20 +1,26 @@
-"""OKX front-end (ccxt id ``okx``): REST markets and candles, and the public `books` stream.
+"""OKX front-end (ccxt id ``okx``): REST markets, candles and trades (the latest, and the
+history paged by trade id), and the public stream's `books` and `trades` channels.
 
 The third wire format, and the first whose candle pages hold the NEWEST
 ``limit`` candles of a window (``before < ts < after``, both exclusive, newest
 first, at most 300), as the real OKX does: an ingestor paging it like Binance
 loses the oldest candles of every long range. Same deterministic model as
 Binance and Coinbase. ``/api/v5/public/time`` answers the platform's probe.
+Trade history pages the same way: ``history-trades`` returns the NEWEST ``limit``
+records older than ``after`` and newer than ``before`` (trade ids), newest first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
-from .model import SymbolSpec, UnknownSymbolError, fmt8
+from .model import SymbolSpec, Trade, UnknownSymbolError, fmt8
 from .state import SimState
 from .windows import newest_first
 
@@ -33,6 +39,8 @@ BAR_TO_INTERVAL = {
     "1Dutc": "1d",
 }
 MAX_LIMIT = 300
+MAX_TRADES = 500  # market/trades: the latest 500
+MAX_HISTORY_TRADES = 100  # market/history-trades: a page
 PREFIX = "/api/v5/"
 
 
@@ -57,6 +65,8 @@ class OkxRest:
             web.get("/api/v5/public/instruments", self.instruments),
             web.get("/api/v5/market/candles", self.candles),
             web.get("/api/v5/market/history-candles", self.candles),
+            web.get("/api/v5/market/trades", self.trades),
+            web.get("/api/v5/market/history-trades", self.history_trades),
         ]
 
     def _spec(self, inst_id: str) -> SymbolSpec | None:
@@ -136,29 +146,98 @@ class OkxRest:
             ]
         )
 
+    async def trades(self, request: web.Request) -> web.Response:
+        """``market/trades``: the latest ``limit`` trades (default 100, at most 500),
+        newest first; no cursor."""
+        spec = self._spec(request.query.get("instId", ""))
+        if spec is None:
+            return okx_error("51001", "Instrument ID does not exist")
+        limit = _int(request.query, "limit", 100)
+        if limit is None or not 1 <= limit <= MAX_TRADES:
+            return okx_error("51000", "Parameter limit error")
+        now, model, symbol = self.state.clock.now_ms(), self.state.model, spec.symbol
+        rows = await asyncio.to_thread(
+            lambda: list(itertools.islice(model.iter_trades_backward(symbol, now), limit))
+        )
+        return _ok([trade_row(spec.coinbase_id, t) for t in rows])
+
+    async def history_trades(self, request: web.Request) -> web.Response:
+        """``market/history-trades``, newest first, at most 100 a page. ``type=1``
+        (default): ``after``/``before`` are trade ids, records older than ``after`` and
+        newer than ``before`` (both exclusive), the NEWEST ``limit`` of them: with only
+        ``before`` the latest trades, not those right after it. ``type=2``: ``after`` is
+        a time (ms), records before it; ``before`` is not supported for times (ignored)."""
+        query = request.query
+        spec = self._spec(query.get("instId", ""))
+        if spec is None:
+            return okx_error("51001", "Instrument ID does not exist")
+        kind = query.get("type", "1")
+        limit = _int(query, "limit", MAX_HISTORY_TRADES)
+        after, before = _int(query, "after", 0), _int(query, "before", 0)
+        if kind not in ("1", "2"):
+            return okx_error("51000", "Parameter type error")
+        if limit is None or not 1 <= limit <= MAX_HISTORY_TRADES:
+            return okx_error("51000", "Parameter limit error")
+        if after is None or before is None:
+            return okx_error("51000", "Parameter after or before error")
+        model, symbol = self.state.model, spec.symbol
+        end = self.state.clock.now_ms()
+        before_id: int | None = None
+        newer_than = 0
+        if kind == "2":
+            end = min(end, after - 1) if "after" in query else end
+        else:
+            before_id = after if "after" in query else None
+            newer_than = before
+
+        def page() -> list[Trade]:
+            older = model.iter_trades_backward(symbol, end, before_id=before_id)
+            window = itertools.takewhile(lambda t: t.id > newer_than, older)
+            return list(itertools.islice(window, limit))
+
+        rows = await asyncio.to_thread(page)
+        return _ok([trade_row(spec.coinbase_id, t) for t in rows])
+
+
+def _int(query: Mapping[str, str], name: str, default: int) -> int | None:
+    """An integer parameter (its default if absent); None if it is not one."""
+    try:
+        return int(query[name]) if name in query else default
+    except ValueError:
+        return None
+
 
 # ----------------------------------------------------------- public websocket
 
 #: `wss://ws.okx.com:8443/ws/v5/public` as `point_ccxt_at` rewrites it (host label `ws`).
 WS_PATH = "/ws/ws/v5/public"
 BOOK_CHANNEL = "books"
+TRADES_CHANNEL = "trades"
+CHANNELS = (BOOK_CHANNEL, TRADES_CHANNEL)
 
 
-def channel_key(inst_id: str) -> str:
-    """How a connection records its `books` subscription (`books:BTC-USDT`)."""
-    return f"{BOOK_CHANNEL}:{inst_id}"
+def channel_key(channel: str, inst_id: str) -> str:
+    """How a connection records a subscription (`books:BTC-USDT`, `trades:BTC-USDT`)."""
+    return f"{channel}:{inst_id}"
 
 
 def key_inst_id(key: str) -> str | None:
+    """The instId of a `books` key; None for another key."""
     channel, _, inst_id = key.partition(":")
     return inst_id if channel == BOOK_CHANNEL else None
 
 
+def key_trades_inst_id(key: str) -> str | None:
+    """The instId of a `trades` key; None for another key."""
+    channel, _, inst_id = key.partition(":")
+    return inst_id if channel == TRADES_CHANNEL else None
+
+
 def on_message(text: str, conn_id: int) -> tuple[list[Any], str, list[str]]:
-    """A client message -> (the replies, `subscribe`/`unsubscribe`/"", its instIds).
+    """A client message -> (the replies, `subscribe`/`unsubscribe`/"", its channel keys).
 
     As OKX answers: the text `ping` gets `pong`; each subscribed argument gets
-    `{"event": "subscribe", "arg": {...}, "connId": ...}` (then the snapshot); a
+    `{"event": "subscribe", "arg": {...}, "connId": ...}` (then a `books` snapshot); a
     channel the simulator does not serve gets `{"event": "error", "code": "60018"}`.
     """
     if text == "ping":
@@ -174,10 +253,10 @@ def on_message(text: str, conn_id: int) -> tuple[list[Any], str, list[str]]:
     if not isinstance(args, list) or not all(isinstance(a, dict) for a in args):
         return [_ws_error("60012", f"Illegal request: {text}", conn)], "", []
     replies: list[Any] = []
-    inst_ids: list[str] = []
+    keys: list[str] = []
     for arg in args:
         channel, inst_id = arg.get("channel"), arg.get("instId")
-        if channel != BOOK_CHANNEL or not isinstance(inst_id, str):
+        if channel not in CHANNELS or not isinstance(inst_id, str):
             replies.append(
                 _ws_error(
                     "60018", f"Wrong URL or channel:{channel},instId:{inst_id} doesn't exist", conn
@@ -187,8 +266,31 @@ def on_message(text: str, conn_id: int) -> tuple[list[Any], str, list[str]]:
         replies.append(
             {"event": op, "arg": {"channel": channel, "instId": inst_id}, "connId": conn}
         )
-        inst_ids.append(inst_id)
-    return replies, op, inst_ids
+        keys.append(channel_key(str(channel), inst_id))
+    return replies, op, keys
+
+
+def trade_row(inst_id: str, trade: Trade) -> dict[str, Any]:
+    """A trade as OKX writes it (REST `market/trades`, `history-trades`, the `trades`
+    channel): strings; `side` is the taker's; every model trade is its own fill."""
+    return {
+        "instId": inst_id,
+        "tradeId": str(trade.id),
+        "px": fmt8(trade.price),
+        "sz": fmt8(trade.qty),
+        "side": "sell" if trade.buyer_is_maker else "buy",
+        "source": "0",
+        "ts": str(trade.time_ms),
+    }
+
+
+def trades_push(inst_id: str, trade: Trade) -> dict[str, Any]:
+    """One push of the public `trades` channel (OKX sends a fill per push; `count`:
+    the fills aggregated into it, always 1 here)."""
+    return {
+        "arg": {"channel": TRADES_CHANNEL, "instId": inst_id},
+        "data": [{**trade_row(inst_id, trade), "count": "1"}],
+    }
 
 
 def _ws_error(code: str, message: str, conn: str) -> dict[str, Any]:

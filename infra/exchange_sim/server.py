@@ -194,14 +194,57 @@ class SimulatorServer:
 
     # ----------------------------------------------------- Python control API
     def add_fault(self, kind: str, **options: Any) -> Fault:
-        """Arm a fault (see README, "Faults"): e.g. ``add_fault("rate_limit", count=2)``."""
-        fault = parse_fault({"kind": kind, **options})
+        """Arm a fault (see README, "Faults"): e.g. ``add_fault("rate_limit", count=2)``.
+
+        ``ws_outage`` starts at once (its connections close right after this returns;
+        ``await ws_outage(...)`` waits for that).
+        """
+        fault = self._armed(parse_fault({"kind": kind, **options}))
+        if fault.kind == "ws_outage":
+            victims = self.streams.begin_outage(fault)
+            self.streams.background(self.streams.close(victims, fault.mode))
+        return fault
+
+    def _armed(self, fault: Fault) -> Fault:
+        """Add a parsed fault; the market of a trade or outage fault in its unified name."""
+        if fault.symbol is not None and fault.kind in ("trade_drop", "ws_outage"):
+            fault.symbol = self.model.spec(fault.symbol).symbol  # UnknownSymbolError
         return self.state.faults.add(fault)
 
-    def clear_faults(self) -> None:
-        self.state.faults.clear()
+    async def ws_outage(
+        self,
+        symbol: str | None = None,
+        exchange: str | None = None,
+        seconds: float = 120.0,
+        mode: str = "close",
+    ) -> Fault:
+        """Close the stream connections of ``symbol`` (None: all) of ``exchange``'s
+        dialect (None: every exchange) and refuse new ones for ``seconds`` of the
+        simulator clock: a real outage; trades due meanwhile are never streamed."""
+        fault = self._armed(
+            parse_fault(
+                {
+                    "kind": "ws_outage",
+                    "symbol": symbol,
+                    "exchange": exchange,
+                    "seconds": seconds,
+                    "mode": mode,
+                }
+            )
+        )
+        await self.streams.outage(fault)
+        return fault
+
+    def clear_faults(self, kind: str | None = None) -> int:
+        """Disarm every fault (or those of ``kind``, e.g. ``ws_outage`` to end an outage)."""
+        if kind is None:
+            count = len(self.state.faults.pending())
+            self.state.faults.clear()
+            return count
+        return self.state.faults.clear_kind(kind)
 
     def pending_faults(self) -> list[Fault]:
+        self.state.faults.expire(self.now_ms())
         return self.state.faults.pending()
 
     def inject_trades(self, symbol: str, trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
@@ -242,9 +285,10 @@ class SimulatorServer:
     def advance_time(self, delta_ms: int) -> int:
         """Move the clock forward and stream the model trades that became due now."""
         self.state.clock.advance(delta_ms)
-        return self.streams.pump()
+        return self.streams.pump(wait_for_ids=True)
 
     def stats(self, *, include_log: bool = True) -> dict[str, Any]:
+        self.state.faults.expire(self.now_ms())
         data = self.state.stats.snapshot(include_log=include_log)
         data["ws"]["open_connections"] = self.streams.connections()
         data["weight_used_1m"] = self.binance.weights.used
@@ -466,13 +510,17 @@ class SimulatorServer:
                     return self._bad(str(exc))
                 continue
             try:
-                added.append(self.state.faults.add(parse_fault(item)))
-            except FaultError as exc:
-                return self._bad(str(exc))
+                fault = self._armed(parse_fault(item))
+            except (FaultError, UnknownSymbolError) as exc:
+                return self._bad(f"bad fault: {exc}")
+            if fault.kind == "ws_outage":  # acts at once, as ws_drop
+                dropped += await self.streams.outage(fault)
+            added.append(fault)
         return web.json_response({"faults": [f.to_json() for f in added], "ws_dropped": dropped})
 
     async def _h_faults_clear(self, request: web.Request) -> web.Response:
-        self.clear_faults()
+        """``?kind=ws_outage`` disarms only that kind (ends an outage early)."""
+        self.clear_faults(request.query.get("kind"))
         return web.json_response({"ok": True})
 
     async def _h_trades(self, request: web.Request) -> web.Response:
@@ -655,8 +703,20 @@ class ThreadedSimulator:
     def add_fault(self, kind: str, **options: Any) -> Fault:
         return self._call(lambda: self.server.add_fault(kind, **options))
 
-    def clear_faults(self) -> None:
-        self._call(self.server.clear_faults)
+    def ws_outage(
+        self,
+        symbol: str | None = None,
+        exchange: str | None = None,
+        seconds: float = 120.0,
+        mode: str = "close",
+    ) -> Fault:
+        return self._await(self.server.ws_outage(symbol, exchange, seconds, mode))
+
+    def clear_faults(self, kind: str | None = None) -> int:
+        return self._call(lambda: self.server.clear_faults(kind))
+
+    def pending_faults(self) -> list[Fault]:
+        return self._call(self.server.pending_faults)
 
     def inject_trades(self, symbol: str, trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
         return self._call(lambda: self.server.inject_trades(symbol, trades))

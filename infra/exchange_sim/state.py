@@ -7,6 +7,7 @@ import cycles. Everything here is touched only from the server's event loop.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ class Stats:
     ws_dropped_by_sim: int = 0
     trades_injected: int = 0
     book_events: int = 0  # book stream events sent (per market, not per connection)
+    # unified symbol -> {"last_id": last model trade the stream reached (sent or
+    # dropped), "sent": model trades streamed, "dropped": model trades skipped by faults}
+    model_trades: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def record(self, entry: dict[str, Any]) -> None:
         self.requests_total += 1
@@ -77,7 +81,8 @@ class Stats:
             "requests_total": self.requests_total,
             "by_endpoint": dict(self.by_endpoint),
             "by_status": dict(self.by_status),
-            "faults_triggered": list(self.faults_triggered),
+            # copies: an outage's entry keeps counting refusals after it was read
+            "faults_triggered": [copy.deepcopy(f) for f in self.faults_triggered],
             "ws": {
                 "connections_total": self.ws_connections_total,
                 "messages_sent": self.ws_messages_sent,
@@ -85,6 +90,7 @@ class Stats:
                 "dropped_by_sim": self.ws_dropped_by_sim,
                 "trades_injected": self.trades_injected,
                 "book_events": self.book_events,
+                "model_trades": copy.deepcopy(self.model_trades),
             },
         }
         if include_log:

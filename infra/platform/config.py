@@ -62,6 +62,12 @@ class PlatformConfig(BaseSettings):
     #: saying so, when one is not and the simulator speaks them all);
     #: `binance`: the old name of `real`.
     exchange: Literal["simulator", "real", "binance"] = "simulator"
+    #: Markets (BASE/QUOTE) recorded on every served exchange whether or not a client
+    #: subscribes, trades and books (docs/protocol.md "Recording"); empty: none.
+    #: `PLATFORM_RECORD=BTC/USDT,ETH/USDT` or `PLATFORM_RECORD=` from the environment.
+    record: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["BTC/USDT", "ETH/USDT", "SOL/USDT"]
+    )
     #: Spark master for the pipeline in local mode.
     spark_master: str = "local[2]"
     #: Seconds each service may take to become ready (Spark needs the most).
@@ -80,6 +86,16 @@ class PlatformConfig(BaseSettings):
         if isinstance(value, str):
             text = value.strip()
             value = json.loads(text) if text.startswith("[") else text.split(",")
+        return value
+
+    @field_validator("record", mode="before")
+    @classmethod
+    def _split_record(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [v.strip() for v in text.split(",") if v.strip()]
         return value
 
     @field_validator("exchanges")

@@ -22,6 +22,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from infra import artifacts, spark_class_archive
 from infra.localstack.components import Component, NotReadyError, base_env
@@ -236,13 +237,15 @@ class Ingestor(Service):
             **coverage_env(self.endpoints),
             # Exactly these exchanges, whatever the ingestor's config file lists.
             "INGESTOR_SERVE": ",".join(self.platform.exchanges),
+            "INGESTOR_RECORDING__EXCHANGES": json.dumps(recording(self.platform)),
         }
         if self.exchange_url is not None:
             for exchange_id in self.platform.exchanges:
                 section = f"INGESTOR_EXCHANGES__{exchange_id.upper()}"
                 overrides[f"{section}__API_BASE_URL"] = self.exchange_url
-                # The simulator numbers trades per minute: its ids jump between minutes.
-                overrides[f"{section}__CONSECUTIVE_TRADE_IDS"] = "false"
+                # The simulator takes any API key; Binance's historicalTrades (the gap
+                # repairer's id cursor) needs one.
+                overrides.setdefault(f"INGESTOR_{exchange_id.upper()}_API_KEY", "simulator")
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:
@@ -252,6 +255,14 @@ class Ingestor(Service):
         relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
         if (metric_sample(relay, 'relay_ingestor_subscriptions{socket="work"}') or 0) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
+
+
+def recording(platform: PlatformConfig) -> dict[str, Any]:
+    """The ingestor's `recording.exchanges`: `platform.record` on every served exchange."""
+    if not platform.record:
+        return {}
+    wanted = {"markets": list(platform.record), "channels": ["trades", "book"]}
+    return {exchange_id: wanted for exchange_id in platform.exchanges}
 
 
 def client_env(request: str, market_data: str, s: StackEndpoints) -> dict[str, str]:

@@ -1015,9 +1015,9 @@ def test_configs_wire_the_services_together() -> None:
     assert online.exchanges["binance"].api_base_url is None
     sim_port = next(iter(published("exchange-sim")))
     assert offline.exchanges["binance"].api_base_url == f"http://exchange-sim:{sim_port}"
-    # The simulator's trade ids jump between minutes: no lost trades to infer from them.
+    # The simulator numbers each symbol's trades 1, 2, 3, ... as Binance does.
     assert online.exchanges["binance"].consecutive_trade_ids
-    assert not offline.exchanges["binance"].consecutive_trade_ids
+    assert offline.exchanges["binance"].consecutive_trade_ids
 
     pipe = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline/config.yaml")
     config = StackConfig()
@@ -1886,6 +1886,26 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
             r"\b((?:relay|ingestor|pipeline)_[a-z_]+?)(?:_total)?\b", rule["expr"]
         ):
             assert f'"{metric}"' in sources, f"{rule['alert']}: no service exports {metric}"
+
+
+# ----------------------------------------------------------------------------- recording
+
+
+def test_compose_records_btc_eth_sol_and_the_e2e_stack_its_own_markets() -> None:
+    """A user's stack records what make run records; the e2e suite's override records
+    markets its other tests never inject trades into (infra.testing.E2E_RECORDED)."""
+    from infra.compose_platform import E2E_RECORDING
+    from infra.testing import E2E_RECORDED
+
+    offline = load_ingestor_settings(COMPOSE_DIR / "ingestor/config.offline.yaml")
+    binance = offline.recording.exchanges["binance"]
+    assert binance.markets == ["BTC/USDT", "ETH/USDT", "SOL/USDT"]
+    assert binance.channels == ["trades", "book"]
+    env = resolved_compose(("docker-compose.yml", E2E_RECORDING))["services"]["ingestor"][
+        "environment"
+    ]
+    recorded = json.loads(env["INGESTOR_RECORDING__EXCHANGES"])
+    assert recorded["binance"]["markets"] == list(E2E_RECORDED)
 
 
 # ----------------------------------------------------------------------------- Kafka cluster

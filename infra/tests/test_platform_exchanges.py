@@ -7,6 +7,7 @@ service's own settings loader, so the chain config -> env -> settings is real.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,17 @@ def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> 
     assert env["INGESTOR_SERVE"] == "binance,coinbaseexchange"
     assert env["INGESTOR_EXCHANGES__COINBASEEXCHANGE__API_BASE_URL"] == "http://127.0.0.1:8765"
     assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
-    assert env["INGESTOR_EXCHANGES__BINANCE__CONSECUTIVE_TRADE_IDS"] == "false"
+    assert "INGESTOR_EXCHANGES__BINANCE__CONSECUTIVE_TRADE_IDS" not in env  # 1, 2, 3, ...
+    assert env["INGESTOR_BINANCE_API_KEY"] == "simulator"  # historicalTrades needs one
+    # BTC, ETH and SOL recorded on every served exchange (PLATFORM_RECORD).
+    recording = json.loads(env["INGESTOR_RECORDING__EXCHANGES"])
+    assert set(recording) == {"binance", "coinbaseexchange"}
+    assert recording["binance"] == {
+        "markets": ["BTC/USDT", "ETH/USDT", "SOL/USDT"],
+        "channels": ["trades", "book"],
+    }
+    quiet = service_env(Ingestor, PlatformConfig(record=[]), exchange_url=None)
+    assert json.loads(quiet["INGESTOR_RECORDING__EXCHANGES"]) == {}
     with pytest.raises(
         StackError, match="simulator speaks only binance, bybit, coinbaseexchange, kraken, okx"
     ):

@@ -15,6 +15,9 @@ if [ -z "${CONFIG_PATH:-}" ]; then
     if [ -f "$conf_dir/config.offline.yaml" ] && getent hosts "$sim_host" >/dev/null 2>&1; then
         CONFIG_PATH="$conf_dir/config.offline.yaml"
         echo "ingestor-entrypoint: offline profile ($sim_host resolves): $CONFIG_PATH" >&2
+        # The simulator takes any API key; Binance's historicalTrades (the gap
+        # repairer's id cursor) needs one.
+        export INGESTOR_BINANCE_API_KEY="${INGESTOR_BINANCE_API_KEY:-simulator}"
     else
         CONFIG_PATH="$conf_dir/config.yaml"
     fi

@@ -25,6 +25,7 @@ from mdproto.gen.marketdata_pb2 import (
     OHLCBatch,
     OHLCRequest,
     PipelineStatus,
+    RecordingCheckpoint,
     Response,
     Status,
     SubmitHistoricalRequest,
@@ -32,7 +33,6 @@ from mdproto.gen.marketdata_pb2 import (
     TakerSide,
     Tick,
     TradeGap,
-    RecordingCheckpoint,
 )
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "OHLCBatch",
     "OHLCRequest",
     "PipelineStatus",
+    "RecordingCheckpoint",
     "Response",
     "Status",
     "SubmitHistoricalRequest",
@@ -67,5 +68,4 @@ __all__ = [
     "TakerSide",
     "Tick",
     "TradeGap",
-    "RecordingCheckpoint",
 ]

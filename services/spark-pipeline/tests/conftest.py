@@ -198,6 +198,7 @@ class PipelineRun:
     ticks_topic: str
     pub_port: int
     markets_topic: str = ""
+    recording_topic: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = field(default_factory=lambda: free_port())
     process: subprocess.Popen[bytes] | None = None
@@ -245,10 +246,14 @@ class PipelineRun:
                 "PIPELINE_LIVE__STORE_TRIGGER_S": "1",
                 "PIPELINE_LIVE__BOOK_STORE_TRIGGER_S": "1",
                 "PIPELINE_MARKETS__TRIGGER_S": "2",
+                "PIPELINE_GAPS__TRIGGER_S": "1",
+                "PIPELINE_GAPS__RETRY_S": "1",
             }
         )
         if self.markets_topic:
             env["PIPELINE_KAFKA__TOPIC_MARKETS"] = self.markets_topic
+        if self.recording_topic:
+            env["PIPELINE_KAFKA__TOPIC_RECORDING"] = self.recording_topic
         env.update(self.extra_env)
         if crash_at:
             env["PIPELINE_CRASH_AT"] = crash_at
@@ -417,6 +422,7 @@ def make_run(
             batches_topic=f"pt-{tag}.ohlc.batches",
             ticks_topic=f"pt-{tag}.ticks",
             markets_topic=f"pt-{tag}.markets",
+            recording_topic=f"pt-{tag}.recording",
             pub_port=free_port(),
             extra_env=dict(extra_env),
         )

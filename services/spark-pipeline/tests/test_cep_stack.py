@@ -99,6 +99,7 @@ def test_triggers_fire_tombstone_and_survive_a_crash(make_run: Any, tools: Any) 
         PIPELINE_KAFKA__TOPIC_CEP_TRIGGERS=trigger_topic,
         PIPELINE_HISTORY__ENABLED="false",
         PIPELINE_MARKETS__ENABLED="false",
+        PIPELINE_GAPS__ENABLED="false",
     )
     sub = tools.Subscriber(run.pub_endpoint)
     run.start()

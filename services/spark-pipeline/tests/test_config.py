@@ -34,12 +34,22 @@ def test_defaults_follow_the_contracts() -> None:
         "candles-store",
         "book-store",
         "markets",
+        "gaps",
     ]
     assert s.kafka.topic_book == "market.book"
     assert (s.live.book_snapshot_s, s.catalog.book_snapshots_table) == (1.0, "book_snapshots")
     assert s.kafka.topic_cep_triggers == "cep.triggers"
     assert s.kafka.topic_markets == "market.markets"
     assert s.markets.trigger_s == 60.0  # markets change rarely: keep Spark idle
+    assert (s.kafka.topic_recording, s.catalog.gaps_table) == ("market.recording", "gaps")
+    g = s.gaps
+    assert (g.trigger_s, g.retry_s, g.ticks_wait_s, g.settle_s, g.correction_s) == (
+        5.0,
+        10.0,
+        900.0,
+        300.0,
+        300.0,
+    )
 
 
 def test_yaml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,11 +100,16 @@ def test_unknown_keys_are_rejected(tmp_path: Path) -> None:
 
 def test_disabled_paths_drop_their_queries() -> None:
     s = Settings.model_validate(
-        {"live": {"enabled": False}, "cep": {"enabled": False}, "markets": {"enabled": False}}
+        {
+            "live": {"enabled": False},
+            "cep": {"enabled": False},
+            "markets": {"enabled": False},
+            "gaps": {"enabled": False},
+        }
     )
     assert s.enabled_queries == ["history"]
     s = Settings.model_validate({"live": {"enabled": False}})
-    assert s.enabled_queries == ["history", "markets"]  # CEP is the live engine's
+    assert s.enabled_queries == ["history", "markets", "gaps"]  # CEP is the live engine's
 
 
 def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:

@@ -30,7 +30,11 @@ def _ms(value: Any) -> int:
 def test_catalog_restart_and_s3_outage_lose_and_duplicate_nothing(
     local_stack: Any, make_run: Any, tools: Any, build: Any
 ) -> None:
-    run = make_run(PIPELINE_CEP__ENABLED="false", PIPELINE_MARKETS__ENABLED="false")
+    run = make_run(
+        PIPELINE_CEP__ENABLED="false",
+        PIPELINE_MARKETS__ENABLED="false",
+        PIPELINE_GAPS__ENABLED="false",
+    )
     sub = tools.Subscriber(run.pub_endpoint)
     kafka = tools.Kafka(run.endpoints.kafka_bootstrap)
     lake = tools.Lake(run.endpoints, run.namespace)

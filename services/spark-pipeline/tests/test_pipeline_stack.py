@@ -233,7 +233,7 @@ def test_duplicate_deliveries_add_no_rows_and_no_second_notification(
 def test_the_warm_up_writes_the_history_path_once_and_leaves_no_table(pipeline: Any) -> None:
     assert "history path warmed up" in pipeline.run.log_text()
     assert pipeline.lake.table_names() == {
-        "ohlc", "ticks", "requests", "markets", "book_snapshots"
+        "ohlc", "ticks", "requests", "markets", "book_snapshots", "gaps"
     }  # fmt: skip
 
 
@@ -541,6 +541,7 @@ def test_tables_from_an_older_pipeline_are_migrated_at_start(
         PIPELINE_LIVE__ENABLED="false",
         PIPELINE_CEP__ENABLED="false",
         PIPELINE_MARKETS__ENABLED="false",
+        PIPELINE_GAPS__ENABLED="false",
     )
     e = run.endpoints
     catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())

@@ -39,6 +39,7 @@ def test_history_crash_points_notify_once_and_never_duplicate_rows(
         PIPELINE_LIVE__ENABLED="false",
         PIPELINE_CEP__ENABLED="false",
         PIPELINE_MARKETS__ENABLED="false",
+        PIPELINE_GAPS__ENABLED="false",
     )
     sub = tools.Subscriber(run.pub_endpoint)
     kafka = tools.Kafka(run.endpoints.kafka_bootstrap)

@@ -23,6 +23,7 @@ def test_live_kill9_loses_and_duplicates_nothing(make_run: Any, tools: Any, buil
         PIPELINE_HISTORY__ENABLED="false",
         PIPELINE_CEP__ENABLED="false",
         PIPELINE_MARKETS__ENABLED="false",
+        PIPELINE_GAPS__ENABLED="false",
     )
     sub = tools.Subscriber(run.pub_endpoint)
     kafka = tools.Kafka(run.endpoints.kafka_bootstrap)

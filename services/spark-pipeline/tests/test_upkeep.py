@@ -30,6 +30,7 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
         "market.requests",
         "market.markets",
         "market.book_snapshots",
+        "market.gaps",
     }
     assert steps[2].sql == "CALL lake.system.rewrite_manifests(table => 'market.ohlc')"
     expire = steps[3].sql
@@ -49,6 +50,7 @@ def test_a_round_compacts_small_commits_and_expires_their_snapshots(
         PIPELINE_LIVE__ENABLED="false",
         PIPELINE_CEP__ENABLED="false",
         PIPELINE_MARKETS__ENABLED="false",
+        PIPELINE_GAPS__ENABLED="false",
         PIPELINE_UPKEEP__INTERVAL_S="3",
         PIPELINE_UPKEEP__SNAPSHOT_RETAIN_S="0",
         PIPELINE_UPKEEP__RETAIN_LAST_SNAPSHOTS="1",

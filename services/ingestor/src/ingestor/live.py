@@ -162,6 +162,14 @@ class Recording:
     on_sent: Callable[[TradePoint, asyncio.Future[int]], None]
 
 
+def _follows(last: TradePoint, point: TradePoint) -> bool:
+    """`point` is newer than `last`: by number where both ids are numbers (a replayed or
+    out-of-order trade does not move a gap's start back), else by arrival."""
+    if last.trade_id.isdigit() and point.trade_id.isdigit():
+        return int(point.trade_id) > int(last.trade_id)
+    return True
+
+
 class TradeSource(Protocol):
     prefix: str
     supports_websocket: bool
@@ -316,7 +324,8 @@ async def run_feed(
             if gap and recording is not None and last is not None:
                 why = TradeGap.SKIPPED_IDS if cause == TradeGap.CAUSE_UNSPECIFIED else cause
                 recording.on_gap(GapFound(ticker, last, point, why, skipped))
-            last, cause = point, TradeGap.CAUSE_UNSPECIFIED
+            if last is None or _follows(last, point):
+                last, cause = point, TradeGap.CAUSE_UNSPECIFIED
             if record is not None:
                 await sink.send_tick(ticker, record)
             record = tick_record(ticker, trade, ingested, gap_before=gap)

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ingestor.clock import wall_clock_ms
+from mdproto.messages import TradeGap
 from mdproto.runtime.metrics_http import Health
 
 if TYPE_CHECKING:
@@ -89,6 +91,7 @@ class IngestorCollector(Collector):
             work.add_metric(["malformed"], ing.intake.stats.malformed)
             yield work
         yield from self._feeds()
+        yield from self._recording()
         healthy = GaugeMetricFamily(
             "ingestor_exchange_healthy",
             "0 after health.failure_threshold failed exchange calls in a row, until one succeeds",
@@ -124,6 +127,61 @@ class IngestorCollector(Collector):
             gaps.add_metric([ticker], s.id_gaps)
             marked.add_metric([ticker], s.gaps_marked)
         yield from (up, ticks, reconnects, gaps, marked)
+
+    def _recording(self) -> Iterator[Metric]:
+        recorders = self._ingestor.recorders
+        if not recorders:
+            return
+        labels = ["exchange"]
+        markets = GaugeMetricFamily(
+            "ingestor_recording_markets", "Markets recorded by this ingestor", labels=labels
+        )
+        universe = GaugeMetricFamily(
+            "ingestor_recording_universe", "Markets the exchange's recording names", labels=labels
+        )
+        unknown = GaugeMetricFamily(
+            "ingestor_recording_unknown_markets",
+            "Configured markets the exchange does not list (not recorded; logged at start)",
+            labels=labels,
+        )
+        slots = GaugeMetricFamily(
+            "ingestor_recording_slots", "Recording slots this ingestor owns", labels=labels
+        )
+        gaps = GaugeMetricFamily(
+            "ingestor_recording_gaps",
+            "Gaps of the markets this ingestor has seen, by status",
+            labels=[*labels, "status"],
+        )
+        lag = GaugeMetricFamily(
+            "ingestor_recording_repair_lag_seconds",
+            "Age of the oldest gap not repaired yet (0: none)",
+            labels=labels,
+        )
+        recovered = CounterMetricFamily(
+            "ingestor_recording_trades_recovered", "Trades written by gap repairs", labels=labels
+        )
+        checkpoints = CounterMetricFamily(
+            "ingestor_recording_checkpoints", "RecordingCheckpoint records written", labels=labels
+        )
+        now_ms = wall_clock_ms()
+        for recorder in recorders.values():
+            name = [recorder.prefix]
+            markets.add_metric(name, len(recorder.recorded_here()))
+            universe.add_metric(name, len(recorder.universe.tickers))
+            unknown.add_metric(name, len(recorder.universe.unknown))
+            slots.add_metric(name, len(recorder.owned))
+            by_status = dict.fromkeys(TradeGap.State.keys()[1:], 0)
+            oldest = now_ms
+            for gap in recorder.gaps():
+                by_status[TradeGap.State.Name(gap.state)] += 1
+                if gap.state in (TradeGap.OPEN, TradeGap.REPAIRING):
+                    oldest = min(oldest, gap.detected_at_ms)
+            for status, count in by_status.items():
+                gaps.add_metric([*name, status], count)
+            lag.add_metric(name, (now_ms - oldest) / 1000)
+            recovered.add_metric(name, recorder.stats.trades_recovered)
+            checkpoints.add_metric(name, recorder.stats.checkpoints)
+        yield from (markets, universe, unknown, slots, gaps, lag, recovered, checkpoints)
 
 
 def registry_for(ingestor: Ingestor) -> CollectorRegistry:

@@ -16,6 +16,8 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, l
    cep.triggers + market.ticks -> live engine: CEP (docs/cep.md) -> PUB CEPTriggerEvent
                                                                  -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
+-> gaps query: market.recording TradeGaps -> MERGE gaps (one row per gap_id)
+   gap-rebuilds thread: a REPAIRED gap's live candles rebuilt from ticks -> ohlc (+ corrections)
 -> table upkeep thread: compact small and delete files, expire old snapshots (every 15 min)
 -> run until SIGTERM/SIGINT; a failed query restarts from its checkpoint (backoff), and
    the process exits 1 only when one keeps failing or the PUB process dies
@@ -33,10 +35,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 
 from mdproto.runtime.metrics_http import MetricsServer
-from pipeline import faults, history, live, markets, metrics, preflight, session, upkeep
+from pipeline import faults, gaps, history, live, markets, metrics, preflight, session, upkeep
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.config import Settings
 from pipeline.early_notices import EarlyNotices
+from pipeline.gap_rebuilds import GapRebuilds
 from pipeline.heartbeat import Heartbeat, QueryState
 from pipeline.lake import Lake, TableNames
 from pipeline.progress import ProgressLogger
@@ -68,6 +71,7 @@ class Pipeline:
             c.requests_table,
             c.markets_table,
             c.book_snapshots_table,
+            c.gaps_table,
         )
         self.publisher: Publisher | None = None
         self.spark: SparkSession | None = None
@@ -81,6 +85,7 @@ class Pipeline:
         self.upkeep: upkeep.Upkeep | None = None
         self.heartbeat: Heartbeat | None = None
         self.stored_answers: StoredAnswers | None = None
+        self.gap_rebuilds: GapRebuilds | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -119,6 +124,17 @@ class Pipeline:
                 self._launch(name, starter)
         if settings.markets.enabled:
             self._launch(markets.QUERY_NAME, lambda: markets.start(spark, settings, lake))
+        if settings.gaps.enabled:
+            rebuilds = self.gap_rebuilds = GapRebuilds(
+                settings,
+                spark,
+                lake,
+                publish=publisher.publish_many,
+                report=metrics.GapMetrics(self.registry) if self.registry else None,
+                rebuild=settings.live.enabled,  # live candles and stored trades are live's
+            )
+            rebuilds.start()
+            self._launch(gaps.QUERY_NAME, lambda: gaps.start(spark, settings, lake, rebuilds))
         if settings.upkeep.enabled:
             report = metrics.UpkeepMetrics(self.registry) if self.registry else None
             self.upkeep = upkeep.Upkeep(spark, self.names, settings.upkeep, report)
@@ -235,6 +251,9 @@ class Pipeline:
         if self.upkeep is not None:
             self.upkeep.stop()  # lets a running procedure call finish
             self.upkeep = None
+        if self.gap_rebuilds is not None:
+            self.gap_rebuilds.stop()  # lets a running rebuild finish
+            self.gap_rebuilds = None
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

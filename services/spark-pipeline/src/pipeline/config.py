@@ -34,6 +34,8 @@ class KafkaConfig(_Section):
     topic_markets: str = contracts.KAFKA_MARKETS
     #: BookSnapshot and BookDelta records, key ticker (live books; snapshots to Iceberg).
     topic_book: str = contracts.KAFKA_BOOK
+    #: The ingestors' recording records (compacted): the ``gaps`` query keeps the TradeGaps.
+    topic_recording: str = contracts.KAFKA_RECORDING
     #: Where a query starts when its checkpoint is new; later runs resume from the checkpoint.
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: Spark's failOnDataLoss: stop (rather than skip) when retention deleted unread records.
@@ -64,6 +66,7 @@ class CatalogConfig(_Section):
     requests_table: str = "requests"
     markets_table: str = "markets"
     book_snapshots_table: str = "book_snapshots"
+    gaps_table: str = "gaps"
     #: Appends (candles, trades, requests) written by pyiceberg on the driver, not as
     #: Spark jobs (`arrow_appends`: 3-10x faster here); MERGEs stay Spark's either way.
     driver_appends: bool = True
@@ -166,6 +169,28 @@ class MarketsConfig(_Section):
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
 
 
+class GapsConfig(_Section):
+    """TradeGap records -> Iceberg ``gaps``; a REPAIRED gap's live candles rebuilt from
+    ``ticks`` (pipeline/gaps.py, pipeline/gap_rebuilds.py)."""
+
+    enabled: bool = True
+    #: Gap records are few: a trigger every few seconds keeps ``gaps`` current at no cost.
+    trigger_s: float = Field(default=5.0, ge=0)
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    #: Pending rebuilds are looked at again this often (their trades may not be stored yet).
+    retry_s: float = Field(default=10.0, gt=0)
+    #: A REPAIRED gap whose trades are still not all in ``ticks`` after this long is given
+    #: up (a warning and ``pipeline_gap_rebuilds_total{outcome="gave_up"}``).
+    ticks_wait_s: float = Field(default=900.0, gt=0)
+    #: A window is rebuilt once a stored trade of its ticker is ``live.watermark_s`` past
+    #: its end (the live engine is done with it), or this long after its end on the wall
+    #: clock (a quiet market).
+    settle_s: float = Field(default=300.0, ge=0)
+    #: Rebuilt candles that ended within this long are published again as corrections
+    #: (subscribers may still hold them); 0: none.
+    correction_s: float = Field(default=300.0, ge=0)
+
+
 class RestartConfig(_Section):
     """A failed streaming query restarts from its checkpoint in-process (pipeline/restarts.py).
 
@@ -240,6 +265,7 @@ class Settings(runtime.FileSettings):
     cep: CepConfig = Field(default_factory=CepConfig)
     upkeep: UpkeepConfig = Field(default_factory=UpkeepConfig)
     markets: MarketsConfig = Field(default_factory=MarketsConfig)
+    gaps: GapsConfig = Field(default_factory=GapsConfig)
     restart: RestartConfig = Field(default_factory=RestartConfig)
     #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
@@ -263,6 +289,8 @@ class Settings(runtime.FileSettings):
             names += ["ticks-persist", "candles-store", "book-store"]
         if self.markets.enabled:
             names.append("markets")
+        if self.gaps.enabled:
+            names.append("gaps")
         return names
 
     def checkpoint_for(self, query: str) -> str:

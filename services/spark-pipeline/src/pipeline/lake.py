@@ -27,6 +27,7 @@ from mdproto.tables import (
     BookSnapshots,
     Column,
     ColumnType,
+    Gaps,
     Markets,
     Ohlc,
     Partition,
@@ -119,6 +120,7 @@ class TableNames:
     requests_table: str = "requests"
     markets_table: str = "markets"
     book_snapshots_table: str = "book_snapshots"
+    gaps_table: str = "gaps"
 
     @property
     def namespace_id(self) -> str:
@@ -143,6 +145,10 @@ class TableNames:
     @property
     def book_snapshots(self) -> str:
         return f"{self.namespace_id}.{self.book_snapshots_table}"
+
+    @property
+    def gaps(self) -> str:
+        return f"{self.namespace_id}.{self.gaps_table}"
 
     @property
     def ohlc_for_clients(self) -> str:
@@ -222,6 +228,10 @@ def create_book_snapshots(names: TableNames) -> str:
     return create_table(names.book_snapshots, BookSnapshots.SCHEMA)
 
 
+def create_gaps(names: TableNames) -> str:
+    return create_table(names.gaps, Gaps.SCHEMA)
+
+
 def ddl(names: TableNames) -> list[str]:
     """Every statement a catalog without the pipeline's tables needs."""
     return setup_statements(names, {})
@@ -235,6 +245,7 @@ def pipeline_tables(names: TableNames) -> dict[str, TableSchema]:
         names.requests: Requests.SCHEMA,
         names.markets: Markets.SCHEMA,
         names.book_snapshots: BookSnapshots.SCHEMA,
+        names.gaps: Gaps.SCHEMA,
     }
 
 
@@ -366,6 +377,21 @@ ON {_key_on(Markets.SCHEMA)}
 WHEN MATCHED AND s.deleted THEN DELETE
 WHEN MATCHED AND (t.updated_at IS NULL OR s.updated_at > t.updated_at) THEN UPDATE SET {updates}
 WHEN NOT MATCHED AND NOT s.deleted THEN INSERT ({columns}) VALUES ({values})"""
+
+
+def merge_gaps(target: str, source_view: str) -> str:
+    """Upsert the newest state per gap_id: a newer ``updated_at`` replaces the row (an equal
+    one, e.g. a replayed batch, changes nothing). Tombstones never reach it: the table
+    keeps a gap after compaction dropped its record."""
+    return f"""MERGE INTO {target} t
+USING {source_view} s
+ON t.{Gaps.TICKER} = s.{Gaps.TICKER} AND {_key_on(Gaps.SCHEMA)}
+WHEN MATCHED AND (t.updated_at IS NULL OR s.updated_at > t.updated_at) THEN UPDATE SET *
+WHEN NOT MATCHED THEN INSERT *"""
+
+
+def count_gaps_by_status(target: str) -> str:
+    return f"SELECT {Gaps.STATUS} AS status, count(*) AS n FROM {target} GROUP BY {Gaps.STATUS}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -636,6 +662,15 @@ class Lake:
         self._merge(
             session, "markets", source, lambda view: merge_markets(self.names.markets, view)
         )
+
+    def merge_gaps(self, session: SparkSession, rows: pa.Table) -> None:
+        """Upsert ``gaps.GAPS_SCHEMA`` rows, one per gap_id (the gaps query's only write)."""
+        self._merge(session, "gaps", rows, lambda view: merge_gaps(self.names.gaps, view))
+
+    def gaps_by_status(self, session: SparkSession) -> dict[str, int]:
+        """Rows of ``gaps`` per status (a small table: one row per gap)."""
+        rows = session.sql(count_gaps_by_status(self.names.gaps)).toArrow().to_pylist()
+        return {str(r["status"]): int(r["n"]) for r in rows}
 
     def record_requests(self, session: SparkSession, requests: Sequence[CompletedRequest]) -> None:
         """Append requests that `find_requests` did not find.

@@ -4,7 +4,7 @@ One Kafka consumer thread in the PUB server process decodes each record once and
 hands the PUB what it means at once (why outside Spark: docs/adr/0002 and
 docs/pipeline-benchmarks.md "Lean pipeline"):
 
-    market.ticks --decode--> Tick                      -> PUB {ticker}|tick (live only)
+    market.ticks --decode--> Tick (not repaired)       -> PUB {ticker}|tick (live only)
                              LiveCandles.add           -> PUB OHLC closed=false (previews)
                              LiveCandles.close_due     -> PUB OHLC closed=true / correction
                                                        -> Kafka market.ohlc.live (the
@@ -331,7 +331,7 @@ class _Run:
             if not self.caught_up and self._caught_up():
                 self.caught_up = True
                 log.info("live engine: caught up; candles close on idle time from now")
-            ticks = self._decode([m for m in messages if m.topic() == self.ticks_topic])
+            ticks = live_only(self._decode([m for m in messages if m.topic() == self.ticks_topic]))
             fresh: list[Tick] = []
             if candles is not None:
                 fresh, closed = self._candles(candles, ticks, now_ms)
@@ -450,6 +450,15 @@ class _Stats:
                     self.worst_age_ms,
                 )
             self.start, self.count, self.worst_age_ms = time.monotonic(), 0, 0.0
+
+
+def live_only(ticks: list[tuple[Tick, Coordinates]]) -> list[tuple[Tick, Coordinates]]:
+    """The trades the feed delivered live. A repaired one (``Tick.repaired``: fetched over
+    REST to fill a recorded market's gap, minutes late by design) is no live trade: not
+    published, not counted in candles (no preview, no correction, no incomplete mark) and
+    not checked against triggers. ticks-persist stores it; the gap's candles are rebuilt
+    from ``ticks`` (gap_rebuilds.py)."""
+    return [t for t in ticks if not t[0].repaired]
 
 
 def decode_book_records(values: Iterable[bytes | None]) -> list[BookRecord]:

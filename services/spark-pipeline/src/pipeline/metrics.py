@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from mdproto.messages import TradeGap
 from mdproto.runtime.metrics_http import Health
 from pipeline.progress import kafka_lag
 from pipeline.upkeep import StepResult
@@ -94,6 +95,61 @@ class UpkeepMetrics:
         step = result.step
         self.steps.labels(step.table, step.action, "ok" if result.ok else "failed").inc()
         self.seconds.labels(step.action).observe(result.seconds)
+
+
+class GapMetrics:
+    """The gaps table by status and the candle rebuilds of REPAIRED gaps
+    (pipeline/gap_rebuilds.py)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._gaps = Gauge(
+            "pipeline_gaps",
+            "Rows of the gaps table by status (recounted after each gaps batch)",
+            ["status"],
+            registry=registry,
+        )
+        self._rebuilds = Counter(
+            "pipeline_gap_rebuilds",
+            "REPAIRED gaps whose live candles were rebuilt (done) or given up (gave_up)",
+            ["outcome"],
+            registry=registry,
+        )
+        self._deferred = Counter(
+            "pipeline_gap_rebuilds_deferred",
+            "Rebuild attempts put off: the ticks table did not hold the gap's trades yet",
+            registry=registry,
+        )
+        self._candles = Counter(
+            "pipeline_gap_rebuilt_candles",
+            "Live candles written by gap rebuilds",
+            registry=registry,
+        )
+        self._pending = Gauge(
+            "pipeline_gap_rebuilds_pending",
+            "REPAIRED gaps whose rebuild is not finished",
+            registry=registry,
+        )
+        for outcome in ("done", "gave_up"):
+            self._rebuilds.labels(outcome)  # exported as 0 until the first
+        self._statuses = {name for name, value in TradeGap.State.items() if value}
+
+    def statuses(self, counts: Mapping[str, int]) -> None:
+        """The table's counts: a status no row has any more reads 0."""
+        self._statuses |= set(counts)
+        for status in self._statuses:
+            self._gaps.labels(status).set(counts.get(status, 0))
+
+    def rebuilt(self, outcome: str) -> None:
+        self._rebuilds.labels(outcome).inc()
+
+    def deferred(self) -> None:
+        self._deferred.inc()
+
+    def candles(self, n: int) -> None:
+        self._candles.inc(n)
+
+    def pending(self, n: int) -> None:
+        self._pending.set(n)
 
 
 def query_restarts(registry: CollectorRegistry) -> Counter:

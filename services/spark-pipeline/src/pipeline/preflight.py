@@ -97,6 +97,8 @@ def check_all(settings: Settings) -> None:
         wanted.append(spec(contracts.KAFKA_BOOK, k.topic_book))
     if settings.markets.enabled:
         wanted.append(spec(contracts.KAFKA_MARKETS, k.topic_markets))
+    if settings.gaps.enabled:  # the ingestors create it too: whoever starts first, compacted
+        wanted.append(spec(contracts.KAFKA_RECORDING, k.topic_recording))
     missing = check_kafka(k.bootstrap_servers, k.connect_timeout_s, [t.name for t in wanted])
     if missing and k.ensure_topics:
         try:

@@ -52,8 +52,10 @@ def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
     cutoff = datetime.fromtimestamp((now_ms - cfg.snapshot_retain_s * 1000) / 1000, tz=UTC)
     older_than = cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
     steps: list[Step] = []
-    # markets: every ingestor refresh MERGEs each row again (new updated_at): delete files.
-    for full in (names.ohlc, names.ticks, names.requests, names.markets, names.book_snapshots):
+    # markets: every ingestor refresh MERGEs each row again (new updated_at): delete files;
+    # gaps likewise, at each change of a gap's state.
+    tables = (names.ohlc, names.ticks, names.requests, names.markets, names.book_snapshots)
+    for full in (*tables, names.gaps):
         table = full.removeprefix(f"{catalog}.")
         steps += [
             Step(
