@@ -1084,7 +1084,12 @@ class BinanceStreams:
         if not trades:
             return 0
         hidden: dict[str | None, set[int]] = {}
-        hits = self.state.faults.take_trades(symbol, self._trade_dialects(symbol), len(trades))
+        faults = self.state.faults
+        hits = (
+            faults.take_trades(symbol, self._trade_dialects(symbol), len(trades))
+            if faults.armed("trade_drop")
+            else []
+        )
         for fault, first, n in hits:
             ids = [t.id for t in trades[first : first + n]]
             hidden.setdefault(fault.exchange, set()).update(ids)

@@ -211,6 +211,9 @@ class FaultBook:
                 return fault
         return None
 
+    def armed(self, kind: str) -> bool:
+        return any(f.kind == kind for f in self._faults)
+
     def take_trades(
         self, symbol: str, exchanges: Collection[str], count: int
     ) -> list[tuple[Fault, int, int]]:

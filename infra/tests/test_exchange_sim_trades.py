@@ -329,9 +329,10 @@ def test_ws_outage_of_one_market_on_one_exchange(sim: ThreadedSimulator) -> None
         async with aiohttp.ClientSession() as session:
             eth = await _connect(session, sim, "/ws/ethusdt@trade", "ETH/USDT")
             bybit = await _bybit(session, sim, "ETH/USDT", 2)
-            body = {"kind": "ws_outage", "symbol": "ETH/USDT", "exchange": "binance"}
-            reply = await asyncio.to_thread(_post, sim.base_url + "/_sim/faults", body)
-            assert reply["ws_dropped"] == 1 and reply["faults"][0]["until_ms"] == NOW + 120_000
+            control = SimulatorControl(sim.base_url)  # POST /_sim/faults {"kind": "ws_outage"}
+            assert await asyncio.to_thread(control.ws_outage, "ETH/USDT", "binance") == 1
+            (pending,) = await asyncio.to_thread(control.pending_faults)
+            assert pending["kind"] == "ws_outage" and pending["until_ms"] == NOW + 120_000
             assert (await eth.receive(timeout=10)).type == aiohttp.WSMsgType.CLOSE
             await asyncio.to_thread(sim.wait_for_subscribers, "ETH/USDT", 1)  # Bybit's
             assert not bybit.closed
@@ -341,7 +342,7 @@ def test_ws_outage_of_one_market_on_one_exchange(sim: ThreadedSimulator) -> None
             await again.send_json({"method": "SUBSCRIBE", "params": ["ethusdt@trade"], "id": 2})
             assert await again.receive_json(timeout=10) == {"result": None, "id": 2}
             assert (await again.receive(timeout=10)).type == aiohttp.WSMsgType.CLOSE
-            SimulatorControl(sim.base_url).clear_faults("ws_outage")  # ends it early
+            await asyncio.to_thread(control.clear_faults, "ws_outage")  # ends it early
             ok = await session.ws_connect(ws_url(sim, "/ws/ethusdt@trade"))
             await asyncio.to_thread(sim.wait_for_subscribers, "ETH/USDT", 2)
             await ok.close()
@@ -350,14 +351,6 @@ def test_ws_outage_of_one_market_on_one_exchange(sim: ThreadedSimulator) -> None
     (record,) = [f for f in sim.stats()["faults_triggered"] if f["kind"] == "ws_outage"]
     assert (record["symbol"], record["exchange"]) == ("ETH/USDT", "binance")
     assert record["closed"] == 1 and record["refused"] == 1
-
-
-def _post(url: str, body: object) -> Any:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with NO_PROXY.open(request, timeout=10) as response:
-        return json.loads(response.read())
 
 
 def test_ccxt_pro_sees_an_outage_as_a_network_error_then_reconnects(

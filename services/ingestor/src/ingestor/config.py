@@ -70,8 +70,8 @@ class ExchangeSettings(_Section):
     # a burst larger than that between calls loses trades (ccxt's default is 1000).
     trades_cache: int = Field(default=10_000, gt=0)
     # The exchange numbers a symbol's trades 1, 2, 3, ...: a skipped id is a lost trade
-    # and marks the next tick `gap_before`. False where numeric ids jump on their own
-    # (the simulator numbers its trades per minute): only reconnects mark gaps there.
+    # and marks the next tick `gap_before` (and, recorded, a SKIPPED_IDS gap). False
+    # where numeric ids jump on their own: every reconnect and restart is a gap there.
     consecutive_trade_ids: bool = True
     ccxt_options: dict[str, Any] = Field(
         default_factory=lambda: {"fetchMarkets": {"types": ["spot"]}}
