@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import ccxt.async_support as ccxt_async
+from pydantic import SecretStr
 
 from infra.exchange_sim import point_ccxt_at
 from infra.exchange_sim.model import MarketModel
-from ingestor.config import ExchangeSettings, KafkaSettings
+from ingestor.config import Credentials, ExchangeSettings, KafkaSettings
 from ingestor.exchange_calls import FetchEnv
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.kafka_sink import KafkaSink
@@ -113,9 +114,10 @@ async def ccxt_loop(base_url: str, gap: GapFound) -> int:
 
 
 async def repair(base_url: str, bootstrap: str, topic: str, gap: GapFound) -> int:
-    os.environ["INGESTOR_BINANCE_API_KEY"] = "bench"
     adapter = ExchangeAdapter(
-        "binance", ExchangeSettings(api_base_url=base_url, enable_rate_limit=False)
+        "binance",
+        ExchangeSettings(api_base_url=base_url, enable_rate_limit=False),
+        Credentials(api_key=SecretStr("bench")),  # historicalTrades needs a key
     )
     sink = KafkaSink(KafkaSettings(bootstrap_servers=bootstrap, topic_ticks=topic), "bench")
     await sink.start([TopicSpec(topic, partitions=3)])

@@ -1,4 +1,5 @@
-"""The aiohttp application: WebSocket `/ws`, `POST /history`, `GET /status/{id}`, the page.
+"""The aiohttp application: WebSocket `/ws`, `POST /history`, `GET /status/{id}`,
+`GET /recording`, the page.
 
 An adapter only: parsing and encoding live in gateway.messages, fan-out in
 gateway.hub, the platform behind gateway.platform.SdkUpstream.
@@ -250,6 +251,22 @@ async def status(request: web.Request) -> web.Response:
     )
 
 
+async def recording(request: web.Request) -> web.Response:
+    """What the platform records (`?exchange=`), the SDK's `RecordingStatus` as JSON."""
+    try:
+        exchange = messages.parse_recording_query(request.query)
+    except GatewayError as exc:
+        return error_response(400, exc.error_code, exc.reason)
+    loop = asyncio.get_running_loop()
+    try:
+        answer = await loop.run_in_executor(
+            request.app[HISTORY_POOL], request.app[UPSTREAM].recording, exchange
+        )
+    except MdClientError as exc:
+        return _sdk_error(exc)
+    return web.json_response(answer.as_dict(), dumps=messages.dumps)
+
+
 async def healthz(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     return web.json_response(
@@ -295,6 +312,7 @@ def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Applicat
     app.router.add_get("/ws", websocket)
     app.router.add_post("/history", history)
     app.router.add_get("/status/{request_id}", status)
+    app.router.add_get("/recording", recording)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/info", info)
     app.router.add_static("/static", STATIC)

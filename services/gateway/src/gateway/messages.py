@@ -12,6 +12,7 @@ exact topics; prefixes are refused, so a subscriber gets exactly the topic it na
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -325,6 +326,21 @@ def parse_history(body: object) -> HistoryParams:
     if not isinstance(refetch, bool):
         raise GatewayError(BAD_REQUEST, "refetch must be true or false")
     return HistoryParams(ticker, body["period"], body["start"], body.get("end", "now"), refetch)
+
+
+def parse_recording_query(query: Mapping[str, str]) -> str | None:
+    """`GET /recording`'s query: `exchange` (`BINANCE`, any case; absent: every exchange).
+    `token` is the auth middleware's; anything else is refused, as in POST /history."""
+    unknown = set(query) - {"exchange", "token"}
+    if unknown:
+        raise GatewayError(BAD_REQUEST, f"unknown parameter(s): {', '.join(sorted(unknown))}")
+    text = query.get("exchange", "").strip()
+    if not text:
+        return None
+    name = text.upper().rstrip(":")
+    if not topics.is_valid_exchange(name):
+        raise GatewayError(BAD_REQUEST, f"{text!r} is not an exchange name such as BINANCE")
+    return name
 
 
 def server_timing(notify_s: float, read_s: float, encode_s: float) -> str:

@@ -1,4 +1,5 @@
-"""The platform side, all through the SDK (`mdclient`): live topics, history, status.
+"""The platform side, all through the SDK (`mdclient`): live topics, history, status,
+what the platform records.
 
 The only module that touches `mdclient.Client`. Its calls block (they wait for the
 relay or Iceberg), so the web layer runs them in executor threads; messages arrive
@@ -11,7 +12,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import Message
 
@@ -33,6 +34,9 @@ from mdclient.live import feed_error
 from mdclient.request_status import RequestStatus, status_from_notification
 from mdproto.error_codes import FEED_UNAVAILABLE, UNAVAILABLE
 from mdproto.messages import BookReset, BookSnapshot, FeedStatus, HistoryReadyNotification
+
+if TYPE_CHECKING:
+    from mdclient.recording import RecordingStatus
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +150,10 @@ class SdkUpstream:
         if result.notification is not None:
             self.received.add(result.notification)
         return result
+
+    def recording(self, exchange: str | None) -> RecordingStatus:
+        """What the platform records, from Iceberg (the SDK's `recording`; no relay)."""
+        return self.client.recording(exchange)
 
     def status(self, request_id: str) -> RequestStatus:
         """The requests table's answer, with the stamps the notification was received

@@ -1,5 +1,5 @@
-"""`mdclient` command line: history, status, live, order books, legacy, CEP triggers and
-market metadata.
+"""`mdclient` command line: history, status, live, order books, legacy, CEP triggers,
+market metadata and what the platform records.
 
 Flow of `mdclient history`:
 
@@ -7,8 +7,8 @@ Flow of `mdclient history`:
       -> Client (connect, per-client subscribe) -> history (spinner on stderr)
       -> table on stdout / CSV / Parquet / chart PNG -> exit code
 
-Rendering (the last section: candle and market tables, CSV, Parquet, live
-lines, the integrity line) is the CLI's alone; the SDK never imports rich.
+Rendering (the last section: candle, market and recording tables, CSV, Parquet,
+live lines, the integrity line) is the CLI's alone; the SDK never imports rich.
 
 Exit codes (README "Exit codes"): see EXIT_* below.
 """
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from rich import box
 from rich.table import Table
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from mdclient.client import Client
     from mdclient.history import HistoryResult, ProgressEvent
     from mdclient.live import LiveMessage
+    from mdclient.recording import LostGap, RecordingStatus
     from mdclient.streams import QueueStream
     from mdproto.book import Level
     from mdproto.messages import FeedStatus
@@ -186,6 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     markets.add_argument("exchange", help="e.g. BINANCE")
     markets.add_argument("--active", action="store_true", help="only markets that trade")
+    recording = sub.add_parser(
+        "recording",
+        parents=[common],
+        help="what the platform records: per market its stored trades and gaps (Iceberg)",
+        description="Per ticker with trades in market.ticks or gaps in market.gaps: the "
+        "oldest and newest stored trade, trades of the current UTC day, and gaps open, "
+        "repairing, repaired and unrepairable (each unrepairable one with its reason).",
+    )
+    recording.add_argument("exchange", nargs="?", help="e.g. BINANCE (default: every exchange)")
+    recording.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="table (default), or csv / json on stdout for scripts",
+    )
 
     from mdclient import trigger_cli
 
@@ -536,6 +552,44 @@ def cmd_markets(args: argparse.Namespace, err: Console) -> int:
     return EXIT_OK
 
 
+def cmd_recording(args: argparse.Namespace, err: Console) -> int:
+    """Reads Iceberg only (no relay), like `markets`. The notes (gap counts unknown, each
+    unrepairable gap) follow the table on stdout; after CSV or JSON they go to stderr."""
+    import json
+
+    from rich.console import Console
+
+    from mdclient.client import exchange_name
+    from mdclient.frames import IcebergReader
+    from mdclient.recording import read_recording
+
+    exchange = exchange_name(args.exchange) if args.exchange else None
+    settings = settings_from_args(args)
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    status = read_recording(reader, settings, exchange, int(time.time() * 1000))
+    notes_to = err
+    if args.format == "json":
+        print(json.dumps(status.as_dict(), indent=2))
+    elif args.format == "csv":
+        write_recording_csv(status, sys.stdout)
+    elif status.markets:
+        notes_to = Console()
+        if not notes_to.is_terminal:
+            notes_to = Console(width=max(notes_to.width, 160))
+        notes_to.print(recording_table(status))
+    if not status.markets:
+        where = f" of {exchange}" if exchange else ""
+        gaps = "" if status.gaps_note else f", no gaps in {settings.gaps_table}"
+        err.print(
+            f"nothing recorded{where}: no trades in {settings.ticks_table}{gaps}",
+            highlight=False,
+            markup=False,
+        )
+    for line in recording_notes(status):
+        notes_to.print(line, highlight=False, markup=False, soft_wrap=True)
+    return EXIT_OK if status.markets else EXIT_NOT_FOUND
+
+
 def cmd_trigger(args: argparse.Namespace, err: Console) -> int:
     from mdclient import trigger_cli
 
@@ -550,6 +604,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "book": cmd_book,
     "status": cmd_status,
     "markets": cmd_markets,
+    "recording": cmd_recording,
     "trigger": cmd_trigger,
 }
 
@@ -776,6 +831,92 @@ def market_table(table: pa.Table, *, title: str) -> Table:
             style=None if row[Markets.ACTIVE] else "dim",
         )
     return out
+
+
+_STATE_STYLES = {"repairing": "yellow", "incomplete": "red", "unknown": "dim"}
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return timeparse.format_ms(ms - ms % 1000).replace("T", " ").removesuffix("Z")
+
+
+def recording_table(status: RecordingStatus) -> Table:
+    """One line per recorded market; gap counts "?" when market.gaps was not read."""
+    where = f" of {status.exchange}" if status.exchange else ""
+    out = _table(f"Recording{where}: {len(status.markets)} markets (today = {status.day} UTC)")
+    out.add_column("ticker", no_wrap=True)
+    out.add_column("state", no_wrap=True)
+    out.add_column("since (UTC)", no_wrap=True)
+    out.add_column("last trade (UTC)", no_wrap=True)
+    out.add_column("trades today", justify="right", no_wrap=True)
+    for header in ("gaps open", "repairing", "repaired", "unrepairable"):
+        out.add_column(header, justify="right", no_wrap=True)
+    for market in status.markets:
+        gaps = market.gaps
+        counts = (
+            ["?"] * 4
+            if gaps is None
+            else [str(gaps.open), str(gaps.repairing), str(gaps.repaired), str(gaps.unrepairable)]
+        )
+        out.add_row(
+            market.ticker,
+            market.state,
+            _utc(market.since_ms),
+            _utc(market.last_trade_ms),
+            f"{market.trades_today:,}",
+            *counts,
+            style=_STATE_STYLES.get(market.state),
+        )
+    return out
+
+
+def lost_gap_line(gap: LostGap) -> str:
+    """One unrepairable gap: where, why it opened, what is known lost, and the reason."""
+    missing = f", {gap.missing_ids:,} ids missing" if gap.missing_ids else ""
+    return (
+        f"unrepairable: {gap.ticker} {_utc(gap.from_time_ms)} -> {_utc(gap.to_time_ms)} "
+        f"({gap.cause or 'cause unknown'}{missing}, {gap.trades_recovered:,} recovered): "
+        f"{gap.reason or 'no reason given'}"
+    )
+
+
+def recording_notes(status: RecordingStatus) -> list[str]:
+    """The lines a person must not miss: gap counts unknown, and every unrepairable gap."""
+    lines = [f"gaps unknown: {status.gaps_note}"] if status.gaps_note else []
+    return lines + [lost_gap_line(gap) for gap in status.lost_gaps]
+
+
+RECORDING_CSV = (
+    "ticker", "state", "since", "since_ms", "last_trade", "last_trade_ms", "trades_today",
+    "gaps_open", "gaps_repairing", "gaps_repaired", "gaps_unrepairable", "unrepairable_reasons",
+)  # fmt: skip
+
+
+def write_recording_csv(status: RecordingStatus, out: TextIO) -> None:
+    """ISO times plus epoch ms, as the candle CSV; unknown gap counts are empty fields."""
+    import csv
+
+    def iso(ms: int | None) -> str:
+        return "" if ms is None else timeparse.format_ms(ms)
+
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(RECORDING_CSV)
+    for m in status.markets:
+        gaps = m.gaps
+        counts = (
+            ["", "", "", ""]
+            if gaps is None
+            else [gaps.open, gaps.repairing, gaps.repaired, gaps.unrepairable]
+        )
+        writer.writerow(
+            [
+                m.ticker, m.state, iso(m.since_ms), m.since_ms if m.since_ms is not None else "",
+                iso(m.last_trade_ms), m.last_trade_ms if m.last_trade_ms is not None else "",
+                m.trades_today, *counts, " | ".join(g.reason for g in m.unrepairable),
+            ]
+        )  # fmt: skip
 
 
 def write_csv(table: pa.Table, path: Path) -> None:

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from mdclient.frames import IcebergReader
+    from mdclient.recording import RecordingStatus
 
 log = logging.getLogger(__name__)
 
@@ -410,6 +411,22 @@ class Client(Closeable):
         does not exist yet. Reads Iceberg only: the relay is not asked.
         """
         return self.reader().read_markets(self.settings.markets_table, exchange_name(exchange))
+
+    def recording(self, exchange: str | None = None) -> RecordingStatus:
+        """What the platform records (of `exchange`, else every exchange), from Iceberg
+        `market.ticks` and `market.gaps`: per ticker its oldest and newest stored trade,
+        trades of the current UTC day, and gaps open, repairing, repaired and unrepairable
+        (with their reasons); `RecordingStatus.table()` as Arrow.
+
+        A ticker is listed when it has trades or gaps stored (mdclient.recording).
+        `StorageError` when `market.ticks` cannot be read (`no_table` before the pipeline
+        first started); a missing `market.gaps` leaves the gap counts None and says why in
+        `gaps_note`. Reads Iceberg only: the relay is not asked.
+        """
+        from mdclient.recording import read_recording
+
+        name = exchange_name(exchange) if exchange else None
+        return read_recording(self.reader(), self.settings, name, int(time.time() * 1000))
 
     # --- legacy ---
 

@@ -79,6 +79,8 @@ class ClientSettings(runtime.FileSettings):
     book_snapshots_table: str = contracts.ICEBERG_BOOK_SNAPSHOTS
     #: How far before the asked time `book_at` looks for a stored snapshot.
     book_lookback_s: float = Field(default=3600.0, gt=0)
+    ticks_table: str = contracts.ICEBERG_TICKS  # `recording`: the stored trades
+    gaps_table: str = contracts.ICEBERG_GAPS  # `recording`: the recorded markets' gaps
     pin_snapshot: bool = True
 
     @model_validator(mode="after")

@@ -3,8 +3,9 @@
 Columns: ticker, period_seconds, open_time (UTC, microseconds), open, high,
 low, close, volume, trade_count; sorted by open_time. Built from OHLC
 messages (legacy replies) or read from Iceberg; pure conversions first, then
-`IcebergReader`, the adapter (also for the `market.requests` and
-`market.markets` rows).
+`IcebergReader`, the adapter (also for the `market.requests`, `market.markets`,
+`market.book_snapshots` and `market.gaps` rows, and the `market.ticks` summary of
+`mdclient.recording`, mostly from the table's manifests).
 
 The reader goes through the REST catalog and is the only pyiceberg importer,
 lazily: importing this module needs pyarrow only. The candle scan is filtered
@@ -33,12 +34,12 @@ from mdproto.error_codes import (
     SNAPSHOT_GONE,
 )
 from mdproto.messages import OHLC
-from mdproto.tables import BookSnapshots, Markets, Ohlc, Requests, arrow_schema
+from mdproto.tables import BookSnapshots, Gaps, Markets, Ohlc, Requests, Ticks, arrow_schema
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.expressions import BooleanExpression
-    from pyiceberg.table import Table
+    from pyiceberg.table import DataScan, FileScanTask, Table
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,66 @@ def _equal(column: str, value: object) -> BooleanExpression:
     from pyiceberg.expressions import EqualTo
 
     return _predicate(EqualTo, column, value)
+
+
+def _starts_with(column: str, prefix: str) -> BooleanExpression:
+    from pyiceberg.expressions import StartsWith
+
+    return _predicate(StartsWith, column, prefix)
+
+
+def _file_pieces(
+    table: Table, tasks: Iterable[FileScanTask]
+) -> tuple[list[dict[str, Any]], list[FileScanTask]]:
+    """The `recording.file_piece` of each ``market.ticks`` file its manifest entry tells
+    exactly (no delete files, a ticker partition, trade_time bounds), and the others."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.transforms import IdentityTransform
+
+    from mdclient.recording import file_piece
+
+    schema = table.schema()
+    ticker_id = schema.find_field(Ticks.TICKER).field_id
+    time_field = schema.find_field(Ticks.TRADE_TIME)
+    ticker_at = {  # spec_id -> position of identity(ticker) in a file's partition
+        spec_id: next(
+            (
+                i
+                for i, f in enumerate(spec.fields)
+                if f.source_id == ticker_id and isinstance(f.transform, IdentityTransform)
+            ),
+            None,
+        )
+        for spec_id, spec in table.specs().items()
+    }
+
+    def bound(bounds: dict[int, bytes] | None) -> int | None:
+        raw = (bounds or {}).get(time_field.field_id)
+        return None if raw is None else int(from_bytes(time_field.field_type, raw))  # type: ignore[arg-type]
+
+    exact: list[dict[str, Any]] = []
+    rest: list[FileScanTask] = []
+    for task in tasks:
+        data = task.file
+        at = ticker_at.get(data.spec_id)
+        ticker = data.partition[at] if at is not None and not task.delete_files else None
+        piece = file_piece(
+            ticker, data.record_count, bound(data.lower_bounds), bound(data.upper_bounds)
+        )
+        if piece is None:
+            rest.append(task)
+        else:
+            exact.append(piece)
+    return exact, rest
+
+
+def _read_tasks(scan: DataScan, tasks: list[FileScanTask]) -> pa.Table:
+    """The scan's rows of these files only (their delete files applied)."""
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    return ArrowScan(
+        scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive
+    ).to_table(tasks)
 
 
 class IcebergReader:
@@ -264,6 +325,53 @@ class IcebergReader:
         ).to_pylist()[0]
         newest["snapshot_time_ms"] = pc.max(micros).as_py() // 1000
         return newest
+
+    def read_tick_pieces(self, table_name: str, exchange: str | None) -> pa.Table:
+        """``market.ticks`` of `exchange` (None: all) as `recording.PIECES`: a data file
+        without delete files, of one ticker and one UTC day, from its manifest entry alone;
+        the other files' (ticker, trade_time) read and grouped. Costs the file count,
+        not the trade count, on a table the pipeline writes and compacts by partition."""
+        from mdclient.recording import TICK_COLUMNS, pieces_from_files, pieces_from_trades
+
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start and stores the trades of every live "
+            "feed and recorded market in it",
+        )
+        row_filter = _starts_with(Ticks.TICKER, f"{exchange}:") if exchange else None
+        scan = (
+            table.scan(row_filter=row_filter, selected_fields=TICK_COLUMNS)
+            if row_filter is not None
+            else table.scan(selected_fields=TICK_COLUMNS)
+        )
+        try:
+            exact, rest = _file_pieces(table, scan.plan_files())
+            read = pieces_from_trades(_read_tasks(scan, rest)) if rest else None
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} failed: {exc}", error_code=SCAN_FAILED
+            ) from exc
+        pieces = pieces_from_files(exact)
+        return pieces if read is None else pa.concat_tables([pieces, read])
+
+    def read_gaps(self, table_name: str, exchange: str | None) -> pa.Table:
+        """``market.gaps`` rows of `exchange` (None: all), `recording.GAP_COLUMNS` only."""
+        from mdclient.recording import GAP_COLUMNS
+
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start (a pipeline with the recording) and "
+            "fills it from the TradeGap records of the Kafka topic market.recording",
+        )
+        scan_args: dict[str, Any] = {"selected_fields": GAP_COLUMNS}
+        if exchange:
+            scan_args["row_filter"] = _starts_with(Gaps.TICKER, f"{exchange}:")
+        try:
+            return table.scan(**scan_args).to_arrow()
+        except Exception as exc:
+            raise StorageError(
+                f"reading {table_name} failed: {exc}", error_code=SCAN_FAILED
+            ) from exc
 
     def _table(self, table_name: str, missing: str = "") -> Table:
         """`missing`: who creates the table, for the error when it does not exist yet."""
