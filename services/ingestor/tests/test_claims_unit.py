@@ -4,6 +4,7 @@ and takeover of a request whose holder went silent."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +29,16 @@ class SharedLog:
         self.records: list[Rec] = []
         self.readers: list[Claims] = []
 
-    def publisher(self, lag_s: float = 0.0):  # type: ignore[no-untyped-def]
+    def publisher(self, lag_s: float | None = 0.0):  # type: ignore[no-untyped-def]
+        """Appends; readers get the record `lag_s` later, or before it returns (None)."""
+
         async def publish(key: str, value: bytes) -> int:
             rec = Rec(len(self.records), key.encode(), value, 1000)
             self.records.append(rec)
-            asyncio.get_running_loop().call_later(lag_s, self._fan_out, rec)
+            if lag_s is None:
+                self._fan_out(rec)
+            else:
+                asyncio.get_running_loop().call_later(lag_s, self._fan_out, rec)
             return rec.offset
 
         return publish
@@ -220,60 +226,85 @@ def test_the_claim_record_carries_the_request() -> None:
     asyncio.run(scenario())
 
 
-# --- takeover end to end over the in-memory log (real time, short timings) ----
+# --- takeover end to end over the in-memory log (a fake clock, scanned by hand) -----
 
-FAST = {"heartbeat_s": 0.02, "takeover_after_s": 0.15}
+
+class FakeClock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node(name: str, log: SharedLog, clock: FakeClock) -> Claims:
+    """A claims node whose records reach every reader before `publish` returns."""
+    return Claims(name, log.publisher(None), 5, heartbeat_s=1.0, takeover_after_s=4.0, clock=clock)
+
+
+Started = list[tuple[str, str, int]]
+
+
+async def scan_for(nodes: list[Claims], clock: FakeClock, seconds: int, started: Started) -> None:
+    """Let `seconds` pass a second at a time, every node scanning (and finishing the work
+    the scan gave it) at each: what `run` does, without waiting for a real clock."""
+    for _ in range(seconds):
+        clock.now += 1.0
+        await scan_once(nodes, started)
+
+
+async def scan_once(
+    nodes: list[Claims], started: Started, serves: Callable[[DataRequest], bool] = lambda _r: True
+) -> None:
+    def on_takeover(n: Claims) -> Callable[[DataRequest, int], None]:
+        return lambda r, attempt: started.append((n.ingestor_id, r.request_id, attempt))
+
+    await asyncio.gather(*(w for n in nodes for w in n.scan(on_takeover(n), serves)))
 
 
 def test_a_dead_winner_is_taken_over_once_by_one_of_the_others() -> None:
-    async def scenario() -> tuple[list[tuple[str, str, int]], SharedLog, str]:
-        log = SharedLog()
-        nodes = [Claims(f"ing-{i}", log.publisher(0.002 * i), 5, **FAST) for i in range(3)]
+    async def scenario() -> tuple[Started, Started, SharedLog, str]:
+        clock, log = FakeClock(), SharedLog()
+        nodes = [node(f"ing-{i}", log, clock) for i in range(3)]
         log.readers = list(nodes)
         verdicts = await asyncio.gather(*(n.claim(req("r1")) for n in nodes))
+        assert verdicts.count(True) == 1
         winner = nodes[verdicts.index(True)]
         log.readers.remove(winner)  # the winner dies: no heartbeat, no done
-        started: list[tuple[str, str, int]] = []
-        runs = [
-            asyncio.create_task(
-                n.run(lambda r, at, n=n: started.append((n.ingestor_id, r.request_id, at)))
-            )
-            for n in nodes
-            if n is not winner
-        ]
-        await asyncio.sleep(0.6)
-        for task in runs:
-            task.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
-        return started, log, winner.ingestor_id
+        others = [n for n in nodes if n is not winner]
+        early: Started = []
+        await scan_for(others, clock, 3, early)  # 3 s of silence: not yet
+        started: Started = []
+        await scan_for(others, clock, 1, started)  # 4 s (takeover_after_s): taken over
+        await scan_for(others, clock, 12, started)  # three more takeover periods
+        return early, started, log, winner.ingestor_id
 
-    started, log, dead = asyncio.run(scenario())
-    [(taker, request_id, attempt)] = started
+    early, started, log, dead = asyncio.run(scenario())
+    assert early == []
+    [(taker, request_id, attempt)] = started  # both others tried, exactly one won
     assert request_id == "r1" and attempt == 1
     assert taker != dead
-    assert log.kinds().count(("CLAIM", 1)) >= 1
+    assert log.kinds().count(("CLAIM", 1)) == 2
     # The taker keeps it alive: nobody claimed attempt 2 during the rest of the run.
     assert ("CLAIM", 2) not in log.kinds()
     assert ("HEARTBEAT", 0) in log.kinds()
 
 
 def test_a_live_winner_is_not_taken_over_and_done_ends_the_heartbeats() -> None:
-    async def scenario() -> tuple[list[DataRequest], SharedLog]:
-        log = SharedLog()
-        a = Claims("ing-a", log.publisher(0.001), 5, **FAST)
-        b = Claims("ing-b", log.publisher(0.002), 5, **FAST)
+    async def scenario() -> tuple[Started, SharedLog]:
+        clock, log = FakeClock(), SharedLog()
+        a, b = node("ing-a", log, clock), node("ing-b", log, clock)
         log.readers = [a, b]
         assert await a.claim(req("r1"))
         assert not await b.claim(req("r1"))
-        started: list[DataRequest] = []
-        runs = [asyncio.create_task(n.run(lambda r, _at: started.append(r))) for n in (a, b)]
-        await asyncio.sleep(0.5)  # > 3 x takeover_after_s: a's heartbeats keep r1
-        await a.done("r1")
+        started: Started = []
+        await scan_for([a, b], clock, 12, started)  # 3 x takeover_after_s: a's heartbeats keep r1
         beats = sum(1 for kind, _ in log.kinds() if kind == "HEARTBEAT")
-        await asyncio.sleep(0.3)  # done: no more heartbeats, and still nobody takes over
-        for task in runs:
-            task.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
+        assert beats == 12  # one a second
+        await a.done("r1")
+        await scan_for([a, b], clock, 12, started)  # done: no more heartbeats, no takeover
         assert sum(1 for kind, _ in log.kinds() if kind == "HEARTBEAT") == beats
         return started, log
 
@@ -283,21 +314,44 @@ def test_a_live_winner_is_not_taken_over_and_done_ends_the_heartbeats() -> None:
 
 
 def test_only_requests_of_served_exchanges_are_taken_over() -> None:
-    async def scenario() -> list[DataRequest]:
-        log = SharedLog()
-        a = Claims("ing-a", log.publisher(), 5, **FAST)
-        b = Claims("ing-b", log.publisher(), 5, **FAST)
+    async def scenario() -> tuple[Started, Started]:
+        clock, log = FakeClock(), SharedLog()
+        a, b = node("ing-a", log, clock), node("ing-b", log, clock)
         log.readers = [a, b]
         assert await a.claim(req("r1"))
         log.readers = [b]  # a dies
-        started: list[DataRequest] = []
-        run = asyncio.create_task(b.run(lambda r, _at: started.append(r), lambda _r: False))
-        await asyncio.sleep(0.4)
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
-        return started
+        clock.now += 12.0  # silent for 3 x takeover_after_s
+        unserved: Started = []
+        await scan_once([b], unserved, serves=lambda _r: False)
+        served: Started = []
+        await scan_once([b], served)  # the same moment, had b served the exchange
+        return unserved, served
 
-    assert asyncio.run(scenario()) == []
+    unserved, served = asyncio.run(scenario())
+    assert unserved == []
+    assert served == [("ing-b", "r1", 1)]
+
+
+def test_run_scans_at_once_and_hands_a_takeover_on() -> None:
+    """`run` is `scan` on a timer: its first pass happens as it starts."""
+
+    async def scenario() -> tuple[DataRequest, int]:
+        clock, log = FakeClock(), SharedLog()
+        a, b = node("ing-a", log, clock), node("ing-b", log, clock)
+        log.readers = [a, b]
+        assert await a.claim(req("r1"))
+        log.readers = [b]  # a dies
+        clock.now += 4.0
+        taken: asyncio.Future[tuple[DataRequest, int]] = asyncio.get_running_loop().create_future()
+        run = asyncio.create_task(b.run(lambda r, at: taken.set_result((r, at))))
+        try:
+            return await asyncio.wait_for(taken, 10)
+        finally:
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+
+    request, attempt = asyncio.run(scenario())
+    assert (request.request_id, attempt) == ("r1", 1)
 
 
 def test_an_abandoned_request_gets_a_lone_error_marker(fakes: Any) -> None:

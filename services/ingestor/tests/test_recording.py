@@ -191,6 +191,22 @@ def test_by_time_paging_without_consecutive_ids_takes_everything_between_the_end
     assert history.requests[0] == (None, T0 + 100)
 
 
+def test_a_history_that_does_not_reach_the_gaps_start_is_no_repair() -> None:
+    """An exchange that ignores `since` (serves its latest trades): no count can tell
+    what is missing without consecutive ids, so the gap is not called repaired."""
+    history = History(range(0, 1000, 10), TradePaging.BY_TIME, 1000)
+    plan = RepairPlan(gap(100, 300), TradePaging.BY_TIME, consecutive=False, page_limit=5)
+
+    def latest(from_id: str | None, since_ms: int | None, limit: int) -> list[Trade]:
+        return history.trades[-limit:]
+
+    history.page = latest  # type: ignore[method-assign]
+    run_plan(plan, history)
+    state, reason = plan.verdict("okx")
+    assert state == TradeGap.UNREPAIRABLE
+    assert reason.startswith("okx did not return trades from the gap's start on")
+
+
 def test_adjacent_ends_need_no_repair() -> None:
     plan = RepairPlan(gap(7, 8), TradePaging.BY_ID, consecutive=True, page_limit=10)
     assert plan.finished and plan.verdict("binance") == (TradeGap.REPAIRED, "0 trades recovered")

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from mdproto import ProtocolError, envelope
 from mdproto.messages import DataRequest, IngestClaim
@@ -202,6 +203,7 @@ class Claims:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.running: set[str] = set()  # request_ids this ingestor fetches: heartbeated
         self._trying: set[str] = set()  # takeover claims awaiting their verdict
+        self._next_beat = -math.inf  # the first scan heartbeats
         self.stats = ClaimStats()
 
     def on_records(self, records: Sequence[ClaimRecord]) -> None:
@@ -312,28 +314,41 @@ class Claims:
         on_takeover: Callable[[DataRequest, int], None],
         serves: Callable[[DataRequest], bool] = lambda _request: True,
     ) -> None:
-        """Heartbeat every `heartbeat_s`; claim silent holders' requests this ingestor
-        `serves` (its exchanges), and hand the ones won to `on_takeover`."""
+        """`scan` every quarter of the shorter period, its work in the background, until
+        cancelled."""
         tick = min(self.heartbeat_s, self.takeover_after_s) / 4  # scans only open requests
-        next_beat = self._clock()
         tasks: set[asyncio.Task[None]] = set()
         try:
             while True:
-                now = self._clock()
-                if now >= next_beat:
-                    next_beat = now + self.heartbeat_s
-                    self._spawn(tasks, self.heartbeat())
-                mine = frozenset(self.running | self._trying)
-                for takeover in self.ledger.expired(now, self.takeover_after_s, mine):
-                    if not serves(takeover.request):
-                        continue
-                    self._trying.add(takeover.request_id)
-                    self._spawn(tasks, self._take_over(takeover, on_takeover))
+                for work in self.scan(on_takeover, serves):
+                    self._spawn(tasks, work)
                 await asyncio.sleep(tick)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def scan(
+        self,
+        on_takeover: Callable[[DataRequest, int], None],
+        serves: Callable[[DataRequest], bool] = lambda _request: True,
+    ) -> list[Coroutine[Any, Any, None]]:
+        """One look at the clock: a heartbeat if one is due, a takeover claim for each
+        silent holder's request this ingestor `serves` (its exchanges), the ones won
+        handed to `on_takeover`. Returns that work for the caller to run: `run` in the
+        background, a test to completion after moving its clock."""
+        now = self._clock()
+        work: list[Coroutine[Any, Any, None]] = []
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat_s
+            work.append(self.heartbeat())
+        mine = frozenset(self.running | self._trying)
+        for takeover in self.ledger.expired(now, self.takeover_after_s, mine):
+            if not serves(takeover.request):
+                continue
+            self._trying.add(takeover.request_id)
+            work.append(self._take_over(takeover, on_takeover))
+        return work
 
     @staticmethod
     def _spawn(tasks: set[asyncio.Task[None]], coro: Awaitable[None]) -> None:

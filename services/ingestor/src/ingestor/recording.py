@@ -154,6 +154,12 @@ class RepairPlan:
             )
         if self.paging is TradePaging.LATEST_ONLY and not self.covered_start:
             return TradeGap.UNREPAIRABLE, _latest_only(venue, self.page_limit)
+        if not self.covered_start:  # trades may be missing that no count would show
+            return (
+                TradeGap.UNREPAIRABLE,
+                f"{venue} did not return trades from the gap's start on"
+                f" ({got} trades after it recovered): its history may not reach that far",
+            )
         return TradeGap.REPAIRED, f"{got} trades recovered (by time; ids not consecutive)"
 
 
