@@ -1065,7 +1065,10 @@ def test_configs_wire_the_services_together() -> None:
 # Keys the local platform (infra/platform/services.py) sets that the compose stack
 # deliberately sets elsewhere, with the reason.
 LOCAL_ONLY_KEYS: dict[str, dict[str, str]] = {
-    "ingestor": {"ingestor_id": "defaults to <hostname>-<pid>: the container id"},
+    "ingestor": {
+        "ingestor_id": "defaults to <hostname>-<pid>: the container id",
+        "binance_api_key": "the simulator's placeholder key: the entry point sets it offline",
+    },
     "spark-pipeline": {
         "spark.jars": "the image bakes the jars; the compose config names spark.jars_dir",
         "ready_file": "the image sets PIPELINE_READY_FILE for its HEALTHCHECK",
@@ -1479,16 +1482,21 @@ def _stub(directory: Path, name: str, body: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sim_host", "expected"),
+    ("sim_host", "expected", "key"),
     [
-        ("no-such-host.invalid", "config.yaml"),
-        ("localhost", "config.offline.yaml"),
+        ("no-such-host.invalid", "config.yaml", ""),
+        # The simulator's historicalTrades (the gap repairer's cursor) wants any key.
+        ("localhost", "config.offline.yaml", "simulator"),
     ],
 )
 def test_ingestor_entrypoint_picks_offline_config_when_the_simulator_resolves(
-    tmp_path: Path, sim_host: str, expected: str
+    tmp_path: Path, sim_host: str, expected: str, key: str
 ) -> None:
-    _stub(tmp_path, "ingestor", 'echo "CONFIG_PATH=$CONFIG_PATH"\n')
+    _stub(
+        tmp_path,
+        "ingestor",
+        'echo "CONFIG_PATH=$CONFIG_PATH"\necho "KEY=${INGESTOR_BINANCE_API_KEY:-}"\n',
+    )
     env = {
         "PATH": f"{tmp_path}:{os.environ['PATH']}",
         "MDP_CONFIG_DIR": str(COMPOSE_DIR / "ingestor"),
@@ -1496,11 +1504,14 @@ def test_ingestor_entrypoint_picks_offline_config_when_the_simulator_resolves(
     }
     script = COMPOSE_DIR / "bin" / "ingestor-entrypoint.sh"
     out = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == f"CONFIG_PATH={COMPOSE_DIR / 'ingestor' / expected}"
+    assert out.stdout.split() == [
+        f"CONFIG_PATH={COMPOSE_DIR / 'ingestor' / expected}",
+        f"KEY={key}",
+    ]
     # An explicit CONFIG_PATH always wins.
     env["CONFIG_PATH"] = "/elsewhere.yaml"
     out = subprocess.run([str(script)], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "CONFIG_PATH=/elsewhere.yaml"
+    assert out.stdout.split()[0] == "CONFIG_PATH=/elsewhere.yaml"
 
 
 def test_submit_script_passes_the_pipeline_arguments_intact(tmp_path: Path) -> None:

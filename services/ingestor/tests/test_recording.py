@@ -129,11 +129,13 @@ class History:
         self.cap = cap
         self.requests: list[tuple[str | None, int | None]] = []
 
-    def page(self, from_id: str | None, since_ms: int | None, limit: int) -> list[Trade]:
-        self.requests.append((from_id, since_ms))
+    def page(self, cursor: str | None, since_ms: int | None, limit: int) -> list[Trade]:
+        self.requests.append((cursor, since_ms))
         limit = min(limit, self.cap)
-        if from_id is not None:
-            return [t for t in self.trades if int(t.trade_id) >= int(from_id)][:limit]
+        if cursor is not None and self.paging is TradePaging.BY_ID_BACKWARD:
+            return [t for t in self.trades if int(t.trade_id) < int(cursor)][-limit:]
+        if cursor is not None:
+            return [t for t in self.trades if int(t.trade_id) >= int(cursor)][:limit]
         if since_ms is not None:
             return [t for t in self.trades if t.timestamp_ms >= since_ms][:limit]
         return self.trades[-limit:]
@@ -143,8 +145,8 @@ def run_plan(plan: RepairPlan, history: History) -> None:
     for _ in range(100):
         if plan.finished:
             return
-        from_id, since_ms = plan.request()
-        plan.take(history.page(from_id, since_ms, plan.page_limit))
+        cursor, since_ms = plan.request()
+        plan.take(history.page(cursor, since_ms, plan.page_limit))
     raise AssertionError("the plan never finished")
 
 
@@ -159,6 +161,15 @@ def test_by_id_paging_asks_for_the_missing_ids_page_by_page() -> None:
     assert [r[0] for r in history.requests] == ["101", "151", "201"]
     assert sorted(int(i) for i in plan.recovered) == list(range(101, 205))
     assert plan.verdict("binance") == (TradeGap.REPAIRED, "104 trades recovered")
+
+
+def test_backward_id_paging_walks_down_from_the_gaps_end() -> None:
+    history = History(range(1, 400), TradePaging.BY_ID_BACKWARD, 100)
+    plan = RepairPlan(gap(100, 305), TradePaging.BY_ID_BACKWARD, consecutive=True, page_limit=100)
+    run_plan(plan, history)
+    assert [r[0] for r in history.requests] == ["305", "205", "105"]
+    assert sorted(int(i) for i in plan.recovered) == list(range(101, 305))
+    assert plan.verdict("okx") == (TradeGap.REPAIRED, "204 trades recovered")
 
 
 def test_trades_the_exchange_no_longer_has_make_the_gap_unrepairable() -> None:
@@ -197,7 +208,7 @@ def test_a_history_that_does_not_reach_the_gaps_start_is_no_repair() -> None:
     history = History(range(0, 1000, 10), TradePaging.BY_TIME, 1000)
     plan = RepairPlan(gap(100, 300), TradePaging.BY_TIME, consecutive=False, page_limit=5)
 
-    def latest(from_id: str | None, since_ms: int | None, limit: int) -> list[Trade]:
+    def latest(cursor: str | None, since_ms: int | None, limit: int) -> list[Trade]:
         return history.trades[-limit:]
 
     history.page = latest  # type: ignore[method-assign]
@@ -224,12 +235,12 @@ class FakeHistory:
         self.faults = list(faults)
 
     async def fetch_trades(
-        self, symbol: str, limit: int, *, since_ms: int | None = None, from_id: str | None = None
+        self, symbol: str, limit: int, *, since_ms: int | None = None, cursor: str | None = None
     ) -> list[Trade]:
         assert symbol == "BTC/USDT"
         if self.faults:
             raise self.faults.pop(0)
-        return self.history.page(from_id, since_ms, limit)
+        return self.history.page(cursor, since_ms, limit)
 
 
 def repair(fakes: Any, exchange: FakeHistory, the_gap: GapFound) -> tuple[Any, list[Any], Any]:

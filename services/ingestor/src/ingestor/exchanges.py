@@ -485,13 +485,13 @@ class ExchangeAdapter:
         limit: int,
         *,
         since_ms: int | None = None,
-        from_id: str | None = None,
+        cursor: str | None = None,
     ) -> list[Trade]:
-        """One page of the trade history, oldest first: from trade `from_id` on (the
-        venue's BY_ID cursor), from `since_ms` on, or the latest (neither)."""
+        """One page of the trade history, oldest first: at the venue's id `cursor`
+        (`TradePaging`), from `since_ms` on, or the latest (neither)."""
         params: dict[str, Any] = {}
-        if from_id is not None:
-            params = {**self.venue.trade_params, self.venue.trade_id_param: from_id}
+        if cursor is not None:
+            params = {**self.venue.trade_params, self.venue.trade_id_param: cursor}
         try:
             trades = await self._exchange.fetch_trades(symbol, since_ms, limit, params)
         except Exception as exc:

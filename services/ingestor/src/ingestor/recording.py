@@ -54,6 +54,9 @@ class RepairPlan:
     With consecutive numeric ids the gap is exactly the ids strictly between its ends,
     and the verdict counts them; otherwise it is every trade between the two ends'
     times (the ends themselves excluded by id), complete once a page reaches the end.
+    The cursor follows the venue's `TradePaging`: ids upward from the gap's start
+    (BY_ID), ids downward from its end (BY_ID_BACKWARD), times upward (BY_TIME, also
+    where ids are not consecutive), or none (LATEST_ONLY).
     """
 
     gap: GapFound
@@ -63,18 +66,22 @@ class RepairPlan:
     recovered: dict[str, Trade] = field(default_factory=dict)
     finished: bool = False
     covered_start: bool = False  # a page reached back to the gap's start
-    _next_id: int | None = None
+    _cursor: int | None = None  # the id to ask from (BY_ID) or below (BY_ID_BACKWARD)
     _next_ms: int | None = None
 
     def __post_init__(self) -> None:
         first, last = _number(self.gap.before.trade_id), _number(self.gap.after.trade_id)
         self._first, self._last = first, last
         self.exact = self.consecutive and first is not None and last is not None
-        by_id = self.paging is TradePaging.BY_ID and self.exact
-        self._next_id = first + 1 if by_id and first is not None else None
-        if self.paging is TradePaging.BY_TIME or (
-            self.paging is TradePaging.BY_ID and not self.exact
-        ):
+        self._mode = self.paging
+        if self._mode in (TradePaging.BY_ID, TradePaging.BY_ID_BACKWARD) and not self.exact:
+            self._mode = TradePaging.BY_TIME  # an id cursor needs numbers to page by
+        if self._mode is TradePaging.BY_ID:
+            assert first is not None
+            self._cursor = first + 1
+        elif self._mode is TradePaging.BY_ID_BACKWARD:
+            self._cursor = last
+        elif self._mode is TradePaging.BY_TIME:
             self._next_ms = self.gap.before.time_ms
         if self.exact and last is not None and first is not None and last - first <= 1:
             self.finished = self.covered_start = True  # nothing is missing
@@ -87,9 +94,9 @@ class RepairPlan:
         return max(0, self._last - self._first - 1)
 
     def request(self) -> tuple[str | None, int | None]:
-        """The next page's (from_id, since_ms); (None, None) asks for the latest trades."""
-        from_id = None if self._next_id is None else str(self._next_id)
-        return from_id, self._next_ms
+        """The next page's (id cursor, since_ms); (None, None) asks for the latest trades."""
+        cursor = None if self._cursor is None else str(self._cursor)
+        return cursor, self._next_ms
 
     def inside(self, trade: Trade) -> bool:
         if self.exact:
@@ -109,15 +116,19 @@ class RepairPlan:
             self.finished = True  # the exchange has nothing more from the cursor on
             return new
         self.covered_start = self.covered_start or self._reaches_start(page)
-        if self.paging is TradePaging.LATEST_ONLY:
+        numbers = [n for t in page if (n := _number(t.trade_id)) is not None]
+        if self._mode is TradePaging.LATEST_ONLY:
             self.finished = True  # one page is all there is
-        elif self._next_id is not None:
-            numbers = [n for t in page if (n := _number(t.trade_id)) is not None]
-            top = max(numbers, default=self._next_id - 1)
-            assert self._last is not None
-            if top + 1 <= self._next_id or top >= self._last - 1:
-                self.finished = True  # reached the gap's end (or no progress)
-            self._next_id = top + 1
+        elif self._mode is TradePaging.BY_ID:
+            assert self._cursor is not None and self._last is not None
+            top = max(numbers, default=self._cursor - 1)
+            self.finished = top + 1 <= self._cursor or top >= self._last - 1
+            self._cursor = top + 1
+        elif self._mode is TradePaging.BY_ID_BACKWARD:
+            assert self._cursor is not None and self._first is not None
+            bottom = min(numbers, default=self._cursor)
+            self.finished = bottom >= self._cursor or bottom <= self._first + 1
+            self._cursor = bottom
         else:
             assert self._next_ms is not None
             newest = max(t.timestamp_ms for t in page)
@@ -125,8 +136,7 @@ class RepairPlan:
                 t.trade_id == self.gap.after.trade_id or t.timestamp_ms > self.gap.after.time_ms
                 for t in page
             )
-            if reached or len(page) < self.page_limit:
-                self.finished = True
+            self.finished = reached or len(page) < self.page_limit
             # A page of one millisecond's trades only: step past it (the rest of that
             # millisecond would need an id cursor).
             self._next_ms = newest if newest > self._next_ms else self._next_ms + 1

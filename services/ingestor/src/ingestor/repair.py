@@ -47,7 +47,7 @@ class TradeHistory(Protocol):
     consecutive_trade_ids: bool
 
     async def fetch_trades(
-        self, symbol: str, limit: int, *, since_ms: int | None = None, from_id: str | None = None
+        self, symbol: str, limit: int, *, since_ms: int | None = None, cursor: str | None = None
     ) -> list[Trade]: ...
 
 
@@ -84,10 +84,10 @@ async def repair_gap(
                 return Outcome(
                     TradeGap.OPEN, f"stopped after {pages} pages ({sent} trades); resumes", sent
                 )
-            from_id, since_ms = plan.request()
+            cursor, since_ms = plan.request()
             page = await call_with_retry(
                 functools.partial(
-                    exchange.fetch_trades, symbol, limit, since_ms=since_ms, from_id=from_id
+                    exchange.fetch_trades, symbol, limit, since_ms=since_ms, cursor=cursor
                 ),
                 env,
                 f"trades of {gap.ticker} (gap repair)",

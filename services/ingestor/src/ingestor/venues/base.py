@@ -86,12 +86,15 @@ class TradePaging(enum.Enum):
     """How the exchange's REST trade history is paged: the gap repairer's cursor.
 
     BY_ID: the trades from a trade id on, oldest first (Binance `fromId`): a gap
-    of consecutive ids is paged exactly. BY_TIME: the trades from a time on,
+    of consecutive ids is paged exactly. BY_ID_BACKWARD: the trades older than a
+    trade id, a page at a time (OKX `history-trades` `after`, Coinbase `after`): the
+    gap is paged from its end down to its start. BY_TIME: the trades from a time on,
     oldest first (ccxt's `since`). LATEST_ONLY: only the newest trades (Bybit
     spot's last 60 over REST): a gap older than those is unrepairable.
     """
 
     BY_ID = "by_id"
+    BY_ID_BACKWARD = "by_id_backward"
     BY_TIME = "by_time"
     LATEST_ONLY = "latest_only"
 
@@ -157,7 +160,7 @@ class Venue:
     public_books: bool = False
     trade_paging: TradePaging = TradePaging.BY_TIME
     trade_page_cap: int = 1000  # the most trades one trade-history call returns
-    # ccxt `fetch_trades` params of BY_ID paging, the cursor given as `{id_param: id}`.
+    # ccxt `fetch_trades` params of id paging, the cursor given as `{trade_id_param: id}`.
     trade_params: Mapping[str, Any] = field(default_factory=dict)
     trade_id_param: str = ""
 

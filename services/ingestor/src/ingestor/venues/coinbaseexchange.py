@@ -14,7 +14,7 @@ sequence or a checksum: a lost message cannot be detected, only a reconnect.
      "changes": [["buy", "10101.80000000", "0.162567"]]}
 """
 
-from ingestor.venues.base import Paging, Venue
+from ingestor.venues.base import Paging, TradePaging, Venue
 
 VENUE = Venue(
     exchange_id="coinbaseexchange",
@@ -24,4 +24,7 @@ VENUE = Venue(
     public_books=True,
     prefix="COINBASE",
     status_url="https://api.exchange.coinbase.com/time",
+    # GET /products/{id}/trades: `after` = the trades older than that trade_id.
+    trade_paging=TradePaging.BY_ID_BACKWARD,
+    trade_id_param="after",
 )

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ingestor.model import RawFields
-from ingestor.venues.base import Paging, Venue
+from ingestor.venues.base import Paging, TradePaging, Venue
 
 
 def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
@@ -79,4 +79,10 @@ VENUE = Venue(
     book_checksum=OkxBookChecksum,
     prefix="OKX",
     status_url="https://www.okx.com/api/v5/public/time",
+    # GET /api/v5/market/history-trades, type=1: `after` = the trades older than that
+    # tradeId, the newest 100 of them.
+    trade_paging=TradePaging.BY_ID_BACKWARD,
+    trade_page_cap=100,
+    trade_params={"method": "publicGetMarketHistoryTrades", "type": "1"},
+    trade_id_param="after",
 )
