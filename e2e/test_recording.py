@@ -6,38 +6,34 @@ another's websocket; then the ingestor is restarted. Each fault is found and rep
 from the exchange's trade history, and afterwards Iceberg `market.ticks` equals the
 simulator's own trades over the whole window, trade for trade, with no duplicate;
 `market.gaps` lists the faults REPAIRED, and the stored one-minute candles over the
-repaired stretches are complete.
+repaired stretches are complete. (`bench/recording_drill.py` runs the longer drill:
+three exchanges, ten minutes, a kill.)
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-import pyarrow as pa
 import pytest
-from pyiceberg.catalog import load_catalog
-from pyiceberg.exceptions import NoSuchTableError
 
 from infra.exchange_sim.control import SimulatorControl
 from infra.exchange_sim.model import MarketModel
 from infra.platform.faults import Faults
 from infra.platform.supervisor import PlatformEndpoints
-from infra.testing import E2E_RECORDED
-from mdproto import contracts
-from mdproto.tables import Gaps, Ohlc, Ticks
+from infra.testing import E2E_RECORDED, RecordedLake, check_recording, epoch_ms
+from mdproto.tables import Gaps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark, pytest.mark.timeout(1200)]
 
 TICKERS = [f"BINANCE:{s}" for s in E2E_RECORDED]
-QUOTED = "(" + ", ".join(f"'{t}'" for t in TICKERS) + ")"
 DROPPED, CUT, _ = TICKERS
 WAIT_S = 300.0
+T = TypeVar("T")
 
 
-def until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+def until(condition: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
     """Poll `condition` (a table read) every second until it returns something true."""
     deadline = time.monotonic() + timeout_s
     while not (result := condition()):
@@ -46,57 +42,24 @@ def until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) ->
     return result
 
 
-class Lake:
-    def __init__(self, endpoints: PlatformEndpoints) -> None:
-        stack = endpoints.stack
-        self._catalog = load_catalog(stack.catalog_name, **stack.pyiceberg_catalog_properties())
-
-    def rows(self, name: str, row_filter: str) -> pa.Table | None:
-        try:
-            table = self._catalog.load_table(name)
-        except NoSuchTableError:
-            return None
-        return table.scan(row_filter=row_filter).to_arrow()
-
-    def ticks(self, since_ms: int = 0) -> pa.Table:
-        rows = self.rows(
-            contracts.ICEBERG_TICKS,
-            f"{Ticks.TICKER} IN {QUOTED} AND {Ticks.TRADE_TIME} >= '{iso(since_ms)}'",
-        )
-        return rows if rows is not None else pa.table({})
-
-    def gaps(self) -> list[dict[str, Any]]:
-        rows = self.rows(contracts.ICEBERG_GAPS, f"{Gaps.TICKER} IN {QUOTED}")
-        return [] if rows is None else rows.to_pylist()
-
-
-def iso(ms: float) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
-
-
-def newest_ms(ticks: pa.Table, ticker: str) -> int | None:
-    times = [r[Ticks.TRADE_TIME] for r in ticks.to_pylist() if r[Ticks.TICKER] == ticker]
-    return int(max(times).timestamp() * 1000) if times else None
-
-
 def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
     endpoints: PlatformEndpoints, sim: SimulatorControl, faults: Faults
 ) -> None:
-    lake = Lake(endpoints)
+    stack = endpoints.stack
+    lake = RecordedLake(stack.catalog_name, stack.pyiceberg_catalog_properties(), TICKERS)
 
-    def every_market_stored() -> list[int] | None:
-        ticks = lake.ticks()
-        newest = [newest_ms(ticks, t) for t in TICKERS] if ticks.num_rows else []
-        return [n for n in newest if n] if newest and all(newest) else None
+    def every_market_stored() -> dict[str, int] | None:
+        newest = lake.newest_ms()
+        return newest if len(newest) == len(TICKERS) else None
 
     # The window starts once every market's recording reached Iceberg.
-    begin_ms = max(until(every_market_stored, "the recorded markets' trades in market.ticks"))
+    begin_ms = max(until(every_market_stored, "the recorded markets in market.ticks").values())
 
     sim.trade_drop(DROPPED.split(":")[1], count=3, exchange="binance")
     sim.ws_outage(symbol=CUT.split(":")[1], exchange="binance", seconds=5)
 
     def repaired(*causes: str) -> list[dict[str, Any]] | None:
-        gaps = [g for g in lake.gaps() if g[Gaps.DETECTED_AT].timestamp() * 1000 >= begin_ms]
+        gaps = lake.gaps(begin_ms)
         if {g[Gaps.CAUSE] for g in gaps} >= set(causes) and all(
             g[Gaps.STATUS] == "REPAIRED" for g in gaps
         ):
@@ -109,8 +72,8 @@ def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
     end_ms = int(time.time() * 1000)
 
     def recorded_past_the_window() -> bool:
-        ticks = lake.ticks(end_ms)
-        return all((newest_ms(ticks, t) or 0) > end_ms for t in TICKERS)
+        newest = lake.newest_ms(end_ms)
+        return all(newest.get(t, 0) > end_ms for t in TICKERS)
 
     until(recorded_past_the_window, "every market recorded again after the restart")
     gaps = until(lambda: repaired("SKIPPED_IDS", "RECONNECT"), "every gap repaired")
@@ -122,42 +85,18 @@ def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
     assert all(g[Gaps.CAUSE] in ("SKIPPED_IDS", "RECONNECT", "RESTART") for g in gaps)
 
     # market.ticks equals the simulator's trades over the window, trade for trade.
-    stored = lake.ticks(begin_ms).to_pylist()
+    ticks = lake.ticks(begin_ms)
     model = MarketModel()
     for ticker in TICKERS:
-        symbol = ticker.split(":")[1]
-        want = [
-            (str(t.id), float(t.price), float(t.qty), t.time_ms)
-            for t in model.iter_trades(symbol, begin_ms, end_ms)
-        ]
-        got = sorted(
-            (
-                r[Ticks.TRADE_ID],
-                r[Ticks.PRICE],
-                r[Ticks.AMOUNT],
-                int(r[Ticks.TRADE_TIME].timestamp() * 1000),
-            )
-            for r in stored
-            if r[Ticks.TICKER] == ticker
-            and begin_ms <= r[Ticks.TRADE_TIME].timestamp() * 1000 <= end_ms
-        )
-        assert got == sorted(want), f"{ticker}: {len(got)} stored, {len(want)} traded"
+        traded = list(model.iter_trades(ticker.split(":")[1], begin_ms, end_ms))
+        check = check_recording(ticks, gaps, ticker, traded, begin_ms, end_ms)
+        assert check.ok and check.traded > 0, check
 
     # The one-minute candles over the dropped ids were rebuilt complete.
-    window = dropped[Gaps.FROM_TIME].timestamp() * 1000 // 60_000 * 60_000
+    span = (epoch_ms(dropped[Gaps.FROM_TIME]), epoch_ms(dropped[Gaps.TO_TIME]))
 
-    def rebuilt() -> bool:
-        rows = lake.rows(
-            contracts.ICEBERG_OHLC,
-            f"{Ohlc.TICKER} = '{DROPPED}' AND {Ohlc.PERIOD_SECONDS} = 60"
-            f" AND {Ohlc.OPEN_TIME} >= '{iso(window)}'",
-        )
-        to_ms = dropped[Gaps.TO_TIME].timestamp() * 1000
-        over = [
-            r
-            for r in (rows.to_pylist() if rows is not None else [])
-            if r[Ohlc.OPEN_TIME].timestamp() * 1000 <= to_ms
-        ]
-        return bool(over) and not any(r[Ohlc.INCOMPLETE] for r in over)
+    def complete() -> bool:
+        stored, incomplete = lake.candles_over(DROPPED, 60, *span)
+        return stored > 0 and incomplete == 0
 
-    until(rebuilt, "the candles over the dropped ids stored complete")
+    until(complete, "the candles over the dropped ids stored complete")
