@@ -25,7 +25,9 @@ Stages are measured side by side, each against the same simulator:
 
 Ticks: `ws_baseline` is a bare aiohttp websocket client counting the trade
 messages of the same stream; `feed_to_kafka` is the ingestor's live feed
-(ccxt.pro watch_trades -> dedupe -> Tick -> Kafka) until every tick is delivered.
+(ccxt.pro watch_trades -> dedupe -> Tick -> Kafka) until every tick is delivered;
+`recorded` is the same feed as a recorded market runs it (each batch's delivery
+tracked for the checkpoint, gaps reported).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from ingestor.exchange_calls import FetchEnv
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.history import run_history_job
 from ingestor.kafka_sink import KafkaSink
-from ingestor.live import FeedStats, run_feed
+from ingestor.live import FeedStats, Recording, TradePoint, run_feed
 from ingestor.model import Candle
 from ingestor.pages import iter_pages, plan_request
 from ingestor.retry import RetryPolicy
@@ -342,6 +344,11 @@ async def ticks(base_url: str, bootstrap: str, count: int, profile: bool) -> dic
             results[f"feed_cache_{cache}"] = await feed_run(
                 session, inject, base_url, bootstrap, count, cache, profile and cache == 10_000
             )
+        # A recorded market's feed: the same, plus each batch's delivery tracked for
+        # its checkpoint and gaps reported (ingestor.recorder).
+        results["recorded"] = await feed_run(
+            session, inject, base_url, bootstrap, count, 10_000, recorded=True
+        )
     return results
 
 
@@ -353,6 +360,8 @@ async def feed_run(
     count: int,
     trades_cache: int,
     profile: bool = False,
+    *,
+    recorded: bool = False,
 ) -> dict[str, Any]:
     """Seconds until every tick is delivered (or the stream went quiet), ticks, id gaps, CPU."""
     adapter = ExchangeAdapter(
@@ -370,8 +379,22 @@ async def feed_run(
     await sink.start()
     await sink.deliver(topic, TICKER, b"warm-up")  # topic created, connection up
     stats = FeedStats()
+    checkpoints: list[TradePoint] = []
+    recording = Recording(
+        resume_from=lambda: None,
+        on_gap=lambda found: None,
+        on_sent=lambda point, _delivery, _count: checkpoints.append(point),
+    )
     feed = asyncio.create_task(
-        run_feed(TICKER, adapter, sink, stats, dedupe=RecentKeys(50_000), reconnect=RetryPolicy())
+        run_feed(
+            TICKER,
+            adapter,
+            sink,
+            stats,
+            dedupe=RecentKeys(50_000),
+            reconnect=RetryPolicy(),
+            recording=recording if recorded else None,
+        )
     )
     async with session.get(
         f"{base_url}/_sim/subscribers", params={"symbol": SYMBOL, "wait": "1"}
@@ -482,11 +505,13 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|---:|")
         ws_s, ws_n = live["ws_baseline"]
         print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "             |       0 |")
-        for cache in (10_000, 1000):
-            r = live[f"feed_cache_{cache}"]
-            line = report(
-                f"feed tl={cache}", r["seconds"], r["ticks"], ws_s * r["ticks"] / ws_n, "ticks"
-            )
+        for name, key in (
+            ("feed tl=10000", "feed_cache_10000"),
+            ("feed tl=1000", "feed_cache_1000"),
+            ("recorded tl=10000", "recorded"),
+        ):
+            r = live[key]
+            line = report(name, r["seconds"], r["ticks"], ws_s * r["ticks"] / ws_n, "ticks")
             print(f"{line} {r['cpu'] / max(r['ticks'], 1) * 1e6:11.1f} | {r['gaps']:7} |")
         if "profile" in live["feed_cache_10000"]:
             print("\nLive feed profile (tl=10000): share of sampled CPU by library")

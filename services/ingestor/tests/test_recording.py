@@ -49,7 +49,7 @@ def record_feed(
         recording = Recording(
             resume_from=lambda: resume,
             on_gap=gaps.append,
-            on_sent=lambda p, _delivery: sent.append(p),
+            on_sent=lambda p, _delivery, _count: sent.append(p),
         )
         task = asyncio.create_task(
             run_feed(
@@ -359,3 +359,122 @@ def test_the_universe_names_what_the_exchange_does_not_list(
     universe = recorded_tickers("BINANCE", wanted, markets)
     assert list(universe.tickers) == tickers
     assert list(universe.unknown) == unknown
+
+
+# --- the recorder's own bookkeeping (no Kafka group: slot events fed by hand) ----
+
+
+class FakeFeeds:
+    def __init__(self) -> None:
+        self.recorded: dict[str, Any] = {}
+
+    async def record(self, ticker: str, recording: Any = None) -> bool:
+        self.recorded[ticker] = recording
+        return True
+
+    async def unrecord(self, ticker: str, why: str) -> bool:
+        return self.recorded.pop(ticker, None) is not None
+
+    def revive_recorded(self) -> list[str]:
+        return []
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, Any, int]] = []
+
+    async def send_recording(self, key: str, record: Any, partition: int) -> asyncio.Future[int]:
+        self.records.append((key, record, partition))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future.set_result(len(self.records))
+        return future
+
+
+def recorder_with(feeds: FakeFeeds, books: FakeFeeds, sink: RecordingSink) -> Any:
+    from ingestor.config import RecordingSettings
+    from ingestor.recorder import Recorder
+
+    class Adapter:
+        prefix = "BINANCE"
+        exchange_id = "binance"
+
+    recorder = Recorder(
+        Adapter(),  # type: ignore[arg-type]
+        RecordedMarkets(markets=["BTC/USDT", "ETH/USDT"], channels=["trades", "book"]),
+        RecordingSettings(),
+        feeds=feeds,  # type: ignore[arg-type]
+        books=books,  # type: ignore[arg-type]
+        sink=sink,  # type: ignore[arg-type]
+        env=lambda _adapter: FetchEnv(),
+        ingestor_id="ing-1",
+        bootstrap="unused",
+        topic="unused",
+        now_ms=lambda: 1_000,
+    )
+    wanted = RecordedMarkets(markets=["BTC/USDT", "ETH/USDT"])
+    recorder.use_universe(
+        recorded_tickers("BINANCE", wanted, [market("BTC/USDT"), market("ETH/USDT")])
+    )
+    return recorder
+
+
+def test_a_slot_records_its_markets_resumes_at_their_checkpoints_and_stops_when_revoked() -> None:
+    from mdproto import contracts, envelope
+    from mdproto.messages import RecordingCheckpoint
+    from mdproto.topics import recording_slot
+
+    feeds, books, sink = FakeFeeds(), FakeFeeds(), RecordingSink()
+    slot = recording_slot(TICKER, contracts.RECORDING_SLOTS)
+
+    async def scenario() -> None:
+        recorder = recorder_with(feeds, books, sink)
+        # The slot's partition, read from its start: a checkpoint of an earlier run.
+        checkpoint = RecordingCheckpoint(ticker=TICKER, last_trade_id="41", last_trade_time_ms=T0)
+        from ingestor.kafka_sink import SlotRecord
+
+        recorder.slot_records(
+            [SlotRecord(slot, TICKER.encode(), envelope.encode_record(checkpoint))]
+        )
+        await recorder._take_slot(slot)
+        assert set(feeds.recorded) >= {TICKER} and set(books.recorded) >= {TICKER}
+        assert feeds.recorded[TICKER].resume_from() == TradePoint("41", T0)
+        assert TICKER in recorder.recorded_here()
+        await recorder._drop_slot(slot)
+        assert TICKER not in feeds.recorded and TICKER not in books.recorded
+
+    asyncio.run(scenario())
+
+
+def test_trades_kafka_refused_become_a_gap_once_kafka_takes_them_again() -> None:
+    feeds, books, sink = FakeFeeds(), FakeFeeds(), RecordingSink()
+
+    async def scenario() -> list[Any]:
+        recorder = recorder_with(feeds, books, sink)
+        loop = asyncio.get_running_loop()
+
+        def delivery(error: Exception | None) -> asyncio.Future[int]:
+            future: asyncio.Future[int] = loop.create_future()
+            if error is None:
+                future.set_result(1)
+            else:
+                future.set_exception(error)
+            return future
+
+        recorder._on_sent(TICKER, point(10), delivery(None), 10)
+        await recorder._checkpoint()  # checkpoint at 10
+        recorder._on_sent(TICKER, point(20), delivery(RuntimeError("broker down")), 10)
+        await asyncio.sleep(0)  # the delivery callback runs
+        await recorder._checkpoint()  # no checkpoint past 10
+        recorder._on_sent(TICKER, point(30), delivery(None), 10)
+        await recorder._checkpoint()
+        await asyncio.sleep(0)  # the queued records are sent
+        assert recorder.stats.trades == 30
+        return [r for _, r, _ in sink.records]
+
+    records = asyncio.run(scenario())
+    checkpoints = [r.last_trade_id for r in records if r.DESCRIPTOR.name == "RecordingCheckpoint"]
+    gaps = [r for r in records if r.DESCRIPTOR.name == "TradeGap"]
+    assert checkpoints == ["10", "30"]
+    assert [(g.from_trade_id, g.to_trade_id, g.cause, g.state) for g in gaps] == [
+        ("10", "30", TradeGap.DELIVERY_FAILED, TradeGap.OPEN)
+    ]

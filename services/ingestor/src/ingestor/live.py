@@ -154,12 +154,13 @@ class Recording:
 
     `resume_from()`: the newest trade delivered so far (an earlier run's checkpoint);
     the first trade of each run is compared with it (RESTART). `on_gap` is told every gap;
-    `on_sent` gets the newest trade of each batch with the delivery of its tick.
+    `on_sent` gets the newest trade of each batch with the delivery of its tick and the
+    number of trades the batch sent.
     """
 
     resume_from: Callable[[], TradePoint | None]
     on_gap: Callable[[GapFound], None]
-    on_sent: Callable[[TradePoint, asyncio.Future[int]], None]
+    on_sent: Callable[[TradePoint, asyncio.Future[int], int], None]
 
 
 def _follows(last: TradePoint, point: TradePoint) -> bool:
@@ -311,6 +312,7 @@ async def run_feed(
             report(change)
         ingested = now_ms()
         record = None
+        sent = 0
         for trade in trades:
             if not trade.trade_id or not dedupe.first_time(trade.trade_id):
                 stats.duplicates += 1
@@ -329,14 +331,15 @@ async def run_feed(
             if record is not None:
                 await sink.send_tick(ticker, record)
             record = tick_record(ticker, trade, ingested, gap_before=gap)
-            stats.ticks += 1
+            sent += 1
+        stats.ticks += sent
         if record is None:
             continue
         if recording is None:
             await sink.send_tick(ticker, record)
         else:  # the batch's newest trade: its delivery vouches for the ones before (one key)
             assert last is not None
-            recording.on_sent(last, await sink.send_tick_tracked(ticker, record))
+            recording.on_sent(last, await sink.send_tick_tracked(ticker, record), sent)
 
 
 class LiveFeeds:

@@ -163,6 +163,9 @@ class IngestorCollector(Collector):
         checkpoints = CounterMetricFamily(
             "ingestor_recording_checkpoints", "RecordingCheckpoint records written", labels=labels
         )
+        trades = CounterMetricFamily(
+            "ingestor_recording_trades", "Trades the feeds recorded here sent", labels=labels
+        )
         now_ms = wall_clock_ms()
         for recorder in recorders.values():
             name = [recorder.prefix]
@@ -181,7 +184,8 @@ class IngestorCollector(Collector):
             lag.add_metric(name, (now_ms - oldest) / 1000)
             recovered.add_metric(name, recorder.stats.trades_recovered)
             checkpoints.add_metric(name, recorder.stats.checkpoints)
-        yield from (markets, universe, unknown, slots, gaps, lag, recovered, checkpoints)
+            trades.add_metric(name, recorder.stats.trades)
+        yield from (markets, universe, unknown, slots, gaps, lag, recovered, checkpoints, trades)
 
 
 def registry_for(ingestor: Ingestor) -> CollectorRegistry:

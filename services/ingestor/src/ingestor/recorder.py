@@ -50,6 +50,7 @@ _OPEN = (TradeGap.OPEN, TradeGap.REPAIRING)
 
 @dataclass
 class RecorderStats:
+    trades: int = 0  # sent to Kafka by the feeds recorded here
     checkpoints: int = 0
     gaps_found: int = 0
     trades_recovered: int = 0
@@ -183,6 +184,11 @@ class Recorder:
             with contextlib.suppress(Exception):
                 await self._checkpoint()
 
+    def use_universe(self, universe: Universe) -> None:
+        """The markets to record (from the exchange's market list)."""
+        self.universe = universe
+        self._universe_set = frozenset(universe.tickers)
+
     async def _load_universe(self) -> None:
         while True:
             try:
@@ -196,8 +202,7 @@ class Recorder:
                     MARKETS_RETRY_S,
                 )
                 await asyncio.sleep(MARKETS_RETRY_S)
-        self.universe = recorded_tickers(self.prefix, self._wanted, self.adapter.markets())
-        self._universe_set = frozenset(self.universe.tickers)
+        self.use_universe(recorded_tickers(self.prefix, self._wanted, self.adapter.markets()))
         for ticker in self.universe.unknown:
             log.error(
                 "recording: %s is not an active market of %s; it is not recorded",
@@ -264,10 +269,13 @@ class Recorder:
         return Recording(
             resume_from=lambda: self._state.checkpoints.get(ticker),
             on_gap=self._on_gap,
-            on_sent=lambda point, delivery: self._on_sent(ticker, point, delivery),
+            on_sent=functools.partial(self._on_sent, ticker),
         )
 
-    def _on_sent(self, ticker: str, point: TradePoint, delivery: asyncio.Future[int]) -> None:
+    def _on_sent(
+        self, ticker: str, point: TradePoint, delivery: asyncio.Future[int], count: int
+    ) -> None:
+        self.stats.trades += count
         self._sent[ticker] = _Sent(point, delivery)
         delivery.add_done_callback(lambda d: self._delivered(ticker, d))
 
