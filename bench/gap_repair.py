@@ -28,7 +28,6 @@ import asyncio
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import ccxt.async_support as ccxt_async
+from pipeline_common import start_simulator
 from pydantic import SecretStr
 
 from infra.exchange_sim import point_ccxt_at
@@ -53,24 +53,6 @@ from mdproto.runtime.kafka import TopicSpec
 
 SYMBOL = "BTC/USDT"
 MINUTE_MS = 60_000
-
-
-def start_simulator(tmp: Path, rate: float) -> tuple[subprocess.Popen[bytes], str]:
-    ready = tmp / "sim.url"
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "infra.exchange_sim", "--port", "0"),
-            *("--weight-limit", "0", "--trade-rate", f"{SYMBOL}={rate}"),
-            *("--ready-file", str(ready)),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while not (ready.exists() and ready.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("exchange simulator did not start")
-        time.sleep(0.05)
-    return proc, ready.read_text().strip()
 
 
 def the_gap(rate: float, minutes: int) -> tuple[GapFound, int]:
@@ -171,7 +153,7 @@ def main() -> int:
             bootstrap = stack.endpoints.kafka_bootstrap
         else:
             bootstrap = args.kafka
-        sim, base_url = start_simulator(tmp, args.rate)
+        sim, base_url = start_simulator(tmp, "--trade-rate", f"{SYMBOL}={args.rate}")
         try:
             gap, missing = the_gap(args.rate, args.minutes)
             for _ in range(args.repeat):  # side by side, alternating

@@ -38,7 +38,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pipeline_common import start_simulator
 
 from ingestor.candles import BatchBuilder, metadata_for
 from ingestor.config import ExchangeSettings, KafkaSettings
@@ -68,31 +68,6 @@ from mdproto.recent import RecentKeys
 MIN = 60_000
 SYMBOL = "BTC/USDT"
 TICKER = "BINANCE:BTC/USDT"
-
-
-def start_simulator(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    ready = tmp / "sim.url"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "infra.exchange_sim",
-            "--port",
-            "0",
-            "--weight-limit",
-            "0",
-            "--no-model-trades",
-            "--ready-file",
-            str(ready),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while not (ready.exists() and ready.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("exchange simulator did not start")
-        time.sleep(0.05)
-    return proc, ready.read_text().strip()
 
 
 def history_request(now_ms: int, candles: int) -> DataRequest:
@@ -466,7 +441,7 @@ def main() -> int:
             bootstrap = stack.endpoints.kafka_bootstrap
         else:
             bootstrap = args.kafka
-        sim, base_url = start_simulator(tmp)
+        sim, base_url = start_simulator(tmp, "--no-model-trades")
         try:
             hist = asyncio.run(
                 backfill(

@@ -207,3 +207,22 @@ def percentile(values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def start_simulator(tmp: Path, *options: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The exchange simulator in its own process (its own interpreter: no GIL shared
+    with what is measured), Binance's weight limit off, plus `options`; its base URL."""
+    ready = tmp / "sim.url"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "infra.exchange_sim", "--port", "0"),
+            *("--weight-limit", "0", "--ready-file", str(ready), *options),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and ready.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("exchange simulator did not start")
+        time.sleep(0.05)
+    return proc, ready.read_text().strip()

@@ -263,6 +263,24 @@ class KafkaSink:
         await asyncio.to_thread(self._producer.close)
 
 
+def _consume(consumer: Consumer, topic: str) -> list[Any]:
+    """The next records (up to 500, 0.1 s), errors logged and left out (a consumer
+    thread's loop body)."""
+    try:
+        messages = consumer.consume(num_messages=500, timeout=0.1)
+    except KafkaException as exc:
+        log.warning("reading %s failed: %s", topic, exc)
+        return []
+    records = []
+    for m in messages:
+        error = m.error()
+        if error is None:
+            records.append(m)
+        elif error.code() != KafkaError._PARTITION_EOF:
+            log.warning("reading %s: %s", topic, error)
+    return records
+
+
 @dataclass(frozen=True, slots=True)
 class TailRecord:
     offset: int
@@ -332,20 +350,10 @@ class PartitionTail:
 
         def run() -> None:
             while not self._stop.is_set():
-                try:
-                    messages = self._consumer.consume(num_messages=500, timeout=0.1)
-                except KafkaException as exc:
-                    log.warning("reading %s failed: %s", self._topic, exc)
-                    continue
-                batch = []
-                for m in messages:
-                    error = m.error()
-                    if error is None:
-                        offset = m.offset()
-                        ts = m.timestamp()[1]
-                        batch.append(TailRecord(offset or 0, m.key(), m.value(), ts))
-                    elif error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("reading %s: %s", self._topic, error)
+                batch = [
+                    TailRecord(m.offset() or 0, m.key(), m.value(), m.timestamp()[1])
+                    for m in _consume(self._consumer, self._topic)
+                ]
                 if batch:
                     try:
                         loop.call_soon_threadsafe(self._on_records, batch)
@@ -458,18 +466,10 @@ class GroupSlots:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                messages = self._consumer.consume(num_messages=500, timeout=0.1)
-            except KafkaException as exc:
-                log.warning("reading %s failed: %s", self._topic, exc)
-                continue
-            batch = []
-            for m in messages:
-                error = m.error()
-                if error is None:
-                    batch.append(SlotRecord(m.partition() or 0, m.key(), m.value()))
-                elif error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("reading %s: %s", self._topic, error)
+            batch = [
+                SlotRecord(m.partition() or 0, m.key(), m.value())
+                for m in _consume(self._consumer, self._topic)
+            ]
             if batch:
                 self._post(self._events.slot_records, batch)
             self._check_restored()

@@ -34,7 +34,6 @@ import dataclasses
 import json
 import logging
 import operator
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -50,7 +49,7 @@ from mdproto import topics
 from mdproto.messages import OHLC
 from mdproto.tables import Ohlc
 from pipeline import records
-from pipeline.cep.state import local_path
+from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
 from pipeline.gaps import Gap
 from pipeline.lake import Lake
@@ -263,12 +262,7 @@ class PendingFile:
             "gaps": [{"gap": dataclasses.asdict(p.gap), "done": sorted(p.done)} for p in pending],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as handle:
-            json.dump(body, handle, separators=(",", ":"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(self.path)
+        replace_file(self.path, json.dumps(body, separators=(",", ":")).encode())
 
 
 # -- Spark (the adapters) -------------------------------------------------------------------

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -53,7 +52,7 @@ from mdproto.recent import RecentKeys
 from pipeline import records
 from pipeline.candle_close import Closing
 from pipeline.cep.records import Coordinates
-from pipeline.cep.state import local_path
+from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
@@ -126,12 +125,7 @@ class SnapshotFile:
             "candles": snapshot.candles,
             "cep_batch": snapshot.cep_batch,
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as handle:
-            json.dump(body, handle, separators=(",", ":"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(self.path)
+        replace_file(self.path, json.dumps(body, separators=(",", ":")).encode())
 
 
 class LiveEngine:

@@ -40,7 +40,8 @@ def local_path(location: str) -> Path:
     )
 
 
-def _write(path: Path, data: bytes) -> None:
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (a temporary file, fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
@@ -82,10 +83,10 @@ class SnapshotStore:
         defs_path = self._defs_path(defs)
         if not defs_path.exists():
             data = pickle.dumps(engine.definitions(), 5)
-            _write(defs_path, data)
+            replace_file(defs_path, data)
             written += len(data)
         state = pickle.dumps({"format": FORMAT, "batch_id": batch_id, "engine": engine}, 5)
-        _write(self._snapshot_path(batch_id, defs), state)
+        replace_file(self._snapshot_path(batch_id, defs), state)
         written += len(state)
         self._prune(batch_id)
         return written
