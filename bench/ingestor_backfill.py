@@ -27,7 +27,8 @@ Ticks: `ws_baseline` is a bare aiohttp websocket client counting the trade
 messages of the same stream; `feed_to_kafka` is the ingestor's live feed
 (ccxt.pro watch_trades -> dedupe -> Tick -> Kafka) until every tick is delivered;
 `recorded` is the same feed as a recorded market runs it (each batch's delivery
-tracked for the checkpoint, gaps reported).
+tracked for the checkpoint, gaps reported); `ccxt.pro bare` is ccxt.pro's
+`watch_trades` in a loop that only counts: what the feeds add to ccxt.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 import aiohttp
 from pipeline_common import start_simulator
 
+from infra.exchange_sim import point_ccxt_at
 from ingestor.candles import BatchBuilder, metadata_for
 from ingestor.config import ExchangeSettings, KafkaSettings
 from ingestor.exchange_calls import FetchEnv
@@ -315,6 +317,7 @@ async def ticks(base_url: str, bootstrap: str, count: int, profile: bool) -> dic
             results["ws_baseline"] = (time.perf_counter() - started, seen)
             await injector
 
+        results["ccxt_pro_baseline"] = await ccxt_pro_run(session, inject, base_url, count)
         for cache in (10_000, 1000):  # ours, then ccxt's default tradesLimit
             results[f"feed_cache_{cache}"] = await feed_run(
                 session, inject, base_url, bootstrap, count, cache, profile and cache == 10_000
@@ -325,6 +328,41 @@ async def ticks(base_url: str, bootstrap: str, count: int, profile: bool) -> dic
             session, inject, base_url, bootstrap, count, 10_000, recorded=True
         )
     return results
+
+
+async def ccxt_pro_run(
+    session: aiohttp.ClientSession,
+    inject: Callable[[aiohttp.ClientSession, int], Awaitable[None]],
+    base_url: str,
+    count: int,
+) -> tuple[float, int]:
+    """A bare ccxt.pro client: `watch_trades` in a loop, counting, nothing else."""
+    import ccxt.pro as ccxt_pro
+
+    exchange = ccxt_pro.binance(
+        {
+            "enableRateLimit": False,
+            "options": {"tradesLimit": 50_000, "fetchMarkets": {"types": ["spot"]}},
+        }
+    )
+    point_ccxt_at(exchange, base_url)
+    try:
+        await exchange.load_markets()
+        first = asyncio.create_task(exchange.watch_trades(SYMBOL))
+        async with session.get(
+            f"{base_url}/_sim/subscribers", params={"symbol": SYMBOL, "wait": "1"}
+        ) as resp:
+            resp.raise_for_status()
+        started = time.perf_counter()
+        injector = asyncio.ensure_future(inject(session, count))
+        seen = len(await first)
+        while seen < count:
+            seen += len(await exchange.watch_trades(SYMBOL))
+        elapsed = time.perf_counter() - started
+        await injector
+        return elapsed, seen
+    finally:
+        await exchange.close()
 
 
 async def feed_run(
@@ -480,6 +518,9 @@ def main() -> int:
         print("|---|---:|---:|---:|---:|---:|---:|")
         ws_s, ws_n = live["ws_baseline"]
         print(report("ws_baseline", ws_s, ws_n, None, "ticks") + "             |       0 |")
+        pro_s, pro_n = live["ccxt_pro_baseline"]
+        line = report("ccxt.pro bare", pro_s, pro_n, ws_s * pro_n / ws_n, "ticks")
+        print(line + "             |       0 |")
         for name, key in (
             ("feed tl=10000", "feed_cache_10000"),
             ("feed tl=1000", "feed_cache_1000"),
