@@ -197,7 +197,6 @@ class RecordedMarkets(_Section):
     # BASE/QUOTE symbols, or "all": every active spot market the exchange lists.
     markets: list[str] | Literal["all"] = Field(default_factory=list)
     quote: str | None = None  # with "all": only markets quoted in this currency
-    top: int | None = Field(default=None, gt=0)  # with "all": the N first by 24 h quote volume
     channels: list[Channel] = Field(default_factory=lambda: list[Channel](["trades"]))
 
 
