@@ -86,8 +86,14 @@ status:
 	$(BIN)/python -m infra.localstack status
 
 # EXCHANGES=okx,kraken (ccxt ids) serves those exchanges instead of Binance.
+# The platform process is make's own child (`exec`, the exchanges exported, not a shell
+# prefix), so a SIGTERM to make, which make passes on to its child, stops everything
+# (infra/tests/test_make_run.py); a shell in between would die alone.
+ifneq ($(EXCHANGES),)
+run: export PLATFORM_EXCHANGES := $(EXCHANGES)
+endif
 run: jars proto gateway-assets
-	$(if $(EXCHANGES),PLATFORM_EXCHANGES=$(EXCHANGES) )$(BIN)/python -m infra.platform run $(ARGS)
+	exec $(BIN)/python -m infra.platform run $(ARGS)
 
 stop:
 	$(BIN)/python -m infra.platform stop

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.platform.supervisor import PlatformEndpoints
+from infra.compose_platform import STACK_ENV, STACK_NAME, ComposePlatform
+from infra.localstack.endpoints import ENDPOINTS_FILE
+from infra.platform.supervisor import Platform, PlatformEndpoints
+from infra.testing import skip_or_fail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
 
@@ -31,9 +34,7 @@ def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         message = f"{name} is not installed: the conformance suite needs Node.js 20+ and npm"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail(message)
     return path
 
 
@@ -69,8 +70,24 @@ def installed_suite() -> Path:
     return modules
 
 
+@pytest.fixture
+def endpoints_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The platform's endpoints.json (docs/protocol.md "Ports and sockets"): the one the
+    local platform wrote, or compose's layout for this stack's free host ports (what
+    infra/compose/endpoints.json holds for the default ones)."""
+    if os.environ.get(STACK_ENV) == STACK_NAME:
+        stack: ComposePlatform = request.getfixturevalue("compose_stack")
+        path = tmp_path / "endpoints.json"
+        path.write_text(stack.endpoints.endpoints_json())
+        return path
+    platform: Platform = request.getfixturevalue("platform")
+    return platform.config.data_dir / ENDPOINTS_FILE
+
+
 @pytest.mark.timeout(1800)  # the platform's start, the install and the suite
-def test_conformance_suite_passes(endpoints: PlatformEndpoints, gateway: str) -> None:
+def test_conformance_suite_passes(
+    endpoints: PlatformEndpoints, gateway: str, endpoints_file: Path
+) -> None:
     node = _tool("node")
     modules = installed_suite()
     env = {
@@ -80,6 +97,7 @@ def test_conformance_suite_passes(endpoints: PlatformEndpoints, gateway: str) ->
         "MDP_MARKET_DATA_ENDPOINT": endpoints.market_data.split(",")[0],
         "MDP_GATEWAY_URL": gateway,
         "MDP_PROTO": str(REPO / "proto" / "marketdata.proto"),
+        "MDP_ENDPOINTS_FILE": str(endpoints_file),
     }
     # Any failed check fails the run: the assertion shows the suite's whole report.
     _run(

@@ -116,15 +116,15 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
             async with http.get(f"{gateway}/status/{as_json['request_id']}") as resp:
                 status = await resp.json()
             async with http.get(f"{gateway}/status/never-submitted-0") as resp:
-                pending = await resp.json()
+                unknown = await resp.json()
             async with http.get(f"{gateway}/status/bad%20id!") as resp:
                 malformed = (resp.status, (await resp.json())["error_code"])
             bad = {**body, "ticker": "btc-usdt"}
             async with http.post(f"{gateway}/history", json=bad) as resp:
                 rejected = (resp.status, await resp.json())
-            return as_json, arrow, arrow_headers, parquet, status, pending, malformed, rejected
+            return as_json, arrow, arrow_headers, parquet, status, unknown, malformed, rejected
 
-    as_json, arrow, arrow_headers, parquet, status, pending, malformed, rejected = asyncio.run(
+    as_json, arrow, arrow_headers, parquet, status, unknown, malformed, rejected = asyncio.run(
         scenario()
     )
     candles = as_json["candles"]
@@ -148,6 +148,7 @@ def test_http_history_as_json_arrow_and_parquet_and_its_status(gateway: str) -> 
     assert int(status["notification"]["sequence"]) >= 1
     assert int(status["notification"]["publisher_epoch"]) > 0
     assert "notify;dur=" in arrow_headers["Server-Timing"]
-    assert pending == {"request_id": "never-submitted-0", "state": "PENDING", "notification": None}
-    assert malformed == (400, "bad_id")  # can never exist: not PENDING
+    # Never submitted: no outcome, and no relay remembers accepting it (not PENDING).
+    assert unknown == {"request_id": "never-submitted-0", "state": "UNKNOWN", "notification": None}
+    assert malformed == (400, "bad_id")  # can never exist: not UNKNOWN either
     assert rejected[0] == 400 and rejected[1]["error_code"]

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from infra.localstack.config import free_ports
-from infra.testing import metric_sample
+from infra.testing import in_ci, metric_sample
 
 if TYPE_CHECKING:
     from infra.localstack.endpoints import StackEndpoints
@@ -238,6 +238,27 @@ class ComposeEndpoints:
             stack=self.stack_endpoints(),
         )
 
+    def endpoints_json(self) -> str:
+        """This platform's endpoints.json: the layout `make run` writes (the stack's fields
+        and the `clients` section), with both relays (docs/docker.md "Where clients find
+        it"; ``infra/compose/endpoints.json`` is the one of the default ports)."""
+        from infra.localstack.endpoints import client_addresses
+
+        host = self.relay_host
+        clients = client_addresses(
+            request=[f"tcp://{host}:{p}" for p in (self.request_port, self.relay2_request_port)],
+            market_data=[
+                f"tcp://{host}:{p}" for p in (self.market_data_port, self.relay2_market_data_port)
+            ],
+            gateway=self.gateway_url,
+            catalog=self.catalog_uri,
+            metrics={
+                "relay": f"http://{host}:{self.relay_metrics_port}",
+                "relay-2": f"http://{host}:{self.relay2_metrics_port}",
+            },
+        )
+        return self.stack_endpoints().to_json(clients)
+
     def pyiceberg_catalog_properties(self) -> dict[str, str]:
         """Properties for ``pyiceberg.catalog.load_catalog(name, **props)``."""
         return {
@@ -250,6 +271,13 @@ class ComposeEndpoints:
             "s3.region": self.s3_region,
             "s3.path-style-access": "true",
         }
+
+
+def default_ports(compose_text: str) -> dict[str, int]:
+    """``PORT_VARIABLES`` field -> the host port a compose file publishes by default
+    (its ``${MDP_PORT_...:-N}``): where ``make up`` puts each service."""
+    defaults = dict(re.findall(r"\$\{(MDP_PORT_[A-Z0-9_]+):-(\d+)\}", compose_text))
+    return {field: int(defaults[variable]) for field, variable in PORT_VARIABLES.items()}
 
 
 def endpoints_for(project: str, ports: Mapping[str, int], *, offline: bool) -> ComposeEndpoints:
@@ -332,11 +360,6 @@ def compose_files(value: str | None = None) -> list[str]:
     if missing:
         raise FileNotFoundError(f"{COMPOSE_FILES_ENV}: no such compose file {missing}")
     return files
-
-
-def in_ci() -> bool:
-    """``CI`` is set to a true value (GitHub Actions, GitLab, .ci/run: ``CI=true``)."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 def require_docker() -> None:

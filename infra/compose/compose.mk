@@ -8,6 +8,10 @@
 #                               MONITORING=1: Prometheus on :9090 with the alert rules)
 #   make down [PURGE=1]         stop and remove the containers (PURGE=1: the volumes too)
 #   make logs [SERVICE=relay]   follow the logs of every (or one) service
+#   make client ARGS="history BINANCE:BTC/USDT --start -2h"
+#                               one mdclient command in the test-client container, on
+#                               the compose files `make up` used (give the same IMAGES=
+#                               and KAFKA=); the default ARGS: 2 h of BTC 1m candles
 #   make e2e                    the whole end-to-end suite and the container fault tests
 #                               against the compose platform (brings up a Docker engine
 #                               on a root Debian machine that has none)
@@ -39,7 +43,7 @@ E2E_ARGS ?=
 # The broker-loss test needs the cluster: left out on the single node.
 E2E_MARKS ?= (e2e or compose) and not local$(if $(KAFKA_CLUSTER),, and not kafka_cluster)
 
-.PHONY: up down logs e2e e2e-images e2e-images-docker e2e-kafka-cluster images-offline compose-config docker-engine
+.PHONY: up down logs client e2e e2e-images e2e-images-docker e2e-kafka-cluster images-offline compose-config docker-engine
 
 up: $(if $(filter offline,$(IMAGES)),images-offline)
 	$(COMPOSE) $(COMPOSE_UP_FLAGS) up --detach --build --wait
@@ -49,6 +53,12 @@ down:
 
 logs:
 	$(COMPOSE) --profile offline logs --follow --tail=200 $(SERVICE)
+
+# A plain `docker compose run` reads docker-compose.yml alone: on a platform started
+# from the offline image set it would recreate every dependency from upstream images
+# (a pull that fails offline). Here COMPOSE_FILE (above) names the same files as `up`.
+client:
+	$(COMPOSE) --profile client run --rm test-client $(ARGS)
 
 compose-config: venv
 	$(BIN)/docker-compose --profile offline --profile client --profile monitoring config --quiet

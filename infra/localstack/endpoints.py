@@ -3,19 +3,27 @@
 Services get these from the ``local_stack`` fixture (``local_stack.endpoints``)
 or, for a stack started by ``python -m infra.localstack up``, from
 ``StackEndpoints.load(data_dir)``, which reads ``<data_dir>/run/endpoints.json``.
+
+``endpoints.json`` holds the stack's fields and, written by ``make run`` (and in
+the same layout for compose: ``infra/compose/endpoints.json``), a ``clients``
+section with every client-facing address of the platform (``client_addresses``;
+docs/protocol.md "Ports and sockets"), so a client in any language finds the
+relay, the gateway and the metrics without reading prose.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mdproto.runtime.settings import CatalogSettings
 
 ENDPOINTS_FILE = Path("run") / "endpoints.json"
+#: The key of the client-facing section in endpoints.json.
+CLIENTS_KEY = "clients"
 
 ICEBERG_SPARK_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 ICEBERG_SPARK_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
@@ -93,12 +101,18 @@ class StackEndpoints:
             f"{prefix}.client.region": self.s3_region,
         }
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+    def to_json(self, clients: Mapping[str, object] | None = None) -> str:
+        """The file's text: the stack's fields, and the platform's `clients` section if given."""
+        document: dict[str, object] = dict(dataclasses.asdict(self))
+        if clients is not None:
+            document[CLIENTS_KEY] = dict(clients)
+        return json.dumps(document, indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> StackEndpoints:
-        return cls(**json.loads(text))
+        """The stack's fields of the file (its `clients` section, if any, is not the stack's)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in fields})
 
     @classmethod
     def load(cls, data_dir: Path) -> StackEndpoints:
@@ -111,3 +125,29 @@ class StackEndpoints:
                 f"{path} not found: start the stack with `python -m infra.localstack up "
                 f"--data-dir {data_dir}`"
             ) from None
+
+
+def client_addresses(
+    *,
+    request: Sequence[str],
+    market_data: Sequence[str],
+    gateway: str,
+    catalog: str,
+    metrics: Mapping[str, str],
+) -> dict[str, object]:
+    """endpoints.json's `clients` section, the one layout of every platform's file.
+
+    `request` / `market_data`: each relay's ROUTER (:5559) and XPUB (:5558), any one
+    serves, all listed for failover; `gateway` its base URL ("" where none runs:
+    null); `catalog` the Iceberg REST catalog (its `GET /v1/config` hands out S3);
+    `metrics` service -> base URL of `GET /metrics` and `GET /healthz`.
+    """
+    ws = "ws" + gateway.removeprefix("http") + "/ws" if gateway else None
+    return {
+        "request": list(request),
+        "market_data": list(market_data),
+        "gateway": gateway or None,
+        "gateway_ws": ws,
+        "catalog": catalog,
+        "metrics": dict(metrics),
+    }

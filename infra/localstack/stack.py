@@ -13,7 +13,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -98,9 +98,13 @@ class LocalStack:
         log: Log | None = None,
         components: Callable[[StackConfig, StackEndpoints], list[Component]] = make_components,
         label: str = "localstack",
+        clients: Callable[[], Mapping[str, object]] | None = None,
     ) -> None:
-        """`components` and `label` let `infra.platform` supervise the services the same way."""
+        """`components` and `label` let `infra.platform` supervise the services the same way;
+        `clients` gives the platform's client-facing addresses for endpoints.json (every
+        phase writes the whole file, so a restarted phase does not drop them)."""
         self.config = config or StackConfig.load()
+        self._clients = clients
         self.endpoints: StackEndpoints = endpoints_for(self.config)
         self.components: list[Component] = components(self.config, self.endpoints)
         self.label = label
@@ -206,7 +210,7 @@ class LocalStack:
             for item in pending:
                 item.watcher.close()
         path = self.config.data_dir / ENDPOINTS_FILE
-        path.write_text(self.endpoints.to_json())
+        path.write_text(self.endpoints.to_json(self._clients() if self._clients else None))
         self.timings["total"] = time.monotonic() - t0
         self._log(f"[{self.label}] up in {self.timings['total']:.1f} s; endpoints in {path}")
         return self.endpoints

@@ -8,7 +8,10 @@ of its own config keys) and how we know it is ready:
 - relay: `GET /healthz` is 200;
 - pipeline: wrote its ready file (every streaming query runs, PUB bound) and the
   relay accepts history (its heartbeat reached the relay: relay metric);
-- ingestor: the relay sees its subscription to the exchange prefix (relay metric);
+- ingestor: the relay sees its subscription to the exchange prefix (relay metric),
+  and Iceberg `market.markets` has rows of every exchange it serves (the pipeline
+  stored the markets it published): `mdclient markets` answers once `make run` says
+  it is running, as the README promises;
 - gateway: `GET /healthz` is 200 (it connected to the relay before it listens).
 
 Every service but the simulator (test infrastructure) also serves `GET /metrics`
@@ -21,6 +24,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ from infra.localstack.config import LOOPBACK, REPO_ROOT, StackConfig
 from infra.localstack.endpoints import StackEndpoints
 from infra.platform.config import PlatformConfig
 from infra.testing import metric_sample
+from mdproto import contracts
+from mdproto.tables import Markets
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 BIN = Path(sys.executable).parent
@@ -211,6 +217,7 @@ class Ingestor(Service):
     ) -> None:
         super().__init__(config, endpoints, platform)
         self.exchange_url = exchange_url
+        self._markets_stored = False
 
     @property
     def ports(self) -> dict[str, int]:
@@ -255,6 +262,40 @@ class Ingestor(Service):
         relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
         if (metric_sample(relay, 'relay_ingestor_subscriptions{socket="work"}') or 0) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
+        if self._markets_stored or not markets_query_on(self.platform):
+            return
+        stored = stored_markets(self.endpoints, self.platform.prefixes)
+        if missing := [prefix for prefix in self.platform.prefixes if not stored.get(prefix)]:
+            raise NotReadyError(
+                f"{contracts.ICEBERG_MARKETS} has no rows of {', '.join(missing)} yet (the"
+                " pipeline's markets query stores what the ingestor published)"
+            )
+        self._markets_stored = True  # rows are never taken away: no need to look again
+
+
+def markets_query_on(platform: PlatformConfig) -> bool:
+    """The pipeline's markets query runs (a test may turn it off in `service_env`)."""
+    return platform.service_env.get("PIPELINE_MARKETS__ENABLED", "true").lower() != "false"
+
+
+def stored_markets(endpoints: StackEndpoints, exchanges: Iterable[str]) -> dict[str, int]:
+    """Rows of Iceberg `market.markets` per exchange prefix (`OKX`), as `mdclient
+    markets` reads them; NotReadyError while the table or the catalog is not there."""
+    from pyiceberg.catalog import load_catalog
+
+    wanted = ", ".join(f"'{exchange}'" for exchange in exchanges)  # prefixes: A-Z, 0-9
+    try:
+        catalog = load_catalog(endpoints.catalog_name, **endpoints.pyiceberg_catalog_properties())
+        table = catalog.load_table(contracts.ICEBERG_MARKETS)
+        rows = table.scan(
+            row_filter=f"{Markets.EXCHANGE} IN ({wanted})", selected_fields=(Markets.EXCHANGE,)
+        ).to_arrow()
+    except Exception as exc:  # the catalog or S3 not answering, the table not created yet
+        raise NotReadyError(f"reading {contracts.ICEBERG_MARKETS} failed: {exc}") from exc
+    counts: dict[str, int] = {}
+    for exchange in rows.column(Markets.EXCHANGE).to_pylist():
+        counts[exchange] = counts.get(exchange, 0) + 1
+    return counts
 
 
 def recording(platform: PlatformConfig) -> dict[str, Any]:

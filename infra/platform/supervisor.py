@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from infra.localstack import LocalStack, StackConfig
 from infra.localstack.components import Component
 from infra.localstack.config import LOOPBACK
-from infra.localstack.endpoints import StackEndpoints
+from infra.localstack.endpoints import StackEndpoints, client_addresses
 from infra.localstack.process import ExitWatcher, PidFile, StackError, wait_group_gone
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import SIMULATED_EXCHANGES, PlatformConfig
@@ -63,6 +63,16 @@ class PlatformEndpoints:
     def client_env(self) -> dict[str, str]:
         """`mdclient` configuration (MDCLIENT_* environment) for this platform."""
         return client_env(self.request, self.market_data, self.stack)
+
+    def clients(self) -> dict[str, object]:
+        """endpoints.json's `clients` section: every client-facing address."""
+        return client_addresses(
+            request=self.request.split(","),
+            market_data=self.market_data.split(","),
+            gateway=self.gateway,
+            catalog=self.stack.catalog_uri,
+            metrics=self.metrics,
+        )
 
 
 def exchange_reachable(exchange_id: str, timeout_s: float = 3.0) -> bool:
@@ -109,12 +119,23 @@ class Platform:
         services_config = self.stack_config.model_copy(
             update={"start_timeout_s": self.config.start_timeout_s}
         )
-        self.stack = LocalStack(self.stack_config, log=self._log)
+        clients = self._client_addresses  # in endpoints.json, whichever phase writes it
+        self.stack = LocalStack(self.stack_config, log=self._log, clients=clients)
         self.phases = [
             self.stack,
-            LocalStack(services_config, log=self._log, label="platform", components=self._services),
             LocalStack(
-                services_config, log=self._log, label="platform", components=self._relay_clients
+                services_config,
+                log=self._log,
+                label="platform",
+                components=self._services,
+                clients=clients,
+            ),
+            LocalStack(
+                services_config,
+                log=self._log,
+                label="platform",
+                components=self._relay_clients,
+                clients=clients,
             ),
         ]
 
@@ -158,6 +179,9 @@ class Platform:
             gateway=f"http://{LOOPBACK}:{p.gateway}",
             metrics=self.metrics_urls(),
         )
+
+    def _client_addresses(self) -> dict[str, object]:
+        return self.endpoints.clients()
 
     def metrics_urls(self) -> dict[str, str]:
         """Every service's `/metrics` and `/healthz` base URL, in start order."""

@@ -1606,9 +1606,22 @@ def test_submit_script_stops_only_the_python_driver_on_sigterm(tmp_path: Path) -
 
 def test_compose_makefile_fragment_has_the_targets() -> None:
     text = (COMPOSE_DIR / "compose.mk").read_text()
-    for target in ("up", "down", "logs", "e2e", "e2e-kafka-cluster"):
+    for target in ("up", "down", "logs", "client", "e2e", "e2e-kafka-cluster"):
         assert re.search(rf"^{target}:", text, re.MULTILINE), target
     assert "MDP_E2E_STACK=compose" in text
+
+
+def test_every_make_target_the_docs_show_exists() -> None:
+    """README.md and docs/docker.md commands work as written (issue 47): a `make X` in
+    their code blocks names a target of the Makefile or compose.mk."""
+    makefiles = (REPO / "Makefile").read_text() + (COMPOSE_DIR / "compose.mk").read_text()
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefiles, re.MULTILINE))
+    shown: set[str] = set()
+    for doc in ("README.md", "docs/docker.md"):
+        for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", (REPO / doc).read_text(), re.S):
+            shown.update(re.findall(r"(?:^|\s)make ([a-z][a-z0-9-]*)", block, re.MULTILINE))
+    assert {"up", "client", "down"} <= shown
+    assert not shown - targets, f"documented make targets that do not exist: {shown - targets}"
 
 
 # ------------------------------------------------------------------ the live stack

@@ -102,6 +102,14 @@ SAMPLES: dict[MessageType, Message] = {
         exchange_prev_sequence=123_456_789_012,
         sequence=4,
     ),
+    MessageType.REQUEST_STATUS_QUERY: m.RequestStatusQuery(request_id="r1"),
+    MessageType.REQUEST_STATUS_REPLY: m.RequestStatusReply(
+        request_id="r1",
+        status=m.Status.OK,
+        accepted_at_ms=1_700_000_000_000,
+        notification_topic="HISTORY_READY:r1",
+        remembered_s=86_400,
+    ),
     MessageType.INGEST_CLAIM: m.IngestClaim(
         kind=m.IngestClaim.CLAIM,
         ingestor_id="i1",
@@ -128,7 +136,7 @@ SAMPLES: dict[MessageType, Message] = {
 def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
-        0x13, 0x14, 0x15, 0x16, 0x17, 0x20, 0x21, 0x22,
+        0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x20, 0x21, 0x22,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

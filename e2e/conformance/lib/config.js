@@ -21,6 +21,9 @@ const config = Object.freeze({
   gatewayToken: env("MDP_GATEWAY_TOKEN", ""),
   ticker: env("MDP_TICKER", "BINANCE:BTC/USDT"),
   proto: env("MDP_PROTO", path.resolve(__dirname, "..", "..", "..", "proto", "marketdata.proto")),
+  // The platform's endpoints.json (`make run`: .data/run/endpoints.json; compose:
+  // infra/compose/endpoints.json at the default ports); empty: its checks skip.
+  endpointsFile: env("MDP_ENDPOINTS_FILE", ""),
   requestTimeoutMs: seconds("MDP_REQUEST_TIMEOUT_S", 10),
   historyTimeoutMs: seconds("MDP_HISTORY_TIMEOUT_S", 180),
   liveTimeoutMs: seconds("MDP_LIVE_TIMEOUT_S", 240),

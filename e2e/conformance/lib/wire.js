@@ -34,6 +34,10 @@ const TYPE_IDS = Object.freeze({
   IngestorStatus: 0x13,
   FeedStatus: 0x14,
   PipelineStatus: 0x15,
+  BookSnapshot: 0x16,
+  BookDelta: 0x17,
+  RequestStatusQuery: 0x18,
+  RequestStatusReply: 0x19,
   IngestClaim: 0x20,
 });
 const NAME_BY_ID = new Map(Object.entries(TYPE_IDS).map(([name, id]) => [id, name]));

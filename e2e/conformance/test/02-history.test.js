@@ -202,10 +202,78 @@ describe("history: subscribe first, submit, notification", () => {
     assert.equal(typeof answer.json.reason, "string");
   });
 
-  test("gateway GET /status: an unknown well-formed id is PENDING", async () => {
+  test("gateway GET /status: an id the platform never saw is UNKNOWN", async () => {
     const id = wire.newId("conf-none");
     const answer = await call("GET", `/status/${id}`);
-    assert.equal(answer.status, 200);
-    assert.deepEqual(answer.json, { request_id: id, state: "PENDING", notification: null });
+    assert.equal(answer.status, 200, answer.bytes.toString());
+    assert.deepEqual(answer.json, { request_id: id, state: "UNKNOWN", notification: null });
+  });
+
+  test("gateway GET /status: an accepted request is PENDING until its outcome, never UNKNOWN", { timeout: config.historyTimeoutMs + 30_000 }, async () => {
+    // "Request status": the relay that acknowledged the submit remembers it.
+    const requestId = wire.newId("conf-pending");
+    const topic = `HISTORY_READY:${requestId}`;
+    const { start, end } = pastRange();
+    const sub = await wire.subscriber(topic);
+    try {
+      const { message: ack } = await wire.request("SubmitHistoricalRequest", {
+        request_id: requestId, ticker: config.ticker, period_seconds: 60,
+        start_time_ms: start, end_time_ms: end, notify: PER_REQUEST,
+      });
+      assert.equal(ack.status, "OK", JSON.stringify(ack));
+      const early = await call("GET", `/status/${requestId}`);
+      assert.equal(early.status, 200, early.bytes.toString());
+      // PENDING, or already answered (a range stored before is answered in about a second).
+      assert.notEqual(early.json.state, "UNKNOWN", JSON.stringify(early.json));
+      const note = await sub.next((it) => it.topic === topic && it.name === "HistoryReadyNotification", config.historyTimeoutMs);
+      assert.ok(note, `no notification on ${topic}`);
+      // An answer from storage is notified a micro-batch before its row: PENDING until then.
+      let done;
+      for (const deadline = Date.now() + 60_000; ; ) {
+        done = await call("GET", `/status/${requestId}`);
+        assert.notEqual(done.json.state, "UNKNOWN", JSON.stringify(done.json));
+        if (done.json.state !== "PENDING" || Date.now() > deadline) break;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+      assert.equal(done.json.state, note.message.status, "once recorded: the notification's outcome");
+    } finally {
+      sub.close();
+    }
+  });
+});
+
+describe("request status on :5559 (RequestStatusQuery)", () => {
+  test("an id this relay accepted: OK with the ack's topic; one it never saw: NOT_FOUND", async () => {
+    const requestId = wire.newId("conf-query");
+    const { start, end } = pastRange();
+    const submittedAt = Date.now();
+    const { message: ack } = await wire.request("SubmitHistoricalRequest", {
+      request_id: requestId, ticker: config.ticker, period_seconds: 60,
+      start_time_ms: start, end_time_ms: end, notify: PER_REQUEST,
+    });
+    assert.equal(ack.status, "OK", JSON.stringify(ack));
+    const known = await wire.request("RequestStatusQuery", { request_id: requestId });
+    assert.equal(known.name, "RequestStatusReply", "a status query is answered in its own type");
+    assert.equal(known.typeId, 0x19);
+    assert.equal(known.message.request_id, requestId);
+    assert.equal(known.message.status, "OK", JSON.stringify(known.message));
+    assert.equal(known.message.notification_topic, ack.notification_topic);
+    const acceptedAt = Number(known.message.accepted_at_ms);
+    assert.ok(acceptedAt >= submittedAt - 5 * MINUTE && acceptedAt <= Date.now() + 5 * MINUTE,
+      `accepted_at_ms ${acceptedAt} is the relay's wall clock at its ack`);
+    assert.ok(known.message.remembered_s > 0, "the relay says how long it remembers ids");
+    const never = await wire.request("RequestStatusQuery", { request_id: wire.newId("conf-never") });
+    assert.equal(never.message.status, "NOT_FOUND", JSON.stringify(never.message));
+    assert.equal(never.message.accepted_at_ms, "0");
+    assert.ok(never.message.reason.length > 0);
+  });
+
+  test("an id no submit could carry: REJECTED bad_id / missing_id", async () => {
+    for (const [id, code] of [["bad id!", "bad_id"], ["", "missing_id"]]) {
+      const { name, message } = await wire.request("RequestStatusQuery", { request_id: id });
+      assert.equal(name, "RequestStatusReply");
+      assert.equal(message.status, "REJECTED", JSON.stringify(message));
+      assert.equal(message.error_code, code);
+    }
   });
 });

@@ -14,6 +14,7 @@ const MIN_CANDLES = 2;
 const TICK = `${config.ticker}|tick`;
 const CANDLE = `${config.ticker}|ohlc:60`;
 const STATUS = `${config.ticker}|status`;
+const HOLD_MS = 8_000;
 
 /**
  * Sequence check per topic as the docs state it: the first message is the
@@ -81,6 +82,30 @@ describe("live data", () => {
       }
       const { gaps } = contiguity([...ticks, ...candles]);
       assert.deepEqual(gaps, [], "no sequence gaps");
+    } finally {
+      sub.close();
+    }
+  });
+
+  test("STARTED/RECOVERED are never repeated to a subscriber that stays connected", { timeout: config.liveTimeoutMs + 30_000 }, async () => {
+    // "Live feed status": only LOST/FAILED/REFUSED are repeated (every second); a held
+    // STARTED is replayed only on a subscription edge, which this connection, answering
+    // ZMTP PINGs, does not make. 8 s cover the relay's 1 s ping + 5 s timeout, after
+    // which a client that does not answer would be dropped and see the replay.
+    const sub = await wire.subscriber(STATUS, TICK);
+    try {
+      const first = await sub.next((it) => it.topic === TICK, config.liveTimeoutMs);
+      assert.ok(first, "the feed runs");
+      await new Promise((resolve) => setTimeout(resolve, HOLD_MS));
+      assert.deepEqual(sub.errors, []);
+      const seen = new Map();
+      for (const it of sub.received.filter((x) => x.topic === STATUS)) {
+        const { state, at_ms: atMs, ingestor_id: ingestor } = it.message;
+        if (state !== "STARTED" && state !== "RECOVERED") continue;
+        const key = `${state} ${atMs} ${ingestor}`;
+        assert.ok(!seen.has(key), `${key} arrived twice, ${it.at - seen.get(key)} ms apart`);
+        seen.set(key, it.at);
+      }
     } finally {
       sub.close();
     }

@@ -66,6 +66,16 @@ describe("gateway WebSocket", () => {
     assert.deepEqual(Object.keys(error).sort(), ["error_code", "reason", "topic", "type"]);
   });
 
+  test("a topic that is not a string is bad_topic with topic null (no value echoed)", async () => {
+    for (const topic of [42, null, { name: "BINANCE:BTC/USDT|tick" }]) {
+      const from = s.frames.length;
+      s.send({ op: "subscribe", topic });
+      const error = await s.next((f) => f.type === "error", 10_000, from);
+      assert.equal(error.error_code, "bad_topic", JSON.stringify(error));
+      assert.equal(error.topic, null, `topic ${JSON.stringify(topic)} comes back null`);
+    }
+  });
+
   test("a frame without topic is bad_request with topic null", async () => {
     const from = s.frames.length;
     s.send({ op: "subscribe" });
@@ -100,6 +110,27 @@ describe("gateway WebSocket", () => {
     s.send({ op: "subscribe", topic });
     const error = await s.next(isError(topic), 60_000);
     assert.equal(error.error_code, "bad_symbol");
+  });
+
+  test("book ladders name the tick and lot size; prices sit on that grid", { timeout: config.liveTimeoutMs + 30_000 }, async () => {
+    const topic = `${config.ticker}|book`;
+    const from = s.frames.length;
+    s.send({ op: "subscribe", topic });
+    const ladder = await s.next((f) => f.type === "book" && f.topic === topic && f.bids.length > 0, config.liveTimeoutMs, from);
+    for (const key of ["price_decimals", "amount_decimals"]) {
+      const value = ladder[key];
+      assert.ok(value === null || (Number.isInteger(value) && value >= 0), `${key}: ${value}`);
+    }
+    if (ladder.price_decimals !== null) {
+      for (const [price] of [...ladder.bids, ...ladder.asks]) {
+        // At d decimals the price prints whole: nothing beyond the tick size (a double's
+        // own rounding aside).
+        const shown = Number(price.toFixed(ladder.price_decimals));
+        assert.ok(Math.abs(shown - price) <= 1e-9 * Math.max(1, Math.abs(price)), `${price} at ${ladder.price_decimals} decimals`);
+      }
+    }
+    s.send({ op: "unsubscribe", topic });
+    await s.next((f) => f.type === "unsubscribed" && f.topic === topic, 10_000, from);
   });
 
   test("ticks on exactly the subscribed topic, 64-bit fields as strings", { timeout: config.liveTimeoutMs + 30_000 }, async () => {

@@ -58,6 +58,8 @@ class MessageType(IntEnum):
     PIPELINE_STATUS = 0x15
     BOOK_SNAPSHOT = 0x16
     BOOK_DELTA = 0x17
+    REQUEST_STATUS_QUERY = 0x18
+    REQUEST_STATUS_REPLY = 0x19
     INGEST_CLAIM = 0x20  # Kafka ingest.claims only (ingestor to ingestor)
     TRADE_GAP = 0x21  # Kafka market.recording (ingestors, pipeline)
     RECORDING_CHECKPOINT = 0x22  # Kafka market.recording (ingestors)
@@ -84,6 +86,8 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.PIPELINE_STATUS: pb.PipelineStatus,
     MessageType.BOOK_SNAPSHOT: pb.BookSnapshot,
     MessageType.BOOK_DELTA: pb.BookDelta,
+    MessageType.REQUEST_STATUS_QUERY: pb.RequestStatusQuery,
+    MessageType.REQUEST_STATUS_REPLY: pb.RequestStatusReply,
     MessageType.INGEST_CLAIM: pb.IngestClaim,
     MessageType.TRADE_GAP: pb.TradeGap,
     MessageType.RECORDING_CHECKPOINT: pb.RecordingCheckpoint,

@@ -13,6 +13,7 @@ from gateway.messages import Topic, parse_topic
 from gateway.platform import SdkUpstream
 from mdclient.book import BookStream
 from mdproto.book import levels_message
+from mdproto.markets import Precision
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, FeedStatus
 
 T = "BINANCE:BTC/USDT"
@@ -52,9 +53,16 @@ class FakeClient:
     """`mdclient.Client.book` without sockets: the real stream, fed by the test.
     `early` messages arrive before `book` returns, as a last value may."""
 
-    def __init__(self, early: list[Any] | None = None) -> None:
+    def __init__(self, early: list[Any] | None = None, precision: Precision | None = None) -> None:
         self.stream: BookStream | None = None
         self.early = early or []
+        self.steps = precision or Precision()
+        self.precision_reads = 0
+
+    def precision(self, ticker: str) -> Precision:
+        """`Client.precision`: the market's tick and lot size (Iceberg market.markets)."""
+        self.precision_reads += 1
+        return self.steps
 
     def book(self, ticker: str, **callbacks: Any) -> BookStream:
         """`callback`, `on_event`, `on_status`: what the gateway passes the SDK."""
@@ -136,3 +144,25 @@ def test_a_failed_book_feed_ends_the_subscription_with_its_code() -> None:
     feed(FeedStatus(ticker=T, state=FeedStatus.FAILED, error_code="bad_symbol", reason="no book"))
     assert frames[-1]["type"] == "feed_status" and frames[-1]["data"]["state"] == "FAILED"
     assert [(code, "no book" in reason) for code, reason in failures] == [("bad_symbol", True)]
+
+
+def test_ladders_carry_the_markets_tick_and_lot_size_read_once() -> None:
+    """Issue 47: the page printed prices with as many decimals as each double had."""
+    client = FakeClient(precision=Precision.of(0.01, 0.001))
+    upstream = SdkUpstream(client, book_levels=2)  # type: ignore[arg-type]
+    frames: list[dict[str, Any]] = []
+    for _ in range(2):  # a second subscription to the topic: the steps are not read again
+        upstream.open(TOPIC, lambda text: frames.append(json.loads(text)), lambda c, r: None)
+        assert client.stream is not None
+        client.stream.deliver(snapshot(1, 10))
+    ladders = [f for f in frames if f["type"] == "book"]
+    assert [(f["price_decimals"], f["amount_decimals"]) for f in ladders] == [(2, 3), (2, 3)]
+    assert client.precision_reads == 1
+    unknown = FakeClient()
+    blind = SdkUpstream(unknown, book_levels=2)  # type: ignore[arg-type]
+    for _ in range(2):
+        blind.open(TOPIC, lambda text: frames.append(json.loads(text)), lambda c, r: None)
+    assert unknown.precision_reads == 2  # unknown is asked again: the row may come
+    assert unknown.stream is not None
+    unknown.stream.deliver(snapshot(1, 10))
+    assert (frames[-1]["price_decimals"], frames[-1]["amount_decimals"]) == (None, None)

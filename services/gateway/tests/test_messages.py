@@ -18,6 +18,7 @@ from gateway.messages import (
     parse_topic,
     to_dict,
 )
+from mdproto.markets import Precision
 from mdproto.messages import (
     OHLC,
     CEPTriggerEvent,
@@ -163,20 +164,23 @@ def test_a_book_ladder_spells_out_the_best_levels_and_the_spread() -> None:
             in_sync=True,
             exchange_sequence=2**60,
             exchange_time_ms=1_795_764_453_815,
+            precision=Precision.of(0.25, 0.5),
         )
     )
+    assert (frame["price_decimals"], frame["amount_decimals"]) == (2, 1)
     assert frame["best_bid"] == [99.5, 2.0] and frame["best_ask"] == [100.25, 0.5]
     assert frame["spread"] == 0.75
     assert frame["bids"] == [[99.5, 2.0], [99.0, 1.0]] and frame["asks"] == [[100.25, 0.5]]
     assert frame["exchange_sequence"] == str(2**60)  # exact in JavaScript
     empty = json.loads(
         book_frame(f"{T}|book", [], [(1.0, 1.0)], in_sync=False, exchange_sequence=0,
-                   exchange_time_ms=0)
+                   exchange_time_ms=0, precision=Precision())
     )  # fmt: skip
     assert (empty["best_bid"], empty["spread"], empty["in_sync"]) == (None, None, False)
+    assert (empty["price_decimals"], empty["amount_decimals"]) == (None, None)  # unknown
     tight = json.loads(
         book_frame(f"{T}|book", [(51788.55, 1.0)], [(51788.56, 1.0)], in_sync=True,
-                   exchange_sequence=0, exchange_time_ms=0)
+                   exchange_sequence=0, exchange_time_ms=0, precision=Precision())
     )  # fmt: skip
     assert tight["spread"] == 0.01  # in the prices' decimals, not 0.00999999999476131
 

@@ -30,6 +30,7 @@ from gateway.messages import (
 from infra.testing import poll_until
 from mdclient import HistoryResult, SubmitRejected
 from mdclient.frames import candles_from_ohlc
+from mdproto.markets import Precision
 from mdproto.messages import (
     OHLC,
     BookReset,
@@ -58,6 +59,7 @@ class Handle:
 
 BIDS = [(99.5, 2.0), (99.0, 4.0), (98.5, 1.0)]
 ASKS = [(100.0, 1.0), (100.5, 3.0)]
+PRECISION = Precision.of(0.01, 0.001)  # the market's tick and lot size
 
 
 class FakePlatform:
@@ -74,7 +76,7 @@ class FakePlatform:
         if topic.kind == "book":
             reset = book_event_frame(topic.name, "reset", reset="BOOK_RESET_CHECKSUM", reason="crc")
             deliver(reset)
-            ids = {"exchange_sequence": 7, "exchange_time_ms": 1}
+            ids = {"exchange_sequence": 7, "exchange_time_ms": 1, "precision": PRECISION}
             deliver(book_frame(topic.name, BIDS, ASKS, in_sync=True, **ids))
             deliver(book_event_frame(topic.name, "gap", reason="sequence gap", missed=2))
             deliver(book_frame(topic.name, BIDS, ASKS, in_sync=False, **ids))
@@ -193,9 +195,10 @@ def test_the_page_shows_words_and_the_gateways_timings(browser: Any) -> None:
             "book messages lost, waiting for a snapshot (2 messages)"
         )
         assert text("#book-state") == "out of sync, waiting for a snapshot"
-        assert text("#spread") == "0.5"
-        assert text("#asks tr:last-child td") == "100"  # the best ask next to the spread
-        assert text("#bids tr:first-child td") == "99.5"
+        assert text("#spread") == "0.50"  # prices at the tick size: one width a column
+        assert text("#asks tr:last-child td") == "100.00"  # the best ask next to the spread
+        assert text("#bids tr:first-child td") == "99.50"
+        assert text("#bids tr:first-child td:nth-child(2)") == "2.000"  # at the lot size
         classes = browser.execute_script("return [...document.getElementById('ladder').classList]")
         assert "stale" in classes  # (a reset outlines it for 3 s: not asserted, timing)
         aside = text("aside") + text("#book")

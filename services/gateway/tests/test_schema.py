@@ -23,6 +23,7 @@ from gateway.messages import (
 )
 from mdclient import HistoryResult
 from mdclient.frames import candles_from_ohlc
+from mdproto.markets import Precision
 from mdproto.messages import (
     OHLC,
     BookReset,
@@ -72,9 +73,10 @@ def test_server_frames_match_the_schema() -> None:
         dumps({"type": "dropped", "count": 2}),
         book_frame(
             f"{T}|book", [(2.0, 1.5)], [(2.5, 0.1)], in_sync=True, exchange_sequence=BIG,
-            exchange_time_ms=5,
+            exchange_time_ms=5, precision=Precision.of(0.01, 0.001),
         ),
-        book_frame(f"{T}|book", [], [], in_sync=False, exchange_sequence=0, exchange_time_ms=0),
+        book_frame(f"{T}|book", [], [], in_sync=False, exchange_sequence=0, exchange_time_ms=0,
+                   precision=Precision()),
         book_event_frame(f"{T}|book", "reset", reset="BOOK_RESET_SEQUENCE_GAP", reason="u 7"),
         book_event_frame(f"{T}|book", "gap", reason="sequence gap", missed=2),
         book_event_frame(f"{T}|book", "resynced", waited_ms=350),
@@ -158,6 +160,7 @@ def test_status_and_error_notifications_match_the_schema() -> None:
         body = {"request_id": "r", "state": "OK", "notification": notification_dict(note)}
         check("status_response", body)
     check("status_response", {"request_id": "r", "state": "PENDING", "notification": None})
+    check("status_response", {"request_id": "r", "state": "UNKNOWN", "notification": None})
     assert notification_dict(published)["sequence"] == "1"
     assert notification_dict(recorded)["sequence"] is None
     check("http_error", {"error_code": "bad_id", "reason": "'bad id!': an id is ..."})

@@ -48,8 +48,10 @@ class Handle:
 class FakeClient:
     """mdclient.Client's surface SdkUpstream uses; every request is in the table."""
 
-    def __init__(self) -> None:
+    def __init__(self, recorded: tuple[str, ...] | None = None) -> None:
         self.next_history: HistoryResult | Exception | None = None
+        self.recorded = recorded  # ids with a row (None: every id)
+        self.relays_asked: list[str] = []
 
     def history(self, *args: Any, **kwargs: Any) -> HistoryResult:
         assert self.next_history is not None
@@ -57,8 +59,16 @@ class FakeClient:
             raise self.next_history
         return self.next_history
 
-    def status(self, request_id: str) -> RequestStatus:
+    def recorded_status(self, request_id: str) -> RequestStatus | None:
+        if self.recorded is not None and request_id not in self.recorded:
+            return None
         return RequestStatus(request_id, "OK", recorded(request_id))
+
+    def relay_status(self, request_id: str) -> RequestStatus:
+        """The relays' answer: they accepted ids starting `running`."""
+        self.relays_asked.append(request_id)
+        state = "PENDING" if request_id.startswith("running") else "UNKNOWN"
+        return RequestStatus(request_id, state, accepted_at_ms=5 if state == "PENDING" else 0)
 
     def watch(self, topic: str, callback: Callable[[str, Message], None]) -> Handle:
         request_id = topic.partition(":")[2]
@@ -142,3 +152,36 @@ def test_a_received_notification_answers_status_before_its_row_is_written() -> N
     assert (answer.request_id, answer.state, answer.done) == ("early", "OK", True)
     stamps.add(published("later", sequence=1))
     assert stamps.received("early") is None  # evicted with its stamps
+
+
+def test_status_without_an_outcome_is_the_relays_pending_or_unknown() -> None:
+    """Issue 47: an id never submitted was PENDING, like one running. A notification the
+    gateway received answers before its row exists, without asking the relays."""
+    client = FakeClient(recorded=("done",))
+
+    async def scenario(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+        client.next_history = result(published("received", sequence=4))
+        async with http.post(f"{base}/history", json={"ticker": T, "period": 60, "start": 0}):
+            pass
+        out: dict[str, Any] = {}
+        for request_id in ("done", "received", "running-1", "never"):
+            async with http.get(f"{base}/status/{request_id}") as resp:
+                assert resp.status == 200
+                out[request_id] = await resp.json()
+        return out
+
+    async def run() -> dict[str, Any]:
+        upstream = SdkUpstream(client)  # type: ignore[arg-type]
+        app = create_app(GatewaySettings(), upstream)
+        async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as http:
+            return await scenario(http, str(server.make_url("")))
+
+    out = asyncio.run(run())
+    assert {k: v["state"] for k, v in out.items()} == {
+        "done": "OK",
+        "received": "OK",
+        "running-1": "PENDING",
+        "never": "UNKNOWN",
+    }
+    assert out["never"] == {"request_id": "never", "state": "UNKNOWN", "notification": None}
+    assert client.relays_asked == ["running-1", "never"]

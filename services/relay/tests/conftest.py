@@ -233,10 +233,26 @@ def relay_settings(upstream: str, **overrides: Any) -> RelaySettings:
     return RelaySettings.loopback(upstream, **overrides)
 
 
+class FakeClock:
+    """Monotonic seconds that pass only when a test says so (read by the relay's thread)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def start_relay(
-    ctx: Context, settings: RelaySettings, sink: TriggerSink | None = None
+    ctx: Context,
+    settings: RelaySettings,
+    sink: TriggerSink | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> RunningRelay:
-    relay = Relay(settings, trigger_sink=sink)
+    relay = Relay(settings, trigger_sink=sink, clock=clock)
     endpoints = relay.start()
     thread = threading.Thread(target=relay.run, name="relay-loop", daemon=True)
     thread.start()
@@ -265,8 +281,12 @@ def make_relay(ctx: Context, pipeline: FakePipeline) -> Iterator[RelayFactory]:
     """Start relays (settings overrides as keyword arguments); all stopped afterwards."""
     running: list[RunningRelay] = []
 
-    def make(sink: TriggerSink | None = None, **overrides: Any) -> RunningRelay:
-        r = start_relay(ctx, relay_settings(pipeline.endpoint, **overrides), sink)
+    def make(
+        sink: TriggerSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **overrides: Any,
+    ) -> RunningRelay:
+        r = start_relay(ctx, relay_settings(pipeline.endpoint, **overrides), sink, clock)
         running.append(r)
         return r
 
@@ -278,6 +298,12 @@ def make_relay(ctx: Context, pipeline: FakePipeline) -> Iterator[RelayFactory]:
 @pytest.fixture
 def relay(make_relay: RelayFactory) -> RunningRelay:
     return make_relay()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A clock to start a relay with (`make_relay(clock=clock)`), moved by hand."""
+    return FakeClock()
 
 
 @pytest.fixture

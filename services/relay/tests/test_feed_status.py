@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -141,6 +144,99 @@ def test_ticks_still_start_the_feed_next_to_a_refused_period(
     while sub.poll(0):  # repeats already on their way
         sub.recv_multipart()
     assert not sub.poll(500)
+
+
+class SilentSub:
+    """A ZMTP 3.0 SUB over a plain TCP socket that never answers PINGs, as a client
+    library without heartbeat support does (issue 47: a Go client saw the same STARTED
+    about every 6 s: the relay's 1 s ping + 5 s timeout, then its reconnect)."""
+
+    def __init__(self, endpoint: str, *topics: str) -> None:
+        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=5.0)
+        self.buffer = b""
+        mechanism = b"NULL".ljust(20, b"\0")
+        self.sock.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + mechanism + b"\0" * 32)
+        ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 3) + b"SUB"
+        self.sock.sendall(bytes([0x04, len(ready)]) + ready)
+        self._read(64)  # the relay's greeting
+        for topic in topics:  # ZMTP 3.0: a subscription is a message starting 0x01
+            body = b"\x01" + topic.encode()
+            self.sock.sendall(bytes([0x00, len(body)]) + body)
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("closed by the relay")
+            self.buffer += chunk
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def next_message(self, timeout: float) -> list[bytes]:
+        """The next multipart message (commands such as PING are read and ignored)."""
+        self.sock.settimeout(timeout)
+        frames: list[bytes] = []
+        while True:
+            flags = self._read(1)[0]
+            size = struct.unpack(">Q", self._read(8))[0] if flags & 0x02 else self._read(1)[0]
+            body = self._read(size)
+            if flags & 0x04:  # a command: READY, PING
+                continue
+            frames.append(body)
+            if not flags & 0x01:
+                return frames
+
+    def statuses(self, timeout: float) -> Iterator[FeedStatus]:
+        """FeedStatus messages until the relay closes the connection (or `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                frames = self.next_message(left)
+            except (ConnectionResetError, TimeoutError):
+                return
+            _, message = envelope.decode_sub(frames)
+            if isinstance(message, FeedStatus):
+                yield message
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_started_is_replayed_to_a_resubscribing_client_never_repeated_to_everyone(
+    make_relay: RelayFactory, pipeline: FakePipeline
+) -> None:
+    """docs/protocol.md "Live feed status": the relay repeats LOST/FAILED/REFUSED every
+    `status_repeat_s`, never STARTED; a topic's first subscription gets the held status,
+    so a client whose connection the relay dropped (no PONG within the heartbeat
+    timeout) gets the same STARTED, same `at_ms`, again when it reconnects."""
+    relay = make_relay(
+        realtime_refresh_s=600, status_repeat_s=0.1, heartbeat_ivl_ms=100, heartbeat_timeout_ms=400
+    )
+    ingestor = relay.ingestor()
+    steady = relay.subscriber(STATUS, TICK)  # libzmq: answers PINGs, stays connected
+    pipeline.wait_subscribed(STATUS, TICK)
+    ingestor.next_work(DataRequest.REALTIME)
+    started = FeedStatus(ticker=TICKER, state=FeedStatus.STARTED, ingestor_id="i", at_ms=42)
+    ingestor.respond(started)
+    assert next_status(steady)[1] == started
+    assert not steady.poll(1000)  # ten repeat periods: STARTED is not repeated
+    steady.unsubscribe(STATUS.encode())  # the ticks keep the feed live
+    relay.wait_until(lambda: relay.sample("relay_subscribed_topics") == 1)  # TICK alone
+    silent = SilentSub(relay.endpoints.market_data, STATUS)
+    try:
+        dropped_after = time.monotonic()
+        seen = list(silent.statuses(timeout=5.0))  # until the relay drops it
+        dropped_after = time.monotonic() - dropped_after
+    finally:
+        silent.close()
+    assert 0.3 < dropped_after < 4.0, "dropped by the ZMTP heartbeat timeout, not our timeout"
+    assert seen == [started]  # replayed on its subscription, the topic's first
+    again = SilentSub(relay.endpoints.market_data, STATUS)  # the client reconnects
+    try:
+        assert next(again.statuses(timeout=2.0)) == started  # the same at_ms: a replay
+    finally:
+        again.close()
 
 
 def test_wrong_message_types_from_an_ingestor_are_counted(make_relay: RelayFactory) -> None:

@@ -16,6 +16,7 @@ from mdproto.messages import (
     CEPTriggerAck,
     DataResponse,
     OHLCRequest,
+    RequestStatusReply,
     Response,
     Status,
     SubmitHistoricalRequest,
@@ -25,7 +26,7 @@ from mdproto.messages import (
 if TYPE_CHECKING:
     from conftest import RelayFactory
 
-REPLY_TYPES = (Response, SubmitResponse, CEPTriggerAck)
+REPLY_TYPES = (Response, SubmitResponse, CEPTriggerAck, RequestStatusReply)
 VALID = SubmitHistoricalRequest(
     request_id="valid",
     client_id="c1",

@@ -14,12 +14,15 @@ from mdproto.messages import (
     CEPTriggerRequest,
     DataRequest,
     NotifyPattern,
+    RequestStatusQuery,
+    RequestStatusReply,
     Response,
     Status,
     SubmitHistoricalRequest,
     SubmitResponse,
     Tick,
 )
+from relay.client_requests import AcceptedIds, request_status
 from relay.triggers import Stored, TriggerSinkError
 
 if TYPE_CHECKING:
@@ -263,3 +266,47 @@ def test_a_request_no_ingestor_can_serve_is_refused_at_once(relay: RunningRelay)
     relay.wait_until(lambda: relay.sample("relay_exchange_served", prefix="BINANCE:") == 0)
     again = relay.request(client, submit(request_id="orphan"), SubmitResponse)
     assert (again.status, again.error_code) == (Status.REJECTED, "no_ingestor")
+
+
+def test_a_status_query_tells_an_accepted_request_from_one_never_seen(relay: RunningRelay) -> None:
+    """Issue 47: PENDING for an id never submitted; the relay's ack is the one trace of a
+    request until market.requests holds its outcome (docs/protocol.md "Request status")."""
+    relay.ingestor()
+    client = relay.client()
+    ack = relay.request(client, submit(request_id="", client_id="c9"), SubmitResponse)
+    assert ack.status == Status.OK
+    known = relay.request(client, RequestStatusQuery(request_id=ack.request_id), RequestStatusReply)
+    assert (known.status, known.request_id, known.notification_topic) == (
+        Status.OK,
+        ack.request_id,
+        "RESPONSE:c9",
+    )
+    assert known.accepted_at_ms > 0 and known.remembered_s == 86_400
+    never = relay.request(client, RequestStatusQuery(request_id="never-sent"), RequestStatusReply)
+    assert (never.status, never.accepted_at_ms) == (Status.NOT_FOUND, 0)
+    assert "86400 s" in never.reason
+    refused = relay.request(client, submit(request_id="refused", ticker="BTCUSDT"), SubmitResponse)
+    assert refused.status == Status.REJECTED  # a refused submit is not remembered
+    again = relay.request(client, RequestStatusQuery(request_id="refused"), RequestStatusReply)
+    assert again.status == Status.NOT_FOUND
+    for bad, code in (("", "missing_id"), ("a b", "bad_id")):
+        reply = relay.request(client, RequestStatusQuery(request_id=bad), RequestStatusReply)
+        assert (reply.status, reply.error_code) == (Status.REJECTED, code)
+    assert relay.sample("relay_requests_total", type="status", outcome="accepted") == 3
+    assert relay.sample("relay_requests_total", type="status", outcome="rejected") == 2
+
+
+def test_accepted_ids_are_bounded_in_count_and_age() -> None:
+    ids = AcceptedIds(capacity=2, max_age_s=10.0)
+    ids.add("a", "HISTORY_READY:a", 1, now=0.0)
+    ids.add("b", "HISTORY_READY:b", 2, now=1.0)
+    ids.add("c", "HISTORY_READY:c", 3, now=2.0)  # the oldest, a, goes
+    assert ids.get("a", now=2.0) is None and ids.get("b", now=2.0) is not None
+    assert ids.get("b", now=11.5) is None  # older than 10 s
+    found = ids.get("c", now=11.5)
+    assert found is not None and (found.topic, found.at_ms) == ("HISTORY_READY:c", 3)
+    assert len(ids) == 1
+    off = AcceptedIds(capacity=0, max_age_s=10.0)
+    off.add("a", "t", 1, now=0.0)
+    reply = request_status(RequestStatusQuery(request_id="a"), off, now=0.0)
+    assert (reply.status, reply.remembered_s) == (Status.NOT_FOUND, 0)

@@ -40,7 +40,7 @@ def test_defaults_follow_the_contracts() -> None:
     assert (s.live.book_snapshot_s, s.catalog.book_snapshots_table) == (1.0, "book_snapshots")
     assert s.kafka.topic_cep_triggers == "cep.triggers"
     assert s.kafka.topic_markets == "market.markets"
-    assert s.markets.trigger_s == 60.0  # markets change rarely: keep Spark idle
+    assert s.markets.trigger_s == 5.0  # idle triggers cost offsets only; markets soon stored
     assert (s.kafka.topic_recording, s.catalog.gaps_table) == ("market.recording", "gaps")
     g = s.gaps
     assert (g.trigger_s, g.retry_s, g.ticks_wait_s, g.settle_s, g.correction_s) == (

@@ -27,6 +27,8 @@ from mdproto.messages import (
     OHLC,
     HistoryReadyNotification,
     OHLCRequest,
+    RequestStatusQuery,
+    RequestStatusReply,
     Response,
     Status,
     SubmitHistoricalRequest,
@@ -93,6 +95,16 @@ def accept_and_notify(**notification_args: Any) -> Handler:
     return handle
 
 
+def ack_only() -> Handler:
+    """Handler: SubmitResponse OK and nothing more, as for a request still running."""
+    notify = accept_and_notify()
+
+    def handle(message: Message) -> Action:
+        return Action(notify(message).reply)
+
+    return handle
+
+
 def candle(ticker: str, period: int, open_time_ms: int, price: float) -> OHLC:
     return OHLC(
         ticker=ticker,
@@ -136,6 +148,8 @@ class FakeRelay:
         self.events: list[tuple[str, Any]] = []  # ("sub"|"unsub", topic) or ("req", message)
         self._changed = threading.Condition()
         self.handler: Handler = accept_and_notify()
+        #: request_id -> the OK SubmitResponse sent: what RequestStatusQuery answers from.
+        self.accepted: dict[str, SubmitResponse] = {}
         self._stop = threading.Event()
         self.crashed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="fake-relay", daemon=True)
@@ -237,7 +251,20 @@ class FakeRelay:
         route, body = envelope.split_routed(frames)
         message = envelope.decode(body)
         self._record("req", message)
+        if isinstance(message, RequestStatusQuery):  # as the relay: from the acks it sent
+            reply = self.accepted.get(message.request_id)
+            answer = RequestStatusReply(
+                request_id=message.request_id,
+                status=Status.NOT_FOUND if reply is None else Status.OK,
+                notification_topic="" if reply is None else reply.notification_topic,
+                accepted_at_ms=0 if reply is None else 1_795_132_800_000,
+                remembered_s=86_400,
+            )
+            self._router.send_multipart(envelope.encode_routed(route, answer))
+            return
         action = self.handler(message)
+        if isinstance(action.reply, SubmitResponse) and action.reply.status == Status.OK:
+            self.accepted[action.reply.request_id] = action.reply
         if action.reply is not None:
             self._router.send_multipart(envelope.encode_routed(route, action.reply))
         for topic, note in action.publish:
@@ -325,6 +352,7 @@ def kit() -> Any:
     return SimpleNamespace(
         Action=Action,
         accept_and_notify=accept_and_notify,
+        ack_only=ack_only,
         notification_for=notification_for,
         topic_for=topic_for,
         candle=candle,

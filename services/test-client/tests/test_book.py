@@ -14,6 +14,7 @@ from mdclient.dispatch import Dispatcher
 from mdclient.errors import FeedUnavailable
 from mdproto import envelope
 from mdproto.book import levels_message
+from mdproto.markets import Precision
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, FeedStatus
 
 T = "BINANCE:BTC/USDT"
@@ -179,6 +180,22 @@ def test_the_ladder_puts_asks_above_bids_around_the_spread() -> None:
     assert "bid 100 x 1.5  ask 100.25 x 2  spread 0.25  levels 1/1" in line
 
 
+def test_the_ladder_shows_prices_at_the_tick_size() -> None:
+    """Issue 47: `54008`, `54007.7`, `54008.13` in one column, and `:g` printed the bid
+    54035.73 as 54035.7 next to a 0.03 spread."""
+    at_tick = Precision.of(0.01, 0.0001)
+    bids, asks = [(54035.7, 0.5), (54008.0, 1.25)], [(54035.73, 2.0), (54036.13, 0.1)]
+    assert cli.ladder_lines(bids, asks, at_tick) == [
+        "ask  54036.13  0.1000",
+        "ask  54035.73  2.0000",
+        "---  spread 0.03",
+        "bid  54035.70  0.5000",
+        "bid  54008.00  1.2500",
+    ]
+    line = cli.book_line(T, bids, asks, at_tick)
+    assert "bid 54035.70 x 0.5000  ask 54035.73 x 2.0000  spread 0.03" in line
+
+
 def test_book_cli_usage_errors_exit_2() -> None:
     assert cli.main(["book", "BTCUSDT"]) == cli.EXIT_USAGE
     assert cli.main(["book", T, "--depth", "0"]) == cli.EXIT_USAGE
@@ -189,8 +206,10 @@ def test_book_cli_prints_a_line_per_update_and_the_gap_on_stderr(
 ) -> None:
     topic = f"{T}|book"
     codes: list[int] = []
+    # No catalog (port 9): the prices as they come, whatever runs on this machine.
     args = ["book", T, "--count", "2", "--market-data-endpoint", fake_relay.market_data_endpoint,
-            "--request-endpoint", fake_relay.request_endpoint]  # fmt: skip
+            "--request-endpoint", fake_relay.request_endpoint,
+            "--catalog-uri", "http://127.0.0.1:9"]  # fmt: skip
     thread = threading.Thread(target=lambda: codes.append(cli.main(args)))
     thread.start()
     fake_relay.wait_for(lambda ev: ("sub", topic) in ev and ("sub", f"{T}|status") in ev)
@@ -208,3 +227,36 @@ def test_book_cli_prints_a_line_per_update_and_the_gap_on_stderr(
     assert "bid 100 x 7  ask 101 x 1  spread 1  levels 1/2" in lines[1]
     assert "book out of sync (1 message(s) lost, sequence gap)" in captured.err
     assert "resynced" in captured.err
+
+
+class _MarketsReader:
+    """`read_markets` of one exchange, or a failed read."""
+
+    def __init__(self, rows: list[dict[str, Any]] | None) -> None:
+        self.rows = rows
+
+    def read_markets(self, table_name: str, exchange: str) -> Any:
+        import pyarrow as pa
+
+        from mdclient.errors import StorageError
+
+        if self.rows is None:
+            raise StorageError("no catalog here", error_code="catalog_unavailable")
+        assert exchange == "BINANCE"
+        return pa.Table.from_pylist(self.rows)
+
+
+def test_the_tick_and_lot_size_come_from_market_markets_or_stay_unknown() -> None:
+    from mdclient.book import read_precision
+    from mdclient.config import ClientSettings
+
+    settings = ClientSettings()
+    rows = [
+        {"ticker": "BINANCE:ETH/USDT", "price_precision": 0.1, "amount_precision": 0.001},
+        {"ticker": T, "price_precision": 0.01, "amount_precision": 0.00001},
+    ]
+    reader: Any = _MarketsReader(rows)
+    assert read_precision(reader, settings, T) == Precision(2, 5)
+    assert read_precision(reader, settings, "BINANCE:SOL/USDT") == Precision()  # no row
+    failing: Any = _MarketsReader(None)
+    assert read_precision(failing, settings, T) == Precision()  # a ladder without it

@@ -113,6 +113,36 @@ def test_help_exits_0(capsys: Any) -> None:
     assert "Exit codes" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", "{config}", "-q", "history", TICKER, "--client-id", "c1"],
+        ["history", TICKER, "--config", "{config}", "-q", "--client-id", "c1"],
+        ["--config", "{config}", "history", TICKER, "-q", "--client-id", "c1"],
+        ["-q", "--client-id", "c1", "status", "r1", "--config", "{config}"],
+        ["--client-id", "c1", "--config", "{config}", "-q", "trigger", "list"],
+    ],
+    ids=["before", "after", "mixed", "status", "trigger"],
+)
+def test_options_before_or_after_the_command_both_work(tmp_path: Path, argv: list[str]) -> None:
+    """docs/docker.md's `mdclient --config FILE history ...` (issue 47): an option given
+    before the command is kept, not reset by the command's own default."""
+    config = tmp_path / "c.yaml"
+    config.write_text("request_endpoint: tcp://10.0.0.1:5559\n")
+    args = build_parser().parse_args([a.format(config=config) for a in argv])
+    settings = cli.settings_from_args(args)
+    assert (settings.request_endpoint, settings.client_id, args.quiet) == (
+        "tcp://10.0.0.1:5559",
+        "c1",
+        True,
+    )
+
+
+def test_an_option_after_the_command_wins_over_the_same_option_before_it() -> None:
+    args = build_parser().parse_args(["--client-id", "a", "history", TICKER, "--client-id", "b"])
+    assert cli.settings_from_args(args).client_id == "b"
+
+
 def test_bad_config_file_exits_2(tmp_path: Path, capsys: Any) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("relay_hots: x\n")

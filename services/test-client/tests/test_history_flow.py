@@ -12,6 +12,7 @@ from mdclient import (
     Client,
     HistoryFailed,
     HistoryTimeout,
+    InvalidRequest,
     ProtocolMismatch,
     RelayUnavailable,
     RequestTimeout,
@@ -21,6 +22,7 @@ from mdclient.config import ClientSettings
 from mdproto import topics
 from mdproto.messages import (
     NotifyPattern,
+    RequestStatusQuery,
     Response,
     Status,
     SubmitHistoricalRequest,
@@ -408,3 +410,62 @@ def test_relay_gone_after_connect_fails_fast_and_leaves_no_subscription(
         with pytest.raises(RelayUnavailable):
             c.history(TICKER, "1m", START, END)
         assert subscriber._counts == {}  # the failed subscribe was taken back
+
+
+def test_status_tells_a_running_request_from_one_never_seen(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    """Issue 47: an id never submitted said PENDING, like a running request. The outcome
+    comes from the requests table; without one, the relay that acked the submit says
+    PENDING, and UNKNOWN when no relay remembers the id."""
+    fake_relay.handler = kit.ack_only()
+    with Client(settings=settings_for(fake_relay), reader=fake_reader) as c:
+        with pytest.raises(HistoryTimeout):
+            c.history(TICKER, "1m", START, END, timeout_s=0.2, attempts=1)
+        (submit,) = _submits(fake_relay)
+        running = c.status(submit.request_id)
+        never = c.status("never-submitted")
+        fake_reader.requests[submit.request_id] = {
+            "request_id": submit.request_id, "status": "OK", "ticker": TICKER,
+            "period_seconds": 60, "start_time_ms": START, "end_time_ms": END, "row_count": 60,
+        }  # fmt: skip
+        done = c.status(submit.request_id)
+        with pytest.raises(InvalidRequest):
+            c.status("not an id")
+    assert (running.state, running.accepted_at_ms, running.remembered_s) == (
+        "PENDING",
+        1_795_132_800_000,
+        86_400,
+    )
+    assert (never.state, never.notification, never.remembered_s) == ("UNKNOWN", None, 86_400)
+    assert (done.state, done.done) == ("OK", True)
+    queries = [m for m in fake_relay.requests if isinstance(m, RequestStatusQuery)]
+    assert [q.request_id for q in queries] == [submit.request_id, "never-submitted"]  # not done
+
+
+def test_status_asks_every_relay_and_a_silent_one_makes_no_unknown(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    """Two relays (active/active): a submit went to one of them, so each is asked; one
+    that does not answer may be the one that accepted it, so no UNKNOWN is made up."""
+    other = kit.FakeRelay()
+    try:
+        fake_relay.handler = other.handler = kit.ack_only()
+        settings = settings_for(
+            fake_relay,
+            request_endpoint=f"{other.request_endpoint},{fake_relay.request_endpoint}",
+            market_data_endpoint=f"{other.market_data_endpoint},{fake_relay.market_data_endpoint}",
+            connect_timeout_s=1.0,
+        )
+        with Client(settings=settings, reader=fake_reader) as c:
+            with pytest.raises(HistoryTimeout):  # submitted to `other`, the first listed
+                c.history(TICKER, "1m", START, END, timeout_s=0.2, attempts=1)
+            (submit,) = _submits(other)
+            assert c.status(submit.request_id).state == "PENDING"  # `other` remembers it
+            assert c.status("never-submitted").state == "UNKNOWN"  # neither does
+            other.close()  # silent from now on: it may be the one that accepted an id
+            for request_id in (submit.request_id, "never-submitted"):
+                with pytest.raises(RequestTimeout):
+                    c.status(request_id)
+    finally:
+        other.close()

@@ -15,7 +15,7 @@ import pytest
 import zmq
 from pyiceberg.catalog import load_catalog
 
-from mdclient import Client, InvalidRequest, StorageError
+from mdclient import Client, HistoryTimeout, InvalidRequest, StorageError
 from mdclient.cli import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
@@ -23,13 +23,21 @@ from mdclient.cli import (
     EXIT_OK,
     EXIT_PENDING,
     EXIT_STORAGE,
+    EXIT_UNKNOWN,
     main,
 )
 from mdclient.config import ClientSettings
 from mdclient.dispatch import SequenceEvent
 from mdclient.frames import SCHEMA, IcebergReader
 from mdproto import envelope, topics
-from mdproto.messages import OHLC, HistorySource, Status, Tick
+from mdproto.messages import (
+    OHLC,
+    HistorySource,
+    Status,
+    SubmitHistoricalRequest,
+    SubmitResponse,
+    Tick,
+)
 from pipeline.config import Settings as PipelineSettings
 from pipeline.history_notices import REQUESTS_SCHEMA  # the table as the pipeline writes it
 from pipeline.pub_server import Publisher, PubServer
@@ -252,7 +260,7 @@ def test_status_reads_the_recorded_outcome_of_a_request(
     settings = _stack_settings(fake_relay, seeded, requests_table=requests_table)
     with Client(settings=settings) as client:
         ok, bad, unknown = (client.status(r) for r in ("r-ok", "r-bad", "r-never"))
-    assert (ok.state, ok.done, bad.state, unknown.state) == ("OK", True, "ERROR", "PENDING")
+    assert (ok.state, ok.done, bad.state, unknown.state) == ("OK", True, "ERROR", "UNKNOWN")
     assert ok.notification is not None and bad.notification is not None
     assert (ok.notification.row_count, ok.notification.snapshot_id) == (
         90,
@@ -263,10 +271,18 @@ def test_status_reads_the_recorded_outcome_of_a_request(
     assert unknown.notification is None
 
 
-def test_status_of_a_platform_that_never_notified_is_pending(fake_relay: Any, seeded: Any) -> None:
+def test_status_of_a_platform_that_never_notified_asks_the_relay(
+    fake_relay: Any, seeded: Any, kit: Any
+) -> None:
+    """No requests table yet: no outcome; the relay tells an accepted id from another."""
     settings = _stack_settings(fake_relay, seeded, requests_table="nope_ns.requests")
+    fake_relay.handler = kit.ack_only()
     with Client(settings=settings) as client:
-        assert client.status("r-ok").state == "PENDING"
+        with pytest.raises(HistoryTimeout):
+            client.history(BTC, "1m", T0, T0 + MINUTE, timeout_s=0.2, attempts=1)
+        (submit,) = [m for m in fake_relay.requests if isinstance(m, SubmitHistoricalRequest)]
+        assert client.status(submit.request_id).state == "PENDING"
+        assert client.status("r-ok").state == "UNKNOWN"
 
 
 @pytest.mark.parametrize(
@@ -274,12 +290,13 @@ def test_status_of_a_platform_that_never_notified_is_pending(fake_relay: Any, se
     [
         ("r-ok", EXIT_OK, "r-ok: OK, 90 rows, BINANCE:BTC/USDT 1m"),
         ("r-bad", EXIT_FAILED, "ERROR, 0 rows"),
-        ("r-never", EXIT_PENDING, "r-never: PENDING"),
+        ("r-never", EXIT_UNKNOWN, "r-never: UNKNOWN"),
+        ("r-acked", EXIT_PENDING, "r-acked: PENDING"),
     ],
 )
 def test_cli_status_prints_the_outcome_with_its_exit_code(
     seeded: Any, requests_table: str, request_id: str, code: int, shown: str, capsys: Any,
-    monkeypatch: Any,
+    monkeypatch: Any, fake_relay: Any,
 ) -> None:  # fmt: skip
     e = seeded["endpoints"]
     monkeypatch.setenv("MDCLIENT_S3_ACCESS_KEY", e.s3_access_key)
@@ -289,7 +306,18 @@ def test_cli_status_prints_the_outcome_with_its_exit_code(
     argv = ["status", request_id, "--catalog-uri", e.catalog_uri, "--s3-endpoint", e.s3_endpoint]
     if e.warehouse:
         argv += ["--warehouse", e.warehouse]
-    assert main(argv) == code  # no relay runs: status needs only the catalog
+    if request_id in ("r-ok", "r-bad"):  # an outcome: the catalog alone, no relay runs
+        argv += [
+            "--request-endpoint",
+            "tcp://127.0.0.1:9",
+            "--market-data-endpoint",
+            "tcp://127.0.0.1:9",
+        ]
+    else:  # no outcome: the relay tells an accepted id from one it never saw
+        fake_relay.accepted["r-acked"] = SubmitResponse(request_id="r-acked", status=Status.OK)
+        argv += ["--request-endpoint", fake_relay.request_endpoint,
+                 "--market-data-endpoint", fake_relay.market_data_endpoint]  # fmt: skip
+    assert main(argv) == code
     out = capsys.readouterr().out
     assert shown in out
     if request_id == "r-bad":

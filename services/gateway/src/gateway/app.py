@@ -231,7 +231,7 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
 
 async def status(request: web.Request) -> web.Response:
     request_id = request.match_info["request_id"]
-    if not topics.is_valid_id(request_id):  # could never be recorded: not PENDING
+    if not topics.is_valid_id(request_id):  # no submit can carry it: not UNKNOWN either
         return error_response(400, BAD_ID, f"{request_id!r}: an id is {messages.ID_RULE}")
     loop = asyncio.get_running_loop()
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -23,6 +22,7 @@ from google.protobuf.message import Message
 from mdproto import ProtocolError, topics
 from mdproto.book import Level
 from mdproto.error_codes import BAD_FORMAT, BAD_REQUEST, BAD_TOPIC
+from mdproto.markets import Precision, price_difference
 from mdproto.messages import HistoryReadyNotification
 
 TopicKind = Literal["tick", "ohlc", "book", "status", "response", "history_ready", "cep"]
@@ -211,12 +211,15 @@ def book_frame(
     in_sync: bool,
     exchange_sequence: int,
     exchange_time_ms: int,
+    precision: Precision,
 ) -> str:
     """The top of a book as a ladder: what a page draws, without keeping a book itself.
 
     `bids`/`asks` best first (the gateway's depth limit); best levels and the spread
     are spelled out so a client need not know which end of a list is best. `in_sync`
     false: the book lost messages and waits for a snapshot (these levels are stale).
+    `price_decimals`/`amount_decimals`: the market's tick and lot size as decimals to
+    show (null: unknown), so a page prints a column of prices at one width.
     """
     best_bid = list(bids[0]) if bids else None
     best_ask = list(asks[0]) if asks else None
@@ -232,14 +235,10 @@ def book_frame(
             "spread": price_difference(asks[0][0], bids[0][0]) if bids and asks else None,
             "exchange_sequence": int64(exchange_sequence),
             "exchange_time_ms": int64(exchange_time_ms),
+            "price_decimals": precision.price_decimals,
+            "amount_decimals": precision.amount_decimals,
         }
     )
-
-
-def price_difference(high: float, low: float) -> float:
-    """`high - low` in the prices' own decimals (51788.56 - 51788.55 is 0.01, not
-    0.00999999999476131): prices are doubles read from the exchange's decimal strings."""
-    return float(Decimal(repr(high)) - Decimal(repr(low)))
 
 
 BookEventKind = Literal["reset", "gap", "resynced"]

@@ -33,6 +33,7 @@ from mdclient.book import BookEvent, BookMessage, BookStream
 from mdclient.live import feed_error
 from mdclient.request_status import RequestStatus, status_from_notification
 from mdproto.error_codes import FEED_UNAVAILABLE, UNAVAILABLE
+from mdproto.markets import Precision
 from mdproto.messages import BookReset, BookSnapshot, FeedStatus, HistoryReadyNotification
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class SdkUpstream:
         self.client = client
         self.book_levels = book_levels
         self.received = ReceivedStamps()
+        self._precisions: dict[str, Precision] = {}  # ticker -> its known steps
 
     def open(
         self, topic: Topic, deliver: Callable[[str], None], fail: Callable[[str, str], None]
@@ -106,8 +108,9 @@ class SdkUpstream:
     def _book(
         self, topic: Topic, deliver: Callable[[str], None], fail: Callable[[str, str], None]
     ) -> BookStream:
-        """The SDK's book (sequence checks, resync by snapshot) as ladders (`BookLadder`)."""
-        ladder = BookLadder(topic.name, deliver, self.book_levels)
+        """The SDK's book (sequence checks, resync by snapshot) as ladders (`BookLadder`)
+        with the market's tick and lot size, so a page prints prices at one width."""
+        ladder = BookLadder(topic.name, deliver, self.book_levels, self.precision(topic.ticker))
         stream = self.client.book(
             topic.ticker,
             callback=ladder.on_book,
@@ -130,6 +133,17 @@ class SdkUpstream:
                 fail(error.error_code or FEED_UNAVAILABLE, error.reason)
 
         return on_status
+
+    def precision(self, ticker: str) -> Precision:
+        """The ticker's tick and lot size (Iceberg `market.markets`), read once: a
+        market's steps hardly ever change, and a book subscription should not wait on
+        Iceberg each time. An unknown one is asked again next time."""
+        known = self._precisions.get(ticker)
+        if known is None:
+            known = self.client.precision(ticker)
+            if known != Precision():
+                self._precisions[ticker] = known
+        return known
 
     def history(self, params: HistoryParams, timeout_s: float) -> HistoryResult:
         """Submit, wait for the notification, read the rows from Iceberg (SDK errors raise)."""
@@ -156,15 +170,18 @@ class SdkUpstream:
         return self.client.recording(exchange)
 
     def status(self, request_id: str) -> RequestStatus:
-        """The requests table's answer, with the stamps the notification was received
-        with when this gateway received it (else they stay 0: not recorded)."""
-        answer = self.client.status(request_id)
-        if answer.notification is None:
-            note = self.received.received(request_id)
-            if note is None:
-                return answer
+        """The requests table's outcome, with the stamps the notification was received
+        with when this gateway received it (else they stay 0: not recorded); else the
+        notification this gateway received (its row a micro-batch away); else the relays'
+        PENDING or UNKNOWN (docs/protocol.md "Request status")."""
+        recorded = self.client.recorded_status(request_id)
+        if recorded is not None and recorded.notification is not None:
+            stamped = self.received.stamped(recorded.notification)
+            return dataclasses.replace(recorded, notification=stamped)
+        note = self.received.received(request_id)
+        if note is not None:
             return status_from_notification(note)
-        return dataclasses.replace(answer, notification=self.received.stamped(answer.notification))
+        return self.client.relay_status(request_id)
 
 
 class BookLadder:
@@ -179,10 +196,17 @@ class BookLadder:
     lock keeps ladders in the order of the book states they show.
     """
 
-    def __init__(self, topic: str, deliver: Callable[[str], None], levels: int) -> None:
+    def __init__(
+        self,
+        topic: str,
+        deliver: Callable[[str], None],
+        levels: int,
+        precision: Precision | None = None,
+    ) -> None:
         self._topic = topic
         self._deliver = deliver
         self._levels = levels
+        self._precision = precision or Precision()
         self._lock = threading.Lock()
         self._stream: BookStream | None = None
         self._exchange_ids = (0, 0)  # (exchange_sequence, exchange_time_ms) last applied
@@ -236,5 +260,6 @@ class BookLadder:
                 in_sync=self._stream.in_sync,
                 exchange_sequence=sequence,
                 exchange_time_ms=time_ms,
+                precision=self._precision,
             )
         )

@@ -2,7 +2,8 @@
 
     frames -> rate limit (TokenBuckets) -> decode -> rules (check_*) -> symbols
         SubmitHistoricalRequest -> no pipeline or no ingestor? refused
-            : DataRequest{HISTORICAL} -> SubmitResponse
+            : DataRequest{HISTORICAL} -> SubmitResponse; the id kept (AcceptedIds)
+        RequestStatusQuery -> AcceptedIds -> RequestStatusReply (accepted here, or not)
         CEPTriggerRequest -> no pipeline? REGISTER refused
             : TriggerSink (store, cancel, list) -> CEPTriggerAck (OK once stored)
         OHLCRequest (legacy) -> pending map (legacy.py) + DataRequest{legacy_sync};
@@ -14,9 +15,13 @@ thread only); the decisions it applies are pure sections below it, tested
 without sockets (`now`, ids and the symbol predicate are passed in):
 validation, the relay's policy (served exchanges, limits) over `mdproto.rules`
 (the client and the pipeline check the same rules) and the replies it builds,
-the market-metadata check (`relay.markets`) last; and the rate limit,
-`TokenBuckets` (one flooding client cannot starve the others); its log lines go
-through the relay's `LogThrottle` (log_throttle.py).
+the market-metadata check (`relay.markets`) last; the rate limit,
+`TokenBuckets` (one flooding client cannot starve the others), whose log lines go
+through the relay's `LogThrottle` (log_throttle.py); and `AcceptedIds`, the ids
+of the history requests this relay accepted: the one trace of a request between
+its ack and its `market.requests` row, so a client can tell "in progress" from
+"never seen" (docs/protocol.md "Request status"). It is the relay's only memory
+of a history request, bounded in count and age, and lost when the relay restarts.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from mdproto.messages import (
     DataRequest,
     DataResponse,
     OHLCRequest,
+    RequestStatusQuery,
+    RequestStatusReply,
     Response,
     Status,
     SubmitHistoricalRequest,
@@ -106,6 +113,7 @@ class ClientRequests:
         self._buckets = TokenBuckets(
             s.client_rate_limit, s.client_rate_burst, s.max_tracked_clients
         )
+        self._accepted_ids = AcceptedIds(s.accepted_ids, s.accepted_ids_s)
 
     def next_deadline(self) -> float | None:
         return self._pending.next_deadline()
@@ -148,6 +156,8 @@ class ClientRequests:
             return self._legacy_request(route, message, now)
         if isinstance(message, CEPTriggerRequest):
             return self._trigger(route, message, now)
+        if isinstance(message, RequestStatusQuery):
+            return self._request_status(message, now)
         if error is None:
             assert message is not None
             error = ProtocolError(
@@ -185,8 +195,16 @@ class ClientRequests:
         # Acknowledged first: the client's round trip does not wait for the publish and its
         # log line (nothing in them refuses a request).
         self._reply(route, outcome.reply, now)
-        self._ingestors.publish_work(outcome.work.topic, outcome.work.request, "historical", now)
+        work = outcome.work.request
+        self._accepted_ids.add(work.request_id, work.notification_topic, work.submitted_at_ms, now)
+        self._ingestors.publish_work(outcome.work.topic, work, "historical", now)
         return None
+
+    def _request_status(self, query: RequestStatusQuery, now: float) -> RequestStatusReply:
+        reply = request_status(query, self._accepted_ids, now)
+        outcome = "rejected" if reply.status == _REJECTED else "accepted"
+        self._metrics.requests.labels("status", outcome).inc()
+        return reply
 
     # --- CEP triggers ----------------------------------------------------------------
 
@@ -347,6 +365,10 @@ def _refusal(message: Message | None, code: str, reason: str) -> Message:
     if isinstance(message, CEPTriggerRequest):
         return CEPTriggerAck(
             trigger_id=message.trigger_id, status=Status.REJECTED, reason=reason, error_code=code
+        )
+    if isinstance(message, RequestStatusQuery):
+        return RequestStatusReply(
+            request_id=message.request_id, status=Status.REJECTED, reason=reason, error_code=code
         )
     request_id = message.request_id if isinstance(message, OHLCRequest) else ""
     return _legacy_refusal(request_id, code, reason)
@@ -549,6 +571,86 @@ def _check_range(period: int, start_ms: int, end_ms: int, policy: Policy, now_ms
         period, start_ms, end_ms, now_ms=now_ms, max_future_ms=policy.max_future_ms,
         max_candles=policy.max_candles,
     )  # fmt: skip
+
+
+# --- accepted history requests (pure: `now` is passed in) ---------------------------
+
+
+class _Accepted(NamedTuple):
+    topic: str  # the notification topic the ack named
+    at_ms: int  # wall clock of the ack
+    at: float  # monotonic, for the age limit
+
+
+class AcceptedIds:
+    """The history request ids this relay acknowledged: the newest `capacity`, each for
+    at most `max_age_s` (an LRU by acceptance; a resubmitted id counts as new).
+
+    About 350 bytes an id, its strings included (measured: 19 MB of table for 100,000
+    32-hex ids, plus the ids and topics): the default 100,000 hold ~35 MB at most, the
+    last 100,000 submits (a minute at 1,700 submits/s, a day at ~1/s, whichever ends
+    first).
+    """
+
+    def __init__(self, capacity: int, max_age_s: float) -> None:
+        self.capacity = capacity
+        self.max_age_s = max_age_s
+        self._ids: OrderedDict[str, _Accepted] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, request_id: str, topic: str, at_ms: int, now: float) -> None:
+        if self.capacity <= 0:
+            return
+        self._ids.pop(request_id, None)
+        self._ids[request_id] = _Accepted(topic, at_ms, now)
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def get(self, request_id: str, now: float) -> _Accepted | None:
+        """The acceptance of `request_id`, if remembered; drops what is too old."""
+        while self._ids:  # oldest first: expire from the front
+            oldest = next(iter(self._ids.values()))
+            if now - oldest.at <= self.max_age_s:
+                break
+            self._ids.popitem(last=False)
+        return self._ids.get(request_id)
+
+
+def request_status(query: RequestStatusQuery, ids: AcceptedIds, now: float) -> RequestStatusReply:
+    """OK with the ack's time and topic when this relay accepted the id within its memory,
+    NOT_FOUND when it did not (or forgot it); REJECTED for an id no submit could carry."""
+    request_id = query.request_id
+    remembered = int(ids.max_age_s) if ids.capacity > 0 else 0
+    try:
+        if not request_id:
+            raise RuleViolation(rules.MISSING_ID, "request_id is required")
+        rules.check_id("request_id", request_id)
+    except RuleViolation as bad:
+        return RequestStatusReply(
+            request_id=request_id,
+            status=_REJECTED,
+            reason=bad.reason,
+            error_code=bad.error_code,
+            remembered_s=remembered,
+        )
+    accepted = ids.get(request_id, now)
+    if accepted is None:
+        return RequestStatusReply(
+            request_id=request_id,
+            status=Status.NOT_FOUND,
+            reason=f"not accepted by this relay in the last {remembered} s (or among its "
+            f"last {ids.capacity} accepted requests), or the relay restarted since",
+            remembered_s=remembered,
+        )
+    return RequestStatusReply(
+        request_id=request_id,
+        status=_OK,
+        accepted_at_ms=accepted.at_ms,
+        notification_topic=accepted.topic,
+        remembered_s=remembered,
+    )
 
 
 # --- rate limit and log throttle (pure: `now` is passed in) ------------------------

@@ -109,6 +109,11 @@ class RelaySettings(runtime.FileSettings):
     client_rate_limit: float = Field(default=500.0, ge=0)
     client_rate_burst: int = Field(default=1000, ge=1)
     max_tracked_clients: int = Field(default=10_000, ge=1)
+    # Accepted history request ids this relay remembers (RequestStatusQuery: "in progress"
+    # vs "never seen" until market.requests has the outcome): the newest N, each for at
+    # most accepted_ids_s (docs/protocol.md "Request status"). 0 remembers none.
+    accepted_ids: int = Field(default=100_000, ge=0)
+    accepted_ids_s: float = Field(default=86_400.0, gt=0)
     # Historical request sanity limits.
     max_candles_per_request: int = Field(default=10_000_000, ge=1)
     max_future_ms: int = Field(default=24 * 3600 * 1000, ge=0)

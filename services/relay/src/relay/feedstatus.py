@@ -13,7 +13,11 @@ client subscribing later must still learn:
 The relay's XPUB reports only a topic's *first* subscription, so a second client
 watching a failed ticker produces no event: LOST, FAILED and REFUSED are
 therefore repeated every `repeat_s` while they hold (STARTED/RECOVERED are not:
-the data itself says so). Pure: the caller passes `now` and the wall time.
+the data itself says so). Every held status, STARTED included, is replayed
+unchanged on each first subscription (`latest`), which a client that reconnects
+makes again: one whose library answers no ZMTP PING is dropped after the
+heartbeat timeout and sees its STARTED about every 6 s (docs/protocol.md "Live
+feed status"). Pure: the caller passes `now` and the wall time.
 """
 
 from __future__ import annotations

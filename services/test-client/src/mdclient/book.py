@@ -33,8 +33,9 @@ from mdclient.timeparse import format_ms
 from mdproto import topics
 from mdproto.book import Level, OrderBook, reset_name
 from mdproto.error_codes import NO_BOOK
+from mdproto.markets import Precision
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, FeedStatus
-from mdproto.tables import BookSnapshots
+from mdproto.tables import BookSnapshots, Markets
 
 if TYPE_CHECKING:
     from mdclient.config import ClientSettings
@@ -287,6 +288,30 @@ def read_book_at(
             error_code=NO_BOOK,
         )
     return book_from_row(row)
+
+
+def read_precision(reader: IcebergReader, settings: ClientSettings, ticker: str) -> Precision:
+    """How to show `ticker`'s prices and amounts: at its tick and lot size in Iceberg
+    `market.markets` (`Client.precision`, and the CLI's `book --at`).
+
+    Unknown (each value in its shortest form) when the table has no row for it or
+    cannot be read (logged): a ladder is still worth showing without it.
+    """
+    exchange = topics.parse_ticker(ticker).exchange
+    try:
+        rows = reader.read_markets(settings.markets_table, exchange)
+    except StorageError as exc:
+        log.info("prices of %s shown as they come: %s", ticker, exc)
+        return Precision()
+    for row in rows.to_pylist():
+        if row[Markets.TICKER] != ticker:
+            continue
+        return Precision.of(
+            float(row.get(Markets.PRICE_PRECISION) or 0),
+            float(row.get(Markets.AMOUNT_PRECISION) or 0),
+        )
+    log.info("prices of %s shown as they come: no row in %s", ticker, settings.markets_table)
+    return Precision()
 
 
 def book_from_row(row: dict[str, Any]) -> OrderBook:

@@ -31,6 +31,8 @@ from rich.table import Table
 from mdclient import errors, extras, timeparse
 from mdclient.chart import FEATURE as CHART_FEATURE
 from mdclient.config import ClientSettings, load_settings
+from mdproto import topics
+from mdproto.markets import Precision, price_difference
 from mdproto.messages import OHLC, HistoryReadyNotification, HistorySource, TakerSide
 from mdproto.tables import Markets, Ohlc
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from rich.console import Console
 
+    from mdclient.book import BookStream
     from mdclient.client import Client
     from mdclient.history import HistoryResult, ProgressEvent
     from mdclient.live import LiveMessage
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
     from mdproto.messages import FeedStatus
 
 T = TypeVar("T")
+#: Prices and amounts without market metadata: each in its shortest exact form.
+_AS_THEY_COME = Precision()
 EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: unexpected exception (traceback with -v)
 EXIT_USAGE = 2  # bad arguments, time/period/ticker format, config, output path
@@ -57,8 +62,9 @@ EXIT_NOT_FOUND = 6  # answered, but no candles in the range (NOT_FOUND or 0 rows
 EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
 EXIT_STORAGE = 8  # Iceberg catalog / S3 read failed
 EXIT_PROTOCOL = 9  # the relay spoke something this client does not understand
-EXIT_PENDING = 10  # `status`: no outcome recorded for the request yet
+EXIT_PENDING = 10  # `status`: accepted, no outcome recorded for the request yet
 EXIT_INCOMPLETE = 11  # `history --verify`: candles are missing (or the report is unknown)
+EXIT_UNKNOWN = 12  # `status`: no outcome, and no relay remembers accepting the request
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
@@ -81,19 +87,36 @@ class UsageError(Exception):
     """Bad command-line input discovered after argparse (exit 2)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def common_options(*, in_command: bool) -> argparse.ArgumentParser:
+    """The connection and output options every command takes, before or after it.
+
+    The top-level parser holds them with their defaults; each command's copy
+    (`in_command`) sets nothing unless given, so `mdclient --config F history ...`
+    is not undone by the command's own default (argparse's subparser defaults
+    would overwrite the value parsed before the command).
+    """
+    unset: dict[str, Any] = {"default": argparse.SUPPRESS} if in_command else {}
     common = argparse.ArgumentParser(add_help=False)
     conn = common.add_argument_group("connection (override config file and MDCLIENT_* env)")
-    conn.add_argument("--config", type=Path, help="YAML config file (default: $CONFIG_PATH)")
-    conn.add_argument("--relay-host", help="relay host (ports 5559/5558 unless overridden)")
-    conn.add_argument("--request-endpoint", help="e.g. tcp://host:5559")
-    conn.add_argument("--market-data-endpoint", help="e.g. tcp://host:5558")
-    conn.add_argument("--client-id", help="client id (default: random per run)")
-    conn.add_argument("--catalog-uri", help="Iceberg REST catalog URI")
-    conn.add_argument("--warehouse", help="Iceberg warehouse")
-    conn.add_argument("--s3-endpoint", help="S3 endpoint URL")
-    common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    conn.add_argument(
+        "--config", type=Path, help="YAML config file (default: $CONFIG_PATH)", **unset
+    )
+    conn.add_argument(
+        "--relay-host", help="relay host (ports 5559/5558 unless overridden)", **unset
+    )
+    conn.add_argument("--request-endpoint", help="e.g. tcp://host:5559", **unset)
+    conn.add_argument("--market-data-endpoint", help="e.g. tcp://host:5558", **unset)
+    conn.add_argument("--client-id", help="client id (default: random per run)", **unset)
+    conn.add_argument("--catalog-uri", help="Iceberg REST catalog URI", **unset)
+    conn.add_argument("--warehouse", help="Iceberg warehouse", **unset)
+    conn.add_argument("--s3-endpoint", help="S3 endpoint URL", **unset)
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr", **unset)
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging", **unset)
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_options(in_command=True)
 
     range_args = argparse.ArgumentParser(add_help=False)
     range_args.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
@@ -113,10 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="mdclient",
+        parents=[common_options(in_command=False)],
         description="History, live and legacy client of the market-data platform.",
         epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data, "
         "7 relay unreachable, 8 storage, 9 protocol, 10 pending (status), "
-        "11 incomplete (--verify), 130 Ctrl-C.",
+        "11 incomplete (--verify), 12 unknown (status), 130 Ctrl-C.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -422,27 +446,32 @@ def cmd_book(args: argparse.Namespace, err: Console) -> int:
 
         err.print(f"status: {describe_status(status)}", highlight=False, markup=False)
 
-    with (
-        _client(settings) as client,
-        client.book(ticker, on_event=on_event, on_status=on_status) as b,
-    ):
-        if not args.quiet:
-            err.print(f"streaming {ticker}|book (Ctrl-C to stop)", highlight=False)
-        with _LadderView(out, redraw=out.is_terminal and not args.once) as view:
-            for _ in _until(b, 1 if args.once else args.count, args.duration):
-                bids, asks = b.depth(args.depth)
-                if args.once:  # the first message applied is the snapshot: the book is whole
-                    view.ladder(ticker, bids, asks)
-                else:
-                    view.update(ticker, bids, asks, in_sync=b.in_sync)
+    with _client(settings) as client:
+        precision = client.precision(ticker)  # before the stream: Iceberg, once
+        with client.book(ticker, on_event=on_event, on_status=on_status) as b:
+            if not args.quiet:
+                err.print(f"streaming {ticker}|book (Ctrl-C to stop)", highlight=False)
+            _show_book(b, ticker, args, out, precision)
     return EXIT_OK
+
+
+def _show_book(
+    b: BookStream, ticker: str, args: argparse.Namespace, out: Console, precision: Precision
+) -> None:
+    with _LadderView(out, precision, redraw=out.is_terminal and not args.once) as view:
+        for _ in _until(b, 1 if args.once else args.count, args.duration):
+            bids, asks = b.depth(args.depth)
+            if args.once:  # the first message applied is the snapshot: the book is whole
+                view.ladder(ticker, bids, asks)
+            else:
+                view.update(ticker, bids, asks, in_sync=b.in_sync)
 
 
 def _stored_book(
     ticker: str, args: argparse.Namespace, settings: ClientSettings, out: Console, err: Console
 ) -> int:
     """`book --at`: Iceberg only, like `markets`."""
-    from mdclient.book import read_book_at
+    from mdclient.book import read_book_at, read_precision
     from mdclient.frames import IcebergReader
     from mdproto.error_codes import NO_BOOK
 
@@ -461,7 +490,8 @@ def _stored_book(
     err.print(
         f"{ticker} book stored at {timeparse.format_ms(book.exchange_time_ms)}", highlight=False
     )
-    for line in ladder_lines(book.bids.top(args.depth), book.asks.top(args.depth)):
+    precision = read_precision(reader, settings, ticker)
+    for line in ladder_lines(book.bids.top(args.depth), book.asks.top(args.depth), precision):
         out.print(line, markup=False)
     return EXIT_OK
 
@@ -469,10 +499,11 @@ def _stored_book(
 class _LadderView:
     """The live ladder: redrawn in place on a terminal (rich Live), else one line per update."""
 
-    def __init__(self, out: Console, *, redraw: bool) -> None:
+    def __init__(self, out: Console, precision: Precision, *, redraw: bool) -> None:
         from rich.live import Live
 
         self._out = out
+        self._precision = precision
         self._live = Live(console=out, auto_refresh=False, transient=False) if redraw else None
 
     def __enter__(self) -> _LadderView:
@@ -485,34 +516,51 @@ class _LadderView:
             self._live.__exit__(None, None, None)
 
     def update(self, ticker: str, bids: list[Level], asks: list[Level], *, in_sync: bool) -> None:
-        line = book_line(ticker, bids, asks) + ("" if in_sync else "  (out of sync)")
+        line = book_line(ticker, bids, asks, self._precision)
+        line += "" if in_sync else "  (out of sync)"
         if self._live is None:
             self._out.print(line, markup=False)
             return
         from rich.text import Text
 
-        lines = [line, *ladder_lines(bids, asks)]
+        lines = [line, *ladder_lines(bids, asks, self._precision)]
         self._live.update(Text("\n".join(lines)), refresh=True)
 
     def ladder(self, ticker: str, bids: list[Level], asks: list[Level]) -> None:
-        self._out.print(book_line(ticker, bids, asks), markup=False)
-        for line in ladder_lines(bids, asks):
+        self._out.print(book_line(ticker, bids, asks, self._precision), markup=False)
+        for line in ladder_lines(bids, asks, self._precision):
             self._out.print(line, markup=False)
 
 
 def cmd_status(args: argparse.Namespace, err: Console) -> int:
+    """An outcome comes from Iceberg alone (works while the relay is down); without one,
+    the relays tell PENDING (accepted, running) from UNKNOWN (none remembers it)."""
     from mdclient.frames import IcebergReader
     from mdclient.request_status import status_from_row
 
+    if not topics.is_valid_id(args.request_id):
+        raise UsageError(f"{args.request_id!r}: a request_id is 1-128 characters of [A-Za-z0-9_.-]")
     settings = settings_from_args(args)
     reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
     status = status_from_row(
         args.request_id, reader.read_request(settings.requests_table, args.request_id)
     )
+    if status is None:
+        with _client(settings) as client:
+            status = client.status(args.request_id)
     note = status.notification
     if note is None:
-        print(f"{args.request_id}: PENDING (no outcome recorded in {settings.requests_table})")
-        return EXIT_PENDING
+        table = settings.requests_table
+        if status.state == "PENDING":
+            since = timeparse.format_ms(status.accepted_at_ms)
+            print(f"{args.request_id}: PENDING (accepted {since}; no outcome in {table} yet)")
+            return EXIT_PENDING
+        print(
+            f"{args.request_id}: UNKNOWN (no outcome in {table}, and no relay remembers "
+            f"accepting it: never submitted, refused, or accepted more than "
+            f"{status.remembered_s} s ago or before a relay restart)"
+        )
+        return EXIT_UNKNOWN
     where = describe(note.ticker, note.period_seconds, note.start_time_ms, note.end_time_ms)
     reason = f", {note.error_code or 'error'}: {note.reason}" if status.state == "ERROR" else ""
     snapshot = f", {note.iceberg_table} snapshot {note.snapshot_id}" if note.snapshot_id else ""
@@ -967,22 +1015,29 @@ def live_line(message: LiveMessage) -> str:
     )
 
 
-def book_line(ticker: str, bids: list[Level], asks: list[Level]) -> str:
-    """One line per book update: the best of each side and the spread."""
-    bid = f"{bids[0][0]:g} x {bids[0][1]:g}" if bids else "-"
-    ask = f"{asks[0][0]:g} x {asks[0][1]:g}" if asks else "-"
-    spread = f"{asks[0][0] - bids[0][0]:g}" if bids and asks else "-"
+def book_line(
+    ticker: str, bids: list[Level], asks: list[Level], precision: Precision = _AS_THEY_COME
+) -> str:
+    """One line per book update: the best of each side and the spread, prices at the
+    market's tick size (`Client.precision`)."""
+    p = precision
+    bid = f"{p.price(bids[0][0])} x {p.amount(bids[0][1])}" if bids else "-"
+    ask = f"{p.price(asks[0][0])} x {p.amount(asks[0][1])}" if asks else "-"
+    spread = p.price(price_difference(asks[0][0], bids[0][0])) if bids and asks else "-"
     return (
         f"{timeparse.format_ms(int(time.time() * 1000))}  {ticker}  book  bid {bid}  "
         f"ask {ask}  spread {spread}  levels {len(bids)}/{len(asks)}"
     )
 
 
-def ladder_lines(bids: list[Level], asks: list[Level]) -> list[str]:
-    """The ladder: asks above (best lowest, next to the spread), bids below, aligned."""
+def ladder_lines(
+    bids: list[Level], asks: list[Level], precision: Precision = _AS_THEY_COME
+) -> list[str]:
+    """The ladder: asks above (best lowest, next to the spread), bids below, aligned;
+    prices at the market's tick size, amounts at its lot size."""
     rows = [(price, amount) for price, amount in reversed(asks)]
-    prices = [f"{p:g}" for p, _ in (*rows, *bids)]
-    amounts = [f"{a:g}" for _, a in (*rows, *bids)]
+    prices = [precision.price(p) for p, _ in (*rows, *bids)]
+    amounts = [precision.amount(a) for _, a in (*rows, *bids)]
     width_p = max((len(p) for p in prices), default=0)
     width_a = max((len(a) for a in amounts), default=0)
     lines = []
@@ -990,5 +1045,6 @@ def ladder_lines(bids: list[Level], asks: list[Level]) -> list[str]:
         side = "ask" if i < len(rows) else "bid"
         lines.append(f"{side}  {p:>{width_p}}  {a:>{width_a}}")
     if rows and bids:
-        lines.insert(len(rows), f"---  spread {asks[0][0] - bids[0][0]:g}")
+        spread = precision.price(price_difference(asks[0][0], bids[0][0]))
+        lines.insert(len(rows), f"---  spread {spread}")
     return lines

@@ -29,7 +29,14 @@ from mdclient import timeparse
 from mdclient.book import BookCallback, BookEventCallback, BookStream, read_book_at
 from mdclient.config import ClientSettings, NotifyName, load_settings
 from mdclient.dispatch import Dispatcher
-from mdclient.errors import ConfigError, InvalidRequest, RelayUnavailable, StorageError
+from mdclient.errors import (
+    ConfigError,
+    InvalidRequest,
+    RelayUnavailable,
+    RequestTimeout,
+    StorageError,
+    SubmitRejected,
+)
 from mdclient.history import (
     PATTERNS,
     HistoryOutcome,
@@ -38,11 +45,12 @@ from mdclient.history import (
     ProgressCallback,
     ProgressEvent,
     RetryPolicy,
+    decode_reply,
     wait_for_history,
 )
 from mdclient.legacy import fetch_sync
 from mdclient.live import LiveCallback, LiveStream, SequenceCallback, StatusCallback, live_topics
-from mdclient.request_status import RequestStatus, status_from_row
+from mdclient.request_status import RequestStatus, status_from_relays, status_from_row
 from mdclient.streams import Closeable
 from mdclient.transport import CurveKeys, Transport
 from mdclient.triggers import (
@@ -52,9 +60,10 @@ from mdclient.triggers import (
     event_topic,
     parse_condition,
 )
-from mdproto import envelope, topics
+from mdproto import envelope, rules, topics
 from mdproto.book import OrderBook
 from mdproto.error_codes import BAD_TIME, RELAY_UNAVAILABLE, SNAPSHOT_GONE
+from mdproto.markets import Precision
 from mdproto.messages import (
     OHLC,
     CEPCondition,
@@ -62,6 +71,8 @@ from mdproto.messages import (
     CEPTriggerRequest,
     HistoryReadyNotification,
     NotifyPattern,
+    RequestStatusQuery,
+    RequestStatusReply,
     Status,
 )
 
@@ -299,20 +310,60 @@ class Client(Closeable):
         )
 
     def status(self, request_id: str) -> RequestStatus:
-        """A history request's outcome from the requests table (PENDING while there is none).
+        """A history request's state (docs/protocol.md "Request status"): its outcome from
+        the requests table (OK, NOT_FOUND, ERROR); without one, PENDING if a relay
+        accepted it, UNKNOWN if no relay this client lists remembers accepting it.
 
-        Needs only the Iceberg catalog, not the relay: a client that lost its
-        notification, or its process, recovers with the request_id alone.
+        An outcome needs only the Iceberg catalog: a client that lost its notification,
+        or its process, recovers with the request_id alone. Telling PENDING from UNKNOWN
+        asks every relay; one that does not answer, when no other says PENDING, raises
+        its RequestTimeout (it may be the one that accepted the request).
         """
+        try:
+            rules.check_id("request_id", request_id)
+        except rules.RuleViolation as bad:
+            raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
+        recorded = self.recorded_status(request_id)
+        if recorded is not None:
+            return recorded
+        return self.relay_status(request_id)
+
+    def recorded_status(self, request_id: str) -> RequestStatus | None:
+        """The outcome in the requests table, or None: Iceberg only, no relay."""
         row = self.reader().read_request(self.settings.requests_table, request_id)
         return status_from_row(request_id, row)
 
+    def relay_status(self, request_id: str) -> RequestStatus:
+        """PENDING or UNKNOWN from the relays alone (`status` without the table)."""
+        return status_from_relays(request_id, self._ask_relays(request_id))
+
+    def _ask_relays(self, request_id: str) -> list[RequestStatusReply]:
+        frames = envelope.encode(RequestStatusQuery(request_id=request_id))
+        replies: list[RequestStatusReply] = []
+        silent: list[RequestTimeout] = []
+        for answer in self._transport.request_each(frames, self.settings.connect_timeout_s):
+            if isinstance(answer, RequestTimeout):
+                silent.append(answer)
+                continue
+            reply = decode_reply(answer, RequestStatusReply, request_id, SubmitRejected)
+            if reply.status == Status.REJECTED:
+                raise SubmitRejected(
+                    reply.reason or "status query refused",
+                    error_code=reply.error_code,
+                    request_id=request_id,
+                )
+            replies.append(reply)
+        if silent and not any(r.status == Status.OK for r in replies):
+            raise silent[0]
+        return replies
+
     def _recorded_outcome(self, request_id: str) -> HistoryReadyNotification | None:
         try:
-            return self.status(request_id).notification
+            recorded = self.recorded_status(request_id)
         except StorageError as exc:  # the wait already failed; do not hide that behind this
             log.warning("cannot look up request %s in the requests table: %s", request_id, exc)
             return None
+        return recorded.notification if recorded is not None else None
 
     def history(
         self,
@@ -411,6 +462,14 @@ class Client(Closeable):
         does not exist yet. Reads Iceberg only: the relay is not asked.
         """
         return self.reader().read_markets(self.settings.markets_table, exchange_name(exchange))
+
+    def precision(self, ticker: str) -> Precision:
+        """How to show `ticker`'s prices and amounts (`mdproto.markets.Precision`): at its
+        tick and lot size from Iceberg `market.markets`, else each value in its shortest
+        form. Never raises for want of metadata; reads Iceberg only."""
+        from mdclient.book import read_precision
+
+        return read_precision(self.reader(), self.settings, ticker)
 
     def recording(self, exchange: str | None = None) -> RecordingStatus:
         """What the platform records (of `exchange`, else every exchange), from Iceberg

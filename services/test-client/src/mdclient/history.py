@@ -49,6 +49,7 @@ from mdproto.messages import (
     CEPTriggerAck,
     HistoryReadyNotification,
     NotifyPattern,
+    RequestStatusReply,
     Response,
     Status,
     SubmitHistoricalRequest,
@@ -243,7 +244,7 @@ def wait_for_history(
             ports.unsubscribe(topic)
 
 
-M = TypeVar("M", SubmitResponse, CEPTriggerAck)
+M = TypeVar("M", SubmitResponse, CEPTriggerAck, RequestStatusReply)
 
 
 def decode_reply(

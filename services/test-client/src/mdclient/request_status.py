@@ -1,4 +1,5 @@
-"""A history request's outcome, read from the pipeline's `market.requests` table.
+"""A history request's state: its outcome from the pipeline's `market.requests` table,
+else what the relays remember of its acknowledgement (docs/protocol.md "Request status").
 
 The pipeline writes one row per notified request (its notification dedupe) in
 the same commit that makes the rows visible. A client that missed its
@@ -6,21 +7,28 @@ notification (a dropped connection, a restarted process) asks the table
 instead of submitting again: the row holds everything the notification held but
 its `sequence` and `publisher_epoch` (left 0), which the PUB server gives when it
 sends, after the row is committed (docs/protocol.md "Gateway").
-No row means no outcome yet: the request is still running, or was never
-accepted (the table cannot tell those apart; the SubmitResponse could).
+
+No row means no outcome yet, and the table cannot tell a request still running
+from one never accepted; the relay that acknowledged it can. Each relay remembers
+the ids it accepted (RequestStatusQuery: its newest `accepted_ids`, each for
+`accepted_ids_s`, 24 h, in memory): PENDING when one of them does, UNKNOWN when
+none does (never submitted, refused, or accepted so long ago, or by a relay that
+restarted since, that it was forgotten; its outcome, once written, never is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from mdproto.messages import HistoryReadyNotification, HistorySource, Status
+from mdproto.messages import HistoryReadyNotification, HistorySource, RequestStatusReply, Status
 from mdproto.tables import Requests
 
-State = Literal["PENDING", "OK", "NOT_FOUND", "ERROR"]
+#: UNKNOWN: no outcome and no relay remembers accepting it; PENDING: accepted, no outcome
+#: yet; OK, NOT_FOUND, ERROR: the outcome (docs/protocol.md "Request status").
+State = Literal["UNKNOWN", "PENDING", "OK", "NOT_FOUND", "ERROR"]
 _STATES: dict[str, State] = {"OK": "OK", "NOT_FOUND": "NOT_FOUND", "ERROR": "ERROR"}
 _SOURCES = {HistorySource.Name(v): v for v in HistorySource.values()}
 
@@ -30,18 +38,34 @@ class RequestStatus:
     request_id: str
     state: State
     notification: HistoryReadyNotification | None = None  # the recorded outcome, if any
+    accepted_at_ms: int = 0  # PENDING: when a relay acknowledged the submit
+    remembered_s: int = 0  # no outcome: how long the relays asked remember accepted ids
 
     @property
     def done(self) -> bool:
         return self.notification is not None
 
 
-def status_from_row(request_id: str, row: Mapping[str, Any] | None) -> RequestStatus:
-    """PENDING without a row; else the row as the notification it was published as."""
+def status_from_row(request_id: str, row: Mapping[str, Any] | None) -> RequestStatus | None:
+    """The row as the notification it was published as; None without a row (ask the
+    relays: `status_from_relays`)."""
     if row is None:
-        return RequestStatus(request_id, "PENDING")
+        return None
     state = _STATES.get(str(row.get(Requests.STATUS) or ""), "ERROR")
     return RequestStatus(request_id, state, notification_from_row(row))
+
+
+def status_from_relays(request_id: str, replies: Sequence[RequestStatusReply]) -> RequestStatus:
+    """No outcome recorded: PENDING when a relay accepted the id (running, or its row a
+    micro-batch away), else UNKNOWN. `replies`: one per relay asked, every relay the
+    client lists (a request goes to any one of them)."""
+    remembered = min((r.remembered_s for r in replies), default=0)
+    for reply in replies:
+        if reply.status == Status.OK:
+            return RequestStatus(
+                request_id, "PENDING", accepted_at_ms=reply.accepted_at_ms, remembered_s=remembered
+            )
+    return RequestStatus(request_id, "UNKNOWN", remembered_s=remembered)
 
 
 def status_from_notification(note: HistoryReadyNotification) -> RequestStatus:

@@ -198,6 +198,10 @@ class RequestChannel:
     def _address(self) -> str:
         return self._addresses[self._current]
 
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._addresses)
+
     def request(self, frames: Sequence[bytes], timeout_s: float) -> list[bytes]:
         """Send `frames`, return the reply frames; RequestTimeout after `timeout_s`.
 
@@ -591,6 +595,33 @@ class Transport:
             hint=self.subscriber.hint,
             failover_s=failover_s,
         )
+        self._curve = curve
+
+    def request_each(
+        self, frames: Sequence[bytes], timeout_s: float
+    ) -> list[list[bytes] | RequestTimeout]:
+        """The same request to every relay, one after another, each with `timeout_s`: for
+        what each relay alone knows (the requests it accepted). A relay that does not
+        answer gives its RequestTimeout in its place."""
+        addresses = self.requests.addresses
+        channels = (
+            [self.requests]
+            if len(addresses) == 1
+            else [
+                RequestChannel(self._context, a, curve=self._curve, hint=self.subscriber.hint)
+                for a in addresses
+            ]
+        )
+        answers: list[list[bytes] | RequestTimeout] = []
+        for channel in channels:
+            try:
+                answers.append(channel.request(frames, timeout_s))
+            except RequestTimeout as exc:
+                answers.append(exc)
+            finally:
+                if channel is not self.requests:
+                    channel.close()
+        return answers
 
     def close(self) -> None:
         self.subscriber.close()

@@ -95,17 +95,22 @@ function showReport(answer) {
 
 // --- the order book: the gateway's ladder, drawn as sent -------------------------
 
+// A price or amount at the market's tick or lot size: the frame's decimals (null: the
+// gateway has no market metadata, shown as it comes), so a column has one width.
+const atStep = (value, decimals) => (decimals === null || decimals === undefined
+  ? String(+value.toPrecision(15)) : value.toFixed(decimals));
+
 // Rows of [price, amount], best first; each amount cell carries a bar of its share of the
 // largest amount shown, so the ladder doubles as a depth picture.
-function ladderRows(body, levels, max, colour) {
+function ladderRows(body, levels, max, colour, frame) {
   body.replaceChildren();
   for (const [price, amount] of levels) {
     const row = body.insertRow();
     const p = row.insertCell();
-    p.textContent = price;
+    p.textContent = atStep(price, frame.price_decimals);
     p.className = "price";
     const a = row.insertCell();
-    a.textContent = amount;
+    a.textContent = atStep(amount, frame.amount_decimals);
     const share = max > 0 ? Math.round((100 * amount) / max) : 0;
     a.style.background = `linear-gradient(to left, ${colour} ${share}%, transparent ${share}%)`;
   }
@@ -113,9 +118,9 @@ function ladderRows(body, levels, max, colour) {
 
 function drawBook(frame) {
   const max = Math.max(0, ...frame.bids.map((l) => l[1]), ...frame.asks.map((l) => l[1]));
-  ladderRows($("asks"), [...frame.asks].reverse(), max, "#4a1f22"); // best ask next to the spread
-  ladderRows($("bids"), frame.bids, max, "#16403b");
-  $("spread").textContent = frame.spread === null ? "-" : +frame.spread.toPrecision(10);
+  ladderRows($("asks"), [...frame.asks].reverse(), max, "#4a1f22", frame); // best ask next to the spread
+  ladderRows($("bids"), frame.bids, max, "#16403b", frame);
+  $("spread").textContent = frame.spread === null ? "-" : atStep(frame.spread, frame.price_decimals);
   $("ladder").classList.toggle("stale", !frame.in_sync);
   $("book-state").textContent = frame.in_sync ? "live" : "out of sync, waiting for a snapshot";
   $("book-state").className = "book-state" + (frame.in_sync ? "" : " bad");
