@@ -34,6 +34,7 @@ from infra.localstack.config import LOOPBACK, REPO_ROOT, StackConfig
 from infra.localstack.endpoints import StackEndpoints
 from infra.platform.config import PlatformConfig
 from infra.testing import metric_sample
+from ingestor.venues import venue_for
 from mdproto import contracts
 from mdproto.tables import Markets
 
@@ -251,8 +252,10 @@ class Ingestor(Service):
                 section = f"INGESTOR_EXCHANGES__{exchange_id.upper()}"
                 overrides[f"{section}__API_BASE_URL"] = self.exchange_url
                 # The simulator takes any API key; Binance's historicalTrades (the gap
-                # repairer's id cursor) needs one.
-                overrides.setdefault(f"INGESTOR_{exchange_id.upper()}_API_KEY", "simulator")
+                # repairer's id cursor) needs one. Only there: a key makes ccxt sign
+                # other exchanges' channels (Coinbase's book then wants a secret).
+                if venue_for(exchange_id).trade_history_key:
+                    overrides[f"INGESTOR_{exchange_id.upper()}_API_KEY"] = "simulator"
         return [str(BIN / "ingestor")], self.env(**overrides)
 
     def probe(self) -> None:

@@ -80,6 +80,7 @@ def test_simulated_exchanges_point_at_the_simulator_and_others_are_refused() -> 
     assert env["INGESTOR_EXCHANGES__BINANCE__API_BASE_URL"] == "http://127.0.0.1:8765"
     assert "INGESTOR_EXCHANGES__BINANCE__CONSECUTIVE_TRADE_IDS" not in env  # 1, 2, 3, ...
     assert env["INGESTOR_BINANCE_API_KEY"] == "simulator"  # historicalTrades needs one
+    assert "INGESTOR_COINBASEEXCHANGE_API_KEY" not in env  # it would sign the book channel
     # BTC, ETH and SOL recorded on every served exchange (PLATFORM_RECORD).
     recording = json.loads(env["INGESTOR_RECORDING__EXCHANGES"])
     assert set(recording) == {"binance", "coinbaseexchange"}

@@ -163,6 +163,7 @@ class Venue:
     # ccxt `fetch_trades` params of id paging, the cursor given as `{trade_id_param: id}`.
     trade_params: Mapping[str, Any] = field(default_factory=dict)
     trade_id_param: str = ""
+    trade_history_key: bool = False  # ccxt sends the trade-history call only with an API key
 
     def platform_prefix(self, exchange_id: str) -> str:
         """`prefix`, or the ccxt id in upper case for an exchange without a module."""

@@ -35,4 +35,5 @@ VENUE = Venue(
     trade_paging=TradePaging.BY_ID,
     trade_params={"fetchTradesMethod": "publicGetHistoricalTrades"},
     trade_id_param="fromId",
+    trade_history_key=True,
 )
