@@ -19,7 +19,14 @@ from mdproto import envelope
 from mdproto.messages import HistoryReadyNotification, HistorySource, OHLCBatch, Status
 from pipeline.early_notices import EARLY_BATCH
 
-pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=440)]
+# Four Spark starts in one test: under CI's parallel workers and image builds that
+# has taken over the default 600 s hang guard, so this module's guard is doubled.
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.spark,
+    pytest.mark.heavy(seconds=440),
+    pytest.mark.timeout(1200),
+]
 
 KILLED = -signal.SIGKILL
 

@@ -425,7 +425,8 @@ class GroupSlots:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._restoring: dict[int, int] = {}  # partition -> its end offset when assigned
+        # partition -> its end offset when assigned (None until read, outside the callback)
+        self._restoring: dict[int, int | None] = {}
         self.owned: set[int] = set()  # read on the loop thread only through `events`
 
     def start(self) -> None:
@@ -447,12 +448,12 @@ class GroupSlots:
             self._stop.set()
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        # Nothing here may raise: confluent-kafka re-raises a callback's error from
+        # consume() unnormalised, which kills the thread. The end offsets are read
+        # in `_check_restored`, where a broker hiccup is only retried.
         for tp in partitions:
             tp.offset = OFFSET_BEGINNING
-            _, high = consumer.get_watermark_offsets(
-                _TopicPartition(self._topic, tp.partition), timeout=10.0, cached=False
-            )
-            self._restoring[tp.partition] = max(0, high)
+            self._restoring[tp.partition] = None
         consumer.incremental_assign(partitions)
         log.info("recording slots assigned: %s", sorted(tp.partition for tp in partitions))
 
@@ -477,6 +478,16 @@ class GroupSlots:
     def _check_restored(self) -> None:
         if not self._restoring:
             return
+        for partition, end in self._restoring.items():
+            if end is None:
+                try:
+                    _, high = self._consumer.get_watermark_offsets(
+                        _TopicPartition(self._topic, partition), timeout=1.0, cached=False
+                    )
+                except KafkaException as exc:
+                    log.debug("end of %s[%d] not known yet: %s", self._topic, partition, exc)
+                    return
+                self._restoring[partition] = max(0, high)
         tps = [_TopicPartition(self._topic, p) for p in self._restoring]
         try:
             positions = self._consumer.position(tps)
