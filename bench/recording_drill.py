@@ -1,16 +1,19 @@
 """The recording drill: a recorded universe through faults, checked against the simulator.
 
     .venv/bin/python bench/recording_drill.py [--minutes 10] [--exchanges binance,bybit,okx]
+                                              [--compose]
 
-Starts a whole local platform (the same processes as `make run`, on free ports)
-recording BTC/USDT, ETH/USDT and SOL/USDT of each exchange, with no client
-subscribed. Once every market's trades reach Iceberg the window opens, and:
+Starts a whole local platform (the same processes as `make run`, on free ports), or
+with `--compose` the Docker Compose platform with the simulator (as `make e2e` does:
+a Docker engine needed), recording BTC/USDT, ETH/USDT and SOL/USDT of each exchange,
+with no client subscribed. Once every market's trades reach Iceberg the window
+opens, and:
 
 - minute 1: the simulator drops 5 trade ids of the first exchange's BTC/USDT stream;
 - minute 2: it cuts the second exchange's ETH/USDT websocket for 2 minutes, and the
   third's BTC/USDT (Bybit keeps only its latest 60 trades over REST: a 2-minute gap
   of BTC there is more, so it must end UNREPAIRABLE, saying why);
-- minute 4: the ingestor is killed (SIGKILL) and started again;
+- minute 4: the ingestor (process or container) is killed (SIGKILL) and started again;
 - at `--minutes` the window closes.
 
 Then, once every market was recorded past the window and no gap is open, it checks
@@ -23,6 +26,8 @@ candles over each repaired gap still marked incomplete. Exit 0 when all hold.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import tempfile
@@ -30,11 +35,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from infra.compose_platform import compose_files, compose_session
 from infra.exchange_sim.control import SimulatorControl
 from infra.exchange_sim.model import MarketModel
 from infra.localstack import Ports, StackConfig
 from infra.platform import Platform, PlatformConfig, ServicePorts
-from infra.platform.faults import LocalFaults
+from infra.platform.faults import Faults, LocalFaults
+from infra.platform.supervisor import PlatformEndpoints
 from infra.testing import RecordedLake, check_recording, epoch_ms
 from ingestor.venues import venue_for
 from mdproto.tables import Gaps
@@ -62,6 +69,7 @@ def main() -> int:
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="the window's length")
     parser.add_argument("--exchanges", default="binance,okx,bybit", help="three ccxt ids")
+    parser.add_argument("--compose", action="store_true", help="on the Docker Compose platform")
     args = parser.parse_args()
     exchanges = [e.strip() for e in args.exchanges.split(",") if e.strip()]
     assert len(exchanges) == 3, "three exchanges: dropped ids, a cut, and Bybit's long cut"
@@ -70,26 +78,48 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="recording-drill-") as tmp_name:
         data_dir = Path(tmp_name)
+        say(f"starting the platform: {', '.join(tickers)} recorded")
+        if args.compose:
+            os.environ["MDP_EXCHANGES"] = ",".join(exchanges)  # docker-compose.yml's ingestor
+            files = [*compose_files(), recording_overlay(data_dir, exchanges)]
+            with compose_session(files=files) as running:
+                endpoints = running.endpoints.platform_endpoints()
+                return drill(endpoints, running, exchanges, prefixes, tickers, args.minutes)
         config = PlatformConfig(
             data_dir=data_dir, ports=ServicePorts.free(), exchanges=exchanges, start_timeout_s=600
         )
         stack = StackConfig(data_dir=data_dir, ports=Ports.free())
-        say(f"starting the platform: {', '.join(tickers)} recorded")
         with Platform(config, stack_config=stack, use_simulator=True) as platform:
-            return drill(platform, exchanges, prefixes, tickers, args.minutes)
+            return drill(
+                platform.endpoints,
+                LocalFaults(platform),
+                exchanges,
+                prefixes,
+                tickers,
+                args.minutes,
+            )
+
+
+def recording_overlay(directory: Path, exchanges: list[str]) -> str:
+    """A compose file recording MARKETS of every exchange (as infra/compose/e2e-recording.yml
+    does for the e2e suite's markets)."""
+    universe = {e: {"markets": list(MARKETS), "channels": ["trades", "book"]} for e in exchanges}
+    path = directory / "drill-recording.yml"
+    environment = {"INGESTOR_RECORDING__EXCHANGES": json.dumps(universe)}
+    path.write_text(json.dumps({"services": {"ingestor": {"environment": environment}}}))
+    return str(path)
 
 
 def drill(
-    platform: Platform,
+    endpoints: PlatformEndpoints,
+    faults: Faults,
     exchanges: list[str],
     prefixes: list[str],
     tickers: list[str],
     minutes: float,
 ) -> int:
-    endpoints = platform.endpoints
     assert endpoints.exchange_url is not None
     sim = SimulatorControl(endpoints.exchange_url)
-    faults = LocalFaults(platform)
     lake = RecordedLake(
         endpoints.stack.catalog_name, endpoints.stack.pyiceberg_catalog_properties(), tickers
     )

@@ -132,6 +132,7 @@ def _echo(
 def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = False) -> None:
     from relay import Relay, RelaySettings
     from relay.cli import configure_logging
+    from relay.metrics import PIPELINE_SERVING
 
     with (
         tempfile.NamedTemporaryFile("w", suffix=".log") as log_file,
@@ -158,7 +159,7 @@ def relay_server(announce: Announce, stop: Stop, log_level: int, curve: bool = F
             serving = {"work": "history"}
             while True:
                 pipeline.send_multipart(envelope.encode_pub(topics.PIPELINE_STATUS, status))
-                if serving and relay.metrics.sample("relay_pipeline_serving", serving):
+                if serving and relay.metrics.sample(PIPELINE_SERVING, serving):
                     serving = {}
                     announce(
                         {

@@ -1,6 +1,6 @@
 """The second-language conformance suite (e2e/conformance, Node.js) against the platform.
 
-The suite is written from docs/protocol.md, the gateway's JSON schema and the
+The suite is written from docs/client-guide.md, docs/protocol.md, the gateway's JSON schema and the
 .proto alone; this test installs it (`npm ci` from the lockfile, into .cache/, the
 npm cache beside it) and runs it with the running platform's endpoints. Any
 failed check fails this test with the suite's own report.

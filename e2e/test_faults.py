@@ -36,8 +36,9 @@ from infra.compose_platform import ComposePlatform
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform import Platform
 from infra.platform.faults import Faults
+from infra.platform.metrics import metric_sample
 from infra.platform.services import Ingestor as IngestorService
-from infra.testing import exchange_rows, metric_sample, notified_request_ids, result_rows
+from infra.testing import exchange_rows, notified_request_ids, result_rows
 from mdclient import Client, ClientSettings, HistoryFailed, HistoryResult, SubmitRejected
 from mdclient.dispatch import SequenceEvent
 from mdproto import contracts, envelope, topics

@@ -14,9 +14,18 @@ import zmq
 from infra.exchange_sim import expected_klines
 from infra.exchange_sim.control import SimulatorControl
 from infra.platform.faults import Faults
+from infra.platform.metrics import PIPELINE_SERVES_HISTORY, metric_sample
 from infra.platform.supervisor import PlatformEndpoints
-from infra.testing import metric_sample, notified_request_ids
-from mdclient import Client, ClientSettings, HistoryResult, SubmitRejected, TriggerRejected
+from infra.testing import notified_request_ids
+from mdclient import (
+    Client,
+    ClientSettings,
+    HistoryResult,
+    PipelineUnavailable,
+    SubmitRejected,
+    TriggerRejected,
+)
+from mdclient.history import ProgressEvent
 from mdproto import topics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark]
@@ -148,18 +157,48 @@ def test_catalog_restart_and_an_s3_outage_mid_request_answer_once(
 
 
 def test_a_hung_pipeline_is_refused_within_seconds_with_a_reason(
-    faults: Faults, endpoints: PlatformEndpoints, client_settings: ClientSettings
+    faults: Faults,
+    endpoints: PlatformEndpoints,
+    client_settings: ClientSettings,
+    sim: SimulatorControl,
 ) -> None:
     """Issue 27: the pipeline frozen (SIGSTOP; compose: the cgroup freezer), the relay
     refuses history submits and trigger registrations `pipeline_unavailable` within
-    its 5 s heartbeat timeout, instead of an OK followed by the client's timeout."""
+    its 5 s heartbeat timeout, instead of an OK followed by the client's timeout.
+    Issue 45: a request accepted before the freeze ends with the same code, at the
+    relay's down report on `PIPELINE:status`, not at the history timeout."""
     serving = f"{endpoints.relay_metrics}/metrics"
-    history = 'relay_pipeline_serving{work="history"}'
+    history = PIPELINE_SERVES_HISTORY
     assert metric_sample(serving, history) == 1
     start = (int(time.time() * 1000) - 200 * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
+    in_flight: list[BaseException] = []
+    accepted = threading.Event()
+
+    def waiting(event: ProgressEvent) -> None:
+        if event.phase == "waiting":
+            accepted.set()
+
+    def ask() -> None:  # another range, held at the exchange: in flight at the freeze
+        early = start - 10 * 24 * HOUR_MS
+        try:
+            with Client(settings=client_settings) as client:
+                client.history("BINANCE:BTC/USDT", "1m", early, early + HOUR_MS, progress=waiting)
+        except BaseException as exc:
+            in_flight.append(exc)
+
+    sim.add_fault("slow", delay=30, path="/api/v3/klines", count=1)
+    asker = threading.Thread(target=ask)
+    asker.start()
+    assert accepted.wait(60), in_flight
     paused_at = time.monotonic()
     faults.pause("spark-pipeline")
     try:
+        asker.join(timeout=60)
+        in_flight_s = time.monotonic() - paused_at
+        assert not asker.is_alive(), "the request in flight outlived the pipeline"
+        [ended] = in_flight
+        assert isinstance(ended, PipelineUnavailable), ended
+        assert ended.error_code == "pipeline_unavailable" and "heartbeat" in ended.reason
         while metric_sample(serving, history) != 0:  # refreshed every second
             assert time.monotonic() - paused_at < 10, "still accepting history after 10 s"
             time.sleep(0.2)
@@ -173,6 +212,7 @@ def test_a_hung_pipeline_is_refused_within_seconds_with_a_reason(
         failed_after_s = time.monotonic() - paused_at
     finally:
         faults.unpause("spark-pipeline")
+        sim.clear_faults()
     assert refused.value.error_code == "pipeline_unavailable"
     assert "heartbeat" in refused.value.reason, refused.value.reason
     assert trigger_refused.value.error_code == "pipeline_unavailable"
@@ -188,5 +228,6 @@ def test_a_hung_pipeline_is_refused_within_seconds_with_a_reason(
     assert result.reported_rows == 60
     print(
         f"hung pipeline: refused {failed_after_s:.1f} s after the freeze "
-        f"(the refusal itself took {answered_s * 1000:.0f} ms)"
+        f"(the refusal itself took {answered_s * 1000:.0f} ms); the request in flight "
+        f"ended pipeline_unavailable {in_flight_s:.1f} s after it"
     )

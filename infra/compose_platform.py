@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from infra.localstack.config import free_ports
-from infra.testing import in_ci, metric_sample
+from infra.platform.metrics import PIPELINE_SERVES_HISTORY, metric_sample
+from infra.testing import in_ci
 
 if TYPE_CHECKING:
     from infra.localstack.endpoints import StackEndpoints
@@ -525,13 +526,12 @@ class ComposePlatform:
     def wait_pipeline_served(self, timeout_s: float = 120.0) -> None:
         """Wait until every relay accepts history: the pipeline's heartbeat reached it
         (a healthy pipeline container alone does not say so; docs/protocol.md)."""
-        sample = 'relay_pipeline_serving{work="history"}'
         deadline = time.monotonic() + timeout_s
         while True:
             waiting = [
                 relay
                 for relay, url in self.endpoints.relay_metrics_urls.items()
-                if (metric_sample(url, sample) or 0) < 1
+                if (metric_sample(url, PIPELINE_SERVES_HISTORY) or 0) < 1
             ]
             if not waiting:
                 return

@@ -143,22 +143,6 @@ def consume(consumer: Consumer, count: int, timeout_s: float = 60.0) -> list[Mes
     return got
 
 
-def metric_sample(metrics_url: str, sample: str) -> float | None:
-    """One sample (``name{labels}``) from a Prometheus text page such as a relay's
-    /metrics; None when the service does not answer or does not export it."""
-    import re
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(metrics_url, timeout=5) as response:
-            body = response.read().decode()
-    except OSError:
-        return None
-    match = re.search(rf"^{re.escape(sample)} (\S+)$", body, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
 def exchange_rows(symbol: str, start: int, end: int) -> list[tuple[float, ...]]:
     """The simulator's 1-minute candles for [start, end) as (open_ms, o, h, l, c, v)."""
     from infra.exchange_sim import expected_klines

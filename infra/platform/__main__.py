@@ -3,7 +3,8 @@
 `run` starts everything, waits for readiness, answers one real history request
 through the `mdclient` CLI (rows printed, candlestick chart written), then keeps
 the platform running until Ctrl-C or `stop`, restarting a component that crashes
-(`supervise`; when it gives up: `infra.platform.restarts`), or stops at once with `--once`.
+or hangs (`supervise`; hung: `infra.platform.liveness`; when it gives up:
+`infra.platform.restarts`), or stops at once with `--once`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from infra.localstack.process import (
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import PlatformConfig
 from infra.platform.console import tolerate_closed_streams
+from infra.platform.liveness import Hung, LivenessPolicy, Probe, healthz
 from infra.platform.restarts import GiveUp, RestartPolicy
 from infra.platform.services import BIN
 from infra.platform.supervisor import Platform, PlatformEndpoints
@@ -101,30 +103,50 @@ def describe_exit(code: int | None) -> str:
     return f"killed by signal {-code}"
 
 
-def _recover(platform: Platform, policy: RestartPolicy, dead: ComponentStatus, say: Say) -> str:
-    """Say how `dead` died and restart it until it is ready or `policy` gives up ("" if
-    it runs again, else why the platform stops). A failed start counts as a crash."""
-    cause = describe_exit(platform.exit_status(dead.pid)) if dead.pid is not None else "gone"
-    tail = textwrap.indent(log_tail(dead.log_file, LOG_TAIL_LINES), "  | ", lambda _: True)
-    say(f"[platform] {dead.name} died ({cause}); last lines of {dead.log_file}:\n{tail}")
+def _recover(
+    platform: Platform, policy: RestartPolicy, row: ComponentStatus, what: str, say: Say
+) -> str:
+    """Say what happened to `row` (`what`: "died (exit code 1)") with the end of its log,
+    and restart it until it is ready or `policy` gives up ("" if it runs again, else why
+    the platform stops). A failed start counts as a crash."""
+    tail = textwrap.indent(log_tail(row.log_file, LOG_TAIL_LINES), "  | ", lambda _: True)
+    say(f"[platform] {row.name} {what}; last lines of {row.log_file}:\n{tail}")
     while True:
-        action = policy.crashed(dead.name)
+        action = policy.crashed(row.name)
         if isinstance(action, GiveUp):
             return (
-                f"{dead.name} crashed {action.crashes} times within {action.window_s:g} s;"
+                f"{row.name} crashed {action.crashes} times within {action.window_s:g} s;"
                 " giving up (PLATFORM_CRASH_LIMIT, PLATFORM_CRASH_WINDOW_S)"
             )
         say(
-            f"[platform] restarting {dead.name} (crash {action.crashes} within"
+            f"[platform] restarting {row.name} (crash {action.crashes} within"
             f" {policy.window_s:g} s; at {action.limit} the platform stops)"
         )
         try:
-            platform.restart(dead.name)
+            platform.restart(row.name)
         except StackError as exc:
-            say(f"[platform] {dead.name} did not start again: {exc}")
+            say(f"[platform] {row.name} did not start again: {exc}")
             continue
-        say(f"[platform] {dead.name} is ready again")
+        say(f"[platform] {row.name} is ready again")
         return ""
+
+
+def _died(platform: Platform, row: ComponentStatus) -> str:
+    cause = describe_exit(platform.exit_status(row.pid)) if row.pid is not None else "gone"
+    return f"died ({cause})"
+
+
+def _hung(platform: Platform, hung: Hung) -> str | None:
+    """Kill a hung component (SIGKILL ends a stopped process too) and say why; None if
+    it was gone already (the crash path then takes it)."""
+    try:
+        platform.kill(hung.component)
+    except StackError:
+        return None
+    return (
+        f"is hung (/healthz unanswered {hung.failures} times in a row over {hung.for_s:.0f} s,"
+        f" last: {hung.reason}); killed it"
+    )
 
 
 def supervise(
@@ -134,17 +156,31 @@ def supervise(
     *,
     say: Say = _say,
     poll_s: float = 1.0,
+    probe: Probe = healthz,
 ) -> str:
-    """Keep the platform running: restart each component that crashes, as
+    """Keep the platform running: restart each component that crashes, or that serves
+    `/healthz` and fails its liveness probe (`infra.platform.liveness`), as
     `infra.platform.restarts` decides, until `stop` is set ("") or the platform must
     stop (the reason). Ctrl-C and SIGTERM interrupt it (KeyboardInterrupt)."""
-    policy = RestartPolicy(platform.config.crash_limit, platform.config.crash_window_s, clock)
+    config = platform.config
+    policy = RestartPolicy(config.crash_limit, config.crash_window_s, clock)
+    liveness = LivenessPolicy(config.liveness_period_s, config.liveness_failures, clock)
+    probed = platform.metrics_urls()  # the services with a /healthz
     while not stop.wait(poll_s):
         for row in platform.status():
             if row.state == "stopped":  # its pid file removed: a `down` elsewhere, no crash
                 return f"{row.name} was stopped by another process"
-            if row.state != "running" and (reason := _recover(platform, policy, row, say)):
+            what = None
+            if row.state != "running":
+                what = _died(platform, row)
+            elif row.name in probed and liveness.due(row.name):
+                hung = liveness.probed(row.name, probe(probed[row.name]))
+                what = _hung(platform, hung) if hung is not None else None
+            if what is None:
+                continue
+            if reason := _recover(platform, policy, row, what, say):
                 return reason
+            liveness.forget(row.name)
     return ""
 
 
@@ -165,7 +201,7 @@ def _wait_for_ctrl_c(platform: Platform) -> str:
         f"  curl -s {e.relay_metrics}/metrics | grep relay_\n"
         f"  logs: {platform.config.data_dir / 'logs'}\n"
         f"{metrics_lines(platform)}\n"
-        "A component that crashes is restarted. Ctrl-C stops everything (or `make stop`"
+        "A component that crashes or hangs is restarted. Ctrl-C stops everything (or `make stop`"
         " from another shell)."
     )
     return supervise(platform, threading.Event())

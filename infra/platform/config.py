@@ -2,7 +2,8 @@
 
 Defaults are the spec's ports (docs/protocol.md); tests use `ServicePorts.free()`.
 Environment overrides use the `PLATFORM_` prefix, e.g. `PLATFORM_EXCHANGES=okx`,
-`PLATFORM_EXCHANGE=real`, `PLATFORM_PORTS__CLIENT_REQUEST=15559` or `PLATFORM_CRASH_LIMIT=5`.
+`PLATFORM_EXCHANGE=real`, `PLATFORM_PORTS__CLIENT_REQUEST=15559`, `PLATFORM_CRASH_LIMIT=5`
+or `PLATFORM_LIVENESS_PERIOD_S=5`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ class PlatformConfig(BaseSettings):
     #: within `crash_window_s` seconds: then it stops everything (1: at the first crash).
     crash_limit: int = Field(default=3, ge=1)
     crash_window_s: float = Field(default=300.0, gt=0)
+    #: ... and one that hangs: each service with a `/healthz` is probed every
+    #: `liveness_period_s`; after `liveness_failures` probes in a row without an answer
+    #: (within 3 s) it is killed and restarted, counted as a crash (Kubernetes' liveness
+    #: defaults: a hang is noticed 20-35 s after it began; infra.platform.liveness).
+    liveness_period_s: float = Field(default=10.0, gt=0)
+    liveness_failures: int = Field(default=3, ge=1)
 
     @field_validator("exchanges", mode="before")
     @classmethod

@@ -33,7 +33,7 @@ from infra.localstack.components import Component, NotReadyError, base_env
 from infra.localstack.config import LOOPBACK, REPO_ROOT, StackConfig
 from infra.localstack.endpoints import StackEndpoints
 from infra.platform.config import PlatformConfig
-from infra.testing import metric_sample
+from infra.platform.metrics import INGESTOR_SUBSCRIBED, PIPELINE_SERVES_HISTORY, metric_sample
 from ingestor.venues import venue_for
 from mdproto import contracts
 from mdproto.tables import Markets
@@ -202,7 +202,7 @@ class Pipeline(Service):
         if not self.ready_file.exists():
             raise NotReadyError("streaming queries not started yet (no ready file)")
         relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
-        if (metric_sample(relay, 'relay_pipeline_serving{work="history"}') or 0) < 1:
+        if (metric_sample(relay, PIPELINE_SERVES_HISTORY) or 0) < 1:
             raise NotReadyError("the relay has not seen the pipeline's heartbeat yet")
 
 
@@ -263,7 +263,7 @@ class Ingestor(Service):
         # (a test's second one) while this one, restarted, was still starting.
         _healthy(self.metrics_url)
         relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
-        if (metric_sample(relay, 'relay_ingestor_subscriptions{socket="work"}') or 0) < 1:
+        if (metric_sample(relay, INGESTOR_SUBSCRIBED) or 0) < 1:
             raise NotReadyError("the relay has not seen an ingestor subscription yet")
         if self._markets_stored or not markets_query_on(self.platform):
             return

@@ -97,6 +97,9 @@ class CrashingPlatform:
     def exit_status(self, pid: int) -> int | None:
         return 1
 
+    def metrics_urls(self) -> dict[str, str]:
+        return {}  # no liveness probes: test_platform_liveness.py
+
     def restart(self, name: str) -> None:
         self.restarts += 1
         raise StackError(f"{name} failed to start: process exited (code 1)")

@@ -1,5 +1,6 @@
-"""`make run`'s supervision on real processes: a relay killed with SIGKILL is brought
-back by `supervise` alone, and then answers clients again.
+"""`make run`'s supervision on real processes: a relay killed with SIGKILL, or frozen
+with SIGSTOP (a hang: its liveness probe fails), is brought back by `supervise` alone,
+and then answers clients again.
 
 The relay stands for every component: a crash of the pipeline or the ingestor goes
 through the same `supervise` -> `Platform.restart` -> `LocalStack.up` path, and the
@@ -8,10 +9,13 @@ relay restarts in seconds where Spark takes minutes on two shared cores.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +46,13 @@ class RelayPlatform(Platform):
 
 @pytest.fixture
 def platform(tmp_path: Path) -> Iterator[Platform]:
-    config = PlatformConfig(data_dir=tmp_path, ports=ServicePorts.free(), start_timeout_s=300)
+    config = PlatformConfig(
+        data_dir=tmp_path,
+        ports=ServicePorts.free(),
+        start_timeout_s=300,
+        liveness_period_s=1,  # a hang noticed in seconds, not the default 20-35 s
+        liveness_failures=3,
+    )
     stack_config = StackConfig(data_dir=tmp_path, ports=Ports.free())
     with RelayPlatform(config, stack_config=stack_config, use_simulator=True) as running:
         yield running
@@ -72,9 +82,9 @@ def relay_pid(platform: Platform) -> int | None:
     )
 
 
-def test_a_killed_relay_is_restarted_by_the_supervisor_and_serves_again(
-    platform: Platform,
-) -> None:
+def supervised(platform: Platform, fault: Callable[[], object]) -> tuple[list[str], float]:
+    """Run `supervise` as `make run` does while `fault` breaks the relay; what it said,
+    and the seconds from the fault until it said the relay is ready again."""
     said: list[str] = []
     back = threading.Event()
 
@@ -91,7 +101,7 @@ def test_a_killed_relay_is_restarted_by_the_supervisor_and_serves_again(
     )
     loop.start()
     try:
-        killed = platform.kill("relay")
+        fault()
         t0 = time.monotonic()
         assert back.wait(120), f"the relay is not back within 120 s; said: {said}"
         took = time.monotonic() - t0
@@ -99,6 +109,14 @@ def test_a_killed_relay_is_restarted_by_the_supervisor_and_serves_again(
         stop.set()
         loop.join(60)
     assert ended == [""], "the supervisor stops when asked, not before"
+    return said, took
+
+
+def test_a_killed_relay_is_restarted_by_the_supervisor_and_serves_again(
+    platform: Platform,
+) -> None:
+    killed = relay_pid(platform)
+    said, took = supervised(platform, lambda: platform.kill("relay"))
 
     assert said[0].startswith("[platform] relay died (killed by SIGKILL); last lines of ")
     assert str(platform.config.data_dir / "logs" / "relay.log") in said[0]
@@ -111,3 +129,26 @@ def test_a_killed_relay_is_restarted_by_the_supervisor_and_serves_again(
     reply = submit(platform.endpoints.request)  # no pipeline here: refused, with the reason
     assert (reply.status, reply.error_code) == (Status.REJECTED, "pipeline_unavailable")
     print(f"relay back {took:.1f} s after its SIGKILL")
+
+
+def test_a_frozen_relay_is_restarted_by_the_supervisor_and_counted_as_a_crash(
+    platform: Platform,
+) -> None:
+    frozen = relay_pid(platform)
+    assert frozen is not None
+    try:  # SIGSTOP: alive, its sockets open, mute
+        said, took = supervised(platform, lambda: platform.send_signal("relay", signal.SIGSTOP))
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # not restarted: let `down` stop it
+            os.killpg(frozen, signal.SIGCONT)
+
+    log = platform.config.data_dir / "logs" / "relay.log"
+    hung = "[platform] relay is hung (/healthz unanswered 3 times in a row over "
+    assert said[0].startswith(hung)
+    assert f"); killed it; last lines of {log}:" in said[0]
+    assert "  | " in said[0]  # the log tail, indented
+    assert said[1] == "[platform] restarting relay (crash 1 within 300 s; at 3 the platform stops)"
+    assert relay_pid(platform) not in (None, frozen)
+    reply = submit(platform.endpoints.request)  # it answers again (no pipeline: a refusal)
+    assert (reply.status, reply.error_code) == (Status.REJECTED, "pipeline_unavailable")
+    print(f"relay back {took:.1f} s after its SIGSTOP")

@@ -70,7 +70,7 @@ describe("envelope framing on :5559", () => {
     assert.equal(reply[1][0], 0x11);
   });
 
-  test("the byte-by-byte examples of docs/protocol.md", () => {
+  test("the byte-by-byte examples of docs/client-guide.md", () => {
     // "Frames byte by byte": the submit, and the three replies.
     const [version, data] = wire.envelope("SubmitHistoricalRequest", {
       request_id: "r1",

@@ -15,6 +15,7 @@ const MINUTE = 60_000;
 const CANDLES = 30;
 const PER_CLIENT = 1;
 const PER_REQUEST = 2;
+const PIPELINE_STATUS = "PIPELINE:status";
 const SOURCES = ["SOURCE_EXCHANGE", "SOURCE_STORAGE", "SOURCE_STORAGE_AND_EXCHANGE"];
 
 /** A closed, minute-aligned range of CANDLES one-minute candles, a few hours back. */
@@ -24,12 +25,32 @@ function pastRange() {
   return { start, end: start + CANDLES * MINUTE };
 }
 
-/** Subscribe first, submit, wait for the notification on exactly that topic. */
+/**
+ * docs/protocol.md "Pipeline liveness": while a request is in flight, a PipelineStatus
+ * on PIPELINE:status with `history` false (the relay's down report once the heartbeat
+ * is overdue, or the pipeline's own word) means it will not be answered, unless a
+ * serving heartbeat arrived within two of its intervals (another relay still hears it).
+ * Returns a predicate for Inbox.next: true on a down report to believe.
+ */
+function pipelineDown() {
+  let servingUntil = -Infinity;
+  return (it) => {
+    if (it.topic !== PIPELINE_STATUS || it.name !== "PipelineStatus") return false;
+    if (it.message.history) {
+      servingUntil = it.at + 2 * (Number(it.message.interval_ms) || 1000);
+      return false;
+    }
+    return it.at > servingUntil;
+  };
+}
+
+/** Subscribe first (the notification topic and PIPELINE:status), submit, wait for
+ * the notification on exactly that topic, or fail at once with pipeline_unavailable. */
 async function historyRound({ notify, clientId = "" }) {
   const requestId = wire.newId("conf-hist");
   const topic = notify === PER_CLIENT ? `RESPONSE:${clientId}` : `HISTORY_READY:${requestId}`;
   const { start, end } = pastRange();
-  const sub = await wire.subscriber(topic);
+  const sub = await wire.subscriber(topic, PIPELINE_STATUS);
   try {
     const submittedAt = Date.now();
     const { name, message: ack } = await wire.request("SubmitHistoricalRequest", {
@@ -45,11 +66,15 @@ async function historyRound({ notify, clientId = "" }) {
     assert.equal(ack.status, "OK", `submit refused: ${JSON.stringify(ack)}`);
     assert.equal(ack.request_id, requestId);
     assert.equal(ack.notification_topic, topic, "the ack names the topic the client subscribed to");
+    const down = pipelineDown();
     const item = await sub.next(
-      (it) => it.topic === topic && it.name === "HistoryReadyNotification" && it.message.request_id === requestId,
+      (it) =>
+        down(it) ||
+        (it.topic === topic && it.name === "HistoryReadyNotification" && it.message.request_id === requestId),
       config.historyTimeoutMs,
     );
     assert.ok(item, `no HistoryReadyNotification on ${topic} within ${config.historyTimeoutMs} ms`);
+    assert.notEqual(item.name, "PipelineStatus", `pipeline_unavailable: ${item.message?.reason}`);
     return { item, requestId, clientId, topic, start, end, submittedAt };
   } finally {
     sub.close();

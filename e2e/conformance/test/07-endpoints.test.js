@@ -102,7 +102,7 @@ describe("endpoints.json", { skip: config.endpointsFile === "" && "MDP_ENDPOINTS
     assert.equal(answer.status, 200, answer.text);
     const body = JSON.parse(answer.text);
     const handed = { ...(body.defaults || {}), ...(body.overrides || {}) };
-    assert.match(handed["s3.endpoint"] || "", /^https?:\/\//, "s3.endpoint for clients (docs: Reading the rows without the SDK)");
+    assert.match(handed["s3.endpoint"] || "", /^https?:\/\//, "s3.endpoint for clients (docs/client-guide.md: Reading the rows without the SDK)");
   });
 
   test("every service's metrics address serves /healthz", async () => {

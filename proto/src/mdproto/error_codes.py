@@ -109,8 +109,9 @@ EXCHANGE_UNAVAILABLE: Final = _code(
 )
 PIPELINE_UNAVAILABLE: Final = _code(
     "pipeline_unavailable",
-    "reply",
-    "no pipeline heartbeat, or the part the request needs does not run",
+    "reply sdk",
+    "no pipeline heartbeat, or the part the request needs does not run (the SDK: also "
+    "for a request in flight, from the relay's down report on PIPELINE:status)",
 )
 PENDING_FULL: Final = _code("pending_full", "reply", "too many legacy requests are waiting")
 DUPLICATE_REQUEST: Final = _code(
@@ -239,6 +240,9 @@ SNAPSHOT_GONE: Final = _code(
     "snapshot_gone", "sdk", "table upkeep expired the snapshot a notification names"
 )
 NO_BOOK: Final = _code("no_book", "sdk", "no order book is stored at or before the time asked")
+NOT_RECORDED: Final = _code(
+    "not_recorded", "sdk", "no trade of the ticker is stored in or around the range asked"
+)
 
 # --- the pipeline's dropped Kafka records (logged, never sent) ---------------------------
 BAD_REQUEST_ID: Final = _code(

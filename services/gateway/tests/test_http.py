@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestServer
 from gateway.app import create_app
 from gateway.config import GatewaySettings
 from gateway.messages import HistoryParams, Topic, message_frame
-from mdclient import HistoryFailed, HistoryResult
+from mdclient import HistoryFailed, HistoryResult, PipelineUnavailable
 from mdclient.frames import candles_from_ohlc
 from mdclient.request_status import RequestStatus
+from mdproto.error_codes import PIPELINE_UNAVAILABLE
 from mdproto.messages import OHLC, HistoryReadyNotification, Status
 
 T = "BINANCE:BTC/USDT"
@@ -143,6 +144,24 @@ def test_an_error_notification_keeps_the_stamps_it_was_published_with() -> None:
     assert status == 502 and body["error_code"] == "x"
     assert body["notification"]["sequence"] == str(2**53 + 1)
     assert body["notification"]["publisher_epoch"] == str(EPOCH)
+
+
+def test_a_pipeline_that_stops_under_a_request_is_503_pipeline_unavailable() -> None:
+    """The SDK ends the wait at the relay's down report; the gateway passes its code on."""
+
+    async def scenario(http: aiohttp.ClientSession, base: str) -> tuple[int, Any]:
+        async with http.post(f"{base}/history", json={"ticker": T, "period": 60, "start": 0}) as r:
+            return r.status, await r.json()
+
+    platform = FakePlatform()
+    platform.failure = PipelineUnavailable(
+        "the pipeline stopped serving history while the request was in flight (relay: ...)",
+        error_code=PIPELINE_UNAVAILABLE,
+        request_id="r3",
+    )
+    status, body = serve(platform, scenario)
+    assert status == 503 and body["error_code"] == PIPELINE_UNAVAILABLE
+    assert body["request_id"] == "r3" and "in flight" in body["reason"]
 
 
 def test_a_refused_op_names_the_topic_it_was_sent_with() -> None:

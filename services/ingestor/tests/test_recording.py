@@ -361,6 +361,25 @@ def test_the_universe_names_what_the_exchange_does_not_list(
     assert list(universe.unknown) == unknown
 
 
+def test_top_keeps_the_largest_quote_volumes_and_ranks_unknown_volumes_last() -> None:
+    markets = [market(s) for s in ("BTC/USDT", "ETH/USDT", "SOL/USDT", "XRP/USDT")]
+    markets.append(market("DOGE/USDT", active=False))
+    volumes = {"BTC/USDT": 9e9, "ETH/USDT": 5e9, "XRP/USDT": 5e9, "DOGE/USDT": 1e12}
+    wanted = RecordedMarkets(markets="all", quote="USDT", top=3)
+    universe = recorded_tickers("BINANCE", wanted, markets, volumes)
+    # Ties by symbol; an inactive market never, however busy; no volume ranks last.
+    assert list(universe.tickers) == ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:XRP/USDT"]
+    wanted = RecordedMarkets(markets="all", top=4)
+    universe = recorded_tickers("BINANCE", wanted, markets, volumes)
+    assert "BINANCE:SOL/USDT" in universe.tickers
+
+
+@pytest.mark.parametrize("filters", [{"quote": "USDT"}, {"top": 5}])
+def test_quote_and_top_are_refused_on_a_list_of_markets(filters: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="filter `markets: all`"):
+        RecordedMarkets(markets=["BTC/USDT"], **filters)
+
+
 # --- the recorder's own bookkeeping (no Kafka group: slot events fed by hand) ----
 
 

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 import zmq
 
-from infra.testing import free_port, metric_sample
+from infra.platform.metrics import PIPELINE_SERVES_HISTORY, metric_sample
+from infra.testing import free_port
 from ingestor.app import Ingestor
 from ingestor.claims import decode_claim
 from mdclient import Client
@@ -228,9 +229,10 @@ def test_killing_one_of_two_relays_loses_nothing_and_fetches_once(
             await until(lambda: client is not None and client.relays_connected == 2, "2 links")
             publisher.start()
             await until(lambda: len(received) >= 500, "ticks through both relays")
-            heard = 'relay_pipeline_serving{work="history"}'
             for r in (relay_a, relay_b):  # the publisher's heartbeat: history is accepted
-                await until(lambda r=r: r.metric(heard) == 1, f"{r.log.name} to hear it")
+                await until(
+                    lambda r=r: r.metric(PIPELINE_SERVES_HISTORY) == 1, f"{r.log.name} to hear it"
+                )
 
             acks = {"a": await asyncio.to_thread(ask, relay_a.endpoint("client_request"), first)}
             await until(lambda: ingestor.intake is not None and ingestor.intake.stats.requests >= 1,

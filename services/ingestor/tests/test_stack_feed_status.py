@@ -26,6 +26,7 @@ from ingestor.app import Ingestor
 from mdclient import Client, ClientSettings, FeedRefused, FeedUnavailable
 from mdproto.messages import FeedStatus
 from relay import Relay, RelaySettings
+from relay.metrics import INGESTOR_SUBSCRIPTIONS
 
 pytestmark = pytest.mark.stack
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def run_platform(
 
     def with_client() -> T:
         deadline = time.monotonic() + 15
-        while relay.metrics.sample("relay_ingestor_subscriptions", {"socket": "work"}) < 1:
+        while relay.metrics.sample(INGESTOR_SUBSCRIPTIONS, {"socket": "work"}) < 1:
             assert time.monotonic() < deadline, "the ingestor never subscribed to the relay"
             time.sleep(0.05)
         client_settings = ClientSettings(

@@ -34,6 +34,7 @@ from mdproto.messages import (
     IngestorStatus,
 )
 from relay import Relay, RelaySettings
+from relay.metrics import INGESTOR_SUBSCRIPTIONS
 from relay.sockets import Context, Endpoints, Socket
 from relay.triggers import TriggerSink
 
@@ -204,14 +205,14 @@ class RunningRelay:
 
     def ingestor(self, prefix: str = "BINANCE:") -> FakeIngestor:
         """A fake ingestor whose subscriptions the relay has already seen."""
-        before = self.sample("relay_ingestor_subscriptions", socket="work")
+        before = self.sample(INGESTOR_SUBSCRIPTIONS, socket="work")
         ingestor = FakeIngestor(self.ctx, self.endpoints, prefix)
         self.sockets += [ingestor.work, ingestor.control, ingestor.dealer]
         if before == 0:
             wait_until(
                 lambda: (
-                    self.sample("relay_ingestor_subscriptions", socket="work") >= 1
-                    and self.sample("relay_ingestor_subscriptions", socket="control") >= 1
+                    self.sample(INGESTOR_SUBSCRIPTIONS, socket="work") >= 1
+                    and self.sample(INGESTOR_SUBSCRIPTIONS, socket="control") >= 1
                 ),
                 what="the relay to see the ingestor subscribe",
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from mdproto import topics
+from mdproto import envelope, topics
 from mdproto.error_codes import PIPELINE_UNAVAILABLE
 from mdproto.messages import (
     CEPCondition,
@@ -22,7 +22,8 @@ from mdproto.messages import (
     SubmitHistoricalRequest,
     SubmitResponse,
 )
-from relay.pipeline_status import Part, PipelineWatch
+from relay.metrics import PIPELINE_SERVING, RelayMetrics
+from relay.pipeline_status import Part, PipelineHeartbeats, PipelineWatch
 from relay.triggers import Stored
 
 if TYPE_CHECKING:
@@ -83,6 +84,55 @@ def test_a_timeout_of_zero_never_refuses() -> None:
     watch = PipelineWatch(timeout_s=0, now=0.0)
     assert not watch.enabled
     assert watch.refusal(Part.HISTORY, now=1e6) is None
+
+
+def test_the_relay_reports_an_overdue_heartbeat_in_the_pipelines_stead() -> None:
+    watch = PipelineWatch(timeout_s=5, now=0.0)
+    assert watch.down_report(now=60.0, wall_ms=1, interval_ms=1000) is None  # never heard
+    watch.beat(SERVING, now=10.0)
+    assert watch.down_report(now=15.0, wall_ms=1, interval_ms=1000) is None  # still fresh
+    report = watch.down_report(now=15.5, wall_ms=77, interval_ms=1000)
+    assert report is not None
+    assert (report.history, report.triggers, report.sent_at_ms, report.interval_ms) == (
+        False,
+        False,
+        77,
+        1000,
+    )
+    assert report.reason.startswith("relay: the pipeline's last heartbeat came 5.5 s ago")
+    watch.beat(SERVING, now=16.0)  # back: the relay falls silent again
+    assert watch.down_report(now=16.0, wall_ms=1, interval_ms=1000) is None
+
+
+def test_a_pipeline_that_says_it_does_not_serve_speaks_for_itself() -> None:
+    watch = PipelineWatch(timeout_s=5, now=0.0)
+    watch.beat(beat(history=False, reason="starting"), now=1.0)
+    assert watch.refusal(Part.HISTORY, now=2.0) is not None
+    assert watch.down_report(now=2.0, wall_ms=1, interval_ms=1000) is None
+    assert PipelineWatch(timeout_s=0, now=0.0).down_report(1e6, 1, 1000) is None
+
+
+def test_each_refresh_publishes_one_down_report_while_the_heartbeat_is_overdue() -> None:
+    sent: list[list[bytes]] = []
+    metrics = RelayMetrics()
+
+    def publish(frames: list[bytes]) -> bool:
+        sent.append(frames)
+        return True
+
+    beats = PipelineHeartbeats(5, metrics, 0.0, publish=publish, wall_ms=lambda: 5)
+    beats.refresh(30.0)
+    assert sent == []  # never heard: nothing to report
+    beats.on_frames(envelope.encode_pub(topics.PIPELINE_STATUS, SERVING), 31.0)
+    beats.refresh(36.0)
+    assert sent == []
+    beats.refresh(36.5)
+    beats.refresh(37.5)
+    assert len(sent) == 2
+    topic, report = envelope.decode_sub(sent[0])
+    assert topic == topics.PIPELINE_STATUS and isinstance(report, PipelineStatus)
+    assert not report.history and "hung" in report.reason
+    assert metrics.registry.get_sample_value("relay_pipeline_down_reports_total") == 2
 
 
 # --- a running relay ------------------------------------------------------------------
@@ -157,12 +207,12 @@ def test_submits_and_triggers_follow_the_heartbeat(
     _, work = ingestor.next_work(DataRequest.HISTORICAL)
     assert work.request_id == "r1"
     assert relay.request(client, register("t1"), CEPTriggerAck).status == Status.OK
-    assert relay.sample("relay_pipeline_serving", work="history") == 1
+    assert relay.sample(PIPELINE_SERVING, work="history") == 1
 
     # Silence: refused within the timeout (plus a loop turn), with how long it lasted.
     silent_from = time.monotonic()
     relay.wait_until(
-        lambda: relay.sample("relay_pipeline_serving", work="history") == 0,
+        lambda: relay.sample(PIPELINE_SERVING, work="history") == 0,
         what="the relay to notice the silence",
     )
     assert time.monotonic() - silent_from < 0.5 + 1.5  # stats_interval_s refreshes the gauge
@@ -178,6 +228,13 @@ def test_submits_and_triggers_follow_the_heartbeat(
         "history": False,
         "triggers": False,
     }
+
+    # A client waiting on a request accepted before the silence hears it too.
+    waiting = relay.subscriber(topics.PIPELINE_STATUS)
+    topic, report = envelope.decode_sub(relay.recv(waiting))
+    assert topic == topics.PIPELINE_STATUS and isinstance(report, PipelineStatus)
+    assert not report.history and "last heartbeat came" in report.reason
+    assert relay.sample("relay_pipeline_down_reports_total") >= 1
 
     # A heartbeat that says CEP is off: history is back, triggers are refused with why.
     heartbeat_reaches_relay(relay, pipeline, triggers=False, reason="CEP is disabled")
@@ -202,4 +259,4 @@ def test_a_heartbeat_topic_carrying_something_else_is_a_bad_frame(
         ),
         what="the bad frame to be counted",
     )
-    assert relay.sample("relay_pipeline_serving", work="history") == 0
+    assert relay.sample(PIPELINE_SERVING, work="history") == 0

@@ -1,5 +1,5 @@
 """The aiohttp application: WebSocket `/ws`, `POST /history`, `GET /status/{id}`,
-`GET /recording`, the page.
+`GET /recording`, `GET /trades`, the page.
 
 An adapter only: parsing and encoding live in gateway.messages, fan-out in
 gateway.hub, the platform behind gateway.platform.SdkUpstream.
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from gateway import messages
+from gateway import messages, trade_answers
 from gateway.config import GatewaySettings
 from gateway.hub import Hub
 from gateway.messages import GatewayError, HistoryFormat
@@ -33,6 +33,8 @@ from mdclient import (
     HistoryTimeout,
     InvalidRequest,
     MdClientError,
+    NotRecorded,
+    PipelineUnavailable,
     RelayUnavailable,
     RequestTimeout,
     SubmitRejected,
@@ -61,6 +63,7 @@ HISTORY_OUTCOMES = web.AppKey("history_outcomes", collections.Counter[str])
 _HTTP_STATUS: tuple[tuple[type[MdClientError], int], ...] = (
     (InvalidRequest, 400),
     (SubmitRejected, 422),
+    (PipelineUnavailable, 503),  # an accepted request's pipeline stopped: retry later
     (HistoryFailed, 502),
     (HistoryTimeout, 504),
     (RequestTimeout, 504),
@@ -267,6 +270,46 @@ async def recording(request: web.Request) -> web.Response:
     return web.json_response(answer.as_dict(), dumps=messages.dumps)
 
 
+async def trades(request: web.Request) -> web.StreamResponse:
+    """Stored trades of a ticker over a range, streamed batch by batch in the format asked
+    (gateway.trade_answers), with the integrity report; 404 `not_recorded` (with the
+    report) for a range with no recording. A read that fails once rows are on their way
+    aborts the connection: a cut body, never one that looks whole."""
+    try:
+        params = trade_answers.parse_trades_query(request.query)
+        fmt = messages.choose_format(request.query.get("format"), request.headers.get("Accept"))
+    except GatewayError as exc:
+        return error_response(400, exc.error_code, exc.reason)
+    loop = asyncio.get_running_loop()
+    pool = request.app[HISTORY_POOL]
+    try:
+        batches = await loop.run_in_executor(pool, request.app[UPSTREAM].trade_batches, params)
+    except NotRecorded as exc:
+        return error_response(404, error_code(exc), exc.reason, integrity=exc.report.as_dict())
+    except MdClientError as exc:
+        return _sdk_error(exc)
+    encoder = trade_answers.TradeEncoder(fmt, batches.report, batches.schema)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": messages.MEDIA_TYPES[fmt],
+            **trade_answers.report_headers(batches.report),
+        }
+    )
+    await response.prepare(request)
+    await response.write(encoder.start())
+
+    def encode_next() -> bytes | None:
+        batch = next(batches, None)
+        return None if batch is None else encoder.batch(batch)
+
+    while (chunk := await loop.run_in_executor(pool, encode_next)) is not None:
+        if chunk:
+            await response.write(chunk)
+    await response.write(encoder.finish())
+    await response.write_eof()
+    return response
+
+
 async def healthz(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     return web.json_response(
@@ -313,6 +356,7 @@ def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Applicat
     app.router.add_post("/history", history)
     app.router.add_get("/status/{request_id}", status)
     app.router.add_get("/recording", recording)
+    app.router.add_get("/trades", trades)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/info", info)
     app.router.add_static("/static", STATIC)

@@ -1,5 +1,5 @@
 """The platform side, all through the SDK (`mdclient`): live topics, history, status,
-what the platform records.
+what the platform records, stored trades.
 
 The only module that touches `mdclient.Client`. Its calls block (they wait for the
 relay or Iceberg), so the web layer runs them in executor threads; messages arrive
@@ -37,7 +37,9 @@ from mdproto.markets import Precision
 from mdproto.messages import BookReset, BookSnapshot, FeedStatus, HistoryReadyNotification
 
 if TYPE_CHECKING:
+    from gateway.trade_answers import TradesParams
     from mdclient.recording import RecordingStatus
+    from mdclient.trades import TradeBatches
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,11 @@ class SdkUpstream:
         if result.notification is not None:
             self.received.add(result.notification)
         return result
+
+    def trade_batches(self, params: TradesParams) -> TradeBatches:
+        """Stored trades from Iceberg, batch by batch, with their integrity report (the
+        SDK's `trade_batches`; NotRecorded raised before any row; no relay)."""
+        return self.client.trade_batches(params.ticker, params.start, params.end)
 
     def recording(self, exchange: str | None) -> RecordingStatus:
         """What the platform records, from Iceberg (the SDK's `recording`; no relay)."""

@@ -24,7 +24,7 @@ before a restart is still seen. If no verdict arrives in time (Kafka trouble),
 the ingestor fetches anyway: a duplicate fetch is harmless downstream (rows
 MERGE on their natural key, notifications dedupe by request_id), a lost one
 is not. For the same reason a false takeover (a slow, not dead, holder) costs
-only a second fetch.
+only a second fetch. Decision record: docs/adr/0011-ingestor-claims.md.
 """
 
 from __future__ import annotations

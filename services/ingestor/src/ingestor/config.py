@@ -197,7 +197,16 @@ class RecordedMarkets(_Section):
     # BASE/QUOTE symbols, or "all": every active spot market the exchange lists.
     markets: list[str] | Literal["all"] = Field(default_factory=list)
     quote: str | None = None  # with "all": only markets quoted in this currency
+    # With "all": only the `top` markets by 24 h quote volume (the exchange's tickers,
+    # read once at the ingestor's start).
+    top: int | None = Field(default=None, gt=0)
     channels: list[Channel] = Field(default_factory=lambda: list[Channel](["trades"]))
+
+    @model_validator(mode="after")
+    def _filters_need_all(self) -> RecordedMarkets:
+        if self.markets != "all" and (self.quote is not None or self.top is not None):
+            raise ValueError("quote and top filter `markets: all`; a list is recorded as given")
+        return self
 
 
 class RepairSettings(_Section):

@@ -383,6 +383,23 @@ class ExchangeAdapter:
         except Exception as exc:
             raise fault_from(exc) from exc
 
+    async def quote_volumes(self) -> dict[str, float]:
+        """24 h volume in the quote currency by symbol, from the exchange's tickers
+        (base volume x last price where the venue gives no quote volume)."""
+        try:
+            tickers = await self._exchange.fetch_tickers()
+        except Exception as exc:
+            raise fault_from(exc) from exc
+        volumes = {}
+        for symbol, t in tickers.items():
+            quote = _float(t.get("quoteVolume"))
+            if quote is None:
+                base, last = _float(t.get("baseVolume")), _float(t.get("last"))
+                quote = base * last if base is not None and last is not None else None
+            if quote is not None:
+                volumes[str(symbol)] = quote
+        return volumes
+
     def timeframes(self) -> list[str]:
         return list((self._exchange.timeframes or {}).keys())
 

@@ -190,9 +190,12 @@ class Recorder:
         self._universe_set = frozenset(universe.tickers)
 
     async def _load_universe(self) -> None:
+        volumes: dict[str, float] | None = None
         while True:
             try:
                 await self.adapter.load_markets()
+                if self._wanted.top is not None:
+                    volumes = await self.adapter.quote_volumes()
                 break
             except ExchangeCallError as fault:
                 log.warning(
@@ -202,7 +205,8 @@ class Recorder:
                     MARKETS_RETRY_S,
                 )
                 await asyncio.sleep(MARKETS_RETRY_S)
-        self.use_universe(recorded_tickers(self.prefix, self._wanted, self.adapter.markets()))
+        markets = self.adapter.markets()
+        self.use_universe(recorded_tickers(self.prefix, self._wanted, markets, volumes))
         for ticker in self.universe.unknown:
             log.error(
                 "recording: %s is not an active market of %s; it is not recorded",

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ingestor.config import RecordedMarkets
@@ -27,12 +27,20 @@ class Universe:
 
 
 def recorded_tickers(
-    prefix: str, wanted: RecordedMarkets, markets: Sequence[MarketInfo]
+    prefix: str,
+    wanted: RecordedMarkets,
+    markets: Sequence[MarketInfo],
+    quote_volumes: Mapping[str, float] | None = None,
 ) -> Universe:
-    """The tickers to record of the exchange with `prefix` (`BINANCE`)."""
+    """The tickers to record of the exchange with `prefix` (`BINANCE`); `quote_volumes`
+    (24 h, by symbol) rank them when `wanted.top` is set, a market without one last."""
     active = {m.symbol: m for m in markets if m.active}
     if wanted.markets == "all":
         chosen = [s for s, m in active.items() if wanted.quote is None or m.quote == wanted.quote]
+        if wanted.top is not None:
+            volumes = quote_volumes or {}
+            chosen.sort(key=lambda s: (-volumes.get(s, -1.0), s))
+            chosen = chosen[: wanted.top]
         unknown: list[str] = []
     else:
         chosen = [s for s in wanted.markets if s in active]

@@ -13,7 +13,8 @@
     ingestors SUB -> XPUB :5555/:5560 subscriptions -> Ingestors (who serves which exchange)
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
                       '<- SUB `PIPELINE:status` -> PipelineHeartbeats (pipeline_status.py):
-                          no fresh heartbeat = history submits and triggers refused
+                          no fresh heartbeat = history submits and triggers refused,
+                          and a down report on `PIPELINE:status` for waiting clients
         '-> subscription tap (inproc XPUB the XSUB also feeds) -> LiveFeeds (live_feeds.py)
             |-> DataRequest{REALTIME} -> XPUB :5555 (start, refresh, ingestor joined)
             |-> FeedStatus{REFUSED} on `{ticker}|status` (a period the pipeline does not serve)
@@ -119,7 +120,10 @@ class Relay:
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
             )
             self._proxy = MarketDataProxy(ctx, self._upstream, self._market)
-            self._pipeline = PipelineHeartbeats(s.pipeline_heartbeat_timeout_s, m, now)
+            self._pipeline = PipelineHeartbeats(
+                s.pipeline_heartbeat_timeout_s, m, now, publish=self._proxy.publish,
+                wall_ms=wall_ms, report_interval_s=s.stats_interval_s,
+            )  # fmt: skip
             self._ingestors = Ingestors(
                 s, m, self._throttle, self._work, self._control,
                 clock=clock, wall_ms=wall_ms, wake=self._wakeup.wake,

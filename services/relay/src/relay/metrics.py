@@ -21,6 +21,12 @@ from relay.sockets import ProxyStats
 
 log = logging.getLogger(__name__)
 
+#: Gauge ``{work}``: 1 while the pipeline's heartbeat says it serves that work. The
+#: platform's readiness signal (infra.platform.metrics builds its sample from this).
+PIPELINE_SERVING = "relay_pipeline_serving"
+#: Gauge ``{socket}``: distinct ingestor subscription prefixes on the work/control socket.
+INGESTOR_SUBSCRIPTIONS = "relay_ingestor_subscriptions"
+
 
 class _ProxyCollector(Collector):
     """Exposes the latest STATISTICS snapshot as counters."""
@@ -114,7 +120,7 @@ class RelayMetrics:
             "relay_live_tickers", "Tickers with live data requested (incl. grace)", registry=r
         )
         self.ingestor_subscriptions = Gauge(
-            "relay_ingestor_subscriptions",
+            INGESTOR_SUBSCRIPTIONS,
             "Distinct subscription prefixes of ingestors, by socket",
             ["socket"],
             registry=r,
@@ -147,7 +153,7 @@ class RelayMetrics:
             registry=r,
         )
         self.pipeline_serving = Gauge(
-            "relay_pipeline_serving",
+            PIPELINE_SERVING,
             "1 while the pipeline's heartbeat is fresh and says it serves this kind of work "
             "(history, triggers); else such requests are refused pipeline_unavailable",
             ["work"],
@@ -155,6 +161,12 @@ class RelayMetrics:
         )
         self.pipeline_heartbeats = Counter(
             "relay_pipeline_heartbeats", "PipelineStatus heartbeats received", registry=r
+        )
+        self.pipeline_down_reports = Counter(
+            "relay_pipeline_down_reports",
+            "PipelineStatus (history and triggers false, with the reason) this relay "
+            "published on PIPELINE:status in place of the pipeline's overdue heartbeat",
+            registry=r,
         )
         self.upstream_disconnects = Counter(
             "relay_upstream_disconnects", "Times the pipeline connection was lost", registry=r

@@ -10,12 +10,20 @@ the heartbeat comes down the same path the notifications take. A submit accepted
 while nothing upstream answers would be an OK followed by minutes of silence; it
 is refused `pipeline_unavailable` instead, with the reason.
 
+A request accepted just before the heartbeat stopped is still waited for by its
+client. So that it ends in seconds too, the relay speaks in the pipeline's stead
+once the heartbeat is overdue: every refresh (`stats_interval_s`, 1 s) it publishes
+a `PipelineStatus` with `history` and `triggers` false and the refusal's reason on
+`PIPELINE:status`, which the SDK watches while it waits. One message for every
+waiting client, no per-request state; it stops as soon as a heartbeat comes back.
+
 `PipelineWatch` is the rule: pure, `now` passed in, unit-tested without sockets.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -100,6 +108,22 @@ class PipelineWatch:
             return Refusal(PIPELINE_UNAVAILABLE, f"the pipeline cannot serve {work.value}: {why}")
         return None
 
+    def down_report(self, now: float, wall_ms: int, interval_ms: int) -> PipelineStatus | None:
+        """What to publish on `PIPELINE:status` in the pipeline's stead, or None.
+
+        Only once a heartbeat was heard and is now overdue: before the first one
+        this relay accepted nothing, and another relay that does hear the pipeline
+        may have (a report would fail its clients' requests for nothing).
+        """
+        if not self.enabled or self._last is None or self.fresh(now):
+            return None
+        refusal = self.refusal(Part.HISTORY, now)
+        reason = refusal.reason if refusal is not None else ""
+        return PipelineStatus(
+            sent_at_ms=wall_ms, interval_ms=interval_ms, history=False, triggers=False,
+            reason=f"relay: {reason}",
+        )  # fmt: skip
+
     def serving(self, now: float) -> dict[Part, bool]:
         """Per kind of work, whether it would be accepted now (metrics, health)."""
         return {work: self.refusal(work, now) is None for work in Part}
@@ -108,12 +132,29 @@ class PipelineWatch:
 # --- the adapter (loop thread): heartbeats off the SUB, gauges, one log line per change ---
 
 
-class PipelineHeartbeats:
-    """Feeds `PipelineWatch` from the heartbeat SUB and reports what it concludes."""
+Publish = Callable[[list[bytes]], bool]
 
-    def __init__(self, timeout_s: float, metrics: RelayMetrics, now: float) -> None:
+
+class PipelineHeartbeats:
+    """Feeds `PipelineWatch` from the heartbeat SUB and reports what it concludes:
+    gauges, log lines, and the down report on `PIPELINE:status` (through `publish`,
+    the market-data stream) while the heartbeat is overdue."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        metrics: RelayMetrics,
+        now: float,
+        *,
+        publish: Publish | None = None,
+        wall_ms: Callable[[], int] = lambda: 0,
+        report_interval_s: float = 1.0,
+    ) -> None:
         self.watch = PipelineWatch(timeout_s, now)
         self._metrics = metrics
+        self._publish = publish
+        self._wall_ms = wall_ms
+        self._report_interval_ms = max(1, round(report_interval_s * 1000))
         self._serving: dict[Part, bool] = {}
         self.refresh(now)
 
@@ -132,9 +173,15 @@ class PipelineHeartbeats:
         return self.watch.refusal(work, now)
 
     def refresh(self, now: float) -> None:
-        """Gauges per kind of work, and a log line whenever one changes."""
+        """Gauges per kind of work, a log line whenever one changes, and the down
+        report while the heartbeat is overdue (the loop calls this every second)."""
         if not self.watch.enabled:
             return
+        report = self.watch.down_report(now, self._wall_ms(), self._report_interval_ms)
+        publish = self._publish
+        if report is not None and publish is not None:
+            sent = publish(envelope.encode_pub(topics.PIPELINE_STATUS, report))
+            self._metrics.pipeline_down_reports.inc(sent)
         for work in Part:
             refusal = self.watch.refusal(work, now)
             serving = refusal is None

@@ -3,11 +3,9 @@
 
 Why: every row the pipeline stores is decoded on the driver into Arrow first.
 Handing it to Spark for an append costs a transfer into the JVM, a job and a
-commit: 0.55-0.68 s for a day of 1-minute candles, 2.7-3.2 s for 100,000 (the
-history micro-batches of `bench/e2e_history.py`, this machine). pyiceberg writes
-the same Arrow to Parquet and commits through the same REST catalog and S3 store
-in 0.18 s and 0.29-0.54 s. Appends only: a MERGE (new keys inserted, changed
-values amended) stays a Spark statement.
+commit; pyiceberg writes the same Arrow to Parquet and commits through the same
+REST catalog and S3 store, several times faster (figures: the ADR). Appends
+only: a MERGE (new keys inserted, changed values amended) stays a Spark statement.
 
 The catalog client is made on first use (Lake's fallbacks keep Spark's path
 when it cannot be); the caller decides what a failed append means (`lake.py`).

@@ -3,10 +3,11 @@
 Why: before every ``ohlc`` append the writer asks whether the range holds a
 candle yet, and before every ``ticks`` append which of the batch's trades are
 stored already (a replayed micro-batch's, or the boundary's). As Spark jobs
-(a probe query, a MERGE's scan and join) these cost 0.5-2 s of two shared cores
-each, once a minute per live query and once per history answer, for a handful
-of files. Here Iceberg plans the files from manifests (files outside the range
-are pruned) and its generic reader reads what is left, deletes applied.
+(a probe query, a MERGE's scan and join) each costs a job, once a minute per live
+query and once per history answer, for a handful of files (figures:
+docs/adr/0008-driver-reads-and-appends.md). Here Iceberg plans the files from
+manifests (files outside the range are pruned) and its generic reader reads what
+is left, deletes applied.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ that micro-batch does not publish it again).
 A crash between the early publish and the query's record loses the registry: the
 replayed marker is then notified again, as after a crash between the query's own
 record and publish (`history_notices.plan`). Nothing is ever left unnotified.
+The whole design, and what it costs: docs/adr/0010-history-notification-publishers.md.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ docs/pipeline-benchmarks.md "Lean pipeline"):
     every live.book_snapshot_s: a BookSnapshot of each order book that changed
     every live.snapshot_s: flush the producer, save the CEP state, then the snapshot
     (offsets + open candles + CEP batch id) to <checkpoint_dir>/live-engine/snapshot.json
+    (its format and why: docs/adr/0012-live-engine-snapshot.md)
 
 Durability. The snapshot is written only after every closed candle before it was
 acknowledged by Kafka, and it holds the next offset of every partition. A restart

@@ -158,8 +158,8 @@ class _CandleColumns:
     """OHLC rows gathered column by column.
 
     One list comprehension per column and record, numpy for the numbers and
-    per-record values repeated with numpy: ~3x faster than appending row by row
-    (525,600 candles decode in ~1 s).
+    per-record values repeated with numpy, not appended row by row (figures:
+    docs/pipeline-benchmarks.md "Headline figures").
     """
 
     NUMERIC = ("open", "high", "low", "close", "volume")

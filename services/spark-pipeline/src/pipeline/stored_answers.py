@@ -4,10 +4,11 @@ A request the ingestor answers wholly from storage writes one record, its final
 marker (source STORAGE): its rows are in Iceberg already, committed before the
 ``requests`` row that told the ingestor so. All the history query would add is
 its fixed cost per answer: the trigger wait, Spark's Kafka fetch of the one
-record and the ``requests`` append, 1-2 s of a stored answer's 1.5-2.5 s
-(docs/pipeline-benchmarks.md). This thread reads the topic itself, counts the
-range's rows at the ``ohlc`` snapshot on the driver's JVM and publishes at once;
-the history query records it when its micro-batch comes (`early_notices`).
+record and the ``requests`` append, most of a stored answer's time
+(figures: docs/adr/0010-history-notification-publishers.md). This thread reads
+the topic itself, counts the range's rows at the ``ohlc`` snapshot on the
+driver's JVM and publishes at once; the history query records it when its
+micro-batch comes (`early_notices`).
 
 Anything this path skips (another status or source, an id the sink may have
 recorded, a failure here) is the history query's, as before: this thread only

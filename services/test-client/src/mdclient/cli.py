@@ -1,5 +1,5 @@
 """`mdclient` command line: history, status, live, order books, legacy, CEP triggers,
-market metadata and what the platform records.
+market metadata, what the platform records and its stored trades (trades_cli).
 
 Flow of `mdclient history`:
 
@@ -58,7 +58,7 @@ EXIT_USAGE = 2  # bad arguments, time/period/ticker format, config, output path
 EXIT_REJECTED = 3  # the relay refused the request (SubmitResponse REJECTED, live REFUSED)
 EXIT_FAILED = 4  # ERROR notification / legacy ERROR / live FAILED: the platform gave up
 EXIT_TIMEOUT = 5  # no ack or no notification in time, after every attempt
-EXIT_NOT_FOUND = 6  # answered, but no candles in the range (NOT_FOUND or 0 rows)
+EXIT_NOT_FOUND = 6  # no candles in the range (NOT_FOUND or 0 rows); `trades`: not recorded
 EXIT_UNAVAILABLE = 7  # relay not reachable within connect_timeout_s
 EXIT_STORAGE = 8  # Iceberg catalog / S3 read failed
 EXIT_PROTOCOL = 9  # the relay spoke something this client does not understand
@@ -77,6 +77,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (errors.MdTimeout, EXIT_TIMEOUT),
     (errors.RelayUnavailable, EXIT_UNAVAILABLE),
     (errors.StorageError, EXIT_STORAGE),
+    (errors.NotRecorded, EXIT_NOT_FOUND),
     (errors.ProtocolMismatch, EXIT_PROTOCOL),
 )
 
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mdclient",
         parents=[common_options(in_command=False)],
         description="History, live and legacy client of the market-data platform.",
-        epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data, "
+        epilog="Exit codes: 0 ok, 2 usage, 3 rejected, 4 failed, 5 timeout, 6 no data or "
+        "not recorded, "
         "7 relay unreachable, 8 storage, 9 protocol, 10 pending (status), "
         "11 incomplete (--verify), 12 unknown (status), 130 Ctrl-C.",
     )
@@ -230,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mdclient import trigger_cli
 
     trigger_cli.add_parser(sub, common)
+    from mdclient import trades_cli
+
+    trades_cli.add_parser(sub, common)
     return parser
 
 
@@ -638,6 +643,12 @@ def cmd_recording(args: argparse.Namespace, err: Console) -> int:
     return EXIT_OK if status.markets else EXIT_NOT_FOUND
 
 
+def cmd_trades(args: argparse.Namespace, err: Console) -> int:
+    from mdclient import trades_cli
+
+    return trades_cli.run(args, err)
+
+
 def cmd_trigger(args: argparse.Namespace, err: Console) -> int:
     from mdclient import trigger_cli
 
@@ -653,6 +664,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Console], int]] = {
     "status": cmd_status,
     "markets": cmd_markets,
     "recording": cmd_recording,
+    "trades": cmd_trades,
     "trigger": cmd_trigger,
 }
 

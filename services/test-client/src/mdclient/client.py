@@ -81,6 +81,7 @@ if TYPE_CHECKING:
 
     from mdclient.frames import IcebergReader
     from mdclient.recording import RecordingStatus
+    from mdclient.trades import TradeBatches, TradesResult
 
 log = logging.getLogger(__name__)
 
@@ -486,6 +487,50 @@ class Client(Closeable):
 
         name = exchange_name(exchange) if exchange else None
         return read_recording(self.reader(), self.settings, name, int(time.time() * 1000))
+
+    def trades(
+        self,
+        ticker: str,
+        start: TimeLike,
+        end: TimeLike = "now",
+        *,
+        columns: Sequence[str] | None = None,
+    ) -> TradesResult:
+        """The stored trades of `ticker` in [start, end) from Iceberg ``market.ticks``, in
+        trade-time order (`.table` Arrow, `.to_pandas()`), with the range's integrity report
+        (`.report`: recorded since, gaps in the range by status, not recorded before the
+        recording began; mdclient.trades). `columns`: fewer of the table's columns.
+
+        `NotRecorded` (its `report` says why) when nothing of the range is recorded: never
+        an empty answer. The read is filtered to the ticker's partition and the range's
+        days; a range larger than memory: `trade_batches`. Reads Iceberg only.
+        """
+        from mdclient.trades import read_trades, trade_range
+
+        now_ms = int(time.time() * 1000)
+        query = trade_range(ticker, start, end, now_ms=now_ms, columns=columns)
+        return read_trades(self.reader(), self.settings, query)
+
+    def trade_batches(
+        self,
+        ticker: str,
+        start: TimeLike,
+        end: TimeLike = "now",
+        *,
+        columns: Sequence[str] | None = None,
+        batch_rows: int = 65_536,
+    ) -> TradeBatches:
+        """`trades` as an iterator of Arrow record batches (at most `batch_rows` rows each),
+        in trade-time order, for ranges that do not fit in memory: one group of files
+        whose trades overlap in time (about a day of the ticker) is read at a time. Its
+        `report` and `schema` are known before the first batch; `NotRecorded` is raised
+        here, before any row is read.
+        """
+        from mdclient.trades import open_trade_batches, trade_range
+
+        now_ms = int(time.time() * 1000)
+        query = trade_range(ticker, start, end, now_ms=now_ms, columns=columns)
+        return open_trade_batches(self.reader(), self.settings, query, batch_rows)
 
     # --- legacy ---
 

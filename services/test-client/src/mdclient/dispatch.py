@@ -47,6 +47,7 @@ from mdproto.messages import (
     CEPTriggerEvent,
     FeedStatus,
     HistoryReadyNotification,
+    PipelineStatus,
     Tick,
 )
 
@@ -167,15 +168,18 @@ def backfill_start(closed_upto_ms: int | None, first_open_ms: int, period_second
 
 
 class NotificationWaiter:
-    """Notifications for one history call, from any of its attempts."""
+    """Notifications for one history call, from any of its attempts, and what
+    `PIPELINE:status` says meanwhile (mdclient.history decides what it means)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[HistoryReadyNotification] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[HistoryReadyNotification | PipelineStatus] = (
+            queue.SimpleQueue()
+        )
 
-    def put(self, notification: HistoryReadyNotification) -> None:
+    def put(self, notification: HistoryReadyNotification | PipelineStatus) -> None:
         self._queue.put(notification)
 
-    def wait(self, timeout_s: float) -> HistoryReadyNotification | None:
+    def wait(self, timeout_s: float) -> HistoryReadyNotification | PipelineStatus | None:
         try:
             return self._queue.get(timeout=max(0.0, timeout_s))
         except queue.Empty:

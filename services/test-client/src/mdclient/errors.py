@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mdproto.error_codes import NOT_RECORDED
+
 if TYPE_CHECKING:
+    from mdclient.trades import TradeIntegrity
     from mdproto.messages import HistoryReadyNotification
 
 
@@ -67,6 +70,14 @@ class HistoryFailed(MdClientError):  # noqa: N818 (public API names)
         self.notification = notification
 
 
+class PipelineUnavailable(HistoryFailed):
+    """The pipeline stopped serving history while the request was in flight
+    (`pipeline_unavailable`): its relay reported the heartbeat overdue on
+    `PIPELINE:status`, or the pipeline itself said history does not run. The wait
+    ends there instead of at the history timeout; retry once the pipeline is back
+    (a submit is refused at once until then)."""
+
+
 class MdTimeout(MdClientError):  # noqa: N818 (public API names)
     """Base of the two timeouts: nobody answered in time."""
 
@@ -115,3 +126,13 @@ class FeedRefused(FeedUnavailable):
 
 class StorageError(MdClientError):
     """Reading the rows from Iceberg (REST catalog or S3) failed."""
+
+
+class NotRecorded(MdClientError):  # noqa: N818 (public API names)
+    """A trade read's range holds no recording: no trade of the ticker is stored, none
+    before the range ends, or none after it starts. `report` (mdclient.trades) says
+    which: never an empty answer that looks like a quiet market."""
+
+    def __init__(self, report: TradeIntegrity) -> None:
+        super().__init__(report.reason, error_code=NOT_RECORDED)
+        self.report = report

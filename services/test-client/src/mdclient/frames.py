@@ -4,8 +4,9 @@ Columns: ticker, period_seconds, open_time (UTC, microseconds), open, high,
 low, close, volume, trade_count; sorted by open_time. Built from OHLC
 messages (legacy replies) or read from Iceberg; pure conversions first, then
 `IcebergReader`, the adapter (also for the `market.requests`, `market.markets`,
-`market.book_snapshots` and `market.gaps` rows, and the `market.ticks` summary of
-`mdclient.recording`, mostly from the table's manifests).
+`market.book_snapshots` and `market.gaps` rows, the `market.ticks` summary of
+`mdclient.recording`, mostly from the table's manifests, and the trades of
+`mdclient.trades`, whole or a group of overlapping files at a time).
 
 The reader goes through the REST catalog and is the only pyiceberg importer,
 lazily: importing this module needs pyarrow only. The candle scan is filtered
@@ -17,9 +18,10 @@ pipeline announced, even if more commits follow.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -39,6 +41,7 @@ from mdproto.tables import BookSnapshots, Gaps, Markets, Ohlc, Requests, Ticks, 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.schema import Schema
     from pyiceberg.table import DataScan, FileScanTask, Table
 
 log = logging.getLogger(__name__)
@@ -152,14 +155,13 @@ def _file_pieces(
 ) -> tuple[list[dict[str, Any]], list[FileScanTask]]:
     """The `recording.file_piece` of each ``market.ticks`` file its manifest entry tells
     exactly (no delete files, a ticker partition, trade_time bounds), and the others."""
-    from pyiceberg.conversions import from_bytes
     from pyiceberg.transforms import IdentityTransform
 
     from mdclient.recording import file_piece
 
     schema = table.schema()
     ticker_id = schema.find_field(Ticks.TICKER).field_id
-    time_field = schema.find_field(Ticks.TRADE_TIME)
+    bound = _time_bound(schema, Ticks.TRADE_TIME)
     ticker_at = {  # spec_id -> position of identity(ticker) in a file's partition
         spec_id: next(
             (
@@ -171,10 +173,6 @@ def _file_pieces(
         )
         for spec_id, spec in table.specs().items()
     }
-
-    def bound(bounds: dict[int, bytes] | None) -> int | None:
-        raw = (bounds or {}).get(time_field.field_id)
-        return None if raw is None else int(from_bytes(time_field.field_type, raw))  # type: ignore[arg-type]
 
     exact: list[dict[str, Any]] = []
     rest: list[FileScanTask] = []
@@ -190,6 +188,54 @@ def _file_pieces(
         else:
             exact.append(piece)
     return exact, rest
+
+
+def _time_bound(schema: Schema, column: str) -> Callable[[dict[int, bytes] | None], int | None]:
+    """A data file's lower or upper bound of the timestamp `column` (epoch µs) from its
+    manifest entry's ``lower_bounds``/``upper_bounds``; None where the entry has none."""
+    from pyiceberg.conversions import from_bytes
+
+    field = schema.find_field(column)
+
+    def bound(bounds: dict[int, bytes] | None) -> int | None:
+        raw = (bounds or {}).get(field.field_id)
+        return None if raw is None else int(from_bytes(field.field_type, raw))  # type: ignore[arg-type]
+
+    return bound
+
+
+def overlap_groups(spans: Sequence[tuple[int | None, int | None]]) -> list[list[int]]:
+    """Indexes of `spans` (a file's first and last time; None: unknown) in groups whose
+    spans overlap, the groups in time order and disjoint: reading one group after the
+    other, each sorted, gives rows in time order with one group in memory at a time.
+    A span with an unknown end overlaps everything before or after it."""
+    lowest, highest = -(2**63), 2**63 - 1
+    order = sorted(
+        range(len(spans)),
+        key=lambda i: (lowest if spans[i][0] is None else spans[i][0], i),
+    )
+    groups: list[list[int]] = []
+    reach = lowest
+    for i in order:
+        first, last = spans[i]
+        start = lowest if first is None else first
+        end = highest if last is None else last
+        if groups and start <= reach:
+            groups[-1].append(i)
+            reach = max(reach, end)
+        else:
+            groups.append([i])
+            reach = end
+    return groups
+
+
+@contextlib.contextmanager
+def _scan_failed(what: str) -> Iterator[None]:
+    """Any failure of pyiceberg or S3 inside as StorageError `scan_failed`, naming `what`."""
+    try:
+        yield
+    except Exception as exc:
+        raise StorageError(f"{what} failed: {exc}", error_code=SCAN_FAILED) from exc
 
 
 def _read_tasks(scan: DataScan, tasks: list[FileScanTask]) -> pa.Table:
@@ -326,11 +372,14 @@ class IcebergReader:
         newest["snapshot_time_ms"] = pc.max(micros).as_py() // 1000
         return newest
 
-    def read_tick_pieces(self, table_name: str, exchange: str | None) -> pa.Table:
-        """``market.ticks`` of `exchange` (None: all) as `recording.PIECES`: a data file
-        without delete files, of one ticker and one UTC day, from its manifest entry alone;
-        the other files' (ticker, trade_time) read and grouped. Costs the file count,
-        not the trade count, on a table the pipeline writes and compacts by partition."""
+    def read_tick_pieces(
+        self, table_name: str, exchange: str | None, *, ticker: str | None = None
+    ) -> pa.Table:
+        """``market.ticks`` of `exchange` (None: all), or of one `ticker`, as
+        `recording.PIECES`: a data file without delete files, of one ticker and one UTC
+        day, from its manifest entry alone; the other files' (ticker, trade_time) read and
+        grouped. Costs the file count, not the trade count, on a table the pipeline writes
+        and compacts by partition."""
         from mdclient.recording import TICK_COLUMNS, pieces_from_files, pieces_from_trades
 
         table = self._table(
@@ -338,7 +387,13 @@ class IcebergReader:
             missing="the pipeline creates it at start and stores the trades of every live "
             "feed and recorded market in it",
         )
-        row_filter = _starts_with(Ticks.TICKER, f"{exchange}:") if exchange else None
+        row_filter = (
+            _equal(Ticks.TICKER, ticker)
+            if ticker
+            else _starts_with(Ticks.TICKER, f"{exchange}:")
+            if exchange
+            else None
+        )
         scan = (
             table.scan(row_filter=row_filter, selected_fields=TICK_COLUMNS)
             if row_filter is not None
@@ -354,8 +409,11 @@ class IcebergReader:
         pieces = pieces_from_files(exact)
         return pieces if read is None else pa.concat_tables([pieces, read])
 
-    def read_gaps(self, table_name: str, exchange: str | None) -> pa.Table:
-        """``market.gaps`` rows of `exchange` (None: all), `recording.GAP_COLUMNS` only."""
+    def read_gaps(
+        self, table_name: str, exchange: str | None, *, ticker: str | None = None
+    ) -> pa.Table:
+        """``market.gaps`` rows of `exchange` (None: all), or of one `ticker`,
+        `recording.GAP_COLUMNS` only."""
         from mdclient.recording import GAP_COLUMNS
 
         table = self._table(
@@ -364,7 +422,9 @@ class IcebergReader:
             "fills it from the TradeGap records of the Kafka topic market.recording",
         )
         scan_args: dict[str, Any] = {"selected_fields": GAP_COLUMNS}
-        if exchange:
+        if ticker:
+            scan_args["row_filter"] = _equal(Gaps.TICKER, ticker)
+        elif exchange:
             scan_args["row_filter"] = _starts_with(Gaps.TICKER, f"{exchange}:")
         try:
             return table.scan(**scan_args).to_arrow()
@@ -372,6 +432,50 @@ class IcebergReader:
             raise StorageError(
                 f"reading {table_name} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
+
+    def read_trades(
+        self, table_name: str, ticker: str, start_ms: int, end_ms: int, columns: Sequence[str]
+    ) -> pa.Table:
+        """The ``market.ticks`` rows of `ticker` in [start_ms, end_ms), `columns` only, in
+        file order (`mdclient.trades` sorts): the filter prunes to the ticker's partition
+        and the range's days, then files by their trade_time statistics."""
+        scan = self._trade_scan(table_name, ticker, start_ms, end_ms, columns)
+        with _scan_failed(f"reading {table_name} for {ticker}"):
+            return scan.to_arrow()
+
+    def trade_groups(
+        self, table_name: str, ticker: str, start_ms: int, end_ms: int, columns: Sequence[str]
+    ) -> Iterator[pa.Table]:
+        """`read_trades` in pieces for a range larger than memory: the scan is planned once
+        (one snapshot), its files grouped where their trade_time spans overlap
+        (`overlap_groups`), and each group's rows read in turn, groups in time order. One
+        group, about a day of the ticker, is in memory at a time."""
+        scan = self._trade_scan(table_name, ticker, start_ms, end_ms, columns)
+        with _scan_failed(f"planning the read of {table_name} for {ticker}"):
+            tasks = list(scan.plan_files())
+            bound = _time_bound(scan.table_metadata.schema(), Ticks.TRADE_TIME)
+            spans = [(bound(t.file.lower_bounds), bound(t.file.upper_bounds)) for t in tasks]
+        for group in overlap_groups(spans):
+            with _scan_failed(f"reading {table_name} for {ticker}"):
+                rows = _read_tasks(scan, [tasks[i] for i in group])
+            yield rows
+
+    def _trade_scan(
+        self, table_name: str, ticker: str, start_ms: int, end_ms: int, columns: Sequence[str]
+    ) -> DataScan:
+        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+        table = self._table(
+            table_name,
+            missing="the pipeline creates it at start and stores the trades of every live "
+            "feed and recorded market in it",
+        )
+        row_filter = And(
+            _equal(Ticks.TICKER, ticker),
+            _predicate(GreaterThanOrEqual, Ticks.TRADE_TIME, start_ms * 1000),
+            _predicate(LessThan, Ticks.TRADE_TIME, end_ms * 1000),
+        )
+        return table.scan(row_filter=row_filter, selected_fields=tuple(columns))
 
     def _table(self, table_name: str, missing: str = "") -> Table:
         """`missing`: who creates the table, for the error when it does not exist yet."""

@@ -9,6 +9,10 @@ Per attempt (each with a NEW request_id):
     SubmitHistoricalRequest  -> SubmitResponse (REJECTED: raise, no retry)
     wait for HistoryReadyNotification up to history_timeout_s
       OK / NOT_FOUND -> done; ERROR -> raise HistoryFailed (no retry)
+      PIPELINE:status says history is not served (the relay's down report
+                     once the heartbeat is 5 s overdue, or the pipeline's own)
+                     -> raise PipelineUnavailable (no retry: a submit would
+                        be refused until the pipeline is back)
       nothing        -> ask the requests table (`recover`) for every accepted
                         attempt: a recorded outcome completes the call (the
                         notification was lost); else the next attempt. A late
@@ -16,11 +20,14 @@ Per attempt (each with a NEW request_id):
                         the call (same query)
 
 Subscriptions are reference-counted by the transport, so the per-client
-topic subscribed at connect stays subscribed after a call ends.
+topic subscribed at connect stays subscribed after a call ends. `PIPELINE:status`
+is subscribed for the length of the call, before the first submit.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +39,7 @@ from mdclient.errors import (
     HistoryFailed,
     HistoryTimeout,
     InvalidRequest,
+    PipelineUnavailable,
     ProtocolMismatch,
     RequestTimeout,
     SubmitRejected,
@@ -39,6 +47,7 @@ from mdclient.errors import (
 from mdproto import ProtocolError, envelope, rules, topics
 from mdproto.error_codes import (
     HISTORY_TIMEOUT,
+    PIPELINE_UNAVAILABLE,
     REQUEST_ID_MISMATCH,
     SUBMIT_TIMEOUT,
     TOPIC_MISMATCH,
@@ -49,6 +58,7 @@ from mdproto.messages import (
     CEPTriggerAck,
     HistoryReadyNotification,
     NotifyPattern,
+    PipelineStatus,
     RequestStatusReply,
     Response,
     Status,
@@ -58,6 +68,9 @@ from mdproto.messages import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from google.protobuf.message import Message
+
+log = logging.getLogger(__name__)
 
 Phase = Literal["subscribing", "submitting", "waiting", "retrying", "reading", "done"]
 PATTERNS: dict[str, int] = {
@@ -104,6 +117,8 @@ class RetryPolicy:
     submit_timeout_s: float = 30.0
     history_timeout_s: float = 120.0
     progress_interval_s: float = 0.2
+    #: End the wait early when `PIPELINE:status` says history is not served.
+    watch_pipeline: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +164,38 @@ class HistoryResult:
         return self.table.to_pandas()
 
 
+#: A heartbeat saying the pipeline serves outweighs a down report for this many of
+#: its intervals: another relay still hears the pipeline (active/active relays).
+SERVING_GRACE_INTERVALS = 2
+
+
+class PipelineView:
+    """What `PIPELINE:status` says about a history request in flight. Pure: `now` passed in.
+
+    A status with `history` false ends the wait: a relay's down report (published
+    once the pipeline's heartbeat is overdue, 5 s) or the pipeline's own word. A
+    pipeline frozen for less than the relay's timeout is never reported, and its
+    requests are answered when it resumes. With several relays one that lost its
+    link to a running pipeline reports it down while another still passes its
+    heartbeats on: a report within `SERVING_GRACE_INTERVALS` of a serving
+    heartbeat is not believed.
+    """
+
+    def __init__(self) -> None:
+        self._serving_until = -math.inf
+
+    def down(self, status: PipelineStatus, now: float) -> str | None:
+        """Why the request will not be answered, or None while it still may be."""
+        if status.history:
+            interval_s = max(status.interval_ms, 1) / 1000.0
+            self._serving_until = now + SERVING_GRACE_INTERVALS * interval_s
+            return None
+        if now <= self._serving_until:
+            log.debug("PIPELINE:status down report outweighed by a heartbeat: %s", status.reason)
+            return None
+        return status.reason or "the pipeline does not serve history"
+
+
 # request_id -> its recorded outcome, or None while there is none (mdclient.request_status).
 Recover = Callable[[str], HistoryReadyNotification | None]
 
@@ -186,6 +233,11 @@ def wait_for_history(
     """Run the flow above; raises SubmitRejected, HistoryFailed or a timeout."""
     call = _Call(started=clock())
     waiter = NotificationWaiter()
+    view = PipelineView()
+
+    def on_pipeline_status(_topic: str, message: Message) -> None:
+        if isinstance(message, PipelineStatus):
+            waiter.put(message)
 
     def report(phase: Phase, attempt: int, request_id: str, detail: str = "") -> None:
         if progress is not None:
@@ -193,6 +245,10 @@ def wait_for_history(
             progress(ProgressEvent(phase, attempt, policy.attempts, request_id, elapsed, detail))
 
     try:
+        if policy.watch_pipeline:
+            dispatcher.add_topic_sink(topics.PIPELINE_STATUS, on_pipeline_status)
+            ports.subscribe(topics.PIPELINE_STATUS)
+            call.topics.append(topics.PIPELINE_STATUS)
         for attempt in range(1, policy.attempts + 1):
             request_id = new_request_id()
             topic = topics.notification_topic(pattern, request_id, client_id)
@@ -219,7 +275,7 @@ def wait_for_history(
                 continue
             check_submit_reply(reply, request_id, topic)
             call.accepted_ids.append(request_id)
-            notification = _wait(waiter, policy, attempt, request_id, report, clock)
+            notification = _wait(waiter, view, policy, attempt, request_id, report, clock)
             recovered = False
             if notification is None and recover is not None:
                 notification = _recorded(recover, call.accepted_ids)
@@ -238,6 +294,8 @@ def wait_for_history(
             report("retrying", attempt, request_id, "no notification")
         raise _timeout(call, policy)
     finally:
+        if policy.watch_pipeline:
+            dispatcher.remove_topic_sink(topics.PIPELINE_STATUS, on_pipeline_status)
         for request_id in call.request_ids:
             dispatcher.forget(request_id)
         for topic in call.topics:
@@ -321,6 +379,7 @@ def raise_for_status(notification: HistoryReadyNotification) -> None:
 
 def _wait(
     waiter: NotificationWaiter,
+    view: PipelineView,
     policy: RetryPolicy,
     attempt: int,
     request_id: str,
@@ -332,10 +391,20 @@ def _wait(
         remaining = deadline - clock()
         if remaining <= 0:
             return None
-        notification = waiter.wait(min(remaining, policy.progress_interval_s))
-        if notification is not None:
-            return notification
-        report("waiting", attempt, request_id, "")
+        item = waiter.wait(min(remaining, policy.progress_interval_s))
+        if isinstance(item, PipelineStatus):
+            down = view.down(item, clock())
+            if down is not None:
+                raise PipelineUnavailable(
+                    f"the pipeline stopped serving history while the request was in flight "
+                    f"({down}); retry once it runs",
+                    error_code=PIPELINE_UNAVAILABLE,
+                    request_id=request_id,
+                )
+        elif item is not None:
+            return item
+        else:
+            report("waiting", attempt, request_id, "")
 
 
 def _recorded(recover: Recover, request_ids: Sequence[str]) -> HistoryReadyNotification | None:

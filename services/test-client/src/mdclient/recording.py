@@ -24,7 +24,7 @@ the reader.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -171,26 +171,21 @@ def _market_dict(market: RecordedMarket) -> dict[str, Any]:
         "since_ms": _int64(market.since_ms),
         "last_trade_ms": _int64(market.last_trade_ms),
         "trades_today": str(market.trades_today),
-        "gaps": None
-        if gaps is None
-        else {
-            "open": gaps.open,
-            "repairing": gaps.repairing,
-            "repaired": gaps.repaired,
-            "unrepairable": gaps.unrepairable,
-        },
-        "unrepairable": [
-            {
-                "gap_id": g.gap_id,
-                "cause": g.cause,
-                "from_time_ms": _int64(g.from_time_ms),
-                "to_time_ms": _int64(g.to_time_ms),
-                "missing_ids": str(g.missing_ids),
-                "trades_recovered": str(g.trades_recovered),
-                "reason": g.reason,
-            }
-            for g in market.unrepairable
-        ],
+        "gaps": None if gaps is None else asdict(gaps),
+        "unrepairable": [gap_dict(g) for g in market.unrepairable],
+    }
+
+
+def gap_dict(gap: LostGap) -> dict[str, Any]:
+    """A gap's JSON (`GET /recording`'s unrepairable ones, `GET /trades`' report)."""
+    return {
+        "gap_id": gap.gap_id,
+        "cause": gap.cause,
+        "from_time_ms": _int64(gap.from_time_ms),
+        "to_time_ms": _int64(gap.to_time_ms),
+        "missing_ids": str(gap.missing_ids),
+        "trades_recovered": str(gap.trades_recovered),
+        "reason": gap.reason,
     }
 
 
@@ -309,17 +304,12 @@ def _gap_summary(gaps: pa.Table) -> tuple[dict[str, GapCounts], dict[str, list[L
     not known to be repaired), and the unrepairable gaps, oldest first."""
     tallies: dict[str, dict[str, int]] = {}
     lost: dict[str, list[LostGap]] = {}
-    rows = gaps.select(list(GAP_COLUMNS))
-    for name in (Gaps.FROM_TIME, Gaps.TO_TIME):  # epoch µs, exact (a datetime is not)
-        at = rows.schema.get_field_index(name)
-        rows = rows.set_column(at, name, rows.column(name).cast(pa.int64()))
-    for row in rows.to_pylist():
-        ticker, status = row[Gaps.TICKER], row[Gaps.STATUS]
-        key = status if status in (REPAIRING, REPAIRED, UNREPAIRABLE) else OPEN
+    for row in gap_rows(gaps):
+        ticker, key = row[Gaps.TICKER], known_status(row[Gaps.STATUS])
         tally = tallies.setdefault(ticker, {})
         tally[key] = tally.get(key, 0) + 1
         if key == UNREPAIRABLE:
-            lost.setdefault(ticker, []).append(_lost_gap(row))
+            lost.setdefault(ticker, []).append(lost_gap(row))
     counts = {
         ticker: GapCounts(
             open=t.get(OPEN, 0),
@@ -334,7 +324,25 @@ def _gap_summary(gaps: pa.Table) -> tuple[dict[str, GapCounts], dict[str, list[L
     return counts, lost
 
 
-def _lost_gap(row: Mapping[str, Any]) -> LostGap:
+def gap_rows(gaps: pa.Table) -> list[dict[str, Any]]:
+    """``market.gaps`` rows, `GAP_COLUMNS`, from/to times as epoch µs (exact: a datetime
+    is not)."""
+    rows = gaps.select(list(GAP_COLUMNS))
+    for name in (Gaps.FROM_TIME, Gaps.TO_TIME):
+        at = rows.schema.get_field_index(name)
+        rows = rows.set_column(at, name, rows.column(name).cast(pa.int64()))
+    listed: list[dict[str, Any]] = rows.to_pylist()
+    return listed
+
+
+def known_status(status: str | None) -> str:
+    """A gap's status; one this client does not know counts as OPEN (not known to be
+    repaired)."""
+    return status if status in (REPAIRING, REPAIRED, UNREPAIRABLE) else OPEN
+
+
+def lost_gap(row: Mapping[str, Any]) -> LostGap:
+    """A `gap_rows` row as a LostGap (its ends in ms)."""
     return LostGap(
         gap_id=row[Gaps.GAP_ID],
         ticker=row[Gaps.TICKER],

@@ -1,0 +1,177 @@
+"""Trade history without I/O: the integrity report, the range check, the time order of
+file groups and of rows (mdclient.trades, mdclient.frames.overlap_groups)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pytest
+
+from mdclient.errors import InvalidRequest
+from mdclient.frames import overlap_groups
+from mdclient.recording import GapCounts
+from mdclient.trades import (
+    RangeGap,
+    TradeQuery,
+    check_columns,
+    gaps_from_table,
+    in_time_order,
+    integrity_report,
+    trade_range,
+)
+from mdproto.tables import Gaps, Ticks, arrow_schema
+
+T = "BINANCE:BTC/USDT"
+H = 3_600_000
+
+
+def gap(n: int, status: str, from_ms: int | None, to_ms: int | None, **more: object) -> RangeGap:
+    fields: dict[str, object] = {
+        "gap_id": f"g{n}", "ticker": T, "cause": "RECONNECT", "from_time_ms": from_ms,
+        "to_time_ms": to_ms, "missing_ids": 0, "trades_recovered": 0, "reason": "",
+        "status": status,
+    }  # fmt: skip
+    return RangeGap(**{**fields, **more})  # type: ignore[arg-type]
+
+
+def test_a_recorded_range_without_gaps_is_complete() -> None:
+    r = integrity_report(T, 10 * H, 11 * H, span=(H, 20 * H), gaps=[])
+    assert (r.state, r.recorded_since_ms, r.not_recorded_until_ms) == ("complete", H, None)
+    assert r.counts == GapCounts() and r.reason == ""
+
+
+@pytest.mark.parametrize(
+    ("span", "why"),
+    [
+        (None, "never recorded"),
+        ((20 * H, 30 * H), "began after the range ends"),
+        ((H, 5 * H), "no trade of BINANCE:BTC/USDT is stored after the range starts"),
+    ],
+)
+def test_a_range_with_no_recording_says_so(span: tuple[int, int] | None, why: str) -> None:
+    r = integrity_report(T, 10 * H, 11 * H, span=span, gaps=[gap(1, "OPEN", 10 * H, 10 * H + 5)])
+    assert r.state == "not_recorded" and why in r.reason
+    assert r.not_recorded_until_ms == 11 * H  # the whole range
+    assert r.as_dict()["reason"] == r.reason
+
+
+def test_the_recording_beginning_within_the_range_leaves_its_start_unrecorded() -> None:
+    r = integrity_report(T, 10 * H, 12 * H, span=(11 * H, 20 * H), gaps=[])
+    assert (r.state, r.not_recorded_until_ms) == ("partial", 11 * H)
+    # the recording's first trade exactly at the start: nothing before it is asked for
+    r = integrity_report(T, 11 * H, 12 * H, span=(11 * H, 20 * H), gaps=[])
+    assert (r.state, r.not_recorded_until_ms) == ("complete", None)
+
+
+def test_only_the_gaps_that_meet_the_range_count_and_the_worst_state_wins() -> None:
+    start, end = 10 * H, 11 * H
+    gaps = [
+        gap(1, "REPAIRED", 9 * H, start),  # its last trade at start: may share that ms
+        gap(2, "UNREPAIRABLE", 5 * H, 6 * H),  # before the range
+        gap(3, "OPEN", end, end + 5),  # at the end, which the range excludes
+        gap(4, "REPAIRING", 10 * H + 5, 10 * H + 9),
+        gap(5, "WHATEVER", None, start + 1),  # unknown status: open; unknown start
+    ]
+    r = integrity_report(T, start, end, span=(H, 20 * H), gaps=gaps)
+    assert [g.gap_id for g in r.gaps or ()] == ["g5", "g1", "g4"]
+    assert r.counts == GapCounts(open=1, repairing=1, repaired=1)
+    assert r.state == "repairing"
+    lost = integrity_report(
+        T, start, end, span=(H, 20 * H), gaps=[gap(6, "UNREPAIRABLE", start, start)]
+    )
+    assert lost.state == "incomplete"
+    repaired = integrity_report(T, start, end, span=(11 * H - 1, 20 * H), gaps=[gaps[0]])
+    assert repaired.state == "partial"  # repaired gaps do not hide the unrecorded start
+
+
+def test_unknown_gaps_are_not_complete() -> None:
+    r = integrity_report(T, 10 * H, 11 * H, span=(H, 20 * H), gaps=None, gaps_note="no table")
+    assert (r.state, r.counts, r.gaps_note) == ("unknown", None, "no table")
+    data = r.as_dict()
+    assert data["gaps_known"] is False and data["gap_counts"] is None and data["gaps"] == []
+
+
+def test_the_json_shape_sends_64_bit_values_as_strings() -> None:
+    g = gap(0, "UNREPAIRABLE", 10 * H + 1, 10 * H + 2, cause="SKIPPED_IDS", gap_id="g")
+    g = dataclasses.replace(g, missing_ids=7, trades_recovered=3, reason="only 60")
+    data = integrity_report(T, 10 * H, 11 * H, span=(11 * H - 5, 20 * H), gaps=[g]).as_dict()
+    assert data["state"] == "incomplete"
+    assert data["recorded_since_ms"] == str(11 * H - 5)
+    assert data["not_recorded_until_ms"] == str(11 * H - 5)
+    assert data["gap_counts"] == {"open": 0, "repairing": 0, "repaired": 0, "unrepairable": 1}
+    assert data["gaps"] == [
+        {
+            "gap_id": "g", "status": "UNREPAIRABLE", "cause": "SKIPPED_IDS",
+            "from_time_ms": str(10 * H + 1), "to_time_ms": str(10 * H + 2),
+            "missing_ids": "7", "trades_recovered": "3", "reason": "only 60",
+        }
+    ]  # fmt: skip
+
+
+def test_gap_rows_become_range_gaps() -> None:
+    rows = pa.Table.from_pylist(
+        [
+            {
+                Gaps.GAP_ID: "a", Gaps.TICKER: T, Gaps.STATUS: None, Gaps.CAUSE: None,
+                Gaps.REASON: None, Gaps.FROM_TIME: 1_500, Gaps.TO_TIME: None,
+                Gaps.MISSING_IDS: None, Gaps.TRADES_RECOVERED: 4,
+            }
+        ],
+        schema=arrow_schema(Gaps.SCHEMA),
+    )  # fmt: skip
+    assert gaps_from_table(rows) == [
+        gap(0, "OPEN", 1, None, gap_id="a", cause="", trades_recovered=4)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ticker", "start", "end", "code"),
+    [
+        ("BTC/USDT", 0, 1, "bad_ticker"),
+        (T, 5, 5, "bad_time_range"),
+        (T, -1, 5, "bad_time_range"),
+        (T, "yesterday-ish", "now", "bad_time"),
+    ],
+)
+def test_a_bad_range_is_refused(ticker: str, start: int | str, end: int | str, code: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        trade_range(ticker, start, end, now_ms=100 * H)
+    assert info.value.error_code == code
+
+
+def test_a_range_is_parsed_like_history() -> None:
+    query = trade_range(T, "-1h", "now", now_ms=100 * H, columns=[Ticks.PRICE])
+    assert query == TradeQuery(T, 99 * H, 100 * H, (Ticks.PRICE, Ticks.TRADE_TIME))
+
+
+def test_columns_keep_storage_order_and_always_the_trade_time() -> None:
+    assert check_columns(None) == Ticks.SCHEMA.names
+    assert check_columns([Ticks.PRICE, Ticks.TRADE_ID]) == (
+        Ticks.TRADE_ID, Ticks.PRICE, Ticks.TRADE_TIME,
+    )  # fmt: skip
+    with pytest.raises(InvalidRequest, match="no column"):
+        check_columns(["volume"])
+
+
+def test_file_groups_are_disjoint_and_in_time_order() -> None:
+    spans: list[tuple[int | None, int | None]] = [
+        (50, 60),  # 0
+        (0, 10),  # 1
+        (5, 20),  # 2: overlaps 1
+        (30, 40),  # 3
+        (20, 25),  # 4: touches 2 at 20 (a trade of 20 in both): same group
+        (70, None),  # 5: unknown end swallows what follows
+        (80, 90),  # 6
+    ]
+    assert overlap_groups(spans) == [[1, 2, 4], [3], [0], [5, 6]]
+    assert overlap_groups([(None, 5), (100, 200)]) == [[0], [1]]
+    assert overlap_groups([]) == []
+
+
+def test_rows_are_put_in_time_order_stably() -> None:
+    schema = arrow_schema(Ticks.SCHEMA, (Ticks.TRADE_ID, Ticks.TRADE_TIME))
+    rows = pa.table({Ticks.TRADE_ID: ["c", "a", "b", "d"], Ticks.TRADE_TIME: [3, 1, 3, 2]}, schema)
+    assert in_time_order(rows).column(Ticks.TRADE_ID).to_pylist() == ["a", "d", "c", "b"]
+    ordered = in_time_order(rows)
+    assert in_time_order(ordered) is ordered  # already in order: the same table
