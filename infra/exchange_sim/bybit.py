@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .model import SymbolSpec, Trade, fmt8
+from .model import SymbolSpec, Trade, UnknownSymbolError, fmt8
 from .state import SimState
 from .windows import newest_first
 
@@ -84,8 +84,11 @@ class BybitRest:
 
     def _spec(self, market_id: str) -> SymbolSpec | None:
         """The market of a Bybit id (``BTCUSDT``, as Binance's), if listed."""
-        specs = self.state.model.specs.values()
-        return next((s for s in specs if s.binance_id == market_id), None)
+        try:
+            spec = self.state.model.spec(market_id)
+        except UnknownSymbolError:
+            return None
+        return spec if spec.binance_id == market_id else None
 
     def _instrument(self, spec: SymbolSpec) -> dict[str, Any]:
         online = spec.trading_at(self.state.clock.now_ms())

@@ -91,6 +91,7 @@ class KrakenRest:
 
     def __init__(self, state: SimState) -> None:
         self.state = state
+        self._pairs: dict[str, SymbolSpec] | None = None  # pair id -> market
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -102,8 +103,9 @@ class KrakenRest:
         ]
 
     def _spec(self, pair: str) -> SymbolSpec | None:
-        specs = self.state.model.specs.values()
-        return next((s for s in specs if pair_id(s) == pair), None)
+        if self._pairs is None:  # the model never changes: index its pairs once
+            self._pairs = {pair_id(s): s for s in self.state.model.specs.values()}
+        return self._pairs.get(pair)
 
     def _pair(self, spec: SymbolSpec) -> dict[str, Any]:
         online = spec.trading_at(self.state.clock.now_ms())
@@ -265,9 +267,11 @@ def trade_ns(model: MarketModel, trade: Trade) -> int:
     """A model trade's Kraken time in nanoseconds: its millisecond plus 100 us plus
     10 ns per earlier trade of its minute. Unique and increasing, so ``last`` pages
     trades of one millisecond exactly; and the seconds float (``ns / 1e9``) stays
-    inside the millisecond, so ccxt's truncating ``int(time * 1000)`` gives it back."""
-    position = trade.id - model.first_trade_id(trade.symbol, trade.time_ms)
-    return trade.time_ms * 10**6 + 100_000 + 10 * position
+    inside the millisecond, so ccxt's truncating ``int(time * 1000)`` gives it back.
+    A minute of 90,000 trades or more (a busy universe market: 10 ns each would
+    leave the millisecond) counts 10 ns per earlier trade of its millisecond instead."""
+    position, count, in_ms = model.trade_position(trade.symbol, trade.id, trade.time_ms)
+    return trade.time_ms * 10**6 + 100_000 + 10 * (position if count < 90_000 else in_ms)
 
 
 # ------------------------------------------------------- public websocket v2
