@@ -5,7 +5,8 @@
 
 Starts a whole local platform (the same processes as `make run`, on free ports), or
 with `--compose` the Docker Compose platform with the simulator (as `make e2e` does:
-a Docker engine needed), recording BTC/USDT, ETH/USDT and SOL/USDT of each exchange,
+a Docker engine needed; the compose files from MDP_COMPOSE_FILES, e.g.
+`docker-compose.yml:infra/images/compose.yml` for the offline image set), recording BTC/USDT, ETH/USDT and SOL/USDT of each exchange,
 with no client subscribed. Once every market's trades reach Iceberg the window
 opens, and:
 

@@ -116,13 +116,15 @@ def test_markets_are_recorded_without_clients_spread_and_taken_over_with_no_trad
             await until(lambda: recorded(second)[0] == TICKERS, 30, "the second takes over")
             await asyncio.sleep(0)
             end_ms = sim.now_ms()
+            # A takeover's gap is found at the new feed's first trade: only once every
+            # market was recorded past the window are all of its gaps known.
+            last = await past(second.recorders["BINANCE:"], TICKERS, end_ms)
             settled = lambda: all(  # noqa: E731
                 g.state in (TradeGap.REPAIRED, TradeGap.UNREPAIRABLE)
                 for g in second.recorders["BINANCE:"].gaps()
             )
             await until(settled, 90, "gaps settled")
             gaps = second.recorders["BINANCE:"].gaps()
-            last = await past(second.recorders["BINANCE:"], TICKERS, end_ms)
         finally:
             await second.stop()
             await task_second
