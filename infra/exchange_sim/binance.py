@@ -27,6 +27,7 @@ from aiohttp import WSMsgType, web
 from . import books, bybit, coinbase, kraken, okx
 from .faults import Fault
 from .model import (
+    DAY_MS,
     INTERVAL_MS,
     MINUTE_MS,
     MODEL_ID_FLOOR,
@@ -38,6 +39,7 @@ from .model import (
     units_text,
 )
 from .state import SimState
+from .tickers import DayTicker, day_tickers
 
 #: Request weights (Binance documents a weight per endpoint; 6000 per minute per IP).
 WEIGHTS: dict[str, int] = {
@@ -49,6 +51,7 @@ WEIGHTS: dict[str, int] = {
     "/api/v3/trades": 25,
     "/api/v3/historicalTrades": 25,
     "/api/v3/depth": 5,  # limit <= 100 (Binance: 25 up to 500, 50 up to 1000, 250 beyond)
+    "/api/v3/ticker/24hr": 80,  # every symbol (Binance: 2 for one, up to 80 for many)
     "/fapi/v1/exchangeInfo": 1,
     "/dapi/v1/exchangeInfo": 1,
 }
@@ -226,6 +229,7 @@ class BinanceRest:
             web.get("/api/v3/trades", self.recent_trades),
             web.get("/api/v3/historicalTrades", self.historical_trades),
             web.get("/api/v3/depth", self.depth),
+            web.get("/api/v3/ticker/24hr", self.ticker_24hr),
             # ccxt asks for linear/inverse markets unless options.fetchMarkets.types
             # says otherwise; answer with no symbols so default ccxt still loads.
             web.get("/fapi/v1/exchangeInfo", self.empty_exchange_info),
@@ -240,6 +244,20 @@ class BinanceRest:
         if spec is None or spec.binance_id != binance_id:
             raise _ParamError(binance_error(400, -1121, "Invalid symbol."))
         return spec
+
+    def _symbols_param(self, request: web.Request) -> list[SymbolSpec] | None:
+        """The markets of ``symbol`` or ``symbols`` (a JSON list of ids); None: neither."""
+        if "symbol" in request.query:
+            return [self._spec(request.query["symbol"])]
+        if "symbols" not in request.query:
+            return None
+        try:
+            ids = json.loads(request.query["symbols"])
+        except json.JSONDecodeError:
+            raise _ParamError(
+                binance_error(400, -1100, "Illegal characters found in parameter 'symbols'.")
+            ) from None
+        return [self._spec(str(i)) for i in ids]
 
     async def ping(self, request: web.Request) -> web.Response:
         return web.json_response({})
@@ -262,20 +280,11 @@ class BinanceRest:
 
     async def exchange_info(self, request: web.Request) -> web.Response:
         now = self.state.clock.now_ms()
-        specs: Iterable[SymbolSpec] = self.state.model.specs.values()
         try:
-            if "symbol" in request.query:
-                specs = [self._spec(request.query["symbol"])]
-            elif "symbols" in request.query:
-                try:
-                    ids = json.loads(request.query["symbols"])
-                except json.JSONDecodeError:
-                    return binance_error(
-                        400, -1100, "Illegal characters found in parameter 'symbols'."
-                    )
-                specs = [self._spec(str(i)) for i in ids]
+            asked = self._symbols_param(request)
         except _ParamError as exc:
             return exc.response
+        specs: Iterable[SymbolSpec] = self.state.model.specs.values() if asked is None else asked
         return web.json_response(
             {
                 "timezone": "UTC",
@@ -335,6 +344,16 @@ class BinanceRest:
             now_ms=now,
         )
         return web.json_response([k.binance_row() for k in rows])
+
+    async def ticker_24hr(self, request: web.Request) -> web.Response:
+        """``GET /api/v3/ticker/24hr``: every market's 24 h statistics (a list), or
+        ``symbol``'s (one object) or ``symbols``' (a JSON list of ids)."""
+        try:
+            specs = self._symbols_param(request)
+        except _ParamError as exc:
+            return exc.response
+        rows = [ticker_row(t) for t in await day_tickers(self.state, specs, ids=True)]
+        return web.json_response(rows[0] if "symbol" in request.query else rows)
 
     def _trades_window(self, request: web.Request, spec: SymbolSpec, limit: int) -> list[Trade]:
         """aggTrades selection: by ``fromId``, by time window (<= 1h), or the latest."""
@@ -424,6 +443,39 @@ class BinanceRest:
             return exc.response
         book = self.state.books.current(spec.symbol, self.state.clock.now_ms())
         return web.json_response(books.binance_depth_snapshot(book, limit))
+
+
+def ticker_row(ticker: DayTicker) -> dict[str, Any]:
+    """A ``ticker/24hr`` row (FULL). Bid, ask and the last trade's size are not
+    modelled: bid = ask = the last price, sizes 0. ``prevClosePrice`` is the window's
+    open. Without trades in the window: prices and volumes 0, ids -1 (as Binance)."""
+    day = ticker.day
+    close_ms = day.close_time if day is not None else ticker.now_ms
+    first = ticker.first_id if ticker.first_id is not None else -1
+    last_price = ticker.text("close")
+    return {
+        "symbol": ticker.spec.binance_id,
+        "priceChange": fmt8(ticker.change),
+        "priceChangePercent": f"{ticker.change_ratio * 100:.3f}",
+        "weightedAvgPrice": fmt8(ticker.vwap),
+        "prevClosePrice": ticker.text("open"),
+        "lastPrice": last_price,
+        "lastQty": fmt8(Decimal(0)),
+        "bidPrice": last_price,
+        "bidQty": fmt8(Decimal(0)),
+        "askPrice": last_price,
+        "askQty": fmt8(Decimal(0)),
+        "openPrice": ticker.text("open"),
+        "highPrice": ticker.text("high"),
+        "lowPrice": ticker.text("low"),
+        "volume": ticker.text("volume"),
+        "quoteVolume": ticker.text("quote_volume"),
+        "openTime": close_ms + 1 - DAY_MS,
+        "closeTime": close_ms,
+        "firstId": first,
+        "lastId": first + ticker.trades - 1 if ticker.trades else -1,
+        "count": ticker.trades,
+    }
 
 
 def trade_row(trade: Trade) -> dict[str, Any]:

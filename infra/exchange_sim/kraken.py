@@ -33,6 +33,7 @@ from aiohttp import web
 
 from .model import MarketModel, SymbolSpec, Trade, fmt8, interval_ms, interval_open
 from .state import SimState
+from .tickers import DayTicker, day_tickers
 
 #: Kraken `interval` (minutes) -> the model's intervals.
 INTERVALS = {
@@ -100,6 +101,7 @@ class KrakenRest:
             web.get("/0/public/AssetPairs", self.asset_pairs),
             web.get("/0/public/OHLC", self.ohlc),
             web.get("/0/public/Trades", self.trades),
+            web.get("/0/public/Ticker", self.ticker),
         ]
 
     def _spec(self, pair: str) -> SymbolSpec | None:
@@ -153,6 +155,18 @@ class KrakenRest:
                 for code in sorted(codes)
             }
         )
+
+    async def ticker(self, request: web.Request) -> web.Response:
+        """``Ticker[?pair=A,B]``: by pair id, every pair without ``pair``."""
+        specs: list[SymbolSpec] | None = None
+        if "pair" in request.query:
+            specs = []
+            for pair in request.query["pair"].split(","):
+                spec = self._spec(pair)
+                if spec is None:
+                    return kraken_error("EQuery:Unknown asset pair")
+                specs.append(spec)
+        return _ok({pair_id(t.spec): ticker_entry(t) for t in await day_tickers(self.state, specs)})
 
     async def asset_pairs(self, request: web.Request) -> web.Response:
         wanted = request.query.get("pair")
@@ -252,6 +266,26 @@ class KrakenRest:
                 "last": str(last),
             }
         )
+
+
+def ticker_entry(ticker: DayTicker) -> dict[str, Any]:
+    """A ``Ticker`` entry: ``[today, last 24 h]`` pairs of volume (``v``), vwap (``p``),
+    trade count (``t``), low, high; ccxt reads the 24 h slot (quote volume = v x p).
+    Not modelled: "today" repeats the 24 h figures; bid = ask = last, sizes 0; ``o``
+    is the window's open."""
+    last, volume, vwap = ticker.text("close"), ticker.text("volume"), fmt8(ticker.vwap)
+    low, high = ticker.text("low"), ticker.text("high")
+    return {
+        "a": [last, "0", "0.000"],
+        "b": [last, "0", "0.000"],
+        "c": [last, "0.00000000"],
+        "v": [volume, volume],
+        "p": [vwap, vwap],
+        "t": [ticker.trades, ticker.trades],
+        "l": [low, low],
+        "h": [high, high],
+        "o": ticker.text("open"),
+    }
 
 
 def parse_since(raw: str) -> int:

@@ -1387,23 +1387,27 @@ class MarketModel:
             bar = self._open_bar(spec.symbol, length, open_ms, now_ms)
         if bar is None:
             return None
-        pd, qd = spec.price_decimals, spec.qty_decimals
-        return Kline(
-            symbol=spec.symbol,
-            interval=interval,
-            open_time=open_ms,
-            close_time=open_ms + length - 1,
-            open=Decimal(bar.o).scaleb(-pd),
-            high=Decimal(bar.h).scaleb(-pd),
-            low=Decimal(bar.l).scaleb(-pd),
-            close=Decimal(bar.c).scaleb(-pd),
-            volume=Decimal(bar.v).scaleb(-qd),
-            quote_volume=Decimal(bar.q).scaleb(-8),
-            trades=bar.n,
-            taker_buy_base=Decimal(bar.tbv).scaleb(-qd),
-            taker_buy_quote=Decimal(bar.tbq).scaleb(-8),
-            closed=closed,
-        )
+        return _kline(spec, interval, open_ms, length, bar, closed)
+
+    def rolling_day(self, symbol: str, now_ms: int) -> Kline | None:
+        """The 24 h before the minute containing ``now_ms`` (its 1,440 closed minutes),
+        as one candle (interval ``"24h"``; None: nothing traded): what the exchanges'
+        24 h tickers report. Closed minutes only, so it never generates the current
+        minute's trades (seconds of work for a hot universe market)."""
+        spec = self.spec(symbol)
+        end = now_ms - now_ms % MINUTE_MS
+        parts: list[Bar | None] = []
+        t = end - DAY_MS
+        while t < end:
+            day, offset = divmod(t, DAY_MS)
+            first = offset // MINUTE_MS
+            count = min(MINUTES_PER_DAY - first, (end - t) // MINUTE_MS)
+            parts.extend(self._day(spec.symbol, day)[first : first + count])
+            t += count * MINUTE_MS
+        bar = combine_bars(parts)
+        if bar is None:
+            return None
+        return _kline(spec, "24h", end - DAY_MS, DAY_MS, bar, True)
 
     def klines(
         self, symbol: str, interval: str, start_ms: int, end_ms: int, now_ms: int | None = None
@@ -1479,3 +1483,26 @@ def expected_klines(
     non-default model.
     """
     return (model or DEFAULT_MODEL).klines(symbol, interval, start_ms, end_ms, now_ms=now_ms)
+
+
+def _kline(
+    spec: SymbolSpec, interval: str, open_ms: int, length: int, bar: Bar, closed: bool
+) -> Kline:
+    """``bar`` (integer units) as the candle of ``spec`` opening at ``open_ms``."""
+    pd, qd = spec.price_decimals, spec.qty_decimals
+    return Kline(
+        symbol=spec.symbol,
+        interval=interval,
+        open_time=open_ms,
+        close_time=open_ms + length - 1,
+        open=Decimal(bar.o).scaleb(-pd),
+        high=Decimal(bar.h).scaleb(-pd),
+        low=Decimal(bar.l).scaleb(-pd),
+        close=Decimal(bar.c).scaleb(-pd),
+        volume=Decimal(bar.v).scaleb(-qd),
+        quote_volume=Decimal(bar.q).scaleb(-8),
+        trades=bar.n,
+        taker_buy_base=Decimal(bar.tbv).scaleb(-qd),
+        taker_buy_quote=Decimal(bar.tbq).scaleb(-8),
+        closed=closed,
+    )

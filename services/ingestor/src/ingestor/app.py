@@ -42,6 +42,7 @@ from ingestor.markets import MarketPublisher
 from ingestor.recorder import Recorder, recorders_universe
 from ingestor.retry import RetryPolicy
 from ingestor.stats import IngestorStats
+from ingestor.venues.base import TickersUnsupportedError
 from ingestor.work import LegacyResponder, WorkIntake, new_context
 from mdproto import contracts
 from mdproto.messages import DataRequest, IngestorControl
@@ -279,6 +280,9 @@ class Ingestor:
                     "recording: %s is not served here; its recorders are elsewhere", exchange_id
                 )
                 continue
+            if wanted.top is not None and adapter.venue.tickers_unsupported:
+                # Refused at start, not a recorder that fails later in the background.
+                raise TickersUnsupportedError(exchange_id, adapter.venue.tickers_unsupported)
             recorder = Recorder(
                 adapter,
                 wanted,

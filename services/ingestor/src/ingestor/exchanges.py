@@ -35,7 +35,7 @@ from ingestor.model import (
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
-from ingestor.venues.base import BookChecksum, BookContext, BookGuard
+from ingestor.venues.base import BookChecksum, BookContext, BookGuard, TickersUnsupportedError
 
 log = logging.getLogger(__name__)
 
@@ -385,9 +385,12 @@ class ExchangeAdapter:
 
     async def quote_volumes(self) -> dict[str, float]:
         """24 h volume in the quote currency by symbol, from the exchange's tickers
-        (base volume x last price where the venue gives no quote volume)."""
+        (base volume x last price where the venue gives no quote volume). Raises
+        `TickersUnsupportedError` where the venue has no such call (Coinbase)."""
+        if self.venue.tickers_unsupported:
+            raise TickersUnsupportedError(self.exchange_id, self.venue.tickers_unsupported)
         try:
-            tickers = await self._exchange.fetch_tickers()
+            tickers = await self._exchange.fetch_tickers(None, dict(self.venue.ticker_params))
         except Exception as exc:
             raise fault_from(exc) from exc
         volumes = {}

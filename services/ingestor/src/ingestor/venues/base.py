@@ -111,6 +111,19 @@ class HistoryUnavailableError(ValueError):
         self.earliest_ms = earliest_ms
 
 
+class TickersUnsupportedError(ValueError):
+    """The exchange has no call giving every market's 24 h volume, so `top` cannot rank
+    its markets (Coinbase Exchange: ccxt's `fetchTickers` reads `/products/spark-lines`,
+    prices without volumes)."""
+
+    def __init__(self, exchange_id: str, reason: str) -> None:
+        super().__init__(
+            f"{exchange_id} cannot rank markets by 24 h quote volume ({reason});"
+            " record it with a `markets` list instead of `top`"
+        )
+        self.exchange_id = exchange_id
+
+
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -139,6 +152,9 @@ class Venue:
     `public_books`: the book channel needs no credentials though ccxt signs it.
     `trade_paging`, `trade_page_cap`, `trade_params`, `trade_id_param`: how the trade
     history the gap repairer reads is paged (`TradePaging`).
+    `ticker_params`: ccxt `params` of `fetch_tickers` so that it lists the spot markets
+    (Bybit's default category is linear). `tickers_unsupported`: why the exchange has
+    no bulk 24 h volumes (`quote_volumes` raises `TickersUnsupportedError`); "": it has.
     `prefix`: the platform prefix (tickers `PREFIX:BASE/QUOTE`) when the
     configuration names none. `status_url`: a cheap public endpoint that
     answers when the real exchange is reachable (the platform's probe).
@@ -164,6 +180,8 @@ class Venue:
     trade_params: Mapping[str, Any] = field(default_factory=dict)
     trade_id_param: str = ""
     trade_history_key: bool = False  # ccxt sends the trade-history call only with an API key
+    ticker_params: Mapping[str, Any] = field(default_factory=dict)
+    tickers_unsupported: str = ""
 
     def platform_prefix(self, exchange_id: str) -> str:
         """`prefix`, or the ccxt id in upper case for an exchange without a module."""

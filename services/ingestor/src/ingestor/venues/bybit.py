@@ -81,4 +81,6 @@ VENUE = Venue(
     # GET /v5/market/recent-trade: spot serves its latest 60 trades, no cursor.
     trade_paging=TradePaging.LATEST_ONLY,
     trade_page_cap=60,
+    # GET /v5/market/tickers: ccxt asks for category=linear unless told spot.
+    ticker_params={"type": "spot"},
 )

@@ -27,4 +27,6 @@ VENUE = Venue(
     # GET /products/{id}/trades: `after` = the trades older than that trade_id.
     trade_paging=TradePaging.BY_ID_BACKWARD,
     trade_id_param="after",
+    # ccxt 4.5.90 `fetch_tickers` reads GET /products/spark-lines: OHLC, no volume.
+    tickers_unsupported="ccxt's fetchTickers reads /products/spark-lines, which has no volume",
 )
