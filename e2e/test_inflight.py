@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from mdclient.exit_codes import ExitCode
 from mdproto.error_codes import PIPELINE_UNAVAILABLE
 from relay import Relay, RelaySettings
 
 STANDIN = Path(__file__).with_name("pipeline_standin.py")
-EXIT_REJECTED, EXIT_FAILED, EXIT_NOT_FOUND = 3, 4, 6  # mdclient's exit codes (its README)
 DEADLINE_S = 60.0  # generous: readiness and exits are awaited, not timed
 ARGS = ["history", "BINANCE:BTC/USDT", "--start", "2026-11-20T00:00", "--end", "2026-11-20T01:00"]
 
@@ -119,7 +119,7 @@ def test_a_request_in_flight_when_the_pipeline_freezes_ends_with_pipeline_unavai
     frozen_at = time.monotonic()
     _, err = cli.communicate(timeout=DEADLINE_S)
     ended_s = time.monotonic() - frozen_at
-    assert cli.returncode == EXIT_FAILED, err
+    assert cli.returncode == ExitCode.FAILED, err
     assert f"[{PIPELINE_UNAVAILABLE}]" in err and held.split()[1] in err, err
     assert "in flight" in err and "heartbeat" in err, err
 
@@ -129,7 +129,7 @@ def test_a_request_in_flight_when_the_pipeline_freezes_ends_with_pipeline_unavai
     retry = stack.cli()
     assert stack.next_line().startswith("answered ")
     _, retry_err = retry.communicate(timeout=DEADLINE_S)
-    assert retry.returncode == EXIT_NOT_FOUND, retry_err
+    assert retry.returncode == ExitCode.NOT_FOUND, retry_err
 
     # The check: frozen 2 s before the submit. Accepted (the relay has not
     # noticed yet) or refused (it has): either way `pipeline_unavailable`.
@@ -139,7 +139,7 @@ def test_a_request_in_flight_when_the_pipeline_freezes_ends_with_pipeline_unavai
     late = stack.cli()
     _, late_err = late.communicate(timeout=DEADLINE_S)
     late_s = time.monotonic() - frozen_at
-    assert late.returncode in (EXIT_REJECTED, EXIT_FAILED), late_err
+    assert late.returncode in (ExitCode.REJECTED, ExitCode.FAILED), late_err
     assert f"[{PIPELINE_UNAVAILABLE}]" in late_err, late_err
     print(
         f"\nin flight: the CLI exited {ended_s:.1f} s after the freeze; frozen 2 s before "

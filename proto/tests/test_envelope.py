@@ -130,6 +130,9 @@ SAMPLES: dict[MessageType, Message] = {
     MessageType.RECORDING_CHECKPOINT: m.RecordingCheckpoint(
         ticker="BINANCE:BTC/USDT", last_trade_id="20", last_trade_time_ms=1_700_000_000_000
     ),
+    MessageType.EXCHANGE_SERVING: m.ExchangeServing(
+        exchange="BINANCE", served=False, error_code="no_ingestor", interval_ms=1000
+    ),
 }
 
 
@@ -137,6 +140,7 @@ def test_every_type_id_matches_the_spec_table() -> None:
     assert {t.value for t in MessageType} == {
         0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B, 0x0C, 0x10, 0x11, 0x12,
         0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x20, 0x21, 0x22,
+        0x23,
     }  # fmt: skip
     assert set(SAMPLES) == set(MessageType) == set(CLASS_BY_TYPE)
 

@@ -39,6 +39,7 @@ const TYPE_IDS = Object.freeze({
   RequestStatusQuery: 0x18,
   RequestStatusReply: 0x19,
   IngestClaim: 0x20,
+  ExchangeServing: 0x23,
 });
 const NAME_BY_ID = new Map(Object.entries(TYPE_IDS).map(([name, id]) => [id, name]));
 

@@ -26,17 +26,15 @@ function pastRange() {
 }
 
 /**
- * docs/protocol.md "Pipeline liveness": while a request is in flight, a PipelineStatus
- * on PIPELINE:status with `history` false (the relay's down report once the heartbeat
- * is overdue, or the pipeline's own word) means it will not be answered, unless a
- * serving heartbeat arrived within two of its intervals (another relay still hears it).
- * Returns a predicate for Inbox.next: true on a down report to believe.
+ * A down word to believe: false while a serving word on the same topic came within two
+ * of its intervals (with active/active relays, another relay still hears the part).
+ * `serving(message)` reads the word. Returns a predicate for Inbox.next.
  */
-function pipelineDown() {
+function downUnlessServing(topic, name, serving) {
   let servingUntil = -Infinity;
   return (it) => {
-    if (it.topic !== PIPELINE_STATUS || it.name !== "PipelineStatus") return false;
-    if (it.message.history) {
+    if (it.topic !== topic || it.name !== name) return false;
+    if (serving(it.message)) {
       servingUntil = it.at + 2 * (Number(it.message.interval_ms) || 1000);
       return false;
     }
@@ -44,13 +42,33 @@ function pipelineDown() {
   };
 }
 
-/** Subscribe first (the notification topic and PIPELINE:status), submit, wait for
- * the notification on exactly that topic, or fail at once with pipeline_unavailable. */
+/**
+ * docs/protocol.md "Pipeline liveness": while a request is in flight, a PipelineStatus
+ * on PIPELINE:status with `history` false (the relay's down report once the heartbeat
+ * is overdue, or the pipeline's own word) means it will not be answered; so does an
+ * ExchangeServing on INGESTORS:{exchange}|status with `served` false ("Ingestor
+ * liveness": no live ingestor of the request's exchange is left to take it over).
+ */
+function downWords(servingTopic) {
+  const pipeline = downUnlessServing(PIPELINE_STATUS, "PipelineStatus", (m) => m.history);
+  const ingestors = downUnlessServing(servingTopic, "ExchangeServing", (m) => m.served);
+  return (it) => pipeline(it) || ingestors(it);
+}
+
+/** Where relays say whether a live ingestor serves a ticker's exchange. */
+function ingestorsTopic(ticker) {
+  return `INGESTORS:${ticker.split(":")[0]}|status`;
+}
+
+/** Subscribe first (the notification topic, PIPELINE:status and the exchange's
+ * INGESTORS:{exchange}|status), submit, wait for the notification on exactly that
+ * topic, or fail at once with pipeline_unavailable or no_ingestor. */
 async function historyRound({ notify, clientId = "" }) {
   const requestId = wire.newId("conf-hist");
   const topic = notify === PER_CLIENT ? `RESPONSE:${clientId}` : `HISTORY_READY:${requestId}`;
   const { start, end } = pastRange();
-  const sub = await wire.subscriber(topic, PIPELINE_STATUS);
+  const servingTopic = ingestorsTopic(config.ticker);
+  const sub = await wire.subscriber(topic, PIPELINE_STATUS, servingTopic);
   try {
     const submittedAt = Date.now();
     const { name, message: ack } = await wire.request("SubmitHistoricalRequest", {
@@ -66,7 +84,7 @@ async function historyRound({ notify, clientId = "" }) {
     assert.equal(ack.status, "OK", `submit refused: ${JSON.stringify(ack)}`);
     assert.equal(ack.request_id, requestId);
     assert.equal(ack.notification_topic, topic, "the ack names the topic the client subscribed to");
-    const down = pipelineDown();
+    const down = downWords(servingTopic);
     const item = await sub.next(
       (it) =>
         down(it) ||
@@ -75,6 +93,7 @@ async function historyRound({ notify, clientId = "" }) {
     );
     assert.ok(item, `no HistoryReadyNotification on ${topic} within ${config.historyTimeoutMs} ms`);
     assert.notEqual(item.name, "PipelineStatus", `pipeline_unavailable: ${item.message?.reason}`);
+    assert.notEqual(item.name, "ExchangeServing", `no_ingestor: ${item.message?.reason}`);
     return { item, requestId, clientId, topic, start, end, submittedAt };
   } finally {
     sub.close();

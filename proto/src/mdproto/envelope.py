@@ -63,6 +63,7 @@ class MessageType(IntEnum):
     INGEST_CLAIM = 0x20  # Kafka ingest.claims only (ingestor to ingestor)
     TRADE_GAP = 0x21  # Kafka market.recording (ingestors, pipeline)
     RECORDING_CHECKPOINT = 0x22  # Kafka market.recording (ingestors)
+    EXCHANGE_SERVING = 0x23  # relay XPUB :5558 INGESTORS:{exchange}|status
 
 
 CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
@@ -91,6 +92,7 @@ CLASS_BY_TYPE: dict[MessageType, type[Message]] = {
     MessageType.INGEST_CLAIM: pb.IngestClaim,
     MessageType.TRADE_GAP: pb.TradeGap,
     MessageType.RECORDING_CHECKPOINT: pb.RecordingCheckpoint,
+    MessageType.EXCHANGE_SERVING: pb.ExchangeServing,
 }
 
 TYPE_BY_NAME: dict[str, MessageType] = {

@@ -97,7 +97,10 @@ RATE_LIMITED: Final = _code(
     "too many requests: the client's connection at the relay, or the exchange's limit",
 )
 NO_INGESTOR: Final = _code(
-    "no_ingestor", "reply", "no live ingestor serves the exchange (none runs, or all hung)"
+    "no_ingestor",
+    "reply sdk",
+    "no live ingestor serves the exchange (none runs, or all hung; the SDK: also for a "
+    "request in flight, from the relay's ExchangeServing report)",
 )
 KAFKA_UNAVAILABLE: Final = _code(
     "kafka_unavailable", "reply", "every live ingestor of the exchange cannot write to Kafka"

@@ -24,6 +24,8 @@ HISTORY_READY_PREFIX = "HISTORY_READY:"
 CEP_PREFIX = "CEP:"
 #: The pipeline's heartbeat (PipelineStatus): what relays watch to refuse work it cannot do.
 PIPELINE_STATUS = "PIPELINE:status"
+#: A relay's per-exchange word on its ingestors (ExchangeServing): `INGESTORS:BINANCE|status`.
+INGESTORS_PREFIX = "INGESTORS:"
 # Plain ints: protobuf enum attribute lookups cost microseconds on the relay's hot path.
 _AUTO = int(NotifyPattern.NOTIFY_AUTO)
 _PER_CLIENT = int(NotifyPattern.NOTIFY_PER_CLIENT)
@@ -101,6 +103,12 @@ def book_topic(ticker: str) -> str:
 def status_topic(ticker: str) -> str:
     """Where the relay publishes a ticker's FeedStatus (live feed started, lost, failed...)."""
     return f"{ticker}|{STATUS}"
+
+
+def ingestors_status_topic(exchange: str) -> str:
+    """Where relays publish whether a live ingestor serves `exchange` (ExchangeServing);
+    the `|` ends the name, so `BINANCE` never matches `BINANCEUS`."""
+    return f"{INGESTORS_PREFIX}{exchange}|{STATUS}"
 
 
 def response_topic(client_id: str) -> str:

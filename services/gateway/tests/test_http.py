@@ -9,15 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.app import create_app
 from gateway.config import GatewaySettings
 from gateway.messages import HistoryParams, Topic, message_frame
-from mdclient import HistoryFailed, HistoryResult, PipelineUnavailable
+from mdclient import HistoryFailed, HistoryResult, IngestorUnavailable, PipelineUnavailable
 from mdclient.frames import candles_from_ohlc
 from mdclient.request_status import RequestStatus
-from mdproto.error_codes import PIPELINE_UNAVAILABLE
+from mdproto.error_codes import NO_INGESTOR, PIPELINE_UNAVAILABLE
 from mdproto.messages import OHLC, HistoryReadyNotification, Status
 
 T = "BINANCE:BTC/USDT"
@@ -146,7 +147,13 @@ def test_an_error_notification_keeps_the_stamps_it_was_published_with() -> None:
     assert body["notification"]["publisher_epoch"] == str(EPOCH)
 
 
-def test_a_pipeline_that_stops_under_a_request_is_503_pipeline_unavailable() -> None:
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [(PipelineUnavailable, PIPELINE_UNAVAILABLE), (IngestorUnavailable, NO_INGESTOR)],
+)
+def test_a_pipeline_or_ingestor_that_stops_under_a_request_is_503(
+    error: type[HistoryFailed], code: str
+) -> None:
     """The SDK ends the wait at the relay's down report; the gateway passes its code on."""
 
     async def scenario(http: aiohttp.ClientSession, base: str) -> tuple[int, Any]:
@@ -154,13 +161,13 @@ def test_a_pipeline_that_stops_under_a_request_is_503_pipeline_unavailable() -> 
             return r.status, await r.json()
 
     platform = FakePlatform()
-    platform.failure = PipelineUnavailable(
-        "the pipeline stopped serving history while the request was in flight (relay: ...)",
-        error_code=PIPELINE_UNAVAILABLE,
+    platform.failure = error(
+        "stopped serving while the request was in flight (relay: ...)",
+        error_code=code,
         request_id="r3",
     )
     status, body = serve(platform, scenario)
-    assert status == 503 and body["error_code"] == PIPELINE_UNAVAILABLE
+    assert status == 503 and body["error_code"] == code
     assert body["request_id"] == "r3" and "in flight" in body["reason"]
 
 

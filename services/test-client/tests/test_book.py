@@ -10,8 +10,10 @@ import pytest
 
 from mdclient import cli
 from mdclient.book import BookEvent, BookStream, BookSync, book_from_row
+from mdclient.cli.views import book_line, ladder_lines
 from mdclient.dispatch import Dispatcher
 from mdclient.errors import FeedUnavailable
+from mdclient.exit_codes import ExitCode
 from mdproto import envelope
 from mdproto.book import levels_message
 from mdproto.markets import Precision
@@ -168,7 +170,7 @@ def test_a_stored_row_becomes_the_book() -> None:
 
 
 def test_the_ladder_puts_asks_above_bids_around_the_spread() -> None:
-    lines = cli.ladder_lines([(100.0, 1.5), (99.5, 12.0)], [(100.25, 2.0), (101.0, 0.5)])
+    lines = ladder_lines([(100.0, 1.5), (99.5, 12.0)], [(100.25, 2.0), (101.0, 0.5)])
     assert lines == [
         "ask     101  0.5",
         "ask  100.25    2",
@@ -176,7 +178,7 @@ def test_the_ladder_puts_asks_above_bids_around_the_spread() -> None:
         "bid     100  1.5",
         "bid    99.5   12",
     ]
-    line = cli.book_line(T, [(100.0, 1.5)], [(100.25, 2.0)])
+    line = book_line(T, [(100.0, 1.5)], [(100.25, 2.0)])
     assert "bid 100 x 1.5  ask 100.25 x 2  spread 0.25  levels 1/1" in line
 
 
@@ -185,20 +187,20 @@ def test_the_ladder_shows_prices_at_the_tick_size() -> None:
     54035.73 as 54035.7 next to a 0.03 spread."""
     at_tick = Precision.of(0.01, 0.0001)
     bids, asks = [(54035.7, 0.5), (54008.0, 1.25)], [(54035.73, 2.0), (54036.13, 0.1)]
-    assert cli.ladder_lines(bids, asks, at_tick) == [
+    assert ladder_lines(bids, asks, at_tick) == [
         "ask  54036.13  0.1000",
         "ask  54035.73  2.0000",
         "---  spread 0.03",
         "bid  54035.70  0.5000",
         "bid  54008.00  1.2500",
     ]
-    line = cli.book_line(T, bids, asks, at_tick)
+    line = book_line(T, bids, asks, at_tick)
     assert "bid 54035.70 x 0.5000  ask 54035.73 x 2.0000  spread 0.03" in line
 
 
 def test_book_cli_usage_errors_exit_2() -> None:
-    assert cli.main(["book", "BTCUSDT"]) == cli.EXIT_USAGE
-    assert cli.main(["book", T, "--depth", "0"]) == cli.EXIT_USAGE
+    assert cli.main(["book", "BTCUSDT"]) == ExitCode.USAGE
+    assert cli.main(["book", T, "--depth", "0"]) == ExitCode.USAGE
 
 
 def test_book_cli_prints_a_line_per_update_and_the_gap_on_stderr(
@@ -220,7 +222,7 @@ def test_book_cli_prints_a_line_per_update_and_the_gap_on_stderr(
     fake_relay.publish(topic, delta(3, 101, bids=[(100.0, 9.0)]))  # one lost: out of sync
     fake_relay.publish(topic, snap(4, 101, bids=[(100.0, 7.0)]))
     thread.join(10)
-    assert codes == [cli.EXIT_OK]
+    assert codes == [ExitCode.OK]
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert len(lines) == 2  # each shows the book as it is when printed (maybe out of sync)

@@ -13,20 +13,10 @@ from typing import Any
 import pytest
 
 from mdclient import cli
-from mdclient.cli import (
-    EXIT_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_INTERRUPTED,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_REJECTED,
-    EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    build_parser,
-    main,
-    parse_range_args,
-)
+from mdclient.cli import build_parser, main
+from mdclient.cli.args import join_relative_times, parse_range_args, settings_from_args
+from mdclient.cli.commands import history
+from mdclient.exit_codes import ExitCode
 from mdproto import topics
 from mdproto.messages import (
     OHLC,
@@ -62,7 +52,7 @@ def test_parse_range_args_normalises_ticker_period_and_times() -> None:
     args = build_parser().parse_args(["history", "binance:eth/usdt", "--period", "5m", *RANGE])
     assert parse_range_args(args) == ("BINANCE:ETH/USDT", 300, 1_795_132_800_000, 1_795_136_400_000)
     relative = build_parser().parse_args(
-        cli.join_relative_times(["history", TICKER, "--start", "-2h", "--end", "-1h30m"])
+        join_relative_times(["history", TICKER, "--start", "-2h", "--end", "-1h30m"])
     )
     _, _, start, end = parse_range_args(relative)
     assert end - start == 30 * 60_000
@@ -90,7 +80,7 @@ def test_parse_range_args_normalises_ticker_period_and_times() -> None:
 def test_usage_errors_exit_2_before_any_network(argv: list[str], capsys: Any) -> None:
     # Relay endpoints point nowhere: reaching the network would give 7, not 2.
     code = main([*argv, "--request-endpoint", "tcp://127.0.0.1:9"] if len(argv) > 1 else argv)
-    assert code == EXIT_USAGE
+    assert code == ExitCode.USAGE
     assert capsys.readouterr().err  # says why
 
 
@@ -101,7 +91,7 @@ def test_chart_without_the_chart_extra_says_how_to_install_it_before_any_network
     chart = tmp_path / "c.png"
     nowhere = ["--request-endpoint", "tcp://127.0.0.1:9"]
     code = main(["history", TICKER, *RANGE, "--chart", str(chart), *nowhere])
-    assert code == EXIT_USAGE  # 7 (unavailable) had it tried the relay
+    assert code == ExitCode.USAGE  # 7 (unavailable) had it tried the relay
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert "--chart" in err and "matplotlib" in err
     assert "pip install 'mdclient[chart]'" in err
@@ -109,7 +99,7 @@ def test_chart_without_the_chart_extra_says_how_to_install_it_before_any_network
 
 
 def test_help_exits_0(capsys: Any) -> None:
-    assert main(["--help"]) == EXIT_OK
+    assert main(["--help"]) == ExitCode.OK
     assert "Exit codes" in capsys.readouterr().out
 
 
@@ -130,7 +120,7 @@ def test_options_before_or_after_the_command_both_work(tmp_path: Path, argv: lis
     config = tmp_path / "c.yaml"
     config.write_text("request_endpoint: tcp://10.0.0.1:5559\n")
     args = build_parser().parse_args([a.format(config=config) for a in argv])
-    settings = cli.settings_from_args(args)
+    settings = settings_from_args(args)
     assert (settings.request_endpoint, settings.client_id, args.quiet) == (
         "tcp://10.0.0.1:5559",
         "c1",
@@ -140,13 +130,13 @@ def test_options_before_or_after_the_command_both_work(tmp_path: Path, argv: lis
 
 def test_an_option_after_the_command_wins_over_the_same_option_before_it() -> None:
     args = build_parser().parse_args(["--client-id", "a", "history", TICKER, "--client-id", "b"])
-    assert cli.settings_from_args(args).client_id == "b"
+    assert settings_from_args(args).client_id == "b"
 
 
 def test_bad_config_file_exits_2(tmp_path: Path, capsys: Any) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("relay_hots: x\n")
-    assert main(["history", TICKER, "--config", str(config)]) == EXIT_USAGE
+    assert main(["history", TICKER, "--config", str(config)]) == ExitCode.USAGE
     assert "relay_hots" in capsys.readouterr().err
 
 
@@ -154,7 +144,7 @@ def test_rejected_exits_3_with_reason(fake_relay: Any, kit: Any, capsys: Any) ->
     fake_relay.handler = lambda m: kit.Action(
         SubmitResponse(request_id=m.request_id, status=Status.REJECTED, reason="range too long")
     )
-    assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_REJECTED
+    assert _run(fake_relay, "history", TICKER, *RANGE) == ExitCode.REJECTED
     assert "range too long" in capsys.readouterr().err
 
 
@@ -175,7 +165,7 @@ def test_routing_refusals_exit_3_at_once_with_reason_and_code(
             request_id=m.request_id, status=Status.REJECTED, reason=reason, error_code=code
         )
     )
-    assert _run(fake_relay, "history", TICKER, *RANGE, "--timeout", "60") == EXIT_REJECTED
+    assert _run(fake_relay, "history", TICKER, *RANGE, "--timeout", "60") == ExitCode.REJECTED
     err = capsys.readouterr().err
     assert reason in err and f"[{code}]" in err
     assert len(fake_relay.requests) == 1
@@ -183,11 +173,11 @@ def test_routing_refusals_exit_3_at_once_with_reason_and_code(
 
 def test_error_notification_exits_4(fake_relay: Any, kit: Any, capsys: Any) -> None:
     fake_relay.handler = kit.accept_and_notify(status=Status.ERROR, reason="exchange down")
-    assert _run(fake_relay, "history", TICKER, *RANGE) == EXIT_FAILED
+    assert _run(fake_relay, "history", TICKER, *RANGE) == ExitCode.FAILED
     assert "exchange down" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("missing", "code"), [(0, EXIT_OK), (50, EXIT_INCOMPLETE)])
+@pytest.mark.parametrize(("missing", "code"), [(0, ExitCode.OK), (50, ExitCode.INCOMPLETE)])
 def test_verify_exits_11_when_an_ok_answer_has_missing_candles(
     fake_relay: Any, kit: Any, fake_reader: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any,
     missing: int, code: int,
@@ -205,7 +195,7 @@ def test_verify_exits_11_when_an_ok_answer_has_missing_candles(
         return action
 
     fake_relay.handler = with_report
-    monkeypatch.setattr(cli, "_client", lambda s: Client(settings=s, reader=fake_reader))
+    monkeypatch.setattr(history, "open_client", lambda s: Client(settings=s, reader=fake_reader))
     assert _run(fake_relay, "history", TICKER, *RANGE, "--verify", "--no-table") == code
     err = " ".join(capsys.readouterr().err.split())
     assert "OK: 1 rows" in err and f"{59 - missing} without trades at the exchange" in err
@@ -223,7 +213,7 @@ def test_timeout_exits_5_after_all_attempts(fake_relay: Any, kit: Any, capsys: A
 
     fake_relay.handler = silent
     code = _run(fake_relay, "history", TICKER, *RANGE, "--timeout", "0.2", "--attempts", "2")
-    assert code == EXIT_TIMEOUT
+    assert code == ExitCode.TIMEOUT
     assert len(fake_relay.requests) == 2
     assert "HistoryTimeout" in capsys.readouterr().err
 
@@ -233,7 +223,7 @@ def test_not_found_exits_6_and_still_writes_an_empty_csv(
 ) -> None:
     fake_relay.handler = kit.accept_and_notify(status=Status.NOT_FOUND, row_count=0)
     csv = tmp_path / "empty.csv"
-    assert _run(fake_relay, "history", TICKER, *RANGE, "--csv", str(csv)) == EXIT_NOT_FOUND
+    assert _run(fake_relay, "history", TICKER, *RANGE, "--csv", str(csv)) == ExitCode.NOT_FOUND
     assert csv.read_text().startswith("ticker,period_seconds,open_time,open_time_ms,")
     assert len(csv.read_text().splitlines()) == 1
 
@@ -244,7 +234,7 @@ def test_unreachable_relay_exits_7(monkeypatch: pytest.MonkeyPatch) -> None:
         ["history", TICKER, *RANGE, "--request-endpoint", "tcp://127.0.0.1:9",
          "--market-data-endpoint", "tcp://127.0.0.1:9"]
     )  # fmt: skip
-    assert code == EXIT_UNAVAILABLE
+    assert code == ExitCode.UNAVAILABLE
 
 
 def test_legacy_writes_table_csv_parquet_and_chart(
@@ -259,7 +249,7 @@ def test_legacy_writes_table_csv_parquet_and_chart(
         "--csv", out[0], "--parquet", out[1], "--chart", out[2],
     )  # fmt: skip
     captured = capsys.readouterr()
-    assert code == EXIT_OK, captured.err
+    assert code == ExitCode.OK, captured.err
     assert "2026-11-20 00:02:00" in captured.out and "102.0000" in captured.out
     assert "OK: 3 rows" in captured.err
     assert len(Path(out[0]).read_text().splitlines()) == 4
@@ -281,7 +271,7 @@ def test_live_streams_until_count(fake_relay: Any, kit: Any, capsys: Any) -> Non
     fake_relay.publish(tick_topic, Tick(ticker=TICKER, trade_id="77", price=101.5, amount=0.25))
     fake_relay.publish(ohlc_topic, OHLC(ticker=TICKER, period_seconds=60, open=1, close=2))
     thread.join(10)
-    assert codes == [EXIT_OK]
+    assert codes == [ExitCode.OK]
     lines = capsys.readouterr().out.splitlines()
     assert "tick" in lines[0] and "101.5 x 0.25" in lines[0] and "#77" in lines[0]
     assert "ohlc: 1m" in lines[1]
@@ -301,14 +291,14 @@ def test_live_prints_a_sequence_gap_to_stderr_and_drops_a_duplicate(
         tick = Tick(ticker=TICKER, trade_id=str(seq), sequence=seq, publisher_epoch=9)
         fake_relay.publish(tick_topic, tick)
     thread.join(10)
-    assert codes == [EXIT_OK]
+    assert codes == [ExitCode.OK]
     captured = capsys.readouterr()
     assert ["#1" in line for line in captured.out.splitlines()] == [True, False]
     assert f"sequence: {tick_topic}: 2 message(s) lost (sequence gap)" in captured.err
 
 
 def test_live_duration_ends_with_0(fake_relay: Any) -> None:
-    assert _run(fake_relay, "live", TICKER, "--duration", "0.3", "-q") == EXIT_OK
+    assert _run(fake_relay, "live", TICKER, "--duration", "0.3", "-q") == ExitCode.OK
 
 
 def test_unexpected_exception_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
@@ -316,7 +306,7 @@ def test_unexpected_exception_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: A
         raise RuntimeError("bug")
 
     monkeypatch.setitem(cli.COMMANDS, "history", boom)
-    assert main(["history", TICKER]) == cli.EXIT_INTERNAL
+    assert main(["history", TICKER]) == ExitCode.INTERNAL
     assert "RuntimeError: bug" in capsys.readouterr().err
 
 
@@ -342,7 +332,7 @@ def test_ctrl_c_exits_130_in_a_real_process(fake_relay: Any) -> None:
     try:
         fake_relay.wait_for(lambda ev: ("sub", topics.tick_topic(TICKER)) in ev, timeout=20)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == EXIT_INTERRUPTED  # a bound on a hang; ~1 s
+        assert proc.wait(30) == ExitCode.INTERRUPTED  # a bound on a hang; ~1 s
         # Closed cleanly: the relay saw the unsubscribe or the disconnect, no traceback.
         assert b"Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
     finally:
@@ -355,14 +345,14 @@ def test_legacy_relay_timeout_status_exits_5(fake_relay: Any, kit: Any) -> None:
     fake_relay.handler = lambda m: kit.Action(
         Response(request_id=m.request_id, status=Status.TIMEOUT, reason="no ingestor answered")
     )
-    assert _run(fake_relay, "legacy", TICKER, *RANGE) == EXIT_TIMEOUT
+    assert _run(fake_relay, "legacy", TICKER, *RANGE) == ExitCode.TIMEOUT
 
 
 @pytest.mark.parametrize(
     ("state", "code", "exit_code"),
     [
-        (FeedStatus.FAILED, "bad_symbol", EXIT_FAILED),
-        (FeedStatus.REFUSED, "unsupported_period", EXIT_REJECTED),
+        (FeedStatus.FAILED, "bad_symbol", ExitCode.FAILED),
+        (FeedStatus.REFUSED, "unsupported_period", ExitCode.REJECTED),
     ],
 )
 def test_live_prints_statuses_to_stderr_and_exits_on_failed_or_refused(

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mdclient.cli import candle_table, decimals_for, live_line, write_csv, write_parquet
+from mdclient.cli.output import candle_table, decimals_for, write_csv, write_parquet
+from mdclient.cli.views import live_line
 from mdclient.config import load_settings
 from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import ConfigError
@@ -225,7 +226,6 @@ def test_shipped_config_yaml_mirrors_the_built_in_defaults() -> None:
 
 
 def test_live_lines_tell_open_closed_and_corrected_candles_apart() -> None:
-    from mdclient.cli import live_line
 
     def candle(**flags: bool) -> OHLC:
         return OHLC(ticker="BINANCE:BTC/USDT", period_seconds=60, open_time_ms=T0, **flags)

@@ -50,7 +50,8 @@ def test_per_client_subscribes_once_at_connect_before_any_submit(
         sub_at = fake_relay.index_of("sub", lambda t: t == topic)
         req_at = fake_relay.index_of("req", lambda m: True)
         assert sub_at < req_at
-        notifications = [t for t in fake_relay.subscriptions() if t != topics.PIPELINE_STATUS]
+        watched = {topics.PIPELINE_STATUS, topics.ingestors_status_topic("BINANCE")}
+        notifications = [t for t in fake_relay.subscriptions() if t not in watched]
         assert notifications == [topic]  # reused, not re-subscribed
         submits = _submits(fake_relay)
     assert [s.notify for s in submits] == [NotifyPattern.NOTIFY_PER_CLIENT] * 2

@@ -16,18 +16,10 @@ import zmq
 from pyiceberg.catalog import load_catalog
 
 from mdclient import Client, HistoryTimeout, InvalidRequest, StorageError
-from mdclient.cli import (
-    EXIT_FAILED,
-    EXIT_INCOMPLETE,
-    EXIT_NOT_FOUND,
-    EXIT_OK,
-    EXIT_PENDING,
-    EXIT_STORAGE,
-    EXIT_UNKNOWN,
-    main,
-)
+from mdclient.cli import main
 from mdclient.config import ClientSettings
 from mdclient.dispatch import SequenceEvent
+from mdclient.exit_codes import ExitCode
 from mdclient.frames import SCHEMA, IcebergReader
 from mdproto import envelope, topics
 from mdproto.messages import (
@@ -222,7 +214,7 @@ def test_cli_history_writes_csv_parquet_and_chart(
         ]
     )  # fmt: skip
     out = capsys.readouterr()
-    assert code == EXIT_OK, out.err
+    assert code == ExitCode.OK, out.err
     assert "… 84 more rows" in out.out and "2026-11-20 01:59:00" in out.out
     lines = csv.read_text().splitlines()
     assert lines[0].split(",")[:4] == ["ticker", "period_seconds", "open_time", "open_time_ms"]
@@ -288,10 +280,10 @@ def test_status_of_a_platform_that_never_notified_asks_the_relay(
 @pytest.mark.parametrize(
     ("request_id", "code", "shown"),
     [
-        ("r-ok", EXIT_OK, "r-ok: OK, 90 rows, BINANCE:BTC/USDT 1m"),
-        ("r-bad", EXIT_FAILED, "ERROR, 0 rows"),
-        ("r-never", EXIT_UNKNOWN, "r-never: UNKNOWN"),
-        ("r-acked", EXIT_PENDING, "r-acked: PENDING"),
+        ("r-ok", ExitCode.OK, "r-ok: OK, 90 rows, BINANCE:BTC/USDT 1m"),
+        ("r-bad", ExitCode.FAILED, "ERROR, 0 rows"),
+        ("r-never", ExitCode.UNKNOWN, "r-never: UNKNOWN"),
+        ("r-acked", ExitCode.PENDING, "r-acked: PENDING"),
     ],
 )
 def test_cli_status_prints_the_outcome_with_its_exit_code(
@@ -326,7 +318,7 @@ def test_cli_status_prints_the_outcome_with_its_exit_code(
 
 @pytest.mark.parametrize(
     ("missing", "verify", "code"),
-    [(0, True, EXIT_OK), (30, False, EXIT_OK), (30, True, EXIT_INCOMPLETE)],
+    [(0, True, ExitCode.OK), (30, False, ExitCode.OK), (30, True, ExitCode.INCOMPLETE)],
 )
 def test_cli_history_shows_the_integrity_report_and_verify_fails_on_missing_candles(
     fake_relay: Any, kit: Any, seeded: Any, capsys: Any, monkeypatch: Any,
@@ -360,7 +352,7 @@ def test_cli_history_shows_the_integrity_report_and_verify_fails_on_missing_cand
     shown = "none missing" if not missing else f"{missing} missing"
     assert f"integrity: 120 candle slots: 90 rows, {30 - missing} without trades" in err
     assert shown in err and "from the exchange" in err
-    if code == EXIT_INCOMPLETE:
+    if code == ExitCode.INCOMPLETE:
         assert "incomplete: 30 candles missing" in err
 
 
@@ -451,20 +443,20 @@ def test_cli_prints_an_exchanges_markets(
     monkeypatch.setenv("MDCLIENT_S3_SECRET_KEY", e.s3_secret_key)
     monkeypatch.setenv("MDCLIENT_S3_REGION", e.s3_region)
 
-    assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_OK
+    assert _markets_cli(seeded, markets_table, "BINANCE") == ExitCode.OK
     out = capsys.readouterr().out
     assert "BINANCE: 3 markets" in out
     btc = next(line for line in out.splitlines() if "BINANCE:BTC/USDT" in line).split()
     assert btc[1:6] == ["yes", "0.01", "1e-05", "0.0001", "9000"]
     assert "KRAKEN" not in out
 
-    assert _markets_cli(seeded, markets_table, "BINANCE", "--active") == EXIT_OK
+    assert _markets_cli(seeded, markets_table, "BINANCE", "--active") == ExitCode.OK
     assert "LUNA" not in capsys.readouterr().out
-    assert _markets_cli(seeded, markets_table, "COINBASE") == EXIT_NOT_FOUND
+    assert _markets_cli(seeded, markets_table, "COINBASE") == ExitCode.NOT_FOUND
     assert "no markets of COINBASE" in capsys.readouterr().err
 
     monkeypatch.setenv("MDCLIENT_MARKETS_TABLE", "nope_ns.markets")
-    assert _markets_cli(seeded, markets_table, "BINANCE") == EXIT_STORAGE
+    assert _markets_cli(seeded, markets_table, "BINANCE") == ExitCode.STORAGE
     err = capsys.readouterr().err
     assert "does not exist yet" in err and "no_table" in err
 

@@ -14,7 +14,8 @@ import pytest
 from google.protobuf.message import Message
 
 from mdclient import Client, PipelineUnavailable
-from mdclient.cli import EXIT_FAILED, main
+from mdclient.cli import main
+from mdclient.exit_codes import ExitCode
 from mdclient.history import PipelineView
 from mdproto import topics
 from mdproto.error_codes import PIPELINE_UNAVAILABLE
@@ -110,5 +111,5 @@ def test_the_cli_exits_4_with_pipeline_unavailable(fake_relay: Any, capsys: Any,
         "--market-data-endpoint", fake_relay.market_data_endpoint,
     ])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == EXIT_FAILED
+    assert code == ExitCode.FAILED
     assert "PipelineUnavailable" in err and f"[{PIPELINE_UNAVAILABLE}]" in err

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 from rich.console import Console
 
-from mdclient.cli import lost_gap_line, recording_notes, recording_table, write_recording_csv
+from mdclient.cli.output import lost_gap_line, recording_notes, recording_table, write_recording_csv
 from mdclient.recording import (
     DAY_US,
     PIECES,

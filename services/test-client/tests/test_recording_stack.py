@@ -24,8 +24,9 @@ from gateway.app import create_app
 from gateway.config import GatewaySettings
 from gateway.platform import SdkUpstream
 from mdclient import Client, InvalidRequest, StorageError
-from mdclient.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORAGE, main
+from mdclient.cli import main
 from mdclient.config import ClientSettings
+from mdclient.exit_codes import ExitCode
 from mdclient.frames import IcebergReader
 from mdclient.recording import GapCounts
 from mdproto.tables import Gaps, Partition, TableSchema, Ticks, arrow_schema
@@ -244,7 +245,7 @@ def test_cli_prints_the_recording(
     }.items():
         monkeypatch.setenv(f"MDCLIENT_{key}", value)
 
-    assert _cli(lake, "BINANCE") == EXIT_OK
+    assert _cli(lake, "BINANCE") == ExitCode.OK
     out = capsys.readouterr().out
     assert "Recording of BINANCE: 2 markets" in out
     btc = _row(out, BTC)
@@ -252,21 +253,21 @@ def test_cli_prints_the_recording(
     assert f"unrepairable: {BTC} " in out and "the exchange serves only its last 60 trades" in out
     assert "KRAKEN" not in out
 
-    assert _cli(lake, "--format", "json") == EXIT_OK
+    assert _cli(lake, "--format", "json") == ExitCode.OK
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert [m["ticker"] for m in data["markets"]] == [BTC, ETH, XRP, SOL]
     assert "unrepairable:" in captured.err  # notes leave stdout to the data
 
-    assert _cli(lake, "binance", "--format", "csv") == EXIT_OK
+    assert _cli(lake, "binance", "--format", "csv") == ExitCode.OK
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("ticker,state,since,since_ms") and len(lines) == 3
 
-    assert _cli(lake, "COINBASE") == EXIT_NOT_FOUND
+    assert _cli(lake, "COINBASE") == ExitCode.NOT_FOUND
     assert "nothing recorded of COINBASE" in capsys.readouterr().err
 
     monkeypatch.setenv("MDCLIENT_GAPS_TABLE", "nope_ns.gaps")
-    assert _cli(lake, "BINANCE") == EXIT_OK
+    assert _cli(lake, "BINANCE") == ExitCode.OK
     out = capsys.readouterr().out
     assert "gaps unknown: Iceberg table nope_ns.gaps does not exist yet" in out
     assert _row(out, BTC)[6:] == [
@@ -274,7 +275,7 @@ def test_cli_prints_the_recording(
     ]  # fmt: skip
 
     monkeypatch.setenv("MDCLIENT_TICKS_TABLE", "nope_ns.ticks")
-    assert _cli(lake, "BINANCE") == EXIT_STORAGE
+    assert _cli(lake, "BINANCE") == ExitCode.STORAGE
     err = capsys.readouterr().err
     assert "does not exist yet" in err and "no_table" in err
 

@@ -27,8 +27,9 @@ from gateway.app import create_app
 from gateway.config import GatewaySettings
 from gateway.platform import SdkUpstream
 from mdclient import Client, InvalidRequest, NotRecorded
-from mdclient.cli import EXIT_INCOMPLETE, EXIT_NOT_FOUND, EXIT_OK, main
+from mdclient.cli import main
 from mdclient.config import ClientSettings
+from mdclient.exit_codes import ExitCode
 from mdclient.recording import GapCounts
 from mdclient.trades import REPORT_KEY
 from mdproto.tables import Gaps, TableSchema, Ticks, arrow_schema
@@ -195,7 +196,7 @@ def test_cli_writes_the_trades_and_prints_the_report(
     files = ["--csv", str(csv_path), "--parquet", str(parquet_path)]
     code = _cli(lake, monkeypatch, BTC, *rng, *files, "--rows", "4")
     out, err = capsys.readouterr()
-    assert code == EXIT_OK
+    assert code == ExitCode.OK
     assert "12 trades" in err and "integrity: incomplete" in err and LOST in err
     assert "gaps in the range: 1 repaired, 1 unrepairable" in err
     assert "… 8 more rows" in out
@@ -211,13 +212,13 @@ def test_cli_writes_the_trades_and_prints_the_report(
 
     assert (
         _cli(lake, monkeypatch, BTC, "--start", str(DAY1), "--end", str(DAY2), "--verify")
-        == EXIT_OK
+        == ExitCode.OK
     )
-    assert _cli(lake, monkeypatch, BTC, *rng, "--verify", "--no-table") == EXIT_INCOMPLETE
+    assert _cli(lake, monkeypatch, BTC, *rng, "--verify", "--no-table") == ExitCode.INCOMPLETE
     capsys.readouterr()
     assert (
         _cli(lake, monkeypatch, BTC, "--start", str(DAY1 - 3 * DAY_MS), "--end", str(DAY1 - DAY_MS))
-        == EXIT_NOT_FOUND
+        == ExitCode.NOT_FOUND
     )
     assert "not recorded: the recording of BINANCE:BTC/USDT began after" in capsys.readouterr().err
 

@@ -31,6 +31,7 @@ from mdclient import (
     HistoryFailed,
     HistoryResult,
     HistoryTimeout,
+    IngestorUnavailable,
     InvalidRequest,
     MdClientError,
     NotRecorded,
@@ -64,6 +65,7 @@ _HTTP_STATUS: tuple[tuple[type[MdClientError], int], ...] = (
     (InvalidRequest, 400),
     (SubmitRejected, 422),
     (PipelineUnavailable, 503),  # an accepted request's pipeline stopped: retry later
+    (IngestorUnavailable, 503),  # an accepted request's last ingestor died or hung: retry later
     (HistoryFailed, 502),
     (HistoryTimeout, 504),
     (RequestTimeout, 504),

@@ -11,6 +11,8 @@
                                      |-> IngestorStatus -> Ingestors (liveness, breaker)
                                      '-> FeedStatus -> LiveFeeds -> tap -> {ticker}|status
     ingestors SUB -> XPUB :5555/:5560 subscriptions -> Ingestors (who serves which exchange)
+        '-> every second, per exchange served since start: ExchangeServing on
+            `INGESTORS:{exchange}|status` (exchange_serving.py), for waiting clients
     pipeline PUB :5557 <- XSUB <== libzmq proxy thread ==> XPUB :5558 <- clients SUB
                       '<- SUB `PIPELINE:status` -> PipelineHeartbeats (pipeline_status.py):
                           no fresh heartbeat = history submits and triggers refused,
@@ -48,6 +50,7 @@ from mdproto.runtime.metrics_http import Health, MetricsServer
 from relay import curve, sockets
 from relay.client_requests import ClientRequests
 from relay.config import RelaySettings
+from relay.exchange_serving import ExchangeServingReports
 from relay.ingestors import BadStatusError, Ingestors
 from relay.live_feeds import LiveFeeds
 from relay.log_throttle import LogThrottle
@@ -128,6 +131,9 @@ class Relay:
                 s, m, self._throttle, self._work, self._control,
                 clock=clock, wall_ms=wall_ms, wake=self._wakeup.wake,
             )  # fmt: skip
+            self._serving = ExchangeServingReports(
+                m, self._proxy.publish, wall_ms=wall_ms, report_interval_s=s.stats_interval_s
+            )
             self._live = LiveFeeds(
                 s, m, self._ingestors, self._proxy, check_symbol=self.check_symbol,
                 trigger_tickers=self._sink.tickers,
@@ -299,7 +305,10 @@ class Relay:
             if now >= next_stats:
                 self._live.sync_trigger_tickers(now)
                 self._ingestors.refresh_routing(now)
+                # The pipeline's word first: a host frozen whole (pipeline and ingestor)
+                # is reported as the pipeline, whose heartbeat is overdue first.
                 self._pipeline.refresh(now)
+                self._serving.refresh(self._ingestors.served_once_verdicts(now))
             if now >= next_stats and self._proxy.alive:
                 self._proxy.request_stats()
                 next_stats = now + self._s.stats_interval_s

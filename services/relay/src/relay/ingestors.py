@@ -73,6 +73,9 @@ class Ingestors:
         self._subs: dict[str, set[str]] = {"work": set(), "control": set()}
         self._liveness = Liveness(expiry_intervals=settings.ingestor_expiry_intervals)
         self._routing: dict[str, State] = {}  # last state per prefix, logged on change
+        # Prefixes served at some moment since start (a state only turns served on a status
+        # or a subscription, both of which refresh the routing): relay.exchange_serving.
+        self._served_once: set[str] = set()
         for exchange in settings.known_exchanges:  # 0 until an ingestor serves it: alertable
             m.exchange_served.labels(f"{exchange}:").set(0)
         # Operator commands arrive on HTTP threads; only the loop touches sockets.
@@ -204,17 +207,30 @@ class Ingestors:
         self._metrics.ingestor_statuses.inc()
         self.refresh_routing(now)  # a health change opens or closes a breaker at once
 
+    def verdicts(self, now: float) -> list[tuple[str, Verdict]]:
+        """Every known prefix's verdict now."""
+        prefixes = self._liveness.prefixes | self._subs["work"] | set(self._routing)
+        return [
+            (prefix, self._liveness.verdict(prefix, self.served(prefix), now))
+            for prefix in sorted(prefixes)
+        ]
+
+    def served_once_verdicts(self, now: float) -> list[tuple[str, Verdict]]:
+        """The verdict now of every prefix served at some moment since the relay started
+        (relay.exchange_serving reports them: for any other this relay accepted nothing)."""
+        return [(p, v) for p, v in self.verdicts(now) if p in self._served_once]
+
     def refresh_routing(self, now: float) -> None:
         """Gauges per exchange prefix, and one log line whenever a prefix changes state."""
         for ingestor_id in self._liveness.forget_dead(now):
             log.info("ingestor %s silent for an hour: forgotten", ingestor_id)
         m = self._metrics
-        prefixes = self._liveness.prefixes | self._subs["work"] | set(self._routing)
-        for prefix in sorted(prefixes):
-            verdict = self._liveness.verdict(prefix, self.served(prefix), now)
+        for prefix, verdict in self.verdicts(now):
             m.exchange_served.labels(prefix).set(verdict.state is not State.UNSERVED)
             m.breaker_open.labels(prefix).set(verdict.state is State.BREAKER_OPEN)
             m.ingestors_alive.labels(prefix).set(verdict.alive)
+            if verdict.state is not State.UNSERVED:
+                self._served_once.add(prefix)
             before = self._routing.get(prefix, State.UNSERVED)
             if verdict.state is before:
                 continue

@@ -168,6 +168,13 @@ class RelayMetrics:
             "published on PIPELINE:status in place of the pipeline's overdue heartbeat",
             registry=r,
         )
+        self.ingestor_down_reports = Counter(
+            "relay_ingestor_down_reports",
+            "ExchangeServing with served false this relay published on "
+            "INGESTORS:{exchange}|status (no live ingestor left), by prefix",
+            ["prefix"],
+            registry=r,
+        )
         self.upstream_disconnects = Counter(
             "relay_upstream_disconnects", "Times the pipeline connection was lost", registry=r
         )

@@ -45,6 +45,7 @@ from mdproto.messages import (
     BookDelta,
     BookSnapshot,
     CEPTriggerEvent,
+    ExchangeServing,
     FeedStatus,
     HistoryReadyNotification,
     PipelineStatus,
@@ -52,6 +53,9 @@ from mdproto.messages import (
 )
 
 log = logging.getLogger(__name__)
+
+#: What a history call's waiter receives: its notification, or a word on what serves it.
+Waited = HistoryReadyNotification | PipelineStatus | ExchangeServing
 
 MarketSink = Callable[[Message], None]
 EventSink = Callable[[str, CEPTriggerEvent], None]
@@ -169,17 +173,16 @@ def backfill_start(closed_upto_ms: int | None, first_open_ms: int, period_second
 
 class NotificationWaiter:
     """Notifications for one history call, from any of its attempts, and what
-    `PIPELINE:status` says meanwhile (mdclient.history decides what it means)."""
+    `PIPELINE:status` and the exchange's `INGESTORS:{exchange}|status` say meanwhile
+    (mdclient.history decides what it means)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[HistoryReadyNotification | PipelineStatus] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[Waited] = queue.SimpleQueue()
 
-    def put(self, notification: HistoryReadyNotification | PipelineStatus) -> None:
+    def put(self, notification: Waited) -> None:
         self._queue.put(notification)
 
-    def wait(self, timeout_s: float) -> HistoryReadyNotification | PipelineStatus | None:
+    def wait(self, timeout_s: float) -> Waited | None:
         try:
             return self._queue.get(timeout=max(0.0, timeout_s))
         except queue.Empty:

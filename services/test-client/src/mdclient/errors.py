@@ -1,6 +1,6 @@
 """Typed errors of the SDK; each carries the server's reason where there is one.
 
-The CLI maps every class to one exit code (see `EXIT_CODES` in cli.py and the
+The CLI maps every class to one exit code (`ERRORS` in exit_codes.py, and the
 README), so scripts can tell "the relay refused" from "the exchange failed"
 from "nobody answered".
 """
@@ -76,6 +76,14 @@ class PipelineUnavailable(HistoryFailed):
     `PIPELINE:status`, or the pipeline itself said history does not run. The wait
     ends there instead of at the history timeout; retry once the pipeline is back
     (a submit is refused at once until then)."""
+
+
+class IngestorUnavailable(HistoryFailed):
+    """No live ingestor is left to serve the exchange of a request in flight
+    (`no_ingestor`): the one serving it died or hung, and no other of that exchange
+    is alive to take its claim over; its relay said so on
+    `INGESTORS:{exchange}|status`. The wait ends there instead of at the history
+    timeout; retry once an ingestor runs (a submit is refused at once until then)."""
 
 
 class MdTimeout(MdClientError):  # noqa: N818 (public API names)

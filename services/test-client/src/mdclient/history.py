@@ -13,6 +13,10 @@ Per attempt (each with a NEW request_id):
                      once the heartbeat is 5 s overdue, or the pipeline's own)
                      -> raise PipelineUnavailable (no retry: a submit would
                         be refused until the pipeline is back)
+      INGESTORS:{exchange}|status says no live ingestor serves the exchange
+                     (the relay's word once the last one died or hung)
+                     -> the requests table (`recover`) once, else raise
+                        IngestorUnavailable (no_ingestor, no retry)
       nothing        -> ask the requests table (`recover`) for every accepted
                         attempt: a recorded outcome completes the call (the
                         notification was lost); else the next attempt. A late
@@ -21,7 +25,8 @@ Per attempt (each with a NEW request_id):
 
 Subscriptions are reference-counted by the transport, so the per-client
 topic subscribed at connect stays subscribed after a call ends. `PIPELINE:status`
-is subscribed for the length of the call, before the first submit.
+and the exchange's `INGESTORS:{exchange}|status` are subscribed for the length of
+the call, before the first submit.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from mdclient.dispatch import Dispatcher, NotificationWaiter
 from mdclient.errors import (
     HistoryFailed,
     HistoryTimeout,
+    IngestorUnavailable,
     InvalidRequest,
     PipelineUnavailable,
     ProtocolMismatch,
@@ -47,6 +53,7 @@ from mdclient.errors import (
 from mdproto import ProtocolError, envelope, rules, topics
 from mdproto.error_codes import (
     HISTORY_TIMEOUT,
+    NO_INGESTOR,
     PIPELINE_UNAVAILABLE,
     REQUEST_ID_MISMATCH,
     SUBMIT_TIMEOUT,
@@ -56,6 +63,7 @@ from mdproto.error_codes import (
 )
 from mdproto.messages import (
     CEPTriggerAck,
+    ExchangeServing,
     HistoryReadyNotification,
     NotifyPattern,
     PipelineStatus,
@@ -117,7 +125,8 @@ class RetryPolicy:
     submit_timeout_s: float = 30.0
     history_timeout_s: float = 120.0
     progress_interval_s: float = 0.2
-    #: End the wait early when `PIPELINE:status` says history is not served.
+    #: End the wait early when `PIPELINE:status` says history is not served, or the
+    #: exchange's `INGESTORS:{exchange}|status` that no live ingestor serves it.
     watch_pipeline: bool = True
 
 
@@ -169,8 +178,26 @@ class HistoryResult:
 SERVING_GRACE_INTERVALS = 2
 
 
-class PipelineView:
-    """What `PIPELINE:status` says about a history request in flight. Pure: `now` passed in.
+class _DownUnlessServing:
+    """A down word ends the wait unless a serving word came within
+    `SERVING_GRACE_INTERVALS` of its own interval. Pure: `now` passed in."""
+
+    def __init__(self) -> None:
+        self._serving_until = -math.inf
+
+    def _judge(self, serving: bool, interval_ms: int, reason: str, now: float) -> str | None:
+        if serving:
+            interval_s = max(interval_ms, 1) / 1000.0
+            self._serving_until = now + SERVING_GRACE_INTERVALS * interval_s
+            return None
+        if now <= self._serving_until:
+            log.debug("down report outweighed by a serving one: %s", reason)
+            return None
+        return reason
+
+
+class PipelineView(_DownUnlessServing):
+    """What `PIPELINE:status` says about a history request in flight.
 
     A status with `history` false ends the wait: a relay's down report (published
     once the pipeline's heartbeat is overdue, 5 s) or the pipeline's own word. A
@@ -181,19 +208,27 @@ class PipelineView:
     heartbeat is not believed.
     """
 
-    def __init__(self) -> None:
-        self._serving_until = -math.inf
-
     def down(self, status: PipelineStatus, now: float) -> str | None:
         """Why the request will not be answered, or None while it still may be."""
-        if status.history:
-            interval_s = max(status.interval_ms, 1) / 1000.0
-            self._serving_until = now + SERVING_GRACE_INTERVALS * interval_s
-            return None
-        if now <= self._serving_until:
-            log.debug("PIPELINE:status down report outweighed by a heartbeat: %s", status.reason)
-            return None
-        return status.reason or "the pipeline does not serve history"
+        reason = status.reason or "the pipeline does not serve history"
+        return self._judge(status.history, status.interval_ms, reason, now)
+
+
+class ServingView(_DownUnlessServing):
+    """What `INGESTORS:{exchange}|status` says about a history request in flight.
+
+    `served` false ends the wait: the relay found no live ingestor of the exchange
+    (the last one died, or all went silent: 3 status intervals, 6 s), so nobody is
+    left to fetch the request or take its claim over. While another ingestor of
+    the exchange lives the relay says served and the takeover answers. As with the
+    pipeline, a served word from another relay within `SERVING_GRACE_INTERVALS`
+    outweighs the report of one that lost only its own link to the ingestors.
+    """
+
+    def down(self, status: ExchangeServing, now: float) -> str | None:
+        """Why the request will not be answered, or None while it still may be."""
+        reason = status.reason or f"no live ingestor serves {status.exchange}"
+        return self._judge(status.served, status.interval_ms, reason, now)
 
 
 # request_id -> its recorded outcome, or None while there is none (mdclient.request_status).
@@ -233,10 +268,11 @@ def wait_for_history(
     """Run the flow above; raises SubmitRejected, HistoryFailed or a timeout."""
     call = _Call(started=clock())
     waiter = NotificationWaiter()
-    view = PipelineView()
+    views = _Views(PipelineView(), ServingView())
+    serving_topic = topics.ingestors_status_topic(topics.parse_ticker(query.ticker).exchange)
 
-    def on_pipeline_status(_topic: str, message: Message) -> None:
-        if isinstance(message, PipelineStatus):
+    def on_status(_topic: str, message: Message) -> None:
+        if isinstance(message, PipelineStatus | ExchangeServing):
             waiter.put(message)
 
     def report(phase: Phase, attempt: int, request_id: str, detail: str = "") -> None:
@@ -246,9 +282,10 @@ def wait_for_history(
 
     try:
         if policy.watch_pipeline:
-            dispatcher.add_topic_sink(topics.PIPELINE_STATUS, on_pipeline_status)
-            ports.subscribe(topics.PIPELINE_STATUS)
-            call.topics.append(topics.PIPELINE_STATUS)
+            for watched in (topics.PIPELINE_STATUS, serving_topic):
+                dispatcher.add_topic_sink(watched, on_status)
+                ports.subscribe(watched)
+                call.topics.append(watched)
         for attempt in range(1, policy.attempts + 1):
             request_id = new_request_id()
             topic = topics.notification_topic(pattern, request_id, client_id)
@@ -275,11 +312,21 @@ def wait_for_history(
                 continue
             check_submit_reply(reply, request_id, topic)
             call.accepted_ids.append(request_id)
-            notification = _wait(waiter, view, policy, attempt, request_id, report, clock)
-            recovered = False
-            if notification is None and recover is not None:
-                notification = _recorded(recover, call.accepted_ids)
-                recovered = notification is not None
+            try:
+                notification = _wait(waiter, views, policy, attempt, request_id, report, clock)
+            except IngestorUnavailable:
+                # The ingestor may have finished before it died: an outcome is an answer.
+                if (
+                    recover is None
+                    or (notification := _recorded(recover, call.accepted_ids)) is None
+                ):
+                    raise
+                recovered = True
+            else:
+                recovered = False
+                if notification is None and recover is not None:
+                    notification = _recorded(recover, call.accepted_ids)
+                    recovered = notification is not None
             if notification is not None:
                 raise_for_status(notification)
                 detail = "recovered from the requests table" if recovered else ""
@@ -295,7 +342,8 @@ def wait_for_history(
         raise _timeout(call, policy)
     finally:
         if policy.watch_pipeline:
-            dispatcher.remove_topic_sink(topics.PIPELINE_STATUS, on_pipeline_status)
+            for watched in (topics.PIPELINE_STATUS, serving_topic):
+                dispatcher.remove_topic_sink(watched, on_status)
         for request_id in call.request_ids:
             dispatcher.forget(request_id)
         for topic in call.topics:
@@ -377,9 +425,15 @@ def raise_for_status(notification: HistoryReadyNotification) -> None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Views:
+    pipeline: PipelineView
+    serving: ServingView
+
+
 def _wait(
     waiter: NotificationWaiter,
-    view: PipelineView,
+    views: _Views,
     policy: RetryPolicy,
     attempt: int,
     request_id: str,
@@ -393,12 +447,21 @@ def _wait(
             return None
         item = waiter.wait(min(remaining, policy.progress_interval_s))
         if isinstance(item, PipelineStatus):
-            down = view.down(item, clock())
+            down = views.pipeline.down(item, clock())
             if down is not None:
                 raise PipelineUnavailable(
                     f"the pipeline stopped serving history while the request was in flight "
                     f"({down}); retry once it runs",
                     error_code=PIPELINE_UNAVAILABLE,
+                    request_id=request_id,
+                )
+        elif isinstance(item, ExchangeServing):
+            down = views.serving.down(item, clock())
+            if down is not None:
+                raise IngestorUnavailable(
+                    f"no live ingestor is left to serve the request in flight ({down}); "
+                    "retry once one runs",
+                    error_code=NO_INGESTOR,
                     request_id=request_id,
                 )
         elif item is not None:

@@ -17,7 +17,11 @@ import time
 from typing import TYPE_CHECKING
 
 from mdclient import timeparse
+from mdclient.cli.args import settings_from_args
+from mdclient.cli.commands import Subparsers, open_client
+from mdclient.cli.views import until
 from mdclient.errors import InvalidRequest
+from mdclient.exit_codes import ExitCode
 from mdproto.error_codes import BAD_TIME
 
 if TYPE_CHECKING:
@@ -31,9 +35,7 @@ class _UsageError(InvalidRequest):
     """Bad command-line input (exit 2, like every InvalidRequest)."""
 
 
-def add_parser(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     trigger = sub.add_parser("trigger", help="register, cancel, list and watch CEP triggers")
     actions = trigger.add_subparsers(dest="trigger_command", required=True, metavar="ACTION")
 
@@ -80,7 +82,12 @@ def add_parser(
     )
 
 
-def run(args: argparse.Namespace, err: Console, client: Client) -> int:
+def run(args: argparse.Namespace, err: Console) -> int:
+    with open_client(settings_from_args(args)) as client:
+        return _run(args, err, client)
+
+
+def _run(args: argparse.Namespace, err: Console, client: Client) -> int:
     command = args.trigger_command
     if command == "add":
         return _add(args, err, client)
@@ -88,7 +95,7 @@ def run(args: argparse.Namespace, err: Console, client: Client) -> int:
         for trigger_id in args.trigger_ids:
             client.cancel_trigger(trigger_id)
             err.print(f"cancelled {trigger_id}", highlight=False)
-        return 0
+        return ExitCode.OK
     if command == "list":
         return _list(client)
     ids = list(args.trigger_ids) or None
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace, err: Console, client: Client) -> int:
         if not args.quiet:
             err.print(f"watching {', '.join(events.topics)} (Ctrl-C to stop)", highlight=False)
         _print_events(events, args.count, args.duration)
-    return 0
+    return ExitCode.OK
 
 
 def _add(args: argparse.Namespace, err: Console, client: Client) -> int:
@@ -126,9 +133,9 @@ def _add(args: argparse.Namespace, err: Console, client: Client) -> int:
             from rich.console import Console
 
             Console(highlight=False).print(events.trigger_id, markup=False)
-            return 0
+            return ExitCode.OK
         _print_events(events, args.count, args.duration)
-    return 0
+    return ExitCode.OK
 
 
 def _list(client: Client) -> int:
@@ -142,7 +149,7 @@ def _list(client: Client) -> int:
         out.print(describe_trigger(request), markup=False)
     if not triggers:
         Console(stderr=True).print(f"no triggers registered for client id {client.client_id}")
-    return 0
+    return ExitCode.OK
 
 
 def _print_events(events: TriggerEvents, count: int | None, duration: float | None) -> None:
@@ -151,16 +158,5 @@ def _print_events(events: TriggerEvents, count: int | None, duration: float | No
     from mdclient.triggers import event_line
 
     out = Console(highlight=False, soft_wrap=True)
-    deadline = time.monotonic() + duration if duration else None
-    shown = 0
-    while count is None or shown < count:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            return
-        event = events.get(timeout_s=remaining)
-        if event is None:
-            if events.closed or events.finished:
-                return
-            continue
+    for event in until(events, count, duration, ended=lambda: events.closed or events.finished):
         out.print(event_line(event), markup=False)
-        shown += 1
