@@ -59,17 +59,37 @@ def recorded(*ingestors: Ingestor) -> list[set[str]]:
     return [set(i.recorders["BINANCE:"].recorded_here()) for i in ingestors]
 
 
+def records_in(bootstrap: str, topic: str) -> int:
+    """How many records `topic` holds now (its partitions' end offsets: no transactions,
+    no retention deletes here)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"size-{uuid.uuid4().hex}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in partitions
+        )
+    finally:
+        consumer.close()
+
+
 def ticks_until(harness: Any, topic: str, last: dict[str, str]) -> dict[str, dict[str, Tick]]:
     """Every tick of `topic` by ticker and trade id, read until each ticker's `last`
-    trade (its final checkpoint) was read."""
+    trade (its final checkpoint) and every record the topic held already were read (a
+    repair's trades, delivered before this read, come after the live ones in the log)."""
     by_ticker: dict[str, dict[str, Tick]] = {t: {} for t in last}
+    held = records_in(harness.bootstrap, topic)
 
     def done(records: list[tuple[bytes | None, bytes]]) -> bool:
         for _, value in records[done.seen :]:  # type: ignore[attr-defined]
             tick = envelope.decode_record(value, Tick)
             by_ticker[tick.ticker].setdefault(tick.trade_id, tick)
         done.seen = len(records)  # type: ignore[attr-defined]
-        return all(trade_id in by_ticker[t] for t, trade_id in last.items())
+        return len(records) >= held and all(
+            trade_id in by_ticker[t] for t, trade_id in last.items()
+        )
 
     done.seen = 0  # type: ignore[attr-defined]
     harness.read_topic(harness.bootstrap, topic, done, timeout_s=120)
