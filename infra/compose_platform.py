@@ -499,7 +499,16 @@ class ComposePlatform:
         self.compose("exec", "-T", "--user", "0", service, "sh", "-c", kill_children, timeout_s=60)
 
     def pause(self, service: str) -> None:
-        self.compose("pause", service, timeout_s=60)
+        """Freeze the container. The cgroup freezer refuses ("unable to freeze") while a
+        process of it is being started or killed, e.g. a healthcheck's exec: retried."""
+        for attempt in range(5):
+            try:
+                self.compose("pause", service, timeout_s=60)
+                return
+            except ComposeError as refused:
+                if "unable to freeze" not in str(refused) or attempt == 4:
+                    raise
+                time.sleep(1.0)
 
     def unpause(self, service: str) -> None:
         self.compose("unpause", service, timeout_s=60)
