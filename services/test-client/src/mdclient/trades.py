@@ -41,6 +41,7 @@ from mdclient.recording import (
     UNREPAIRABLE,
     GapCounts,
     LostGap,
+    _int64,
     gap_dict,
     gap_rows,
     known_status,
@@ -144,10 +145,6 @@ class TradeIntegrity:
             "gap_counts": None if counts is None else asdict(counts),
             "gaps": [{**gap_dict(g), "status": g.status} for g in self.gaps or ()],
         }
-
-
-def _int64(value: int | None) -> str | None:
-    return None if value is None else str(value)
 
 
 # --- pure: the report ---------------------------------------------------------------------
