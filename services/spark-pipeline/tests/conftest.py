@@ -273,14 +273,20 @@ class PipelineRun:
                 start_new_session=True,
             )
 
-    def wait_ready(self, timeout_s: float = WAIT_S) -> dict[str, Any]:
+    def wait_ready(
+        self, timeout_s: float = WAIT_S, *, stored_answers: bool = False
+    ) -> dict[str, Any]:
+        """The ready file's payload; with ``stored_answers``, once it also says stored
+        answers go out ahead of the history query (late on a loaded machine)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise AssertionError(f"pipeline exited {self.process.returncode}:\n{self.tail()}")
             if self.ready_file.exists():
-                return dict(json.loads(self.ready_file.read_text()))
+                ready = dict(json.loads(self.ready_file.read_text()))
+                if ready["stored_answers"] or not stored_answers:
+                    return ready
             time.sleep(0.2)
         raise AssertionError(f"pipeline not ready in {timeout_s} s:\n{self.tail()}")
 

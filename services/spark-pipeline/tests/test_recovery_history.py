@@ -120,7 +120,7 @@ def test_history_crash_points_notify_once_and_never_duplicate_rows(
     run.stop()
     run.extra_env["PIPELINE_HISTORY__TRIGGER_S"] = "60"
     run.start(crash_at="stored-answer-after-publish")
-    run.wait_ready()  # the stored-answers path reads the topic from here on
+    run.wait_ready(stored_answers=True)  # the stored-answers path reads the topic from here on
     kafka.send(run.batches_topic, [envelope.encode_record(marker)])
     assert run.wait_exit() == KILLED
     is_stored = tools.is_notification("crash-st")

@@ -139,9 +139,14 @@ class Pipeline:
             report = metrics.UpkeepMetrics(self.registry) if self.registry else None
             self.upkeep = upkeep.Upkeep(spark, self.names, settings.upkeep, report)
             self.upkeep.start()
-        if self.stored_answers is not None and not self.stored_answers.wait_ready(READY_WAIT_S):
+        answers = self.stored_answers
+        ahead = answers is None or answers.wait_ready(READY_WAIT_S)
+        self._write_ready_file(stored_answers=ahead)
+        if not ahead:
             log.warning("stored answers not ready in %g s: the history query answers", READY_WAIT_S)
-        self._write_ready_file()
+            threading.Thread(
+                target=self._ready_when_stored_answers, name="ready-file", daemon=True
+            ).start()
         log.info("pipeline running: %s", ", ".join(self.queries))
 
     def _launch(self, name: str, starter: QueryStarter) -> None:
@@ -273,7 +278,17 @@ class Pipeline:
             self.spark.stop()
             self.spark = None
 
-    def _write_ready_file(self) -> None:
+    def _ready_when_stored_answers(self) -> None:
+        """A late stored-answers path (a loaded machine) says so in the ready file."""
+        while self.stored_answers is not None and self.spark is not None:
+            if self.stored_answers.wait_ready(READY_WAIT_S):
+                self._write_ready_file(stored_answers=True)
+                log.info("stored answers ready: answered ahead of the history query from now on")
+                return
+
+    def _write_ready_file(self, *, stored_answers: bool) -> None:
+        """The file the platform waits on; ``stored_answers`` says whether a stored
+        answer written from now on goes out ahead of the history query."""
         if not self.settings.ready_file or self.publisher is None or self.spark is None:
             return
         path = Path(self.settings.ready_file)
@@ -283,6 +298,7 @@ class Pipeline:
             "jvm_pid": session.jvm_pid(self.spark),
             "pub_endpoint": self.publisher.endpoint,
             "queries": {name: str(q.id) for name, q in self.queries.items()},
+            "stored_answers": stored_answers,
         }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload))
