@@ -33,11 +33,18 @@ WAIT_S = 300.0
 T = TypeVar("T")
 
 
-def until(condition: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
-    """Poll `condition` (a table read) every second until it returns something true."""
+def until(
+    condition: Callable[[], T | None],
+    what: str,
+    timeout_s: float = WAIT_S,
+    seen: Callable[[], object] = lambda: None,
+) -> T:
+    """Poll `condition` (a table read) every second until it returns something true;
+    on timeout the message carries what `seen` reads then."""
     deadline = time.monotonic() + timeout_s
     while not (result := condition()):
-        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}; seen: {seen()}")
         time.sleep(1.0)
     return result
 
@@ -66,7 +73,14 @@ def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
             return gaps
         return None
 
-    until(lambda: repaired("SKIPPED_IDS", "RECONNECT"), "the dropped ids and the outage repaired")
+    def gaps_now() -> list[tuple[Any, ...]]:
+        return [(g[Gaps.TICKER], g[Gaps.CAUSE], g[Gaps.STATUS]) for g in lake.gaps(begin_ms)]
+
+    until(
+        lambda: repaired("SKIPPED_IDS", "RECONNECT"),
+        "the dropped ids and the outage repaired",
+        seen=gaps_now,
+    )
     faults.restart("ingestor")
     faults.wait_ready("ingestor")
     end_ms = int(time.time() * 1000)
@@ -76,7 +90,7 @@ def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
         return all(newest.get(t, 0) > end_ms for t in TICKERS)
 
     until(recorded_past_the_window, "every market recorded again after the restart")
-    gaps = until(lambda: repaired("SKIPPED_IDS", "RECONNECT"), "every gap repaired")
+    gaps = until(lambda: repaired("SKIPPED_IDS", "RECONNECT"), "every gap repaired", seen=gaps_now)
 
     by_cause = {(g[Gaps.TICKER], g[Gaps.CAUSE]): g for g in gaps}
     dropped = by_cause[(DROPPED, "SKIPPED_IDS")]

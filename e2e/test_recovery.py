@@ -38,6 +38,7 @@ def interrupted_mid_store(
     fault: Callable[[], None],
     *,
     page_delay_s: float,
+    fast_pages: int = 0,
     symbol: str,
     days_ago: int,
     client_id: str,
@@ -45,9 +46,11 @@ def interrupted_mid_store(
     client_settings: ClientSettings,
     sim: SimulatorControl,
 ) -> None:
-    """Ask for 5 days of BINANCE:`symbol` (7,200 candles: 8 exchange pages, each slowed by
-    `page_delay_s`), run `fault` once the pipeline has stored part of them, and check the
-    answer: every candle once, and one notification on the client's topic."""
+    """Ask for 5 days of BINANCE:`symbol` (7,200 candles: 8 exchange pages, all but the
+    first `fast_pages` slowed by `page_delay_s`), run `fault` once the pipeline has
+    stored part of them, and check the answer: every candle once, and one notification
+    on the client's topic. (The ingestor fetches 4 pages at once: fast pages stored
+    while the others are held make "part of them" sure, whatever the pipeline's pace.)"""
     ticker = f"BINANCE:{symbol}"
     now = int(time.time() * 1000)
     start = (now - days_ago * 24 * HOUR_MS) // HOUR_MS * HOUR_MS
@@ -70,7 +73,8 @@ def interrupted_mid_store(
         except BaseException as exc:
             errors.append(exc)
 
-    sim.add_fault("slow", delay=page_delay_s, path="/api/v3/klines", count=8)
+    slowed = 8 - fast_pages
+    sim.add_fault("slow", delay=page_delay_s, path="/api/v3/klines", after=fast_pages, count=slowed)
     worker = threading.Thread(target=ask)
     worker.start()
     try:
@@ -128,10 +132,12 @@ def test_pipeline_killed_mid_request_notifies_once_without_duplicates(
         faults.kill("spark-pipeline")  # SIGKILL: a process, or the whole container
         faults.start("spark-pipeline")  # returns once its streaming queries run again
 
-    # Slow pages keep the ingestor busy long enough to crash the pipeline mid-request.
+    # Two pages stored, six held at the exchange for 8 s each (under the ingestor's 10 s
+    # page timeout): the crash comes mid-request.
     interrupted_mid_store(
         crash,
-        page_delay_s=2,
+        page_delay_s=8,
+        fast_pages=2,
         symbol="BTC/USDT",
         days_ago=30,
         client_id="e2e-crash",
