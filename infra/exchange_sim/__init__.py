@@ -3,7 +3,8 @@ Exchange and Kraken (REST), every exchange's order books and trade-history pagin
 
 Unmodified ccxt talks to it once ``point_ccxt_at`` has rewritten the
 exchange's URLs; data come from a deterministic model so tests can recompute
-every candle with ``expected_klines``. See README.md.
+every candle with ``expected_klines``. ``Universe`` makes it a load generator (N more
+markets, a Zipf law of trade rates, bursts). See README.md.
 """
 
 from .ccxt_glue import point_ccxt_at, rewrite_url
@@ -15,6 +16,7 @@ from .model import (
     MODEL_ID_FLOOR,
     Kline,
     MarketModel,
+    Pacing,
     SymbolSpec,
     Trade,
     UnknownIntervalError,
@@ -23,6 +25,7 @@ from .model import (
     interval_open,
 )
 from .server import SimulatorServer, ThreadedSimulator, run_in_thread
+from .universe import Universe
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -32,10 +35,12 @@ __all__ = [
     "Fault",
     "Kline",
     "MarketModel",
+    "Pacing",
     "SimulatorServer",
     "SymbolSpec",
     "ThreadedSimulator",
     "Trade",
+    "Universe",
     "UnknownIntervalError",
     "UnknownSymbolError",
     "expected_klines",

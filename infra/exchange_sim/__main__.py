@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 
 from .server import SimulatorServer
+from .universe import Universe
 
 
 def _trade_rate(values: list[str]) -> float | dict[str, float] | None:
@@ -29,6 +31,18 @@ def _trade_rate(values: list[str]) -> float | dict[str, float] | None:
             raise argparse.ArgumentTypeError(f"expected SYMBOL=RATE, got {item!r}")
         rates[symbol] = float(rate)
     return rates
+
+
+#: The ``--universe*`` flags: name, ``Universe`` field, type, default, metavar, help.
+UNIVERSE_FLAGS: tuple[tuple[str, str, type[int] | type[float], str, str, str], ...] = (
+    ("universe", "markets", int, "0", "N", "markets to add (0: none)"),
+    ("universe-rate", "rate", float, "1000", "TRADES_PER_S", "trades/s in all, outside bursts"),
+    ("universe-skew", "skew", float, "1", "S", "Zipf exponent: rank r trades ~ r**-S"),
+    ("universe-bursts", "burst_fraction", float, "0", "FRACTION", "share of burst minutes"),
+    ("universe-burst-factor", "burst_factor", float, "5", "K", "rate in a burst minute, x"),
+    ("universe-jitter", "jitter", float, "0.1", "SIGMA", "stdev of log minute rate (0: even)"),
+    ("universe-book-ratio", "book_ratio", float, "1", "R", "book level changes per trade"),
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,7 +69,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Binance request weight per minute before 429 (0: unlimited)",
     )
     parser.add_argument("--ready-file", type=Path, default=None, help="write the base URL here")
-    return parser.parse_args(argv)
+    load = parser.add_argument_group(
+        "universe (load generator)",
+        "N more markets (U001/USDT ...) on every exchange, a Zipf law of trade rates; "
+        "each flag defaults to its environment variable (SIM_UNIVERSE, SIM_UNIVERSE_RATE, "
+        "...): how `make run` and compose set them",
+    )
+    for flag, _, kind, default, meta, text in UNIVERSE_FLAGS:
+        env = "SIM_" + flag.upper().replace("-", "_")
+        load.add_argument(
+            f"--{flag}",
+            type=kind,
+            default=os.environ.get(env) or default,  # a str: argparse applies `type`
+            metavar=meta,
+            help=f"{text} (${env}, default {default})",
+        )
+    try:
+        args = parser.parse_args(argv)
+        args.universe = universe_of(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def universe_of(args: argparse.Namespace) -> Universe | None:
+    """The ``--universe*`` flags as a ``Universe`` (None without ``--universe``)."""
+    values = {field: getattr(args, flag.replace("-", "_")) for flag, field, *_ in UNIVERSE_FLAGS}
+    return Universe(**values) if values["markets"] else None
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -64,6 +104,7 @@ async def _serve(args: argparse.Namespace) -> None:
         port=args.port,
         now_ms=args.now_ms,
         trade_rate=_trade_rate(args.trade_rate),
+        universe=args.universe,
         stream_model_trades=not args.no_model_trades,
         weight_limit=args.weight_limit or None,
     )
@@ -76,6 +117,13 @@ async def _serve(args: argparse.Namespace) -> None:
         if args.ready_file is not None:
             args.ready_file.write_text(server.base_url + "\n")
         print(f"exchange-sim listening on {server.base_url}", flush=True)
+        if server.universe is not None:
+            names = server.universe.symbols()
+            print(
+                f"exchange-sim universe: {len(names)} markets {names[0]}..{names[-1]}, "
+                f"{server.universe.rate:g} trades/s",
+                flush=True,
+            )
         await stop.wait()
 
 

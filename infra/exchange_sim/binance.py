@@ -8,12 +8,17 @@ status codes follow Binance's documented wire format (see README.md).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import json
+import operator
 import re
+import struct
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -23,15 +28,19 @@ from aiohttp import WSMsgType, web
 from . import books, bybit, coinbase, kraken, okx
 from .faults import Fault
 from .model import (
+    DAY_MS,
     INTERVAL_MS,
     MINUTE_MS,
     MODEL_ID_FLOOR,
     SymbolSpec,
     Trade,
+    TradeColumns,
     UnknownSymbolError,
     fmt8,
+    units_text,
 )
 from .state import SimState
+from .tickers import DayTicker, day_tickers
 
 #: Request weights (Binance documents a weight per endpoint; 6000 per minute per IP).
 WEIGHTS: dict[str, int] = {
@@ -43,6 +52,7 @@ WEIGHTS: dict[str, int] = {
     "/api/v3/trades": 25,
     "/api/v3/historicalTrades": 25,
     "/api/v3/depth": 5,  # limit <= 100 (Binance: 25 up to 500, 50 up to 1000, 250 beyond)
+    "/api/v3/ticker/24hr": 80,  # every symbol (Binance: 2 for one, up to 80 for many)
     "/fapi/v1/exchangeInfo": 1,
     "/dapi/v1/exchangeInfo": 1,
 }
@@ -50,6 +60,21 @@ DEFAULT_WEIGHT_LIMIT = 6000
 MAX_BACKLOG_MS = 10 * MINUTE_MS  # streams never replay more than this after a clock jump
 _STREAM_RE = re.compile(r"^[a-z0-9]+@[A-Za-z0-9_]+(@[0-9]+ms)?$")
 MAX_DEPTH_LIMIT = 5000
+BINANCE_PONG_S = 60.0  # Binance closes a stream whose pong is a minute late
+OUTBOX_LIMIT = 100_000  # messages a connection may have queued; beyond: discarded, counted
+WRITE_BATCH = 4096  # messages written to the socket at once
+HIGH_WATER = 4 << 20  # bytes buffered for a slow reader before its sender waits
+#: The streams generate the next minute's trades in a worker thread from this second of
+#: the minute on, so a busy universe's minute never starts with a stall on the loop.
+PREFETCH_AFTER_MS = 20_000
+#: Threads that generate trades ahead of the streams (prefetch, warm-up): a pool of
+#: their own. Why not the loop's default pool: the REST handlers read the model there
+#: (``asyncio.to_thread``), and a klines request queued behind a minute's generation
+#: timed out (the ingestor waits 30 s). Generation holds the GIL: more threads than
+#: two would not generate faster.
+GENERATOR_THREADS = 2
+#: A paced prefetch sleeps in steps this long, re-reading the simulator clock.
+PACE_STEP_S = 0.05
 
 
 def binance_error(
@@ -213,6 +238,7 @@ class BinanceRest:
             web.get("/api/v3/trades", self.recent_trades),
             web.get("/api/v3/historicalTrades", self.historical_trades),
             web.get("/api/v3/depth", self.depth),
+            web.get("/api/v3/ticker/24hr", self.ticker_24hr),
             # ccxt asks for linear/inverse markets unless options.fetchMarkets.types
             # says otherwise; answer with no symbols so default ccxt still loads.
             web.get("/fapi/v1/exchangeInfo", self.empty_exchange_info),
@@ -227,6 +253,20 @@ class BinanceRest:
         if spec is None or spec.binance_id != binance_id:
             raise _ParamError(binance_error(400, -1121, "Invalid symbol."))
         return spec
+
+    def _symbols_param(self, request: web.Request) -> list[SymbolSpec] | None:
+        """The markets of ``symbol`` or ``symbols`` (a JSON list of ids); None: neither."""
+        if "symbol" in request.query:
+            return [self._spec(request.query["symbol"])]
+        if "symbols" not in request.query:
+            return None
+        try:
+            ids = json.loads(request.query["symbols"])
+        except json.JSONDecodeError:
+            raise _ParamError(
+                binance_error(400, -1100, "Illegal characters found in parameter 'symbols'.")
+            ) from None
+        return [self._spec(str(i)) for i in ids]
 
     async def ping(self, request: web.Request) -> web.Response:
         return web.json_response({})
@@ -249,20 +289,11 @@ class BinanceRest:
 
     async def exchange_info(self, request: web.Request) -> web.Response:
         now = self.state.clock.now_ms()
-        specs: Iterable[SymbolSpec] = self.state.model.specs.values()
         try:
-            if "symbol" in request.query:
-                specs = [self._spec(request.query["symbol"])]
-            elif "symbols" in request.query:
-                try:
-                    ids = json.loads(request.query["symbols"])
-                except json.JSONDecodeError:
-                    return binance_error(
-                        400, -1100, "Illegal characters found in parameter 'symbols'."
-                    )
-                specs = [self._spec(str(i)) for i in ids]
+            asked = self._symbols_param(request)
         except _ParamError as exc:
             return exc.response
+        specs: Iterable[SymbolSpec] = self.state.model.specs.values() if asked is None else asked
         return web.json_response(
             {
                 "timezone": "UTC",
@@ -322,6 +353,16 @@ class BinanceRest:
             now_ms=now,
         )
         return web.json_response([k.binance_row() for k in rows])
+
+    async def ticker_24hr(self, request: web.Request) -> web.Response:
+        """``GET /api/v3/ticker/24hr``: every market's 24 h statistics (a list), or
+        ``symbol``'s (one object) or ``symbols``' (a JSON list of ids)."""
+        try:
+            specs = self._symbols_param(request)
+        except _ParamError as exc:
+            return exc.response
+        rows = [ticker_row(t) for t in await day_tickers(self.state, specs, ids=True)]
+        return web.json_response(rows[0] if "symbol" in request.query else rows)
 
     def _trades_window(self, request: web.Request, spec: SymbolSpec, limit: int) -> list[Trade]:
         """aggTrades selection: by ``fromId``, by time window (<= 1h), or the latest."""
@@ -413,6 +454,39 @@ class BinanceRest:
         return web.json_response(books.binance_depth_snapshot(book, limit))
 
 
+def ticker_row(ticker: DayTicker) -> dict[str, Any]:
+    """A ``ticker/24hr`` row (FULL). Bid, ask and the last trade's size are not
+    modelled: bid = ask = the last price, sizes 0. ``prevClosePrice`` is the window's
+    open. Without trades in the window: prices and volumes 0, ids -1 (as Binance)."""
+    day = ticker.day
+    close_ms = day.close_time if day is not None else ticker.now_ms
+    first = ticker.first_id if ticker.first_id is not None else -1
+    last_price = ticker.text("close")
+    return {
+        "symbol": ticker.spec.binance_id,
+        "priceChange": fmt8(ticker.change),
+        "priceChangePercent": f"{ticker.change_ratio * 100:.3f}",
+        "weightedAvgPrice": fmt8(ticker.vwap),
+        "prevClosePrice": ticker.text("open"),
+        "lastPrice": last_price,
+        "lastQty": fmt8(Decimal(0)),
+        "bidPrice": last_price,
+        "bidQty": fmt8(Decimal(0)),
+        "askPrice": last_price,
+        "askQty": fmt8(Decimal(0)),
+        "openPrice": ticker.text("open"),
+        "highPrice": ticker.text("high"),
+        "lowPrice": ticker.text("low"),
+        "volume": ticker.text("volume"),
+        "quoteVolume": ticker.text("quote_volume"),
+        "openTime": close_ms + 1 - DAY_MS,
+        "closeTime": close_ms,
+        "firstId": first,
+        "lastId": first + ticker.trades - 1 if ticker.trades else -1,
+        "count": ticker.trades,
+    }
+
+
 def trade_row(trade: Trade) -> dict[str, Any]:
     """A row of ``GET /api/v3/trades`` and ``/api/v3/historicalTrades``."""
     return {
@@ -465,6 +539,118 @@ def trade_event(stream_kind: str, binance_id: str, trade: Trade, event_ms: int) 
     }
 
 
+#: A trade as the streams print it: id, time, price and quantity with eight decimals
+#: (every trade stream's numbers), buyer-is-maker. Built once per trade, whatever the
+#: number of connections and dialects it goes to.
+Fill = tuple[int, int, str, str, bool]
+
+
+def fill_of(trade: Trade) -> Fill:
+    return (trade.id, trade.time_ms, fmt8(trade.price), fmt8(trade.qty), trade.buyer_is_maker)
+
+
+def fills_of_columns(columns: Sequence[TradeColumns], spec: SymbolSpec) -> list[Fill]:
+    """Model trades (``MarketModel.trade_columns``) as fills, printed exactly as ``fmt8``
+    prints their decimals: column by column, at C speed
+    (``map`` over memoised printers), never a Python object per trade but the fill."""
+    price, qty = units_text(spec.price_decimals), units_text(spec.qty_decimals)
+    fills: list[Fill] = []
+    for c in columns:
+        fills.extend(
+            zip(
+                range(c.first_id, c.first_id + len(c.times)),
+                map(c.minute_ms.__add__, c.times),
+                map(price, c.prices),
+                map(qty, c.qtys),
+                map(operator.not_, c.taker_buy),  # buyer is maker: not a taker buy
+                strict=True,
+            )
+        )
+    return fills
+
+
+def trade_text(kind: str, market_id: str, fill: Fill, event_ms: int) -> str:
+    """``json.dumps(trade_event(...))`` without the dict: the hot path of a busy stream."""
+    t, at, price, qty, maker = fill
+    m = "true" if maker else "false"
+    if kind == "aggTrade":
+        return (
+            f'{{"e":"aggTrade","E":{event_ms},"s":"{market_id}","a":{t},"p":"{price}",'
+            f'"q":"{qty}","f":{t},"l":{t},"T":{at},"m":{m},"M":true}}'
+        )
+    return (
+        f'{{"e":"trade","E":{event_ms},"s":"{market_id}","t":{t},"p":"{price}",'
+        f'"q":"{qty}","T":{at},"m":{m},"M":true}}'
+    )
+
+
+def okx_trade_text(inst_id: str, fill: Fill) -> str:
+    """``json.dumps(okx.trades_push(...))``, printed directly."""
+    t, at, price, qty, maker = fill
+    side = "sell" if maker else "buy"
+    return (
+        f'{{"arg":{{"channel":"{okx.TRADES_CHANNEL}","instId":"{inst_id}"}},"data":[{{'
+        f'"instId":"{inst_id}","tradeId":"{t}","px":"{price}","sz":"{qty}","side":"{side}",'
+        f'"source":"0","ts":"{at}","count":"1"}}]}}'
+    )
+
+
+def bybit_trades_text(market_id: str, fills: Sequence[Fill], event_ms: int) -> str:
+    """``json.dumps(bybit.trade_message(...))``, printed directly."""
+    rows = ",".join(
+        f'{{"T":{at},"s":"{market_id}","S":"{"Sell" if maker else "Buy"}","v":"{qty}",'
+        f'"p":"{price}","L":"ZeroPlusTick","i":"{t}","BT":false,"RPI":false}}'
+        for t, at, price, qty, maker in fills
+    )
+    return (
+        f'{{"topic":"{bybit.TOPIC}{market_id}","type":"snapshot","ts":{event_ms},"data":[{rows}]}}'
+    )
+
+
+_HEAD_SHORT = struct.Struct("!BB")
+_HEAD_MID = struct.Struct("!BBH")
+_HEAD_LONG = struct.Struct("!BBQ")
+
+
+def _whole_milliseconds(fills: list[Fill], limit: int) -> list[Fill]:
+    """The first ``limit`` fills, less those of the millisecond it cuts into (the next
+    pump starts after the last one kept); all of the first millisecond if it is longer."""
+    cut = fills[limit][1]
+    keep = bisect.bisect_left([f[1] for f in fills], cut)
+    if keep == 0:
+        keep = bisect.bisect_right([f[1] for f in fills], cut)
+    return fills[:keep]
+
+
+def text_frame(text: str) -> bytes:
+    """One unmasked, uncompressed websocket text frame (RFC 6455: what a server sends)."""
+    payload = text.encode()
+    size = len(payload)
+    if size < 126:
+        return _HEAD_SHORT.pack(0x81, size) + payload
+    if size < 65536:
+        return _HEAD_MID.pack(0x81, 126, size) + payload
+    return _HEAD_LONG.pack(0x81, 127, size) + payload
+
+
+def text_frames(texts: Sequence[str]) -> bytes:
+    """``text_frame`` of each text, joined. ASCII texts (all the simulator prints:
+    ``json.dumps`` escapes the rest) are framed in one str, encoded once (latin-1 maps
+    the header bytes to themselves): ~20 % cheaper a message than frame by frame."""
+    if not all(text.isascii() for text in texts):
+        return b"".join([text_frame(text) for text in texts])
+    parts: list[str] = []
+    for text in texts:
+        size = len(text)
+        if size < 126:
+            parts.append(f"\x81{chr(size)}{text}")
+        elif size < 65536:
+            parts.append(f"\x81~{chr(size >> 8)}{chr(size & 255)}{text}")
+        else:
+            parts.append(text_frame(text).decode("latin-1"))
+    return "".join(parts).encode("latin-1")
+
+
 @dataclass(eq=False)
 class _Conn:
     id: int
@@ -473,7 +659,10 @@ class _Conn:
     combined: bool
     streams: set[str] = field(default_factory=set)
     dialect: str = "binance"  # "bybit", "okx": how messages are read and events written
-    queue: asyncio.Queue[str | None] = field(default_factory=lambda: asyncio.Queue(maxsize=100_000))
+    # Messages to send (None: the connection ended); a deque, not an asyncio.Queue: a
+    # busy stream queues thousands a pump and the sender takes them all at once.
+    outbox: deque[str | None] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _stream_symbol(stream: str) -> str:
@@ -542,6 +731,19 @@ class BinanceStreams:
         self._warming: dict[str, asyncio.Future[None]] = {}  # symbol -> ids being counted
         self._outages: dict[int, dict[str, Any]] = {}  # fault id -> its faults_triggered entry
         self._tasks: set[asyncio.Future[Any]] = set()  # closes scheduled from sync code
+        # Who watches what, by unified symbol: connection -> its stream keys of that
+        # symbol (trades: Binance trade/aggTrade, Bybit publicTrade, OKX trades; books:
+        # any dialect's). Kept as subscriptions change, so a pump costs the watched
+        # markets, not every connection's every stream.
+        self._trade_subs: dict[str, dict[_Conn, set[str]]] = {}
+        self._book_subs: dict[str, dict[_Conn, set[str]]] = {}
+        self._key_symbols: dict[str, str] = {}  # stream key -> unified symbol
+        # Minutes being generated in worker threads: (minute index, markets, task); and
+        # the markets whose next minute the prefetch covered (minute index, markets).
+        self._preparing: list[tuple[int, frozenset[str], asyncio.Future[None]]] = []
+        self._prefetched: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._generator = ThreadPoolExecutor(GENERATOR_THREADS, "exchange-sim-generator")
+        self._stopping = False
         self._changed = asyncio.Event()
         self._pump_task: asyncio.Task[None] | None = None
 
@@ -550,6 +752,7 @@ class BinanceStreams:
         self._pump_task = asyncio.create_task(self._pump_loop())
 
     async def stop(self) -> None:
+        self._stopping = True  # ends `prepare` threads at their next market
         if self._pump_task is not None:
             self._pump_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -559,6 +762,7 @@ class BinanceStreams:
         for task in pending:  # a counting thread finishes on its own; its result is dropped
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        self._generator.shutdown(wait=False, cancel_futures=True)
         await self.drop(None, mode="close", count_as_drop=False)
 
     # ------------------------------------------------------------ handler
@@ -569,6 +773,9 @@ class BinanceStreams:
         if refused is not None:
             return refused
         ws = web.WebSocketResponse(autoping=True, heartbeat=20.0)
+        # ...and allows a minute for the pong (aiohttp's default, half the heartbeat,
+        # would drop a reader still working through a busy universe's backlog).
+        ws._pong_heartbeat = BINANCE_PONG_S
         if not ws.can_prepare(request).ok:
             return binance_error(400, -1100, "Websocket upgrade required.")
         await ws.prepare(request)
@@ -644,33 +851,74 @@ class BinanceStreams:
                     break
         finally:
             self._conns.discard(conn)
-            self._notify()
-            try:
-                conn.queue.put_nowait(None)
-            except asyncio.QueueFull:
-                sender.cancel()
+            self._unsubscribe(conn, list(conn.streams))
+            conn.outbox.append(None)
+            conn.wake.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
         return ws
 
     async def _sender(self, conn: _Conn) -> None:
-        """One writer per connection keeps acks and events in order."""
+        """One writer per connection keeps acks and events in order; it writes what
+        is queued in one go (one socket write per batch, not per message)."""
+        outbox = conn.outbox
         while True:
-            item = await conn.queue.get()
-            if item is None or conn.ws.closed:
+            if not outbox:
+                conn.wake.clear()
+                await conn.wake.wait()
+                continue
+            batch: list[str] = []
+            ended = False
+            while outbox and len(batch) < WRITE_BATCH:
+                item = outbox.popleft()
+                if item is None:
+                    ended = True
+                    break
+                batch.append(item)
+            if conn.ws.closed or (batch and not await self._write(conn, batch)) or ended:
                 return
-            try:
-                await conn.ws.send_str(item)
-            except (ConnectionError, RuntimeError):
-                return
-            self.state.stats.ws_messages_sent += 1
+
+    async def _write(self, conn: _Conn, texts: list[str]) -> bool:
+        """Send ``texts`` as websocket text frames; False once the connection is gone.
+
+        Uncompressed (ccxt never offers permessage-deflate), the frames are built here
+        and handed to the transport in one write: aiohttp's ``send_str`` writes each
+        frame on its own (a system call per message). A reader that falls behind
+        makes its sender wait (its outbox fills, then discards and counts)."""
+        ws, transport = conn.ws, conn.request.transport
+        try:
+            if ws.compress or transport is None:
+                for text in texts:
+                    await ws.send_str(text)
+            else:
+                if transport.is_closing():
+                    return False
+                transport.write(text_frames(texts))
+                while transport.get_write_buffer_size() > HIGH_WATER:
+                    if transport.is_closing():
+                        return False
+                    await asyncio.sleep(0.01)
+        except (ConnectionError, RuntimeError):
+            return False
+        self.state.stats.ws_messages_sent += len(texts)
+        return True
 
     def _send(self, conn: _Conn, payload: object) -> None:
         text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-        try:
-            conn.queue.put_nowait(text)
-        except asyncio.QueueFull:
+        if len(conn.outbox) >= OUTBOX_LIMIT:
             self.state.stats.ws_messages_discarded += 1
+            return
+        conn.outbox.append(text)
+        conn.wake.set()
+
+    def _send_many(self, conn: _Conn, texts: Sequence[str]) -> None:
+        room = OUTBOX_LIMIT - len(conn.outbox)
+        if room < len(texts):
+            self.state.stats.ws_messages_discarded += len(texts) - max(room, 0)
+            texts = texts[: max(room, 0)]
+        if texts:
+            conn.outbox.extend(texts)
+            conn.wake.set()
 
     def _on_text(self, conn: _Conn, text: str) -> None:
         if conn.dialect == "okx":
@@ -685,8 +933,7 @@ class BinanceStreams:
             if op == "subscribe":
                 self._subscribe(conn, topics)
             elif op == "unsubscribe":
-                conn.streams.difference_update(topics)
-                self._notify()
+                self._unsubscribe(conn, topics)
             return
         try:
             msg = json.loads(text)
@@ -714,8 +961,7 @@ class BinanceStreams:
             if method == "SUBSCRIBE":
                 self._subscribe(conn, params)
             else:
-                conn.streams.difference_update(params)
-                self._notify()
+                self._unsubscribe(conn, params)
         elif method == "LIST_SUBSCRIPTIONS":
             self._send(conn, {"result": sorted(conn.streams), "id": req_id})
         elif method == "SET_PROPERTY":
@@ -736,8 +982,7 @@ class BinanceStreams:
         if op == "subscribe":
             self._subscribe(conn, keys)
         elif op == "unsubscribe":
-            conn.streams.difference_update(keys)
-            self._notify()
+            self._unsubscribe(conn, keys)
 
     def _on_book_text(self, conn: _Conn, text: str) -> None:
         """Kraken's and Coinbase's messages (their streams serve books only)."""
@@ -755,7 +1000,7 @@ class BinanceStreams:
             conn.streams.difference_update(keys)
             if conn.dialect == "coinbase":
                 self._send(conn, coinbase.subscriptions(conn.streams))
-            self._notify()
+            self._unsubscribe(conn, keys)
 
     def _listed(self, name: Callable[[SymbolSpec], str]) -> Callable[[str], bool]:
         def known(market: str) -> bool:
@@ -766,18 +1011,38 @@ class BinanceStreams:
 
         return known
 
+    def _key_symbol(self, stream: str) -> str | None:
+        """The unified symbol of a stream key (None: a market nobody lists)."""
+        symbol = self._key_symbols.get(stream)
+        if symbol is None:
+            try:
+                symbol = self.state.model.spec(_stream_symbol(stream)).symbol
+            except UnknownSymbolError:
+                return None  # not cached: a client may send any number of these
+            self._key_symbols[stream] = symbol
+        return symbol
+
+    def _index(self, stream: str, symbol: str) -> dict[str, dict[_Conn, set[str]]] | None:
+        """The index a key of ``symbol`` belongs in (None: neither trades nor a book)."""
+        if _is_book(stream):
+            return self._book_subs
+        return self._trade_subs if stream in self._symbol_streams(symbol) else None
+
     def _subscribe(self, conn: _Conn, streams: Sequence[str]) -> None:
         now = self.state.clock.now_ms()
         for stream in streams:
-            try:
-                spec = self.state.model.spec(_stream_symbol(stream))
-            except UnknownSymbolError:
+            symbol = self._key_symbol(stream)
+            if symbol is None:
                 conn.streams.add(stream)
                 continue  # Binance acks unknown symbols and then stays silent
+            spec = self.state.model.spec(symbol)
             if self._refuse(conn.dialect, spec.symbol):  # `ws_outage` of this market
                 self.background(self.close([conn], "close", b"simulated outage"))
                 return
             conn.streams.add(stream)
+            index = self._index(stream, spec.symbol)
+            if index is not None:
+                index.setdefault(spec.symbol, {}).setdefault(conn, set()).add(stream)
             if _is_book(stream):
                 book = self.state.books.current(spec.symbol, now)  # the stream starts here
                 snapshot = self._book_snapshot(conn, stream, spec, book, now)
@@ -788,14 +1053,36 @@ class BinanceStreams:
             self._warm(spec.symbol, now, now)
         self._notify()
 
+    def _unsubscribe(self, conn: _Conn, streams: Iterable[str]) -> None:
+        """Drop subscriptions (all of a closing connection's, too) and their index."""
+        for stream in list(streams):
+            conn.streams.discard(stream)
+            symbol = self._key_symbol(stream)
+            if symbol is None:
+                continue
+            index = self._index(stream, symbol)
+            watchers = index.get(symbol) if index is not None else None
+            if index is None or watchers is None or conn not in watchers:
+                continue
+            watchers[conn].discard(stream)
+            if not watchers[conn]:
+                del watchers[conn]
+            if not watchers:
+                del index[symbol]
+        self._notify()
+
     # ------------------------------------------------------ subscriptions
     def _notify(self) -> None:
         """Wake subscriber waiters; forget stream cursors of symbols nobody watches."""
-        for symbol in list(self._cursor):
-            if not self.subscribers(symbol):
-                del self._cursor[symbol]
+        for symbol in [s for s in self._cursor if not self._live(s)]:
+            del self._cursor[symbol]
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _live(self, symbol: str) -> int:
+        """Open connections watching the trades of ``symbol`` (unified)."""
+        watchers = self._trade_subs.get(symbol)
+        return sum(1 for c in watchers if not c.ws.closed) if watchers else 0
 
     def _symbol_streams(self, symbol: str) -> tuple[str, str, str, str]:
         """Keys of ``symbol``'s trade streams: Binance trade, aggTrade, Bybit, OKX."""
@@ -810,30 +1097,20 @@ class BinanceStreams:
 
     def _trade_dialects(self, symbol: str) -> set[str]:
         """The exchanges (dialects) whose open connections watch ``symbol``'s trades."""
-        names = self._symbol_streams(symbol)
-        return {c.dialect for c in self._conns if not c.ws.closed and c.streams.intersection(names)}
+        watchers = self._trade_subs.get(self.state.model.spec(symbol).symbol, {})
+        return {c.dialect for c in watchers if not c.ws.closed}
 
     def subscribers(self, symbol: str) -> int:
         """Open connections subscribed to ``symbol``'s trades (any stream of any dialect)."""
-        names = self._symbol_streams(symbol)
-        return sum(1 for c in self._conns if not c.ws.closed and c.streams.intersection(names))
-
-    def _book_keys(self, conn: _Conn, symbol: str) -> list[str]:
-        """The connection's subscriptions to ``symbol``'s book (any dialect, any depth)."""
-        found = []
-        for stream in conn.streams:
-            if not _is_book(stream):
-                continue
-            try:
-                if self.state.model.spec(_stream_symbol(stream)).symbol == symbol:
-                    found.append(stream)
-            except UnknownSymbolError:
-                continue
-        return found
+        return self._live(self.state.model.spec(symbol).symbol)
 
     def book_subscribers(self, symbol: str) -> int:
         """Open connections subscribed to ``symbol``'s book (any exchange's channel)."""
-        return sum(1 for c in self._conns if not c.ws.closed and self._book_keys(c, symbol))
+        try:
+            watchers = self._book_subs.get(self.state.model.spec(symbol).symbol, {})
+        except UnknownSymbolError:
+            return 0
+        return sum(1 for c in watchers if not c.ws.closed)
 
     def connections(self) -> int:
         return len(self._conns)
@@ -859,46 +1136,51 @@ class BinanceStreams:
     def publish(
         self,
         symbol: str,
-        trades: Sequence[Trade],
+        fills: Sequence[Fill],
         hidden: Mapping[str | None, set[int]] | None = None,
     ) -> int:
         """Send trades to every connection subscribed to the symbol; returns connections
         reached. ``hidden``: ids not sent (key None: to anyone, an exchange: to its
-        connections), the `trade_drop` faults' work."""
-        if not trades:
+        connections), the `trade_drop` faults' work. Each message is printed once per
+        stream and shared by the connections that watch it."""
+        if not fills:
             return 0
         spec = self.state.model.spec(symbol)
-        trade_stream, agg_stream, topic, okx_key = self._symbol_streams(symbol)
+        watchers = self._trade_subs.get(spec.symbol)
+        if not watchers:
+            return 0
         event_ms = self.state.clock.now_ms()
+        texts: dict[tuple[str, str, frozenset[int]], list[str]] = {}  # printed once
         reached = 0
-        for conn in list(self._conns):
-            streamed: Sequence[Trade] = trades
+        for conn, keys in list(watchers.items()):
+            gone: frozenset[int] = frozenset()
             if hidden:
-                gone = hidden.get(None, set()) | hidden.get(conn.dialect, set())
-                streamed = [t for t in trades if t.id not in gone]
-            if conn.dialect == "bybit":
-                if topic in conn.streams and streamed:
-                    self._send(conn, bybit.trade_message(spec.binance_id, streamed, event_ms))
-                    reached += 1
-                continue
-            if conn.dialect == "okx":
-                if okx_key in conn.streams:
-                    for trade in streamed:  # OKX pushes one fill per message
-                        self._send(conn, okx.trades_push(spec.coinbase_id, trade))
-                    reached += 1
-                continue
+                gone = frozenset(hidden.get(None, set()) | hidden.get(conn.dialect, set()))
+            streamed = [f for f in fills if f[0] not in gone] if gone else fills
             hit = False
-            for name, kind in ((trade_stream, "trade"), (agg_stream, "aggTrade")):
-                if name not in conn.streams:
-                    continue
-                hit = True
-                for trade in streamed:
-                    payload = trade_event(kind, spec.binance_id, trade, event_ms)
-                    self._send(
-                        conn, {"stream": name, "data": payload} if conn.combined else payload
-                    )
+            for key in sorted(keys, key=lambda k: k.endswith("@aggTrade")):  # trade first
+                cache = (key, "combined" if conn.combined else "raw", gone)
+                batch = texts.get(cache)
+                if batch is None:
+                    batch = texts[cache] = self._trade_texts(conn, key, spec, streamed, event_ms)
+                hit = hit or bool(batch) or conn.dialect != "bybit"
+                self._send_many(conn, batch)
             reached += hit
         return reached
+
+    def _trade_texts(
+        self, conn: _Conn, key: str, spec: SymbolSpec, fills: Sequence[Fill], event_ms: int
+    ) -> list[str]:
+        """The messages of ``fills`` on one trade stream, as ``conn``'s exchange prints them."""
+        if conn.dialect == "bybit":
+            return [bybit_trades_text(spec.binance_id, fills, event_ms)] if fills else []
+        if conn.dialect == "okx":  # OKX pushes one fill per message
+            return [okx_trade_text(spec.coinbase_id, f) for f in fills]
+        kind, market = "aggTrade" if key.endswith("@aggTrade") else "trade", spec.binance_id
+        payloads = [trade_text(kind, market, f, event_ms) for f in fills]
+        if conn.combined:
+            return [f'{{"stream":"{key}","data":{p}}}' for p in payloads]
+        return payloads
 
     def inject(self, symbol: str, trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
         """Push caller-defined trades now; ids default to a reserved per-minute range."""
@@ -929,7 +1211,7 @@ class BinanceStreams:
                 )
             )
         self.state.stats.trades_injected += len(built)
-        self.publish(spec.symbol, built)
+        self.publish(spec.symbol, [fill_of(t) for t in built])
         return built
 
     def pump_books(self) -> int:
@@ -943,7 +1225,8 @@ class BinanceStreams:
         stream = self.state.books
         sent = 0
         for symbol in stream.symbols():
-            targets = [(c, k) for c in self._conns for k in self._book_keys(c, symbol)]
+            watchers = self._book_subs.get(symbol, {})
+            targets = [(c, k) for c, keys in watchers.items() for k in sorted(keys)]
             if not targets:
                 stream.forget(symbol)
                 continue
@@ -1034,17 +1317,21 @@ class BinanceStreams:
         """Emit the model trades that became due since the last pump, and the book events;
         returns the trades streamed (dropped ones not counted).
 
-        A market whose trade ids are not counted yet (the first trades of a day far
-        from the id epoch) waits while a worker thread counts them, unless
-        ``wait_for_ids`` (the clock control: its caller wants the trades now).
+        A market whose trades are not ready (ids not counted: the first trades of a day
+        far from the id epoch; or its minute not generated yet: a busy universe market)
+        waits while a worker thread prepares them, unless ``wait_for_ids`` (the clock
+        control: its caller wants the trades now). From ``PREFETCH_AFTER_MS`` into a
+        minute, the next minute of every watched market is prepared ahead.
         """
         self.pump_books()
         if not self.stream_model_trades:
             return 0
         now = self.state.clock.now_ms()
+        self._prefetch_next(now)
         sent = 0
+        model = self.state.model
         for symbol in list(self._cursor):
-            if not self.subscribers(symbol):
+            if not self._live(symbol):
                 del self._cursor[symbol]
                 continue
             cursor = self._cursor[symbol]
@@ -1053,29 +1340,126 @@ class BinanceStreams:
                 continue
             cursor = max(cursor, now - MAX_BACKLOG_MS)
             if not wait_for_ids and self._warm(symbol, cursor + 1, now):
-                continue  # counted off the loop; these trades go out once it is done
-            trades = list(self.state.model.iter_trades(symbol, cursor + 1, now))
+                continue  # prepared off the loop; these trades go out once it is done
+            room = self._room(symbol)
+            if room <= 0:
+                continue  # its readers are behind: the trades wait in the model, not here
+            columns = model.trade_columns(symbol, cursor + 1, now)
+            fills = fills_of_columns(columns, model.spec(symbol))
             self._cursor[symbol] = now
-            sent += self._stream(symbol, trades)
+            if len(fills) > room:  # a backlog (a start, a clock jump): what fits, by the ms
+                fills = _whole_milliseconds(fills, room)
+                self._cursor[symbol] = fills[-1][1]
+            sent += self._stream(symbol, fills)
         return sent
 
-    def _warm(self, symbol: str, first_ms: int, last_ms: int) -> bool:
-        """Whether ``symbol``'s ids of these times are still being counted (then a
-        worker thread counts them: the loop must not stall for it)."""
+    def _room(self, symbol: str) -> int:
+        """Trades the most available reader of ``symbol`` can still queue (its outbox
+        below ``OUTBOX_LIMIT``; a Binance reader of trade and aggTrade takes two
+        messages a trade, a Bybit one a message a push). Why: a backlog released at once
+        (the first minutes of a busy universe, a clock jump) must not overflow it."""
+        best = 0
+        for conn, keys in self._trade_subs.get(symbol, {}).items():
+            free = OUTBOX_LIMIT - len(conn.outbox)
+            if conn.dialect == "bybit":
+                free = OUTBOX_LIMIT if free > 0 else 0
+            best = max(best, free // max(1, len(keys)))
+        return best
+
+    def _prefetch_next(self, now: int) -> None:
+        """Once a minute, generate the next minute of every watched market (trades and
+        books) in a worker thread, so the loop finds it ready when the minute starts."""
+        if now % MINUTE_MS < PREFETCH_AFTER_MS:
+            return
+        minute = now // MINUTE_MS + 1
+        covered = self._prefetched[1] if self._prefetched[0] == minute else frozenset()
+        if any(not task.done() for _, _, task in self._preparing):
+            return  # one prefetch at a time (a fast clock asks each 0.3 s); the rest next
+        watched = frozenset([*self._cursor, *self._book_subs])
+        if watched <= covered:
+            return
+        budget_s = 0.6 * (minute * MINUTE_MS - now) / 1000
         model = self.state.model
-        if model.ids_ready(symbol, first_ms) and model.ids_ready(symbol, last_ms):
+        # A universe market's book needs its bars only (it centres on the price path):
+        # its trades are generated only if they are watched too.
+        bars = {s for s in watched - covered - self._cursor.keys() if model.specs[s].pacing}
+        self.prepare(watched - covered - bars, minute * MINUTE_MS, budget_s, bars)
+        self._prefetched = (minute, watched | covered)
+
+    def prepare(
+        self,
+        symbols: Iterable[str],
+        start_ms: int,
+        budget_s: float = 0.0,
+        bars: Iterable[str] = (),
+    ) -> asyncio.Future[None]:
+        """Generate the minute from ``start_ms`` of ``symbols`` (and the day of bars of
+        ``bars``) in a generator thread, paced to finish in about ``budget_s``: it
+        sleeps while ahead of that schedule, leaving the GIL to the loop (a busy
+        universe's minute is seconds of work). It stops once its minute is over: the
+        pump warms what it still needs."""
+        model = self.state.model
+        end_ms = start_ms + MINUTE_MS - 1
+        todo = sorted(s for s in symbols if not model.trades_ready(s, start_ms, end_ms))
+        days = sorted(bars)
+
+        def run() -> None:
+            began = time.monotonic()
+            for symbol in days:
+                model.minute_bar(symbol, start_ms)  # the day, cached
+            for done, symbol in enumerate(todo, 1):
+                if self._stopping or self.state.clock.now_ms() > end_ms:
+                    return
+                model.prepare(symbol, start_ms, end_ms)
+                self._pace(began + budget_s * done / len(todo), start_ms)
+
+        task = self._off_loop(run)
+        self._preparing = [p for p in self._preparing if not p[2].done()]
+        self._preparing.append((start_ms // MINUTE_MS, frozenset(todo), task))
+        return task
+
+    def _pace(self, until: float, start_ms: int) -> None:
+        """Sleep until ``until`` (monotonic seconds), but only while the minute from
+        ``start_ms`` is still ahead on the simulator clock. Why: the budget assumes a
+        clock at wall speed; one run faster (the live-candles e2e runs it 200x) reaches
+        the minute in a fraction of the budget, and its trades are wanted then."""
+        while not self._stopping and self.state.clock.now_ms() < start_ms:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, PACE_STEP_S))
+
+    def _off_loop(self, work: Callable[[], None]) -> asyncio.Future[None]:
+        """Run ``work`` in the generator's threads (``GENERATOR_THREADS``)."""
+        return asyncio.get_running_loop().run_in_executor(self._generator, work)
+
+    def _warm(self, symbol: str, first_ms: int, last_ms: int) -> bool:
+        """Whether ``symbol``'s trades of these times are still being prepared (then a
+        worker thread counts their ids and generates them: the loop must not stall).
+        A default market's minute (a few hundred trades) is generated on the loop, as
+        it always was: only a universe market's waits for its minute too."""
+        model = self.state.model
+        if model.specs[symbol].pacing is None:
+            if model.ids_ready(symbol, first_ms) and model.ids_ready(symbol, last_ms):
+                return False
+        elif model.trades_ready(symbol, first_ms, last_ms):
             return False
+        minutes = range(first_ms // MINUTE_MS, last_ms // MINUTE_MS + 1)
+        if any(
+            m in minutes and symbol in markets and not task.done()
+            for m, markets, task in self._preparing
+        ):
+            return True  # a prefetch is on it
         task = self._warming.get(symbol)
         if task is None or task.done():
 
-            def count() -> None:
-                model.warm_ids(symbol, first_ms)
-                model.warm_ids(symbol, last_ms)
+            def prepare() -> None:
+                model.prepare(symbol, first_ms, last_ms)
 
-            self._warming[symbol] = asyncio.ensure_future(asyncio.to_thread(count))
+            self._warming[symbol] = self._off_loop(prepare)
         return True
 
-    def _stream(self, symbol: str, trades: list[Trade]) -> int:
+    def _stream(self, symbol: str, trades: list[Fill]) -> int:
         """Publish a batch of model trades, less those armed `trade_drop`s swallow
         (recorded with their ids in `faults_triggered`); returns the trades streamed."""
         counters = self.state.stats.model_trades.setdefault(
@@ -1091,7 +1475,7 @@ class BinanceStreams:
             else []
         )
         for fault, first, n in hits:
-            ids = [t.id for t in trades[first : first + n]]
+            ids = [t[0] for t in trades[first : first + n]]
             hidden.setdefault(fault.exchange, set()).update(ids)
             self.state.stats.faults_triggered.append(
                 {
@@ -1106,7 +1490,7 @@ class BinanceStreams:
             )
         self.publish(symbol, trades, hidden)
         dropped = len(hidden.get(None, ()))
-        counters["last_id"] = trades[-1].id
+        counters["last_id"] = trades[-1][0]
         counters["sent"] += len(trades) - dropped
         counters["dropped"] += len({i for ids in hidden.values() for i in ids})
         return len(trades) - dropped
@@ -1140,17 +1524,13 @@ class BinanceStreams:
 
     def _victims(self, symbol: str | None, exchange: str | None) -> list[_Conn]:
         """Connections of ``exchange`` (None: all) subscribed to ``symbol`` (None: all)."""
-        names = self._symbol_streams(symbol) if symbol is not None else None
-        return [
-            c
-            for c in self._conns
-            if (exchange is None or c.dialect == exchange)
-            and (
-                names is None
-                or c.streams.intersection(names)
-                or (symbol is not None and self._book_keys(c, symbol))
-            )
-        ]
+        if symbol is None:
+            conns: Iterable[_Conn] = self._conns
+        else:
+            unified = self.state.model.spec(symbol).symbol
+            watching = {**self._trade_subs.get(unified, {}), **self._book_subs.get(unified, {})}
+            conns = [c for c in self._conns if c in watching]
+        return [c for c in conns if exchange is None or c.dialect == exchange]
 
     async def close(
         self, victims: Sequence[_Conn], mode: str = "close", reason: bytes = b"simulated outage"
@@ -1164,7 +1544,7 @@ class BinanceStreams:
                 return_exceptions=True,
             )
 
-    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def background(self, coro: Coroutine[Any, Any, Any] | asyncio.Future[Any]) -> None:
         """Run ``coro`` on the loop without awaiting it (kept referenced until done)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

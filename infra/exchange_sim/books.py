@@ -9,7 +9,13 @@ update id of a step is its index (`t_ms // 100`). Around the last model trade
 price `P` (in ticks), the best bid is one or two ticks below `P`, the best ask
 one or two above, then `levels` price ticks per side with some holes. Each level
 redraws its amount every `life` steps (5-49, per price, with a per-price phase),
-so a step changes a handful of levels and a price move shifts the whole side.
+so a step changes a handful of levels and a price move shifts the whole side. A
+paced (universe) market's book centres on its minute's price path instead (open to
+close, linear in time: `MarketModel.path_ticks`), not on the last trade (whose price
+jumps around the path by up to a quarter of the minute's range, which would shift
+every level at every trade), and its levels live 0.5-1.5x a mean life set by its trade
+rate (`Pacing.book_ratio` level changes per trade; shorter in its burst minutes): book
+traffic follows trade traffic, and the busiest markets change every level every step.
 
 Wire formats, as the exchanges send them (fixtures: infra/tests/fixtures/books/):
 
@@ -40,12 +46,14 @@ Wire formats, as the exchanges send them (fixtures: infra/tests/fixtures/books/)
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import heapq
 import json
 import re
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -59,6 +67,8 @@ KRAKEN_CHECKSUM_LEVELS = 10  # Kraken checksums the best 10 levels per side
 _MIN_LIFE, _LIFE_SPAN = 5, 45
 _HOLE = 0.15  # chance that a level below the best is empty
 _PRICE_LOOKBACK_MIN = 60  # an idle market's book sits at its centre price
+_PACED_CACHE = 20_000  # price levels kept per universe market before starting afresh
+_MAX_LIFE = 1e6  # steps: a paced market that hardly trades keeps its levels ~a day
 
 #: One level as the simulator keeps it: exact decimals, best first.
 Level = tuple[Decimal, Decimal]
@@ -88,8 +98,33 @@ def _unit(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(a: int, b: int) -> int:
+    """A 64-bit hash of two integers (splitmix64's finaliser): what a paced market's
+    book draws per level and epoch, ~10x cheaper than blake2b, as deterministic."""
+    z = (a * 0x9E3779B97F4A7C15 + b * 0xBF58476D1CE4E5B9 + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def step_of(t_ms: int) -> int:
     return t_ms // STEP_MS
+
+
+@dataclass
+class _PacedState:
+    """A universe market's book as last computed (``BookModel._paced_sides``): each
+    price level in the window with (level, hole, the step its epoch ends), a heap of
+    those ends, and the levels' timings at this mean life."""
+
+    step: int
+    mean_life: float
+    levels: dict[int, tuple[Level, bool, int]] = field(default_factory=dict)
+    heap: list[tuple[int, int]] = field(default_factory=list)
+    timings: dict[int, tuple[int, int, int | None]] = field(default_factory=dict)
 
 
 class BookModel:
@@ -100,9 +135,57 @@ class BookModel:
             raise ValueError("levels must be >= 1")
         self.model = model
         self.levels = levels
+        # A level's hashes change only when its epoch does: cached, a step of a watched
+        # book costs dict look-ups, not 2 x levels blake2b calls (a universe has many).
+        self._timing = functools.lru_cache(maxsize=1 << 18)(self._compute_timing)
+        self._level = functools.lru_cache(maxsize=1 << 17)(self._compute_level)
+        self._price = functools.lru_cache(maxsize=1 << 16)(self._compute_price)
+        self._paced: dict[str, _PacedState] = {}  # universe markets: see _paced_sides
+
+    def _compute_timing(
+        self, symbol: str, index: int, mean_life: float | None
+    ) -> tuple[int, int, int | None]:
+        """A price level's life (steps), phase and draw key: per price, as the default
+        markets always drew them; a paced market's life from its mean (``_mean_life``),
+        and its key: the per-price hash mixed with that life."""
+        per_price = _unit(self.model.seed, symbol, "level", index)
+        if mean_life is None:
+            life = _MIN_LIFE + per_price % _LIFE_SPAN
+            return life, (per_price >> 16) % life, None
+        life = max(1, round(mean_life * (0.5 + (per_price % 1000) / 1000)))  # 0.5-1.5x
+        return life, (per_price >> 16) % life, _mix(per_price, life)
+
+    def _compute_level(
+        self, symbol: str, index: int, epoch: int, key: int | None
+    ) -> tuple[Level, bool]:
+        """A price level's (price, amount) in ``epoch``, and whether it is a hole there."""
+        # The default markets' draws are blake2b's, as ever; a paced market's levels
+        # change up to every step, so theirs is a cheap integer mix.
+        draw = _unit(self.model.seed, symbol, index, epoch) if key is None else _mix(key, epoch)
+        amount = Decimal(self.model.spec(symbol).step) * (1 + draw % 100_000)
+        return (self._price(symbol, index), amount), (draw >> 40) / (1 << 24) < _HOLE
+
+    def _compute_price(self, symbol: str, index: int) -> Decimal:
+        return Decimal(index).scaleb(-self.model.spec(symbol).price_decimals)
+
+    def _mean_life(self, symbol: str, step: int) -> float | None:
+        """A paced market's mean level life in steps, so that its book changes about
+        ``book_ratio`` levels per trade (bursts included); None for the others."""
+        spec = self.model.spec(symbol)
+        pacing = spec.pacing
+        if pacing is None:
+            return None
+        rate = spec.trades_per_minute / 60.0
+        if self.model.in_burst(spec.symbol, step * STEP_MS):
+            rate *= pacing.burst_factor
+        changes_per_step = pacing.book_ratio * rate * STEP_MS / 1000.0
+        return min(_MAX_LIFE, 2.0 * self.levels / max(changes_per_step, 1e-9))
 
     def _last_price_ticks(self, symbol: str, t_ms: int) -> int:
         spec = self.model.spec(symbol)
+        if spec.pacing is not None:  # a universe market: its minute's path, not its trades
+            path = self.model.path_ticks(spec.symbol, t_ms)
+            return path if path is not None else round(spec.price / float(spec.tick))
         tick = Decimal(spec.tick)
         last = self.model.last_price(spec.symbol, t_ms, _PRICE_LOOKBACK_MIN)
         price = last if last is not None else Decimal(str(spec.price))
@@ -113,28 +196,77 @@ class BookModel:
         spec = self.model.spec(symbol)
         seed = self.model.seed
         ticks = self._last_price_ticks(spec.symbol, step * STEP_MS)
-        spread = _unit(seed, spec.symbol, "spread", step)
+        mean_life = self._mean_life(spec.symbol, step)
+        if mean_life is None:
+            spread = _unit(seed, spec.symbol, "spread", step)
+        else:  # a universe market's spread changes as often as a level does
+            life = max(1, round(mean_life))
+            spread = _unit(seed, spec.symbol, "spread", step // life, life)
         best_bid = max(1, ticks - 1 - spread % 2)
         best_ask = max(best_bid + 1, ticks + 1 + (spread >> 8) % 2)
-        bids = self._side(spec.symbol, range(best_bid, max(0, best_bid - self.levels), -1), step)
-        asks = self._side(spec.symbol, range(best_ask, best_ask + self.levels), step)
+        bid_prices = range(best_bid, max(0, best_bid - self.levels), -1)
+        ask_prices = range(best_ask, best_ask + self.levels)
+        if mean_life is not None:
+            bids, asks = self._paced_sides(spec.symbol, bid_prices, ask_prices, step, mean_life)
+        else:
+            bids = self._side(spec.symbol, bid_prices, step)
+            asks = self._side(spec.symbol, ask_prices, step)
         return SimBook(step, bids, asks)
 
     def _side(self, symbol: str, indexes: Iterable[int], step: int) -> tuple[Level, ...]:
-        spec = self.model.spec(symbol)
-        seed, places = self.model.seed, spec.price_decimals
-        step_size = Decimal(spec.step)
+        timing, level_of = self._timing, self._level
         side: list[Level] = []
-        for n, index in enumerate(indexes):
-            per_price = _unit(seed, symbol, "level", index)
-            life = _MIN_LIFE + per_price % _LIFE_SPAN
-            epoch = (step + (per_price >> 16) % life) // life
-            draw = _unit(seed, symbol, index, epoch)
-            if n > 0 and (draw >> 40) / (1 << 24) < _HOLE:
+        best = True  # the best level is never a hole
+        for index in indexes:
+            life, phase, key = timing(symbol, index, None)
+            level, hole = level_of(symbol, index, (step + phase) // life, key)
+            if hole and not best:
                 continue
-            amount = step_size * (1 + draw % 100_000)
-            side.append((Decimal(index).scaleb(-places), amount))
+            best = False
+            side.append(level)
         return tuple(side)
+
+    def _paced_sides(
+        self, symbol: str, bid_prices: range, ask_prices: range, step: int, mean_life: float
+    ) -> tuple[tuple[Level, ...], tuple[Level, ...]]:
+        """Both sides of a universe market's book at ``step``: the values of ``_side``,
+        computed incrementally. Each price level is kept with the step its epoch ends
+        (a heap orders them), so a step re-draws only the levels whose epoch ended and
+        those entering the window: a book is recomputed 10 times a second for every
+        watched market, mostly to change a few of its levels. Any other step (earlier,
+        another mean life) starts afresh: the result never depends on the history."""
+        state = self._paced.get(symbol)
+        if state is None or state.mean_life != mean_life or step < state.step:
+            state = self._paced[symbol] = _PacedState(step, mean_life)
+        levels, heap, timings = state.levels, state.heap, state.timings
+        while heap and heap[0][0] <= step:  # epochs ended: those levels are re-drawn
+            due, index = heapq.heappop(heap)
+            kept = levels.get(index)
+            if kept is not None and kept[2] == due:
+                del levels[index]
+        state.step = step
+        if len(levels) > 6 * self.levels:  # the window moved on: forget what it left
+            window = {*bid_prices, *ask_prices}
+            state.levels = levels = {i: v for i, v in levels.items() if i in window}
+            state.heap = heap = [(v[2], i) for i, v in levels.items()]
+            heapq.heapify(heap)
+        sides: list[tuple[Level, ...]] = []
+        for prices in (bid_prices, ask_prices):
+            for index in [i for i in prices if i not in levels]:  # re-drawn or new
+                timing = timings.get(index)
+                if timing is None:
+                    timing = timings[index] = self._compute_timing(symbol, index, mean_life)
+                life, phase, key = timing
+                epoch = (step + phase) // life
+                level, hole = self._compute_level(symbol, index, epoch, key)
+                levels[index] = (level, hole, (epoch + 1) * life - phase)
+                heapq.heappush(heap, ((epoch + 1) * life - phase, index))
+            rows = [levels[i] for i in prices]
+            # the best level is never a hole
+            sides.append(tuple([r[0] for r in rows[:1]] + [r[0] for r in rows[1:] if not r[1]]))
+        if len(timings) > _PACED_CACHE:
+            timings.clear()
+        return sides[0], sides[1]
 
     def update(self, before: SimBook, after: SimBook) -> BookUpdate:
         return BookUpdate(
@@ -143,10 +275,12 @@ class BookModel:
 
 
 def _diff(old: Sequence[Level], new: Sequence[Level]) -> tuple[Level, ...]:
-    was = dict(old)
-    now = dict(new)
-    changed = [(p, a) for p, a in new if was.get(p) != a]
-    changed.extend((p, Decimal(0)) for p in was if p not in now)
+    if old == new:  # most steps of a quiet book
+        return ()
+    was = set(old)  # (price, amount): prices are unique on a side
+    now = {p for p, _ in new}
+    changed = [level for level in new if level not in was]
+    changed.extend((p, Decimal(0)) for p, _ in old if p not in now)
     return tuple(changed)
 
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from aiohttp import web
 
-from .model import SymbolSpec, Trade, fmt8
+from .model import SymbolSpec, Trade, UnknownSymbolError, fmt8
 from .state import SimState
+from .tickers import DayTicker, day_tickers
 from .windows import newest_first
 
 #: Bybit `interval` values -> the model's intervals.
@@ -80,12 +81,16 @@ class BybitRest:
             web.get("/v5/market/instruments-info", self.instruments),
             web.get("/v5/market/kline", self.klines),
             web.get("/v5/market/recent-trade", self.recent_trades),
+            web.get("/v5/market/tickers", self.tickers),
         ]
 
     def _spec(self, market_id: str) -> SymbolSpec | None:
         """The market of a Bybit id (``BTCUSDT``, as Binance's), if listed."""
-        specs = self.state.model.specs.values()
-        return next((s for s in specs if s.binance_id == market_id), None)
+        try:
+            spec = self.state.model.spec(market_id)
+        except UnknownSymbolError:
+            return None
+        return spec if spec.binance_id == market_id else None
 
     def _instrument(self, spec: SymbolSpec) -> dict[str, Any]:
         online = spec.trading_at(self.state.clock.now_ms())
@@ -113,19 +118,39 @@ class BybitRest:
         now = self.state.clock.now_ms()
         return _ok({"timeSecond": str(now // 1000), "timeNano": str(now * 1_000_000)}, now)
 
-    async def instruments(self, request: web.Request) -> web.Response:
-        now = self.state.clock.now_ms()
+    def _listed(self, request: web.Request) -> tuple[str, list[SymbolSpec]] | web.Response:
+        """``category`` and its markets (``symbol``'s only if given; spot lists all the
+        simulator's, the other categories none), or Bybit's error."""
         category = request.query.get("category", "")
         if category not in ("spot", "linear", "inverse", "option"):
-            return bybit_error(10001, "params error: category is invalid", now)
+            return bybit_error(
+                10001, "params error: category is invalid", self.state.clock.now_ms()
+            )
         wanted = request.query.get("symbol")
         specs = [
             s
             for s in (self.state.model.specs.values() if category == "spot" else ())
             if wanted is None or s.binance_id == wanted
         ]
+        return category, specs
+
+    async def instruments(self, request: web.Request) -> web.Response:
+        listed = self._listed(request)
+        if isinstance(listed, web.Response):
+            return listed
+        category, specs = listed
         result = {"category": category, "list": [self._instrument(s) for s in specs]}
-        return _ok({**result, "nextPageCursor": ""}, now)
+        return _ok({**result, "nextPageCursor": ""}, self.state.clock.now_ms())
+
+    async def tickers(self, request: web.Request) -> web.Response:
+        """``/v5/market/tickers?category=spot[&symbol=]``: 24 h statistics; the other
+        categories list nothing (the simulator has spot markets only)."""
+        listed = self._listed(request)
+        if isinstance(listed, web.Response):
+            return listed
+        category, specs = listed
+        rows = [ticker_row(t) for t in await day_tickers(self.state, specs)] if specs else []
+        return _ok({"category": category, "list": rows}, self.state.clock.now_ms())
 
     def _market(self, request: web.Request) -> SymbolSpec | web.Response:
         now = self.state.clock.now_ms()
@@ -201,6 +226,27 @@ class BybitRest:
             for t in trades
         ]
         return _ok({"category": "spot", "list": rows}, now)
+
+
+def ticker_row(ticker: DayTicker) -> dict[str, Any]:
+    """A spot ``tickers`` row: ``volume24h`` base, ``turnover24h`` quote volume. Not
+    modelled: bid = ask = last, sizes 0; ``usdIndexPrice`` = last (USDT markets)."""
+    last = ticker.text("close")
+    return {
+        "symbol": ticker.spec.binance_id,
+        "bid1Price": last,
+        "bid1Size": "0",
+        "ask1Price": last,
+        "ask1Size": "0",
+        "lastPrice": last,
+        "prevPrice24h": ticker.text("open"),
+        "price24hPcnt": f"{ticker.change_ratio:.4f}",
+        "highPrice24h": ticker.text("high"),
+        "lowPrice24h": ticker.text("low"),
+        "turnover24h": ticker.text("quote_volume"),
+        "volume24h": ticker.text("volume"),
+        "usdIndexPrice": last,
+    }
 
 
 def taker_side(trade: Trade) -> str:

@@ -91,6 +91,11 @@ class SimulatorControl:
     def now_ms(self) -> int:
         return int(self._call("GET", "health")["now_ms"])
 
+    def universe(self) -> dict[str, Any]:
+        """The load generator's markets (`--universe`): settings, `symbols` hottest first,
+        their `rates` in trades/s outside bursts; `{"markets": 0, ...}` without one."""
+        return dict(self._call("GET", "universe"))
+
     def book(self, symbol: str, step: int | None = None) -> dict[str, Any]:
         """The exchange's book of `symbol` at update id `step` (None: where its stream
         is): `{"step", "bids", "asks", "subscribers"}`, levels as [price, amount] strings."""

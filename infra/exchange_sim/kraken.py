@@ -33,6 +33,7 @@ from aiohttp import web
 
 from .model import MarketModel, SymbolSpec, Trade, fmt8, interval_ms, interval_open
 from .state import SimState
+from .tickers import DayTicker, day_tickers
 
 #: Kraken `interval` (minutes) -> the model's intervals.
 INTERVALS = {
@@ -91,6 +92,7 @@ class KrakenRest:
 
     def __init__(self, state: SimState) -> None:
         self.state = state
+        self._pairs: dict[str, SymbolSpec] | None = None  # pair id -> market
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -99,11 +101,13 @@ class KrakenRest:
             web.get("/0/public/AssetPairs", self.asset_pairs),
             web.get("/0/public/OHLC", self.ohlc),
             web.get("/0/public/Trades", self.trades),
+            web.get("/0/public/Ticker", self.ticker),
         ]
 
     def _spec(self, pair: str) -> SymbolSpec | None:
-        specs = self.state.model.specs.values()
-        return next((s for s in specs if pair_id(s) == pair), None)
+        if self._pairs is None:  # the model never changes: index its pairs once
+            self._pairs = {pair_id(s): s for s in self.state.model.specs.values()}
+        return self._pairs.get(pair)
 
     def _pair(self, spec: SymbolSpec) -> dict[str, Any]:
         online = spec.trading_at(self.state.clock.now_ms())
@@ -151,6 +155,18 @@ class KrakenRest:
                 for code in sorted(codes)
             }
         )
+
+    async def ticker(self, request: web.Request) -> web.Response:
+        """``Ticker[?pair=A,B]``: by pair id, every pair without ``pair``."""
+        specs: list[SymbolSpec] | None = None
+        if "pair" in request.query:
+            specs = []
+            for pair in request.query["pair"].split(","):
+                spec = self._spec(pair)
+                if spec is None:
+                    return kraken_error("EQuery:Unknown asset pair")
+                specs.append(spec)
+        return _ok({pair_id(t.spec): ticker_entry(t) for t in await day_tickers(self.state, specs)})
 
     async def asset_pairs(self, request: web.Request) -> web.Response:
         wanted = request.query.get("pair")
@@ -252,6 +268,26 @@ class KrakenRest:
         )
 
 
+def ticker_entry(ticker: DayTicker) -> dict[str, Any]:
+    """A ``Ticker`` entry: ``[today, last 24 h]`` pairs of volume (``v``), vwap (``p``),
+    trade count (``t``), low, high; ccxt reads the 24 h slot (quote volume = v x p).
+    Not modelled: "today" repeats the 24 h figures; bid = ask = last, sizes 0; ``o``
+    is the window's open."""
+    last, volume, vwap = ticker.text("close"), ticker.text("volume"), fmt8(ticker.vwap)
+    low, high = ticker.text("low"), ticker.text("high")
+    return {
+        "a": [last, "0", "0.000"],
+        "b": [last, "0", "0.000"],
+        "c": [last, "0.00000000"],
+        "v": [volume, volume],
+        "p": [vwap, vwap],
+        "t": [ticker.trades, ticker.trades],
+        "l": [low, low],
+        "h": [high, high],
+        "o": ticker.text("open"),
+    }
+
+
 def parse_since(raw: str) -> int:
     """Kraken's ``since``, in nanoseconds: a ``last`` cursor (nanoseconds) or unix
     seconds, possibly fractional (what ccxt sends)."""
@@ -265,9 +301,11 @@ def trade_ns(model: MarketModel, trade: Trade) -> int:
     """A model trade's Kraken time in nanoseconds: its millisecond plus 100 us plus
     10 ns per earlier trade of its minute. Unique and increasing, so ``last`` pages
     trades of one millisecond exactly; and the seconds float (``ns / 1e9``) stays
-    inside the millisecond, so ccxt's truncating ``int(time * 1000)`` gives it back."""
-    position = trade.id - model.first_trade_id(trade.symbol, trade.time_ms)
-    return trade.time_ms * 10**6 + 100_000 + 10 * position
+    inside the millisecond, so ccxt's truncating ``int(time * 1000)`` gives it back.
+    A minute of 90,000 trades or more (a busy universe market: 10 ns each would
+    leave the millisecond) counts 10 ns per earlier trade of its millisecond instead."""
+    position, count, in_ms = model.trade_position(trade.symbol, trade.id, trade.time_ms)
+    return trade.time_ms * 10**6 + 100_000 + 10 * (position if count < 90_000 else in_ms)
 
 
 # ------------------------------------------------------- public websocket v2

@@ -23,6 +23,10 @@ How (see README.md, "Data model"):
   epoch are cheap and id -> minute lookups bisect days, then minutes.
 * Coarser candles aggregate the 1m bars; a candle that contains "now" is
   aggregated from the trades up to "now" (still open).
+* Paced markets (``Pacing``: the load generator's universe, ``universe.py``) take
+  their minute trade counts from a fixed day total shared out by weight (bursts,
+  jitter) instead of a per-minute draw, so their ids are closed-form at any rate;
+  the rest of their bars and trades is drawn as for any market.
 
 All randomness comes from ``random.Random(int).random()`` only, whose sequence
 Python guarantees across versions, seeded by blake2b (never the salted
@@ -41,11 +45,13 @@ import math
 import random
 import sys
 import threading
+import typing
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 try:  # optional: ~6x faster trade-id counting (``_count_day``); exact either way
     import numpy as _np
@@ -62,6 +68,9 @@ MAX_TRADES_PER_MINUTE = 50_000
 #: Model trade ids lie above this floor, consecutive per symbol; injected trades
 #: (``/_sim/trades``) take ids below it, so the two never collide (README "Trade ids").
 MODEL_ID_FLOOR = 10**14
+#: The fewest trades (~11 bytes each) a model keeps generated: more with a universe,
+#: whose current and next minute (the streams prefetch it), bursts included, must fit.
+DRAWS_CACHE_TRADES = 4_000_000
 
 INTERVAL_MS: dict[str, int] = {
     "1m": MINUTE_MS,
@@ -144,6 +153,41 @@ def _decimals(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class Pacing:
+    """The trade-rate shape of a *paced* market (the load generator's, ``universe.py``).
+
+    Why a second kind of market: a load generator needs a rate it can dial, bursts it
+    can place, and trade ids that stay cheap at any rate. A paced market trades
+    exactly ``day_total`` trades every UTC day from its listing day (a midnight), so
+    its ids are closed-form (``_PacedIds``: no day is counted), and its minutes share
+    those trades by weight: 1, or ``burst_factor`` in the day's burst minutes (the same
+    minutes for every paced market of a model: where the seed says), times a lognormal
+    ``jitter``. Its order book changes ``book_ratio`` levels per trade on average.
+    """
+
+    burst_fraction: float = 0.0  # share of a day's minutes that are burst minutes
+    burst_factor: float = 1.0  # trade rate in a burst minute, x the base rate
+    jitter: float = 0.1  # stdev of the log of a minute's weight (0: an even rate)
+    book_ratio: float = 1.0  # book level changes per trade
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.burst_fraction <= 1.0:
+            raise ValueError("burst_fraction must be in [0, 1]")
+        if self.burst_factor <= 0 or self.jitter < 0 or self.book_ratio <= 0:
+            raise ValueError("burst_factor and book_ratio must be > 0, jitter >= 0")
+
+    @property
+    def burst_minutes(self) -> int:
+        """Burst minutes in every UTC day."""
+        return round(self.burst_fraction * MINUTES_PER_DAY)
+
+    def day_total(self, per_minute: float) -> int:
+        """Trades a day holds at ``per_minute`` outside bursts (the id rule's constant)."""
+        weight = MINUTES_PER_DAY + self.burst_minutes * (self.burst_factor - 1.0)
+        return max(0, round(per_minute * weight))
+
+
+@dataclass(frozen=True)
 class SymbolSpec:
     """Static description of one market; the walk and the exchange metadata derive from it."""
 
@@ -159,34 +203,40 @@ class SymbolSpec:
     max_qty: str = "9000000"
     listed_ms: int = 0  # no candles or trades before this
     delisted_ms: int | None = None  # no candles after this; status BREAK
+    pacing: Pacing | None = None  # a paced market (the load generator's): see Pacing
 
     def __post_init__(self) -> None:
         if self.price_decimals + self.qty_decimals > 8:
             raise ValueError(f"{self.symbol}: tick x step must be >= 1e-8")
         if "/" not in self.symbol:
             raise ValueError(f"{self.symbol}: expected BASE/QUOTE")
+        if self.pacing is not None and (
+            self.listed_ms % DAY_MS or self.delisted_ms is not None or self.active_fraction != 1
+        ):
+            raise ValueError(f"{self.symbol}: a paced market is listed at a midnight, for good")
 
-    @property
+    # Cached: the streams read them for every message of a busy universe market.
+    @functools.cached_property
     def base(self) -> str:
         return self.symbol.split("/")[0]
 
-    @property
+    @functools.cached_property
     def quote(self) -> str:
         return self.symbol.split("/")[1]
 
-    @property
+    @functools.cached_property
     def binance_id(self) -> str:
         return self.base + self.quote
 
-    @property
+    @functools.cached_property
     def coinbase_id(self) -> str:
         return f"{self.base}-{self.quote}"
 
-    @property
+    @functools.cached_property
     def price_decimals(self) -> int:
         return _decimals(self.tick)
 
-    @property
+    @functools.cached_property
     def qty_decimals(self) -> int:
         return _decimals(self.step)
 
@@ -367,6 +417,38 @@ class Trade:
     buyer_is_maker: bool
 
 
+class TradeColumns(NamedTuple):
+    """Consecutive model trades of one minute, column by column (``trade_columns``):
+    ids from ``first_id`` on, times as offsets from ``minute_ms``, prices in ticks,
+    quantities in steps, ``taker_buy`` 1 where the buyer took (``buyer_is_maker`` 0)."""
+
+    first_id: int
+    minute_ms: int
+    times: Sequence[int]
+    prices: Sequence[int]
+    qtys: Sequence[int]
+    taker_buy: Sequence[int]
+
+
+@functools.lru_cache(maxsize=16)
+def units_text(places: int) -> Callable[[int], str]:
+    """The printer of integer units of ``10**-places`` with eight decimals, exactly as
+    ``fmt8`` prints the ``Decimal`` (``units_text(2)(6000012)`` -> ``"60000.12000000"``).
+    Memoised: a market's prices and sizes repeat, a look-up is ~5x cheaper than printing."""
+    if places == 0:
+
+        def text(units: int) -> str:
+            return f"{units}.00000000"
+
+    else:
+        scale, pad = 10**places, "0" * (8 - places)
+
+        def text(units: int) -> str:
+            return f"{units // scale}.{units % scale:0{places}d}{pad}"
+
+    return functools.lru_cache(maxsize=1 << 16)(text)
+
+
 def _fmt8(value: Decimal) -> str:
     """Binance prints every decimal with 8 places."""
     return f"{value:.8f}"
@@ -443,14 +525,139 @@ def _counts_numpy(raw: bytes, spec: SymbolSpec) -> list[int]:
     return counts
 
 
+def _ints(values: list[int]) -> Sequence[int]:
+    """``values`` packed: 4 bytes each where they fit (nearly always), else 8."""
+    try:
+        return array.array("i", values)
+    except OverflowError:
+        return array.array("q", values)
+
+
 class _Draws(NamedTuple):
     """A minute's trades before they get ids: offsets in the minute (ms), prices in
-    ticks, quantities in steps, taker sides; ids need the id index, candles do not."""
+    ticks, quantities in steps, taker sides (1: the buyer took); ids need the id
+    index, candles do not. Arrays, not tuples of ints: a busy market's minute holds
+    hundreds of thousands of trades (11 bytes each here, ~100 as Python ints)."""
 
-    times: tuple[int, ...]
-    prices: tuple[int, ...]
-    qtys: tuple[int, ...]
-    taker_buy: tuple[bool, ...]
+    times: Sequence[int]  # array('H'), sorted
+    prices: Sequence[int]  # array('i') (or 'q')
+    qtys: Sequence[int]  # array('i') (or 'q')
+    taker_buy: Sequence[int]  # bytes of 0/1
+
+
+_NO_BAR = (0,) * len(Bar._fields)
+
+
+class _DayBars(Sequence[Bar | None]):
+    """A day of minute bars in one int64 array (None where nothing traded).
+
+    Why: the live path keeps every watched market's current day cached; as tuples of
+    Python ints a day takes ~0.5 MB, so a universe of 1,000 markets ~0.5 GB; as one
+    array, ~115 kB a day.
+    """
+
+    __slots__ = ("_flat", "_present")
+    _WIDTH = len(Bar._fields)
+
+    def __init__(self, bars: Sequence[Bar | None]) -> None:
+        self._present = bytes(b is not None for b in bars)
+        self._flat: Sequence[int]
+        try:
+            flat = array.array("q")
+            for bar in bars:
+                flat.extend(_NO_BAR if bar is None else bar)
+            self._flat = flat
+        except OverflowError:  # a value beyond int64: keep Python ints
+            self._flat = [v for bar in bars for v in (_NO_BAR if bar is None else bar)]
+
+    def __len__(self) -> int:
+        return len(self._present)
+
+    def _bar(self, i: int) -> Bar | None:
+        if not self._present[i]:
+            return None
+        w = self._WIDTH * i
+        return Bar(*self._flat[w : w + self._WIDTH])
+
+    @typing.overload
+    def __getitem__(self, index: int) -> Bar | None: ...
+
+    @typing.overload
+    def __getitem__(self, index: slice) -> list[Bar | None]: ...
+
+    def __getitem__(self, index: int | slice) -> Bar | list[Bar | None] | None:
+        if isinstance(index, slice):
+            return [self._bar(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._bar(index)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _SizedLru(Generic[K, V]):
+    """An LRU cache bounded by the total ``weight`` of its values (e.g. trades held).
+
+    Why not ``functools.lru_cache``: a busy market's minute of trades weighs 10,000x
+    an idle one's, so a bound on entries is no bound on memory; and the streams ask
+    whether a value is ready (``in``) before they would compute it on the event loop.
+    Thread-safe; a value may be computed twice by racing threads, never stored wrong.
+    """
+
+    def __init__(
+        self, compute: Callable[[K], V], weight: Callable[[V], int], max_weight: int
+    ) -> None:
+        self._compute, self._weight, self.max_weight = compute, weight, max_weight
+        self._data: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: K) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def get(self, key: K) -> V:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None:
+                self._data.move_to_end(key)
+                return hit[0]
+        value = self._compute(key)
+        weight = 1 + self._weight(value)
+        with self._lock:
+            if key not in self._data:
+                self._data[key] = (value, weight)
+                self._total += weight
+            while self._total > self.max_weight and len(self._data) > 1:
+                _, (_, old) = self._data.popitem(last=False)
+                self._total -= old
+        return value
+
+
+class _PacedIds:
+    """The id index of a paced market: every day holds ``per_day`` trades, so a day's
+    first id is closed-form (``_IdIndex``'s interface, nothing to count or cache)."""
+
+    def __init__(self, spec: SymbolSpec, per_day: int) -> None:
+        self.first_day = spec.listed_ms // DAY_MS
+        self.per_day = per_day
+        self.base = MODEL_ID_FLOOR + 1  # the listing day's first trade
+
+    def covers(self, day: int) -> bool:
+        return True
+
+    def day_start(self, day: int) -> int:
+        return self.base + max(0, day - self.first_day) * self.per_day
+
+    def day_of(self, trade_id: int, last_day: int) -> int | None:
+        if self.per_day == 0:
+            return None
+        day = self.first_day + max(0, trade_id - self.base) // self.per_day
+        return day if day <= last_day else None
 
 
 class _IdIndex:
@@ -558,15 +765,37 @@ class MarketModel:
         for spec in specs:
             for alias in (spec.symbol, spec.binance_id, spec.coinbase_id):
                 self._aliases[alias.upper()] = spec.symbol
+        # Caches hold at least every market's current day (the live path reads it each
+        # minute): sized by the number of markets, a universe of 1,000 included.
+        markets = len(self.specs)
         self._anchor = functools.lru_cache(maxsize=1 << 16)(self._compute_anchor)
-        self._day = functools.lru_cache(maxsize=64)(self._generate_day)
-        self._draws = functools.lru_cache(maxsize=512)(self._generate_draws)
-        self._trades = functools.lru_cache(maxsize=512)(self._generate_trades)
+        self._day = functools.lru_cache(maxsize=64 + 2 * markets)(self._generate_day)
+        self._paced = functools.lru_cache(maxsize=64 + 2 * markets)(self._paced_counts)
+        self._bursts = functools.lru_cache(maxsize=64)(self._burst_minutes)
+        self._draws_cache: _SizedLru[tuple[str, int], _Draws | None] = _SizedLru(
+            lambda key: self._generate_draws(*key),
+            lambda draws: 0 if draws is None else len(draws.times),
+            self._draws_budget(),
+        )
         self._closed = functools.lru_cache(maxsize=1 << 17)(self._compute_closed_bar)
-        self._offsets = functools.lru_cache(maxsize=256)(self._minute_offsets)
-        self._ids = {
-            s.symbol: _IdIndex(s, functools.partial(self._day_total, s.symbol)) for s in specs
+        self._offsets = functools.lru_cache(maxsize=256 + 2 * markets)(self._minute_offsets)
+        self._ids: dict[str, _IdIndex | _PacedIds] = {
+            s.symbol: (
+                _IdIndex(s, functools.partial(self._day_total, s.symbol))
+                if s.pacing is None
+                else _PacedIds(s, s.pacing.day_total(s.trades_per_minute))
+            )
+            for s in specs
         }
+
+    def _draws_budget(self) -> int:
+        """Trades the draws cache holds: two minutes of every market at its burst rate,
+        twice over (a burst minute and the next prefetched), and room for REST pages."""
+        busiest = sum(
+            s.trades_per_minute * max(1.0, s.pacing.burst_factor if s.pacing else 1.0)
+            for s in self.specs.values()
+        )
+        return max(DRAWS_CACHE_TRADES, int(4 * busiest) + 1_000_000)
 
     # ------------------------------------------------------------------ symbols
     def spec(self, symbol: str) -> SymbolSpec:
@@ -575,6 +804,15 @@ class MarketModel:
             return self.specs[self._aliases[symbol.upper()]]
         except KeyError:
             raise UnknownSymbolError(symbol) from None
+
+    def with_specs(self, specs: Sequence[SymbolSpec]) -> MarketModel:
+        """This model's markets and ``specs`` (e.g. a universe's), same seed."""
+        taken = {a for spec in specs for a in (spec.binance_id, spec.coinbase_id)}
+        clash = sorted(taken.intersection(a.replace("/", "") for a in self._aliases))
+        clash += sorted(taken.intersection(self._aliases))
+        if clash:
+            raise ValueError(f"markets already listed: {', '.join(clash)}")
+        return MarketModel([*self.specs.values(), *specs], seed=self.seed)
 
     def with_trade_rate(self, rate: float | Mapping[str, float]) -> MarketModel:
         """A model whose symbols trade ``rate`` times per second (per traded minute).
@@ -609,15 +847,18 @@ class MarketModel:
         return mid + std * z
 
     # ------------------------------------------------------------ minute bars
-    def _generate_day(self, symbol: str, day: int) -> tuple[Bar | None, ...]:
+    def _generate_day(self, symbol: str, day: int) -> Sequence[Bar | None]:
         """The 1440 full minute bars of a UTC day (None where nothing traded).
 
-        Hot path (a 1d candle needs a whole day), hence the inlined arithmetic.
+        Hot path (a 1d candle needs a whole day), hence the inlined arithmetic. A paced
+        market takes its trade counts from ``_paced`` and scales volume with them; the
+        rest of its bar is drawn as for any market.
         """
         spec = self.specs[symbol]
         day_start = day * DAY_MS
         if not (spec.trading_at(day_start) or spec.trading_at(day_start + DAY_MS - 1)):
-            return (None,) * MINUTES_PER_DAY
+            return _DayBars((None,) * MINUTES_PER_DAY)
+        paced = self._paced(symbol, day) if spec.pacing is not None else None
         rng = self._rng(symbol, "day", day)
         rnd = rng.random
         log, sqrt, cos, sin = math.log, math.sqrt, math.cos, math.sin
@@ -656,7 +897,12 @@ class MarketModel:
         append = bars.append
         for i in range(MINUTES_PER_DAY):
             k = 9 * i
-            if u[k] >= active_fraction or not lo_minute <= i < hi_minute:
+            if paced is not None:
+                n = paced[i]
+                if not n or not lo_minute <= i < hi_minute:
+                    append(None)
+                    continue
+            elif u[k] >= active_fraction or not lo_minute <= i < hi_minute:
                 append(None)
                 continue
             r1 = sqrt(-2.0 * log(1.0 - u[k + 1]))
@@ -669,8 +915,9 @@ class MarketModel:
             a3_ = two_pi * u[k + 6]
             z_nb, z_tb = r3 * cos(a3_), r3 * sin(a3_)
             o, c = ticks[i], ticks[i + 1]
-            n = round(tpm * exp(0.5 * z_n - 0.125))
-            n = 1 if n < 1 else (max_n if n > max_n else n)
+            if paced is None:
+                n = round(tpm * exp(0.5 * z_n - 0.125))
+                n = 1 if n < 1 else (max_n if n > max_n else n)
             if n == 1:
                 c = o  # a single trade opens and closes the minute
             top, bot = (o, c) if o >= c else (c, o)
@@ -686,7 +933,7 @@ class MarketModel:
                         lo = bot
                     else:
                         h = top
-            v = round(vol_units * exp(0.7 * z_v - 0.245))
+            v = round(vol_units * (1.0 if paced is None else n / tpm) * exp(0.7 * z_v - 0.245))
             if v < n:
                 v = n
             p_buy = 0.35 + 0.3 * u[k + 8]
@@ -701,7 +948,43 @@ class MarketModel:
                 tbv = max(nb, min(v - (n - nb), tbv))
             q = (v * (o + h + lo + c) * quote_scale + 2) // 4
             append(Bar(o, h, lo, c, v, q, n, tbv, q * tbv // v, nb))
-        return tuple(bars)
+        return _DayBars(bars)
+
+    def _burst_minutes(self, day: int, count: int) -> frozenset[int]:
+        """The day's burst minutes (indices): ``count`` of them, where the seed says.
+        The same for every paced market (a burst is market-wide, as a crash is); a
+        larger ``count`` keeps the smaller one's minutes (a partial Fisher-Yates)."""
+        rng = self._rng("bursts", day)
+        picks = list(range(MINUTES_PER_DAY))
+        for i in range(min(count, MINUTES_PER_DAY)):
+            j = i + _randbelow(rng, MINUTES_PER_DAY - i)
+            picks[i], picks[j] = picks[j], picks[i]
+        return frozenset(picks[:count])
+
+    def _paced_counts(self, symbol: str, day: int) -> Sequence[int]:
+        """A paced market's trade count of each minute of ``day``: exactly
+        ``Pacing.day_total`` in all, shared by weight (1, or ``burst_factor`` in burst
+        minutes, times a lognormal jitter; cumulative floors keep the sum exact)."""
+        spec = self.specs[symbol]
+        pacing = spec.pacing
+        assert pacing is not None
+        total = pacing.day_total(spec.trades_per_minute)
+        bursts = self._bursts(day, pacing.burst_minutes)
+        rnd = self._rng(symbol, "pace", day).random
+        sigma, factor = pacing.jitter, pacing.burst_factor
+        log, sqrt, cos, sin, exp = math.log, math.sqrt, math.cos, math.sin, math.exp
+        bias = -0.5 * sigma * sigma  # the lognormal's mean is 1
+        cum = [0.0] * (MINUTES_PER_DAY + 1)
+        acc = 0.0
+        for i in range(0, MINUTES_PER_DAY, 2):
+            radius = sqrt(-2.0 * log(1.0 - rnd()))
+            angle = 2.0 * math.pi * rnd()
+            for j, z in ((i, radius * cos(angle)), (i + 1, radius * sin(angle))):
+                acc += exp(sigma * z + bias) * (factor if j in bursts else 1.0)
+                cum[j + 1] = acc
+        bounds = [int(total * c / acc) for c in cum]  # floors: c, total, acc >= 0
+        bounds[-1] = total
+        return array.array("q", [bounds[i + 1] - bounds[i] for i in range(MINUTES_PER_DAY)])
 
     def _count_day(self, symbol: str, day: int) -> list[int]:
         """The trade count of each minute of a day: ``[bar.n or 0 for bar in _day()]``.
@@ -720,6 +1003,8 @@ class MarketModel:
         day_start = day * DAY_MS
         if not (spec.trading_at(day_start) or spec.trading_at(day_start + DAY_MS - 1)):
             return [0] * MINUTES_PER_DAY
+        if spec.pacing is not None:
+            return list(self._paced(symbol, day))  # listed at a midnight: whole days
         rng = self._rng(symbol, "day", day)
         rng.getrandbits(64 * MINUTES_PER_DAY)  # the walk: 1440 random() calls, 2 words each
         raw = rng.getrandbits(64 * 9 * MINUTES_PER_DAY).to_bytes(72 * MINUTES_PER_DAY, "little")
@@ -739,9 +1024,9 @@ class MarketModel:
     def _day_total(self, symbol: str, day: int) -> int:
         return sum(self._count_day(symbol, day))
 
-    def _minute_offsets(self, symbol: str, day: int) -> tuple[int, ...]:
+    def _minute_offsets(self, symbol: str, day: int) -> Sequence[int]:
         """Trades of the day before each minute (1441 entries, the last the day's total)."""
-        return tuple(itertools.accumulate(self._count_day(symbol, day), initial=0))
+        return array.array("q", itertools.accumulate(self._count_day(symbol, day), initial=0))
 
     def minute_bar(self, symbol: str, minute_ms: int) -> Bar | None:
         """Full bar of the minute opening at ``minute_ms`` (None: no trades)."""
@@ -751,65 +1036,80 @@ class MarketModel:
 
     # ------------------------------------------------------------------ trades
     def _generate_draws(self, symbol: str, minute_index: int) -> _Draws | None:
-        """The trades of one minute, built to aggregate exactly to its bar (None: no bar)."""
+        """The trades of one minute, built to aggregate exactly to its bar (None: no bar).
+
+        Cost ~2 us a trade (a busy universe market's minute is 10^5-10^6 trades: the
+        streams generate it in a worker thread ahead of time, ``prepare``); written for
+        speed, the draws are those of the plain loops they replace, in the same order.
+        """
         bar = self.minute_bar(symbol, minute_index * MINUTE_MS)
         if bar is None:
             return None
         rng = self._rng(symbol, "trades", minute_index)
+        rnd = rng.random
         n = bar.n
-        times = sorted(_randbelow(rng, MINUTE_MS) for _ in range(n))
+        last = MINUTE_MS - 1
+        times = [int(rnd() * MINUTE_MS) for _ in range(n)]  # _randbelow(rng, MINUTE_MS)
+        times = sorted([t if t < last else last for t in times])
         prices = [0] * n
         prices[0], prices[-1] = bar.o, bar.c
-        interior = list(range(1, n - 1))
-        for i in range(min(2, len(interior))):  # partial Fisher-Yates: 2 random slots
-            j = i + _randbelow(rng, len(interior) - i)
-            interior[i], interior[j] = interior[j], interior[i]
+        # Two random interior slots (a partial Fisher-Yates over positions 1..n-2).
+        inner = n - 2
+        moved: dict[int, int] = {}
+        for i in range(min(2, max(inner, 0))):
+            j = i + _randbelow(rng, inner - i)
+            moved[i], moved[j] = moved.get(j, j + 1), moved.get(i, i + 1)
+        free = iter([moved.get(i, i + 1) for i in range(min(2, max(inner, 0)))])
         top, bot = max(bar.o, bar.c), min(bar.o, bar.c)
         special: dict[int, int] = {}
-        free = iter(interior)
         if bar.h > top:
             special[next(free)] = bar.h
         if bar.l < bot:
             special[next(free)] = bar.l
         spread = (bar.h - bar.l) / 4.0
+        o, dc, span, lo, hi = bar.o, bar.c - bar.o, n - 1, bar.l, bar.h
         for pos in range(1, n - 1):
             if pos in special:
                 prices[pos] = special[pos]
                 continue
-            base = bar.o + (bar.c - bar.o) * pos / (n - 1)
-            noisy = round(base + (rng.random() * 2.0 - 1.0) * spread)
-            prices[pos] = max(bar.l, min(bar.h, noisy))
+            noisy = round(o + dc * pos / span + (rnd() * 2.0 - 1.0) * spread)
+            prices[pos] = lo if noisy < lo else (hi if noisy > hi else noisy)
         order = list(range(n))
         for i in range(bar.nb):  # first nb shuffled positions are buyer-taker trades
             j = i + _randbelow(rng, n - i)
             order[i], order[j] = order[j], order[i]
-        buyer_taker = set(order[: bar.nb])
+        taker_buy = bytearray(n)
+        for pos in order[: bar.nb]:
+            taker_buy[pos] = 1
         buy_qty = iter(_split(rng, bar.tbv, bar.nb))
         sell_qty = iter(_split(rng, bar.v - bar.tbv, n - bar.nb))
-        taker_buy = tuple(pos in buyer_taker for pos in range(n))
-        qtys = tuple(next(buy_qty) if buy else next(sell_qty) for buy in taker_buy)
-        return _Draws(tuple(times), tuple(prices), qtys, taker_buy)
+        qtys = [next(buy_qty) if buy else next(sell_qty) for buy in taker_buy]
+        return _Draws(array.array("H", times), _ints(prices), _ints(qtys), bytes(taker_buy))
 
-    def _generate_trades(self, symbol: str, minute_index: int) -> tuple[Trade, ...]:
-        """The minute's trades with their ids: consecutive from the minute's first id."""
-        draws = self._draws(symbol, minute_index)
-        if draws is None:
-            return ()
-        spec = self.specs[symbol]
+    def _draws(self, symbol: str, minute_index: int) -> _Draws | None:
+        return self._draws_cache.get((symbol, minute_index))
+
+    def _trade_slice(
+        self, spec: SymbolSpec, minute_index: int, draws: _Draws, positions: range
+    ) -> Iterator[Trade]:
+        """The trades at ``positions`` of a minute, with their ids (consecutive from the
+        minute's first id). Built on demand: a minute's trades are never all objects."""
+        if not positions:
+            return
         pd, qd = spec.price_decimals, spec.qty_decimals
-        first_id = self._minute_start_id(symbol, minute_index)
+        first_id = self._minute_start_id(spec.symbol, minute_index)
         minute_ms = minute_index * MINUTE_MS
-        return tuple(
-            Trade(
+        times, prices, qtys, buys = draws
+        symbol = spec.symbol
+        for pos in positions:
+            yield Trade(
                 symbol=symbol,
                 id=first_id + pos,
-                time_ms=minute_ms + offset,
-                price=Decimal(price).scaleb(-pd),
-                qty=Decimal(qty).scaleb(-qd),
-                buyer_is_maker=not buy,
+                time_ms=minute_ms + times[pos],
+                price=Decimal(prices[pos]).scaleb(-pd),
+                qty=Decimal(qtys[pos]).scaleb(-qd),
+                buyer_is_maker=not buys[pos],
             )
-            for pos, (offset, price, qty, buy) in enumerate(zip(*draws, strict=True))
-        )
 
     # --------------------------------------------------------------- trade ids
     def _minute_start_id(self, symbol: str, minute_index: int) -> int:
@@ -848,9 +1148,102 @@ class MarketModel:
         """Count the ids up to ``t_ms``'s day (call it from a worker thread)."""
         self._ids[self.spec(symbol).symbol].day_start(t_ms // DAY_MS)
 
+    def trade_columns(self, symbol: str, start_ms: int, end_ms: int) -> list[TradeColumns]:
+        """The trades of ``[start_ms, end_ms]`` as one ``TradeColumns`` per minute that
+        has some, oldest first: slices of the generated arrays, no object per trade.
+        The streams' hot path (a busy universe prints them column by column)."""
+        spec = self.spec(symbol)
+        start_ms = max(start_ms, spec.listed_ms)
+        out: list[TradeColumns] = []
+        for minute in range(start_ms // MINUTE_MS, end_ms // MINUTE_MS + 1):
+            draws = self._draws(spec.symbol, minute)
+            if draws is None:
+                continue
+            minute_ms = minute * MINUTE_MS
+            times, prices, qtys, buys = draws
+            lo = bisect.bisect_left(times, start_ms - minute_ms)
+            hi = bisect.bisect_right(times, end_ms - minute_ms)
+            if lo < hi:
+                first_id = self._minute_start_id(spec.symbol, minute) + lo
+                out.append(
+                    TradeColumns(
+                        first_id, minute_ms, times[lo:hi], prices[lo:hi], qtys[lo:hi], buys[lo:hi]
+                    )
+                )
+        return out
+
     def trades_in_minute(self, symbol: str, minute_ms: int) -> tuple[Trade, ...]:
         """All model trades of the minute that opens at (or contains) ``minute_ms``."""
-        return self._trades(self.spec(symbol).symbol, minute_ms // MINUTE_MS)
+        spec = self.spec(symbol)
+        draws = self._draws(spec.symbol, minute_ms // MINUTE_MS)
+        if draws is None:
+            return ()
+        positions = range(len(draws.times))
+        return tuple(self._trade_slice(spec, minute_ms // MINUTE_MS, draws, positions))
+
+    def path_ticks(self, symbol: str, t_ms: int) -> int | None:
+        """The price path at ``t_ms``, in ticks: its minute's open to its close, linear in
+        time (the last close before an idle minute; None: nothing traded in the last
+        hour). What a universe market's book centres on: it moves as the market does,
+        without every trade's jitter."""
+        spec = self.spec(symbol)
+        minute = t_ms - t_ms % MINUTE_MS
+        bar = self.minute_bar(spec.symbol, minute)
+        if bar is not None:
+            return round(bar.o + (bar.c - bar.o) * (t_ms - minute) / MINUTE_MS)
+        for back in range(1, 61):
+            bar = self.minute_bar(spec.symbol, minute - back * MINUTE_MS)
+            if bar is not None:
+                return bar.c
+        return None
+
+    def trade_position(self, symbol: str, trade_id: int, time_ms: int) -> tuple[int, int, int]:
+        """Where a model trade lies: (its position in its minute, the minute's trade
+        count, the trades of the same millisecond before it)."""
+        spec = self.spec(symbol)
+        minute = time_ms // MINUTE_MS
+        position = trade_id - self._minute_start_id(spec.symbol, minute)
+        draws = self._draws(spec.symbol, minute)
+        if draws is None:
+            return position, 0, 0
+        first = bisect.bisect_left(draws.times, time_ms - minute * MINUTE_MS)
+        return position, len(draws.times), position - first
+
+    def burst_minutes(self, symbol: str, day: int) -> list[int]:
+        """Open times of the burst minutes of ``day`` (days since 1970) for a paced
+        market (none for the others): where the seed says, the same for every paced
+        market with the same ``burst_fraction``."""
+        pacing = self.spec(symbol).pacing
+        if pacing is None:
+            return []
+        picked = self._bursts(day, pacing.burst_minutes)
+        return [day * DAY_MS + i * MINUTE_MS for i in sorted(picked)]
+
+    def in_burst(self, symbol: str, t_ms: int) -> bool:
+        """Whether ``t_ms`` falls in a burst minute of a paced market."""
+        pacing = self.spec(symbol).pacing
+        if pacing is None or not pacing.burst_minutes:
+            return False
+        day, offset = divmod(t_ms, DAY_MS)
+        return offset // MINUTE_MS in self._bursts(day, pacing.burst_minutes)
+
+    def trades_ready(self, symbol: str, first_ms: int, last_ms: int) -> bool:
+        """Whether the trades of ``[first_ms, last_ms]`` cost the caller nothing: ids
+        counted and every minute generated (else ``prepare`` them in a worker thread)."""
+        spec = self.spec(symbol)
+        if not (self.ids_ready(spec.symbol, first_ms) and self.ids_ready(spec.symbol, last_ms)):
+            return False
+        minutes = range(first_ms // MINUTE_MS, last_ms // MINUTE_MS + 1)
+        return all((spec.symbol, m) in self._draws_cache for m in minutes)
+
+    def prepare(self, symbol: str, first_ms: int, last_ms: int) -> None:
+        """Count the ids and generate the trades of ``[first_ms, last_ms]`` (call it from
+        a worker thread: a busy market's minute takes a good fraction of a second)."""
+        spec = self.spec(symbol)
+        self.warm_ids(spec.symbol, first_ms)
+        self.warm_ids(spec.symbol, last_ms)
+        for minute in range(first_ms // MINUTE_MS, last_ms // MINUTE_MS + 1):
+            self._draws(spec.symbol, minute)
 
     def iter_trades(
         self, symbol: str, start_ms: int, end_ms: int, *, from_id: int | None = None
@@ -865,12 +1258,14 @@ class MarketModel:
         start_ms = max(start_ms, spec.listed_ms)
         minute = start_ms // MINUTE_MS
         while minute * MINUTE_MS <= end_ms:
-            for trade in self._trades(spec.symbol, minute):
-                if trade.time_ms < start_ms or (from_id is not None and trade.id < from_id):
-                    continue
-                if trade.time_ms > end_ms:
-                    return
-                yield trade
+            draws = self._draws(spec.symbol, minute)
+            if draws is not None:
+                minute_ms = minute * MINUTE_MS
+                lo = bisect.bisect_left(draws.times, start_ms - minute_ms)
+                hi = bisect.bisect_right(draws.times, end_ms - minute_ms)
+                if from_id is not None and lo < hi:
+                    lo = max(lo, from_id - self._minute_start_id(spec.symbol, minute))
+                yield from self._trade_slice(spec, minute, draws, range(lo, hi))
             minute += 1
 
     def iter_trades_backward(
@@ -895,10 +1290,12 @@ class MarketModel:
         minute = end_ms // MINUTE_MS
         stop = max(spec.listed_ms // MINUTE_MS, minute - max_minutes)
         while minute >= stop:
-            for trade in reversed(self._trades(spec.symbol, minute)):
-                if trade.time_ms > end_ms or (before_id is not None and trade.id >= before_id):
-                    continue
-                yield trade
+            draws = self._draws(spec.symbol, minute)
+            if draws is not None:
+                hi = bisect.bisect_right(draws.times, end_ms - minute * MINUTE_MS)
+                if before_id is not None and hi:
+                    hi = min(hi, before_id - self._minute_start_id(spec.symbol, minute))
+                yield from self._trade_slice(spec, minute, draws, range(hi - 1, -1, -1))
             minute -= 1
 
     def last_price(self, symbol: str, t_ms: int, max_minutes: int) -> Decimal | None:
@@ -990,23 +1387,27 @@ class MarketModel:
             bar = self._open_bar(spec.symbol, length, open_ms, now_ms)
         if bar is None:
             return None
-        pd, qd = spec.price_decimals, spec.qty_decimals
-        return Kline(
-            symbol=spec.symbol,
-            interval=interval,
-            open_time=open_ms,
-            close_time=open_ms + length - 1,
-            open=Decimal(bar.o).scaleb(-pd),
-            high=Decimal(bar.h).scaleb(-pd),
-            low=Decimal(bar.l).scaleb(-pd),
-            close=Decimal(bar.c).scaleb(-pd),
-            volume=Decimal(bar.v).scaleb(-qd),
-            quote_volume=Decimal(bar.q).scaleb(-8),
-            trades=bar.n,
-            taker_buy_base=Decimal(bar.tbv).scaleb(-qd),
-            taker_buy_quote=Decimal(bar.tbq).scaleb(-8),
-            closed=closed,
-        )
+        return _kline(spec, interval, open_ms, length, bar, closed)
+
+    def rolling_day(self, symbol: str, now_ms: int) -> Kline | None:
+        """The 24 h before the minute containing ``now_ms`` (its 1,440 closed minutes),
+        as one candle (interval ``"24h"``; None: nothing traded): what the exchanges'
+        24 h tickers report. Closed minutes only, so it never generates the current
+        minute's trades (seconds of work for a hot universe market)."""
+        spec = self.spec(symbol)
+        end = now_ms - now_ms % MINUTE_MS
+        parts: list[Bar | None] = []
+        t = end - DAY_MS
+        while t < end:
+            day, offset = divmod(t, DAY_MS)
+            first = offset // MINUTE_MS
+            count = min(MINUTES_PER_DAY - first, (end - t) // MINUTE_MS)
+            parts.extend(self._day(spec.symbol, day)[first : first + count])
+            t += count * MINUTE_MS
+        bar = combine_bars(parts)
+        if bar is None:
+            return None
+        return _kline(spec, "24h", end - DAY_MS, DAY_MS, bar, True)
 
     def klines(
         self, symbol: str, interval: str, start_ms: int, end_ms: int, now_ms: int | None = None
@@ -1082,3 +1483,26 @@ def expected_klines(
     non-default model.
     """
     return (model or DEFAULT_MODEL).klines(symbol, interval, start_ms, end_ms, now_ms=now_ms)
+
+
+def _kline(
+    spec: SymbolSpec, interval: str, open_ms: int, length: int, bar: Bar, closed: bool
+) -> Kline:
+    """``bar`` (integer units) as the candle of ``spec`` opening at ``open_ms``."""
+    pd, qd = spec.price_decimals, spec.qty_decimals
+    return Kline(
+        symbol=spec.symbol,
+        interval=interval,
+        open_time=open_ms,
+        close_time=open_ms + length - 1,
+        open=Decimal(bar.o).scaleb(-pd),
+        high=Decimal(bar.h).scaleb(-pd),
+        low=Decimal(bar.l).scaleb(-pd),
+        close=Decimal(bar.c).scaleb(-pd),
+        volume=Decimal(bar.v).scaleb(-qd),
+        quote_volume=Decimal(bar.q).scaleb(-8),
+        trades=bar.n,
+        taker_buy_base=Decimal(bar.tbv).scaleb(-qd),
+        taker_buy_quote=Decimal(bar.tbq).scaleb(-8),
+        closed=closed,
+    )

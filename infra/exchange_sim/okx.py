@@ -22,6 +22,7 @@ from aiohttp import web
 
 from .model import SymbolSpec, Trade, UnknownSymbolError, fmt8
 from .state import SimState
+from .tickers import DayTicker, day_tickers
 from .windows import newest_first
 
 #: OKX `bar` values -> the model's intervals (ccxt appends "utc" from 6 h up).
@@ -67,6 +68,7 @@ class OkxRest:
             web.get("/api/v5/market/history-candles", self.candles),
             web.get("/api/v5/market/trades", self.trades),
             web.get("/api/v5/market/history-trades", self.history_trades),
+            web.get("/api/v5/market/tickers", self.tickers),
         ]
 
     def _spec(self, inst_id: str) -> SymbolSpec | None:
@@ -160,6 +162,16 @@ class OkxRest:
             lambda: list(itertools.islice(model.iter_trades_backward(symbol, now), limit))
         )
         return _ok([trade_row(spec.coinbase_id, t) for t in rows])
+
+    async def tickers(self, request: web.Request) -> web.Response:
+        """``market/tickers?instType=SPOT``: every spot market's 24 h (other types:
+        none listed, an empty list; no ``instType``: OKX's parameter error)."""
+        inst_type = request.query.get("instType")
+        if inst_type is None:
+            return okx_error("51000", "Parameter instType error")
+        if inst_type != "SPOT":
+            return _ok([])
+        return _ok([ticker_row(t) for t in await day_tickers(self.state)])
 
     async def history_trades(self, request: web.Request) -> web.Response:
         """``market/history-trades``, newest first, at most 100 a page. ``type=1``
@@ -268,6 +280,30 @@ def on_message(text: str, conn_id: int) -> tuple[list[Any], str, list[str]]:
         )
         keys.append(channel_key(str(channel), inst_id))
     return replies, op, keys
+
+
+def ticker_row(ticker: DayTicker) -> dict[str, Any]:
+    """A ``market/tickers`` row: ``vol24h`` base, ``volCcy24h`` quote volume (spot).
+    Not modelled: bid = ask = last, sizes 0; ``sodUtc0``/``sodUtc8`` = ``open24h``."""
+    last, open_ = ticker.text("close"), ticker.text("open")
+    return {
+        "instType": "SPOT",
+        "instId": ticker.spec.coinbase_id,
+        "last": last,
+        "lastSz": "0",
+        "askPx": last,
+        "askSz": "0",
+        "bidPx": last,
+        "bidSz": "0",
+        "open24h": open_,
+        "high24h": ticker.text("high"),
+        "low24h": ticker.text("low"),
+        "volCcy24h": ticker.text("quote_volume"),
+        "vol24h": ticker.text("volume"),
+        "ts": str(ticker.now_ms),
+        "sodUtc0": open_,
+        "sodUtc8": open_,
+    }
 
 
 def trade_row(inst_id: str, trade: Trade) -> dict[str, Any]:

@@ -34,12 +34,13 @@ from .faults import Fault, FaultError, parse_fault, truncate
 from .kraken import PREFIX as KRAKEN_PREFIX
 from .kraken import WS_PATH as KRAKEN_WS_PATH
 from .kraken import KrakenRest, kraken_error
-from .model import DEFAULT_MODEL, MarketModel, Trade, UnknownSymbolError
+from .model import DEFAULT_MODEL, MINUTE_MS, MarketModel, Trade, UnknownSymbolError
 from .okx import PREFIX as OKX_PREFIX
 from .okx import WS_PATH as OKX_WS_PATH
 from .okx import OkxRest, okx_error
 from .replay import WINDOWS, RefusedError, Replay
 from .state import SimClock, SimState, Stats
+from .universe import Universe
 
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -76,7 +77,9 @@ class SimulatorServer:
 
     ``model`` is the deterministic world (default ``DEFAULT_MODEL``);
     ``trade_rate`` (trades/second, float or per-symbol mapping) derives a model
-    with that activity; ``now_ms`` freezes the clock at start;
+    with that activity; ``universe`` (a ``Universe``, or its number of markets) adds
+    the load generator's markets (after ``trade_rate``: it sets their rates itself);
+    ``now_ms`` freezes the clock at start;
     ``stream_model_trades=False`` leaves websocket streams silent except for
     injected trades; ``weight_limit`` enforces Binance's per-minute request
     weight (None: never 429 on its own); ``book_levels`` is how many price levels
@@ -90,6 +93,7 @@ class SimulatorServer:
         port: int = 0,
         model: MarketModel | None = None,
         trade_rate: float | Mapping[str, float] | None = None,
+        universe: Universe | int | None = None,
         now_ms: int | None = None,
         stream_model_trades: bool = True,
         pump_interval: float = 0.1,
@@ -100,6 +104,11 @@ class SimulatorServer:
         world = model or DEFAULT_MODEL
         if trade_rate is not None:
             world = world.with_trade_rate(trade_rate)
+        if isinstance(universe, int):
+            universe = Universe(universe)
+        if universe is not None:
+            world = universe.model(world)
+        self.universe = universe
         self.host = host
         self._requested_port = port
         self.state = SimState(
@@ -153,6 +162,7 @@ class SimulatorServer:
             [
                 web.get("/_sim/health", self._h_health),
                 web.get("/_sim/stats", self._h_stats),
+                web.get("/_sim/universe", self._h_universe),
                 web.post("/_sim/reset", self._h_reset),
                 web.get("/_sim/faults", self._h_faults_list),
                 web.post("/_sim/faults", self._h_faults_add),
@@ -178,6 +188,13 @@ class SimulatorServer:
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
         self.streams.start()
+        if self.universe is not None and not self.state.clock.frozen:
+            # A load generator is subscribed to at once: have its markets' first
+            # minutes ready (a day of bars and a minute of trades each; seconds of work).
+            now = self.now_ms()
+            minute = now - now % MINUTE_MS
+            symbols = self.universe.symbols()
+            self.streams.background(self.streams.prepare(symbols, minute))
 
     async def stop(self) -> None:
         await self.streams.stop()
@@ -294,6 +311,24 @@ class SimulatorServer:
         data["weight_used_1m"] = self.binance.weights.used
         data["now_ms"] = self.now_ms()
         return data
+
+    def universe_info(self) -> dict[str, Any]:
+        """The load generator's markets: its settings, ``symbols`` hottest first and
+        their ``rates`` (trades/s outside bursts); ``{"markets": 0}`` without one."""
+        universe = self.universe
+        if universe is None:
+            return {"markets": 0, "symbols": [], "rates": []}
+        return {
+            "markets": universe.markets,
+            "rate": universe.rate,
+            "skew": universe.skew,
+            "burst_fraction": universe.burst_fraction,
+            "burst_factor": universe.burst_factor,
+            "jitter": universe.jitter,
+            "book_ratio": universe.book_ratio,
+            "symbols": universe.symbols(),
+            "rates": universe.rates(),
+        }
 
     def reset(self) -> None:
         """Clear faults, replays, counters and used weight (clock and connections stay)."""
@@ -483,6 +518,9 @@ class SimulatorServer:
     async def _h_stats(self, request: web.Request) -> web.Response:
         include_log = request.query.get("log", "1") not in ("0", "false", "no")
         return web.json_response(self.stats(include_log=include_log))
+
+    async def _h_universe(self, request: web.Request) -> web.Response:
+        return web.json_response(self.universe_info())
 
     async def _h_reset(self, request: web.Request) -> web.Response:
         self.reset()
@@ -750,6 +788,9 @@ class ThreadedSimulator:
 
     def reset(self) -> None:
         self._call(self.server.reset)
+
+    def universe_info(self) -> dict[str, Any]:
+        return self.server.universe_info()
 
 
 def run_in_thread(**options: Any) -> ThreadedSimulator:

@@ -497,3 +497,30 @@ def test_trades_kafka_refused_become_a_gap_once_kafka_takes_them_again() -> None
     assert [(g.from_trade_id, g.to_trade_id, g.cause, g.state) for g in gaps] == [
         ("10", "30", TradeGap.DELIVERY_FAILED, TradeGap.OPEN)
     ]
+
+
+def test_top_against_the_simulators_universe_keeps_its_three_busiest_markets() -> None:
+    """`top: 3` over the simulator's markets and its own 24 h volumes (what its ticker
+    endpoints serve): the three largest, all universe markets, ahead of the 13 defaults."""
+    from infra.exchange_sim import Universe
+
+    now_ms = 1_772_454_896_000  # 2026-03-02T12:34:56Z
+    model = Universe(20, rate=200).model()
+    markets = [market(s.symbol, s.quote, s.trading_at(now_ms)) for s in model.specs.values()]
+    volumes: dict[str, float] = {}
+    for m in markets:
+        day = model.rolling_day(m.symbol, now_ms) if m.active else None
+        if day is not None:
+            volumes[m.symbol] = float(day.quote_volume)
+    # The 24 h figure is the sum of the 1,440 one-minute candles before now's minute.
+    end = now_ms - now_ms % 60_000
+    minutes = model.klines("U001/USDT", "1m", end - 86_400_000, end - 1)
+    assert volumes["U001/USDT"] == float(sum(k.quote_volume for k in minutes))
+    wanted = RecordedMarkets(markets="all", quote="USDT", top=3)
+    universe = recorded_tickers("BINANCE", wanted, markets, volumes)
+    busiest = sorted(volumes, key=lambda s: -volumes[s])[:3]
+    assert list(universe.tickers) == sorted(f"BINANCE:{s}" for s in busiest)
+    assert all(s.startswith("U") for s in busiest)
+    assert min(volumes[s] for s in busiest) > max(
+        v for s, v in volumes.items() if not s.startswith("U")
+    )
