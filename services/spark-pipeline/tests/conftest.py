@@ -238,7 +238,7 @@ class PipelineRun:
                 "PIPELINE_METRICS_PORT": str(self.metrics_port),
                 "PIPELINE_HISTORY__TRIGGER_S": "0.5",
                 # ~3 CPU-s per start, for the first answer's latency: tested once, in
-                # test_pipeline_stack, which turns it on.
+                # test_stack_pipeline, which turns it on.
                 "PIPELINE_HISTORY__WARM_UP": "false",
                 "PIPELINE_LIVE__PERIODS": "[60, 300]",
                 "PIPELINE_LIVE__WATERMARK_S": "5",

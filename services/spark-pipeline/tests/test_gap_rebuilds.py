@@ -1,7 +1,7 @@
 """Candle rebuilds over REPAIRED gaps: the readiness rule, the windows and when they
 settle, the rows and corrections written (pure), and the pending rebuilds driven by a
 clock with the two Spark reads replaced (probe, aggregate). The candle values Spark
-computes are checked against the oracle in test_gaps_stack.py."""
+computes are checked against the oracle in test_stack_gaps.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The gaps table: TradeGap records -> the newest state per gap_id (pure), the table's DDL
-and MERGE text. The stack test is test_gaps_stack.py."""
+and MERGE text. The stack test is test_stack_gaps.py."""
 
 from __future__ import annotations
 

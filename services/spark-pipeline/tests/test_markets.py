@@ -1,5 +1,5 @@
 """Market metadata rows: decoding (pure) and the MERGE text; the stack test is in
-test_pipeline_stack.py."""
+test_stack_pipeline.py."""
 
 from __future__ import annotations
 
