@@ -48,6 +48,7 @@ def test_tables_carry_the_contract_names() -> None:
         contracts.ICEBERG_REQUESTS,
         contracts.ICEBERG_MARKETS,
         contracts.ICEBERG_BOOK_SNAPSHOTS,
+        contracts.ICEBERG_BOOK_DELTAS,
         contracts.ICEBERG_GAPS,
     ]
     assert all(t.name.startswith(f"{contracts.ICEBERG_NAMESPACE}.") for t in TABLES)

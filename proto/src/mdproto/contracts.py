@@ -45,6 +45,7 @@ ICEBERG_OHLC: Final = "market.ohlc"
 ICEBERG_TICKS: Final = "market.ticks"
 ICEBERG_REQUESTS: Final = "market.requests"  # one row per notified history request
 ICEBERG_BOOK_SNAPSHOTS: Final = "market.book_snapshots"  # periodic L2 snapshots per ticker
+ICEBERG_BOOK_DELTAS: Final = "market.book_deltas"  # every stored BookDelta: books between them
 ICEBERG_MARKETS: Final = "market.markets"  # one row per ticker, from KAFKA_MARKETS
 ICEBERG_GAPS: Final = "market.gaps"  # one row per TradeGap.gap_id, its latest state
 

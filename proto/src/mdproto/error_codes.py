@@ -79,7 +79,9 @@ BAD_TIME_RANGE: Final = _code(
     "bad_time_range", "reply sdk", "not 0 <= start < end, or the end too far in the future"
 )
 RANGE_TOO_LARGE: Final = _code(
-    "range_too_large", "reply", "the range holds more candles than the relay's limit"
+    "range_too_large",
+    "reply sdk",
+    "the range holds more candles than the relay's limit, or more book samples than the SDK's",
 )
 BAD_NOTIFY: Final = _code(
     "bad_notify", "reply sdk", "unknown notify pattern, or PER_CLIENT without client_id"

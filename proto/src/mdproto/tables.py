@@ -288,6 +288,46 @@ class BookSnapshots:
     )
 
 
+class BookDeltas:
+    """``market.book_deltas``: every BookDelta record of Kafka ``market.book``, one per row:
+    with ``book_snapshots``, the book of any stored instant (docs/protocol.md "Book
+    history")."""
+
+    TICKER: Final = "ticker"
+    EXCHANGE: Final = "exchange"
+    SYMBOL: Final = "symbol"
+    # The exchange's time of the change, else the ingestor's (as ``snapshot_time``).
+    DELTA_TIME: Final = "delta_time"
+    EXCHANGE_SEQUENCE: Final = "exchange_sequence"  # 0: the exchange has none
+    EXCHANGE_PREV_SEQUENCE: Final = "exchange_prev_sequence"  # the book's before it; 0: none
+    BIDS: Final = "bids"  # changed levels, absolute amounts; 0 removes the level
+    ASKS: Final = "asks"
+    INGESTED_AT: Final = "ingested_at"
+    # Where the record is in Kafka: unique per record, and its order where the
+    # exchange gives no sequence.
+    KAFKA_PARTITION: Final = "kafka_partition"
+    KAFKA_OFFSET: Final = "kafka_offset"
+
+    SCHEMA: Final = TableSchema(
+        contracts.ICEBERG_BOOK_DELTAS,
+        columns=(
+            Column(TICKER, "string", required=True),
+            Column(EXCHANGE, "string"),
+            Column(SYMBOL, "string"),
+            Column(DELTA_TIME, "timestamptz", required=True),
+            Column(EXCHANGE_SEQUENCE, "long", required=True),
+            Column(EXCHANGE_PREV_SEQUENCE, "long", required=True),
+            Column(BIDS, "levels"),
+            Column(ASKS, "levels"),
+            Column(INGESTED_AT, "timestamptz"),
+            Column(KAFKA_PARTITION, "int", required=True),
+            Column(KAFKA_OFFSET, "long", required=True),
+        ),
+        key=(TICKER, DELTA_TIME, KAFKA_PARTITION, KAFKA_OFFSET),
+        partitioning=(Partition(TICKER), Partition(DELTA_TIME, "day")),
+    )
+
+
 class Gaps:
     """``market.gaps``: one row per gap of a recorded market's trades (TradeGap.gap_id),
     its latest state; cause and state by their enum names (docs/protocol.md "Recording")."""
@@ -338,6 +378,7 @@ TABLES: Final = (
     Requests.SCHEMA,
     Markets.SCHEMA,
     BookSnapshots.SCHEMA,
+    BookDeltas.SCHEMA,
     Gaps.SCHEMA,
 )
 

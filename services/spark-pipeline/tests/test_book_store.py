@@ -1,15 +1,19 @@
-"""book-store without Spark: market.book records -> book_snapshots rows, and the table's SQL."""
+"""book-store without Spark: market.book records -> book_snapshots and book_deltas rows,
+and the tables' SQL."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import pyarrow as pa
+import pytest
 
 from mdproto import envelope
 from mdproto.book import levels_message
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, Tick
 from pipeline import lake
 from pipeline.lake import TableNames
-from pipeline.records import BOOK_SNAPSHOT_SCHEMA, decode_book_snapshots
+from pipeline.records import BOOK_DELTA_SCHEMA, BOOK_SNAPSHOT_SCHEMA, decode_book
 
 NAMES = TableNames("lake", "market")
 T = "OKX:BTC/USDT"
@@ -29,7 +33,7 @@ def book(**kw: Any) -> BookSnapshot:
     return BookSnapshot(**values)
 
 
-def test_snapshots_become_rows_and_deltas_are_skipped(build: Any) -> None:
+def test_snapshots_and_deltas_become_rows_of_their_tables(build: Any) -> None:
     values = [
         envelope.encode_record(book(reset=BookReset.BOOK_RESET_START, reason="feed started")),
         envelope.encode_record(BookDelta(ticker=T, bids=levels_message([(100.0, 0.0)]))),
@@ -40,7 +44,8 @@ def test_snapshots_become_rows_and_deltas_are_skipped(build: Any) -> None:
         envelope.encode_record(book(ticker="not a ticker")),
         b"\x00junk",
     ]
-    rows, rejects = decode_book_snapshots(build.kafka_table(values, timestamp_ms=1_600_000_000_000))
+    decoded = decode_book(build.kafka_table(values, timestamp_ms=1_600_000_000_000))
+    rows, rejects = decoded.snapshots, decoded.rejects
     assert rows.schema == BOOK_SNAPSHOT_SCHEMA
     got = sorted(rows.to_pylist(), key=lambda r: r["exchange_sequence"])
     # The START snapshot delivered twice is one row.
@@ -57,19 +62,67 @@ def test_snapshots_become_rows_and_deltas_are_skipped(build: Any) -> None:
     assert got[1]["snapshot_time"].timestamp() == 1_700_000_000.2  # the ingestor's time
     assert got[2]["snapshot_time"].timestamp() == 1_600_000_000.0  # else Kafka's
     assert sorted(r.code for r in rejects) == ["bad_book", "bad_book", "bad_version"]
+    assert decoded.deltas.schema == BOOK_DELTA_SCHEMA
+    (delta,) = decoded.deltas.to_pylist()
+    assert delta["bids"] == [{"price": 100.0, "amount": 0.0}]  # amount 0: removes the level
+    assert delta["delta_time"].timestamp() == 1_600_000_000.0  # no exchange/ingestor time
+    assert (delta["kafka_partition"], delta["kafka_offset"]) == (0, 1)
 
 
-def test_the_table_lists_the_row_columns_in_order_and_partitions_by_ticker_and_day() -> None:
-    ddl = lake.create_book_snapshots(NAMES)
-    body = ddl[ddl.index("(") + 1 : ddl.index(")\nUSING")]
-    assert [line.split()[0] for line in body.splitlines() if line.strip()] == (
-        BOOK_SNAPSHOT_SCHEMA.names
+def test_deltas_keep_their_sequences_and_kafka_place_and_a_replay_is_one_row(build: Any) -> None:
+    delta = BookDelta(
+        ticker=T,
+        asks=levels_message([(101.0, 2.5)]),
+        exchange_sequence=80,
+        exchange_prev_sequence=79,
+        exchange_time_ms=1_700_000_000_300,
+        ingested_at_ms=1_700_000_000_310,
     )
-    assert "PARTITIONED BY (ticker, days(snapshot_time))" in ddl
+    table = build.kafka_table([envelope.encode_record(delta)] * 2, timestamp_ms=1)
+    twice = pa.concat_tables([table, table])  # the same records read again
+    rows = decode_book(twice).deltas.to_pylist()
+    assert [
+        (r["kafka_offset"], r["exchange_sequence"], r["exchange_prev_sequence"]) for r in rows
+    ] == [
+        (0, 80, 79),
+        (1, 80, 79),  # another record at another offset: its own row
+    ]
+    assert rows[0]["delta_time"].timestamp() == 1_700_000_000.3
+    assert rows[0]["ingested_at"].timestamp() == 1_700_000_000.31
+    assert rows[0]["asks"] == [{"price": 101.0, "amount": 2.5}]
+
+
+@pytest.mark.parametrize(
+    ("ddl", "schema", "merge", "time", "key"),
+    [
+        (
+            lake.create_book_snapshots(NAMES),
+            BOOK_SNAPSHOT_SCHEMA,
+            lake.merge_book_snapshots(NAMES.book_snapshots, "src", 1_000, 2_000),
+            "snapshot_time",
+            "t.exchange_sequence = s.exchange_sequence AND t.reset = s.reset",
+        ),
+        (
+            lake.create_book_deltas(NAMES),
+            BOOK_DELTA_SCHEMA,
+            lake.merge_book_deltas(NAMES.book_deltas, "src", 1_000, 2_000),
+            "delta_time",
+            "t.kafka_partition = s.kafka_partition AND t.kafka_offset = s.kafka_offset",
+        ),
+    ],
+    ids=["book_snapshots", "book_deltas"],
+)
+def test_each_book_table_lists_its_row_columns_partitions_by_ticker_and_day_and_merges_new_keys(
+    ddl: str, schema: pa.Schema, merge: str, time: str, key: str
+) -> None:
+    body = ddl[ddl.index("(") + 1 : ddl.index(")\nUSING")]
+    assert [line.split()[0] for line in body.splitlines() if line.strip()] == schema.names
+    assert f"PARTITIONED BY (ticker, days({time}))" in ddl
     assert "bids ARRAY<STRUCT<price: DOUBLE, amount: DOUBLE>>" in ddl
     assert ddl in lake.ddl(NAMES)
-    merge = lake.merge_book_snapshots(NAMES.book_snapshots, "src", 1_000, 2_000)
-    assert merge.startswith("MERGE INTO lake.market.book_snapshots t")
-    assert "t.exchange_sequence = s.exchange_sequence AND t.reset = s.reset" in merge
-    assert "t.snapshot_time >= TIMESTAMP '1970-01-01 00:00:01.000000+00:00'" in merge
+    table = ddl.split()[5]  # CREATE TABLE IF NOT EXISTS <name>
+    assert merge.startswith(f"MERGE INTO {table} t")
+    assert key in merge
+    assert f"t.{time} >= TIMESTAMP '1970-01-01 00:00:01.000000+00:00'" in merge
+    assert f"t.{time} <= TIMESTAMP '1970-01-01 00:00:02.000000+00:00'" in merge
     assert merge.endswith("WHEN NOT MATCHED THEN INSERT *")

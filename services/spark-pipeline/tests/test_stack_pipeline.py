@@ -750,9 +750,11 @@ def test_books_are_published_and_a_late_joiner_gets_the_current_book(pipeline: A
 def test_snapshots_are_stored_and_rebuild_the_book_of_a_past_time(
     pipeline: Any, tools: Any
 ) -> None:
-    """market.book -> book_snapshots (deltas skipped, a replay adds nothing) -> the SDK's
-    book of a past time: the newest snapshot at or before it."""
-    from mdclient.book import read_book_at
+    """market.book -> book_snapshots (a record delivered twice adds nothing) -> the SDK's
+    book of a past time: the newest snapshot at or before it, and the deltas after it
+    (here the one delta is stored at its ingestor's time, now: after every time asked;
+    test_stack_book_history has the deltas)."""
+    from mdclient.book_history import read_book_at
     from mdclient.config import ClientSettings
     from mdclient.frames import IcebergReader
 
@@ -793,7 +795,10 @@ def test_snapshots_are_stored_and_rebuild_the_book_of_a_past_time(
 
     e = pipeline.run.endpoints
     reader = IcebergReader(e.pyiceberg_catalog_properties(), catalog_name=e.catalog_name)
-    settings = ClientSettings(book_snapshots_table=f"{pipeline.run.namespace}.book_snapshots")
+    settings = ClientSettings(
+        book_snapshots_table=f"{pipeline.run.namespace}.book_snapshots",
+        book_deltas_table=f"{pipeline.run.namespace}.book_deltas",
+    )
     assert read_book_at(reader, settings, ticker, t0 + 9_999) == _order_book(first)
     assert read_book_at(reader, settings, ticker, t0 + 10_000) == _order_book(later)
     past = read_book_at(reader, settings, ticker, t0 + 60_000)

@@ -30,6 +30,7 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
         "market.requests",
         "market.markets",
         "market.book_snapshots",
+        "market.book_deltas",
         "market.gaps",
     }
     assert steps[2].sql == "CALL lake.system.rewrite_manifests(table => 'market.ohlc')"

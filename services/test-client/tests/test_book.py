@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mdclient import cli
-from mdclient.book import BookEvent, BookStream, BookSync, book_from_row
+from mdclient.book import BookEvent, BookStream, BookSync
 from mdclient.cli.views import book_line, ladder_lines
 from mdclient.dispatch import Dispatcher
 from mdclient.errors import FeedUnavailable
@@ -153,20 +153,6 @@ def test_the_dispatcher_routes_book_messages_on_their_exact_topic() -> None:
     dispatcher.handle(envelope.encode_pub(f"{T}|book", snap(1)))
     dispatcher.handle(envelope.encode_pub(f"{T}|bookish", snap(1)))
     assert [type(m).__name__ for m in got] == ["BookSnapshot"]
-
-
-def test_a_stored_row_becomes_the_book() -> None:
-    row = {
-        "ticker": T,
-        "depth": 20,
-        "exchange_sequence": 7,
-        "snapshot_time_ms": 1_700_000_000_000,
-        "bids": [{"price": 99.0, "amount": 1.0}, {"price": 100.0, "amount": 2.0}],
-        "asks": [{"price": 101.0, "amount": 3.0}],
-    }
-    book = book_from_row(row)
-    assert book.best_bid() == (100.0, 2.0) and book.best_ask() == (101.0, 3.0)
-    assert (book.depth, book.exchange_sequence, book.exchange_time_ms) == (20, 7, 1_700_000_000_000)
 
 
 def test_the_ladder_puts_asks_above_bids_around_the_spread() -> None:

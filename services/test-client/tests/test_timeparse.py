@@ -14,6 +14,7 @@ from mdclient.timeparse import (
     format_period,
     parse_period,
     parse_range,
+    parse_step_ms,
     parse_time,
     to_ms,
 )
@@ -114,3 +115,16 @@ def test_to_ms_accepts_datetimes_ints_and_strings() -> None:
 def test_format_ms_round_trips_through_parse_time(moment: datetime) -> None:
     ms = int(moment.replace(tzinfo=UTC).timestamp() * 1000)
     assert parse_time(format_ms(ms), now_ms=NOW) == ms
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"), [("100ms", 100), ("250", 250), (" 1s ", 1000), ("5m", 300_000), (7, 7)]
+)
+def test_a_step_is_milliseconds_or_a_period(text: str | int, ms: int) -> None:
+    assert parse_step_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["0", "0ms", "1.5s", "fast", -1])
+def test_a_bad_step_is_refused(text: str | int) -> None:
+    with pytest.raises(TimeFormatError):
+        parse_step_ms(text)

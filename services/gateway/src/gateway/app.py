@@ -1,5 +1,5 @@
 """The aiohttp application: WebSocket `/ws`, `POST /history`, `GET /status/{id}`,
-`GET /recording`, `GET /trades`, the page.
+`GET /recording`, `GET /trades`, `GET /book`, `GET /book/samples`, the page.
 
 An adapter only: parsing and encoding live in gateway.messages, fan-out in
 gateway.hub, the platform behind gateway.platform.SdkUpstream.
@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
-import io
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from gateway import messages, trade_answers
+from gateway import book_answers, messages, trade_answers
 from gateway.config import GatewaySettings
 from gateway.hub import Hub
 from gateway.messages import GatewayError, HistoryFormat
@@ -38,10 +37,11 @@ from mdclient import (
     PipelineUnavailable,
     RelayUnavailable,
     RequestTimeout,
+    StorageError,
     SubmitRejected,
 )
 from mdproto import topics
-from mdproto.error_codes import BAD_ID, BAD_REQUEST, INTERNAL, UNAUTHORIZED
+from mdproto.error_codes import BAD_ID, BAD_REQUEST, INTERNAL, NO_BOOK, UNAUTHORIZED
 from mdproto.tables import Ohlc
 
 log = logging.getLogger(__name__)
@@ -194,18 +194,10 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
     """Rows as JSON (open_time in epoch ms; 64-bit integers as decimal strings, like
     the OHLC messages), an Arrow IPC stream, or Parquet."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = result.table
-    if fmt == "arrow":
-        sink = io.BytesIO()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return sink.getvalue()
-    if fmt == "parquet":
-        sink = io.BytesIO()
-        pq.write_table(table, sink)
-        return sink.getvalue()
+    if fmt != "json":
+        return messages.table_bytes(table, fmt)
     times = table.column(Ohlc.OPEN_TIME).cast(pa.int64()).to_pylist()
     counts = table.column(Ohlc.TRADE_COUNT).to_pylist()
     columns = (Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE, Ohlc.VOLUME)
@@ -278,8 +270,7 @@ async def trades(request: web.Request) -> web.StreamResponse:
     report) for a range with no recording. A read that fails once rows are on their way
     aborts the connection: a cut body, never one that looks whole."""
     try:
-        params = trade_answers.parse_trades_query(request.query)
-        fmt = messages.choose_format(request.query.get("format"), request.headers.get("Accept"))
+        params, fmt = _query_and_format(request, trade_answers.parse_trades_query)
     except GatewayError as exc:
         return error_response(400, exc.error_code, exc.reason)
     loop = asyncio.get_running_loop()
@@ -310,6 +301,59 @@ async def trades(request: web.Request) -> web.StreamResponse:
     await response.write(encoder.finish())
     await response.write_eof()
     return response
+
+
+async def book_at(request: web.Request) -> web.Response:
+    """The exact stored book of a ticker at a time (gateway.book_answers); 404 `no_book`
+    when no snapshot is stored within the SDK's lookback before it."""
+    try:
+        params = book_answers.parse_book_query(request.query)
+    except GatewayError as exc:
+        return error_response(400, exc.error_code, exc.reason)
+    loop = asyncio.get_running_loop()
+    try:
+        book, at_ms = await loop.run_in_executor(
+            request.app[HISTORY_POOL], request.app[UPSTREAM].book_at, params
+        )
+    except MdClientError as exc:
+        return _book_error(exc)
+    body = book_answers.book_dict(book, at_ms, params.depth)
+    return web.json_response(body, dumps=messages.dumps)
+
+
+async def book_samples(request: web.Request) -> web.Response:
+    """The stored book's top levels every step over a range, in the format asked
+    (gateway.book_answers); 404 `no_book` when no book is stored in or before it."""
+    try:
+        params, fmt = _query_and_format(request, book_answers.parse_samples_query)
+    except GatewayError as exc:
+        return error_response(400, exc.error_code, exc.reason)
+
+    def answer() -> bytes:  # read and encode on a history worker
+        table = request.app[UPSTREAM].book_samples(params)
+        return book_answers.encode_samples(
+            table, fmt, ticker=params.ticker, every_ms=params.every_ms, depth=params.depth
+        )
+
+    try:
+        body = await asyncio.get_running_loop().run_in_executor(request.app[HISTORY_POOL], answer)
+    except MdClientError as exc:
+        return _book_error(exc)
+    return web.Response(body=body, content_type=messages.MEDIA_TYPES[fmt])
+
+
+def _query_and_format(
+    request: web.Request, parse: Callable[[Mapping[str, str]], _T]
+) -> tuple[_T, HistoryFormat]:
+    """A GET's parameters (`parse`) and its answer's format (`format=` or Accept)."""
+    fmt = messages.choose_format(request.query.get("format"), request.headers.get("Accept"))
+    return parse(request.query), fmt
+
+
+def _book_error(exc: MdClientError) -> web.Response:
+    if isinstance(exc, StorageError) and exc.error_code == NO_BOOK:
+        return error_response(404, NO_BOOK, exc.reason)
+    return _sdk_error(exc)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -359,6 +403,8 @@ def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Applicat
     app.router.add_get("/status/{request_id}", status)
     app.router.add_get("/recording", recording)
     app.router.add_get("/trades", trades)
+    app.router.add_get("/book", book_at)
+    app.router.add_get("/book/samples", book_samples)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/info", info)
     app.router.add_static("/static", STATIC)

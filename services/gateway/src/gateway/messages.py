@@ -11,10 +11,11 @@ exact topics; prefixes are refused, so a subscriber gets exactly the topic it na
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -24,6 +25,9 @@ from mdproto.book import Level
 from mdproto.error_codes import BAD_FORMAT, BAD_REQUEST, BAD_TOPIC
 from mdproto.markets import Precision, price_difference
 from mdproto.messages import HistoryReadyNotification
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 TopicKind = Literal["tick", "ohlc", "book", "status", "response", "history_ready", "cep"]
 #: Kinds whose latest message a late subscriber gets at once (state, not events),
@@ -277,6 +281,22 @@ MEDIA_TYPES: dict[HistoryFormat, str] = {
     "arrow": "application/vnd.apache.arrow.stream",
     "parquet": "application/vnd.apache.parquet",
 }
+
+
+def table_bytes(table: pa.Table, fmt: HistoryFormat) -> bytes:
+    """A whole Arrow table as an Arrow IPC stream (`arrow`) or a Parquet file (`parquet`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    if fmt == "arrow":
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    elif fmt == "parquet":
+        pq.write_table(table, sink)
+    else:
+        raise ValueError(f"{fmt!r} is not a binary format")
+    return sink.getvalue()
 
 
 def choose_format(query_format: str | None, accept: str | None) -> HistoryFormat:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,11 @@ from mdproto.markets import Precision
 from mdproto.messages import BookReset, BookSnapshot, FeedStatus, HistoryReadyNotification
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from gateway.book_answers import BookAtParams, SamplesParams
     from gateway.trade_answers import TradesParams
+    from mdclient.book_history import StoredBook
     from mdclient.recording import RecordingStatus
     from mdclient.trades import TradeBatches
 
@@ -171,6 +176,20 @@ class SdkUpstream:
         """Stored trades from Iceberg, batch by batch, with their integrity report (the
         SDK's `trade_batches`; NotRecorded raised before any row; no relay)."""
         return self.client.trade_batches(params.ticker, params.start, params.end)
+
+    def book_at(self, params: BookAtParams) -> tuple[StoredBook, int]:
+        """The exact stored book at a time and that time in epoch ms (the SDK's `book_at`;
+        no relay)."""
+        from mdclient.book_history import book_time
+
+        at_ms = book_time(params.ticker, params.at, now_ms=int(time.time() * 1000))
+        return self.client.book_at(params.ticker, at_ms), at_ms
+
+    def book_samples(self, params: SamplesParams) -> pa.Table:
+        """The stored book sampled over a range (the SDK's `book_samples`; no relay)."""
+        return self.client.book_samples(
+            params.ticker, params.start, params.end, every_ms=params.every_ms, depth=params.depth
+        )
 
     def recording(self, exchange: str | None) -> RecordingStatus:
         """What the platform records, from Iceberg (the SDK's `recording`; no relay)."""

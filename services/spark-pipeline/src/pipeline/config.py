@@ -67,6 +67,7 @@ class CatalogConfig(_Section):
     markets_table: str = "markets"
     book_snapshots_table: str = "book_snapshots"
     gaps_table: str = "gaps"
+    book_deltas_table: str = "book_deltas"
     #: Appends (candles, trades, requests) written by pyiceberg on the driver, not as
     #: Spark jobs (`arrow_appends`: 3-10x faster here); MERGEs stay Spark's either way.
     driver_appends: bool = True
@@ -107,7 +108,8 @@ class LiveConfig(_Section):
     #: Order books: a BookSnapshot of each book that changed is published this often,
     #: so a subscriber that lost a delta heals within it (docs/protocol.md "Order books").
     book_snapshot_s: float = Field(default=1.0, gt=0)
-    #: book-store: the ingestor's periodic and reset snapshots into ``book_snapshots``.
+    #: book-store: the ingestor's periodic and reset snapshots into ``book_snapshots``,
+    #: its deltas into ``book_deltas``.
     book_store_trigger_s: float = Field(default=15.0, ge=0)
     #: ticks-persist: every trigger is a MERGE whose cost hardly depends on its rows, and
     #: Kafka holds the ticks meanwhile: a slow trigger keeps the pipeline's cost at rest low.

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from mdproto import topics
 from mdproto.tables import (
+    BookDeltas,
     BookSnapshots,
     Column,
     ColumnType,
@@ -121,6 +122,7 @@ class TableNames:
     markets_table: str = "markets"
     book_snapshots_table: str = "book_snapshots"
     gaps_table: str = "gaps"
+    book_deltas_table: str = "book_deltas"
 
     @property
     def namespace_id(self) -> str:
@@ -149,6 +151,10 @@ class TableNames:
     @property
     def gaps(self) -> str:
         return f"{self.namespace_id}.{self.gaps_table}"
+
+    @property
+    def book_deltas(self) -> str:
+        return f"{self.namespace_id}.{self.book_deltas_table}"
 
     @property
     def ohlc_for_clients(self) -> str:
@@ -228,6 +234,10 @@ def create_book_snapshots(names: TableNames) -> str:
     return create_table(names.book_snapshots, BookSnapshots.SCHEMA)
 
 
+def create_book_deltas(names: TableNames) -> str:
+    return create_table(names.book_deltas, BookDeltas.SCHEMA)
+
+
 def create_gaps(names: TableNames) -> str:
     return create_table(names.gaps, Gaps.SCHEMA)
 
@@ -245,6 +255,7 @@ def pipeline_tables(names: TableNames) -> dict[str, TableSchema]:
         names.requests: Requests.SCHEMA,
         names.markets: Markets.SCHEMA,
         names.book_snapshots: BookSnapshots.SCHEMA,
+        names.book_deltas: BookDeltas.SCHEMA,
         names.gaps: Gaps.SCHEMA,
     }
 
@@ -354,10 +365,25 @@ WHEN NOT MATCHED THEN INSERT *"""
 def merge_book_snapshots(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
     """Insert snapshots whose key (ticker, snapshot_time, exchange_sequence, reset) is
     new within the batch's time range: a replayed micro-batch adds nothing."""
-    time_bounds = _time_bounds(BookSnapshots.SNAPSHOT_TIME, lo_ms, hi_ms)
+    return _insert_new(
+        target, source_view, BookSnapshots.SCHEMA, BookSnapshots.SNAPSHOT_TIME, lo_ms, hi_ms
+    )
+
+
+def merge_book_deltas(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
+    """Insert deltas whose key (ticker, delta_time, kafka_partition, kafka_offset) is new
+    within the batch's time range: a replayed micro-batch adds nothing."""
+    return _insert_new(target, source_view, BookDeltas.SCHEMA, BookDeltas.DELTA_TIME, lo_ms, hi_ms)
+
+
+def _insert_new(
+    target: str, source_view: str, table: TableSchema, time_column: str, lo_ms: int, hi_ms: int
+) -> str:
+    """A MERGE inserting the rows whose key is new, the match bounded to [lo_ms, hi_ms] of
+    `time_column` so Iceberg prunes files before the join."""
     return f"""MERGE INTO {target} t
 USING {source_view} s
-ON {_key_on(BookSnapshots.SCHEMA)} AND {time_bounds}
+ON {_key_on(table)} AND {_time_bounds(time_column, lo_ms, hi_ms)}
 WHEN NOT MATCHED THEN INSERT *"""
 
 
@@ -645,12 +671,20 @@ class Lake:
         return new.select(ticks.schema.names).cast(ticks.schema)
 
     def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
-        """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (the book-store query's only
-        write)."""
+        """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (a book-store query write)."""
         lo_ms, hi_ms = _time_range_ms(rows[BookSnapshots.SNAPSHOT_TIME])
         target = self.names.book_snapshots
         self._merge(
             session, "books", rows, lambda view: merge_book_snapshots(target, view, lo_ms, hi_ms)
+        )
+
+    def merge_book_deltas(self, session: SparkSession, rows: pa.Table) -> None:
+        """Insert ``BOOK_DELTA_SCHEMA`` rows not stored yet (a book-store query write), the
+        way snapshots are: a replayed batch finds its keys and adds nothing."""
+        lo_ms, hi_ms = _time_range_ms(rows[BookDeltas.DELTA_TIME])
+        target = self.names.book_deltas
+        self._merge(
+            session, "deltas", rows, lambda view: merge_book_deltas(target, view, lo_ms, hi_ms)
         )
 
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:

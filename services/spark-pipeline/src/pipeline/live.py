@@ -5,7 +5,8 @@
     market.ohlc.live  -> candles-store (every live.store_trigger_s): MERGE closed
                          candles into ``ohlc`` (source live; a correction amends)
     market.book       -> book-store (every live.book_store_trigger_s): MERGE the
-                         BookSnapshot records (deltas skipped) into ``book_snapshots``
+                         BookSnapshot records into ``book_snapshots`` and the
+                         BookDelta records into ``book_deltas``
 
 Publication (ticks, previews, closed candles) is the live engine's, in the PUB
 process (``live_engine.py``): these queries only store. Both decode on the driver
@@ -91,10 +92,13 @@ class CandleStore:
 
 
 class BookStore:
-    """book-store: the ingestor's snapshots (periodic and resets) -> ``book_snapshots``.
+    """book-store: the ingestor's snapshots (periodic and resets) -> ``book_snapshots``,
+    its deltas -> ``book_deltas``, both in each micro-batch.
 
-    Only snapshots: a past book is the newest stored snapshot at or before its time
-    (docs/protocol.md "Order books", and "Iceberg tables" for the storage cost).
+    A past book is the newest stored snapshot at or before its time and the deltas
+    after it (docs/protocol.md "Book history"). Deltas are MERGEd after the snapshots:
+    a batch that fails between the two is replayed whole, and both MERGEs insert only
+    keys not stored yet.
     """
 
     def __init__(self, lake: Lake) -> None:
@@ -102,17 +106,20 @@ class BookStore:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        rows, rejects = records.decode_book_snapshots(batch_df.select(*KAFKA_COLUMNS).toArrow())
-        records.log_rejects(f"book-store batch {batch_id}", rejects)
-        if rows.num_rows == 0:
-            return
-        self._lake.merge_book_snapshots(batch_df.sparkSession, rows)
-        log.info(
-            "book-store batch %d: %d book snapshots merged in %.0f ms",
-            batch_id,
-            rows.num_rows,
-            (time.monotonic() - started) * 1000,
-        )
+        rows = records.decode_book(batch_df.select(*KAFKA_COLUMNS).toArrow())
+        records.log_rejects(f"book-store batch {batch_id}", rows.rejects)
+        if rows.snapshots.num_rows:
+            self._lake.merge_book_snapshots(batch_df.sparkSession, rows.snapshots)
+        if rows.deltas.num_rows:
+            self._lake.merge_book_deltas(batch_df.sparkSession, rows.deltas)
+        if rows.snapshots.num_rows or rows.deltas.num_rows:
+            log.info(
+                "book-store batch %d: %d book snapshots, %d deltas merged in %.0f ms",
+                batch_id,
+                rows.snapshots.num_rows,
+                rows.deltas.num_rows,
+                (time.monotonic() - started) * 1000,
+            )
 
 
 def live_ohlc_rows(rows: pa.Table) -> pa.Table:

@@ -34,7 +34,7 @@ from mdproto.messages import (
     TakerSide,
     Tick,
 )
-from mdproto.tables import BookSnapshots, Ohlc, Ticks, arrow_schema
+from mdproto.tables import BookDeltas, BookSnapshots, Ohlc, Ticks, arrow_schema
 
 log = logging.getLogger(__name__)
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -56,6 +56,9 @@ TICK_SCHEMA = arrow_schema(Ticks.SCHEMA)
 #: Row layout of Iceberg ``market.book_snapshots`` (docs/protocol.md "Order books").
 BOOK_SNAPSHOT_SCHEMA = arrow_schema(BookSnapshots.SCHEMA)
 BOOK_SNAPSHOT_KEY = BookSnapshots.SCHEMA.key
+#: Row layout of Iceberg ``market.book_deltas`` (docs/protocol.md "Book history").
+BOOK_DELTA_SCHEMA = arrow_schema(BookDeltas.SCHEMA)
+BOOK_DELTA_KEY = BookDeltas.SCHEMA.key
 
 OHLC_KEY = Ohlc.SCHEMA.key
 #: Times Spark and Iceberg can hold: [1970-01-01, 9999-12-31]; anything else is bad input.
@@ -500,16 +503,32 @@ def decode_live_candles(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, lis
     return dedupe_last(table, OHLC_KEY), rejects
 
 
-def decode_book_snapshots(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
-    """``market.book`` rows -> its BookSnapshot records as ``BOOK_SNAPSHOT_SCHEMA`` rows
-    (deltas skipped), unique on ``BOOK_SNAPSHOT_KEY``, and the rejects.
+@dataclass(slots=True)
+class BookRows:
+    """What one micro-batch of ``market.book`` holds: ``BOOK_SNAPSHOT_SCHEMA`` and
+    ``BOOK_DELTA_SCHEMA`` rows, each unique on its table's key, and the rejects."""
 
-    ``snapshot_time`` is the exchange's time, else the ingestor's, else the Kafka time;
-    ``ingested_at`` the ingestor's time, else the Kafka time (replays write the same).
+    snapshots: pa.Table
+    deltas: pa.Table
+    rejects: list[Reject] = field(default_factory=list)
+
+
+def _levels(levels: Sequence[Any]) -> list[dict[str, float]]:
+    return [{"price": x.price, "amount": x.amount} for x in levels]
+
+
+def decode_book(kafka: pa.Table | pa.RecordBatch) -> BookRows:
+    """``market.book`` rows -> its BookSnapshot and BookDelta records as table rows.
+
+    A record's time (``snapshot_time``, ``delta_time``) is the exchange's, else the
+    ingestor's, else the Kafka time; ``ingested_at`` the ingestor's time, else the Kafka
+    time (replays write the same). A delta keeps its Kafka partition and offset: its
+    key, and its order where the exchange gives no sequence.
     """
     partitions, offsets = kafka_coordinates(kafka)
     stamps = kafka_timestamps_ms(kafka, kafka.num_rows, 0)
-    rows: dict[str, list[Any]] = {name: [] for name in BOOK_SNAPSHOT_SCHEMA.names}
+    snaps: dict[str, list[Any]] = {name: [] for name in BOOK_SNAPSHOT_SCHEMA.names}
+    deltas: dict[str, list[Any]] = {name: [] for name in BOOK_DELTA_SCHEMA.names}
     rejects: list[Reject] = []
     for i, value in enumerate(_column(kafka, "value")):
         try:
@@ -517,10 +536,8 @@ def decode_book_snapshots(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, l
         except ProtocolError as exc:
             rejects.append(Reject(partitions[i], offsets[i], exc.code, exc.reason))
             continue
-        if isinstance(record, BookDelta):
-            continue
         split = split_ticker(getattr(record, "ticker", ""))
-        if not isinstance(record, BookSnapshot) or split is None:
+        if not isinstance(record, BookSnapshot | BookDelta) or split is None:
             what = f"{record.DESCRIPTOR.name} {getattr(record, 'ticker', '')!r}"
             rejects.append(Reject(partitions[i], offsets[i], BAD_BOOK, what))
             continue
@@ -529,21 +546,38 @@ def decode_book_snapshots(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, l
         if not 0 < at_ms <= MAX_TIME_MS:
             rejects.append(Reject(partitions[i], offsets[i], BAD_BOOK, f"time {at_ms}"))
             continue
-        for name, v in (
+        common = (
             ("ticker", record.ticker),
             ("exchange", split[0]),
             ("symbol", split[1]),
-            ("snapshot_time", at_ms * 1000),
             ("exchange_sequence", record.exchange_sequence),
+            ("bids", _levels(record.bids)),
+            ("asks", _levels(record.asks)),
+            ("ingested_at", ingested_ms * 1000),
+        )
+        if isinstance(record, BookDelta):
+            for name, v in (
+                *common,
+                ("delta_time", at_ms * 1000),
+                ("exchange_prev_sequence", record.exchange_prev_sequence),
+                ("kafka_partition", partitions[i]),
+                ("kafka_offset", offsets[i]),
+            ):
+                deltas[name].append(v)
+            continue
+        for name, v in (
+            *common,
+            ("snapshot_time", at_ms * 1000),
             ("depth", record.depth),
             ("reset", reset_name(record.reset)),
-            ("bids", [{"price": x.price, "amount": x.amount} for x in record.bids]),
-            ("asks", [{"price": x.price, "amount": x.amount} for x in record.asks]),
-            ("ingested_at", ingested_ms * 1000),
         ):
-            rows[name].append(v)
-    table = pa.table(
-        {n: pa.array(v, BOOK_SNAPSHOT_SCHEMA.field(n).type) for n, v in rows.items()},
-        schema=BOOK_SNAPSHOT_SCHEMA,
+            snaps[name].append(v)
+    return BookRows(
+        dedupe_last(_rows_table(snaps, BOOK_SNAPSHOT_SCHEMA), BOOK_SNAPSHOT_KEY),
+        dedupe_last(_rows_table(deltas, BOOK_DELTA_SCHEMA), BOOK_DELTA_KEY),
+        rejects,
     )
-    return dedupe_last(table, BOOK_SNAPSHOT_KEY), rejects
+
+
+def _rows_table(rows: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
+    return pa.table({n: pa.array(v, schema.field(n).type) for n, v in rows.items()}, schema=schema)

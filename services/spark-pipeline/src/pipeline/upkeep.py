@@ -54,7 +54,14 @@ def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
     steps: list[Step] = []
     # markets: every ingestor refresh MERGEs each row again (new updated_at): delete files;
     # gaps likewise, at each change of a gap's state.
-    tables = (names.ohlc, names.ticks, names.requests, names.markets, names.book_snapshots)
+    tables = (
+        names.ohlc,
+        names.ticks,
+        names.requests,
+        names.markets,
+        names.book_snapshots,
+        names.book_deltas,
+    )
     for full in (*tables, names.gaps):
         table = full.removeprefix(f"{catalog}.")
         steps += [

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from google.protobuf.message import Message
 
@@ -29,13 +29,11 @@ from mdclient.dispatch import SequenceTracker, Verdict
 from mdclient.errors import StorageError
 from mdclient.live import FeedWatch, StatusCallback
 from mdclient.streams import QueueStream
-from mdclient.timeparse import format_ms
 from mdproto import topics
 from mdproto.book import Level, OrderBook, reset_name
-from mdproto.error_codes import NO_BOOK
 from mdproto.markets import Precision
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, FeedStatus
-from mdproto.tables import BookSnapshots, Markets
+from mdproto.tables import Markets
 
 if TYPE_CHECKING:
     from mdclient.config import ClientSettings
@@ -273,26 +271,10 @@ class BookStream(QueueStream[BookMessage]):
             }
 
 
-def read_book_at(
-    reader: IcebergReader, settings: ClientSettings, ticker: str, at_ms: int
-) -> OrderBook:
-    """The newest stored book of `ticker` at or before `at_ms` (`Client.book_at`, and the
-    CLI's `book --at` without a relay); StorageError `no_book` without one."""
-    table = settings.book_snapshots_table
-    lookback_ms = int(settings.book_lookback_s * 1000)
-    row = reader.read_book(table, ticker, at_ms, lookback_ms)
-    if row is None:
-        raise StorageError(
-            f"no {ticker} book stored in {table} within {settings.book_lookback_s:g} s "
-            f"before {format_ms(at_ms)}",
-            error_code=NO_BOOK,
-        )
-    return book_from_row(row)
-
-
 def read_precision(reader: IcebergReader, settings: ClientSettings, ticker: str) -> Precision:
     """How to show `ticker`'s prices and amounts: at its tick and lot size in Iceberg
-    `market.markets` (`Client.precision`, and the CLI's `book --at`).
+    `market.markets` (`Client.precision`, and the CLI's `book --at`; the stored book
+    itself is `mdclient.book_history`'s).
 
     Unknown (each value in its shortest form) when the table has no row for it or
     cannot be read (logged): a ladder is still worth showing without it.
@@ -312,17 +294,6 @@ def read_precision(reader: IcebergReader, settings: ClientSettings, ticker: str)
         )
     log.info("prices of %s shown as they come: no row in %s", ticker, settings.markets_table)
     return Precision()
-
-
-def book_from_row(row: dict[str, Any]) -> OrderBook:
-    """A ``market.book_snapshots`` row -> the book it stores (`exchange_time_ms` = its time)."""
-    t = BookSnapshots
-    book = OrderBook(str(row[t.TICKER]), int(row.get(t.DEPTH) or 0))
-    book.bids.replace((lv["price"], lv["amount"]) for lv in row.get(t.BIDS) or [])
-    book.asks.replace((lv["price"], lv["amount"]) for lv in row.get(t.ASKS) or [])
-    book.exchange_sequence = int(row.get(t.EXCHANGE_SEQUENCE) or 0)
-    book.exchange_time_ms = int(row["snapshot_time_ms"])
-    return book
 
 
 def _now_ms() -> int:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar, Unpack
 from google.protobuf.message import Message
 
 from mdclient import timeparse
-from mdclient.book import BookCallback, BookEventCallback, BookStream, read_book_at
+from mdclient.book import BookCallback, BookEventCallback, BookStream
 from mdclient.config import ClientSettings, NotifyName, load_settings
 from mdclient.dispatch import Dispatcher
 from mdclient.errors import (
@@ -61,7 +61,6 @@ from mdclient.triggers import (
     parse_condition,
 )
 from mdproto import envelope, rules, topics
-from mdproto.book import OrderBook
 from mdproto.error_codes import BAD_TIME, RELAY_UNAVAILABLE, SNAPSHOT_GONE
 from mdproto.markets import Precision
 from mdproto.messages import (
@@ -79,6 +78,7 @@ from mdproto.messages import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from mdclient.book_history import StoredBook
     from mdclient.frames import IcebergReader
     from mdclient.recording import RecordingStatus
     from mdclient.trades import TradeBatches, TradesResult
@@ -658,19 +658,46 @@ class Client(Closeable):
         )
         return self._open_stream(stream)
 
-    def book_at(self, ticker: str, at: TimeLike) -> OrderBook:
-        """The stored book of `ticker` at `at`: the newest snapshot in Iceberg
-        ``market.book_snapshots`` at or before it (stored every ~10 s, and on each reset).
+    def book_at(self, ticker: str, at: TimeLike) -> StoredBook:
+        """The stored book of `ticker` at `at`, exact: the newest snapshot in Iceberg
+        ``market.book_snapshots`` at or before it (stored every ~10 s, and on each reset)
+        with the ``market.book_deltas`` after it up to `at` applied in order.
 
-        Its `exchange_time_ms` is the snapshot's time. `StorageError` when
-        no snapshot lies within `book_lookback_s` before `at` (`no_book`). Reads Iceberg only.
+        A `StoredBook` (an `OrderBook`): `exact` false (and `gap` why) when the deltas
+        after the snapshot skip an exchange sequence: the book is then as it was before
+        the gap. `StorageError` when no snapshot lies within `book_lookback_s` before
+        `at` (`no_book`). Reads Iceberg only (mdclient.book_history).
         """
-        try:
-            topics.parse_ticker(ticker)
-            at_ms = timeparse.to_ms(at, now_ms=int(time.time() * 1000))
-        except (ValueError, timeparse.TimeFormatError) as exc:
-            raise InvalidRequest(str(exc)) from None
+        from mdclient.book_history import book_time, read_book_at
+
+        at_ms = book_time(ticker, at, now_ms=int(time.time() * 1000))
         return read_book_at(self.reader(), self.settings, ticker, at_ms)
+
+    def book_samples(
+        self,
+        ticker: str,
+        start: TimeLike,
+        end: TimeLike = "now",
+        *,
+        every_ms: int = 1000,
+        depth: int = 10,
+    ) -> pa.Table:
+        """The book of `ticker` every `every_ms` over [start, end): one Arrow row per
+        sample time with its best `depth` levels per side (``bid_price_0``,
+        ``bid_amount_0``, ... ``ask_amount_{depth-1}``; null where a side is shorter),
+        ``exact`` (no delta missing before it), ``book_time`` and ``exchange_sequence``
+        (mdclient.book_history.sample_schema).
+
+        Reads the range's snapshots and deltas once and steps forward. `InvalidRequest`
+        for an empty or inverted range, a step under 1 ms, a depth out of 1..1000, or
+        more than 1,000,000 samples; `StorageError` `no_book` when no book is stored at
+        or before any sample time: never an empty answer.
+        """
+        from mdclient.book_history import read_book_samples, sample_range
+
+        now_ms = int(time.time() * 1000)
+        query = sample_range(ticker, start, end, every_ms, depth, now_ms=now_ms)
+        return read_book_samples(self.reader(), self.settings, query)
 
     def on_live(
         self,

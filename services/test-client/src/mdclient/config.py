@@ -77,7 +77,9 @@ class ClientSettings(runtime.FileSettings):
     recover_from_table: bool = True  # after a wait times out, ask requests_table first
     markets_table: str = contracts.ICEBERG_MARKETS
     book_snapshots_table: str = contracts.ICEBERG_BOOK_SNAPSHOTS
-    #: How far before the asked time `book_at` looks for a stored snapshot.
+    book_deltas_table: str = contracts.ICEBERG_BOOK_DELTAS  # `book_at`: the changes between
+    #: How far before the asked time `book_at` (and `book_samples` before its start) looks
+    #: for a stored snapshot.
     book_lookback_s: float = Field(default=3600.0, gt=0)
     ticks_table: str = contracts.ICEBERG_TICKS  # `recording`: the stored trades
     gaps_table: str = contracts.ICEBERG_GAPS  # `recording`: the recorded markets' gaps

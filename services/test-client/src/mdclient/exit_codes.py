@@ -53,7 +53,7 @@ TABLE: tuple[tuple[ExitCode, str], ...] = (
         ExitCode.NOT_FOUND,
         "no data: NOT_FOUND or no rows in the range (CSV/Parquet still written, empty); "
         "`markets`: none for the exchange; `recording`: nothing stored for the exchange; "
-        "`trades`: the range is not recorded",
+        "`trades`: the range is not recorded; `book --at`, `book-samples`: no book stored",
     ),
     (ExitCode.UNAVAILABLE, "relay unreachable within `connect_timeout_s`"),
     (ExitCode.STORAGE, "storage: Iceberg catalog/table/S3 read failed"),
@@ -66,7 +66,8 @@ TABLE: tuple[tuple[ExitCode, str], ...] = (
     (
         ExitCode.INCOMPLETE,
         "`history --verify`: the integrity report shows missing candles, or there is none; "
-        "`trades --verify`: the report is not `complete`",
+        "`trades --verify`: the report is not `complete`; `book --at`: a stored delta is "
+        "missing before the time; `book-samples --verify`: a sample is not exact",
     ),
     (
         ExitCode.UNKNOWN,

@@ -4,7 +4,7 @@ Columns: ticker, period_seconds, open_time (UTC, microseconds), open, high,
 low, close, volume, trade_count; sorted by open_time. Built from OHLC
 messages (legacy replies) or read from Iceberg; pure conversions first, then
 `IcebergReader`, the adapter (also for the `market.requests`, `market.markets`,
-`market.book_snapshots` and `market.gaps` rows, the `market.ticks` summary of
+`market.book_snapshots`, `market.book_deltas` and `market.gaps` rows, the `market.ticks` summary of
 `mdclient.recording`, mostly from the table's manifests, and the trades of
 `mdclient.trades`, whole or a group of overlapping files at a time).
 
@@ -337,13 +337,19 @@ class IcebergReader:
             ) from exc
         return arrow.sort_by(Markets.TICKER)
 
-    def read_book(
-        self, table_name: str, ticker: str, at_ms: int, lookback_ms: int
-    ) -> dict[str, Any] | None:
-        """The newest ``book_snapshots`` row of `ticker` at or before `at_ms` (and not before
-        `at_ms - lookback_ms`: the scan stays in a few day partitions), or None.
-
-        The row's ``snapshot_time_ms`` is added (epoch ms)."""
+    def read_book_rows(
+        self,
+        table_name: str,
+        ticker: str,
+        time_column: str,
+        lo_ms: int,
+        hi_ms: int,
+        columns: Sequence[str],
+    ) -> pa.Table:
+        """The rows of `ticker` in a book table (``book_snapshots``, ``book_deltas``) whose
+        `time_column` lies in [lo_ms, hi_ms], `columns` only, in file order
+        (`mdclient.book_history` orders them): the filter prunes to the ticker's partition
+        and the range's days, then files by their time statistics."""
         from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 
         table = self._table(
@@ -351,26 +357,13 @@ class IcebergReader:
             missing="the pipeline creates it at start and fills it from the Kafka topic "
             "market.book, which the ingestors write",
         )
-        at_column = BookSnapshots.SNAPSHOT_TIME
         row_filter = And(
             _equal(BookSnapshots.TICKER, ticker),
-            _predicate(GreaterThanOrEqual, at_column, (at_ms - lookback_ms) * 1000),
-            _predicate(LessThanOrEqual, at_column, at_ms * 1000),
+            _predicate(GreaterThanOrEqual, time_column, lo_ms * 1000),
+            _predicate(LessThanOrEqual, time_column, hi_ms * 1000),
         )
-        try:
-            arrow = table.scan(row_filter=row_filter).to_arrow()
-        except Exception as exc:
-            raise StorageError(
-                f"reading {table_name} for {ticker} failed: {exc}", error_code=SCAN_FAILED
-            ) from exc
-        if arrow.num_rows == 0:
-            return None
-        micros = pc.cast(arrow[at_column], pa.int64())
-        newest: dict[str, Any] = arrow.slice(
-            pc.index(micros, pc.max(micros)).as_py(), 1
-        ).to_pylist()[0]
-        newest["snapshot_time_ms"] = pc.max(micros).as_py() // 1000
-        return newest
+        with _scan_failed(f"reading {table_name} for {ticker}"):
+            return table.scan(row_filter=row_filter, selected_fields=tuple(columns)).to_arrow()
 
     def read_tick_pieces(
         self, table_name: str, exchange: str | None, *, ticker: str | None = None

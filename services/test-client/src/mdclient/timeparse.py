@@ -10,6 +10,7 @@ Accepted times (UTC unless an offset is given):
   epoch *seconds* are refused rather than silently read as 1970)
 
 Periods: ``60`` (seconds), ``30s``, ``1m``, ``5m``, ``1h``, ``4h``, ``1d``, ``1w``.
+Steps (`parse_step_ms`, book samples): ``100ms``, ``250`` (milliseconds), ``1s``, ``5m``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,33 @@ def parse_period(text: str | int) -> int:
     if seconds <= 0:
         raise TimeFormatError(f"period must be positive, got {text!r}")
     return seconds
+
+
+_STEP_MS = re.compile(r"^(?P<n>\d+)ms$")
+
+
+def parse_step_ms(text: str | int) -> int:
+    """`100ms` -> 100, `250` -> 250 (bare digits: milliseconds), `1s` -> 1000, `5m` ->
+    300000: a positive whole number of milliseconds."""
+    if isinstance(text, int):
+        step = text
+    else:
+        value = text.strip().lower()
+        match = _STEP_MS.match(value)
+        if match is not None:
+            step = int(match["n"])
+        elif value.isdigit():
+            step = int(value)
+        else:
+            try:
+                step = parse_period(value) * 1000
+            except TimeFormatError:
+                raise TimeFormatError(
+                    f"step {text!r} is not N ms (250, 100ms) or N followed by s/m/h/d/w (1s)"
+                ) from None
+    if step <= 0:
+        raise TimeFormatError(f"step must be positive, got {text!r}")
+    return step
 
 
 def format_period(seconds: int) -> str:

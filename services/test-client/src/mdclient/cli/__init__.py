@@ -34,6 +34,7 @@ COMMANDS: dict[str, Command] = {
     "legacy": history.run_legacy,
     "live": live.run,
     "book": book.run,
+    "book-samples": book.run_samples,
     "status": status.run,
     "markets": markets.run,
     "recording": recording.run,

@@ -105,6 +105,22 @@ def parse_ticker(text: str) -> str:
     return ticker
 
 
+def add_stored_range(parser: argparse.ArgumentParser, what: str) -> argparse._ArgumentGroup:
+    """`--start`, `--end` and the output options (`--rows`, `--no-table`, `--csv`,
+    `--parquet`) of a read of stored rows (`trades`, `book-samples`); returns the output
+    group."""
+    parser.add_argument(
+        "--start", default="-1h", help="now, -1h, 2026-11-20, 2026-11-20T10:00, epoch ms"
+    )
+    parser.add_argument("--end", default="now", help="same formats; range is [start, end)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--rows", type=int, default=20, help="table rows: head+tail (0 = all)")
+    out.add_argument("--no-table", action="store_true", help="print no table")
+    out.add_argument("--csv", type=Path, metavar="FILE", help=f"write the {what} as CSV")
+    out.add_argument("--parquet", type=Path, metavar="FILE", help=f"write the {what} as Parquet")
+    return out
+
+
 def check_outputs(*paths: Path | None) -> None:
     """Fail before the request, not after a long wait: each output's folder must exist."""
     for path in paths:

@@ -430,3 +430,61 @@ def _trade_row(out: Table, row: dict[str, Any]) -> None:
         row.get(Ticks.SIDE) or "-",
         row.get(Ticks.TRADE_ID) or "",
     )
+
+
+# --- book samples ---
+
+
+def write_samples_csv(table: pa.Table, path: Path) -> None:
+    """Book samples as CSV: each time as ISO-8601 UTC text (to the microsecond) followed by
+    its `*_ms` column; an empty level is an empty field. No value needs quotes (times,
+    numbers, booleans): none are written."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for name in table.column_names:
+        column = table[name]
+        if not pa.types.is_timestamp(column.type):
+            columns[name] = column
+            continue
+        columns[name] = pc.strftime(column, format="%Y-%m-%dT%H:%M:%SZ")
+        columns[f"{name}_ms"] = pc.divide(column.cast(pa.int64()), 1000)
+    options = pacsv.WriteOptions(quoting_header="none", quoting_style="none")
+    pacsv.write_csv(pa.table(columns), path, write_options=options)
+
+
+def sample_table(table: pa.Table, *, title: str, max_rows: int = 20) -> Table:
+    """Each sample's time, exactness, best bid and ask (the whole depth is in the files);
+    with more than `max_rows` rows the head and the tail."""
+    out = _table(title)
+    out.add_column("time (UTC)", no_wrap=True)
+    for name in ("exact", "bid", "bid amount", "ask", "ask amount", "levels"):
+        out.add_column(name, justify="left" if name == "exact" else "right", no_wrap=True)
+    depth = sum(name.startswith("bid_price_") for name in table.column_names)
+    rows = table.to_pylist()
+    shown: list[dict[str, Any] | None] = list(rows)
+    if 0 < max_rows < len(rows):
+        head = max_rows // 2
+        shown = [*rows[:head], None, *rows[-(max_rows - head) :]]
+    for row in shown:
+        if row is None:
+            out.add_row(f"… {len(rows) - max_rows:,} more rows", *["…"] * 6, style="dim")
+            continue
+        levels = [
+            sum(row[f"{side}_price_{i}"] is not None for i in range(depth))
+            for side in ("bid", "ask")
+        ]
+        out.add_row(
+            row["time"].strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+            "yes" if row["exact"] else "no",
+            *(_number(row.get(n)) for n in ("bid_price_0", "bid_amount_0")),
+            *(_number(row.get(n)) for n in ("ask_price_0", "ask_amount_0")),
+            f"{levels[0]}/{levels[1]}",
+        )
+    return out
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"

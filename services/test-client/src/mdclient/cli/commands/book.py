@@ -1,5 +1,6 @@
 """`mdclient book`: a live L2 ladder (redrawn in place on a terminal, else one line per
-update), or with `--at` the book stored in Iceberg at a time (no relay needed)."""
+update), or with `--at` the exact book stored in Iceberg at a time (no relay needed);
+`mdclient book-samples`: the stored book's top levels every step over a range."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import time
 from typing import TYPE_CHECKING
 
 from mdclient import errors, timeparse
-from mdclient.cli.args import UsageError, parse_ticker, settings_from_args
+from mdclient.cli.args import (
+    UsageError,
+    add_stored_range,
+    check_outputs,
+    parse_ticker,
+    settings_from_args,
+)
 from mdclient.cli.commands import Subparsers, open_client
+from mdclient.cli.output import stdout_console
 from mdclient.cli.views import LadderView, ladder_lines, until
 from mdclient.exit_codes import ExitCode
 
@@ -38,7 +46,27 @@ def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.Argume
         "--once", action="store_true", help="print the ladder once the book is whole, then exit"
     )
     book.add_argument(
-        "--at", metavar="TIME", help="the stored book at TIME (Iceberg; no relay needed)"
+        "--at",
+        metavar="TIME",
+        help="the stored book at TIME: the snapshot before it and the deltas up to it "
+        "(Iceberg; no relay needed; exit 11 if a delta is missing, the book shown as before it)",
+    )
+    samples = sub.add_parser(
+        "book-samples",
+        parents=[common],
+        help="the stored book's top levels every step over a range (Iceberg)",
+        description="The book of market.book_snapshots + market.book_deltas at start, "
+        "start + every, ... before end: one row per sample with its best --depth levels per "
+        "side (bid_price_0, bid_amount_0, ..., ask_amount_N), exact (no delta missing "
+        "before it), book_time and exchange_sequence. No book stored in or before the "
+        "range exits 6. Needs no relay.",
+    )
+    samples.add_argument("ticker", help="EXCHANGE:BASE/QUOTE")
+    add_stored_range(samples, "samples")
+    samples.add_argument("--every", default="1s", help="step: 100ms, 250 (ms), 1s, 1m (default 1s)")
+    samples.add_argument("--depth", type=int, default=10, help="levels per side (default 10)")
+    samples.add_argument(
+        "--verify", action="store_true", help="exit 11 unless every sample is exact"
     )
 
 
@@ -86,7 +114,8 @@ def _stored_book(
     ticker: str, args: argparse.Namespace, settings: ClientSettings, out: Console, err: Console
 ) -> int:
     """`book --at`: Iceberg only, like `markets`."""
-    from mdclient.book import read_book_at, read_precision
+    from mdclient.book import read_precision
+    from mdclient.book_history import read_book_at
     from mdclient.frames import IcebergReader
     from mdproto.error_codes import NO_BOOK
 
@@ -103,9 +132,69 @@ def _stored_book(
         err.print(str(exc), highlight=False, markup=False)
         return ExitCode.NOT_FOUND
     err.print(
-        f"{ticker} book stored at {timeparse.format_ms(book.exchange_time_ms)}", highlight=False
+        f"{ticker} book at {timeparse.format_ms(at_ms)}: the snapshot of "
+        f"{timeparse.format_ms(book.snapshot_time_ms)} and {book.deltas_applied} deltas, "
+        f"the last at {timeparse.format_ms(book.exchange_time_ms)}",
+        highlight=False,
+        markup=False,
     )
+    if not book.exact:
+        err.print(f"not exact: {book.gap}", highlight=False, markup=False)
     precision = read_precision(reader, settings, ticker)
     for line in ladder_lines(book.bids.top(args.depth), book.asks.top(args.depth), precision):
         out.print(line, markup=False)
+    return ExitCode.OK if book.exact else ExitCode.INCOMPLETE
+
+
+def run_samples(args: argparse.Namespace, err: Console) -> int:
+    """`book-samples`: Iceberg only, like `trades`."""
+    from mdclient.book_history import read_book_samples, sample_range
+    from mdclient.cli.output import sample_table, write_parquet, write_samples_csv
+    from mdclient.frames import IcebergReader
+    from mdproto.error_codes import NO_BOOK
+
+    try:
+        every_ms = timeparse.parse_step_ms(args.every)
+        query = sample_range(
+            parse_ticker(args.ticker),
+            args.start,
+            args.end,
+            every_ms,
+            args.depth,
+            now_ms=int(time.time() * 1000),
+        )
+    except (errors.InvalidRequest, timeparse.TimeFormatError) as exc:
+        raise UsageError(str(getattr(exc, "reason", exc))) from None
+    if args.rows < 0:
+        raise UsageError("--rows must be 0 or more")
+    check_outputs(args.csv, args.parquet)
+    settings = settings_from_args(args)
+    reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
+    try:
+        table = read_book_samples(reader, settings, query)
+    except errors.StorageError as exc:
+        if exc.error_code != NO_BOOK:
+            raise
+        err.print(str(exc), highlight=False, markup=False)
+        return ExitCode.NOT_FOUND
+    if args.csv is not None:
+        write_samples_csv(table, args.csv)
+    if args.parquet is not None:
+        write_parquet(table, args.parquet)
+    start, end = timeparse.format_ms(query.start_ms), timeparse.format_ms(query.end_ms)
+    what = f"{query.ticker} book every {args.every} [{start}, {end})"
+    inexact = table.num_rows - sum(table["exact"].to_pylist())
+    if not args.quiet:
+        err.print(f"{table.num_rows:,} samples: {what}", highlight=False, markup=False)
+    if inexact:  # even with --quiet: it says what the rows are worth
+        err.print(
+            f"{inexact:,} samples not exact (before the first stored book, or between a "
+            "missing delta and the next snapshot)",
+            highlight=False,
+            markup=False,
+        )
+    if not args.no_table:
+        stdout_console().print(sample_table(table, title=what, max_rows=args.rows))
+    if args.verify and inexact:
+        return ExitCode.INCOMPLETE
     return ExitCode.OK

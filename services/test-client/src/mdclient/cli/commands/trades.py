@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mdclient import timeparse
-from mdclient.cli.args import UsageError, check_outputs, settings_from_args
+from mdclient.cli.args import UsageError, add_stored_range, check_outputs, settings_from_args
 from mdclient.cli.commands import Subparsers
 from mdclient.cli.output import (
     TradeEnds,
@@ -44,18 +43,10 @@ def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.Argume
         "began. A range with no recording exits 6. Needs no relay.",
     )
     trades.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
-    trades.add_argument(
-        "--start", default="-1h", help="now, -1h, 2026-11-20, 2026-11-20T10:00, epoch ms"
-    )
-    trades.add_argument("--end", default="now", help="same formats; range is [start, end)")
+    add_stored_range(trades, "trades")
     trades.add_argument(
         "--verify", action="store_true", help="exit 11 unless the integrity report is complete"
     )
-    out = trades.add_argument_group("output")
-    out.add_argument("--rows", type=int, default=20, help="table rows: head+tail (0 = all)")
-    out.add_argument("--no-table", action="store_true", help="print no table")
-    out.add_argument("--csv", type=Path, metavar="FILE", help="write the trades as CSV")
-    out.add_argument("--parquet", type=Path, metavar="FILE", help="write the trades as Parquet")
 
 
 def run(args: argparse.Namespace, err: Console) -> int:
