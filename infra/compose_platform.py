@@ -246,6 +246,7 @@ class ComposeEndpoints:
         from infra.localstack.endpoints import client_addresses
 
         host = self.relay_host
+        stack = self.stack_endpoints()
         clients = client_addresses(
             request=[f"tcp://{host}:{p}" for p in (self.request_port, self.relay2_request_port)],
             market_data=[
@@ -253,12 +254,13 @@ class ComposeEndpoints:
             ],
             gateway=self.gateway_url,
             catalog=self.catalog_uri,
+            s3=stack.s3_endpoint,
             metrics={
                 "relay": f"http://{host}:{self.relay_metrics_port}",
                 "relay-2": f"http://{host}:{self.relay2_metrics_port}",
             },
         )
-        return self.stack_endpoints().to_json(clients)
+        return stack.to_json(clients)
 
     def pyiceberg_catalog_properties(self) -> dict[str, str]:
         """Properties for ``pyiceberg.catalog.load_catalog(name, **props)``."""

@@ -10,8 +10,8 @@
 #   make logs [SERVICE=relay]   follow the logs of every (or one) service
 #   make client ARGS="history BINANCE:BTC/USDT --start -2h"
 #                               one mdclient command in the test-client container, on
-#                               the compose files `make up` used (give the same IMAGES=
-#                               and KAFKA=); the default ARGS: 2 h of BTC 1m candles
+#                               the compose files the last `make up` used (.env, below);
+#                               the default ARGS: 2 h of BTC 1m candles
 #   make e2e                    the whole end-to-end suite and the container fault tests
 #                               against the compose platform (brings up a Docker engine
 #                               on a root Debian machine that has none)
@@ -27,6 +27,11 @@
 # KAFKA=cluster (any target): a three-broker Kafka cluster instead of the single
 # node (infra/compose/kafka-cluster.yml); `make e2e KAFKA=cluster` runs the whole
 # suite on it, `make e2e-kafka-cluster` only its broker-loss test.
+#
+# `make up` records its files as COMPOSE_FILE in .env (infra/compose/bin/write-dotenv.sh),
+# which `docker compose` reads itself: the plain commands of docs/docker.md and the
+# README then use the same files; `make client`, `logs` and `down` do too unless
+# IMAGES= or KAFKA= is given.
 
 COMPOSE ?= docker compose
 IMAGES ?= upstream
@@ -38,6 +43,12 @@ COMPOSE_FILES := docker-compose.yml$(if $(OFFLINE_IMAGES),:infra/images/compose.
 # Read by docker compose itself and by the e2e fixture (infra/compose_platform.py).
 export COMPOSE_FILE := $(COMPOSE_FILES)
 export MDP_COMPOSE_FILES := $(COMPOSE_FILES)
+# Where `make up` records COMPOSE_FILE for plain `docker compose` commands.
+COMPOSE_DOTENV ?= .env
+# IMAGES= or KAFKA= given (command line or environment): their files; else the
+# commands that act on a running platform leave COMPOSE_FILE to .env (`make up`'s).
+COMPOSE_FILES_GIVEN := $(filter-out file default undefined,$(origin IMAGES) $(origin KAFKA))
+COMPOSE_ON_RUNNING := $(if $(COMPOSE_FILES_GIVEN),,env -u COMPOSE_FILE) $(COMPOSE)
 COMPOSE_UP_FLAGS := $(if $(OFFLINE),--profile offline) $(if $(MONITORING),--profile monitoring)
 E2E_ARGS ?=
 # The broker-loss test needs the cluster: left out on the single node.
@@ -46,19 +57,20 @@ E2E_MARKS ?= (e2e or compose) and not local$(if $(KAFKA_CLUSTER),, and not kafka
 .PHONY: up down logs client e2e e2e-images e2e-images-docker e2e-kafka-cluster images-offline compose-config docker-engine
 
 up: $(if $(filter offline,$(IMAGES)),images-offline)
+	infra/compose/bin/write-dotenv.sh $(COMPOSE_DOTENV) $(COMPOSE_FILES)
 	$(COMPOSE) $(COMPOSE_UP_FLAGS) up --detach --build --wait
 
 down:
-	$(COMPOSE) --profile offline --profile client --profile monitoring down --remove-orphans $(if $(PURGE),--volumes)
+	$(COMPOSE_ON_RUNNING) --profile offline --profile client --profile monitoring down --remove-orphans $(if $(PURGE),--volumes)
 
 logs:
-	$(COMPOSE) --profile offline logs --follow --tail=200 $(SERVICE)
+	$(COMPOSE_ON_RUNNING) --profile offline logs --follow --tail=200 $(SERVICE)
 
-# A plain `docker compose run` reads docker-compose.yml alone: on a platform started
-# from the offline image set it would recreate every dependency from upstream images
-# (a pull that fails offline). Here COMPOSE_FILE (above) names the same files as `up`.
+# `docker compose run` on other files than `up`'s would recreate the running
+# services from those (offline: a pull of upstream images that fails), so this
+# runs on the files the last `make up` recorded in .env, or on IMAGES=/KAFKA='s.
 client:
-	$(COMPOSE) --profile client run --rm test-client $(ARGS)
+	$(COMPOSE_ON_RUNNING) --profile client run --rm test-client $(ARGS)
 
 compose-config: venv
 	$(BIN)/docker-compose --profile offline --profile client --profile monitoring config --quiet

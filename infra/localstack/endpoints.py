@@ -8,7 +8,7 @@ or, for a stack started by ``python -m infra.localstack up``, from
 the same layout for compose: ``infra/compose/endpoints.json``), a ``clients``
 section with every client-facing address of the platform (``client_addresses``;
 docs/protocol.md "Ports and sockets"), so a client in any language finds the
-relay, the gateway and the metrics without reading prose.
+relay, the gateway, the catalog, S3 and the metrics without reading prose.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def client_addresses(
     market_data: Sequence[str],
     gateway: str,
     catalog: str,
+    s3: str,
     metrics: Mapping[str, str],
 ) -> dict[str, object]:
     """endpoints.json's `clients` section, the one layout of every platform's file.
@@ -140,6 +141,8 @@ def client_addresses(
     `request` / `market_data`: each relay's ROUTER (:5559) and XPUB (:5558), any one
     serves, all listed for failover; `gateway` its base URL ("" where none runs:
     null); `catalog` the Iceberg REST catalog (its `GET /v1/config` hands out S3);
+    `s3` the S3 endpoint as this host reaches it (compose's catalog hands out the
+    network's `http://minio:9000`, which a host client overrides with this);
     `metrics` service -> base URL of `GET /metrics` and `GET /healthz`.
     """
     ws = "ws" + gateway.removeprefix("http") + "/ws" if gateway else None
@@ -149,5 +152,6 @@ def client_addresses(
         "gateway": gateway or None,
         "gateway_ws": ws,
         "catalog": catalog,
+        "s3": s3,
         "metrics": dict(metrics),
     }

@@ -71,6 +71,7 @@ class PlatformEndpoints:
             market_data=self.market_data.split(","),
             gateway=self.gateway,
             catalog=self.stack.catalog_uri,
+            s3=self.stack.s3_endpoint,
             metrics=self.metrics,
         )
 

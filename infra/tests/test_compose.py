@@ -1624,6 +1624,80 @@ def test_every_make_target_the_docs_show_exists() -> None:
     assert not shown - targets, f"documented make targets that do not exist: {shown - targets}"
 
 
+def _make(tmp_path: Path, *argv: str) -> list[str]:
+    """`make ARGV` with a stub `docker compose` that records its COMPOSE_FILE and arguments."""
+    stub = tmp_path / "compose-stub"
+    stub.write_text('#!/bin/sh\necho "${COMPOSE_FILE-<unset>} $*" >>"$STUB_LOG"\n')
+    stub.chmod(0o755)
+    log = tmp_path / "compose.log"
+    log.unlink(missing_ok=True)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MAKE", "MFLAGS", "COMPOSE_", "MDP_COMPOSE"))
+        and k not in {"IMAGES", "KAFKA"}
+    }
+    env["STUB_LOG"] = str(log)
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO), "-o", "images-offline", f"COMPOSE={stub}", *argv],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return log.read_text().splitlines()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+@pytest.mark.parametrize(
+    ("variables", "files", "kafka_image"),
+    [
+        ([], "docker-compose.yml", "apache/kafka:"),
+        (["IMAGES=offline"], "docker-compose.yml:infra/images/compose.yml", "mdp-offline/kafka:"),
+    ],
+    ids=["upstream", "offline"],
+)
+def test_plain_docker_compose_after_make_up_uses_the_same_files(
+    tmp_path: Path, variables: list[str], files: str, kafka_image: str
+) -> None:
+    """README's and docs/docker.md's `docker compose --profile client run ...` works as
+    written after either `make up` (issue 47): `make up` records its files as COMPOSE_FILE
+    in .env, which Compose reads itself; the user's other lines stay."""
+    dotenv = tmp_path / "project" / ".env"
+    dotenv.parent.mkdir()
+    dotenv.write_text("MDP_BIND=127.0.0.1\nCOMPOSE_FILE=stale.yml\n")
+    calls = _make(tmp_path, f"COMPOSE_DOTENV={dotenv}", *variables, "up")
+    assert calls == [f"{files} up --detach --build --wait"]
+    lines = [line for line in dotenv.read_text().splitlines() if not line.startswith("#")]
+    assert lines == ["MDP_BIND=127.0.0.1", f"COMPOSE_FILE={files}"]
+
+    # The pinned Compose CLI in that project directory, no COMPOSE_FILE in the shell.
+    (dotenv.parent / "docker-compose.yml").symlink_to(COMPOSE_FILE)
+    (dotenv.parent / "infra").symlink_to(REPO / "infra")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "MDP_"))}
+    images = subprocess.run(
+        [_tool("docker-compose"), "--profile", "client", "config", "--images"],
+        cwd=dotenv.parent,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
+    assert next(i for i in images if "kafka" in i).startswith(kafka_image)
+    assert "mdp/test-client:dev" in images
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_client_uses_the_files_of_make_up_unless_told_otherwise(tmp_path: Path) -> None:
+    run = "--profile client run --rm test-client history X"
+    # No IMAGES=/KAFKA=: COMPOSE_FILE is left to .env, i.e. to the last `make up`.
+    assert _make(tmp_path, "client", "ARGS=history X") == [f"<unset> {run}"]
+    offline = "docker-compose.yml:infra/images/compose.yml"
+    assert _make(tmp_path, "IMAGES=offline", "client", "ARGS=history X") == [f"{offline} {run}"]
+    assert _make(tmp_path, "down")[0].startswith("<unset> --profile offline")
+
+
 # ------------------------------------------------------------------ the live stack
 
 

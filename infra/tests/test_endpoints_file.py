@@ -13,7 +13,7 @@ from infra.platform.config import PlatformConfig, ServicePorts
 from infra.platform.supervisor import Platform
 
 REPO = Path(__file__).resolve().parents[2]
-CLIENT_KEYS = {"request", "market_data", "gateway", "gateway_ws", "catalog", "metrics"}
+CLIENT_KEYS = {"request", "market_data", "gateway", "gateway_ws", "catalog", "s3", "metrics"}
 
 
 def _platform(tmp_path: Path) -> Platform:
@@ -35,6 +35,7 @@ def test_make_runs_file_lists_every_client_facing_address(tmp_path: Path) -> Non
     assert clients["gateway"] == "http://127.0.0.1:18090"
     assert clients["gateway_ws"] == "ws://127.0.0.1:18090/ws"
     assert clients["catalog"] == platform.stack.endpoints.catalog_uri
+    assert clients["s3"] == platform.stack.endpoints.s3_endpoint
     metrics = clients["metrics"]
     assert isinstance(metrics, dict)
     assert {"relay", "ingestor", "spark-pipeline", "gateway"} <= set(metrics)
@@ -67,6 +68,8 @@ def test_composes_file_is_the_same_layout_at_the_published_default_ports() -> No
     assert set(clients) == CLIENT_KEYS
     assert clients["request"] == ["tcp://127.0.0.1:5559", "tcp://127.0.0.1:15559"]
     assert clients["gateway_ws"] == "ws://127.0.0.1:8090/ws"
+    # The host's S3 (MinIO published on the local stack's port), not the catalog's minio:9000.
+    assert clients["s3"] == "http://127.0.0.1:8333"
     assert set(clients["metrics"]) == {"relay", "relay-2"}
 
 

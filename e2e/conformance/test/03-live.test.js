@@ -111,6 +111,35 @@ describe("live data", () => {
     }
   });
 
+  test("a new subscription edge re-sends the last value to every subscriber; the sequence rule drops the copy", { timeout: config.liveTimeoutMs + 60_000 }, async () => {
+    // "Expect duplicate last values": a prefix no one watched (`|tic`) is a first
+    // subscription on the relay, so the pipeline answers it with the last tick, and
+    // the copy reaches every subscriber whose prefix matches, this one on `|tick` too,
+    // with the sequence number it was first sent with, byte for byte.
+    const a = await wire.subscriber(TICK);
+    let b = null;
+    try {
+      assert.ok(await a.next((it) => it.topic === TICK && it.message, config.liveTimeoutMs), "the feed runs");
+      const from = a.received.length;
+      b = await wire.subscriber(`${config.ticker}|tic`);
+      const key = (it) => `${it.message.publisher_epoch}/${it.message.sequence}`;
+      const original = (it) =>
+        a.received.find((o) => o !== it && o.topic === TICK && o.message && key(o) === key(it));
+      const copy = await a.next((it) => it.topic === TICK && it.message && original(it) !== undefined, 30_000, from);
+      assert.ok(copy, "no copy of a tick already received within 30 s of the new subscription");
+      assert.ok(a.received.indexOf(original(copy)) < a.received.indexOf(copy), "the original came first");
+      assert.ok(original(copy).frames[2].equals(copy.frames[2]), "the copy is the message as first sent");
+      const lastValue = await b.next((it) => it.topic === TICK && it.message, 30_000);
+      assert.ok(lastValue, "the new prefix got the last value");
+      const { gaps, delivered } = contiguity(a.received.filter((it) => it.topic === TICK && it.message));
+      assert.deepEqual(gaps, [], "no sequence gaps");
+      assert.equal(delivered, new Set(a.received.filter((it) => it.topic === TICK && it.message).map(key)).size, "each tick delivered once after the rule");
+    } finally {
+      a.close();
+      if (b) b.close();
+    }
+  });
+
   test("a period the pipeline does not serve live is REFUSED on {ticker}|status", { timeout: 60_000 }, async () => {
     const topic = `${config.ticker}|ohlc:900`;
     const sub = await wire.subscriber(STATUS, topic);

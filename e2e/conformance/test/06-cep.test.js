@@ -1,6 +1,7 @@
 "use strict";
 // A CEP trigger's life (docs/protocol.md "CEP triggers"): subscribe to the event
-// topic, REGISTER (ack OK + event_topic), ARMED, LIST, CANCEL, CANCELLED (final).
+// topic, REGISTER (ack OK + event_topic), ARMED, LIST, CANCEL, CANCELLED (final);
+// a one-shot trigger that fires is FIRED (final) and then leaves LIST ("Bounds").
 
 const assert = require("node:assert/strict");
 const { describe, test } = require("node:test");
@@ -10,6 +11,8 @@ const wire = require("../lib/wire");
 
 const action = (name) => wire.enumValue("CEPTriggerRequest.Action", name);
 const PRICE_ABOVE = wire.enumValue("CEPCondition.Kind", "PRICE_ABOVE");
+const VOLUME_OVER = wire.enumValue("CEPCondition.Kind", "VOLUME_OVER");
+const LIST_POLL_MS = 100;
 const PER_REQUEST = 2;
 const OPTS = { timeout: 2 * config.liveTimeoutMs + 30_000 };
 
@@ -88,5 +91,54 @@ describe("CEP trigger", () => {
       action: action("CANCEL"),
     });
     assert.equal(cancelled.status, "OK", JSON.stringify(cancelled));
+  });
+
+  test("a fired one-shot trigger is FIRED (final), then leaves LIST", OPTS, async (t) => {
+    // docs/protocol.md "CEP triggers", "Bounds": ARMED under 1 s after the ack, a fired
+    // one-shot gone from LIST under 1 s after its FIRED on a running platform. Printed
+    // as diagnostics, not asserted: a loaded machine is slower, the order is the contract.
+    // A window no other trigger uses starts empty, so its first tick's amount crosses
+    // the tiny threshold ("Edges, not levels", docs/cep.md).
+    const triggerId = wire.newId("conf-fire");
+    const clientId = wire.newId("conf-cep");
+    const topic = `CEP:${triggerId}`;
+    const windowSeconds = 90_000 + Math.floor(Math.random() * 10_000);
+    const sub = await wire.subscriber(topic);
+    const list = async () => {
+      const { message } = await wire.request("CEPTriggerRequest", { client_id: clientId, action: action("LIST") });
+      assert.equal(message.status, "OK", JSON.stringify(message));
+      return message.triggers.some((it) => it.trigger_id === triggerId);
+    };
+    try {
+      const { message: ack } = await wire.request("CEPTriggerRequest", {
+        trigger_id: triggerId,
+        client_id: clientId,
+        action: action("REGISTER"),
+        ticker: config.ticker,
+        conditions: [{ kind: VOLUME_OVER, threshold: 1e-12, window_seconds: windowSeconds }],
+        notify: PER_REQUEST,
+      });
+      assert.equal(ack.status, "OK", JSON.stringify(ack));
+      const ackedAt = Date.now();
+      const kind = (name) => (it) => it.topic === topic && it.message && it.message.kind === name;
+      const armed = await sub.next(kind("ARMED"), config.liveTimeoutMs);
+      assert.ok(armed, `no ARMED event on ${topic}`);
+      t.diagnostic(`ARMED ${armed.at - ackedAt} ms after the ack`);
+      const fired = await sub.next(kind("FIRED"), config.liveTimeoutMs);
+      assert.ok(fired, `no FIRED event on ${topic} (does ${config.ticker} trade?)`);
+      assert.equal(fired.message.final, true, "a one-shot fire is final");
+      assert.equal(Number(fired.message.fire_count), 1);
+      assert.ok(BigInt(fired.message.sequence) > BigInt(armed.message.sequence), "sequenced per topic");
+      const deadline = Date.now() + config.liveTimeoutMs;
+      let listed = await list();
+      while (listed && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, LIST_POLL_MS));
+        listed = await list();
+      }
+      assert.equal(listed, false, `still in LIST ${config.liveTimeoutMs} ms after its FIRED`);
+      t.diagnostic(`gone from LIST ${Date.now() - fired.at} ms after its FIRED (polled every ${LIST_POLL_MS} ms)`);
+    } finally {
+      sub.close();
+    }
   });
 });

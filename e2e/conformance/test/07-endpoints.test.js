@@ -13,7 +13,7 @@ const zmq = require("zeromq");
 const { config } = require("../lib/config");
 const wire = require("../lib/wire");
 
-const KEYS = ["catalog", "gateway", "gateway_ws", "market_data", "metrics", "request"];
+const KEYS = ["catalog", "gateway", "gateway_ws", "market_data", "metrics", "request", "s3"];
 const TIMEOUT_MS = 10_000;
 
 function clients() {
@@ -35,6 +35,7 @@ describe("endpoints.json", { skip: config.endpointsFile === "" && "MDP_ENDPOINTS
     assert.ok(c.request.length >= 1 && c.request.length === c.market_data.length, "one of each per relay");
     for (const url of [...c.request, ...c.market_data]) assert.match(url, /^tcp:\/\/[^:]+:\d+$/);
     assert.match(c.catalog, /^http:\/\/[^:]+:\d+$/);
+    assert.match(c.s3, /^https?:\/\/[^:]+:\d+$/);
     if (c.gateway !== null) {
       assert.match(c.gateway, /^https?:\/\/[^:]+:\d+$/);
       assert.equal(c.gateway_ws, `${c.gateway.replace(/^http/, "ws")}/ws`);
@@ -103,6 +104,14 @@ describe("endpoints.json", { skip: config.endpointsFile === "" && "MDP_ENDPOINTS
     const body = JSON.parse(answer.text);
     const handed = { ...(body.defaults || {}), ...(body.overrides || {}) };
     assert.match(handed["s3.endpoint"] || "", /^https?:\/\//, "s3.endpoint for clients (docs/client-guide.md: Reading the rows without the SDK)");
+  });
+
+  test("its s3 address is an S3 service this host reaches (compose: not the catalog's minio:9000)", async () => {
+    // "Reading the rows without the SDK": a client on the host reads the table files here,
+    // overriding the catalog's s3.endpoint where that names a host only containers resolve.
+    const answer = await get(`${clients().s3}/warehouse?list-type=2&max-keys=1`);
+    assert.ok([200, 403].includes(answer.status), `HTTP ${answer.status}: ${answer.text.slice(0, 200)}`);
+    assert.match(answer.text, /<(ListBucketResult|Error)[\s>]/, "an S3 XML answer");
   });
 
   test("every service's metrics address serves /healthz", async () => {

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from mdproto import envelope, topics
 from mdproto.messages import OHLC, CEPTriggerEvent, HistoryReadyNotification, Status
 
 T0 = 1_795_132_800_000
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
@@ -235,3 +240,63 @@ def test_live_lines_tell_open_closed_and_corrected_candles_apart() -> None:
     assert " fixed " in live_line(candle(closed=True, correction=True))
     assert "incomplete" not in live_line(candle(closed=True))
     assert live_line(candle(closed=True, incomplete=True)).endswith("  incomplete")
+
+
+class _ComposeCatalog(BaseHTTPRequestHandler):
+    """`GET /v1/config` as compose's catalog answers it: S3 as the network names it."""
+
+    def do_GET(self) -> None:
+        body = json.dumps(
+            {
+                "defaults": {
+                    "s3.endpoint": "http://minio:9000",
+                    "s3.path-style-access": "true",
+                    "s3.access-key-id": "localstack",
+                    "s3.secret-access-key": "localstack-secret",
+                },
+                "overrides": {},
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet: the test's output is its assertions."""
+
+
+@pytest.fixture
+def compose_catalog() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ComposeCatalog)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("config", "s3_endpoint"),
+    [
+        ("config.host.yaml", "http://127.0.0.1:8333"),  # the published port wins
+        ("config.yaml", "http://minio:9000"),  # inside the network: the network's name
+    ],
+)
+def test_compose_client_configs_reach_s3_where_they_run(
+    compose_catalog: str, config: str, s3_endpoint: str
+) -> None:
+    """docs/docker.md's host command (issue 47: "Could not resolve host: minio"): the
+    catalog hands out `http://minio:9000`; what the client's config sets wins over
+    those defaults in the catalog pyiceberg builds, so the host config reads S3 on
+    its published port."""
+    from pyiceberg.catalog import load_catalog
+
+    path = REPO / "infra/compose/test-client" / config
+    settings = load_settings(path, catalog_uri=compose_catalog)
+    catalog = load_catalog(settings.catalog_name, **settings.catalog_properties())
+    assert catalog.properties["s3.endpoint"] == s3_endpoint
+    assert catalog.properties["s3.access-key-id"] == "localstack"
