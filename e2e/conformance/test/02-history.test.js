@@ -16,7 +16,7 @@ const CANDLES = 30;
 const PER_CLIENT = 1;
 const PER_REQUEST = 2;
 const PIPELINE_STATUS = "PIPELINE:status";
-const SOURCES = ["SOURCE_EXCHANGE", "SOURCE_STORAGE", "SOURCE_STORAGE_AND_EXCHANGE"];
+const SOURCES = ["SOURCE_EXCHANGE", "SOURCE_STORAGE", "SOURCE_STORAGE_AND_EXCHANGE", "SOURCE_TRADES"];
 
 /** A closed, minute-aligned range of CANDLES one-minute candles, a few hours back. */
 function pastRange() {

@@ -59,3 +59,7 @@ LIVE_PERIODS: Final = (60, 300, 3600)
 # the stored part, so the final marker's total_rows is not the answer's row count;
 # the pipeline counts the rows in Iceberg (docs/protocol.md, "Coverage").
 FROM_STORAGE: Final = (HistorySource.SOURCE_STORAGE, HistorySource.SOURCE_STORAGE_AND_EXCHANGE)
+# History answers built from recorded trades: for a period the exchange does not
+# serve, the ingestor writes only a final marker of this source and the pipeline
+# aggregates market.ticks into bars (docs/adr/0015-bars-from-trades.md).
+FROM_TRADES: Final = HistorySource.SOURCE_TRADES

@@ -64,7 +64,8 @@ class TableSchema:
 
 class Ohlc:
     """``market.ohlc``: one candle per (ticker, period_seconds, open_time), from the
-    exchange (``source`` "history") or built from trades (``source`` "live")."""
+    exchange (``source`` "history"), built from trades as they arrive (``source`` "live")
+    or by a history request over recorded trades (``source`` "trades")."""
 
     TICKER: Final = "ticker"
     EXCHANGE: Final = "exchange"

@@ -196,6 +196,33 @@ def test_unsupported_period_and_bad_requests_become_error_markers() -> None:
         assert sink.batches[-1][1].is_final
 
 
+def test_a_period_the_exchange_lacks_is_left_to_the_bars_from_trades() -> None:
+    """With bars from trades on, an unserved period is one OK final marker of source
+    SOURCE_TRADES (the pipeline builds the bars); bad requests still fail as before."""
+    exchange = FakeExchange(make_candles(range(0, 10 * MIN, MIN)))
+    sink = FakeSink()
+    req = request(0, 10 * MIN, period=7)
+    outcome = run(
+        run_history_job(
+            req, exchange, sink, ingestor_id="ing", batch_size=9, env=env(), from_trades=True
+        )
+    )
+    assert (outcome.status, outcome.rows, outcome.batches) == (Status.OK, 0, 0)
+    ((key, marker),) = sink.batches
+    meta = marker.metadata
+    assert key == req.ticker and marker.is_final and marker.sequence == 0
+    assert meta.source == HistorySource.SOURCE_TRADES and meta.total_rows == 0
+    assert "bars from recorded trades" in meta.reason and "period 7 s" in meta.reason
+    assert exchange.calls == []  # the exchange is not asked
+    bad = request(0, 10 * MIN, period=0)
+    outcome = run(
+        run_history_job(
+            bad, exchange, FakeSink(), ingestor_id="ing", batch_size=9, env=env(), from_trades=True
+        )
+    )
+    assert (outcome.status, outcome.error_code) == (Status.ERROR, "invalid_request")
+
+
 def test_a_ticker_no_exchange_here_serves_is_an_invalid_request_asking_nobody() -> None:
     """No exchange of this ingestor has the ticker's prefix (a misrouted or malformed
     request): an ERROR marker, and no other exchange asked in its stead."""

@@ -10,7 +10,7 @@ import pytest
 from infra.exchange_sim import expected_klines
 from ingestor.app import Ingestor
 from mdproto import envelope
-from mdproto.messages import DataRequest, Market, Status
+from mdproto.messages import DataRequest, HistorySource, Market, Status
 
 pytestmark = pytest.mark.stack
 
@@ -203,8 +203,9 @@ def test_unknown_symbols_end_in_an_error_marker_with_the_reason(
     meta = results["hist-unlisted"][-1].metadata
     assert (meta.status, meta.error_code) == (Status.ERROR, "bad_symbol")
     assert "NOPE/USDT" in meta.reason
-    meta = results["hist-period"][-1].metadata
-    assert (meta.status, meta.error_code) == (Status.ERROR, "unsupported_period")
+    meta = results["hist-period"][-1].metadata  # left to the bars from trades (ADR 0015)
+    trades = HistorySource.SOURCE_TRADES
+    assert (meta.status, meta.source, meta.total_rows) == (Status.OK, trades, 0)
     assert len([f for f in sim.stats()["faults_triggered"]]) == 1  # never retried
 
 

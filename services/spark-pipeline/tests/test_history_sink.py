@@ -11,11 +11,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from mdproto import envelope
+from mdproto.messages import HistorySource, OHLCBatch, Status
 from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.history import HistorySink
 from pipeline.history_notices import CompletedRequest
 from pipeline.lake import TableNames
 from pipeline.streams import QueryIdentity
+from pipeline.trade_bars import BarReport
 
 
 class Inline(Executor):
@@ -65,9 +68,12 @@ class FakeLake:
 class FakePublisher:
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.messages: list[Any] = []
 
     def publish_many(self, messages: Iterable[tuple[str, Any]]) -> None:
-        self.sent += [message.request_id for _, message in messages]
+        listed = [message for _, message in messages]
+        self.messages += listed
+        self.sent += [message.request_id for message in listed]
 
 
 class Batch:
@@ -182,3 +188,44 @@ def test_the_warm_up_candle_is_a_valid_ohlc_row() -> None:
 
     candles = warm_up_candles()
     assert candles.num_rows == 1 and candles.schema == OHLC_SCHEMA
+
+
+def test_a_from_trades_marker_is_answered_with_its_bars_and_not_counted(
+    run: Any, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sink builds the bars (`trade_bars.answer`) before the snapshot and publishes
+    their report as the notification; their row count needs no count in Iceberg."""
+    _, lake, publisher = run
+    asked: list[tuple[str, int]] = []
+
+    def answer(lake_: Any, session: Any, meta: Any, request_id: str) -> BarReport:
+        asked.append((request_id, meta.period_seconds))
+        return BarReport(Status.OK, "12 bars from recorded trades", "", 12, 12, 0, 0)
+
+    monkeypatch.setattr("pipeline.history.trade_bars.answer", answer)
+    counted: list[list[str]] = []
+    count = lake.count_request_rows
+    monkeypatch.setattr(
+        lake,
+        "count_request_rows",
+        lambda s, snap, reqs: counted.append([r.request_id for r in reqs]) or count(s, snap, reqs),
+    )
+    meta = build.metadata("bars-1", period=5, end=build.T0 + build.MINUTE)
+    meta.status = Status.OK
+    meta.source = HistorySource.SOURCE_TRADES
+    marker = OHLCBatch(request_id="bars-1", sequence=0, metadata=meta, is_final=True)
+    sink = HistorySink(lake, publisher, _identity(), lambda _: None, pool=Inline())  # type: ignore[arg-type]
+    sink(Batch(build.kafka_table([envelope.encode_record(marker)])), 0)  # type: ignore[arg-type]
+    assert asked == [("bars-1", 5)]
+    assert counted == []  # the bars' own count is the row count
+    (note,) = publisher.messages
+    assert (note.status, note.row_count, note.snapshot_id) == (Status.OK, 12, 7)
+    assert note.source == HistorySource.SOURCE_TRADES
+    assert note.reason == "12 bars from recorded trades"
+    assert lake.requests["bars-1"].row_count == 12
+
+
+def _identity() -> QueryIdentity:
+    identity = QueryIdentity()
+    identity.set("query-1")
+    return identity

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ingestor.model import Candle
-from mdproto.contracts import FROM_STORAGE
+from mdproto.contracts import FROM_STORAGE, FROM_TRADES
 from mdproto.messages import OHLC, BatchMetadata, DataRequest, OHLCBatch, Status
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -445,6 +445,13 @@ class BatchBuilder:
             return self._final(Status.OK, "", "", expected_gaps, expected_candles)
         reason = "the exchange has no candles in the range"
         return self._final(Status.NOT_FOUND, reason, "", expected_gaps, expected_candles)
+
+    def from_trades(self, reason: str) -> OHLCBatch:
+        """The lone OK final marker of a request the pipeline answers with bars built
+        from recorded trades (``source`` SOURCE_TRADES; it fills in the report)."""
+        self._check_open()
+        self.set_source(FROM_TRADES)
+        return self._final(Status.OK, reason, "", 0, 0)
 
     def fail(
         self, reason: str, error_code: str, expected_gaps: int = 0, expected_candles: int = 0

@@ -113,6 +113,9 @@ class HistorySettings(_Section):
     max_concurrent: int = Field(default=4, gt=0)  # historical requests fetched at once
     page_concurrency: int = Field(default=4, gt=0)  # exchange pages of one request in flight
     legacy_max_candles: int = Field(default=50_000, gt=0)  # cap for an inline DataResponse
+    # A period the exchange does not serve: answered with bars the pipeline builds from
+    # recorded trades (SOURCE_TRADES) instead of an ERROR unsupported_period (ADR 0015).
+    bars_from_trades: bool = True
 
 
 class RetrySettings(_Section):

@@ -12,3 +12,8 @@ class RequestFailedError(Exception):
         super().__init__(f"{error_code}: {reason}")
         self.error_code = error_code
         self.reason = reason
+
+
+class PeriodNotServedError(RequestFailedError):
+    """The exchange serves no candles of the period (``unsupported_period``): a history
+    request may still be answered with bars from recorded trades (ADR 0015)."""

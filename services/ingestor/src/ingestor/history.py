@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ingestor.candles import BatchBuilder, ExchangeGaps, FetchPlan, candle_slots, metadata_for
 from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
-from ingestor.errors import RequestFailedError
+from ingestor.errors import PeriodNotServedError, RequestFailedError
 from ingestor.exchange_calls import FetchEnv
 from ingestor.legacy import legacy_response
 from ingestor.pages import CandleSource, iter_answers_concurrently, plan_request
@@ -126,8 +126,10 @@ class _Write:
         sink: RecordSink,
         builder: BatchBuilder,
         claim: Awaitable[bool] | None,
+        from_trades: bool = False,
     ) -> None:
         self.request = request
+        self.from_trades = from_trades
         self.sink = sink
         self.builder = builder
         self.clock = StageClock()
@@ -167,7 +169,13 @@ class _Write:
         """
         request, builder, clock = self.request, self.builder, self.clock
         try:
-            symbol, self.plan = plan_request(request, source, env)
+            try:
+                symbol, self.plan = plan_request(request, source, env)
+            except PeriodNotServedError as exc:
+                if not self.from_trades:
+                    raise
+                # The pipeline builds the bars from recorded trades (ADR 0015).
+                return builder.from_trades(f"bars from recorded trades: {exc.reason}")
             assert source is not None  # plan_request refuses a request no exchange serves
             skip_storage = request.refetch or self.plan.empty
             held = (
@@ -233,6 +241,7 @@ async def run_history_job(
     env: FetchEnv,
     stored: CoverageSource = NO_COVERAGE,
     claim: Awaitable[bool] | None = None,
+    from_trades: bool = False,
 ) -> JobOutcome:
     """Fetch [start, end) and write the request's OHLCBatch records, ending with a final marker.
 
@@ -240,6 +249,10 @@ async def run_history_job(
     What `stored` holds complete is not fetched again (unless the request says
     `refetch`): the marker says where the answer came from, and the pipeline
     counts the rows in Iceberg.
+
+    `from_trades`: a period the exchange does not serve is answered by a lone OK
+    final marker of source SOURCE_TRADES (the pipeline builds the bars from recorded
+    trades, docs/adr/0015) instead of an ERROR ``unsupported_period`` one.
 
     `claim` (this ingestor's claim verdict, still being decided) is awaited
     before the first record is written: the coverage read and the first pages
@@ -249,7 +262,11 @@ async def run_history_job(
     a delivery failure turns it into an ERROR marker (code kafka_delivery).
     """
     write = _Write(
-        request, sink, BatchBuilder(metadata_for(request, ingestor_id), batch_size), claim
+        request,
+        sink,
+        BatchBuilder(metadata_for(request, ingestor_id), batch_size),
+        claim,
+        from_trades,
     )
     try:
         final = await write.rows(source, env, stored)
@@ -302,6 +319,7 @@ class HistoryJobs:
         self._exchanges = exchanges
         self._sink = sink
         self._legacy_max_candles = settings.legacy_max_candles
+        self._bars_from_trades = settings.bars_from_trades
         self._env_for = env_for
         self._respond = respond
         self._claims = claims
@@ -417,6 +435,7 @@ class HistoryJobs:
                 env=env,
                 stored=self._stored,
                 claim=claim,
+                from_trades=self._bars_from_trades,
             )
         if not outcome.claimed:
             return self._skipped(request)

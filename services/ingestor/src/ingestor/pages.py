@@ -26,7 +26,7 @@ from ingestor.candles import (
     split_plan,
     timeframe_for,
 )
-from ingestor.errors import RequestFailedError
+from ingestor.errors import PeriodNotServedError, RequestFailedError
 from ingestor.exchange_calls import FetchEnv, call_with_retry
 from ingestor.model import Candle, FaultKind
 from ingestor.venues import HistoryUnavailableError
@@ -61,7 +61,7 @@ def plan_request(
     try:
         timeframe = timeframe_for(request.period_seconds, source.timeframes())
     except UnsupportedPeriodError as exc:
-        raise RequestFailedError(UNSUPPORTED_PERIOD, str(exc)) from None
+        raise PeriodNotServedError(UNSUPPORTED_PERIOD, str(exc)) from None
     now = env.now_ms()
     try:
         env.venue.check_history(request.start_time_ms, now, request.period_seconds * 1000)

@@ -3,7 +3,9 @@
 Per micro-batch, on the driver (foreachBatch):
 
 1. decode the OHLCBatch records (rows, final markers, rejects);
-2. MERGE the rows into ``ohlc`` (one commit);
+2. MERGE the rows into ``ohlc`` (one commit); for a final marker that asks for
+   bars from recorded trades (a period the exchange does not serve), aggregate
+   ``ticks`` on Spark's executors and MERGE those bars too (`trade_bars`);
 3. for the final markers: look up ``requests``, record the new ones (second
    commit), then publish their notifications on the PUB. A request answered
    wholly from storage may have been published already, as its marker reached
@@ -37,7 +39,7 @@ import pyarrow.compute as pc
 
 from mdproto import envelope
 from mdproto.messages import OHLC, OHLCBatch, Status
-from pipeline import history_notices, records
+from pipeline import history_notices, records, trade_bars
 from pipeline.config import Settings
 from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.known_requests import KnownRequests
@@ -99,12 +101,15 @@ class HistorySink:
         self._crash_point("history-after-ohlc-commit")
         self._accepted.add(decoded.accepted)
         laps.lap(how)
+        bars = self._bars_from_trades(session, decoded.finals)
+        if bars:
+            laps.lap(f"bars from trades {len(bars)}")
         plan = history_notices.Plan()
         if ids:
             # What the stored-answers path published already is only recorded here.
             early = self._early.take(ids)
             try:
-                plan = self._complete(session, decoded.finals, lookup, batch_id, laps, early)
+                plan = self._complete(session, decoded.finals, lookup, batch_id, laps, early, bars)
             except BaseException:
                 self._early.finish(ids, recorded=False)
                 raise
@@ -143,6 +148,27 @@ class HistorySink:
 
         self._loading = self._pool.submit(load)
 
+    def _bars_from_trades(
+        self, session: SparkSession, finals: list[records.FinalMarker]
+    ) -> dict[str, trade_bars.BarReport]:
+        """Each from-trades request's bars, built and stored before the notification's
+        snapshot is read (a replayed batch builds them again: the MERGE changes nothing)."""
+        out: dict[str, trade_bars.BarReport] = {}
+        for marker in history_notices.from_trades(finals):
+            assert marker.metadata is not None
+            t0 = time.monotonic()
+            report = trade_bars.answer(self._lake, session, marker.metadata, marker.request_id)
+            out[marker.request_id] = report
+            log.info(
+                "request %s: %d bars of %d s from trades in %.0f ms (%s)",
+                marker.request_id,
+                report.row_count,
+                marker.metadata.period_seconds,
+                (time.monotonic() - t0) * 1000,
+                report.reason,
+            )
+        return out
+
     def _complete(
         self,
         session: SparkSession,
@@ -151,6 +177,7 @@ class HistorySink:
         batch_id: int,
         laps: Laps,
         early: dict[str, history_notices.CompletedRequest],
+        bars: dict[str, trade_bars.BarReport] | None = None,
     ) -> history_notices.Plan:
         names = self._lake.names
         finals = [m for m in finals if m.request_id not in early]
@@ -172,7 +199,9 @@ class HistorySink:
         to_count = [
             r
             for r in plan_for({}).record
-            if history_notices.needs_count(r) and r.request_id not in found
+            if history_notices.needs_count(r)
+            and r.request_id not in found
+            and r.request_id not in (bars or {})
         ]
         counting = (
             self._pool.submit(self._lake.count_request_rows, session, snapshot, to_count)
@@ -185,6 +214,7 @@ class HistorySink:
             found |= counting.result()
             laps.lap(f"count {len(to_count)}")
         plan = history_notices.apply_counts(plan, found)
+        plan = history_notices.apply_bars(plan, bars or {})
         # Published already: recorded under this query, never published again.
         query_id = self._identity.get()
         plan.record += [replace(r, query_id=query_id, batch_id=EARLY_BATCH) for r in early.values()]

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mdproto import topics
-from mdproto.contracts import FROM_STORAGE
+from mdproto.contracts import FROM_STORAGE, FROM_TRADES
 from mdproto.error_codes import INCOMPLETE, INGESTOR_ERROR
 from mdproto.messages import (
     BatchMetadata,
@@ -32,6 +32,7 @@ from mdproto.messages import (
 )
 from mdproto.tables import Requests, arrow_schema
 from pipeline.records import FinalMarker
+from pipeline.trade_bars import BarReport
 
 _RANK: dict[int, int] = {Status.OK: 0, Status.NOT_FOUND: 1, Status.ERROR: 2}
 
@@ -106,7 +107,8 @@ def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
     if meta is None:
         return Status.ERROR, "final marker carries no metadata", "bad_marker", 0
     if meta.status == Status.OK:
-        if meta.total_rows == 0 and meta.source not in FROM_STORAGE:
+        # Stored or built from trades: the pipeline knows the rows, the marker does not.
+        if meta.total_rows == 0 and meta.source not in (*FROM_STORAGE, FROM_TRADES):
             return Status.NOT_FOUND, meta.reason or "no candles in the range", "", 0
         return Status.OK, meta.reason, "", meta.total_rows
     if meta.status == Status.NOT_FOUND:
@@ -283,6 +285,48 @@ def apply_counts(plan: Plan, found: Mapping[str, int]) -> Plan:
     )
 
 
+def from_trades(markers: Iterable[FinalMarker]) -> list[FinalMarker]:
+    """The OK final markers (one per request) that ask for bars built from trades."""
+    return [
+        m
+        for m in choose(markers)
+        if m.metadata is not None
+        and m.metadata.source == FROM_TRADES
+        and outcome(m.metadata)[0] == Status.OK
+    ]
+
+
+def with_bars(request: CompletedRequest, bars: BarReport) -> CompletedRequest:
+    """A request answered from trades: the outcome and integrity report of its bars
+    (`trade_bars.report`), the snapshot only when there are rows to read."""
+    return replace(
+        request,
+        status=bars.status,
+        reason=bars.reason,
+        error_code=bars.error_code,
+        row_count=bars.row_count,
+        snapshot_id=request.snapshot_id if bars.status == Status.OK else 0,
+        expected_candles=bars.expected_candles,
+        exchange_gaps=bars.exchange_gaps,
+        missing_candles=bars.missing_candles,
+        source=FROM_TRADES,
+    )
+
+
+def apply_bars(plan: Plan, bars: Mapping[str, BarReport]) -> Plan:
+    """`with_bars` for every new request of ``plan`` answered from trades."""
+    fixed = {
+        r.request_id: with_bars(r, bars[r.request_id]) for r in plan.record if r.request_id in bars
+    }
+    return Plan(
+        record=[fixed.get(r.request_id, r) for r in plan.record],
+        publish=[fixed.get(r.request_id, r) for r in plan.publish],
+        duplicates=plan.duplicates,
+        republished=plan.republished,
+        notified_early=plan.notified_early,
+    )
+
+
 class AcceptedRows:
     """Valid rows the pipeline took in per request and record sequence, since it started.
 
@@ -330,7 +374,7 @@ def known_counts(markers: Iterable[FinalMarker], accepted: AcceptedRows) -> dict
     known: dict[str, int] = {}
     for marker in markers:
         meta = marker.metadata
-        if meta is None or meta.source in FROM_STORAGE:
+        if meta is None or meta.source in FROM_STORAGE or meta.source == FROM_TRADES:
             continue
         total = accepted.total(marker)
         if total is not None:

@@ -36,7 +36,7 @@ from mdproto.tables import (
     TableSchema,
     Ticks,
 )
-from pipeline import driver_reads, history_notices, row_counts
+from pipeline import driver_reads, history_notices, records, row_counts, trade_bars
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
@@ -354,6 +354,20 @@ ON {_ohlc_on(lo_ms, hi_ms)}
 {update}WHEN NOT MATCHED THEN INSERT *"""
 
 
+def merge_trade_bars(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
+    """Upsert bars from recorded trades (`trade_bars`): new keys inserted; a stored bar
+    from trades or a live candle whose values or ``incomplete`` note differ updated (the
+    stored trades are the fuller record); an exchange candle never touched."""
+    columns = (*OHLC_VALUE_COLUMNS, Ohlc.INCOMPLETE)
+    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in columns)
+    sources = f"'{records.SOURCE_TRADES}', '{records.SOURCE_LIVE}'"
+    return f"""MERGE INTO {target} t
+USING {source_view} s
+ON {_ohlc_on(lo_ms, hi_ms)}
+WHEN MATCHED AND t.{Ohlc.SOURCE} IN ({sources}) AND ({changed}) THEN UPDATE SET *
+WHEN NOT MATCHED THEN INSERT *"""
+
+
 def merge_ticks(target: str, source_view: str, lo_ms: int, hi_ms: int) -> str:
     """Insert ticks whose (ticker, trade_id) is new within the batch's trade-time range."""
     return f"""MERGE INTO {target} t
@@ -669,6 +683,51 @@ class Lake:
             return None
         new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
         return new.select(ticks.schema.names).cast(ticks.schema)
+
+    def write_trade_bars(
+        self, session: SparkSession, select: str, bar_plan: trade_bars.BarPlan
+    ) -> trade_bars.BarCounts:
+        """MERGE the bars ``select`` computes (`trade_bars.bars_sql`) into ``ohlc``.
+
+        The aggregation runs on Spark's executors, once: cached, counted, then the
+        MERGE's source. Only its two counts come to the driver.
+        """
+        from pyspark.sql import functions as sf
+
+        window = bar_plan.trades_ms
+        assert window is not None
+        bars = session.sql(select).persist()
+        try:
+            row = bars.agg(
+                sf.count(sf.lit(1)).alias("rows"),
+                sf.count_if(sf.col(Ohlc.INCOMPLETE)).alias("incomplete"),
+            ).first()
+            assert row is not None
+            counts = trade_bars.BarCounts(int(row["rows"]), int(row["incomplete"]))
+            if counts.rows:
+                lo, hi = window[0], window[1] - bar_plan.period_ms  # open times
+                view = _view_name("trade_bars")
+                bars.createOrReplaceTempView(view)
+                try:
+                    with self.ohlc_lock:
+                        self._run(session, merge_trade_bars(self.names.ohlc, view, lo, hi))
+                finally:
+                    session.catalog.dropTempView(view)
+            return counts
+        finally:
+            bars.unpersist()
+
+    def recording(self, session: SparkSession, ticker: str) -> trade_bars.Recording:
+        """The ticker's oldest and newest trade in ``ticks``."""
+        row = session.sql(trade_bars.recording_sql(self.names.ticks, ticker)).first()
+        if row is None or row["first_ms"] is None or row["last_ms"] is None:
+            return trade_bars.Recording(None, None)
+        return trade_bars.Recording(int(row["first_ms"]), int(row["last_ms"]))
+
+    def unrepaired_gaps(self, session: SparkSession, ticker: str) -> list[trade_bars.GapSpan]:
+        """The ticker's ``gaps`` rows not REPAIRED."""
+        rows = session.sql(trade_bars.gaps_sql(self.names.gaps, ticker)).toArrow().to_pylist()
+        return [trade_bars.GapSpan(r["status"], r["from_ms"], r["to_ms"]) for r in rows]
 
     def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
         """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (a book-store query write)."""

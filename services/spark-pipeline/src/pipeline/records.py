@@ -67,6 +67,7 @@ MAX_PERIOD_SECONDS = 2**31 - 1  # period_seconds is an Iceberg int
 TICK_KEY = Ticks.SCHEMA.key
 SOURCE_HISTORY = "history"
 SOURCE_LIVE = "live"
+SOURCE_TRADES = "trades"  # bars a history request built from ``ticks`` (trade_bars)
 _SIDES = {TakerSide.BUY: "BUY", TakerSide.SELL: "SELL"}
 
 

@@ -63,6 +63,7 @@ _SOURCES = {
     HistorySource.SOURCE_EXCHANGE: "from the exchange",
     HistorySource.SOURCE_STORAGE: "from storage (the exchange was not asked)",
     HistorySource.SOURCE_STORAGE_AND_EXCHANGE: "from storage, the gaps from the exchange",
+    HistorySource.SOURCE_TRADES: "bars built from recorded trades",
 }
 
 

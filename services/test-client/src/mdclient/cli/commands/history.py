@@ -42,7 +42,12 @@ if TYPE_CHECKING:
 def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     range_args = argparse.ArgumentParser(add_help=False)
     range_args.add_argument("ticker", help="EXCHANGE:BASE/QUOTE, e.g. BINANCE:BTC/USDT")
-    range_args.add_argument("--period", default="1m", help="60, 1m, 5m, 1h, 1d (default 1m)")
+    range_args.add_argument(
+        "--period",
+        default="1m",
+        help="60, 1m, 5m, 1h, 1d (default 1m); history: a period the exchange lacks "
+        "(5s, 7m) is built from recorded trades",
+    )
     range_args.add_argument(
         "--start", default="-24h", help="now, -24h, 2026-11-20, 2026-11-20T10:00, epoch ms"
     )
