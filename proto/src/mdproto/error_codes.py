@@ -246,7 +246,20 @@ SNAPSHOT_GONE: Final = _code(
 )
 NO_BOOK: Final = _code("no_book", "sdk", "no order book is stored at or before the time asked")
 NOT_RECORDED: Final = _code(
-    "not_recorded", "sdk", "no trade of the ticker is stored in or around the range asked"
+    "not_recorded",
+    "history sdk",
+    "no trade of the ticker is stored in or around the range asked (history: no bar "
+    "from trades can be built)",
+)
+UNKNOWN_TICKER: Final = _code(
+    "unknown_ticker", "sdk", "a replay names a ticker with nothing stored for the channels asked"
+)
+BAD_CHANNEL: Final = _code(
+    "bad_channel", "sdk", "a replay channel is not trades, book or ohlc:PERIOD (or none is named)"
+)
+BAD_SPEED: Final = _code("bad_speed", "sdk", "a replay speed is not a factor > 0 nor max")
+BAD_CURSOR: Final = _code(
+    "bad_cursor", "sdk", "a replay cursor is not one a replay of the same tickers and range gave"
 )
 
 # --- the pipeline's dropped Kafka records (logged, never sent) ---------------------------

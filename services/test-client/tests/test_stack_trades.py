@@ -262,3 +262,35 @@ def test_gateway_streams_the_same_trades(fake_relay: Any, lake: dict[str, Any]) 
     assert refusal["integrity"]["state"] == "not_recorded"
     status, _, body = answers["bad"]
     assert status == 400 and json.loads(body)["error_code"] == "bad_time_range"
+
+
+def test_cli_exports_a_file_per_day_and_a_rerun_resumes(
+    lake: dict[str, Any], capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`mdclient export`: BTC's two days as Parquet with their reports, SOL (a gap only)
+    not recorded; a rerun after losing a day's file rewrites only that day."""
+    for key, value in client_fields(lake).items():
+        monkeypatch.setenv(f"MDCLIENT_{key.upper()}", value)
+    argv = ["export", BTC, SOL, "--start", str(DAY1), "--end", str(DAY2 + DAY_MS)]
+    argv += ["--out", str(tmp_path)]
+    assert main(argv) == ExitCode.OK
+    first = capsys.readouterr().err
+    assert "2 written, 0 skipped (already complete), 2 not recorded" in first
+    btc = tmp_path / "trades" / "BINANCE" / "BTC-USDT"
+    day1, day2 = btc / "2023-11-14.parquet", btc / "2023-11-15.parquet"
+    assert pq.read_table(day1).to_pylist() == expected(FIRST + SECOND)
+    assert pq.read_table(day2).to_pylist() == expected(THIRD)
+    reports = {p.name: json.loads(p.read_text()) for p in btc.glob("*.report.json")}
+    assert reports["2023-11-14.report.json"]["state"] == "complete"
+    assert reports["2023-11-15.report.json"]["report"]["gap_counts"]["unrepairable"] == 1
+    sol = tmp_path / "trades" / "BINANCE" / "SOL-USDT"
+    assert sorted(p.name for p in sol.iterdir()) == [
+        "2023-11-14.report.json", "2023-11-15.report.json",
+    ]  # fmt: skip
+
+    day2.unlink()  # as if the first run had stopped before day 2
+    assert main([*argv, "--verify"]) == ExitCode.INCOMPLETE  # day 2 lost trades for good
+    again = capsys.readouterr().err
+    assert "BINANCE:BTC/USDT 2023-11-14: skipped, already complete, 7 rows" in again
+    assert "1 written, 1 skipped (already complete), 2 not recorded" in again
+    assert pq.read_table(day2).to_pylist() == expected(THIRD)

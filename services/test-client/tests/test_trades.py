@@ -175,3 +175,31 @@ def test_rows_are_put_in_time_order_stably() -> None:
     assert in_time_order(rows).column(Ticks.TRADE_ID).to_pylist() == ["a", "d", "c", "b"]
     ordered = in_time_order(rows)
     assert in_time_order(ordered) is ordered  # already in order: the same table
+
+
+def test_files_read_out_of_time_order_are_reordered_stably() -> None:
+    """Chunks (files) each in order, read newest first: put in order of their first trade;
+    chunks that meet on a tie or overlap are sorted row by row, ties in the order read."""
+    schema = arrow_schema(Ticks.SCHEMA, (Ticks.TRADE_ID, Ticks.TRADE_TIME))
+
+    def chunks(*parts: list[tuple[str, int]]) -> pa.Table:
+        return pa.Table.from_batches(
+            [pa.RecordBatch.from_pylist([{Ticks.TRADE_ID: i, Ticks.TRADE_TIME: t} for i, t in p],
+                                        schema) for p in parts],
+            schema,
+        )  # fmt: skip
+
+    def ids(rows: pa.Table) -> list[str]:
+        return [str(i) for i in in_time_order(rows).column(Ticks.TRADE_ID).to_pylist()]
+
+    newest_first = chunks([("e", 5), ("f", 6)], [], [("c", 3), ("d", 4)], [("a", 1), ("b", 2)])
+    assert ids(newest_first) == ["a", "b", "c", "d", "e", "f"]
+    first = in_time_order(newest_first).column(Ticks.TRADE_ID).chunk(0)
+    read = newest_first.column(Ticks.TRADE_ID).chunk(3)
+    assert first.buffers()[2].address == read.buffers()[2].address  # reordered, not copied
+    tie = chunks([("x", 3), ("y", 4)], [("a", 1), ("b", 3)])  # both hold a trade at 3
+    assert ids(tie) == ["a", "x", "b", "y"]  # the stable sort: x was read before b
+    overlap = chunks([("c", 2), ("d", 5)], [("a", 1), ("b", 3)])
+    assert ids(overlap) == ["a", "c", "b", "d"]
+    unordered_chunk = chunks([("c", 3), ("d", 4)], [("b", 2), ("a", 1)])
+    assert ids(unordered_chunk) == ["a", "b", "c", "d"]

@@ -1,5 +1,6 @@
-"""The aiohttp application: WebSocket `/ws`, `POST /history`, `GET /status/{id}`,
-`GET /recording`, `GET /trades`, `GET /book`, `GET /book/samples`, the page.
+"""The aiohttp application: WebSocket `/ws`, WebSocket `/replay`, `POST /history`,
+`GET /status/{id}`, `GET /recording`, `GET /trades`, `GET /book`, `GET /book/samples`,
+the page.
 
 An adapter only: parsing and encoding live in gateway.messages, fan-out in
 gateway.hub, the platform behind gateway.platform.SdkUpstream.
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from gateway import book_answers, messages, trade_answers
+from gateway import book_answers, messages, replay_socket, trade_answers
 from gateway.config import GatewaySettings
 from gateway.hub import Hub
 from gateway.messages import GatewayError, HistoryFormat
@@ -125,6 +126,59 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
                 await hub.unsubscribe(session, op.topic.name)
     finally:
         await hub.leave(session)
+    return ws
+
+
+async def replay(request: web.Request) -> web.WebSocketResponse:
+    """A stored range replayed in the live topics' frames (gateway.replay_socket): its
+    query refused, or the replay's error, as one `error` frame before the close. The
+    Iceberg reads run on the history workers, one chunk at a time, paused while the
+    client is slow; a client that hangs up stops the reads (its last cursor resumes)."""
+    ws = web.WebSocketResponse(heartbeat=20)
+    await ws.prepare(request)
+    request.app[SOCKETS].add(ws)
+    loop = asyncio.get_running_loop()
+    pool = request.app[HISTORY_POOL]
+    upstream = request.app[UPSTREAM]
+    try:
+        params = replay_socket.parse_replay_query(request.query)
+        stream = await loop.run_in_executor(pool, upstream.replay, params)
+        books = {ticker for _, ticker, channel in stream.query.streams if channel.kind == "book"}
+        precisions = {t: await loop.run_in_executor(pool, upstream.precision, t) for t in books}
+    except GatewayError as exc:
+        await ws.send_str(messages.error_frame(exc.error_code, exc.reason))
+        await ws.close()
+        return ws
+    except MdClientError as exc:
+        await ws.send_str(messages.error_frame(error_code(exc), exc.reason))
+        await ws.close()
+        return ws
+
+    async def fetch(read: Callable[[], _T]) -> _T:
+        return await loop.run_in_executor(pool, read)
+
+    async def listen() -> None:  # the client sends nothing: this sees it hang up
+        async for _ in ws:
+            pass
+
+    frames = replay_socket.LiveFrames(request.app[SETTINGS].book_levels, precisions)
+    sender = asyncio.create_task(replay_socket.pump(ws.send_str, stream, fetch, frames=frames))
+    listener = asyncio.create_task(listen())
+    try:
+        await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stream.close()
+        for task in (sender, listener):
+            task.cancel()
+        await asyncio.gather(sender, listener, return_exceptions=True)
+    if sender.done() and not sender.cancelled() and not ws.closed:
+        failure = sender.exception()
+        if isinstance(failure, MdClientError):  # a read failed halfway: say so, then close
+            await ws.send_str(messages.error_frame(error_code(failure), failure.reason))
+        elif failure is not None and not isinstance(failure, ConnectionError):
+            log.error("replay failed", exc_info=failure)
+            await ws.send_str(messages.error_frame(INTERNAL, "the replay failed"))
+    await ws.close()
     return ws
 
 
@@ -399,6 +453,7 @@ def create_app(settings: GatewaySettings, upstream: SdkUpstream) -> web.Applicat
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/", index)
     app.router.add_get("/ws", websocket)
+    app.router.add_get("/replay", replay)
     app.router.add_post("/history", history)
     app.router.add_get("/status/{request_id}", status)
     app.router.add_get("/recording", recording)

@@ -41,9 +41,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from gateway.book_answers import BookAtParams, SamplesParams
+    from gateway.replay_socket import ReplayParams
     from gateway.trade_answers import TradesParams
     from mdclient.book_history import StoredBook
     from mdclient.recording import RecordingStatus
+    from mdclient.replay import Replay
     from mdclient.trades import TradeBatches
 
 log = logging.getLogger(__name__)
@@ -176,6 +178,19 @@ class SdkUpstream:
         """Stored trades from Iceberg, batch by batch, with their integrity report (the
         SDK's `trade_batches`; NotRecorded raised before any row; no relay)."""
         return self.client.trade_batches(params.ticker, params.start, params.end)
+
+    def replay(self, params: ReplayParams) -> Replay:
+        """A stored range's replay (the SDK's `replay`, checked there; no relay), without
+        its marker: the gateway sends `replay_complete` itself."""
+        return self.client.replay(
+            list(params.tickers),
+            params.start,
+            params.end,
+            channels=params.channels,
+            speed=params.speed,
+            cursor=params.cursor,
+            marker=False,
+        )
 
     def book_at(self, params: BookAtParams) -> tuple[StoredBook, int]:
         """The exact stored book at a time and that time in epoch ms (the SDK's `book_at`;

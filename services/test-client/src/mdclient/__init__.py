@@ -24,6 +24,7 @@ from mdclient.errors import (
     RequestTimeout,
     StorageError,
     SubmitRejected,
+    UnknownTicker,
 )
 from mdclient.history import HistoryOutcome, HistoryQuery, HistoryResult, ProgressEvent
 from mdclient.live import LiveStream
@@ -57,6 +58,7 @@ __all__ = [
     "TriggerEvents",
     "TriggerOptions",
     "TriggerRejected",
+    "UnknownTicker",
     "load_settings",
     "new_client_id",
     "new_request_id",

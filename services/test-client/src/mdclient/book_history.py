@@ -263,7 +263,9 @@ class SampleQuery:
     depth: int
 
 
-def _ticker_and_times(ticker: str, times: Sequence[int | datetime | str], now_ms: int) -> list[int]:
+def ticker_and_times(ticker: str, times: Sequence[int | datetime | str], now_ms: int) -> list[int]:
+    """The ticker checked and the times in epoch ms, or InvalidRequest (bad_ticker,
+    bad_time): the reads' common first check (book history, replay)."""
     try:
         rules.ticker(ticker)
         return [timeparse.to_ms(t, now_ms=now_ms) for t in times]
@@ -275,7 +277,7 @@ def _ticker_and_times(ticker: str, times: Sequence[int | datetime | str], now_ms
 
 def book_time(ticker: str, at: int | datetime | str, *, now_ms: int) -> int:
     """`book_at`'s ticker and time checked (InvalidRequest): the time in epoch ms."""
-    (at_ms,) = _ticker_and_times(ticker, [at], now_ms)
+    (at_ms,) = ticker_and_times(ticker, [at], now_ms)
     if at_ms <= 0:
         raise InvalidRequest(f"need a time after 1970, got {at_ms} ms", error_code=BAD_TIME)
     return at_ms
@@ -293,7 +295,7 @@ def sample_range(
     """A samples read checked, or InvalidRequest (bad_ticker, bad_time, bad_time_range,
     range_too_large, a step or depth out of range): the SDK's, CLI's and gateway's one
     check."""
-    start_ms, end_ms = _ticker_and_times(ticker, [start, end], now_ms)
+    start_ms, end_ms = ticker_and_times(ticker, [start, end], now_ms)
     if start_ms <= 0 or end_ms <= start_ms:
         raise InvalidRequest(
             f"need 0 < start < end, got [{start_ms}, {end_ms}) in epoch ms: an empty range "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mdproto.error_codes import NOT_RECORDED
+from mdproto.error_codes import NOT_RECORDED, UNKNOWN_TICKER
 
 if TYPE_CHECKING:
     from mdclient.trades import TradeIntegrity
@@ -144,3 +144,11 @@ class NotRecorded(MdClientError):  # noqa: N818 (public API names)
     def __init__(self, report: TradeIntegrity) -> None:
         super().__init__(report.reason, error_code=NOT_RECORDED)
         self.report = report
+
+
+class UnknownTicker(MdClientError):  # noqa: N818 (public API names)
+    """A replay names a ticker with nothing stored for any channel asked (`unknown_ticker`):
+    never recorded, or a typo of one that was. Raised before any message."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, error_code=UNKNOWN_TICKER)

@@ -53,7 +53,9 @@ TABLE: tuple[tuple[ExitCode, str], ...] = (
         ExitCode.NOT_FOUND,
         "no data: NOT_FOUND or no rows in the range (CSV/Parquet still written, empty); "
         "`markets`: none for the exchange; `recording`: nothing stored for the exchange; "
-        "`trades`: the range is not recorded; `book --at`, `book-samples`: no book stored",
+        "`trades`: the range is not recorded; `book --at`, `book-samples`: no book stored; "
+        "`replay`: a ticker with nothing stored for the channels asked; `export`: no day of "
+        "the range has data",
     ),
     (ExitCode.UNAVAILABLE, "relay unreachable within `connect_timeout_s`"),
     (ExitCode.STORAGE, "storage: Iceberg catalog/table/S3 read failed"),
@@ -67,7 +69,8 @@ TABLE: tuple[tuple[ExitCode, str], ...] = (
         ExitCode.INCOMPLETE,
         "`history --verify`: the integrity report shows missing candles, or there is none; "
         "`trades --verify`: the report is not `complete`; `book --at`: a stored delta is "
-        "missing before the time; `book-samples --verify`: a sample is not exact",
+        "missing before the time; `book-samples --verify`: a sample is not exact; "
+        "`export --verify`: a day's report is not `complete`",
     ),
     (
         ExitCode.UNKNOWN,
@@ -93,6 +96,7 @@ ERRORS: dict[type[errors.MdClientError], ExitCode] = {
     errors.RelayUnavailable: ExitCode.UNAVAILABLE,
     errors.StorageError: ExitCode.STORAGE,
     errors.NotRecorded: ExitCode.NOT_FOUND,
+    errors.UnknownTicker: ExitCode.NOT_FOUND,
     errors.ProtocolMismatch: ExitCode.PROTOCOL,
 }
 

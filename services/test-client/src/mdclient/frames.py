@@ -337,6 +337,20 @@ class IcebergReader:
             ) from exc
         return arrow.sort_by(Markets.TICKER)
 
+    def holds(self, table_name: str, column: str, value: str) -> bool:
+        """Whether any data file of the table may hold a row with `column` == `value`
+        (a replay's unknown-ticker check): planned from the manifests and file
+        statistics, no row read. False for a table that does not exist yet."""
+        try:
+            table = self._table(table_name)
+        except StorageError as exc:
+            if exc.error_code == NO_TABLE:
+                return False
+            raise
+        with _scan_failed(f"planning the read of {table_name} for {value}"):
+            tasks = table.scan(row_filter=_equal(column, value)).plan_files()
+            return any(True for _ in tasks)
+
     def read_book_rows(
         self,
         table_name: str,

@@ -24,6 +24,7 @@ read.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -223,14 +224,28 @@ def span_of(pieces: pa.Table) -> tuple[int, int] | None:
     return int(first) // 1000, int(last) // 1000
 
 
+def _ascending(times: pa.ChunkedArray | pa.Array) -> bool:
+    return len(times) < 2 or bool(pc.all(pc.greater_equal(times[1:], times[:-1])).as_py())
+
+
 def in_time_order(rows: pa.Table) -> pa.Table:
     """Rows sorted by trade_time, ties in the order read (a stable sort); no copy when
-    they already are (files the pipeline appends in time order mostly are)."""
+    they already are (files the pipeline appends in time order mostly are). A scan
+    yields a day's files in manifest order, not time order: when every chunk is in
+    order and the chunks, put in order of their first trade, meet without a tie, they
+    are only reordered (what the stable sort gives, without copying a row)."""
     if rows.num_rows < 2:
         return rows
     times = rows.column(Ticks.TRADE_TIME).cast(pa.int64())
-    if pc.all(pc.greater_equal(times[1:], times[:-1])).as_py():
+    if _ascending(times):
         return rows
+    batches = [b for b in rows.to_batches() if b.num_rows]
+    chunks = [(b.column(Ticks.TRADE_TIME).cast(pa.int64()), b) for b in batches]
+    if all(_ascending(c) for c, _ in chunks):
+        chunks.sort(key=lambda chunk: chunk[0][0].as_py())
+        ends = [(c[0].as_py(), c[-1].as_py()) for c, _ in chunks]
+        if all(last < first for (_, last), (first, _) in itertools.pairwise(ends)):
+            return pa.Table.from_batches([b for _, b in chunks], schema=rows.schema)
     return rows.take(pc.sort_indices(times))
 
 

@@ -20,7 +20,18 @@ from typing import TYPE_CHECKING
 
 from mdclient import errors, exit_codes
 from mdclient.cli.args import UsageError, common_options, join_relative_times
-from mdclient.cli.commands import book, history, live, markets, recording, status, trades, trigger
+from mdclient.cli.commands import (
+    book,
+    export,
+    history,
+    live,
+    markets,
+    recording,
+    replay,
+    status,
+    trades,
+    trigger,
+)
 from mdclient.exit_codes import ExitCode
 
 if TYPE_CHECKING:
@@ -40,9 +51,11 @@ COMMANDS: dict[str, Command] = {
     "recording": recording.run,
     "trigger": trigger.run,
     "trades": trades.run,
+    "replay": replay.run,
+    "export": export.run,
 }
 #: The parsers, in the order `mdclient --help` lists the commands.
-_PARSERS = (history, live, book, status, markets, recording, trigger, trades)
+_PARSERS = (history, live, book, status, markets, recording, trigger, trades, replay, export)
 
 log = logging.getLogger("mdclient")
 

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from mdclient import timeparse
 from mdproto.markets import Precision, price_difference
-from mdproto.messages import OHLC, TakerSide
+from mdproto.messages import OHLC, BookSnapshot, TakerSide, Tick
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from mdclient.history import ProgressEvent
     from mdclient.live import LiveMessage
+    from mdclient.replay import ReplayMessage
     from mdclient.streams import QueueStream
     from mdproto.book import Level
 
@@ -109,6 +110,19 @@ def live_line(message: LiveMessage) -> str:
     return (
         f"{timeparse.format_ms(message.timestamp_ms)}  {message.ticker}  tick  {side:<4}  "
         f"{message.price:g} x {message.amount:g}  #{message.trade_id}"
+    )
+
+
+def replay_line(topic: str, message: ReplayMessage) -> str:
+    """One terminal line per replayed message: a live line, or a book change's kind,
+    exchange sequence and the levels it sets (the topic's sequence on every line)."""
+    seq = f"  [{message.sequence}]"
+    if isinstance(message, Tick | OHLC):
+        return live_line(message) + seq
+    kind = "snapshot" if isinstance(message, BookSnapshot) else "delta   "
+    return (
+        f"{timeparse.format_ms(message.exchange_time_ms)}  {message.ticker}  book {kind}  "
+        f"#{message.exchange_sequence}  bids {len(message.bids)}  asks {len(message.asks)}" + seq
     )
 
 
