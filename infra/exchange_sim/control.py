@@ -74,6 +74,12 @@ class SimulatorControl:
         answer = self._call("POST", "trades", {"symbol": symbol, "trades": trades})
         return list(answer["trades"])
 
+    def trades(self, symbol: str, from_ms: int, to_ms: int) -> list[dict[str, Any]]:
+        """The market's model trades with ``from_ms <= time <= to_ms`` (at most 6 h),
+        oldest first: ``{"id", "symbol", "time_ms", "price", "qty", "buyer_is_maker"}``."""
+        query = urllib.parse.urlencode({"symbol": symbol, "from_ms": from_ms, "to_ms": to_ms})
+        return list(self._call("GET", f"trades?{query}")["trades"])
+
     def replay(self, exchange_id: str, period_ms: int, rows: list[list[Any]]) -> None:
         """Serve these raw candle rows (infra.exchange_sim.replay.series) for the exchange's
         BTC/USDT at `period_ms`, with its window semantics, until `clear_replays`."""

@@ -61,6 +61,10 @@ def exchange_of(path: str) -> str:
     return "coinbase" if path.startswith(COINBASE_PREFIXES) else "binance"
 
 
+#: The longest range `GET /_sim/trades` lists (a liquid market trades ~10^5 times a day).
+TRADES_LIST_MAX_MS = 6 * 3_600_000
+
+
 def _trade_json(trade: Trade) -> dict[str, Any]:
     return {
         "id": trade.id,
@@ -167,6 +171,7 @@ class SimulatorServer:
                 web.get("/_sim/faults", self._h_faults_list),
                 web.post("/_sim/faults", self._h_faults_add),
                 web.delete("/_sim/faults", self._h_faults_clear),
+                web.get("/_sim/trades", self._h_trades_list),
                 web.post("/_sim/trades", self._h_trades),
                 web.post("/_sim/replay", self._h_replay),
                 web.delete("/_sim/replay", self._h_replay_clear),
@@ -573,6 +578,23 @@ class SimulatorServer:
         except (UnknownSymbolError, ValueError) as exc:
             return self._bad(f"cannot inject: {exc}")
         return web.json_response({"trades": [_trade_json(t) for t in built], "subscribers": before})
+
+    async def _h_trades_list(self, request: web.Request) -> web.Response:
+        """``?symbol=BTC/USDT&from_ms=A&to_ms=B``: the model trades of the market with
+        ``A <= time <= B``, oldest first: what its exchanges traded (REST serves them;
+        streams skip those a fault dropped), for a soak to check a recording against."""
+        symbol = request.query.get("symbol", "")
+        try:
+            first, last = int(request.query["from_ms"]), int(request.query["to_ms"])
+        except (KeyError, ValueError):
+            return self._bad("from_ms and to_ms (epoch milliseconds) are required")
+        if not 0 <= last - first <= TRADES_LIST_MAX_MS:
+            return self._bad(f"to_ms - from_ms must be within 0..{TRADES_LIST_MAX_MS}")
+        try:
+            trades = [_trade_json(t) for t in self.model.iter_trades(symbol, first, last)]
+        except UnknownSymbolError as exc:
+            return self._bad(f"no trades: {exc}")
+        return web.json_response({"symbol": symbol, "trades": trades})
 
     async def _h_replay(self, request: web.Request) -> web.Response:
         """Body: ``{"exchange": "okx", "period_ms": 60000, "rows": [[...], ...]}``: raw rows

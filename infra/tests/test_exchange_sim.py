@@ -12,6 +12,7 @@ import itertools
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from decimal import Decimal
@@ -35,6 +36,7 @@ from infra.exchange_sim import (
     point_ccxt_at,
     run_in_thread,
 )
+from infra.exchange_sim.control import SimulatorControl
 from infra.exchange_sim.faults import FaultError, parse_fault, truncate
 from infra.exchange_sim.model import INTERVAL_MS, MINUTE_MS
 
@@ -345,6 +347,21 @@ def test_http_control_api(sim: ThreadedSimulator) -> None:
     assert http_json("GET", f"{base}/_sim/subscribers?symbol=BTC/USDT")["count"] == 0
     assert http_json("POST", f"{base}/_sim/reset") == {"ok": True}
     assert http_json("GET", f"{base}/_sim/stats?log=0")["requests_total"] == 0
+
+
+def test_http_trades_list_the_model_trades_of_a_range(sim: ThreadedSimulator) -> None:
+    """`GET /_sim/trades`: what a soak checks a recording against, the model's trades."""
+    control = SimulatorControl(sim.base_url)
+    listed = control.trades("BTCUSDT", T0, T0 + 2 * MINUTE_MS)
+    model = list(sim.server.model.iter_trades("BTC/USDT", T0, T0 + 2 * MINUTE_MS))
+    assert listed and [t["id"] for t in listed] == [t.id for t in model]
+    assert [Decimal(t["price"]) for t in listed] == [t.price for t in model]
+    assert all(T0 <= t["time_ms"] <= T0 + 2 * MINUTE_MS for t in listed)
+    with pytest.raises(urllib.error.HTTPError) as too_long:
+        control.trades("BTC/USDT", T0, T0 + 7 * 3_600_000)
+    assert too_long.value.code == 400
+    with pytest.raises(urllib.error.HTTPError):
+        control.trades("NOPE/USDT", T0, T0 + MINUTE_MS)
 
 
 # ------------------------------------------------------------ async ccxt
