@@ -86,11 +86,16 @@ status:
 	$(BIN)/python -m infra.localstack status
 
 # EXCHANGES=okx,kraken (ccxt ids) serves those exchanges instead of Binance.
+# LIVE_ENGINES=K runs K live engines in one consumer group (the pipeline's own and
+# K-1 `python -m pipeline.engine`, docs/adr/0014-sharded-live-engine.md).
 # The platform process is make's own child (`exec`, the exchanges exported, not a shell
 # prefix), so a SIGTERM to make, which make passes on to its child, stops everything
 # (infra/tests/test_make_run.py); a shell in between would die alone.
 ifneq ($(EXCHANGES),)
 run: export PLATFORM_EXCHANGES := $(EXCHANGES)
+endif
+ifneq ($(LIVE_ENGINES),)
+run: export PLATFORM_LIVE_ENGINES := $(LIVE_ENGINES)
 endif
 run: jars proto gateway-assets
 	exec $(BIN)/python -m infra.platform run $(ARGS)

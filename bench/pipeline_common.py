@@ -7,6 +7,7 @@ process group, configured through PIPELINE_* variables like `make run` does.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import statistics
@@ -27,6 +28,7 @@ from mdproto import envelope
 from mdproto.messages import TakerSide, Tick
 
 WAIT_S = 300.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _kafka_alone(config: StackConfig, endpoints: StackEndpoints) -> list[Component]:
@@ -226,3 +228,37 @@ def start_simulator(tmp: Path, *options: str) -> tuple[subprocess.Popen[bytes], 
             raise RuntimeError("exchange simulator did not start")
         time.sleep(0.05)
     return proc, ready.read_text().strip()
+
+
+def ensure_venv(venv: Path, requirements: Path, unpinned: tuple[str, ...]) -> Path:
+    """A benchmark's own virtualenv (a package whose pins conflict with the project's):
+    ``requirements`` plus constraints.txt minus the lines starting with ``unpinned``,
+    ``mdproto`` editable; (re)installed when either file changed. Returns its python."""
+    constraints = [
+        line
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if not line.lower().startswith(unpinned)
+    ]
+    digest = hashlib.sha256(
+        (requirements.read_text() + "\n".join(constraints)).encode()
+    ).hexdigest()
+    python, marker = venv / "bin" / "python", venv / ".installed"
+    if python.exists() and marker.exists() and marker.read_text() == digest:
+        return python
+    print(f"making {venv} ({requirements.name}), a few minutes on first use", flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        fh.write("\n".join(constraints) + "\n")
+    try:
+        subprocess.run(
+            [
+                *(str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"),
+                *("-c", fh.name, "-r", str(requirements), "-e", f"{ROOT / 'proto'}[kafka]"),
+            ],
+            check=True,
+        )
+    finally:
+        os.unlink(fh.name)
+    marker.write_text(digest)
+    return python

@@ -35,18 +35,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import multiprocessing as mp
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import pipeline_common
 import zmq
 from pipeline_common import stack, start_until_ready, stop_group, workdir
 from pipeline_ticks import bridge_running, fmt, measure, measurement_arguments, summary
@@ -70,34 +69,7 @@ TOKEN_PROVIDER = ("org.apache.spark", "spark-token-provider-kafka-0-10_2.13", "4
 
 def ensure_venv() -> Path:
     """.venv-rtm's python, (re)installed when requirements-rtm.txt or constraints.txt changed."""
-    constraints = [
-        line
-        for line in (ROOT / "constraints.txt").read_text().splitlines()
-        if not line.lower().startswith(UNPINNED)
-    ]
-    digest = hashlib.sha256(
-        (REQUIREMENTS.read_text() + "\n".join(constraints)).encode()
-    ).hexdigest()
-    python, marker = VENV / "bin" / "python", VENV / ".installed"
-    if python.exists() and marker.exists() and marker.read_text() == digest:
-        return python
-    print(f"making {VENV} ({REQUIREMENTS.name}), a few minutes on first use", flush=True)
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
-        fh.write("\n".join(constraints) + "\n")
-    try:
-        subprocess.run(
-            [
-                *(str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"),
-                *("-c", fh.name, "-r", str(REQUIREMENTS), "-e", f"{ROOT / 'proto'}[kafka]"),
-            ],
-            check=True,
-        )
-    finally:
-        os.unlink(fh.name)
-    marker.write_text(digest)
-    return python
+    return pipeline_common.ensure_venv(VENV, REQUIREMENTS, UNPINNED)
 
 
 def token_provider_jar() -> Path:

@@ -243,8 +243,14 @@ class Subscriber:
     """
 
     def __init__(
-        self, endpoint: str, prefixes: Sequence[bytes] = (b"",), *, wait_s: float = 240.0
+        self,
+        endpoint: str,
+        prefixes: Sequence[bytes] = (b"",),
+        *,
+        wait_s: float = 240.0,
+        bind: bool = False,
     ) -> None:
+        """`bind`: publishers connect to it (as extra live engines connect to a relay)."""
         import zmq
 
         self.wait_s = wait_s  # wait_for's default deadline
@@ -253,7 +259,10 @@ class Subscriber:
             self._socket.setsockopt(zmq.SUBSCRIBE, prefix)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.RCVTIMEO, 200)
-        self._socket.connect(endpoint)
+        if bind:
+            self._socket.bind(endpoint)
+        else:
+            self._socket.connect(endpoint)
         self._messages: list[Received] = []
         self._last: dict[str, tuple[int, int]] = {}  # topic -> (epoch, sequence)
         self.duplicates = 0

@@ -34,6 +34,8 @@ class ServicePorts(BaseModel):
     market_data: int = contracts.MARKET_DATA_PORT
     client_request: int = contracts.CLIENT_REQUEST_PORT
     ingestor_control: int = contracts.INGESTOR_CONTROL_PORT
+    #: The relay's bound XSUB port for the extra live engines (`LIVE_ENGINES`).
+    relay_engines: int = contracts.ENGINES_PORT
     #: Each service's `GET /metrics` and `/healthz` (compose's ports, docs/docker.md).
     relay_metrics: int = 9560
     ingestor_metrics: int = 9561
@@ -71,13 +73,18 @@ class PlatformConfig(BaseSettings):
     )
     #: Spark master for the pipeline in local mode.
     spark_master: str = "local[2]"
-    #: Seconds each service may take to become ready (Spark needs the most).
-    start_timeout_s: float = 300.0
+    #: Seconds each service may take to become ready (Spark needs the most): as the tests'
+    #: platforms and the compose start period, since a pipeline restarted on a loaded
+    #: machine can need more than 300 s (docs/soak.md, run 1).
+    start_timeout_s: float = 600.0
     #: Extra environment for the services, e.g. {"PIPELINE_LIVE__WATERMARK_S": "2"}.
     service_env: dict[str, str] = Field(default_factory=dict)
     #: `run` restarts a component that crashes, unless it crashed `crash_limit` times
     #: within `crash_window_s` seconds: then it stops everything (1: at the first crash).
     crash_limit: int = Field(default=3, ge=1)
+    #: Live engine processes in one consumer group (ADR 0014): the pipeline's own (1)
+    #: and K-1 more `python -m pipeline.engine` (`make run LIVE_ENGINES=K`).
+    live_engines: int = Field(default=1, ge=1)
     crash_window_s: float = Field(default=300.0, gt=0)
     #: ... and one that hangs: each service with a `/healthz` is probed every
     #: `liveness_period_s`; after `liveness_failures` probes in a row without an answer

@@ -127,6 +127,7 @@ class Relay(Service):
             "ingestor_work": p.ingestor_work,
             "ingestor_response": p.ingestor_response,
             "ingestor_control": p.ingestor_control,
+            "relay_engines": p.relay_engines,
             "relay_metrics": p.relay_metrics,
         }
 
@@ -143,6 +144,7 @@ class Relay(Service):
             RELAY_INGESTOR_WORK_PORT=str(p.ingestor_work),
             RELAY_INGESTOR_RESPONSE_PORT=str(p.ingestor_response),
             RELAY_INGESTOR_CONTROL_PORT=str(p.ingestor_control),
+            RELAY_ENGINES_PORT=str(p.relay_engines),
             RELAY_FLINK_MARKET_DATA_ENDPOINT=f"tcp://{LOOPBACK}:{p.pipeline_pub}",
             RELAY_METRICS_HOST=LOOPBACK,
             RELAY_METRICS_PORT=str(p.relay_metrics),
@@ -158,7 +160,19 @@ class Relay(Service):
         return f"tcp://{LOOPBACK}:{self.service_ports.client_request}"
 
 
-class Pipeline(Service):
+class ReadyFileService(Service):
+    """A service that says it is ready by writing a file (removed before each start)."""
+
+    @property
+    def ready_file(self) -> Path:
+        return self.data_dir / "ready.json"
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.ready_file.unlink(missing_ok=True)
+
+
+class Pipeline(ReadyFileService):
     name = "spark-pipeline"
 
     @property
@@ -169,14 +183,6 @@ class Pipeline(Service):
     @property
     def metrics_port(self) -> int:
         return self.service_ports.pipeline_metrics
-
-    @property
-    def ready_file(self) -> Path:
-        return self.data_dir / "ready.json"
-
-    def prepare(self) -> None:
-        super().prepare()
-        self.ready_file.unlink(missing_ok=True)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         e = self.endpoints
@@ -204,6 +210,53 @@ class Pipeline(Service):
         relay = f"http://{LOOPBACK}:{self.service_ports.relay_metrics}/metrics"
         if (metric_sample(relay, PIPELINE_SERVES_HISTORY) or 0) < 1:
             raise NotReadyError("the relay has not seen the pipeline's heartbeat yet")
+
+
+class LiveEngine(ReadyFileService):
+    """An extra live engine (`python -m pipeline.engine`, ADR 0014): the pipeline's own
+    is engine 1; this is engine `number` (2..K) of the same consumer group. Ready once
+    the group gave it its first assignment (its ready file)."""
+
+    def __init__(
+        self,
+        config: StackConfig,
+        endpoints: StackEndpoints,
+        platform: PlatformConfig,
+        number: int,
+    ) -> None:
+        super().__init__(config, endpoints, platform)
+        self.number = number
+        self.name = f"live-engine-{number}"
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {}  # its XPUB connects to the relay's engine port
+
+    @property
+    def address(self) -> str:
+        return f"-> tcp://{LOOPBACK}:{self.service_ports.relay_engines}"
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = super().env(**overrides)
+        env["CONFIG_PATH"] = str(REPO_ROOT / "services" / "spark-pipeline" / "config.yaml")
+        return env
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        e = self.endpoints
+        env = self.env(
+            PIPELINE_KAFKA__BOOTSTRAP_SERVERS=e.kafka_bootstrap,
+            **e.catalog_env("PIPELINE_CATALOG__"),
+            PIPELINE_CHECKPOINT_DIR=str(self.data_dir / "checkpoints"),
+            PIPELINE_LIVE__RELAY_ENGINE_ENDPOINTS=json.dumps(
+                [f"tcp://{LOOPBACK}:{self.service_ports.relay_engines}"]
+            ),
+        )
+        argv = [sys.executable, "-m", "pipeline.engine", "--ready-file", str(self.ready_file)]
+        return argv, env
+
+    def probe(self) -> None:
+        if not self.ready_file.exists():
+            raise NotReadyError("no assignment from the live engines' group yet")
 
 
 class Ingestor(Service):

@@ -31,6 +31,7 @@ from infra.platform.services import (
     ExchangeSimulator,
     Gateway,
     Ingestor,
+    LiveEngine,
     Pipeline,
     Relay,
     Service,
@@ -156,6 +157,10 @@ class Platform:
         services: list[Component] = [
             Relay(config, endpoints, self.config),
             Pipeline(config, endpoints, self.config),
+        ]
+        services += [
+            LiveEngine(config, endpoints, self.config, n)
+            for n in range(2, self.config.live_engines + 1)
         ]
         if self.use_simulator:
             services.insert(0, ExchangeSimulator(config, endpoints, self.config))

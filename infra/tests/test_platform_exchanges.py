@@ -19,7 +19,7 @@ from infra.localstack import StackConfig
 from infra.localstack.endpoints import StackEndpoints
 from infra.localstack.process import StackError
 from infra.platform.config import PlatformConfig, ServicePorts
-from infra.platform.services import Gateway, Ingestor, Pipeline, Relay
+from infra.platform.services import Gateway, Ingestor, LiveEngine, Pipeline, Relay
 from infra.platform.supervisor import Platform
 from ingestor.venues import venue_for
 from ingestor.venues.base import HistoryUnavailableError
@@ -153,3 +153,36 @@ def test_every_service_gets_its_own_metrics_port(
     assert [line.split() for line in lines] == [
         [name, f"{url}/metrics", f"{url}/healthz"] for name, url in urls.items()
     ]
+
+
+def test_live_engines_join_the_pipelines_group_through_the_relays_engine_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`make run LIVE_ENGINES=3`: two `python -m pipeline.engine` beside the pipeline, in
+    its consumer group, their XPUBs connecting to the port the relay binds for them."""
+    from pipeline.config import load_settings as pipeline_settings
+    from relay.config import load_settings as relay_settings
+
+    monkeypatch.setenv("PLATFORM_LIVE_ENGINES", "3")
+    monkeypatch.setattr(artifacts, "spark_jars", lambda cache=None: [])  # no download
+    platform = PlatformConfig(data_dir=tmp_path, ports=ServicePorts.free())
+    running = Platform(platform, use_simulator=True)  # nothing started: no `up()`
+    config = StackConfig.load(data_dir=platform.data_dir)
+    engines = [c for c in running._services(config, ENDPOINTS) if isinstance(c, LiveEngine)]
+    assert [e.name for e in engines] == ["live-engine-2", "live-engine-3"]
+    settings = []
+    for component in (engines[0], Pipeline(config, ENDPOINTS, platform)):
+        with monkeypatch.context() as m:
+            for key, value in component.command()[1].items():
+                m.setenv(key, value)
+            settings.append(pipeline_settings())
+    engine, pipeline = settings
+    argv = engines[0].command()[0]
+    assert argv[1:] == ["-m", "pipeline.engine", "--ready-file", str(engines[0].ready_file)]
+    assert engine.live_group_id == pipeline.live_group_id
+    assert engine.checkpoint_dir != pipeline.checkpoint_dir  # CEP's local state is per engine
+    with monkeypatch.context() as m:
+        for key, value in service_env(Relay, platform).items():
+            m.setenv(key, value)
+        relay = relay_settings()
+    assert engine.live.relay_engine_endpoints == [f"tcp://127.0.0.1:{relay.engines_port}"]

@@ -17,6 +17,7 @@ PIPELINE_PUB_PORT: Final = 5557  # pipeline PUB <- relay XSUB
 MARKET_DATA_PORT: Final = 5558  # relay XPUB <- client SUB
 CLIENT_REQUEST_PORT: Final = 5559  # client REQ/DEALER -> relay ROUTER
 INGESTOR_CONTROL_PORT: Final = 5560  # relay PUB -> ingestor SUB (spec said 5557: taken)
+ENGINES_PORT: Final = 5561  # live engine XPUBs -> relay XSUB (bound by the relay, ADR 0014)
 
 # Kafka topics.
 KAFKA_OHLC_BATCHES: Final = "market.ohlc.batches"  # OHLCBatch, key = ticker

@@ -10,7 +10,7 @@ only membership and oldest-first eviction, which `OrderedDict` gives in O(1).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -37,3 +37,7 @@ class RecentKeys(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def __iter__(self) -> Iterator[K]:
+        """Oldest first (what a snapshot saves, to restore in the same order)."""
+        return iter(self._keys)

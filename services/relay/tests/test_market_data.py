@@ -130,3 +130,29 @@ def test_default_sndhwm_would_lose_resent_subscriptions(
         assert 0 < len(restarted.subscriptions) <= 1000 < len(topics)
     finally:
         restarted.close()
+
+
+def test_engines_connect_to_the_bound_port_and_get_every_subscription(
+    relay: RunningRelay, pipeline: FakePipeline
+) -> None:
+    """An extra live engine's XPUB connects to `engines_port` (ADR 0014): a subscription
+    made before it came reaches it, and its messages reach the relay's clients beside
+    the pipeline's; it leaves the upstream link count alone."""
+    assert relay.endpoints.engines
+    sub = relay.subscriber(TICK, CANDLES)
+    pipeline.wait_subscribed(TICK, CANDLES)
+    engine = relay.ctx.socket(zmq.XPUB)
+    engine.linger = 0
+    relay.sockets.append(engine)
+    engine.connect(relay.endpoints.engines)
+    seen: set[bytes] = set()
+    while not {b"\x01" + TICK.encode(), b"\x01" + CANDLES.encode()} <= seen:
+        assert engine.poll(5000), f"the engine got only {seen}"
+        seen.add(engine.recv())
+    candle = OHLC(ticker="BINANCE:BTC/USDT", period_seconds=60, close=2.0, closed=True)
+    engine.send_multipart(envelope.encode_pub(CANDLES, candle))
+    tick = Tick(ticker="BINANCE:BTC/USDT", trade_id="9")
+    pipeline.publish(TICK, tick)
+    got = {envelope.decode_sub(relay.recv(sub))[0] for _ in range(2)}
+    assert got == {TICK, CANDLES}
+    assert relay.sample("relay_upstream_connected") == 1

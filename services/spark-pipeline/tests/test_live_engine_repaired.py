@@ -9,13 +9,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import fake_kafka
 from google.protobuf.message import Message
+from pyarrow import fs
 
 from mdproto import envelope
 from mdproto.messages import OHLC, Tick
 from pipeline import records
 from pipeline.config import Settings
 from pipeline.live_engine import Snapshot, SnapshotFile, _Run, live_only
+from pipeline.live_state import StateStore
 
 T = "BINANCE:ETH/USDT"
 TOPIC = "market.ticks"
@@ -36,71 +39,6 @@ def tick(
     )
 
 
-class _Message:
-    def __init__(self, offset: int, value: bytes) -> None:
-        self._offset, self._value = offset, value
-
-    def error(self) -> None:
-        return None
-
-    def topic(self) -> str:
-        return TOPIC
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, B)
-
-
-class _Consumer:
-    """One partition, empty at start (everything after is live); hands out `batches`,
-    then stops the loop."""
-
-    def __init__(self, batches: list[list[Tick]], stop: threading.Event) -> None:
-        self._batches, self._stop, self._offset = list(batches), stop, 0
-
-    def list_topics(self, topic: str, timeout: float) -> Any:
-        meta = type("Meta", (), {"error": None, "partitions": {0: None}})()
-        return type("Listing", (), {"topics": {topic: meta}})()
-
-    def get_watermark_offsets(self, partition: Any, timeout: float) -> tuple[int, int]:
-        return (0, 0)
-
-    def assign(self, partitions: Any) -> None:
-        pass
-
-    def consume(self, n: int, timeout: float) -> list[_Message]:
-        if not self._batches:
-            self._stop.set()
-            return []
-        out = []
-        for t in self._batches.pop(0):
-            out.append(_Message(self._offset, envelope.encode_record(t)))
-            self._offset += 1
-        return out
-
-
-class _Producer:
-    def __init__(self) -> None:
-        self.produced: list[OHLC] = []
-
-    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
-        self.produced.append(envelope.decode_record(value, OHLC))
-
-    def poll(self, timeout: float) -> int:
-        return 0
-
-    def flush(self, timeout: float) -> int:
-        return 0
-
-
 def run_engine(tmp_path: Path, *batches: list[Tick]) -> tuple[list[Message], _Run]:
     settings = Settings.model_validate(
         {
@@ -117,10 +55,13 @@ def run_engine(tmp_path: Path, *batches: list[Tick]) -> tuple[list[Message], _Ru
         return len(sent)
 
     stop = threading.Event()
+    script: list[fake_kafka.Step] = [fake_kafka.Assign([0])]
+    script += [fake_kafka.Ticks(0, batch) for batch in batches]
+    consumer = fake_kafka.GroupConsumer(TOPIC, script, stop, at_ms=B)
+    store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
     file = SnapshotFile(tmp_path / "snapshot.json")
-    run = _Run(
-        settings, _Consumer(list(batches), stop), _Producer(), file, Snapshot(), None, send_many
-    )
+    run = _Run(settings, consumer, fake_kafka.Producer(), store, file, Snapshot(), None, send_many)
+    run.start()
     run.loop(stop)
     return sent, run
 

@@ -209,3 +209,20 @@ def test_the_tick_path_numbers_each_topic_and_keeps_its_last_tick() -> None:
     )
     sub.close(0)
     xpub.close(0)
+
+
+def test_a_moved_tickers_last_values_are_forgotten_and_its_numbering_goes_on() -> None:
+    """After a revoke (ADR 0014) the engine no longer answers subscriptions for the moved
+    ticker (its new owner does); if the ticker comes back, its sequence goes on."""
+    ctx = zmq.Context.instance()
+    xpub = ctx.socket(zmq.XPUB)
+    xpub.bind("tcp://127.0.0.1:*")
+    outlet = Outlet(xpub, Sequencer(epoch=7))
+    btc, eth = "BINANCE:BTC/USDT", "BINANCE:ETH/USDT"
+    outlet.send_many([(f"{t}|tick", Tick(ticker=t, trade_id="1")) for t in (btc, eth)])
+    outlet.forget([btc])
+    assert set(outlet.last.frames) == {f"{eth}|tick"}
+    assert [list(outlet.last.matching(f"{btc}|"))] == [[]]
+    outlet.send_many([(f"{btc}|tick", Tick(ticker=btc, trade_id="2"))])
+    assert outlet.sequencer.last(f"{btc}|tick") == 2
+    xpub.close(0)

@@ -32,6 +32,7 @@ counted and logged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -164,6 +165,9 @@ class Relay:
                 market_data=sockets.bind(self._market, s, s.market_data_pub_port),
                 upstream=self._links.describe(),
             )
+            if s.engines_port is not None and s.flink_market_data_endpoint:
+                engines = sockets.bind(self._upstream, s, s.engines_port)
+                self.endpoints = dataclasses.replace(self.endpoints, engines=engines)
             for upstream in self._links.endpoints:
                 self._upstream.connect(upstream)
                 if self._pipeline.watch.enabled:  # else no heartbeat subscription goes up
@@ -187,13 +191,14 @@ class Relay:
             raise
         log.info(
             "relay listening: requests %s, work %s, responses %s, control %s, market data %s; "
-            "upstream %s; metrics %s; exchanges %s",
+            "upstream %s, engines %s; metrics %s; exchanges %s",
             self.endpoints.client_request,
             self.endpoints.ingestor_work,
             self.endpoints.ingestor_response,
             self.endpoints.ingestor_control,
             self.endpoints.market_data,
             self.endpoints.upstream,
+            self.endpoints.engines or "not bound",
             f"http://{s.metrics_host}:{self.metrics_port}" if self._http else "off",
             ",".join(s.known_exchanges) or "any an ingestor serves",
         )
@@ -396,7 +401,13 @@ class Relay:
             self.metrics.set_proxy_stats(stats)
 
     def _on_upstream_event(self, frames: list[bytes], now: float) -> None:
-        change = self._links.on_event(sockets.monitor_event(frames), frames[-1].decode())
+        address = frames[-1].decode()
+        if self.endpoints is not None and address == self.endpoints.engines:
+            # An extra live engine's XPUB on the bound port: not an upstream link.
+            up = sockets.monitor_event(frames) == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            log.info("a live engine %s %s", "connected to" if up else "left", address)
+            return
+        change = self._links.on_event(sockets.monitor_event(frames), address)
         if change is None:
             return
         self.metrics.upstream_connected.set(change.connected)

@@ -77,6 +77,13 @@ class RelaySettings(runtime.FileSettings):
 
     # --- additions --------------------------------------------------------------
     ingestor_control_port: Port = contracts.INGESTOR_CONTROL_PORT  # spec said 5557: taken
+    # Extra live engines' XPUBs connect here (`python -m pipeline.engine`, ADR 0014): the
+    # XSUB binds it beside its connection to the pipeline, so engines come and go with no
+    # relay or client setting. Bound only by a relay that takes the pipeline
+    # (flink_market_data_endpoint set). Compose and `make run` set it (5561,
+    # contracts.ENGINES_PORT); null: not bound, so a relay started with other ports
+    # never collides on it.
+    engines_port: Port | None = None
     # Exchange prefixes requests may name; empty = any exchange an ingestor serves.
     known_exchanges: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # An ingestor that sent IngestorStatus is dead after this many of its

@@ -61,6 +61,7 @@ class Endpoints:
     ingestor_control: str
     market_data: str
     upstream: str  # what the XSUB connects to: the pipeline PUB and/or parent relays, ", "-joined
+    engines: str = ""  # where extra live engines' XPUBs connect to the XSUB ("": not bound)
 
 
 def _common(sock: Socket, s: RelaySettings) -> None:

@@ -13,12 +13,9 @@ import argparse
 import logging
 import os
 import shlex
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from pipeline.config import load_settings
 from pipeline.preflight import StartupError
@@ -56,15 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     from pipeline.app import run
+    from pipeline.engine import stop_on_signals
 
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop = stop_on_signals(log)
     try:
         settings = load_settings(args.config)
         return run(settings, stop)

@@ -105,6 +105,19 @@ class LiveConfig(_Section):
     #: How often the live engine snapshots its offsets and open candles (what a restart
     #: reads again is at most this much).
     snapshot_s: float = Field(default=2.0, gt=0)
+    #: The Kafka consumer group of the live engines: every engine (the pipeline's own
+    #: and `python -m pipeline.engine`) with this id shares the ``market.ticks`` and
+    #: ``market.book`` partitions. Empty: ``live-engine.<kafka.topic_ticks>``.
+    group_id: str = ""
+    #: Where each ticks partition's state is saved for its next owner (ADR 0014):
+    #: ``s3://bucket/prefix`` (the catalog's S3 settings) or a local path. Empty: the
+    #: warehouse bucket's ``live-engine/`` prefix.
+    state_location: str = ""
+    #: An engine silent this long leaves the group; its partitions go to the others.
+    session_timeout_s: float = Field(default=6.0, ge=1)
+    #: Extra engines only (`python -m pipeline.engine`): the relays' bound engine ports
+    #: their XPUB connects to (relay ``engines_port``, e.g. ``tcp://relay:5561``).
+    relay_engine_endpoints: list[str] = Field(default_factory=list)
     #: Order books: a BookSnapshot of each book that changed is published this often,
     #: so a subscriber that lost a delta heals within it (docs/protocol.md "Order books").
     book_snapshot_s: float = Field(default=1.0, gt=0)
@@ -296,6 +309,10 @@ class Settings(runtime.FileSettings):
         if self.gaps.enabled:
             names.append("gaps")
         return names
+
+    @property
+    def live_group_id(self) -> str:
+        return self.live.group_id or f"live-engine.{self.kafka.topic_ticks}"
 
     def checkpoint_for(self, query: str) -> str:
         return f"{self.checkpoint_dir.rstrip('/')}/{query}"

@@ -14,6 +14,7 @@ writes one every 10 s); its deltas before that are not published.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from mdproto.book import OrderBook
 from mdproto.messages import BookDelta, BookReset, BookSnapshot
@@ -89,6 +90,14 @@ class LiveBooks:
         changed = sorted(self._changed)
         self._changed.clear()
         return [s for s in map(self.snapshot, changed) if s is not None]
+
+    def forget(self, tickers: Iterable[str]) -> None:
+        """Drop these books: their partition moved to another engine, whose book is
+        the one to serve (this one would go stale)."""
+        for ticker in tickers:
+            self._books.pop(ticker, None)
+            self._changed.discard(ticker)
+            self._ingested_at_ms.pop(ticker, None)
 
     def tickers(self) -> list[str]:
         """Tickers whose book is whole."""

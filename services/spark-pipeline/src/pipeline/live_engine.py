@@ -1,8 +1,8 @@
 """The live engine: ``market.ticks`` (+ ``cep.triggers``) -> everything live, outside Spark.
 
-One Kafka consumer thread in the PUB server process decodes each record once and
-hands the PUB what it means at once (why outside Spark: docs/adr/0002 and
-docs/pipeline-benchmarks.md "Lean pipeline"):
+One Kafka consumer thread decodes each record once and hands the PUB what it means
+at once (why outside Spark: docs/adr/0002 and docs/pipeline-benchmarks.md "Lean
+pipeline"):
 
     market.ticks --decode--> Tick (not repaired)       -> PUB {ticker}|tick (live only)
                              LiveCandles.add           -> PUB OHLC closed=false (previews)
@@ -12,25 +12,36 @@ docs/pipeline-benchmarks.md "Lean pipeline"):
     + cep.triggers   ------> CepStage (docs/cep.md)    -> PUB CEPTriggerEvent, tombstones
     + market.book    --decode--> BookSnapshot/BookDelta -> PUB {ticker}|book (live only)
     every live.book_snapshot_s: a BookSnapshot of each order book that changed
-    every live.snapshot_s: flush the producer, save the CEP state, then the snapshot
-    (offsets + open candles + CEP batch id) to <checkpoint_dir>/live-engine/snapshot.json
-    (its format and why: docs/adr/0012-live-engine-snapshot.md)
+    every live.snapshot_s: flush the producer, save the CEP state and its batch id
+    (<checkpoint_dir>/live-engine/snapshot.json), then each changed ticks partition's
+    state (`live_state.StateStore`, S3 by default)
 
-Durability. The snapshot is written only after every closed candle before it was
-acknowledged by Kafka, and it holds the next offset of every partition. A restart
-(or a kill -9) resumes from it: the records after it are read again, so their
-candles close again with the same values (published again: at-least-once, as
-CEP events are) and reach ``market.ohlc.live`` again (the MERGE is idempotent).
-Without a snapshot, candles start at ``kafka.starting_offsets``, CEP evaluates
-ticks from ``cep.ticks_starting_offsets`` and reads every trigger record. A closed
-candle Kafka refused ends the thread (so the PUB process, so the pipeline: the
-supervisor restarts it from the snapshot) rather than leaving a hole in ``ohlc``.
+Sharded (docs/adr/0014-sharded-live-engine.md). ``market.ticks`` and ``market.book``
+are read through the consumer group ``live.group_id``: every engine process (the
+pipeline's PUB process, and each ``python -m pipeline.engine``) owns a share of
+their partitions, handed out by Kafka (range assignor). On a revoke the engine
+flushes its producer and saves the revoked partitions' state (open candles of their
+tickers, recent trade ids, next offset); the assignment that follows keeps what came
+back, drops the rest, restores the other assigned partitions' state and seeks to
+its offsets. ``cep.triggers`` is read whole
+by every engine with its own consumer (no group).
 
-Ticks are live, not durable: only those written after the engine started are
-published (a backlog read from the snapshot counts in candles only); a trade
-delivered twice is published once if its first copy is among the last 200,000.
-Order books likewise: ``market.book`` is read from its end at every start and never
-saved in the snapshot; the outlet keeps each book (``live_books.py``).
+Durability. A partition's state is written only after every closed candle before it
+was acknowledged by Kafka, and it holds the partition's next offset. Its next owner
+(this engine after a restart or a kill -9, or another one) resumes from it: the
+records after it are read again, so their candles close again with the same values
+(published again: at-least-once, as CEP events are) and reach ``market.ohlc.live``
+again (the MERGE is idempotent). Without a state, candles start at
+``kafka.starting_offsets``, CEP evaluates ticks from ``cep.ticks_starting_offsets``
+and reads every trigger record. A closed candle Kafka refused ends the thread (so
+its process: the supervisor restarts it) rather than leaving a hole in ``ohlc``.
+
+Ticks are live, not durable: only those written after the partition was assigned
+are published (a backlog read from the state counts in candles only); a trade
+delivered twice is published once if its first copy is among its partition's last
+100,000 (the newest 10,000 travel with the state). Order books likewise:
+``market.book`` is read from its end at every assignment and never saved; the
+outlet keeps each book (``live_books.py``) and forgets those of revoked partitions.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -51,12 +62,13 @@ from mdproto import ProtocolError, envelope, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
 from mdproto.recent import RecentKeys
 from pipeline import records
-from pipeline.candle_close import Closing
+from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
 from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
+from pipeline.live_state import PartitionState, StateStore
 
 if TYPE_CHECKING:
     from pipeline.cep.stage import CepStage
@@ -66,27 +78,33 @@ SendMany = Callable[[Iterable[tuple[str, Message]]], int]
 Position = tuple[str, int]  # (topic, partition)
 STATS_INTERVAL_S = 10.0
 STALL_S = 0.25
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 #: Longest wait in consume(): the idle-close and CEP timers' resolution.
 POLL_S = 0.05
 PARTITIONS_WITHIN_S = 30.0  # a new topic's partitions reach the metadata within this
+#: Trade ids remembered per ticks partition (redeliveries dropped).
+RECENT_CAPACITY = 100_000
+#: How long a revoke waits for Kafka to acknowledge the closed candles before it saves.
+REVOKE_FLUSH_S = 30.0
 
 
-class BookOutlet(Protocol):
-    """Where order-book records go: the PUB's outlet, which keeps the books."""
+class EngineOutlet(Protocol):
+    """Where order-book records go, and who forgets the last values of tickers that
+    moved to another engine: the PUB's outlet."""
 
     def send_books(self, records: Iterable[BookRecord]) -> int: ...
 
     def send_book_snapshots(self) -> int: ...
 
+    def forget(self, tickers: Collection[str]) -> None: ...
+
 
 @dataclass
 class Snapshot:
-    """What a restart resumes from: next offset per (topic, partition), every ticker's
-    open candles (None: candles off) and the CEP batch whose state was saved with it."""
+    """The engine's own part, kept beside its CEP state (local): the next offset of each
+    ``cep.triggers`` partition and the CEP batch whose state was saved with it."""
 
     offsets: dict[Position, int] = field(default_factory=dict)
-    candles: dict[str, Any] | None = None
     cep_batch: int | None = None
 
 
@@ -113,20 +131,33 @@ class SnapshotFile:
             for topic, parts in data["offsets"].items()
             for p, o in parts.items()
         }
-        return Snapshot(offsets, data["candles"], data["cep_batch"])
+        return Snapshot(offsets, data["cep_batch"])
 
     def save(self, snapshot: Snapshot) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         offsets: dict[str, dict[int, int]] = {}
         for (topic, p), o in snapshot.offsets.items():
             offsets.setdefault(topic, {})[p] = o
-        body = {
-            "format": SNAPSHOT_FORMAT,
-            "offsets": offsets,
-            "candles": snapshot.candles,
-            "cep_batch": snapshot.cep_batch,
-        }
+        body = {"format": SNAPSHOT_FORMAT, "offsets": offsets, "cep_batch": snapshot.cep_batch}
         replace_file(self.path, json.dumps(body, separators=(",", ":")).encode())
+
+
+def group_consumer_config(s: Settings) -> dict[str, Any]:
+    """The engines' group consumer: offsets are the state's, never committed."""
+    return {
+        "bootstrap.servers": s.kafka.bootstrap_servers,
+        "group.id": s.live_group_id,
+        # range: each topic's partitions spread evenly, and partition i of market.ticks
+        # and of market.book (both keyed by ticker) on the same engine. The sticky
+        # assignors balance the total count: one engine got every ticks partition, the
+        # other every book partition. range is eager: a rebalance revokes everything,
+        # and `on_assign` keeps what came back (no reload, no forgotten book).
+        "partition.assignment.strategy": "range",
+        "session.timeout.ms": round(s.live.session_timeout_s * 1000),
+        "heartbeat.interval.ms": max(100, round(s.live.session_timeout_s * 1000 / 3)),
+        "enable.auto.commit": False,
+        "fetch.wait.max.ms": 100,  # the broker answers at once when a record arrives
+    }
 
 
 class LiveEngine:
@@ -134,7 +165,7 @@ class LiveEngine:
     pipeline is ready (ticks written earlier are not published)."""
 
     def __init__(
-        self, settings: Settings, send_many: SendMany, books: BookOutlet | None = None
+        self, settings: Settings, send_many: SendMany, books: EngineOutlet | None = None
     ) -> None:
         self._settings = settings
         self._send_many = send_many
@@ -148,15 +179,18 @@ class LiveEngine:
         self._thread.start()
 
     def wait_assigned(self, timeout_s: float = 60.0) -> None:
-        """Returns once every partition is assigned; raises at once with the engine's own
-        error if it failed first, not after the timeout with a guess."""
+        """Returns once the group gave this engine its first assignment (all partitions
+        when it is the only engine); raises at once with the engine's own error if it
+        failed first, not after the timeout with a guess."""
         deadline = time.monotonic() + timeout_s
         while not self._assigned.wait(0.1):
             if self.error is not None:
                 raise RuntimeError(f"live engine failed at start: {self.error}") from self.error
             if time.monotonic() >= deadline:
-                topic = self._settings.kafka.topic_ticks
-                raise RuntimeError(f"live engine got no partitions of {topic} in {timeout_s} s")
+                group = self._settings.live_group_id
+                raise RuntimeError(
+                    f"live engine got no assignment in group {group} in {timeout_s} s"
+                )
 
     @property
     def alive(self) -> bool:
@@ -164,7 +198,7 @@ class LiveEngine:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(15)
+        self._thread.join(30)
 
     # -- the thread ------------------------------------------------------------------
 
@@ -172,14 +206,17 @@ class LiveEngine:
         from confluent_kafka import Consumer, Producer
 
         s = self._settings
-        consumer = Consumer(
-            {
-                "bootstrap.servers": s.kafka.bootstrap_servers,
-                "group.id": f"pipeline-live-engine-{uuid.uuid4().hex[:8]}",  # never committed
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100,  # the broker answers at once when a record arrives
-            }
-        )
+        consumer = Consumer(group_consumer_config(s))
+        triggers = None
+        if s.cep.enabled:
+            triggers = Consumer(
+                {
+                    "bootstrap.servers": s.kafka.bootstrap_servers,
+                    "group.id": f"pipeline-cep-triggers-{uuid.uuid4().hex[:8]}",  # never committed
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 100,
+                }
+            )
         producer = Producer(
             {
                 "bootstrap.servers": s.kafka.bootstrap_servers,
@@ -198,16 +235,21 @@ class LiveEngine:
                 next_batch = 0 if snapshot.cep_batch is None else snapshot.cep_batch + 1
                 cep = CepStage(s, self._send_many, next_batch=next_batch)
             books = self._books if s.live.enabled else None
-            run = _Run(s, consumer, producer, file, snapshot, cep, self._send_many, books)
-            self._assigned.set()
+            store = StateStore.for_settings(s)
+            run = _Run(s, consumer, producer, store, file, snapshot, cep, self._send_many, books)
+            run.triggers = triggers
+            run.on_assigned = self._assigned.set
+            run.start()
             run.loop(self._stop)
             run.save()  # a clean stop reads nothing again
         except BaseException as exc:
             self.error = exc
             log.exception("live engine failed")
         finally:
-            consumer.close()
             producer.flush(10)
+            consumer.close()  # leaves the group: a revoke (saved if Kafka has every candle)
+            if triggers is not None:
+                triggers.close()
             if cep is not None:
                 cep.close()
 
@@ -227,95 +269,220 @@ def _partitions(consumer: Any, topic: str, timeout_s: float = PARTITIONS_WITHIN_
 
 
 class _Run:
-    """One run of the engine's thread: its consumer, producer, positions and state."""
+    """One run of the engine's thread: its consumers, producer, owned partitions and state.
+
+    ``positions`` holds the next offset of every owned partition (ticks and book): a
+    record of a partition not in it was revoked during the consume() that returned it.
+    """
 
     def __init__(
         self,
         s: Settings,
         consumer: Any,
         producer: Any,
+        store: StateStore,
         file: SnapshotFile,
         snapshot: Snapshot,
         cep: CepStage | None,
         send_many: SendMany,
-        books: BookOutlet | None = None,
+        books: EngineOutlet | None = None,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
+        self.store = store
         self.file = file
+        self.snapshot = snapshot
         self.cep = cep
         self.send_many = send_many
         self.books = books
+        #: The ``cep.triggers`` consumer (no group), set by the caller when CEP is on.
+        self.triggers: Any = None
+        self.on_assigned: Callable[[], None] | None = None
         self.book_topic = s.kafka.topic_book
         self.book_snapshot_s = s.live.book_snapshot_s
-        self.recent = RecentKeys[tuple[str, str]](200_000)
         self.snapshot_s = s.live.snapshot_s
         self.ticks_topic = s.kafka.topic_ticks
         self.candle_topic = s.kafka.topic_live_candles
+        self.trigger_topic = s.kafka.topic_cep_triggers
+        self.tick_start = (
+            s.kafka.starting_offsets if s.live.enabled else s.cep.ticks_starting_offsets
+        )
+        self.group_id = s.live_group_id
         self.delivery_error: str | None = None
         cfg = Closing(tuple(s.live.periods), s.live.watermark_s, s.live.close_idle_s)
-        self.candles = LiveCandles.restore(cfg, snapshot.candles or {}) if s.live.enabled else None
-        self.positions, self.live_from = self._assign(s, snapshot)
-        # CEP evaluates ticks from its saved state's offsets, or (new state) from
-        # cep.ticks_starting_offsets: "latest" never evaluates old ticks against triggers.
-        fresh_cep = snapshot.cep_batch is None and s.cep.ticks_starting_offsets == "latest"
-        self.cep_from = dict(self.live_from) if fresh_cep else {}
-        self.caught_up = self._caught_up()
+        self.candles = LiveCandles(cfg) if s.live.enabled else None
+        self.positions: dict[Position, int] = {}
+        self.trigger_positions: dict[Position, int] = {}
+        #: Each owned ticks partition's end when it was assigned: ticks are live from there.
+        self.live_from: dict[Position, int] = {}
+        self.recent: dict[int, RecentKeys[tuple[str, str]]] = {}
+        #: The tickers seen in each owned partition (ticks or book), and the reverse
+        #: (ticks partitions; book partitions).
+        self.tickers: dict[Position, set[str]] = {}
+        self.partition_of: dict[str, Position] = {}
+        self.book_of: dict[str, Position] = {}
+        #: Revoked in this rebalance, state saved: kept if the assignment gives them back.
+        self.revoked: set[Position] = set()
+        #: Ticks partitions whose state changed since it was last saved.
+        self.dirty: set[Position] = set()
+        # CEP evaluates ticks from where a partition resumes, or (new CEP state) from its
+        # end with cep.ticks_starting_offsets "latest": old ticks never meet triggers.
+        self.fresh_cep = snapshot.cep_batch is None and s.cep.ticks_starting_offsets == "latest"
+        self.cep_from: dict[Position, int] = {}
+        self.caught_up = True
 
-    def _assign(
-        self, s: Settings, snapshot: Snapshot
-    ) -> tuple[dict[Position, int], dict[Position, int]]:
-        """Assign every partition at the snapshot's offset, else the configured start;
-        returns the next offsets and each ticks partition's end now (live from there)."""
+    def start(self) -> None:
+        """Read the triggers whole, join the group (assignments arrive in consume())."""
+        if self.triggers is not None:
+            self._assign_triggers()
+        subscribed = [self.ticks_topic] + ([self.book_topic] if self.books is not None else [])
+        self.consumer.subscribe(
+            subscribed, on_assign=self.on_assign, on_revoke=self.on_revoke, on_lost=self.on_lost
+        )
+        log.info("live engine: joining group %s on %s", self.group_id, subscribed)
+
+    def _assign_triggers(self) -> None:
+        """Every ``cep.triggers`` partition at the snapshot's offset, else the earliest."""
         from confluent_kafka import TopicPartition
 
-        starts = {self.ticks_topic: s.kafka.starting_offsets}
-        if not s.live.enabled:
-            starts[self.ticks_topic] = s.cep.ticks_starting_offsets
-        if self.cep is not None:
-            starts[self.cep.trigger_topic] = "earliest"  # every registration
-        if self.books is not None:
-            starts[self.book_topic] = "latest"  # live only: never from the snapshot
-        positions: dict[Position, int] = {}
-        live_from: dict[Position, int] = {}
         assignment = []
-        for topic, start in starts.items():
-            for p in _partitions(self.consumer, topic):
-                low, high = _watermarks(self.consumer, TopicPartition(topic, p))
-                if topic == self.ticks_topic:
-                    live_from[(topic, p)] = high
-                saved = None if topic == self.book_topic else snapshot.offsets.get((topic, p))
-                if saved is not None:
-                    position = max(saved, low)  # retention may have removed the rest
-                else:
-                    position = low if start == "earliest" else high
-                positions[(topic, p)] = position
-                assignment.append(TopicPartition(topic, p, position))
-        self.consumer.assign(assignment)
-        behind = sum(live_from[k] - positions[k] for k in live_from)
+        for p in _partitions(self.triggers, self.trigger_topic):
+            low, _high = _watermarks(self.triggers, TopicPartition(self.trigger_topic, p))
+            saved = self.snapshot.offsets.get((self.trigger_topic, p))
+            position = low if saved is None else max(saved, low)
+            self.trigger_positions[(self.trigger_topic, p)] = position
+            assignment.append(TopicPartition(self.trigger_topic, p, position))
+        self.triggers.assign(assignment)
+
+    # -- rebalance callbacks (run inside consume()) ---------------------------------
+
+    def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Keep each partition this engine had before the rebalance (its state is still
+        here: read on from its position); restore every other ticks partition's state
+        and seek to its offset, book partitions from their end (books are live only);
+        drop what was revoked and did not come back."""
+        restored = 0
+        kept = self.revoked & {(tp.topic, tp.partition) for tp in partitions}
+        self._drop(sorted(self.revoked - kept))
+        self.revoked = set()
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key in kept:
+                tp.offset = self.positions[key]
+                continue
+            low, high = _watermarks(consumer, tp)
+            self.tickers[key] = set()
+            if tp.topic == self.book_topic:
+                position = high
+            else:
+                state = self.store.load(tp.topic, tp.partition)
+                restored += state is not None
+                position = self._restore(key, state, low, high)
+            self.positions[key] = tp.offset = position
+        consumer.assign(partitions)
+        self.caught_up = self._caught_up()
+        behind = sum(self.live_from[k] - self.positions[k] for k in self.live_from)
         log.info(
-            "live engine: reading %s (%d tick records to catch up), snapshot %s",
-            {f"{t}:{p}": o for (t, p), o in positions.items()},
+            "live engine: assigned %s (%d restored from %s), %d tick records to catch up",
+            sorted(f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions),
+            restored,
+            self.store.root,
             behind,
-            "restored" if snapshot.offsets else "none",
         )
-        return positions, live_from
+        if self.on_assigned is not None:
+            self.on_assigned()
+
+    def _restore(self, key: Position, state: PartitionState | None, low: int, high: int) -> int:
+        """A ticks partition's state into the engine; returns where to read it from."""
+        recent = RecentKeys[tuple[str, str]](RECENT_CAPACITY)
+        if state is None:
+            position = low if self.tick_start == "earliest" else high
+        else:
+            position = max(state.offset, low)  # retention may have removed the rest
+            for k in state.recent:
+                recent.first_time(k)
+            if self.candles is not None:
+                for ticker, d in state.candles.items():
+                    self.candles.tickers[ticker] = TickerCandles.from_dict(d)
+                    self._owns(key, ticker)
+        self.recent[key[1]] = recent
+        self.live_from[key] = high
+        self.cep_from[key] = high if self.fresh_cep else position
+        return position
+
+    def _owns(self, key: Position, ticker: str) -> None:
+        self.tickers[key].add(ticker)
+        if key[0] == self.book_topic:
+            self.book_of[ticker] = key
+        else:
+            self.partition_of[ticker] = key
+
+    def on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
+        """Save the revoked ticks partitions' state once Kafka has every closed candle
+        (else the next owner reads again from the last save). The state stays until the
+        assignment that follows: what comes back is kept, the rest dropped there."""
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self.revoked |= {k for k in keys if k in self.positions}
+        ticks = [k for k in keys if k[0] == self.ticks_topic and k in self.positions]
+        if ticks and self._flushed(REVOKE_FLUSH_S):
+            for key in ticks:
+                self._save_partition(key)
+        elif ticks:
+            log.warning(
+                "live engine: %s revoked before Kafka had every closed candle: not saved, "
+                "the next owner reads again from the last save",
+                ticks,
+            )
+        log.info("live engine: revoked %s", sorted(f"{t}:{p}" for t, p in keys))
+
+    def on_lost(self, _consumer: Any, partitions: list[Any]) -> None:
+        """Lost (this engine was too slow for the session): another engine owns them
+        already, from their last save; nothing saved."""
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self.revoked -= set(keys)
+        self._drop(keys)
+        log.warning("live engine: lost %s", sorted(f"{t}:{p}" for t, p in keys))
+
+    def _drop(self, keys: list[Position]) -> None:
+        gone: set[str] = set()
+        for key in keys:
+            tickers = self.tickers.pop(key, set())
+            gone |= tickers
+            self.positions.pop(key, None)
+            self.dirty.discard(key)
+            if key[0] != self.ticks_topic:
+                for ticker in tickers:
+                    self.book_of.pop(ticker, None)
+                continue
+            self.live_from.pop(key, None)
+            self.cep_from.pop(key, None)
+            self.recent.pop(key[1], None)
+            for ticker in tickers:
+                self.partition_of.pop(ticker, None)
+                if self.candles is not None:
+                    self.candles.tickers.pop(ticker, None)
+        if self.books is not None and gone:
+            self.books.forget(gone)
+        self.caught_up = self._caught_up()
 
     def _caught_up(self) -> bool:
-        return all(self.positions[k] >= end for k, end in self.live_from.items())
+        return all(self.positions.get(k, 0) >= end for k, end in self.live_from.items())
+
+    # -- the loop --------------------------------------------------------------------
 
     def loop(self, stop: threading.Event) -> None:
-        candles = self.candles
         stats = _Stats()
-        saved_at, dirty = time.monotonic(), False
+        saved_at, cep_dirty = time.monotonic(), False
         book_snapshot_at = time.monotonic()
         while not stop.is_set():
             if self.delivery_error is not None:
                 raise RuntimeError(f"Kafka refused a closed candle: {self.delivery_error}")
+            candles = self.candles
             due = candles.next_due_ms(_now_ms()) if candles is not None and self.caught_up else None
             wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
             asked = time.monotonic()
             messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
+            triggers = self._trigger_records()
             stats.waited(time.monotonic() - asked)
             if self.books is not None:
                 messages = self._books(messages)
@@ -326,27 +493,43 @@ class _Run:
             if not self.caught_up and self._caught_up():
                 self.caught_up = True
                 log.info("live engine: caught up; candles close on idle time from now")
-            ticks = live_only(self._decode([m for m in messages if m.topic() == self.ticks_topic]))
+            ticks = live_only(self._decode(messages))
             fresh: list[Tick] = []
             if candles is not None:
-                fresh, closed = self._candles(candles, ticks, now_ms)
-                dirty = dirty or bool(closed)
+                fresh, _closed = self._candles(candles, ticks, now_ms)
             if self.cep is not None:
-                triggers = [m for m in messages if m.topic() != self.ticks_topic]
                 self.cep.feed(triggers, [t for t in ticks if self._for_cep(t[1])])
-            dirty = dirty or bool(messages)
             self.producer.poll(0)
             stats.busy(time.monotonic() - asked, len(messages), fresh)
-            due_to_save = dirty and time.monotonic() - saved_at >= self.snapshot_s
-            if due_to_save and self.save():
-                saved_at, dirty = time.monotonic(), False
+            cep_dirty = cep_dirty or bool(triggers or ticks)
+            due = time.monotonic() - saved_at >= self.snapshot_s
+            if due and (self.dirty or cep_dirty) and self.save():
+                saved_at, cep_dirty = time.monotonic(), False
 
     def _ok(self, m: Any) -> bool:
         if m.error() is not None:
             log.warning("live engine: %s", m.error())
             return False
-        self.positions[(m.topic(), m.partition() or 0)] = (m.offset() or 0) + 1
+        key = (m.topic(), m.partition() or 0)
+        if key not in self.positions or key in self.revoked:
+            return False  # revoked during the consume() that returned it
+        self.positions[key] = (m.offset() or 0) + 1
+        if key[0] == self.ticks_topic:
+            self.dirty.add(key)
         return True
+
+    def _trigger_records(self) -> list[Any]:
+        """The ``cep.triggers`` records waiting (never waits: triggers are rare)."""
+        if self.triggers is None:
+            return []
+        out = []
+        for m in self.triggers.consume(1000, timeout=0):
+            if m.error() is not None:
+                log.warning("live engine: %s", m.error())
+                continue
+            self.trigger_positions[(m.topic(), m.partition() or 0)] = (m.offset() or 0) + 1
+            out.append(m)
+        return out
 
     def _books(self, messages: list[Any]) -> list[Any]:
         """Publish the ``market.book`` records among `messages`; returns the others."""
@@ -354,7 +537,14 @@ class _Run:
         book = [m for m in messages if m.topic() == self.book_topic]
         if not book:
             return messages
-        self.books.send_books(decode_book_records([m.value() for m in book]))
+        decoded = decode_book_records([m.value() for m in book])
+        for m in book:
+            key = m.key()
+            if key is not None:
+                ticker = key.decode(errors="replace")
+                if ticker not in self.book_of:
+                    self._owns((m.topic(), m.partition() or 0), ticker)
+        self.books.send_books(decoded)
         return [m for m in messages if m.topic() != self.book_topic]
 
     def _for_cep(self, where: Coordinates) -> bool:
@@ -367,13 +557,15 @@ class _Run:
     ) -> tuple[list[Tick], list[Any]]:
         """Publish the live ticks, the previews and the closed candles; closed candles to
         Kafka. Returns (published ticks, closed candles)."""
-        recent, live_from = self.recent, self.live_from
-        fresh = [
-            t
-            for t, (_, p, o) in ticks
-            if o >= live_from.get((self.ticks_topic, p), 0)
-            and recent.first_time((t.ticker, t.trade_id))
-        ]
+        live_from, topic = self.live_from, self.ticks_topic
+        fresh = []
+        for t, (_, p, o) in ticks:
+            if t.ticker not in self.partition_of:
+                self._owns((topic, p), t.ticker)
+            if o >= live_from.get((topic, p), 0) and self.recent[p].first_time(
+                (t.ticker, t.trade_id)
+            ):
+                fresh.append(t)
         out: list[tuple[str, Message]] = [(topics.tick_topic(t.ticker), t) for t in fresh]
         previews = candles.add((t for t, _ in ticks), now_ms)
         if self.caught_up:
@@ -383,6 +575,9 @@ class _Run:
         if out:
             self.send_many(out)
         for c in closed:
+            owner = self.partition_of.get(c.ticker)
+            if owner is not None:
+                self.dirty.add(owner)  # its open windows changed without a new offset
             self.producer.produce(
                 self.candle_topic,
                 envelope.encode_record(c),
@@ -406,16 +601,40 @@ class _Run:
             (t, (stamps[c], *c)) for t, c in zip(decoded.ticks, decoded.coordinates, strict=True)
         ]
 
-    def save(self) -> bool:
-        """Snapshot once Kafka has every closed candle so far; False: not yet (retried)."""
-        pending = self.producer.flush(2.0)
+    def _flushed(self, timeout_s: float) -> bool:
+        """Whether Kafka acknowledged every closed candle so far."""
+        pending = self.producer.flush(timeout_s)
         if pending or self.delivery_error is not None:
-            log.warning("live engine: %d closed candles not yet in Kafka; snapshot later", pending)
+            log.warning("live engine: %d closed candles not yet in Kafka; no save yet", pending)
             return False
-        cep_batch = self.cep.checkpoint() if self.cep is not None else None
-        candles = self.candles.snapshot() if self.candles is not None else None
-        offsets = {k: o for k, o in self.positions.items() if k[0] != self.book_topic}
-        self.file.save(Snapshot(offsets, candles, cep_batch))
+        return True
+
+    def _save_partition(self, key: Position) -> None:
+        candles = self.candles.tickers if self.candles is not None else {}
+        recent = self.recent.get(key[1])
+        self.store.save(
+            PartitionState(
+                key[0],
+                key[1],
+                self.positions[key],
+                {t: candles[t].to_dict() for t in self.tickers.get(key, ()) if t in candles},
+                list(recent) if recent is not None else [],
+            )
+        )
+
+    def save(self) -> bool:
+        """Save once Kafka has every closed candle so far; False: not yet (retried).
+        The CEP state and its batch id first, then the partitions: a partition state
+        older than CEP's only means ticks evaluated again (at-least-once)."""
+        if not self._flushed(2.0):
+            return False
+        if self.cep is not None:
+            cep_batch = self.cep.checkpoint()
+            self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
+        for key in sorted(self.dirty):
+            if key in self.positions:
+                self._save_partition(key)
+        self.dirty.clear()
         return True
 
 

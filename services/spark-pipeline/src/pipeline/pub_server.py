@@ -28,7 +28,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -198,7 +198,7 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
     """
     _prepare_process(config)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    pub = _pub_socket(ctx, config.sndhwm)
+    pub = xpub_socket(ctx, config.sndhwm)
     try:
         pub.bind(config.pub_endpoint)
     except zmq.ZMQError as exc:
@@ -233,7 +233,7 @@ def _prepare_process(config: ServerConfig) -> None:
             log.warning("PUB server keeps normal priority (nice %d: %s)", config.niceness, exc)
 
 
-def _pub_socket(ctx: zmq.Context[zmq.Socket[bytes]], sndhwm: int) -> zmq.Socket[bytes]:
+def xpub_socket(ctx: zmq.Context[zmq.Socket[bytes]], sndhwm: int) -> zmq.Socket[bytes]:
     """XPUB_VERBOSE: every subscribe reaches us (the relay's, or a second direct SUB's),
     so each one is answered with the last values; unread ones never block sending."""
     pub = ctx.socket(zmq.XPUB)
@@ -361,6 +361,19 @@ class Outlet:
             for snapshot in snapshots:
                 self._send_stamped(topics.book_topic(snapshot.ticker), snapshot)
         return len(snapshots)
+
+    def forget(self, tickers: Collection[str]) -> None:
+        """Their partitions moved to another engine: their last values and books are no
+        longer ours to answer subscriptions with (stale ones, in our epoch, would make a
+        client flip between owners). Sequence counters stay: a ticker that comes back
+        goes on in our epoch, which the client sees change."""
+        prefixes = tuple(f"{t}|" for t in tickers)
+        if not prefixes:
+            return
+        with self._lock:
+            for topic in [t for t in self.last.frames if t.startswith(prefixes)]:
+                del self.last.frames[topic]
+            self.books.forget(tickers)
 
     def _send_stamped(self, topic: str, message: Message) -> None:
         self.sequencer.stamp(topic, message)

@@ -1,0 +1,128 @@
+"""A scripted stand-in for the live engine's group consumer and producer: the engine's
+loop (`live_engine._Run`) runs against it with no broker, rebalances included."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from mdproto import envelope
+from mdproto.messages import OHLC, Tick
+
+
+class Message:
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes, at_ms: int) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._value, self._at_ms = value, at_ms
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return None
+
+    def value(self) -> bytes:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._at_ms)
+
+
+@dataclass
+class Assign:
+    partitions: Sequence[int]
+
+
+@dataclass
+class Revoke:
+    partitions: Sequence[int]
+
+
+@dataclass
+class Ticks:
+    partition: int
+    ticks: Sequence[Tick]
+
+
+Step = Assign | Revoke | Ticks
+
+
+@dataclass
+class GroupConsumer:
+    """Plays `script` one step per consume(), then sets `stop`. `log` holds the Kafka
+    log of every partition (shared by consumers of one group), `seeks` each assignment
+    with its offsets."""
+
+    topic: str
+    script: list[Step]
+    stop: threading.Event
+    log: dict[int, list[bytes]] = field(default_factory=dict)
+    at_ms: int = 0
+    seeks: list[list[tuple[int, int]]] = field(default_factory=list)
+    positions: dict[int, int] = field(default_factory=dict)
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        self.callbacks = callbacks
+
+    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+        return (0, len(self.log.get(tp.partition, [])))
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.seeks.append([(tp.partition, tp.offset) for tp in partitions])
+        for tp in partitions:
+            self.positions[tp.partition] = tp.offset
+
+    def consume(self, n: int, timeout: float) -> list[Message]:
+        if not self.script:
+            self.stop.set()
+            return []
+        step = self.script.pop(0)
+        if isinstance(step, Assign):
+            tps = [TopicPartition(self.topic, p) for p in step.partitions]
+            self.callbacks["on_assign"](self, tps)
+            return []
+        if isinstance(step, Revoke):
+            self.callbacks["on_revoke"](
+                self, [TopicPartition(self.topic, p) for p in step.partitions]
+            )
+            for p in step.partitions:
+                self.positions.pop(p, None)
+            return []
+        log = self.log.setdefault(step.partition, [])
+        log.extend(envelope.encode_record(t) for t in step.ticks)
+        start = self.positions[step.partition]
+        out = [
+            Message(self.topic, step.partition, o, log[o], self.at_ms)
+            for o in range(start, len(log))
+        ]
+        self.positions[step.partition] = len(log)
+        return out
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.produced: list[OHLC] = []
+        self.pending = 0
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
+        self.produced.append(envelope.decode_record(value, OHLC))
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        return self.pending

@@ -1,0 +1,162 @@
+"""The live engine as a member of a consumer group (ADR 0014), against a scripted group
+consumer: a revoked partition's state (open candles, recent trade ids, next offset) is
+saved and dropped; its next owner restores it, seeks to its offset, and closes the
+candles the first owner opened with every trade in them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+import fake_kafka
+import pytest
+from google.protobuf.message import Message
+from pyarrow import fs
+
+from mdproto.messages import OHLC, Tick
+from pipeline.config import Settings
+from pipeline.live_books import BookRecord
+from pipeline.live_engine import Snapshot, SnapshotFile, _Run
+from pipeline.live_state import FORMAT, PartitionState, StateStore
+
+TOPIC = "market.ticks"
+X, Y = "BINANCE:BTC/USDT", "BINANCE:ETH/USDT"  # X in partition 0, Y in partition 1
+B = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+
+
+def tick(ticker: str, trade_id: str, price: float, at_ms: int) -> Tick:
+    return Tick(ticker=ticker, trade_id=trade_id, price=price, amount=1.0, timestamp_ms=at_ms)
+
+
+class _Outlet:
+    """Books are not exercised; records which tickers an engine was told to forget."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    def send_books(self, records: Iterable[BookRecord]) -> int:
+        return 0
+
+    def send_book_snapshots(self) -> int:
+        return 0
+
+    def forget(self, tickers: Collection[str]) -> None:
+        self.forgotten += sorted(tickers)
+
+
+class Engine:
+    """One engine's run against the shared Kafka log and state store."""
+
+    def __init__(self, tmp_path: Path, name: str, log: dict[int, list[bytes]]) -> None:
+        self.settings = Settings.model_validate(
+            {
+                "checkpoint_dir": str(tmp_path / name),
+                "kafka": {"topic_ticks": TOPIC, "starting_offsets": "earliest"},
+                "live": {"periods": [60], "watermark_s": 10, "close_idle_s": 3600},
+                "cep": {"enabled": False},
+            }
+        )
+        self.log = log
+        self.store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
+        self.sent: list[Message] = []
+        self.outlet = _Outlet()
+        self.producer = fake_kafka.Producer()
+        self.name = name
+        self.tmp_path = tmp_path
+        self.consumer: fake_kafka.GroupConsumer | None = None
+
+    def send_many(self, items: Any) -> int:
+        self.sent.extend(m for _, m in items)
+        return len(self.sent)
+
+    def run(self, *script: fake_kafka.Step) -> _Run:
+        stop = threading.Event()
+        self.consumer = fake_kafka.GroupConsumer(TOPIC, list(script), stop, self.log, at_ms=B)
+        file = SnapshotFile(self.tmp_path / self.name / "snapshot.json")
+        run = _Run(
+            self.settings,
+            self.consumer,
+            self.producer,
+            self.store,
+            file,
+            Snapshot(),
+            None,
+            self.send_many,
+            self.outlet,
+        )
+        run.start()
+        run.loop(stop)
+        return run
+
+    def closed(self) -> list[tuple[str, int, int, float]]:
+        return [
+            (c.ticker, c.open_time_ms, c.trade_count, c.high)
+            for c in self.sent
+            if isinstance(c, OHLC) and c.closed
+        ]
+
+
+def test_a_moved_partition_is_restored_and_its_candles_close_whole(tmp_path: Path) -> None:
+    log: dict[int, list[bytes]] = {}
+    a, b = Engine(tmp_path, "a", log), Engine(tmp_path, "b", log)
+    first = [tick(Y, "y1", 100.0, B + 1_000), tick(Y, "y2", 105.0, B + 2_000)]
+    run_a = a.run(
+        fake_kafka.Assign([0, 1]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000)]),
+        fake_kafka.Ticks(1, first),
+        fake_kafka.Revoke([0, 1]),  # eager: everything, then what stays comes back
+        fake_kafka.Assign([0]),
+        fake_kafka.Ticks(0, [tick(X, "x2", 51.0, B + 61_000)]),  # closes X's first minute
+    )
+    assert a.outlet.forgotten == [Y]
+    assert a.consumer is not None and a.consumer.seeks == [[(0, 0), (1, 0)], [(0, 1)]]
+    assert run_a.candles is not None and set(run_a.candles.tickers) == {X}
+    assert a.closed() == [(X, B, 1, 50.0)]
+    saved = b.store.load(TOPIC, 1)
+    assert saved is not None and saved.offset == 2
+    assert {k for k in saved.recent} == {(Y, "y1"), (Y, "y2")}
+
+    # B takes partition 1 over: it resumes after y2, and Y's window has both trades.
+    run_b = b.run(
+        fake_kafka.Assign([1]),
+        fake_kafka.Ticks(1, [tick(Y, "y3", 99.0, B + 3_000), tick(Y, "y4", 98.0, B + 62_000)]),
+    )
+    assert b.consumer is not None and b.consumer.seeks == [[(1, 2)]]
+    assert b.closed() == [(Y, B, 3, 105.0)]
+    assert run_b.candles is not None and set(run_b.candles.tickers) == {Y}
+    assert [t.trade_id for t in b.sent if isinstance(t, Tick)] == ["y3", "y4"]
+
+
+def test_a_revoke_before_kafka_has_the_candles_saves_nothing(tmp_path: Path) -> None:
+    log: dict[int, list[bytes]] = {}
+    a = Engine(tmp_path, "a", log)
+    a.producer.pending = 1  # Kafka has not acknowledged a closed candle
+    a.run(
+        fake_kafka.Assign([0]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000)]),
+        fake_kafka.Revoke([0]),
+        fake_kafka.Assign([]),
+    )
+    assert a.store.load(TOPIC, 0) is None
+    assert a.outlet.forgotten == [X]
+
+
+def test_a_state_of_another_format_is_ignored(tmp_path: Path) -> None:
+    store = StateStore(fs.LocalFileSystem(), str(tmp_path))
+    state = PartitionState(TOPIC, 3, 42, {}, [(X, "1")])
+    store.save(state)
+    assert store.load(TOPIC, 3) == state
+    (tmp_path / TOPIC / "3.json").write_text(json.dumps({"format": FORMAT + 1}))
+    assert store.load(TOPIC, 3) is None
+    assert store.load(TOPIC, 4) is None
+
+
+def test_the_state_location_defaults_to_the_warehouse_bucket() -> None:
+    s = Settings.model_validate({"kafka": {"topic_ticks": "t1"}})
+    store = StateStore.for_settings(s)
+    assert store.root == "warehouse/live-engine/live-engine.t1"
+    with pytest.raises(RuntimeError, match="s3:// or a local path"):
+        StateStore.for_settings(Settings.model_validate({"live": {"state_location": "gs://x"}}))
