@@ -20,7 +20,7 @@ from mdproto.messages import OHLC, Tick
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_engine import Snapshot, SnapshotFile, _Run
-from pipeline.live_state import FORMAT, PartitionState, StateStore
+from pipeline.live_state import FORMAT, PartitionState, StateStore, StateStoreError
 
 TOPIC = "market.ticks"
 X, Y = "BINANCE:BTC/USDT", "BINANCE:ETH/USDT"  # X in partition 0, Y in partition 1
@@ -142,6 +142,35 @@ def test_a_revoke_before_kafka_has_the_candles_saves_nothing(tmp_path: Path) -> 
     )
     assert a.store.load(TOPIC, 0) is None
     assert a.outlet.forgotten == [X]
+
+
+class _Outage(StateStore):
+    """A store that refuses every save while `down` (the S3 store unreachable)."""
+
+    down = True
+
+    def save(self, state: PartitionState) -> None:
+        if self.down:
+            raise StateStoreError("cannot write the live engine's state: connection refused")
+        super().save(state)
+
+
+def test_a_store_outage_keeps_the_engine_live_and_saves_once_it_is_back(tmp_path: Path) -> None:
+    log: dict[int, list[bytes]] = {}
+    a = Engine(tmp_path, "a", log)
+    store = _Outage(fs.LocalFileSystem(), str(tmp_path / "state"))
+    a.store = store
+    run = a.run(
+        fake_kafka.Assign([0]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000), tick(X, "x2", 51.0, B + 61_000)]),
+    )
+    assert a.closed() == [(X, B, 1, 50.0)]  # the live path went on
+    assert run.save() is False and run.dirty == {(TOPIC, 0)}
+    assert store.load(TOPIC, 0) is None
+    store.down = False
+    assert run.save() is True and not run.dirty
+    saved = store.load(TOPIC, 0)
+    assert saved is not None and saved.offset == 2
 
 
 def test_a_state_of_another_format_is_ignored(tmp_path: Path) -> None:

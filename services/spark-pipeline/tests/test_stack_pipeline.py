@@ -233,7 +233,7 @@ def test_duplicate_deliveries_add_no_rows_and_no_second_notification(
 def test_the_warm_up_writes_the_history_path_once_and_leaves_no_table(pipeline: Any) -> None:
     assert "history path warmed up" in pipeline.run.log_text()
     assert pipeline.lake.table_names() == {
-        "ohlc", "ticks", "requests", "markets", "book_snapshots", "gaps"
+        "ohlc", "ticks", "requests", "markets", "book_snapshots", "gaps", "book_deltas"
     }  # fmt: skip
 
 

@@ -56,7 +56,7 @@ def book_feed(local_stack: Any, tmp_path: Path) -> Iterator[tuple[str, Callable[
                 "topic_live_candles": f"bk-{tag}.live-candles",
             },
             "cep": {"enabled": False},
-            "live": {"book_snapshot_s": 0.5},
+            "live": {"book_snapshot_s": 0.5, "state_location": str(tmp_path / "live-state")},
         }
     )
     server = PubServer(settings)

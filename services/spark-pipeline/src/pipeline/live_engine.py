@@ -68,7 +68,7 @@ from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
-from pipeline.live_state import PartitionState, StateStore
+from pipeline.live_state import PartitionState, StateStore, StateStoreError
 
 if TYPE_CHECKING:
     from pipeline.cep.stage import CepStage
@@ -426,7 +426,7 @@ class _Run:
         ticks = [k for k in keys if k[0] == self.ticks_topic and k in self.positions]
         if ticks and self._flushed(REVOKE_FLUSH_S):
             for key in ticks:
-                self._save_partition(key)
+                self._try_save_partition(key)
         elif ticks:
             log.warning(
                 "live engine: %s revoked before Kafka had every closed candle: not saved, "
@@ -503,8 +503,10 @@ class _Run:
             stats.busy(time.monotonic() - asked, len(messages), fresh)
             cep_dirty = cep_dirty or bool(triggers or ticks)
             due = time.monotonic() - saved_at >= self.snapshot_s
-            if due and (self.dirty or cep_dirty) and self.save():
-                saved_at, cep_dirty = time.monotonic(), False
+            if due and (self.dirty or cep_dirty):
+                if self.save():
+                    cep_dirty = False
+                saved_at = time.monotonic()  # a failed save is tried again a period later
 
     def _ok(self, m: Any) -> bool:
         if m.error() is not None:
@@ -622,20 +624,32 @@ class _Run:
             )
         )
 
+    def _try_save_partition(self, key: Position) -> bool:
+        """Save one partition's state; False when the store refused it (an S3 outage):
+        the live path goes on, and the partition's next owner would read again from its
+        last save (at-least-once, as after a kill)."""
+        try:
+            self._save_partition(key)
+        except StateStoreError as exc:
+            log.warning("live engine: state of %s:%d not saved: %s", *key, exc)
+            return False
+        return True
+
     def save(self) -> bool:
-        """Save once Kafka has every closed candle so far; False: not yet (retried).
-        The CEP state and its batch id first, then the partitions: a partition state
-        older than CEP's only means ticks evaluated again (at-least-once)."""
+        """Save once Kafka has every closed candle so far; False: not yet, or a partition
+        the store refused (both retried). The CEP state and its batch id first, then the
+        partitions: a partition state older than CEP's only means ticks evaluated again
+        (at-least-once)."""
         if not self._flushed(2.0):
             return False
         if self.cep is not None:
             cep_batch = self.cep.checkpoint()
             self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
-        for key in sorted(self.dirty):
-            if key in self.positions:
-                self._save_partition(key)
-        self.dirty.clear()
-        return True
+        saved = {
+            k for k in sorted(self.dirty) if k in self.positions and self._try_save_partition(k)
+        }
+        self.dirty -= saved | {k for k in self.dirty if k not in self.positions}
+        return not self.dirty
 
 
 class _Stats:

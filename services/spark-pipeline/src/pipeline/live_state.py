@@ -100,7 +100,10 @@ class StateStore:
                 endpoint_override=endpoint.netloc or None,
                 scheme=endpoint.scheme or "https",
                 connect_timeout=c.connect_timeout_s,
-                request_timeout=30,
+                # A state object is a few KB: a store that hangs is given up soon, and
+                # the engine's live path (same thread) goes on (`_Run.save`).
+                request_timeout=5,
+                retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
             )
             return cls(s3, f"{parsed.netloc}{parsed.path}")
         if parsed.scheme in ("", "file"):
