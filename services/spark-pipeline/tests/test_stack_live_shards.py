@@ -227,10 +227,14 @@ def ends(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def saved_offsets(endpoints: Any, group: str, topic: str) -> dict[int, int]:
-    """Each ticks partition's offset in its saved state (the S3 store)."""
+    """Each ticks partition's offset in its saved state (the S3 store); {} when a read
+    met an object the engine was writing at that moment (this poll runs beside it)."""
     settings = Settings.model_validate(
         {"catalog": endpoints.catalog_settings().model_dump(), "live": {"group_id": group}}
     )
     store = StateStore.for_settings(settings)
-    states = {p: store.load(topic, p) for p in range(PARTITIONS)}
+    try:
+        states = {p: store.load(topic, p) for p in range(PARTITIONS)}
+    except ValueError:  # a torn read: json.JSONDecodeError
+        return {}
     return {p: s.offset for p, s in states.items() if s is not None}
