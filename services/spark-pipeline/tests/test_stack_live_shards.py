@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from candle_oracle import aggregate
 
-from infra.testing import Subscriber, free_port
+from infra.testing import Subscriber, free_port, poll_until
 from mdproto import contracts, envelope
 from mdproto.messages import OHLC, Tick
 from mdproto.runtime.kafka import ensure_topics, spec
@@ -71,11 +71,8 @@ def members(admin: Any, group: str, topic: str) -> list[set[int]]:
 
 
 def wait_until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.5)  # the group's state, polled
+    """The group's state has nothing to block on: polled (`poll_until`)."""
+    poll_until(what, check, WAIT_S, interval_s=0.5)
 
 
 def ticks(first_s: int, last_s: int) -> list[Tick]:
