@@ -8,9 +8,10 @@ The records are the ingestor's own, built by its code and encoded with mdproto
 as `KafkaSink` does (`envelope.encode_record`), before the clock starts: `Tick`
 (`live.tick_record`, 10 tickers, keyed by ticker) and 500-row `OHLCBatch`
 (`candles.BatchBuilder` at the default `history.batch_size`, keyed by the
-request's ticker), on topics of 3 partitions (`kafka.topic_partitions`). Both
-producers get `KafkaSink`'s settings: idempotence, acks=all, linger 5 ms, lz4,
-a 30 s delivery timeout; everything else stays at each client's default.
+request's ticker), on topics of 3 partitions (`kafka.topic_partitions` when the
+figures were taken; 6 since ADR 0014). Both producers get `KafkaSink`'s settings:
+idempotence, acks=all, linger 5 ms, lz4, a 30 s delivery timeout; everything else
+stays at each client's default.
 
 Cases, each client in its own process, alternated `--reps` times:
 
@@ -65,7 +66,7 @@ from mdproto.messages import DataRequest
 from mdproto.runtime.kafka import TopicSpec, ensure_topics
 
 CLIENTS = ("confluent-kafka", "kafka-python")
-PARTITIONS = 3  # the ingestor's kafka.topic_partitions
+PARTITIONS = 3  # kafka.topic_partitions when the recorded figures were taken (now 6)
 BATCH_ROWS = 500  # the ingestor's history.batch_size
 BASES = ["BTC", "ETH", "SOL", "XRP", "BNB", "ADA", "DOGE", "TRX", "AVAX", "LINK"]
 TICKERS = [f"BINANCE:{base}/USDT" for base in BASES]

@@ -221,6 +221,7 @@ def report(before: Measure, after: Measure) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    from pipeline.arrow_appends import ArrowAppends
     from pipeline.config import UpkeepConfig, load_settings
     from pipeline.lake import Lake, TableNames
     from pipeline.session import build_session
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> None:
         )
         started = time.perf_counter()
         spark = build_session(settings)
-        lake = Lake(spark, names)
+        lake = Lake(spark, names, ArrowAppends(c.name, c.pyiceberg_properties()))
         lake.ensure_tables()
         print(f"Spark + tables ready in {time.perf_counter() - started:.1f} s", flush=True)
         try:

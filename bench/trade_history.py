@@ -131,6 +131,48 @@ def stand_in_relay() -> Iterator[tuple[str, str]]:
         context.term()
 
 
+@contextlib.contextmanager
+def bench_client(e: StackEndpoints, namespace: str) -> Iterator[Client]:
+    """A `Client` reading `namespace`'s ticks and gaps on the lake `e`, connected to a
+    stand-in relay."""
+    catalog_fields = {
+        {"name": "catalog_name", "uri": "catalog_uri"}.get(key, key): str(value)
+        for key, value in e.catalog_settings().model_dump().items()
+    }
+    with stand_in_relay() as (request, market):
+        settings = ClientSettings.model_validate(
+            {
+                **catalog_fields,
+                "ticks_table": f"{namespace}.ticks",
+                "gaps_table": f"{namespace}.gaps",
+                "request_endpoint": request,
+                "market_data_endpoint": market,
+            }
+        )
+        with Client(settings=settings) as client:
+            yield client
+
+
+def alternating_rounds(
+    paths: dict[str, Callable[[], int]], reps: int, load: list[float]
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Each path once to warm up (all must count the same rows), then `reps` rounds, the
+    order reversed every other round: the seconds of each, and the rows each counted.
+    The 1-minute load average is appended to `load` after each round."""
+    times: dict[str, list[float]] = {label: [] for label in paths}
+    counts = {label: call() for label, call in paths.items()}
+    assert len(set(counts.values())) == 1, counts
+    for rep in range(reps):
+        order = list(paths) if rep % 2 == 0 else list(reversed(paths))
+        for label in order:
+            took, rows = seconds(paths[label])
+            assert rows == counts[label]
+            times[label].append(took)
+        load.append(os.getloadavg()[0])
+        print(f"round {rep + 1}: " + ", ".join(f"{times[k][-1]:.2f} s" for k in paths))
+    return times, counts
+
+
 def seconds(call: Callable[[], int]) -> tuple[float, int]:
     started = time.perf_counter()
     rows = call()
@@ -163,18 +205,26 @@ def lake(data_dir: Path) -> Iterator[StackEndpoints]:
         stack.down()
 
 
-def run(e: StackEndpoints, args: argparse.Namespace) -> None:
-    catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
-    namespace = f"bench_trades_{uuid.uuid4().hex[:6]}"
+def day_lake(catalog: Catalog, prefix: str, args: argparse.Namespace) -> tuple[str, int]:
+    """A new namespace ``<prefix>_<hex>`` with ``ticks`` filled (`fill`, from `args`) and
+    ``gaps`` empty (no gap recorded): the ticks table's name and its file count."""
+    namespace = f"{prefix}_{uuid.uuid4().hex[:6]}"
     name = f"{namespace}.ticks"
     catalog.create_namespace(namespace)
     new_table(catalog, name, Ticks.SCHEMA)
-    new_table(catalog, f"{namespace}.gaps", Gaps.SCHEMA)  # empty: no gap recorded
+    new_table(catalog, f"{namespace}.gaps", Gaps.SCHEMA)
     started = time.perf_counter()
     fill(catalog, name, args.trades, args.others, args.appends)
     written = time.perf_counter() - started
     files = len(list(catalog.load_table(name).scan().plan_files()))
     print(f"{name}: {files} files, written in {written:.0f} s", flush=True)
+    return name, files
+
+
+def run(e: StackEndpoints, args: argparse.Namespace) -> None:
+    catalog = load_catalog(e.catalog_name, **e.pyiceberg_catalog_properties())
+    name, files = day_lake(catalog, "bench_trades", args)
+    namespace = name.partition(".")[0]
 
     start_ms, end_ms = DAY, DAY + DAY_MS
     # The SDK's filter (IcebergReader._trade_scan), written out: the scan's own API.
@@ -187,50 +237,26 @@ def run(e: StackEndpoints, args: argparse.Namespace) -> None:
     def bare() -> int:
         return int(catalog.load_table(name).scan(row_filter=row_filter).to_arrow().num_rows)
 
-    catalog_fields = {
-        {"name": "catalog_name", "uri": "catalog_uri"}.get(key, key): str(value)
-        for key, value in e.catalog_settings().model_dump().items()
-    }
     load = [os.getloadavg()[0]]
-    with stand_in_relay() as (request, market):
-        settings = ClientSettings.model_validate(
-            {
-                **catalog_fields,
-                "ticks_table": name,
-                "gaps_table": f"{namespace}.gaps",
-                "request_endpoint": request,
-                "market_data_endpoint": market,
-            }
-        )
-        with Client(settings=settings) as client:
+    with bench_client(e, namespace) as client:
 
-            def sdk() -> int:
-                return len(client.trades(BUSY, start_ms, end_ms))
+        def sdk() -> int:
+            return len(client.trades(BUSY, start_ms, end_ms))
 
-            def batches() -> int:
-                return sum(b.num_rows for b in client.trade_batches(BUSY, start_ms, end_ms))
+        def batches() -> int:
+            return sum(b.num_rows for b in client.trade_batches(BUSY, start_ms, end_ms))
 
-            paths: dict[str, Callable[[], int]] = {
-                "SDK Client.trades -> Arrow": sdk,
-                "SDK Client.trade_batches (all batches)": batches,
-                "bare pyiceberg scan(row_filter).to_arrow()": bare,
-            }
-            times: dict[str, list[float]] = {label: [] for label in paths}
-            counts = {label: call() for label, call in paths.items()}  # warm-up
-            assert len(set(counts.values())) == 1, counts
-            for rep in range(args.reps):
-                order = list(paths) if rep % 2 == 0 else list(reversed(paths))
-                for label in order:
-                    took, rows = seconds(paths[label])
-                    assert rows == counts[label]
-                    times[label].append(took)
-                load.append(os.getloadavg()[0])
-                print(f"round {rep + 1}: " + ", ".join(f"{times[k][-1]:.2f}" for k in paths))
-            if args.profile is not None:
-                profiler = cProfile.Profile()
-                profiler.runcall(sdk)
-                profiler.dump_stats(str(args.profile))
-                pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        paths: dict[str, Callable[[], int]] = {
+            "SDK Client.trades -> Arrow": sdk,
+            "SDK Client.trade_batches (all batches)": batches,
+            "bare pyiceberg scan(row_filter).to_arrow()": bare,
+        }
+        times, counts = alternating_rounds(paths, args.reps, load)
+        if args.profile is not None:
+            profiler = cProfile.Profile()
+            profiler.runcall(sdk)
+            profiler.dump_stats(str(args.profile))
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 
     rows = next(iter(counts.values()))
     base = times["bare pyiceberg scan(row_filter).to_arrow()"]

@@ -168,6 +168,11 @@ PLATFORM_TOPICS = (
 )
 
 
+#: 90 days of 1-minute candles in exchange pages of 1,000. (A year took the cluster
+#: run 407 s on CI's loaded machine; 90 days test the same kill.)
+PAGES_90_DAYS = 130
+
+
 def broker_service(broker_id: int) -> str:
     """infra/compose/kafka-cluster.yml's service of a broker (node) id."""
     return "kafka" if broker_id == 1 else f"kafka-{broker_id}"
@@ -195,12 +200,12 @@ def test_a_kafka_broker_killed_mid_ingest_loses_no_acknowledged_record(
     slow_pages: Callable[[float, int], None],
 ) -> None:
     """On the three-broker cluster (replication 3, min in-sync 2): the leader of the
-    partition a year of candles is being written to is killed (SIGKILL) mid-request. The
-    request completes with one attempt and every candle the exchange served, once."""
+    partition 90 days of candles are being written to is killed (SIGKILL) mid-request.
+    The request completes with one attempt and every candle the exchange served, once."""
     ticker, symbol = "BINANCE:BTC/USDT", "BTC/USDT"
-    start, end = past_range(days_ago=400, days=365)  # 525,600 candles: 526 exchange pages
+    start, end = past_range(days_ago=400, days=90)  # 129,600 candles
     expected = exchange_rows(symbol, start, end)
-    slow_pages(0.1, 600)  # the fetch lasts a minute: the kill lands mid-request
+    slow_pages(0.4, 200)  # the fetch lasts about a minute: the kill lands mid-request
     consumer = Consumer(
         {"bootstrap.servers": compose.endpoints.kafka_bootstrap, "group.id": "e2e-cluster"}
     )
@@ -219,13 +224,13 @@ def test_a_kafka_broker_killed_mid_ingest_loses_no_acknowledged_record(
         request = InFlight(ask)
         partition = partition_being_written(consumer, topic, before)
         leader = consumer.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
-        assert pages_served(sim, symbol, start, end) < 500, "nothing left in flight"
+        assert pages_served(sim, symbol, start, end) < PAGES_90_DAYS - 10, "nothing in flight"
         compose.kill(broker_service(leader))
         request.join(timeout_s=660)
     finally:
         consumer.close()
     assert not request.errors, (
-        f"{request.errors}; {pages_served(sim, symbol, start, end)} of 526 pages served "
+        f"{request.errors}; {pages_served(sim, symbol, start, end)} of {PAGES_90_DAYS} pages "
         f"(broker {leader} killed); logs:\n{compose.logs('ingestor', 'spark-pipeline', tail=40)}"
     )
     [result] = request.results
@@ -428,7 +433,7 @@ def second_ingestor(platform: Platform) -> Iterator[subprocess.Popen[bytes]]:
     try:
         # Ready = its claims tail runs and its SUB is connected (the line `run` logs then).
         # Even if the relay's PUB dropped the request for it, the claim carries the request.
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a start under load (ccxt imports) took 66 s
         while f"ingestor {SECOND_INGESTOR} ready" not in log_path.read_text(errors="replace"):
             assert proc.poll() is None, f"second ingestor exited: see {log_path}"
             assert time.monotonic() < deadline, f"second ingestor not ready: see {log_path}"

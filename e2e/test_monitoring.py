@@ -14,7 +14,8 @@ from infra.compose_platform import ComposePlatform
 
 pytestmark = [pytest.mark.e2e, pytest.mark.compose]
 
-JOBS = {"relay", "ingestor", "spark-pipeline", "gateway"}
+#: live-engine: the replicas of the scaled service, found by Docker DNS (1 by default).
+JOBS = {"relay", "ingestor", "spark-pipeline", "gateway", "live-engine"}
 WAIT_S = 120.0
 
 
@@ -31,14 +32,18 @@ def test_prometheus_scrapes_every_service_and_loads_the_alert_rules(
 ) -> None:
     base = compose.endpoints.prometheus_url
     deadline = time.monotonic() + WAIT_S
-    health: dict[str, str] = {}
+    targets: list[tuple[str, str, str]] = []
     while time.monotonic() < deadline:
-        targets = api(base, "targets")["activeTargets"]
-        health = {t["labels"]["job"]: t["health"] for t in targets}
-        if set(health) == JOBS and all(h == "up" for h in health.values()):
+        targets = [
+            (t["labels"]["job"], t["labels"]["instance"], t["health"])
+            for t in api(base, "targets")["activeTargets"]
+        ]
+        if {job for job, _, _ in targets} == JOBS and all(h == "up" for *_, h in targets):
             break
         time.sleep(1.0)
-    assert health == dict.fromkeys(JOBS, "up"), health
+    # Every target, not one per job: a scaled service has one per replica.
+    assert {job for job, _, _ in targets} == JOBS, targets
+    assert all(h == "up" for *_, h in targets), targets
 
     rules = {r["name"] for g in api(base, "rules")["groups"] for r in g["rules"]}
     assert {"NoIngestorForExchange", "PipelineLag", "RelayDrops", "ServiceDown"} <= rules
@@ -47,5 +52,21 @@ def test_prometheus_scrapes_every_service_and_loads_the_alert_rules(
     # by each relay (relay and relay-2: the ingestor reports to both).
     served = api(base, "query", query='relay_exchange_served{prefix="BINANCE:"}')["result"]
     assert [float(s["value"][1]) for s in served] == [1.0, 1.0]
-    firing = [a["labels"]["alertname"] for a in api(base, "alerts")["alerts"]]
-    assert "NoIngestorForExchange" not in firing and "ServiceDown" not in firing
+    # Both engines' series: the pipeline's own (its /metrics) and the replica's.
+    owned = api(base, "query", query="sum by (job) (pipeline_live_partitions_owned)")["result"]
+    assert {o["metric"]["job"] for o in owned} == {"spark-pipeline", "live-engine"}, owned
+    assert "LiveEngineLagGrowing" in rules
+    # An earlier test may have killed a part: its alert resolves once it is back.
+    outage_alerts = {"NoIngestorForExchange", "ServiceDown"}
+    raised: list[dict[str, str]] = []
+    alerts_deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < alerts_deadline:
+        raised = [
+            a["labels"]
+            for a in api(base, "alerts")["alerts"]
+            if a["labels"]["alertname"] in outage_alerts
+        ]
+        if not raised:
+            break
+        time.sleep(1.0)
+    assert raised == [], raised

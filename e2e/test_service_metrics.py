@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from infra.artifacts import REPO_ROOT
 from infra.platform import Platform
 from infra.platform.services import http_get
 from infra.testing import run_ci_script, skip_or_fail
@@ -74,3 +75,16 @@ def test_promtool_check_metrics_passes_on_every_service(platform: Platform, prom
         if lint.returncode != 0:
             failures[name] = (lint.stdout + lint.stderr).strip()
     assert not failures, failures
+
+
+def test_the_alert_rules_pass_their_promtool_tests(promtool: str) -> None:
+    """infra/compose/prometheus/alerts_test.yml: e.g. LiveEngineLagGrowing fires for a
+    partition whose lag grows past 10,000, not for one catching up or a small one."""
+    done = subprocess.run(
+        [promtool, "test", "rules", "alerts_test.yml"],
+        cwd=REPO_ROOT / "infra" / "compose" / "prometheus",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

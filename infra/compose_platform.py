@@ -46,6 +46,7 @@ import pytest
 from infra.localstack.config import free_ports
 from infra.platform.metrics import PIPELINE_SERVES_HISTORY, metric_sample
 from infra.testing import in_ci
+from mdproto.runtime.processes import process_alive
 
 if TYPE_CHECKING:
     from infra.localstack.endpoints import StackEndpoints
@@ -637,16 +638,6 @@ def abandoned_projects(names: list[str], alive: Callable[[int], bool]) -> list[s
     return found
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_abandoned_projects(docker: str) -> list[str]:
     """Remove the containers, volumes and networks of abandoned e2e projects (every
     profile: `down` without the profiles leaves the simulator and Prometheus up)."""
@@ -657,7 +648,7 @@ def remove_abandoned_projects(docker: str) -> list[str]:
     if listed.returncode != 0:
         return []
     names = [str(p.get("Name", "")) for p in json.loads(listed.stdout or "[]")]
-    gone = abandoned_projects(names, _pid_alive)
+    gone = abandoned_projects(names, process_alive)
     for name in gone:
         label = f"label=com.docker.compose.project={name}"
         for list_cmd, remove_cmd in (

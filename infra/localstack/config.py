@@ -155,7 +155,9 @@ class KafkaSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    num_partitions: int = Field(default=3, ge=1)
+    #: = the services' kafka.topic_partitions (6: shared evenly by 1, 2, 3 or 6 live
+    #: engines, ADR 0014) for topics made by auto-creation.
+    num_partitions: int = Field(default=6, ge=1)
     auto_create_topics: bool = True
     # __consumer_offsets partitions: Kafka's 50 slow down the first group join.
     offsets_topic_partitions: int = Field(default=5, ge=1)

@@ -41,6 +41,8 @@ class ServicePorts(BaseModel):
     ingestor_metrics: int = 9561
     pipeline_metrics: int = 9562
     gateway_metrics: int = 9563
+    #: Extra live engine 2's (`LIVE_ENGINES`); engine n serves on this + n - 2.
+    live_engine_metrics: int = 9564
     exchange_sim: int = 8765
     gateway: int = 8090
 

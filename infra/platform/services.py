@@ -230,7 +230,11 @@ class LiveEngine(ReadyFileService):
 
     @property
     def ports(self) -> dict[str, int]:
-        return {}  # its XPUB connects to the relay's engine port
+        return {"live_engine_metrics": self.metrics_port}  # its XPUB connects to the relay
+
+    @property
+    def metrics_port(self) -> int:
+        return self.service_ports.live_engine_metrics + self.number - 2
 
     @property
     def address(self) -> str:
@@ -250,6 +254,8 @@ class LiveEngine(ReadyFileService):
             PIPELINE_LIVE__RELAY_ENGINE_ENDPOINTS=json.dumps(
                 [f"tcp://{LOOPBACK}:{self.service_ports.relay_engines}"]
             ),
+            PIPELINE_METRICS_HOST=LOOPBACK,
+            PIPELINE_LIVE__METRICS_PORT=str(self.metrics_port),
         )
         argv = [sys.executable, "-m", "pipeline.engine", "--ready-file", str(self.ready_file)]
         return argv, env

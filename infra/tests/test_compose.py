@@ -521,6 +521,31 @@ def test_the_second_relay_is_the_first_on_other_host_ports() -> None:
             assert services[name]["depends_on"][relay]["condition"] == "service_healthy"
 
 
+def test_extra_live_engines_scale_from_the_pipeline_image_and_config() -> None:
+    """`live-engine` (ADR 0014) runs `python -m pipeline.engine` from the pipeline's image
+    and config, one replica by default, with nothing that stops `--scale` (a fixed
+    container name or host port); its XPUBs reach both relays' engine port, and both
+    ticks and book topics are made with one partition count."""
+    engine, pipeline = service("live-engine"), service("spark-pipeline")
+    assert engine["image"] == pipeline["image"] and "build" not in engine
+    assert engine["command"][:3] == ["python", "-m", "pipeline.engine"]
+    assert "container_name" not in engine and not engine.get("ports")
+    assert engine["deploy"]["replicas"] == 1
+    assert engine["environment"]["CONFIG_PATH"] == pipeline["environment"]["CONFIG_PATH"]
+    assert engine["volumes"] == [v for v in pipeline["volumes"] if v.get("read_only")]
+    assert engine["depends_on"]["spark-pipeline"]["condition"] == "service_healthy"
+    settings = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline" / "config.yaml")
+    engines_port = yaml.safe_load((COMPOSE_DIR / "relay" / "config.yaml").read_text())[
+        "engines_port"
+    ]
+    assert settings.live.relay_engine_endpoints == [
+        f"tcp://{relay}:{engines_port}" for relay in ("relay", "relay-2")
+    ]
+    kafka = service("kafka")["environment"]
+    assert int(kafka["KAFKA_NUM_PARTITIONS"]) == settings.kafka.topic_partitions
+    assert all(settings.kafka.topic_partitions % k == 0 for k in (1, 2, 3))
+
+
 def test_infrastructure_ports_match_the_local_stack_defaults() -> None:
     ports = StackConfig().ports
     assert published("kafka")[9094] == ports.kafka
@@ -1955,7 +1980,17 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
     reads a metric some service exports."""
     prom = yaml.safe_load((COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text())
     targets = {
-        t for job in prom["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+        t
+        for job in prom["scrape_configs"]
+        for c in job.get("static_configs", [])
+        for t in c["targets"]
+    }
+    # The scaled `live-engine` replicas, found by Docker's DNS: one name, every address.
+    targets |= {
+        f"{name}:{c['port']}"
+        for job in prom["scrape_configs"]
+        for c in job.get("dns_sd_configs", [])
+        for name in c["names"]
     }
     relay = yaml.safe_load((COMPOSE_DIR / "relay" / "config.yaml").read_text())
     pipeline = yaml.safe_load((COMPOSE_DIR / "spark-pipeline" / "config.yaml").read_text())
@@ -1963,6 +1998,7 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
     expected = {
         *(f"{name}:{relay.get('metrics_port', 9560)}" for name in RELAYS),
         f"spark-pipeline:{pipeline['metrics_port']}",
+        f"live-engine:{pipeline['live']['metrics_port']}",
         f"gateway:{gateway['metrics_port']}",
     }
     for name in ("config.yaml", "config.offline.yaml"):
@@ -1972,12 +2008,14 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
     rules = yaml.safe_load((COMPOSE_DIR / "prometheus" / "alerts.yml").read_text())
     names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert {"NoIngestorForExchange", "PipelineLag", "RelayDrops", "ServiceDown"} <= names
+    assert "LiveEngineLagGrowing" in names
     sources = "".join(
         (REPO / f).read_text()
         for f in (
             "services/relay/src/relay/metrics.py",
             "services/ingestor/src/ingestor/metrics.py",
             "services/spark-pipeline/src/pipeline/metrics.py",
+            "services/spark-pipeline/src/pipeline/live_metrics.py",
         )
     )
     for rule in (r for g in rules["groups"] for r in g["rules"]):

@@ -39,7 +39,7 @@ def test_defaults() -> None:
     cfg = StackConfig()
     assert cfg.data_dir == REPO_ROOT / ".data"
     assert (cfg.ports.kafka, cfg.ports.s3, cfg.ports.catalog) == (9092, 8333, 8181)
-    assert cfg.kafka.num_partitions == 3
+    assert cfg.kafka.num_partitions == 6  # = the services' kafka.topic_partitions (ADR 0014)
     assert cfg.kafka.auto_create_topics is True
 
 

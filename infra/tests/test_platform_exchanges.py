@@ -186,3 +186,11 @@ def test_live_engines_join_the_pipelines_group_through_the_relays_engine_port(
             m.setenv(key, value)
         relay = relay_settings()
     assert engine.live.relay_engine_endpoints == [f"tcp://127.0.0.1:{relay.engines_port}"]
+    # Each engine its own /metrics (9564, 9565 by default); the pipeline's own is on its.
+    assert [e.metrics_port for e in engines] == [
+        platform.ports.live_engine_metrics,
+        platform.ports.live_engine_metrics + 1,
+    ]
+    assert (engine.metrics_host, engine.live.metrics_port) == ("127.0.0.1", engines[0].metrics_port)
+    assert pipeline.live.metrics_port == 0
+    assert set(running.metrics_urls()) >= {"live-engine-2", "live-engine-3"}

@@ -43,7 +43,8 @@ def test_produce_consume_with_group_and_committed_offsets(local_stack: LocalStac
     committed = consumer.committed(
         [TopicPartition(topic, p) for p in range(partitions)], timeout=10
     )
-    assert sum(tp.offset for tp in committed) == 30
+    # A partition no key went to (5 keys, maybe more partitions) has no committed offset.
+    assert sum(tp.offset for tp in committed if tp.offset >= 0) == 30
     consumer.close()
 
     # A new member of the group resumes after the committed offsets: no replay.

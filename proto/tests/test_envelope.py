@@ -245,3 +245,27 @@ def test_valid_header_with_random_payload_raises_only_protocol_error(
         assert exc.code == "bad_payload"
     else:
         assert type_of(message) == type_id
+
+
+def test_decode_records_gives_each_value_what_decode_record_gives() -> None:
+    tick = m.Tick(ticker="BINANCE:BTC/USDT", trade_id="1", price=1.0, amount=2.0)
+    good = envelope.encode_record(tick)
+    values: list[bytes | None] = [
+        good,
+        envelope.encode_record(m.OHLC(ticker="BINANCE:BTC/USDT")),  # another type
+        good[:1],  # too short
+        bytes([9]) + good[1:],  # another version
+        good[:2] + b"\xff\xff",  # the type byte right, the payload not protobuf
+        None,
+        good,
+    ]
+    out = envelope.decode_records(values, m.Tick, max_payload=64)
+    assert out[0] == tick and out[-1] == tick
+    for value, got in zip(values[1:-1], out[1:-1], strict=True):
+        with pytest.raises(ProtocolError) as expected:
+            envelope.decode_record(value or b"", m.Tick, max_payload=64)
+        assert isinstance(got, ProtocolError)
+        assert (got.code, got.reason) == (expected.value.code, expected.value.reason)
+    too_large = envelope.encode_record(m.Tick(ticker="X" * 100))
+    [refused] = envelope.decode_records([too_large], m.Tick, max_payload=64)
+    assert isinstance(refused, ProtocolError) and "exceeds" in refused.reason

@@ -50,6 +50,7 @@ def test_tables_carry_the_contract_names() -> None:
         contracts.ICEBERG_BOOK_SNAPSHOTS,
         contracts.ICEBERG_BOOK_DELTAS,
         contracts.ICEBERG_GAPS,
+        contracts.ICEBERG_TRADE_BARS,
     ]
     assert all(t.name.startswith(f"{contracts.ICEBERG_NAMESPACE}.") for t in TABLES)
 

@@ -49,6 +49,7 @@ ICEBERG_BOOK_SNAPSHOTS: Final = "market.book_snapshots"  # periodic L2 snapshots
 ICEBERG_BOOK_DELTAS: Final = "market.book_deltas"  # every stored BookDelta: books between them
 ICEBERG_MARKETS: Final = "market.markets"  # one row per ticker, from KAFKA_MARKETS
 ICEBERG_GAPS: Final = "market.gaps"  # one row per TradeGap.gap_id, its latest state
+ICEBERG_TRADE_BARS: Final = "market.trade_bars"  # tick and volume bars from recorded trades
 
 # Live candle periods (seconds) the pipeline aggregates and the relay accepts on
 # `{ticker}|ohlc:{period}`; a subscription to any other period is REFUSED on

@@ -75,6 +75,11 @@ BAD_SYMBOL: Final = _code(
     "bad_symbol", "reply history feed", "the exchange lists no such (active) market"
 )
 BAD_PERIOD: Final = _code("bad_period", "reply sdk", "period_seconds is not > 0")
+BAD_BARS: Final = _code(
+    "bad_bars",
+    "reply sdk",
+    "a history request's bars is not <N>ticks or <V>vol, or comes with a period_seconds",
+)
 BAD_TIME_RANGE: Final = _code(
     "bad_time_range", "reply sdk", "not 0 <= start < end, or the end too far in the future"
 )

@@ -9,13 +9,18 @@ and a rule changes in one place.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Final
 
 from mdproto import topics
 
 # The codes a RuleViolation carries (defined in mdproto.error_codes), re-exported
 # so callers can name them with the rules: `rules.BAD_ID`.
 from mdproto.error_codes import BAD_ACTION as BAD_ACTION
+from mdproto.error_codes import BAD_BARS as BAD_BARS
 from mdproto.error_codes import BAD_CONDITION as BAD_CONDITION
 from mdproto.error_codes import BAD_ID as BAD_ID
 from mdproto.error_codes import BAD_NOTIFY as BAD_NOTIFY
@@ -68,10 +73,65 @@ def history_range(period_seconds: int, start_ms: int, end_ms: int) -> None:
     """[start_ms, end_ms) of period_seconds candles: a positive period, a non-empty range."""
     if period_seconds <= 0:
         raise RuleViolation(BAD_PERIOD, "period_seconds must be > 0")
+    time_range(start_ms, end_ms)
+
+
+def time_range(start_ms: int, end_ms: int) -> None:
+    """A non-empty [start_ms, end_ms) at or after the epoch."""
     if start_ms < 0 or end_ms <= start_ms:
         raise RuleViolation(
             BAD_TIME_RANGE, f"need 0 <= start_time_ms < end_time_ms, got [{start_ms}, {end_ms})"
         )
+
+
+#: Bars of N trades / of V base volume (tardis's ``trade_bar_100ticks``, ``..._10000vol``).
+TICKS: Final = "ticks"
+VOLUME: Final = "vol"
+MAX_TICKS = 1_000_000_000
+MAX_VOLUME = Decimal("1e15")
+_BARS = re.compile(r"^(?:([1-9][0-9]{0,9})ticks|([0-9]{1,16}(?:\.[0-9]{1,16})?)vol)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Bars:
+    """A tick or volume bar size: `kind` TICKS or VOLUME, `size` N trades or V volume."""
+
+    kind: str
+    size: Decimal
+
+    @property
+    def name(self) -> str:
+        """The canonical spelling ("100ticks", "2.5vol"): the stored bars' key."""
+        return f"{format(self.size.normalize(), 'f')}{self.kind}"
+
+
+def bars(text: str) -> Bars:
+    """Parse a request's ``bars`` ("<N>ticks", "<V>vol"); a violation names the forms."""
+    match = _BARS.match(text)
+    if match is None:
+        raise RuleViolation(
+            BAD_BARS, f"bars {text[:40]!r} is not <N>ticks or <V>vol (e.g. 100ticks, 2.5vol)"
+        )
+    if match.group(1) is not None:
+        n = int(match.group(1))
+        if n > MAX_TICKS:
+            raise RuleViolation(BAD_BARS, f"bars of {n} trades: at most {MAX_TICKS}")
+        return Bars(TICKS, Decimal(n))
+    v = Decimal(match.group(2))
+    if v <= 0 or v > MAX_VOLUME:
+        raise RuleViolation(BAD_BARS, f"bars of {v} volume: need 0 < V <= 1e15")
+    return Bars(VOLUME, v)
+
+
+def history_bars(text: str, period_seconds: int) -> Bars:
+    """A tick or volume bar request: valid ``bars`` and no period (period_seconds 0, so a
+    relay that predates ``bars`` rejects it with ``bad_period`` instead of serving candles)."""
+    spec = bars(text)
+    if period_seconds != 0:
+        raise RuleViolation(
+            BAD_BARS, f"bars {spec.name} take period_seconds 0, got {period_seconds}"
+        )
+    return spec
 
 
 def range_limits(
@@ -79,13 +139,18 @@ def range_limits(
     max_candles: int,
 ) -> None:  # fmt: skip
     """The relay's configured limits on a valid range."""
-    if end_ms > now_ms + max_future_ms:
-        raise RuleViolation(BAD_TIME_RANGE, f"end_time_ms {end_ms} is too far in the future")
+    future_limit(end_ms, now_ms=now_ms, max_future_ms=max_future_ms)
     candles = math.ceil((end_ms - start_ms) / (period_seconds * 1000))
     if candles > max_candles:
         raise RuleViolation(
             RANGE_TOO_LARGE, f"range spans {candles} candles, more than the limit {max_candles}"
         )
+
+
+def future_limit(end_ms: int, *, now_ms: int, max_future_ms: int) -> None:
+    """The end of a range at most `max_future_ms` ahead of `now_ms`."""
+    if end_ms > now_ms + max_future_ms:
+        raise RuleViolation(BAD_TIME_RANGE, f"end_time_ms {end_ms} is too far in the future")
 
 
 def notification_topic(notify: int, request_id: str, client_id: str) -> str:

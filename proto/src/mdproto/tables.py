@@ -177,6 +177,7 @@ class Requests:
     EXCHANGE_GAPS: Final = "exchange_gaps"
     MISSING_CANDLES: Final = "missing_candles"
     SOURCE: Final = "source"
+    BARS: Final = "bars"  # tick or volume bars ("100ticks", "2.5vol"); "" or null: candles
 
     SCHEMA: Final = TableSchema(
         contracts.ICEBERG_REQUESTS,
@@ -204,10 +205,57 @@ class Requests:
             Column(EXCHANGE_GAPS, "long"),
             Column(MISSING_CANDLES, "long"),
             Column(SOURCE, "string"),
+            Column(BARS, "string"),
         ),
         key=(REQUEST_ID,),
         partitioning=(Partition(REQUEST_ID, "bucket[16]"),),
-        added=(EXPECTED_CANDLES, EXCHANGE_GAPS, MISSING_CANDLES, SOURCE),
+        added=(EXPECTED_CANDLES, EXCHANGE_GAPS, MISSING_CANDLES, SOURCE, BARS),
+    )
+
+
+class TradeBars:
+    """``market.trade_bars``: tick bars (every N trades) and volume bars (every V of base
+    volume) built from ``ticks`` by a history request (docs/adr/0015). Counted from the
+    first trade at or after ``anchor_time`` (the request's start), in trade order: bar
+    ``seq`` of "Nticks" holds trades N*seq .. N*seq+N-1; of "Vvol", the trades whose
+    volume before them (since the anchor) lies in [V*seq, V*(seq+1)). Only full bars."""
+
+    TICKER: Final = "ticker"
+    BARS: Final = "bars"  # canonical "100ticks" / "2.5vol" (mdproto.rules.Bars.name)
+    ANCHOR_TIME: Final = "anchor_time"
+    SEQ: Final = "seq"
+    CLOSE_TIME: Final = "close_time"  # the last trade's time (open_time: the first's)
+    FIRST_TRADE_ID: Final = "first_trade_id"
+    LAST_TRADE_ID: Final = "last_trade_id"
+    # A candle's columns, by its names; incomplete: a gap not repaired lies before the
+    # bar's end, so its count may be off.
+    EXCHANGE, SYMBOL, OPEN_TIME = Ohlc.EXCHANGE, Ohlc.SYMBOL, Ohlc.OPEN_TIME
+    OPEN, HIGH, LOW, CLOSE, VOLUME = Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE, Ohlc.VOLUME
+    TRADE_COUNT, QUOTE_VOLUME = Ohlc.TRADE_COUNT, Ohlc.QUOTE_VOLUME
+    TAKER_BUY_VOLUME, TAKER_BUY_QUOTE_VOLUME = Ohlc.TAKER_BUY_VOLUME, Ohlc.TAKER_BUY_QUOTE_VOLUME
+    INCOMPLETE, REQUEST_ID, INGESTED_AT = Ohlc.INCOMPLETE, Ohlc.REQUEST_ID, Ohlc.INGESTED_AT
+
+    SCHEMA: Final = TableSchema(
+        contracts.ICEBERG_TRADE_BARS,
+        columns=(
+            Column(TICKER, "string", required=True),
+            Column(BARS, "string", required=True),
+            Column(ANCHOR_TIME, "timestamptz", required=True),
+            Column(SEQ, "long", required=True),
+            Column(EXCHANGE, "string"),
+            Column(SYMBOL, "string"),
+            Column(OPEN_TIME, "timestamptz"),
+            Column(CLOSE_TIME, "timestamptz"),
+            *(Ohlc.SCHEMA.column(name) for name in (OPEN, HIGH, LOW, CLOSE, VOLUME, TRADE_COUNT)),
+            *(Ohlc.SCHEMA.column(name) for name in Ohlc.SCHEMA.added[:3]),  # the volumes
+            Column(FIRST_TRADE_ID, "string"),
+            Column(LAST_TRADE_ID, "string"),
+            Column(INCOMPLETE, "boolean"),
+            Column(REQUEST_ID, "string"),
+            Column(INGESTED_AT, "timestamptz"),
+        ),
+        key=(TICKER, BARS, ANCHOR_TIME, SEQ),
+        partitioning=(Partition(TICKER), Partition(BARS)),
     )
 
 
@@ -381,6 +429,7 @@ TABLES: Final = (
     BookSnapshots.SCHEMA,
     BookDeltas.SCHEMA,
     Gaps.SCHEMA,
+    TradeBars.SCHEMA,
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,15 @@ from gateway.replay_socket import LiveFrames, ReplayParams, parse_replay_query, 
 from mdclient.replay import (
     TRADE_COLUMNS,
     Channel,
+    FollowLive,
+    LiveBuffer,
     Replay,
     ReplayEvent,
     ReplayLimits,
     open_replay,
     replay_query,
 )
-from mdproto.messages import OHLC
+from mdproto.messages import OHLC, Tick
 from mdproto.tables import Ticks, arrow_schema
 
 BTC, ETH = "BINANCE:BTC/USDT", "BINANCE:ETH/USDT"
@@ -39,6 +42,10 @@ class TradeStore:
 
     def holds(self, ticker: str, channel: Channel) -> bool:
         return ticker in (BTC, ETH) and channel.kind == "trades"
+
+    def trade_groups(self, ticker: str, lo_ms: int, hi_ms: int) -> Iterator[pa.Table]:
+        for a in range(lo_ms, hi_ms, 500):  # a group per 500 ms
+            yield self.trades(ticker, a, min(a + 500, hi_ms))
 
     def trades(self, ticker: str, lo_ms: int, hi_ms: int) -> pa.Table:
         shift = 50 if ticker == ETH else 0
@@ -81,15 +88,20 @@ class FakePlatform:
             cursor=params.cursor,
             now_ms=T0 + 86_400_000,
         )
-        limits = ReplayLimits(trade_slice_ms=500)
+        limits = ReplayLimits(trade_chunk=7)
         return open_replay(TradeStore(), query, limits=limits, marker=False)
 
 
-def frames(path: str) -> list[dict[str, Any]]:
-    """Every frame the socket sends until it closes."""
+def frames(
+    path: str,
+    upstream: FakePlatform | None = None,
+    until: Callable[[dict[str, Any]], bool] = lambda frame: False,
+) -> list[dict[str, Any]]:
+    """Every frame the socket sends until it closes (or up to the first `until` holds
+    for: then the client closes)."""
 
     async def run() -> list[dict[str, Any]]:
-        app = create_app(GatewaySettings(), upstream=FakePlatform())  # type: ignore[arg-type]
+        app = create_app(GatewaySettings(), upstream=upstream or FakePlatform())  # type: ignore[arg-type]
         out = []
         async with (
             TestServer(app, host="127.0.0.1") as server,
@@ -98,6 +110,8 @@ def frames(path: str) -> list[dict[str, Any]]:
         ):
             async for frame in ws:
                 out.append(json.loads(frame.data))
+                if until(out[-1]):
+                    break
         return out
 
     return asyncio.run(run())
@@ -139,6 +153,58 @@ def test_the_socket_sends_live_frames_cursors_and_the_end_and_resumes() -> None:
     assert [(f["topic"], f["data"]) for f in messages[15:]] == [
         (f["topic"], f["data"]) for f in resumed
     ]
+
+
+class FollowPlatform(FakePlatform):
+    """FakePlatform whose `replay_into_live` goes on into two live BTC trades: "19" (the
+    stored replay's last: the seam is there, and it is a repeat) and "20"."""
+
+    def __init__(self) -> None:
+        self.follows: list[FollowLive] = []
+
+    def replay_into_live(self, params: ReplayParams) -> FollowLive:
+        def replay(end_ms: int) -> Replay:
+            query = replay_query(params.tickers, params.start, end_ms, now_ms=T0 + 2000)
+            return open_replay(TradeStore(), query, limits=ReplayLimits(trade_chunk=7))
+
+        live = LiveBuffer(10)
+        for trade_id in (19, 20):
+            live.offer(Tick(ticker=BTC, trade_id=str(trade_id), timestamp_ms=T0 + trade_id * 100))
+        follow = FollowLive(
+            replay(T0 + 2000),
+            lambda topic, position, end_ms: replay(end_ms),
+            live,
+            seam_timeout_s=0.0,
+            clock=lambda: 0.0,
+        )
+        self.follows.append(follow)
+        return follow
+
+
+def test_follow_sends_the_stored_range_then_live_messages_on_one_sequence() -> None:
+    platform = FollowPlatform()
+    query = f"tickers={BTC},{ETH}&start={T0}&follow=true"
+    got = frames(
+        f"/replay?{query}", platform, until=lambda f: f.get("data", {}).get("trade_id") == "20"
+    )
+    assert [f["type"] for f in got[-3:]] == ["replay_cursor", "replay_complete", "message"]
+    assert got[-2]["messages"] == "40"
+    live = got[-1]
+    assert (live["topic"], live["data"]["sequence"]) == (f"{BTC}|tick", "21")
+    [follow] = platform.follows
+    assert (follow.duplicates, follow.seam_timeouts) == (1, 0)
+
+
+def test_follow_takes_no_end_and_no_cursor() -> None:
+    for extra in ("&end=-1m", "&cursor=abc", "&follow=maybe"):
+        with pytest.raises(GatewayError) as refused:
+            parse_replay_query({"tickers": BTC, "start": "-1h", "follow": "true"} | _param(extra))
+        assert refused.value.error_code == "bad_request"
+
+
+def _param(text: str) -> dict[str, str]:
+    name, _, value = text.lstrip("&").partition("=")
+    return {name: value}
 
 
 @pytest.mark.parametrize(

@@ -125,6 +125,31 @@ def test_history_answer_matches_the_schema() -> None:
     assert body["candles"][0]["trade_count"] is None
 
 
+def test_a_tick_bar_answer_matches_the_schema_and_says_where_each_bar_ends() -> None:
+    import pyarrow as pa
+
+    from mdproto.tables import TradeBars, arrow_schema
+
+    row = {name: None for name in TradeBars.SCHEMA.names}
+    row.update(
+        ticker=T, bars="100ticks", anchor_time=0, seq=7, open_time=1_000, close_time=61_000_000,
+        open=1.0, high=2.0, low=0.5, close=1.5, volume=3.0, trade_count=100,
+        first_trade_id="701", last_trade_id="800", incomplete=False,
+    )  # fmt: skip
+    table = pa.Table.from_pylist([row]).cast(arrow_schema(TradeBars.SCHEMA))
+    note = HistoryReadyNotification(request_id="r", ticker=T, bars="100ticks", row_count=1)
+    body = json.loads(encode_history(HistoryResult(table, "OK", "r", 1, 0.5, BIG, 1, note), "json"))
+    check("history_response", body)
+    assert body["bars"] == "100ticks"
+    (bar,) = body["candles"]
+    assert (bar["seq"], bar["close_time_ms"], bar["trade_count"]) == ("7", "61000", "100")
+    assert (bar["first_trade_id"], bar["last_trade_id"], bar["incomplete"]) == ("701", "800", False)
+    none = HistoryResult(table.slice(0, 0), "NOT_FOUND", "r", 1, 0.5, 0, 0, note)
+    body = json.loads(encode_history(none, "json"))
+    check("history_response", body)
+    assert body["candles"] == [] and body["bars"] == "100ticks"
+
+
 #: Schema definitions of the platform messages the gateway forwards.
 MESSAGE_DEFS = {
     "ohlc": OHLC.DESCRIPTOR,

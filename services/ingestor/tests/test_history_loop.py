@@ -223,6 +223,42 @@ def test_a_period_the_exchange_lacks_is_left_to_the_bars_from_trades() -> None:
     assert (outcome.status, outcome.error_code) == (Status.ERROR, "invalid_request")
 
 
+def test_tick_and_volume_bars_are_one_trades_marker_carrying_the_bars() -> None:
+    """A tick or volume bar request never asks the exchange: one OK SOURCE_TRADES marker
+    naming the bars; bad bars or bars with bars_from_trades off are ERROR markers."""
+    exchange = FakeExchange(make_candles(range(0, 10 * MIN, MIN)))
+    sink = FakeSink()
+    req = request(0, 10 * MIN, period=0)
+    req.bars = "100ticks"
+    outcome = run(
+        run_history_job(
+            req, exchange, sink, ingestor_id="ing", batch_size=9, env=env(), from_trades=True
+        )
+    )
+    assert (outcome.status, outcome.rows) == (Status.OK, 0)
+    ((_, marker),) = sink.batches
+    assert marker.metadata.source == HistorySource.SOURCE_TRADES
+    assert marker.metadata.bars == "100ticks" and exchange.calls == []
+    for bars, on, code in (
+        ("0vol", True, "invalid_request"),
+        ("5vol", False, "unsupported_period"),
+    ):
+        bad = request(0, 10 * MIN, period=0)
+        bad.bars = bars
+        outcome = run(
+            run_history_job(
+                bad,
+                exchange,
+                FakeSink(),
+                ingestor_id="ing",
+                batch_size=9,
+                env=env(),
+                from_trades=on,
+            )
+        )
+        assert (outcome.status, outcome.error_code) == (Status.ERROR, code), bars
+
+
 def test_a_ticker_no_exchange_here_serves_is_an_invalid_request_asking_nobody() -> None:
     """No exchange of this ingestor has the ticker's prefix (a misrouted or malformed
     request): an ERROR marker, and no other exchange asked in its stead."""

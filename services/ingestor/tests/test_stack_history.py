@@ -194,7 +194,10 @@ def test_unknown_symbols_end_in_an_error_marker_with_the_reason(
     at_exchange = history_request("hist-badsym", start, 10)  # the exchange says -1121
     unlisted = history_request("hist-unlisted", start, 10, ticker="BINANCE:NOPE/USDT")
     bad_period = history_request("hist-period", start, 10, period=7)
-    _, _, results = asyncio.run(serve(harness, run_ingestor, [at_exchange, unlisted, bad_period]))
+    ticks = history_request("hist-ticks", start, 10)  # tick bars: period 0, `bars`
+    ticks.period_seconds, ticks.bars = 0, "100ticks"
+    work = [at_exchange, unlisted, bad_period, ticks]
+    _, _, results = asyncio.run(serve(harness, run_ingestor, work))
     (marker,) = results["hist-badsym"]
     meta = marker.metadata
     assert marker.is_final and meta.status == Status.ERROR
@@ -206,6 +209,14 @@ def test_unknown_symbols_end_in_an_error_marker_with_the_reason(
     meta = results["hist-period"][-1].metadata  # left to the bars from trades (ADR 0015)
     trades = HistorySource.SOURCE_TRADES
     assert (meta.status, meta.source, meta.total_rows) == (Status.OK, trades, 0)
+    (marker,) = results["hist-ticks"]  # one marker naming the bars; the exchange not asked
+    meta = marker.metadata
+    assert (meta.status, meta.source, meta.bars, meta.period_seconds) == (
+        Status.OK,
+        trades,
+        "100ticks",
+        0,
+    )
     assert len([f for f in sim.stats()["faults_triggered"]]) == 1  # never retried
 
 

@@ -63,6 +63,48 @@ def test_refetch_reaches_the_ingestor() -> None:
     assert outcome.work is not None and outcome.work.request.refetch
 
 
+@pytest.mark.parametrize(("bars", "canonical"), [("100ticks", "100ticks"), ("2.50vol", "2.5vol")])
+def test_tick_and_volume_bars_reach_the_ingestor_in_canonical_form(
+    bars: str, canonical: str
+) -> None:
+    outcome = submit(period_seconds=0, bars=bars, start_time_ms=0)  # no candle limit for bars
+    assert outcome.reply.status == Status.OK
+    assert outcome.work is not None
+    assert (outcome.work.request.bars, outcome.work.request.period_seconds) == (canonical, 0)
+
+
+def test_candles_carry_no_bars() -> None:
+    outcome = submit()
+    assert outcome.work is not None and outcome.work.request.bars == ""
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"bars": "100ticks"}, rules.BAD_BARS),  # with a period: ambiguous
+        ({"period_seconds": 0, "bars": "0ticks"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "1.5ticks"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "0vol"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "1e3vol"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "-5vol"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "100 ticks"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "trade_bar_100ticks"}, rules.BAD_BARS),
+        ({"period_seconds": 0, "bars": "1000000001ticks"}, rules.BAD_BARS),
+        (
+            {"period_seconds": 0, "bars": "100ticks", "end_time_ms": NOW - 2 * HOUR},
+            "bad_time_range",
+        ),
+        ({"period_seconds": 0, "bars": "100ticks", "end_time_ms": NOW + HOUR}, "bad_time_range"),
+        ({"period_seconds": 0, "bars": ""}, rules.BAD_PERIOD),
+    ],
+)
+def test_bad_bars_are_rejected_at_once(fields: dict[str, Any], code: str) -> None:
+    outcome = submit(**fields)
+    assert outcome.reply.status == Status.REJECTED
+    assert outcome.reply.error_code == code
+    assert outcome.work is None
+
+
 def test_other_exchange_routes_to_its_prefix() -> None:
     outcome = submit(ticker="COINBASE:ETH/USD")
     assert outcome.work is not None and outcome.work.topic == "COINBASE:"

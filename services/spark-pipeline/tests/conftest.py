@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,8 +22,8 @@ from infra.localstack.process import wait_group_gone
 from infra.testing import Received, Subscriber, free_port, pipeline_env
 from mdproto import envelope, topics
 from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, Tick
-from pipeline.early_notices import EARLY_BATCH
 from pipeline.history_notices import CompletedRequest, complete
+from pipeline.notifier import EARLY_BATCH, HistoryNotifier
 from pipeline.records import FinalMarker
 
 TICKER = "BINANCE:BTC/USDT"
@@ -169,6 +169,29 @@ class Builders:
     tick = staticmethod(tick)
     kafka_table = staticmethod(kafka_table)
     early_answer = staticmethod(early_answer)
+
+
+class RecordingPublisher:
+    """The pipeline's Publisher, keeping what it was handed instead of sending it."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []  # request ids, in order
+        self.messages: list[Any] = []
+
+    def publish_many(self, messages: Iterable[tuple[str, Any]]) -> None:
+        listed = [message for _, message in messages]
+        self.messages += listed
+        self.sent += [message.request_id for message in listed]
+
+
+@pytest.fixture
+def publisher() -> RecordingPublisher:
+    return RecordingPublisher()
+
+
+@pytest.fixture
+def notifier(publisher: RecordingPublisher) -> HistoryNotifier:
+    return HistoryNotifier(publisher)  # type: ignore[arg-type]
 
 
 @pytest.fixture

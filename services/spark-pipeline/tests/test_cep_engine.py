@@ -432,3 +432,69 @@ def test_trade_id_memory_of_a_snapshot_from_before_the_shared_class_is_read() ->
     assert restored.first_time("a")
     again = pickle.loads(pickle.dumps(restored, 5))
     assert not again.first_time("a") and again.first_time("b")
+
+
+# --- a ticker's state follows its partition (sharded engines, ADR 0014) --------------------
+
+
+def at(engine: Engine, *points: tuple[int, float]) -> list[Notice]:
+    """Ticks as (seconds after T0, price), the seconds as trade id."""
+    out: list[Notice] = []
+    for seconds, price in points:
+        out += engine.on_tick(TICKER, f"{seconds}", T0 + seconds * S, price, 1.0, T0)
+    return out
+
+
+def test_a_tickers_windows_and_fire_count_follow_it_to_the_next_engine() -> None:
+    from pipeline.live_state import PartitionState
+
+    first = Engine()
+    move = spec((PCT, 5.0, 60), trigger_id="p1", repeating=True)
+    armed(first, move)
+    # A 6 % move from 100 fires once; then the price falls back into the window.
+    assert [n.fire_count for n in at(first, (0, 100.0), (10, 106.0), (20, 101.0))] == [1]
+    saved = PartitionState("market.ticks", 0, 3, cep=first.ticker_states([TICKER, "OTHER"]))
+    restored = PartitionState.decode(saved.encode(), "test")
+    assert restored is not None and set(restored.cep) == {TICKER}
+
+    second, empty = Engine(), Engine()
+    for engine in (second, empty):
+        armed(engine, move)
+    second.restore_tickers(restored.cep)
+    # 107 is 7 % above the window's low (100, at 0 s): the next owner fires the second
+    # time; an engine without the window sees no move (and would count from 1).
+    [again] = at(second, (30, 107.0))
+    assert (again.kind, again.fire_count, again.values["ref_price"]) == (
+        NoticeKind.FIRED,
+        2,
+        100.0,
+    )
+    assert at(empty, (30, 107.0)) == []
+    [same] = at(first, (30, 107.0))  # the first engine, had it kept the ticker
+    assert (same.fire_count, same.values) == (again.fire_count, again.values)
+    assert at(second, (20, 150.0)) == []  # a trade id already seen there is a repeat
+
+
+def test_a_candle_trigger_keeps_its_open_candle_and_a_sequence_its_first_edge() -> None:
+    first, second = Engine(), Engine()
+    candle = spec((ABOVE, 100.0), trigger_id="c1", period=60, repeating=True)
+    sequence = spec((BELOW, 95.0), (ABOVE, 100.0), trigger_id="s1", within=600)
+    for engine in (first, second):
+        armed(engine, candle)
+        armed(engine, sequence)
+    at(first, (0, 99.0), (61, 96.0), (70, 94.0))  # candle 0 closed at 99; 94 crossed 95
+    second.restore_tickers(first.ticker_states([TICKER]))
+    # The open candle (96 then 94) closes at 101 > 100 on the next minute's tick, and
+    # 101 completes the sequence begun on the first engine.
+    notices = at(second, (80, 101.0), (125, 101.0))
+    assert sorted((n.trigger_id, n.fire_count) for n in notices) == [("c1", 1), ("s1", 1)]
+
+
+def test_forgetting_a_ticker_empties_its_windows_and_keeps_its_triggers() -> None:
+    engine = Engine()
+    armed(engine, spec((PCT, 5.0, 60), trigger_id="p1", repeating=True))
+    at(engine, (0, 100.0))
+    engine.forget_tickers(lambda ticker: ticker == TICKER)
+    assert engine.ticker_states([TICKER]) == {} and "p1" in engine
+    assert at(engine, (10, 110.0)) == []  # no window, no move
+    assert [n.fire_count for n in at(engine, (20, 120.0))] == [1]

@@ -320,3 +320,52 @@ def test_only_local_checkpoints_hold_snapshots(tmp_path: Path) -> None:
     assert local_path(f"file://{tmp_path}") == tmp_path
     with pytest.raises(SnapshotError, match="s3a"):
         local_path("s3a://bucket/checkpoints")
+
+
+# --- sharded engines (ADR 0014): events not caused by a tick come from the owner only ----
+
+
+def owned(run: CepRunner, owner: list[bool]) -> CepRunner:
+    """`run` owning TICKER while `owner[0]` is true (its ticks partition)."""
+    run.owns = lambda ticker: owner[0] and ticker == TICKER
+    return run
+
+
+def test_only_the_owner_arms_expires_and_tombstones_a_trigger(tmp_path: Path) -> None:
+    (a_out, a_owner), (b_out, b_owner) = (Outputs(), [True]), (Outputs(), [False])
+    a = owned(runner(tmp_path / "a", a_out), a_owner)
+    b = owned(runner(tmp_path / "b", b_out), b_owner)
+    records = rows((TOPIC, register("t1", 100.0, expires_at_ms=T0 + 5000), T0))
+    for run, out in ((a, a_out), (b, b_out)):
+        run(records, 0)
+        out.now = T0 + 6000
+        run.on_timer()
+    assert a_out.kinds() == [("t1", "ARMED"), ("t1", "EXPIRED")] and a_out.retired == ["t1"]
+    assert b_out.kinds() == [] and b_out.retired == []
+    assert b.engine is not None and "t1" in b.engine  # kept for its owner
+    b(rows((TOPIC, None, T0 + 6000, "t1")), 1)  # the owner's tombstone: gone, silently
+    assert "t1" not in b.engine
+    assert b_out.kinds() == [] and b_out.retired == []
+
+
+def test_an_expiry_due_while_its_owner_is_gone_is_published_by_the_next_owner(
+    tmp_path: Path,
+) -> None:
+    out, owner = Outputs(), [False]
+    run = owned(runner(tmp_path, out), owner)
+    run(rows((TOPIC, register("t1", 100.0, expires_at_ms=T0 + 5000), T0)), 0)
+    out.now = T0 + 6000
+    assert run.on_timer() == 0  # the owner was killed before it expired it
+    owner[0] = True  # its partition came here
+    out.now = T0 + 7000
+    assert run.on_timer() == 1
+    assert out.kinds() == [("t1", "EXPIRED")] and out.retired == ["t1"]
+
+
+def test_a_registration_already_expired_is_answered_by_the_owner_only(tmp_path: Path) -> None:
+    (a_out, b_out) = (Outputs(), Outputs())
+    records = rows((TOPIC, register("t1", 100.0, expires_at_ms=T0 - 1000), T0))
+    owned(runner(tmp_path / "a", a_out), [True])(records, 0)
+    owned(runner(tmp_path / "b", b_out), [False])(records, 0)
+    assert (a_out.kinds(), a_out.retired) == ([("t1", "EXPIRED")], ["t1"])
+    assert (b_out.kinds(), b_out.retired) == ([], [])

@@ -127,15 +127,29 @@ def test_settings_from_a_file_can_be_pickled(tmp_path: Path) -> None:
 def test_retired_live_keys_are_ignored_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A config from before the live engine still starts the pipeline."""
+    """A config from before the live engine (or before ADR 0017's write rule) still starts
+    the pipeline."""
     path = tmp_path / "old.yaml"
-    path.write_text("live:\n  close_mode: event\n  candle_close_trigger_s: 0.5\n")
+    path.write_text(
+        "live:\n  close_mode: event\n  candle_close_trigger_s: 0.5\n"
+        "catalog:\n  driver_appends: false\n"
+    )
     monkeypatch.setenv("PIPELINE_LIVE__PUBLISHER", "kafka")
     with pytest.warns(DeprecationWarning):
         s = load_settings(path)
     assert s.live.store_trigger_s == 2.0
     retired = [r.message for r in caplog.records if "no longer used" in r.message]
-    assert len(retired) == 3, retired
+    assert len(retired) == 4, retired
+    assert any("driver_append_max_rows" in m for m in retired), retired
+
+
+def test_the_write_rule_threshold_is_set_by_env_and_never_negative(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PIPELINE_CATALOG__DRIVER_APPEND_MAX_ROWS", "0")  # all Spark appends
+    assert load_settings(None).catalog.driver_append_max_rows == 0
+    with pytest.raises(ValidationError):
+        Settings.model_validate({"catalog": {"driver_append_max_rows": -1}})
 
 
 def test_driver_appends_reach_the_catalog_and_store_spark_writes_to() -> None:

@@ -4,7 +4,7 @@ and what the stored-answers path notified early is recorded, never published aga
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -13,10 +13,10 @@ import pytest
 
 from mdproto import envelope
 from mdproto.messages import HistorySource, OHLCBatch, Status
-from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.history import HistorySink
 from pipeline.history_notices import CompletedRequest
 from pipeline.lake import TableNames
+from pipeline.notifier import EARLY_BATCH, HistoryNotifier
 from pipeline.streams import QueryIdentity
 from pipeline.trade_bars import BarReport
 
@@ -65,17 +65,6 @@ class FakeLake:
         self.requests |= {r.request_id: r for r in requests}
 
 
-class FakePublisher:
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.messages: list[Any] = []
-
-    def publish_many(self, messages: Iterable[tuple[str, Any]]) -> None:
-        listed = [message for _, message in messages]
-        self.messages += listed
-        self.sent += [message.request_id for message in listed]
-
-
 class Batch:
     """What foreachBatch hands the sink: Kafka rows behind select(...).toArrow()."""
 
@@ -92,17 +81,12 @@ class Batch:
 
 
 @pytest.fixture
-def early() -> EarlyNotices:
-    return EarlyNotices()
-
-
-@pytest.fixture
 def run(
-    build: Any, early: EarlyNotices
-) -> tuple[Callable[[int, str], None], FakeLake, FakePublisher]:
-    lake, publisher, identity = FakeLake(), FakePublisher(), QueryIdentity()
+    build: Any, notifier: HistoryNotifier, publisher: Any
+) -> tuple[Callable[[int, str], None], FakeLake, Any]:
+    lake, identity = FakeLake(), QueryIdentity()
     identity.set("query-1")
-    sink = HistorySink(lake, publisher, identity, lambda _: None, pool=Inline(), early=early)  # type: ignore[arg-type]
+    sink = HistorySink(lake, notifier, identity, lambda _: None, pool=Inline())  # type: ignore[arg-type]
 
     def batch(batch_id: int, request_id: str) -> None:
         rows = [build.candle(i) for i in range(3)]
@@ -145,40 +129,42 @@ def test_after_a_failed_requests_write_every_request_is_read_again(run: Any) -> 
 
 
 def test_an_early_notice_is_recorded_by_the_query_and_not_published_again(
-    run: Any, early: EarlyNotices, build: Any
+    run: Any, notifier: HistoryNotifier, build: Any
 ) -> None:
     batch, lake, publisher = run
-    assert early.claim("r1")
-    early.published(build.early_answer("r1"))
+    assert notifier.notify_early("r1", lambda: build.early_answer("r1"))
+    assert publisher.sent == ["r1"]  # by the stored-answers path, ahead of the query
     batch(0, "r1")
-    assert publisher.sent == []  # the stored-answers path published it
+    assert publisher.sent == ["r1"]
     recorded = lake.requests["r1"]
     assert (recorded.query_id, recorded.batch_id) == ("query-1", EARLY_BATCH)
-    assert not early.claim("r1") and early.claims == 0  # recorded: known, no claim left
+    assert notifier.claims == 0  # recorded: known, no claim left
+    assert notifier.notify_early("r1", lambda: build.early_answer("r1")) is None
     batch(1, "r1")  # a replay, or another copy: a duplicate
-    assert publisher.sent == []
+    assert publisher.sent == ["r1"]
 
 
-def test_the_query_notifies_what_it_claimed_first(run: Any, early: EarlyNotices) -> None:
+def test_the_query_notifies_what_it_claimed_first(
+    run: Any, notifier: HistoryNotifier, build: Any
+) -> None:
     batch, lake, publisher = run
     batch(0, "r1")
-    assert not early.claim("r1")  # recorded and notified by the query
+    assert notifier.notify_early("r1", lambda: build.early_answer("r1")) is None  # recorded
     assert publisher.sent == ["r1"]
     assert lake.requests["r1"].batch_id == 0
 
 
 def test_a_failed_batch_keeps_the_early_notice_for_its_replay(
-    run: Any, early: EarlyNotices, build: Any
+    run: Any, notifier: HistoryNotifier, build: Any
 ) -> None:
     batch, lake, publisher = run
-    assert early.claim("r1")
-    early.published(build.early_answer("r1"))
+    assert notifier.notify_early("r1", lambda: build.early_answer("r1"))
     lake.fail_record = True
     with pytest.raises(RuntimeError):
         batch(0, "r1")
     lake.fail_record = False
     batch(0, "r1")  # Spark replays the batch
-    assert publisher.sent == []
+    assert publisher.sent == ["r1"]
     assert lake.requests["r1"].batch_id == EARLY_BATCH
 
 
@@ -191,7 +177,7 @@ def test_the_warm_up_candle_is_a_valid_ohlc_row() -> None:
 
 
 def test_a_from_trades_marker_is_answered_with_its_bars_and_not_counted(
-    run: Any, build: Any, monkeypatch: pytest.MonkeyPatch
+    run: Any, build: Any, notifier: HistoryNotifier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sink builds the bars (`trade_bars.answer`) before the snapshot and publishes
     their report as the notification; their row count needs no count in Iceberg."""
@@ -214,7 +200,7 @@ def test_a_from_trades_marker_is_answered_with_its_bars_and_not_counted(
     meta.status = Status.OK
     meta.source = HistorySource.SOURCE_TRADES
     marker = OHLCBatch(request_id="bars-1", sequence=0, metadata=meta, is_final=True)
-    sink = HistorySink(lake, publisher, _identity(), lambda _: None, pool=Inline())  # type: ignore[arg-type]
+    sink = HistorySink(lake, notifier, _identity(), lambda _: None, pool=Inline())
     sink(Batch(build.kafka_table([envelope.encode_record(marker)])), 0)  # type: ignore[arg-type]
     assert asked == [("bars-1", 5)]
     assert counted == []  # the bars' own count is the row count

@@ -20,6 +20,7 @@ from mdproto.messages import OHLC, Tick
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_engine import Snapshot, SnapshotFile, _Run
+from pipeline.live_metrics import EngineMetrics
 from pipeline.live_state import FORMAT, PartitionState, StateStore, StateStoreError
 
 TOPIC = "market.ticks"
@@ -72,7 +73,7 @@ class Engine:
         self.sent.extend(m for _, m in items)
         return len(self.sent)
 
-    def run(self, *script: fake_kafka.Step) -> _Run:
+    def run(self, *script: fake_kafka.Step, metrics: EngineMetrics | None = None) -> _Run:
         stop = threading.Event()
         self.consumer = fake_kafka.GroupConsumer(TOPIC, list(script), stop, self.log, at_ms=B)
         file = SnapshotFile(self.tmp_path / self.name / "snapshot.json")
@@ -87,6 +88,8 @@ class Engine:
             self.send_many,
             self.outlet,
         )
+        if metrics is not None:
+            run.metrics = metrics
         run.start()
         run.loop(stop)
         return run
@@ -149,10 +152,10 @@ class _Outage(StateStore):
 
     down = True
 
-    def save(self, state: PartitionState) -> None:
+    def save(self, state: PartitionState) -> int:
         if self.down:
             raise StateStoreError("cannot write the live engine's state: connection refused")
-        super().save(state)
+        return super().save(state)
 
 
 def test_a_store_outage_keeps_the_engine_live_and_saves_once_it_is_back(tmp_path: Path) -> None:
@@ -189,3 +192,51 @@ def test_the_state_location_defaults_to_the_warehouse_bucket() -> None:
     assert store.root == "warehouse/live-engine/live-engine.t1"
     with pytest.raises(RuntimeError, match="s3:// or a local path"):
         StateStore.for_settings(Settings.model_validate({"live": {"state_location": "gs://x"}}))
+
+
+class _Steps:
+    """A monotonic clock that moves `step` seconds at every reading."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 100.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_the_metrics_follow_batches_assignments_saves_and_restores(tmp_path: Path) -> None:
+    """One update per batch and per rebalance: records by topic, the publish latency
+    from the Kafka time (the fake's B), partitions owned, the saved state's size, and
+    the restore of a partition that moved here."""
+    log: dict[int, list[bytes]] = {}
+    a, b = Engine(tmp_path, "a", log), Engine(tmp_path, "b", log)
+    ma = EngineMetrics(TOPIC, "market.book", engine="a", wall_ms=lambda: B + 250)
+    run_a = a.run(
+        fake_kafka.Assign([0, 1]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000), tick(X, "x2", 51.0, B + 2_000)]),
+        fake_kafka.Ticks(1, [tick(Y, "y1", 100.0, B + 1_000)]),
+        fake_kafka.Revoke([0, 1]),
+        fake_kafka.Assign([0]),
+        metrics=ma,
+    )
+    assert run_a.save() is True
+
+    def a_value(name: str, **labels: str) -> float | None:
+        return ma.registry.get_sample_value(name, {"engine": "a", **labels})
+
+    assert a_value("pipeline_live_records_total", topic=TOPIC) == 3
+    assert a_value("pipeline_live_publish_latency_seconds_count") == 2  # one per batch
+    assert a_value("pipeline_live_publish_latency_seconds_sum") == 0.5
+    assert a_value("pipeline_live_partitions_owned", topic=TOPIC) == 1
+    assert a_value("pipeline_live_restored_partitions_total") == 0  # nothing saved before
+    size = (tmp_path / "state" / TOPIC / "0.json").stat().st_size
+    assert a_value("pipeline_live_state_bytes", partition="0") == size
+    assert a_value("pipeline_live_state_bytes", partition="1") is None  # moved away
+
+    mb = EngineMetrics(TOPIC, "market.book", engine="b", monotonic=_Steps(0.75))
+    b.run(fake_kafka.Assign([1]), metrics=mb)
+    restore = {"engine": "b"}
+    assert mb.registry.get_sample_value("pipeline_live_restore_seconds_count", restore) == 1
+    assert mb.registry.get_sample_value("pipeline_live_restore_seconds_sum", restore) == 0.75
+    assert mb.registry.get_sample_value("pipeline_live_restored_partitions_total", restore) == 1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import Settings
-from pipeline.session import SessionConfigError, resolve_jars, spark_conf
+from pipeline.session import SessionConfigError, driver_scratch, resolve_jars, spark_conf
 
 JARS = (
     "spark-sql-kafka-0-10_2.13-4.0.4.jar",
@@ -23,12 +26,13 @@ def jars_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_catalog_and_launch_settings(jars_dir: Path) -> None:
+def test_catalog_and_launch_settings(jars_dir: Path, tmp_path: Path) -> None:
     settings = Settings.model_validate(
         {
             "spark": {
                 "jars_dir": str(jars_dir),
                 "master": "local[2]",
+                "scratch_dir": str(tmp_path / "scratch"),
                 "conf": {"spark.ui.enabled": "true"},
             },
             "catalog": {"uri": "http://cat:1", "s3_endpoint": "http://s3:2"},
@@ -45,6 +49,34 @@ def test_catalog_and_launch_settings(jars_dir: Path) -> None:
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
     assert sorted(Path(j).name for j in conf["spark.jars"].split(",")) == sorted(JARS)
     assert conf["spark.ui.enabled"] == "true"  # spark.conf wins
+    assert conf["spark.local.dir"] == str(tmp_path.resolve() / "scratch" / f"driver-{os.getpid()}")
+
+
+def test_a_start_removes_only_the_scratch_of_drivers_no_longer_running(tmp_path: Path) -> None:
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = tmp_path / f"driver-{exited.stdout.strip()}"
+    (dead / "userFiles").mkdir(parents=True)
+    (dead / "userFiles" / "iceberg.jar").write_bytes(b"jar")
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    ) as running:
+        live = tmp_path / f"driver-{running.pid}"
+        live.mkdir()
+        unrelated = tmp_path / "notes"
+        unrelated.mkdir()
+
+        mine = driver_scratch(tmp_path)
+
+        assert mine == tmp_path.resolve() / f"driver-{os.getpid()}" and mine.is_dir()
+        assert not dead.exists()
+        assert live.is_dir() and unrelated.is_dir()
+        assert running.stdin is not None
+        running.stdin.close()
 
 
 def test_under_spark_submit_launch_settings_are_left_to_it(jars_dir: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from mdproto import envelope
 from mdproto.messages import HistoryReadyNotification, HistorySource, OHLCBatch, Status
-from pipeline.early_notices import EARLY_BATCH
+from pipeline.notifier import EARLY_BATCH
 
 # Four Spark starts in one test: under CI's parallel workers and image builds that
 # has taken over the default 600 s hang guard, so this module's guard is doubled.

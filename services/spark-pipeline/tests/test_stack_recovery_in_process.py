@@ -104,6 +104,10 @@ def test_failed_queries_restart_in_process_and_write_exactly_once(
     for query in ("candles-store", "markets"):
         assert samples[f'pipeline_query_restarts_total{{query="{query}"}}'] == 0.0
         assert samples[f'pipeline_query_active{{query="{query}"}}'] == 1.0
+    writes = {k: v for k, v in samples.items() if k.startswith("pipeline_iceberg_writes_total")}
+    assert writes['pipeline_iceberg_writes_total{path="driver-append",table="ticks"}'] >= 1, writes
+    assert writes['pipeline_iceberg_writes_total{path="driver-append",table="ohlc"}'] >= 1, writes
+    assert not any('path="append-then-merge"' in k for k in writes), writes
     for query in restarts:
         assert samples[f'pipeline_query_active{{query="{query}"}}'] == 1.0
     # Exactly once: one notification per request (restart-1's replays came before
@@ -121,8 +125,7 @@ def test_failed_queries_restart_in_process_and_write_exactly_once(
     assert "query history failed: InjectedFailureError: injected failure at history-after" in log
     assert "query ticks-persist restarted from its checkpoint" in log
     # The replayed ticks batch found its own trades stored (read on the driver) and
-    # appended none.
-    assert "reading stored ticks on the driver failed" not in log
+    # appended none; every write went one way (write_paths.WriteRule), none fell back.
     assert re.search(r"ticks-persist batch \d+: \d+ unique ticks stored \(append 0\)", log), log
     properties = lake.table("markets").properties
     assert {k: properties.get(k) for k in COMMIT_RETRY_PROPERTIES} == COMMIT_RETRY_PROPERTIES

@@ -15,9 +15,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from candle_oracle import aggregate
+from count_bars_oracle import count_bars
 
 from infra.localstack import LocalStack
-from mdproto import envelope
+from mdproto import envelope, rules
 from mdproto.messages import (
     BatchMetadata,
     HistorySource,
@@ -28,8 +29,10 @@ from mdproto.messages import (
     TradeGap,
 )
 from pipeline import gaps, records
+from pipeline.arrow_appends import ArrowAppends
 from pipeline.history import HistorySink
 from pipeline.lake import Lake, TableNames
+from pipeline.notifier import HistoryNotifier
 from pipeline.streams import QueryIdentity
 
 if TYPE_CHECKING:
@@ -116,12 +119,16 @@ class Publisher:
         self.messages += [message for _, message in messages]
 
 
-def marker(request_id: str, period: int, start_ms: int, end_ms: int, offset: int) -> pa.Table:
-    """The ingestor's lone final marker for a period its exchange does not serve."""
+def marker(
+    request_id: str, period: int, start_ms: int, end_ms: int, offset: int, bars: str = ""
+) -> pa.Table:
+    """The ingestor's lone final marker for a period its exchange does not serve, or for
+    tick or volume bars (`bars`, period 0)."""
     meta = BatchMetadata(
         request_id=request_id, client_id="quant", ticker=TICKER, period_seconds=period,
         start_time_ms=start_ms, end_time_ms=end_ms, notification_topic="RESPONSE:quant",
         status=Status.OK, source=HistorySource.SOURCE_TRADES, ingestor_id="ingestor-a",
+        bars=bars,
     )  # fmt: skip
     value = envelope.encode_record(
         OHLCBatch(request_id=request_id, sequence=0, metadata=meta, is_final=True)
@@ -145,18 +152,29 @@ def stored_bars(spark: SparkSession, lake: Lake, period: int) -> pd.DataFrame:
     return rows.set_index("ms")
 
 
-def test_bars_from_recorded_trades(local_stack: LocalStack, spark: SparkSession) -> None:
-    names = TableNames(local_stack.endpoints.catalog_name, f"bars_{uuid.uuid4().hex[:8]}")
-    lake = Lake(spark, names)
+def recorded(
+    spark: SparkSession, local_stack: LocalStack, prefix: str
+) -> tuple[TableNames, Lake, list[Tick], Publisher, HistorySink]:
+    """Fresh tables holding `recorded_trades`, and a history sink over them."""
+    names = TableNames(local_stack.endpoints.catalog_name, f"{prefix}_{uuid.uuid4().hex[:8]}")
+    e = local_stack.endpoints
+    lake = Lake(spark, names, ArrowAppends(e.catalog_name, e.pyiceberg_catalog_properties()))
     lake.ensure_tables()
     ticks = recorded_trades()
     assert lake.write_ticks(spark, records.ticks_to_table(ticks, [B] * len(ticks))).startswith(
         "append"
     )
+    spark.catalog.refreshTable(names.ticks)  # appended by pyiceberg: not in Spark's cache
     identity = QueryIdentity()
     identity.set("query-1")
     publisher = Publisher()
-    sink = HistorySink(lake, publisher, identity, lambda _: None)  # type: ignore[arg-type]
+    notifier = HistoryNotifier(publisher)  # type: ignore[arg-type]
+    sink = HistorySink(lake, notifier, identity, lambda _: None)
+    return names, lake, ticks, publisher, sink
+
+
+def test_bars_from_recorded_trades(local_stack: LocalStack, spark: SparkSession) -> None:
+    _, lake, ticks, publisher, sink = recorded(spark, local_stack, "bars")
     end = B + MINUTES * 60 * S
 
     # 5-second bars (Binance serves 1 s and 1 m, not 5 s) equal pandas' resample.
@@ -208,3 +226,36 @@ def test_bars_from_recorded_trades(local_stack: LocalStack, spark: SparkSession)
     note = publisher.messages[-1]
     assert (note.status, note.error_code, note.row_count) == (Status.NOT_FOUND, "not_recorded", 0)
     assert TICKER in note.reason and note.snapshot_id == 0
+
+
+def test_tick_and_volume_bars_from_recorded_trades(
+    local_stack: LocalStack, spark: SparkSession
+) -> None:
+    """Tick and volume bars equal the plain-Python reference over the same trades, land
+    in ``trade_bars`` (not ``ohlc``), and a repeated request adds no row."""
+    names, _, ticks, publisher, sink = recorded(spark, local_stack, "cbars")
+    start, end = B + 30 * S, B + MINUTES * 60 * S
+    trades = [(t.timestamp_ms, t.trade_id, t.price, t.amount) for t in ticks]
+    in_range = [t for t in trades if start <= t[0] < end]
+    for offset, bars in enumerate(("50ticks", "25.5vol", "50ticks")):
+        sink(Batch(spark, marker(f"cb-{offset}", 0, start, end, offset, bars)), offset)  # type: ignore[arg-type]
+        note = publisher.messages[-1]
+        want = count_bars(in_range, rules.bars(bars))
+        assert note.status == Status.OK, note.reason
+        assert (note.bars, note.iceberg_table) == (bars, f"{names.namespace}.trade_bars")
+        assert note.source == HistorySource.SOURCE_TRADES and note.snapshot_id != 0
+        assert note.row_count == note.expected_candles == len(want) > 10
+        got = spark.sql(
+            f"SELECT * FROM {names.namespace_id}.trade_bars WHERE ticker = '{TICKER}' "
+            f"AND bars = '{bars}' ORDER BY seq"
+        ).toPandas()
+        assert len(got) == len(want)  # the repeated request added none
+        assert got["seq"].tolist() == [b.seq for b in want]
+        assert got["first_trade_id"].tolist() == [b.trade_ids[0] for b in want]
+        assert got["last_trade_id"].tolist() == [b.trade_ids[-1] for b in want]
+        assert got["trade_count"].tolist() == [len(b.trade_ids) for b in want]
+        for column in ("open", "high", "low", "close"):
+            assert got[column].tolist() == [getattr(b, column) for b in want], column
+        assert got["volume"].tolist() == pytest.approx([float(b.volume) for b in want])
+        assert not got["incomplete"].any()
+    assert spark.sql(f"SELECT count(1) AS n FROM {names.ohlc}").first()["n"] == 0  # type: ignore[index]

@@ -32,6 +32,7 @@ def test_each_table_is_compacted_then_expired_keeping_recent_snapshots() -> None
         "market.book_snapshots",
         "market.book_deltas",
         "market.gaps",
+        "market.trade_bars",
     }
     assert steps[2].sql == "CALL lake.system.rewrite_manifests(table => 'market.ohlc')"
     expire = steps[3].sql

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mdproto import ProtocolError
 from pipeline import lake
-from pipeline.lake import SeriesRange, TableNames
+from pipeline.lake import TableNames
 
 NAMES = TableNames("lake", "market")
 
@@ -101,22 +100,9 @@ def test_amending_live_merge_updates_only_changed_live_candles() -> None:
     assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
 
 
-def test_range_probe_and_count_queries() -> None:
-    r = SeriesRange("BINANCE:BTC/USDT", 60, 0, 120_000)
-    probe = lake.select_any_ohlc("lake.market.ohlc", [r, r])
-    assert probe.count("ticker = 'BINANCE:BTC/USDT' AND period_seconds = 60") == 2
-    assert probe.endswith("LIMIT 1")
-    count = lake.count_request_rows("lake.market.ohlc", 42, [("r1", r), ("r2", r)])
-    assert "VERSION AS OF 42" in count
-    assert "open_time < TIMESTAMP '1970-01-01 00:02:00.000000+00:00'" in count  # half-open
-    assert count.count("UNION ALL") == 1
-
-
 def test_values_that_would_break_the_sql_are_refused() -> None:
     with pytest.raises(ValueError, match="not a valid id"):
         lake.select_requests("t", ["x' OR '1'='1"])
-    with pytest.raises(ProtocolError):
-        lake.select_any_ohlc("t", [SeriesRange("X:A/B' --", 60, 0, 1)])
 
 
 def _current(names: TableNames) -> dict[str, lake.TableState | None]:

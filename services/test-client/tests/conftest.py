@@ -68,9 +68,10 @@ def notification_for(
         start_time_ms=request.start_time_ms,
         end_time_ms=request.end_time_ms,
         row_count=row_count,
-        iceberg_table="market.ohlc",
+        iceberg_table="market.trade_bars" if request.bars else "market.ohlc",
         snapshot_id=snapshot_id,
         completed_at_ms=int(time.time() * 1000),
+        bars=request.bars,
     )
 
 
@@ -337,6 +338,22 @@ class FakeReader:
 
             raise StorageError(f"snapshot {snapshot_id} is gone", error_code="snapshot_gone")
         return candles_from_ohlc([candle(ticker, period_seconds, start_ms, 100.0)])
+
+    def read_trade_bars(
+        self,
+        table_name: str,
+        ticker: str,
+        bars: str,
+        start_ms: int,
+        end_ms: int,
+        *,
+        snapshot_id: int | None = None,
+    ) -> Any:
+        import pyarrow as pa
+
+        call = {"table": table_name, "ticker": ticker, "bars": bars, "start": start_ms}
+        self.calls.append({**call, "end": end_ms, "snapshot_id": snapshot_id})
+        return pa.table({"seq": [0, 1], "close": [100.0, 101.0]})
 
 
 @pytest.fixture

@@ -59,6 +59,9 @@ def test_parse_range_args_normalises_ticker_period_and_times() -> None:
     defaults = build_parser().parse_args(["history", TICKER])
     _, period, start, end = parse_range_args(defaults)
     assert (period, end - start) == (60, 86_400_000)  # 1m over the last 24 h
+    for given, canonical in (("100Ticks", "100ticks"), ("2.50vol", "2.5vol")):
+        bars = build_parser().parse_args(["history", TICKER, "--period", given, *RANGE])
+        assert parse_range_args(bars)[1] == canonical  # tick and volume bars
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,10 @@ def test_parse_range_args_normalises_ticker_period_and_times() -> None:
         ["history"],
         ["history", "BTCUSDT"],
         ["history", TICKER, "--period", "1y"],
+        ["history", TICKER, "--period", "0ticks"],
+        ["history", TICKER, "--period", "1e3vol"],
+        ["legacy", TICKER, "--period", "100ticks"],
+        ["history", TICKER, "--period", "100ticks", "--chart", "/tmp/never-written.png"],
         ["history", TICKER, "--start", "now", "--end", "-1h"],
         ["history", TICKER, "--start", "1795132800"],
         ["history", TICKER, "--attempts", "0"],

@@ -92,6 +92,44 @@ def test_refetch_is_asked_for_only_when_wanted(
     assert [s.refetch for s in _submits(fake_relay)] == [False, True]
 
 
+def test_tick_and_volume_bars_are_asked_for_by_period_and_read_from_their_table(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    """`100TICKS` / `2.50vol` in the period place: period_seconds 0 and the canonical bars
+    on the wire, the rows read from the table the notification names."""
+    fake_relay.handler = kit.accept_and_notify()
+    with Client(settings=settings_for(fake_relay), reader=fake_reader) as c:
+        ticks = c.history(TICKER, "100TICKS", START, END)
+        c.history(TICKER, "2.50vol", START, END)
+        with pytest.raises(InvalidRequest) as bad:
+            c.history(TICKER, "0ticks", START, END)
+    assert bad.value.error_code == "bad_bars"
+    assert [(s.bars, s.period_seconds) for s in _submits(fake_relay)] == [
+        ("100ticks", 0),
+        ("2.5vol", 0),
+    ]  # the bad one never left the client
+    assert fake_reader.calls[0] == {
+        "table": "market.trade_bars",
+        "ticker": TICKER,
+        "bars": "100ticks",
+        "start": START,
+        "end": END,
+        "snapshot_id": 42,
+    }
+    assert len(ticks) == 2 and ticks.notification is not None
+    assert ticks.notification.bars == "100ticks"
+
+
+def test_no_tick_bars_is_an_empty_table_of_their_columns(
+    fake_relay: Any, settings_for: Any, fake_reader: Any, kit: Any
+) -> None:
+    fake_relay.handler = kit.accept_and_notify(status=Status.NOT_FOUND, row_count=0)
+    with Client(settings=settings_for(fake_relay), reader=fake_reader) as c:
+        result = c.history(TICKER, "100ticks", START, END)
+    assert result.empty and "seq" in result.table.column_names
+    assert fake_reader.calls == []  # nothing to read
+
+
 def test_per_request_subscribes_before_each_submit_and_unsubscribes_after(
     fake_relay: Any, settings_for: Any, fake_reader: Any
 ) -> None:

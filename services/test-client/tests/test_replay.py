@@ -4,6 +4,7 @@ clock, the book a stream starts from, and the request checks."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -48,6 +49,7 @@ class Store:
         self.snapshot_rows: dict[str, list[dict[str, Any]]] = {}
         self.delta_rows: dict[str, list[dict[str, Any]]] = {}
         self.reads: list[tuple[str, int, int]] = []
+        self.group_ms = 1000
 
     def trade(self, ticker: str, at_ms: int, trade_id: str, price: float = 1.0) -> None:
         self.trade_rows.setdefault(ticker, []).append(
@@ -99,14 +101,19 @@ class Store:
             return ticker in self.snapshot_rows
         return (ticker, channel.period_seconds) in self.candle_rows
 
-    def trades(self, ticker: str, lo_ms: int, hi_ms: int) -> pa.Table:
-        self.reads.append(("trades", lo_ms, hi_ms))
-        rows = [
-            r
-            for r in self.trade_rows.get(ticker, [])
-            if lo_ms * 1000 <= r[Ticks.TRADE_TIME] < hi_ms * 1000
-        ]
-        return pa.Table.from_pylist(rows, schema=arrow_schema(Ticks.SCHEMA, TRADE_COLUMNS))
+    def trade_groups(self, ticker: str, lo_ms: int, hi_ms: int) -> Iterator[pa.Table]:
+        """A group per `group_ms` of time (as files of that span would be), each read
+        (and recorded) when the consumer reaches it, rows in reverse (any order)."""
+        for a in range(lo_ms, hi_ms, self.group_ms):
+            b = min(a + self.group_ms, hi_ms)
+            self.reads.append(("trades", a, b))
+            rows = [
+                r
+                for r in self.trade_rows.get(ticker, [])
+                if a * 1000 <= r[Ticks.TRADE_TIME] < b * 1000
+            ]
+            schema = arrow_schema(Ticks.SCHEMA, TRADE_COLUMNS)
+            yield pa.Table.from_pylist(rows[::-1], schema=schema)
 
     def candles(self, ticker: str, period: int, lo_ms: int, hi_ms: int) -> list[OHLC]:
         self.reads.append(("candles", lo_ms, hi_ms))
@@ -127,7 +134,7 @@ class Store:
         return pa.Table.from_pylist(kept, schema=arrow_schema(BookDeltas.SCHEMA, DELTA_COLUMNS))
 
 
-SMALL = ReplayLimits(trade_slice_ms=1000, book_slice_ms=1000, candle_slice=2)
+SMALL = ReplayLimits(trade_chunk=3, book_slice_ms=1000, candle_slice=2)
 
 
 def query(
@@ -505,6 +512,70 @@ def test_follow_gives_up_waiting_for_the_store_after_its_timeout() -> None:
     assert follow.seam_timeouts == 1 and sum(clock.sleeps) == pytest.approx(2.0)
 
 
+def test_follow_goes_on_into_live_candles_keeping_corrections_and_dropping_previews() -> None:
+    from mdclient.replay import FollowLive, LiveBuffer, Position
+
+    store = Store()
+    for i in range(3):
+        store.candle(BTC, 1, T0 + i * 1000)
+    live = LiveBuffer(100)
+
+    def candle(i: int, **kw: Any) -> OHLC:
+        return OHLC(ticker=BTC, period_seconds=1, open_time_ms=T0 + i * 1000, **kw)
+
+    # c3 closed before the subscription and is not stored yet when the replay reads;
+    # live brings c4 on (a preview first), c4 again (a relay's repeat), its correction
+    for message in (
+        candle(4, closed=False),
+        candle(4, closed=True),
+        candle(4, closed=True),
+        candle(4, closed=True, correction=True, close=3.0),
+        candle(5, closed=True),
+    ):
+        live.offer(message)
+    q = query(channels=("ohlc:1s",), end=T0 + 3500)
+    polls: list[tuple[Position | None, int]] = []
+
+    def reread(topic: str, position: Position | None, end_ms: int) -> Replay:
+        polls.append((position, end_ms))
+        cursor = Cursor(q.epoch, {} if position is None else {topic: position}).encode()
+        again = replay_query((BTC,), T0, end_ms, channels=("ohlc:1s",), cursor=cursor, now_ms=NOW)
+        return open_replay(store, again, limits=SMALL)
+
+    def sleep(seconds: float) -> None:  # the pipeline stores c3 and c4 meanwhile
+        for i in (3, 4):
+            store.candle(BTC, 1, T0 + i * 1000)
+
+    follow = FollowLive(
+        open_replay(store, q, limits=SMALL), reread, live, sleep=sleep, clock=lambda: 0.0
+    )
+    got = [next(follow) for _ in range(8)]
+    assert isinstance(got[3], ReplayComplete)
+    candles = [m for m in got if isinstance(m, OHLC)]
+    assert [(c.open_time_ms - T0) // 1000 for c in candles] == [0, 1, 2, 3, 4, 4, 5]
+    assert [c.correction for c in candles] == [False] * 5 + [True, False]
+    assert [c.sequence for c in candles] == list(range(1, 8))
+    assert [end for _, end in polls] == [T0 + 4001, T0 + 4001]  # c4 not stored, then stored
+    assert (follow.duplicates, follow.seam_timeouts, live.dropped) == (1, 0, 0)
+
+
+def test_replay_into_live_refuses_the_book_before_subscribing(
+    fake_relay: Any, settings_for: Any
+) -> None:
+    import time
+
+    from mdclient import Client
+
+    start = int(time.time() * 1000) - 60_000
+    with (
+        Client(settings=settings_for(fake_relay)) as client,
+        pytest.raises(InvalidRequest) as refused,
+    ):
+        client.replay_into_live(BTC, start, channels=("trades", "book"))
+    assert refused.value.error_code == "bad_channel"
+    assert ("sub", f"{BTC}|tick") not in fake_relay.events
+
+
 def test_the_client_replays_into_live_ticks_subscribed_before_the_store_is_read(
     fake_relay: Any, settings_for: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -517,7 +588,7 @@ def test_the_client_replays_into_live_ticks_subscribed_before_the_store_is_read(
     store = Store()
     for i in range(3):
         store.trade(BTC, t0 + i * 100, f"t{i}")
-    wide = ReplayLimits(trade_slice_ms=3_600_000)
+    wide = ReplayLimits()
 
     def from_store(reader: object, settings: object, q: ReplayQuery, **kw: Any) -> Replay:
         assert ("sub", f"{BTC}|tick") in fake_relay.events  # live first
@@ -539,3 +610,61 @@ def test_the_client_replays_into_live_ticks_subscribed_before_the_store_is_read(
     assert ids == ["t0", "t1", "t2", "t3", "t4", "t5"]
     assert [m.sequence for m in stored[:3] + live] == [1, 2, 3, 4, 5, 6]  # type: ignore[union-attr]
     assert follow.duplicates == 1
+
+
+def test_the_cli_follows_into_live_after_the_stored_range(
+    fake_relay: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    from mdclient import replay as replay_module
+    from mdclient.cli import main
+
+    t0 = int(time.time() * 1000) - 600_000
+    store = Store()
+    for i in range(3):
+        store.trade(BTC, t0 + i * 100, f"t{i}")
+    wide = ReplayLimits()
+    live_t3 = Tick(ticker=BTC, trade_id="t3", timestamp_ms=t0 + 300)
+    published: list[Tick] = []
+
+    def from_store(reader: object, settings: object, q: ReplayQuery, **kw: Any) -> Replay:
+        if not published:  # the replay: t3 is live, not stored yet
+            fake_relay.wait_for(lambda events: ("sub", f"{BTC}|tick") in events)
+            fake_relay.publish(f"{BTC}|tick", live_t3)
+            published.append(live_t3)
+        else:  # the read at the seam: the pipeline has stored it
+            store.trade(BTC, t0 + 300, "t3")
+        return open_replay(store, q, limits=wide, **kw)
+
+    monkeypatch.setattr(replay_module, "replay_from", from_store)
+    endpoints = ["--request-endpoint", fake_relay.request_endpoint]
+    endpoints += ["--market-data-endpoint", fake_relay.market_data_endpoint]
+    args = ["replay", BTC, "--start", str(t0), "--follow", "--count", "4", *endpoints]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 4 and all(f"#t{i}" in line for i, line in enumerate(lines))
+    assert "replay complete: 3 messages; live from here" in err
+    assert main([*args, "--end", "-1m"]) == 2
+
+
+def test_batch_mode_gives_the_trades_of_every_ticker_in_the_replays_order() -> None:
+    from mdclient.replay import TICKER_COLUMN, trade_batches_in_order
+
+    store = busy_store()
+    q = query((ETH, BTC), end=T0 + 10_000)
+    batches = list(trade_batches_in_order(store, q, batch_rows=5))
+    table = pa.Table.from_batches(batches)
+    assert max(b.num_rows for b in batches) <= 5
+    got = list(
+        zip(table[TICKER_COLUMN].to_pylist(), table[Ticks.TRADE_ID].to_pylist(), strict=True)
+    )
+    stored, _ = run(open_replay(store, q, limits=SMALL))  # the message replay's order
+    assert got == [(t.ticker, t.trade_id) for _, t in stored]
+    assert table.column_names == [TICKER_COLUMN, *TRADE_COLUMNS]
+    with pytest.raises(InvalidRequest) as refused:
+        trade_batches_in_order(store, query(channels=("trades", "book")))
+    assert refused.value.error_code == "bad_channel"
+    with pytest.raises(UnknownTicker):
+        trade_batches_in_order(store, query(("BINANCE:DOGE/USDT",)))

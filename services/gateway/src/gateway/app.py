@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -41,9 +41,13 @@ from mdclient import (
     StorageError,
     SubmitRejected,
 )
+from mdclient.replay import FollowLive, Replay
 from mdproto import topics
 from mdproto.error_codes import BAD_ID, BAD_REQUEST, INTERNAL, NO_BOOK, UNAUTHORIZED
-from mdproto.tables import Ohlc
+from mdproto.tables import Ohlc, TradeBars
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -142,7 +146,11 @@ async def replay(request: web.Request) -> web.WebSocketResponse:
     upstream = request.app[UPSTREAM]
     try:
         params = replay_socket.parse_replay_query(request.query)
-        stream = await loop.run_in_executor(pool, upstream.replay, params)
+        stream: Replay | FollowLive
+        if params.follow:
+            stream = await loop.run_in_executor(pool, upstream.replay_into_live, params)
+        else:
+            stream = await loop.run_in_executor(pool, upstream.replay, params)
         books = {ticker for _, ticker, channel in stream.query.streams if channel.kind == "book"}
         precisions = {t: await loop.run_in_executor(pool, upstream.precision, t) for t in books}
     except GatewayError as exc:
@@ -162,7 +170,11 @@ async def replay(request: web.Request) -> web.WebSocketResponse:
             pass
 
     frames = replay_socket.LiveFrames(request.app[SETTINGS].book_levels, precisions)
-    sender = asyncio.create_task(replay_socket.pump(ws.send_str, stream, fetch, frames=frames))
+    if isinstance(stream, FollowLive):
+        sending = replay_socket.pump_follow(ws.send_str, stream, fetch)
+    else:
+        sending = replay_socket.pump(ws.send_str, stream, fetch, frames=frames)
+    sender = asyncio.create_task(sending)
     listener = asyncio.create_task(listen())
     try:
         await asyncio.wait({sender, listener}, return_when=asyncio.FIRST_COMPLETED)
@@ -265,12 +277,17 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
         for t, n, *row in zip(times, counts, *values, strict=True)
     ]
     note = result.notification
+    bars = note.bars if note is not None else ""
+    if bars and table.num_rows:  # tick or volume bars: where each ends, which trades it holds
+        for candle, extra in zip(candles, _bar_fields(table), strict=True):
+            candle.update(extra)
     return messages.dumps(
         {
             "request_id": result.request_id,
             "status": result.status,
             "ticker": note.ticker if note is not None else "",
             "period_seconds": note.period_seconds if note is not None else 0,
+            **({"bars": bars} if bars else {}),
             "attempts": result.attempts,
             "elapsed_s": round(result.elapsed_s, 3),
             "snapshot_id": messages.int64(result.snapshot_id),
@@ -278,6 +295,34 @@ def encode_history(result: HistoryResult, fmt: HistoryFormat) -> bytes:
             "candles": candles,
         }
     ).encode()
+
+
+def _bar_fields(table: pa.Table) -> list[dict[str, Any]]:
+    """The ``market.trade_bars`` columns a tick or volume bar adds to a candle's."""
+    import pyarrow
+
+    closes = table.column(TradeBars.CLOSE_TIME).cast(pyarrow.int64()).to_pylist()
+    return [
+        {
+            "seq": messages.int64(row[TradeBars.SEQ]),
+            "close_time_ms": messages.int64(us // 1000),
+            "first_trade_id": row[TradeBars.FIRST_TRADE_ID],
+            "last_trade_id": row[TradeBars.LAST_TRADE_ID],
+            "incomplete": row[TradeBars.INCOMPLETE],
+        }
+        for row, us in zip(
+            table.select(
+                [
+                    TradeBars.SEQ,
+                    TradeBars.FIRST_TRADE_ID,
+                    TradeBars.LAST_TRADE_ID,
+                    TradeBars.INCOMPLETE,
+                ]
+            ).to_pylist(),
+            closes,
+            strict=True,
+        )
+    ]
 
 
 async def status(request: web.Request) -> web.Response:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from gateway.trade_answers import TradesParams
     from mdclient.book_history import StoredBook
     from mdclient.recording import RecordingStatus
-    from mdclient.replay import Replay
+    from mdclient.replay import FollowLive, Replay
     from mdclient.trades import TradeBatches
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,14 @@ class SdkUpstream:
             speed=params.speed,
             cursor=params.cursor,
             marker=False,
+        )
+
+    def replay_into_live(self, params: ReplayParams) -> FollowLive:
+        """The stored range up to now, then the live trades and candles (the SDK's
+        `replay_into_live`: subscribed through this gateway's client before the store is
+        read; its `book` refusal, `bad_channel`)."""
+        return self.client.replay_into_live(
+            list(params.tickers), params.start, channels=params.channels, speed=params.speed
         )
 
     def book_at(self, params: BookAtParams) -> tuple[StoredBook, int]:

@@ -2,6 +2,7 @@
 "Replay"), the query and the pump (no aiohttp here: the app passes `send` and `fetch`).
 
     GET /replay?tickers=A,B&start=&end=&channels=trades,book,ohlc:60&speed=10&cursor=
+        [&follow=true: the SDK's replay_into_live, trades and candles, up to now, then live]
       -> parse_replay_query (bad_request) -> the SDK's replay (its checks: bad_ticker,
          bad_time, bad_time_range, range_too_large, bad_channel, bad_speed, bad_cursor;
          unknown_ticker) -> `error` frame and close on any of them
@@ -10,6 +11,7 @@
          candle; for a book change the `book` ladder of the book it leaves, as the
          gateway's live book topic), paced here by `speed` on the event loop; a
          `replay_cursor` frame after each chunk; `replay_complete` at the end
+      -> follow: after `replay_complete` (the seam), the live messages as they come
 
 Backpressure: the next chunk is read only once every frame of the last one is sent,
 and each send waits while the socket's buffer is full, so a slow client holds at most
@@ -20,9 +22,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.messages import GatewayError, book_event_frame, book_frame, dumps, message_frame
 from mdproto.book import OrderBook
@@ -31,12 +33,13 @@ from mdproto.markets import Precision
 from mdproto.messages import BookDelta, BookReset, BookSnapshot
 
 if TYPE_CHECKING:
-    from mdclient.replay import Replay, ReplayEvent
+    from mdclient.replay import FollowLive, Replay, ReplayEvent
 
 #: Messages read per worker call (and between two cursor frames).
 CHUNK = 500
 
-_PARAMS = {"tickers", "start", "end", "channels", "speed", "cursor", "token"}
+_PARAMS = {"tickers", "start", "end", "channels", "speed", "cursor", "follow", "token"}
+_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class ReplayParams:
     channels: tuple[str, ...] = ("trades",)
     speed: str = "max"
     cursor: str | None = None
+    follow: bool = False
 
 
 def parse_replay_query(query: Mapping[str, str]) -> ReplayParams:
@@ -62,6 +66,11 @@ def parse_replay_query(query: Mapping[str, str]) -> ReplayParams:
         int(t) if t.isdigit() else t
         for t in (query["start"].strip(), query.get("end", "now").strip())
     )
+    follow = query.get("follow", "").strip().lower()
+    if follow not in _TRUE | _FALSE:
+        raise GatewayError(BAD_REQUEST, f"follow must be true or false, not {follow!r}")
+    if follow in _TRUE and (end != "now" or query.get("cursor")):
+        raise GatewayError(BAD_REQUEST, "follow replays up to now, then live: no end, no cursor")
     return ReplayParams(
         tickers=tuple(t.strip() for t in query["tickers"].split(",") if t.strip()),
         start=start,
@@ -69,6 +78,7 @@ def parse_replay_query(query: Mapping[str, str]) -> ReplayParams:
         channels=tuple(c.strip() for c in query.get("channels", "trades").split(",")),
         speed=query.get("speed", "max").strip(),
         cursor=query.get("cursor") or None,
+        follow=follow in _TRUE,
     )
 
 
@@ -150,13 +160,46 @@ async def pump(
     """Send the replay: `fetch` runs a read of the next chunk off the event loop; `frames`
     (a `LiveFrames` by default) says what each event is sent as; `sleep` (asyncio.sleep
     by default) waits out the pacing."""
+    events = replay.events()
+    await _send_stored(send, replay, events, fetch, frames or LiveFrames(), chunk, clock, sleep)
+
+
+async def pump_follow(
+    send: Callable[[str], Awaitable[None]],
+    follow: FollowLive,
+    fetch: Callable[[Callable[[], list[Any]]], Awaitable[list[Any]]],
+    *,
+    chunk: int = CHUNK,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
+) -> None:
+    """`pump` of the stored range (`replay_complete` marks the seam), then each live
+    message as a `message` frame as it comes, until the socket closes."""
+    from mdclient.replay import live_key
+
+    stored = follow.stored
+    events = follow.stored_events()
+    await _send_stored(send, stored, events, fetch, LiveFrames(), chunk, clock, sleep)
+    while True:
+        for message in await fetch(lambda: follow.take(chunk)):
+            await send(message_frame(live_key(message)[0], message))
+
+
+async def _send_stored(
+    send: Callable[[str], Awaitable[None]],
+    replay: Replay,
+    events: Iterator[ReplayEvent],
+    fetch: Callable[[Callable[[], list[ReplayEvent]]], Awaitable[list[ReplayEvent]]],
+    encode: Callable[[ReplayEvent], list[str]],
+    chunk: int,
+    clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[None]] | None,
+) -> None:
     import asyncio
 
     from mdclient.replay import Pacer
 
     wait = sleep or asyncio.sleep
-    encode = frames or LiveFrames()
-    events = replay.events()
     pacer = None if replay.query.speed is None else Pacer(replay.query.speed, clock)
     while batch := await fetch(lambda: list(itertools.islice(events, chunk))):
         for event in batch:

@@ -364,6 +364,7 @@ def metadata_for(request: DataRequest, ingestor_id: str) -> BatchMetadata:
         notification_topic=request.notification_topic,
         ingestor_id=ingestor_id,
         submitted_at_ms=request.submitted_at_ms,
+        bars=request.bars,
     )
 
 

@@ -101,7 +101,7 @@ class KafkaSettings(_Section):
     topic_claims: str = KAFKA_INGEST_CLAIMS
     topic_recording: str = contracts.KAFKA_RECORDING
     ensure_topics: bool = True  # create missing topics at start (claims: one partition)
-    topic_partitions: int = 3  # for topics this ingestor creates, claims excepted
+    topic_partitions: int = 6  # topics it creates, claims excepted; ADR 0014 sizing
     replication_factor: int = 1
     delivery_timeout_s: float = 30.0  # librdkafka message.timeout.ms
     poll_interval_s: float = 0.02  # how often the event loop serves delivery callbacks

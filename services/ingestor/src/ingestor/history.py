@@ -24,10 +24,15 @@ from ingestor.coverage import NO_COVERAGE, CoverageSource, fetch_plans
 from ingestor.errors import PeriodNotServedError, RequestFailedError
 from ingestor.exchange_calls import FetchEnv
 from ingestor.legacy import legacy_response
-from ingestor.pages import CandleSource, iter_answers_concurrently, plan_request
+from ingestor.pages import (
+    CandleSource,
+    check_bars_request,
+    iter_answers_concurrently,
+    plan_request,
+)
 from ingestor.stats import IngestorStats
 from mdproto import ProtocolError
-from mdproto.error_codes import ABANDONED, INTERNAL, KAFKA_DELIVERY
+from mdproto.error_codes import ABANDONED, INTERNAL, KAFKA_DELIVERY, UNSUPPORTED_PERIOD
 from mdproto.messages import DataRequest, DataResponse, OHLCBatch, Status
 from mdproto.recent import RecentKeys
 from mdproto.topics import is_valid_id, parse_ticker
@@ -169,6 +174,8 @@ class _Write:
         """
         request, builder, clock = self.request, self.builder, self.clock
         try:
+            if request.bars:
+                return self._bars(source)
             try:
                 symbol, self.plan = plan_request(request, source, env)
             except PeriodNotServedError as exc:
@@ -215,6 +222,15 @@ class _Write:
             await _settle(self.deliveries)
             reason = f"internal error: {type(exc).__name__}: {exc}"
             return builder.fail(reason, INTERNAL, self.gaps(), self.slots())
+
+    def _bars(self, source: CandleSource | None) -> OHLCBatch:
+        """Tick or volume bars: a lone SOURCE_TRADES marker, the pipeline builds them
+        from recorded trades (ADR 0015). Bad requests and unserved exchanges fail first."""
+        check_bars_request(self.request, source)
+        if not self.from_trades:
+            reason = "bars from recorded trades are off here (history.bars_from_trades)"
+            raise RequestFailedError(UNSUPPORTED_PERIOD, reason)
+        return self.builder.from_trades(f"{self.request.bars} bars from recorded trades")
 
     async def final(self, final: OHLCBatch) -> tuple[OHLCBatch, bool]:
         """Send the final marker; the marker sent last, and whether it was delivered."""

@@ -38,7 +38,7 @@ from confluent_kafka import TopicPartition as _TopicPartition
 from google.protobuf.message import Message
 
 from ingestor.config import KafkaSettings
-from mdproto import envelope
+from mdproto import envelope, partitioning
 from mdproto.messages import OHLCBatch
 from mdproto.runtime.kafka import TopicSpec, ensure_topics, quiet_logger
 
@@ -84,6 +84,9 @@ class KafkaSink:
             "logger": quiet_logger("ingestor-producer"),
         }
         conf.update(settings.producer)
+        # Pinned: the live engines compute a ticker's partition with the same rule
+        # (`mdproto.partitioning`), so an extra setting cannot move it.
+        conf["partitioner"] = partitioning.PARTITIONER
         self._producer = Producer(conf)
         self._poller: asyncio.Task[None] | None = None
         self._closed = False

@@ -79,6 +79,20 @@ def plan_request(
     return parsed.symbol, plan
 
 
+def check_bars_request(request: DataRequest, source: CandleSource | None) -> None:
+    """A tick or volume bar request's rules (RequestFailedError): the pipeline builds
+    its bars from recorded trades, the exchange is not asked (docs/adr/0015)."""
+    try:
+        parsed = rules.ticker(request.ticker)
+        rules.history_bars(request.bars, request.period_seconds)
+        rules.time_range(request.start_time_ms, request.end_time_ms)
+    except rules.RuleViolation as bad:
+        raise RequestFailedError(INVALID_REQUEST, bad.reason) from None
+    if source is None:
+        reason = f"this ingestor serves no exchange with the prefix {parsed.exchange}"
+        raise RequestFailedError(INVALID_REQUEST, reason)
+
+
 async def iter_answers(
     source: CandleSource, symbol: str, plan: FetchPlan, env: FetchEnv
 ) -> AsyncIterator[Answer]:

@@ -452,7 +452,7 @@ def check_submit(
     try:
         request_id = _request_id(req.request_id, client_id, new_id)
         prefix = _ticker_prefix(ticker, policy.known_exchanges)
-        _check_range(period, start_ms, end_ms, policy, now_ms)
+        bars = _check_range(period, start_ms, end_ms, policy, now_ms, req.bars)
         topic = rules.notification_topic(req.notify, request_id, client_id)
         _check_symbol(ticker, symbols)
     except RuleViolation as bad:
@@ -460,7 +460,7 @@ def check_submit(
     work = DataRequest(
         request_id=request_id, client_id=client_id, kind=_HISTORICAL, ticker=ticker,
         period_seconds=period, start_time_ms=start_ms, end_time_ms=end_ms,
-        notification_topic=topic, submitted_at_ms=now_ms, refetch=req.refetch,
+        notification_topic=topic, submitted_at_ms=now_ms, refetch=req.refetch, bars=bars,
     )  # fmt: skip
     reply = SubmitResponse(request_id=request_id, status=_OK, notification_topic=topic)
     return SubmitOutcome(reply, Work(prefix, work))
@@ -565,12 +565,22 @@ def _check_symbol(ticker: str, symbols: SymbolCheck | None, *, live: bool = Fals
         raise RuleViolation(rules.BAD_SYMBOL, why)
 
 
-def _check_range(period: int, start_ms: int, end_ms: int, policy: Policy, now_ms: int) -> None:
+def _check_range(
+    period: int, start_ms: int, end_ms: int, policy: Policy, now_ms: int, bars: str = ""
+) -> str:
+    """The range rules; returns the canonical tick or volume bars ('' for candles). Bars
+    have no candle limit: how many there are depends on the trades (Spark reads them)."""
+    if bars:
+        spec = rules.history_bars(bars, period)
+        rules.time_range(start_ms, end_ms)
+        rules.future_limit(end_ms, now_ms=now_ms, max_future_ms=policy.max_future_ms)
+        return spec.name
     rules.history_range(period, start_ms, end_ms)
     rules.range_limits(
         period, start_ms, end_ms, now_ms=now_ms, max_future_ms=policy.max_future_ms,
         max_candles=policy.max_candles,
     )  # fmt: skip
+    return ""
 
 
 # --- accepted history requests (pure: `now` is passed in) ---------------------------

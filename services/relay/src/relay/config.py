@@ -46,7 +46,7 @@ class KafkaSettings(BaseModel):
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
     # Market records (compacted, key ticker): symbols are checked against it; "" = off.
     topic_markets: str = contracts.KAFKA_MARKETS
-    topic_partitions: int = Field(default=3, ge=1)
+    topic_partitions: int = Field(default=6, ge=1)  # as the pipeline's (ADR 0014)
     replication_factor: int = Field(default=1, ge=1)
 
 

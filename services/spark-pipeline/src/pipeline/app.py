@@ -35,18 +35,30 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 
 from mdproto.runtime.metrics_http import MetricsServer
-from pipeline import faults, gaps, history, live, markets, metrics, preflight, session, upkeep
+from pipeline import (
+    faults,
+    gaps,
+    history,
+    live,
+    live_metrics,
+    markets,
+    metrics,
+    preflight,
+    session,
+    upkeep,
+)
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.config import Settings
-from pipeline.early_notices import EarlyNotices
 from pipeline.gap_rebuilds import GapRebuilds
 from pipeline.heartbeat import Heartbeat, QueryState
 from pipeline.lake import Lake, TableNames
+from pipeline.notifier import HistoryNotifier
 from pipeline.progress import ProgressLogger
 from pipeline.pub_server import Publisher, PubServer
 from pipeline.restarts import Restarts, failure_cause
 from pipeline.stored_answers import StoredAnswers
 from pipeline.streams import QueryStarter
+from pipeline.write_paths import WriteRule
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -107,18 +119,18 @@ class Pipeline:
         crash = faults.armed(session.jvm_pid(spark))  # None in production: a test hook
         spark.streams.addListener(ProgressLogger())
         self._serve_metrics()
-        lake = self.lake = Lake(spark, self.names, appends=_driver_appends(settings))
+        lake = self.lake = _lake(spark, settings, self.names, self.registry)
         lake.ensure_tables()
         if settings.history.enabled:
             if settings.history.warm_up:
                 history.warm_up(lake)
-            early = EarlyNotices()
+            notifier = HistoryNotifier(publisher)
             self._launch(
                 history.QUERY_NAME,
-                lambda: history.start(spark, settings, lake, publisher, crash, early),
+                lambda: history.start(spark, settings, lake, notifier, crash),
             )
             if settings.history.stored_answers_early:
-                self.stored_answers = StoredAnswers(settings, spark, lake, publisher, early, crash)
+                self.stored_answers = StoredAnswers(settings, spark, lake, notifier, crash)
                 self.stored_answers.start()
         if settings.live.enabled:
             for name, starter in live.starters(spark, settings, lake, crash).items():
@@ -165,6 +177,7 @@ class Pipeline:
         registry = self.registry = CollectorRegistry()
         self.spark.streams.addListener(metrics.QueryMetrics(registry))
         registry.register(metrics.LivenessCollector(self._queries_active, self._pub_alive))
+        registry.register(live_metrics.EngineScrape(self._engine_metrics_url))
         self.restarts_total = metrics.query_restarts(registry)
         self.metrics_server = MetricsServer(
             s.metrics_host,
@@ -186,6 +199,10 @@ class Pipeline:
 
     def _queries_active(self) -> dict[str, bool]:
         return {name: bool(q.isActive) for name, q in dict(self.queries).items()}
+
+    def _engine_metrics_url(self) -> str | None:
+        """The PUB process's live engine's own /metrics (None: no engine)."""
+        return None if self.pub_server is None else self.pub_server.engine_metrics_url
 
     def _pub_alive(self) -> bool:
         return self.pub_server is not None and self.pub_server.alive
@@ -316,7 +333,16 @@ def run(settings: Settings, stop: threading.Event) -> int:
         pipeline.stop()
 
 
-def _driver_appends(settings: Settings) -> ArrowAppends | None:
-    """pyiceberg's client for the catalog Spark writes to, unless appends stay Spark's."""
+def _lake(
+    spark: SparkSession, settings: Settings, names: TableNames, registry: CollectorRegistry | None
+) -> Lake:
+    """The tables, with pyiceberg's client of the catalog Spark writes to (the reads before
+    a write, the driver's appends), the write rule and its metric."""
     c = settings.catalog
-    return ArrowAppends(c.name, c.pyiceberg_properties()) if c.driver_appends else None
+    return Lake(
+        spark,
+        names,
+        ArrowAppends(c.name, c.pyiceberg_properties()),
+        rule=WriteRule(driver_append_max_rows=c.driver_append_max_rows),
+        report=metrics.IcebergWrites(registry) if registry else None,
+    )

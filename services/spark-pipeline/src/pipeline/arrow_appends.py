@@ -1,5 +1,6 @@
-"""Arrow rows appended to Iceberg tables from the driver with pyiceberg: no Spark job
-(docs/adr/0008-driver-reads-and-appends.md).
+"""The driver's pyiceberg client of the catalog Spark writes to: Arrow rows appended
+without a Spark job, and tables loaded for the reads before a write (`driver_reads`,
+`row_counts`; docs/adr/0008-driver-reads-and-appends.md, 0017).
 
 Why: every row the pipeline stores is decoded on the driver into Arrow first.
 Handing it to Spark for an append costs a transfer into the JVM, a job and a
@@ -7,8 +8,8 @@ commit; pyiceberg writes the same Arrow to Parquet and commits through the same
 REST catalog and S3 store, several times faster (figures: the ADR). Appends
 only: a MERGE (new keys inserted, changed values amended) stays a Spark statement.
 
-The catalog client is made on first use (Lake's fallbacks keep Spark's path
-when it cannot be); the caller decides what a failed append means (`lake.py`).
+The catalog client is made on first use; the caller decides what a failed
+append means (`lake.py`, `write_paths.commit_error`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 
 class ArrowAppends:
-    """Appends Arrow tables to the catalog's Iceberg tables, one commit each."""
+    """Appends Arrow tables to the catalog's Iceberg tables, one commit each; loads them."""
 
     def __init__(self, name: str, properties: Mapping[str, str]) -> None:
         self._name = name
@@ -34,7 +36,11 @@ class ArrowAppends:
 
     def append(self, identifier: str, rows: pa.Table) -> None:
         """Append ``rows`` to ``identifier`` (``namespace.table``) in one commit."""
-        self._client().load_table(identifier).append(rows)
+        self.load(identifier).append(rows)
+
+    def load(self, identifier: str) -> Table:
+        """``identifier`` (``namespace.table``) at its current metadata, loaded fresh."""
+        return self._client().load_table(identifier)
 
     def _client(self) -> Catalog:
         with self._lock:

@@ -60,8 +60,10 @@ class Window:
             self.open, self.open_key = price, key
         if key > self.close_key:
             self.close, self.close_key = price, key
-        self.high = max(self.high, price)
-        self.low = min(self.low, price)
+        if price > self.high:
+            self.high = price
+        if price < self.low:
+            self.low = price
         self.volume += amount
         self.count += 1
         if self.emitted:
@@ -80,10 +82,15 @@ class Closing:
     periods: tuple[int, ...]
     lateness_s: float
     idle_s: float
+    #: Derived once: read for every trade.
+    base_us: int = field(init=False)
+    lateness_us: int = field(init=False)
+    widths: tuple[tuple[int, int], ...] = field(init=False)  # (period s, period us)
 
-    @property
-    def base_us(self) -> int:
-        return min(self.periods) * US
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_us", min(self.periods) * US)
+        object.__setattr__(self, "lateness_us", round(self.lateness_s * US))
+        object.__setattr__(self, "widths", tuple((p, p * US) for p in self.periods))
 
 
 @dataclass
@@ -114,32 +121,32 @@ class TickerCandles:
 
         ``gap_before``: trades between the newest one so far and this one may be
         missing, so the windows in between are marked incomplete."""
-        lateness_us = round(cfg.lateness_s * US)
-        if self.frontier_us is not None and t_us < self.frontier_us - lateness_us:
+        frontier = self.frontier_us
+        if frontier is not None and t_us < frontier - cfg.lateness_us:
             self.too_late += 1
             return False
         base = t_us - t_us % cfg.base_us
-        seen = self.ids.setdefault(base, set())
-        if trade_id in seen:
+        seen = self.ids.get(base)
+        if seen is None:
+            seen = self.ids[base] = set()
+        elif trade_id in seen:
             return False
         seen.add(trade_id)
         key = (t_us, len(trade_id), trade_id)
-        for period in cfg.periods:
-            width = period * US
-            start = t_us - t_us % width
-            window = self.windows.get((period, start))
+        windows = self.windows
+        for period, width in cfg.widths:
+            at = (period, t_us - t_us % width)
+            window = windows.get(at)
             if window is None:
-                self.windows[(period, start)] = Window(
-                    price, key, price, price, price, key, amount, 1
-                )
+                windows[at] = Window(price, key, price, price, price, key, amount, 1)
             else:
                 window.add(price, amount, key)
         if gap_before:
-            since = t_us if self.frontier_us is None else min(self.frontier_us, t_us)
-            for (period, start), window in self.windows.items():
+            since = t_us if frontier is None else min(frontier, t_us)
+            for (period, start), window in windows.items():
                 if start <= t_us and start + period * US > since:
                     window.mark_incomplete()
-        if self.frontier_us is None or t_us > self.frontier_us:
+        if frontier is None or t_us > frontier:
             self.frontier_us = t_us
         return True
 

@@ -42,7 +42,9 @@ class KafkaConfig(_Section):
     fail_on_data_loss: bool = True
     #: Create missing topics at startup (Spark's Kafka source fails on a missing topic).
     ensure_topics: bool = True
-    topic_partitions: int = Field(default=3, ge=1)
+    #: market.ticks and market.book must have the same count, a multiple of every
+    #: live-engine count run (1, 2, 3 or 6 share 6 evenly; ADR 0014).
+    topic_partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     #: Checked before Spark starts, so a dead broker is a one-line error, not a stack trace.
     connect_timeout_s: float = Field(default=5.0, gt=0)
@@ -68,9 +70,10 @@ class CatalogConfig(_Section):
     book_snapshots_table: str = "book_snapshots"
     gaps_table: str = "gaps"
     book_deltas_table: str = "book_deltas"
-    #: Appends (candles, trades, requests) written by pyiceberg on the driver, not as
-    #: Spark jobs (`arrow_appends`: 3-10x faster here); MERGEs stay Spark's either way.
-    driver_appends: bool = True
+    #: Appends (candles, trades, requests) of at most this many rows are written by
+    #: pyiceberg on the driver, larger ones by Spark's executors; 0: every append is a
+    #: Spark job. MERGEs are Spark's either way (`write_paths.WriteRule`, ADR 0017).
+    driver_append_max_rows: int = Field(default=600_000, ge=0)
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """The same catalog and S3 store for a pyiceberg client (`arrow_appends`)."""
@@ -118,6 +121,10 @@ class LiveConfig(_Section):
     #: Extra engines only (`python -m pipeline.engine`): the relays' bound engine ports
     #: their XPUB connects to (relay ``engines_port``, e.g. ``tcp://relay:5561``).
     relay_engine_endpoints: list[str] = Field(default_factory=list)
+    #: Extra engines only: their own GET /metrics and /healthz on `metrics_host`; 0 = off.
+    #: One per engine process on a host: `make run LIVE_ENGINES=K` gives engine n (2..K)
+    #: port 9562 + n (9564, 9565, ...). The pipeline's own engine is on its /metrics.
+    metrics_port: int = Field(default=0, ge=0, le=65535)
     #: Order books: a BookSnapshot of each book that changed is published this often,
     #: so a subscriber that lost a delta heals within it (docs/protocol.md "Order books").
     book_snapshot_s: float = Field(default=1.0, gt=0)
@@ -234,6 +241,9 @@ class SparkConfig(_Section):
     #: Every ``*.jar`` in this directory is added to ``jars`` (e.g. ``.cache/spark``).
     jars_dir: str | None = None
     driver_memory: str = "2g"
+    #: A driver we start keeps its scratch (spark.local.dir: the jars it serves, block
+    #: files) in ``driver-<pid>`` here; a start removes the scratch of dead drivers.
+    scratch_dir: str = ".state/spark-pipeline/scratch"
     #: Fixed by the first run of a stateful query's checkpoint: changing it needs a new one.
     shuffle_partitions: int = Field(default=2, ge=1)
     #: Any other Spark setting, applied last.
@@ -272,6 +282,10 @@ class Settings(runtime.FileSettings):
             f"cep.{key}": "CEP runs in the live engine, not in a Spark query (docs/cep.md)"
             for key in ("trigger_s", "max_offsets_per_trigger")
         },
+        "catalog.driver_appends": (
+            "one rule picks each append's engine: catalog.driver_append_max_rows "
+            "(0: every append a Spark job; docs/adr/0017)"
+        ),
     }
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)

@@ -13,6 +13,8 @@ as the pipeline's does (`pub_server.Outlet`). Its ``publisher_epoch`` is its own
 
 The process ends (exit 1) when its engine fails, for its supervisor to restart it;
 SIGTERM or SIGINT stop it cleanly (its partitions' state saved on the revoke).
+With ``live.metrics_port`` set it serves its own ``GET /metrics`` and ``/healthz``
+(`live_metrics`) on ``metrics_host``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from types import FrameType
 
 import zmq
 
+from mdproto.runtime.metrics_http import MetricsServer
+from pipeline import live_metrics
 from pipeline.config import Settings, load_settings
 from pipeline.live_engine import LiveEngine
 from pipeline.pub_server import SUBSCRIPTION_CHECK_MS, Outlet, Sequencer, new_epoch, xpub_socket
@@ -56,6 +60,7 @@ def serve(settings: Settings, stop: threading.Event, ready_file: Path | None = N
         xpub.connect(endpoint)
     outlet = Outlet(xpub, Sequencer(new_epoch()))
     engine = LiveEngine(settings, outlet.send_many, books=outlet)
+    metrics = _serve_metrics(settings, engine)
     engine.start()
     try:
         engine.wait_assigned()
@@ -76,6 +81,22 @@ def serve(settings: Settings, stop: threading.Event, ready_file: Path | None = N
     finally:
         engine.stop()
         ctx.destroy(linger=1000)
+        if metrics is not None:
+            metrics.close()
+
+
+def _serve_metrics(settings: Settings, engine: LiveEngine) -> MetricsServer | None:
+    """Its /metrics and /healthz on ``live.metrics_port`` (0: none); bound before the
+    engine joins its group, so a port in use stops the start, not a running engine."""
+    port = settings.live.metrics_port
+    if not port:
+        return None
+    try:
+        return live_metrics.serve(engine.metrics, lambda: engine.alive, settings.metrics_host, port)
+    except OSError as exc:
+        raise EngineConfigError(
+            f"cannot serve /metrics on {settings.metrics_host}:{port} (live.metrics_port): {exc}"
+        ) from exc
 
 
 def stop_on_signals(logger: logging.Logger) -> threading.Event:
@@ -102,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     stop = stop_on_signals(log)
+    if args.ready_file is not None:
+        # One left from before a container restart would report ready too early.
+        args.ready_file.unlink(missing_ok=True)
     try:
         return serve(load_settings(args.config), stop, args.ready_file)
     except (EngineConfigError, RuntimeError) as exc:

@@ -7,9 +7,9 @@ Per micro-batch, on the driver (foreachBatch):
    bars from recorded trades (a period the exchange does not serve), aggregate
    ``ticks`` on Spark's executors and MERGE those bars too (`trade_bars`);
 3. for the final markers: look up ``requests``, record the new ones (second
-   commit), then publish their notifications on the PUB. A request answered
-   wholly from storage may have been published already, as its marker reached
-   Kafka (`stored_answers`): it is only recorded (`early_notices`).
+   commit), then hand them to the notifier, which publishes them. A request
+   answered wholly from storage may have been notified already, as its marker
+   reached Kafka (`stored_answers`): it is only recorded (`notifier`).
 
 A request's row count comes from the rows its records brought
 (`history_notices.AcceptedRows`); only answers from storage, and requests
@@ -39,12 +39,11 @@ import pyarrow.compute as pc
 
 from mdproto import envelope
 from mdproto.messages import OHLC, OHLCBatch, Status
-from pipeline import history_notices, records, trade_bars
+from pipeline import count_bars, history_notices, records, trade_bars
 from pipeline.config import Settings
-from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.known_requests import KnownRequests
 from pipeline.lake import Lake
-from pipeline.pub_server import Publisher
+from pipeline.notifier import EARLY_BATCH, HistoryNotifier
 from pipeline.records import log_rejects
 from pipeline.streams import QueryIdentity, kafka_source, start_query
 
@@ -65,21 +64,19 @@ class HistorySink:
     def __init__(
         self,
         lake: Lake,
-        publisher: Publisher,
+        notifier: HistoryNotifier,
         identity: QueryIdentity,
         crash_point: CrashPoint,
         pool: Executor | None = None,
-        early: EarlyNotices | None = None,
     ) -> None:
         self._lake = lake
-        self._publisher = publisher
         self._identity = identity
         self._crash_point = crash_point
         self._pool = pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix="history-lookup")
         self._accepted = history_notices.AcceptedRows()
         self._known = KnownRequests()
-        self._early = early if early is not None else EarlyNotices()
-        self._early.follow(self._known)
+        self._notifier = notifier
+        self._notifier.follow(self._known)
         self._loading: Future[None] | None = None
         self._load_known()
 
@@ -107,13 +104,13 @@ class HistorySink:
         plan = history_notices.Plan()
         if ids:
             # What the stored-answers path published already is only recorded here.
-            early = self._early.take(ids)
+            early = self._notifier.take(ids)
             try:
                 plan = self._complete(session, decoded.finals, lookup, batch_id, laps, early, bars)
             except BaseException:
-                self._early.finish(ids, recorded=False)
+                self._notifier.finish(ids, recorded=False)
                 raise
-            self._early.finish(ids, recorded=True)
+            self._notifier.finish(ids, recorded=True)
             self._accepted.forget(ids)
         self._load_known()
         log.info(
@@ -157,13 +154,16 @@ class HistorySink:
         for marker in history_notices.from_trades(finals):
             assert marker.metadata is not None
             t0 = time.monotonic()
-            report = trade_bars.answer(self._lake, session, marker.metadata, marker.request_id)
+            meta = marker.metadata
+            # Tick or volume bars (``bars`` set) have their own table; time bars go to ohlc.
+            build = count_bars.answer if meta.bars else trade_bars.answer
+            report = build(self._lake, session, meta, marker.request_id)
             out[marker.request_id] = report
             log.info(
-                "request %s: %d bars of %d s from trades in %.0f ms (%s)",
+                "request %s: %d bars of %s from trades in %.0f ms (%s)",
                 marker.request_id,
                 report.row_count,
-                marker.metadata.period_seconds,
+                meta.bars or f"{meta.period_seconds} s",
                 (time.monotonic() - t0) * 1000,
                 report.reason,
             )
@@ -227,7 +227,7 @@ class HistorySink:
         self._known.added(r.request_id for r in plan.record)
         self._crash_point("history-after-requests-commit")
         laps.lap("record")
-        self._publisher.publish_many((r.notification_topic, r.notification()) for r in plan.publish)
+        self._notifier.notify_recorded(plan.publish)
         self._crash_point("history-after-publish")
         laps.lap("publish")
         for request in plan.publish:
@@ -294,9 +294,8 @@ def start(
     spark: SparkSession,
     settings: Settings,
     lake: Lake,
-    publisher: Publisher,
+    notifier: HistoryNotifier,
     crash_point: CrashPoint | None = None,
-    early: EarlyNotices | None = None,
 ) -> StreamingQuery:
     source = kafka_source(
         spark,
@@ -309,9 +308,7 @@ def start(
         source,
         name=QUERY_NAME,
         settings=settings,
-        function=HistorySink(
-            lake, publisher, identity, crash_point or (lambda _: None), early=early
-        ),
+        function=HistorySink(lake, notifier, identity, crash_point or (lambda _: None)),
         trigger_s=settings.history.trigger_s,
         identity=identity,
     )

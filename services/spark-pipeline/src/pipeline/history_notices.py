@@ -69,6 +69,7 @@ class CompletedRequest:
     exchange_gaps: int = 0  # slots the exchange has no candle for (no trades)
     missing_candles: int = 0  # slots neither stored nor exchange gaps: a failed fetch
     source: int = HistorySource.SOURCE_UNSPECIFIED
+    bars: str = ""  # tick or volume bars ("" = candles): what iceberg_table holds
 
     def notification(self) -> HistoryReadyNotification:
         return HistoryReadyNotification(
@@ -89,6 +90,7 @@ class CompletedRequest:
             exchange_gaps=self.exchange_gaps,
             missing_candles=self.missing_candles,
             source=self.source,  # type: ignore[arg-type]
+            bars=self.bars,
         )
 
 
@@ -98,7 +100,7 @@ class Plan:
     publish: list[CompletedRequest] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     republished: list[str] = field(default_factory=list)
-    #: published ahead of the history query (`early_notices`): recorded, not published
+    #: published ahead of the history query (`notifier`): recorded, not published
     notified_early: list[str] = field(default_factory=list)
 
 
@@ -187,6 +189,7 @@ def complete(
         source=(meta.source or HistorySource.SOURCE_EXCHANGE)
         if meta
         else HistorySource.SOURCE_UNSPECIFIED,
+        bars=meta.bars if meta else "",
     )
 
 
@@ -305,7 +308,8 @@ def with_bars(request: CompletedRequest, bars: BarReport) -> CompletedRequest:
         reason=bars.reason,
         error_code=bars.error_code,
         row_count=bars.row_count,
-        snapshot_id=request.snapshot_id if bars.status == Status.OK else 0,
+        snapshot_id=(bars.snapshot_id or request.snapshot_id) if bars.status == Status.OK else 0,
+        iceberg_table=bars.iceberg_table or request.iceberg_table,
         expected_candles=bars.expected_candles,
         exchange_gaps=bars.exchange_gaps,
         missing_candles=bars.missing_candles,
@@ -418,6 +422,7 @@ def from_table(table: pa.Table) -> dict[str, CompletedRequest]:
         row = {k: v[i] for k, v in cols.items()}
         row["status"] = Status.Value(row["status"]) if row["status"] else Status.ERROR
         row["source"] = HistorySource.Value(row["source"] or "SOURCE_UNSPECIFIED")
+        row["bars"] = row["bars"] or ""
         for key in ("client_id", "reason", "error_code", "ticker", "notification_topic"):
             row[key] = row[key] or ""
         for key in ("iceberg_table", "ingestor_id", "query_id"):

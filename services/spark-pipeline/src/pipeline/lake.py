@@ -3,8 +3,9 @@
 The SQL builders are pure; `Lake` runs them (`Lake.merge_markets` runs `merge_markets`).
 Every write is keyed on the natural key, so a re-run micro-batch never adds a row:
 an append only of keys checked absent first (on the driver, ADR 0008), else a
-MERGE. A MERGE that lost to a concurrent commit (history and live candles both
-write ``ohlc``) just runs again; its ON clause bounds the time column so Iceberg
+MERGE; which engine appends is one rule (`write_paths.WriteRule`, ADR 0017). A
+MERGE that lost to a concurrent commit (history and live candles both write
+``ohlc``) just runs again; its ON clause bounds the time column so Iceberg
 prunes files before the join (partitioning: docs/adr/0004).
 """
 
@@ -17,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,11 +36,13 @@ from mdproto.tables import (
     Requests,
     TableSchema,
     Ticks,
+    TradeBars,
 )
 from pipeline import driver_reads, history_notices, records, row_counts, trade_bars
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
+from pipeline.write_paths import CommitError, WritePath, WriteRule, typed_commit_errors
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -123,6 +126,7 @@ class TableNames:
     book_snapshots_table: str = "book_snapshots"
     gaps_table: str = "gaps"
     book_deltas_table: str = "book_deltas"
+    trade_bars_table: str = "trade_bars"
 
     @property
     def namespace_id(self) -> str:
@@ -135,6 +139,10 @@ class TableNames:
     @property
     def ticks(self) -> str:
         return f"{self.namespace_id}.{self.ticks_table}"
+
+    @property
+    def trade_bars(self) -> str:
+        return f"{self.namespace_id}.{self.trade_bars_table}"
 
     @property
     def requests(self) -> str:
@@ -257,6 +265,7 @@ def pipeline_tables(names: TableNames) -> dict[str, TableSchema]:
         names.book_snapshots: BookSnapshots.SCHEMA,
         names.book_deltas: BookDeltas.SCHEMA,
         names.gaps: Gaps.SCHEMA,
+        names.trade_bars: TradeBars.SCHEMA,
     }
 
 
@@ -444,37 +453,6 @@ class SeriesRange:
     hi_ms: int
 
 
-def select_any_ohlc(target: str, ranges: Sequence[SeriesRange]) -> str:
-    """A query that returns a row iff ``target`` has a candle in one of the ranges."""
-    terms = []
-    for r in ranges:
-        topics.parse_ticker(r.ticker)  # validated tickers are safe SQL literals
-        terms.append(
-            f"(ticker = '{r.ticker}' AND period_seconds = {int(r.period_seconds)} "
-            f"AND open_time >= {timestamp_literal(r.lo_ms)} "
-            f"AND open_time <= {timestamp_literal(r.hi_ms)})"
-        )
-    return f"SELECT 1 FROM {target} WHERE {' OR '.join(terms)} LIMIT 1"
-
-
-def count_request_rows(
-    target: str, snapshot_id: int, requests: Sequence[tuple[str, SeriesRange]]
-) -> str:
-    """Candles in each request's [start, end) at ``snapshot_id``: what its client will read."""
-    parts = []
-    for request_id, r in requests:
-        _id_list([request_id])
-        topics.parse_ticker(r.ticker)
-        parts.append(
-            f"SELECT '{request_id}' AS request_id, count(*) AS n FROM {target} "
-            f"VERSION AS OF {int(snapshot_id)} WHERE ticker = '{r.ticker}' "
-            f"AND period_seconds = {int(r.period_seconds)} "
-            f"AND open_time >= {timestamp_literal(r.lo_ms)} "
-            f"AND open_time < {timestamp_literal(r.hi_ms)}"
-        )
-    return "\nUNION ALL\n".join(parts)
-
-
 def _id_list(request_ids: Sequence[str]) -> str:
     for rid in request_ids:
         if not topics.is_valid_id(rid):  # ids are [A-Za-z0-9_.-]: safe as SQL literals
@@ -490,30 +468,12 @@ def select_request_ids(target: str) -> str:
     return f"SELECT {Requests.REQUEST_ID} FROM {target}"
 
 
-_CONFLICT_MARKERS = (
-    "CommitFailedException",
-    "ValidationException",
-    "conflicting files",
-    "CommitStateUnknownException",
-)
-
-
-#: How loading a table that does not exist (or whose namespace does not) fails.
-_MISSING_TABLE_MARKERS = (
-    "TABLE_OR_VIEW_NOT_FOUND",
-    "SCHEMA_NOT_FOUND",
-    "NoSuchTableException",
-    "NoSuchNamespaceException",
-)
-
-
 class SchemaMismatchError(RuntimeError):
     """An existing table lacks columns the pipeline writes."""
 
 
-def _is_conflict(exc: Exception) -> bool:
-    text = str(exc)
-    return any(marker in text for marker in _CONFLICT_MARKERS)
+#: Reports each write's table (short name) and the way it ran (metrics.iceberg_writes).
+WriteReport = Callable[[str, WritePath], None]
 
 
 class Lake:
@@ -521,15 +481,21 @@ class Lake:
         self,
         spark: SparkSession,
         names: TableNames,
+        tables: ArrowAppends,
         *,
+        rule: WriteRule | None = None,
+        report: WriteReport | None = None,
         retries: int = 5,
-        appends: ArrowAppends | None = None,
     ) -> None:
         self._spark = spark
         self.names = names
         self._retries = retries
-        #: Appends from the driver (pyiceberg); None: every append is a Spark job.
-        self._appends = appends
+        #: pyiceberg's client of the same catalog: the reads before a write, the appends
+        #: from the driver.
+        self._tables = tables
+        #: Which way each write runs (`WriteRule.choose`, docs/adr/0017).
+        self._rule = rule or WriteRule()
+        self._report = report
         #: Held by every writer of ``ohlc`` in this process (history and live candles).
         self.ohlc_lock = threading.Lock()
 
@@ -537,8 +503,8 @@ class Lake:
 
     def ensure_tables(self) -> None:
         """Create or evolve the namespace and tables as needed; fail clearly on a foreign
-        schema. Read through Iceberg's Java API (a catalog call per table, no Spark SQL
-        analysis): on a restart, start-up runs no statement at all."""
+        schema. Read with pyiceberg (a catalog call per table, no Spark SQL analysis):
+        on a restart, start-up runs no statement at all."""
         found = {target: self._table_state(target) for target in pipeline_tables(self.names)}
         statements = setup_statements(self.names, found)
         for statement in statements:
@@ -560,22 +526,23 @@ class Lake:
         self._spark.sql(create_table(scratch, Ohlc.SCHEMA))
         try:
             ranges = _ranges(candles)
-            self._occupied(self._spark, scratch, ranges)
-            self._append(self._spark, scratch, candles)
-            self._occupied(self._spark, scratch, ranges)  # and the reader, on a file
+            self._occupied(scratch, ranges)
+            path = self._rule.choose(candles.num_rows, keys_absent=True)
+            self._append(self._spark, scratch, candles, path)
+            self._occupied(scratch, ranges)  # and the reader, on a file
         finally:
             self._spark.sql(f"DROP TABLE IF EXISTS {scratch} PURGE")
 
     def _table_state(self, table: str) -> TableState | None:
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
         try:
-            loaded = self._java_table(table)[1]
-        except Exception as exc:  # PySpark's AnalysisException, or py4j's naming Iceberg's
-            if any(marker in str(exc) for marker in _MISSING_TABLE_MARKERS):
-                return None
-            raise
+            loaded = self._tables.load(_identifier(table))
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
         return TableState(
-            columns=frozenset(str(c.name()) for c in loaded.schema().columns()),
-            properties={str(k): str(v) for k, v in dict(loaded.properties()).items()},
+            columns=frozenset(f.name for f in loaded.schema().fields),
+            properties=dict(loaded.properties),
         )
 
     # -- writes ------------------------------------------------------------------
@@ -612,35 +579,24 @@ class Lake:
             return "none"
         with self.ohlc_lock:
             ranges = _ranges(candles)
-            occupied = self._occupied(session, self.names.ohlc, ranges)
-            if not occupied:
-                try:
-                    self._append(session, self.names.ohlc, candles)
-                    return "append"
-                except Exception as exc:
-                    # Spark's append fails for a conflict or an unknown commit state; the
-                    # driver's for those and more (its client, its S3 writes). Landed or
-                    # not, the MERGE below is right.
-                    if self._appends is None and not _is_conflict(exc):
-                        raise
-                    log.warning("append to ohlc failed, MERGEing instead: %s", failure_cause(exc))
+            empty = not self._occupied(self.names.ohlc, ranges)
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
-            self._merge(session, kind, candles, lambda view: merge(self.names.ohlc, view, lo, hi))
-            return "merge"
-
-    def _occupied(self, session: SparkSession, target: str, ranges: Sequence[SeriesRange]) -> bool:
-        """Whether ``target`` (``ohlc``) holds a candle in one of ``ranges`` now: probed on
-        the driver (`driver_reads.any_candle_in`), by a Spark query if that fails."""
-        try:
-            jvm, table = self._java_table(target)
-            series = [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
-            return driver_reads.any_candle_in(jvm, table, series)
-        except Exception as exc:  # a Java API that moved: the Spark probe is always right
-            log.warning(
-                "probing ohlc on the driver failed, probing with Spark: %s", failure_cause(exc)
+            path = self._write(
+                session,
+                self.names.ohlc,
+                kind,
+                candles,
+                empty,
+                lambda view: merge(self.names.ohlc, view, lo, hi),
             )
-        return not session.sql(select_any_ohlc(target, ranges)).isEmpty()
+            return "merge" if path in ("spark-merge", "append-then-merge") else "append"
+
+    def _occupied(self, target: str, ranges: Sequence[SeriesRange]) -> bool:
+        """Whether ``target`` (``ohlc``) holds a candle in one of ``ranges`` now, probed on
+        the driver (`driver_reads.any_candle_in`)."""
+        series = [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
+        return driver_reads.any_candle_in(self._tables.load(_identifier(target)), series)
 
     def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
         """Store the ``TICK_SCHEMA`` rows (unique per key) whose (ticker, trade_id) is not
@@ -648,69 +604,85 @@ class Lake:
 
         The ticks-persist query is the table's only writer, one batch at a time, so
         the keys read before the append cannot change before it: a replayed batch
-        finds its own and appends nothing. If the read or the append fails, the
-        MERGE does the same in Spark.
+        finds its own and appends nothing.
         """
         lo_ms, hi_ms = _time_range_ms(ticks[Ticks.TRADE_TIME])
         new = self._unstored_ticks(ticks, lo_ms, hi_ms)
-        if new is not None:
-            if new.num_rows == 0:
-                return "append 0"
-            try:
-                self._append(session, self.names.ticks, new)
-                return f"append {new.num_rows}"
-            except Exception as exc:
-                if self._appends is None:
-                    raise  # Spark's append: the replay reads the keys again
-                log.warning("append to ticks failed, MERGEing: %s", failure_cause(exc))
-        self._merge(
-            session, "ticks", ticks, lambda view: merge_ticks(self.names.ticks, view, lo_ms, hi_ms)
+        if new.num_rows == 0:
+            return "append 0"
+        path = self._write(
+            session,
+            self.names.ticks,
+            "ticks",
+            new,
+            True,  # the table's only writer read the stored keys
+            lambda view: merge_ticks(self.names.ticks, view, lo_ms, hi_ms),
         )
-        return "merge"
+        return "merge" if path == "append-then-merge" else f"append {new.num_rows}"
 
-    def _unstored_ticks(self, ticks: pa.Table, lo_ms: int, hi_ms: int) -> pa.Table | None:
+    def _unstored_ticks(self, ticks: pa.Table, lo_ms: int, hi_ms: int) -> pa.Table:
         """The rows of ``ticks`` whose key the table does not hold, by the keys stored in
         the batch's time range (`driver_reads.tick_keys`, on the driver: that range holds
-        a minute of files); None if they could not be read."""
-        try:
-            jvm, table = self._java_table(self.names.ticks)
-            gateway = self._spark.sparkContext._gateway
-            tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
-            stored = driver_reads.tick_keys(jvm, gateway, table, tickers, lo_ms, hi_ms)
-        except Exception as exc:  # a Java API that moved: the MERGE is always right
-            cause = failure_cause(exc)
-            log.warning("reading stored ticks on the driver failed, MERGEing: %s", cause)
-            return None
+        a minute of files)."""
+        table = self._tables.load(_identifier(self.names.ticks))
+        tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
+        stored = driver_reads.tick_keys(table, tickers, lo_ms, hi_ms)
         new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
         return new.select(ticks.schema.names).cast(ticks.schema)
 
     def write_trade_bars(
         self, session: SparkSession, select: str, bar_plan: trade_bars.BarPlan
     ) -> trade_bars.BarCounts:
-        """MERGE the bars ``select`` computes (`trade_bars.bars_sql`) into ``ohlc``.
-
-        The aggregation runs on Spark's executors, once: cached, counted, then the
-        MERGE's source. Only its two counts come to the driver.
-        """
-        from pyspark.sql import functions as sf
-
+        """MERGE the time bars ``select`` computes (`trade_bars.bars_sql`) into ``ohlc``."""
         window = bar_plan.trades_ms
         assert window is not None
+        lo, hi = window[0], window[1] - bar_plan.period_ms  # open times
+
+        def merge(view: str) -> None:
+            with self.ohlc_lock:
+                self._run(session, merge_trade_bars(self.names.ohlc, view, lo, hi))
+
+        return self._merge_computed(session, select, Ohlc.INCOMPLETE, self.names.ohlc, merge)
+
+    def write_count_bars(self, session: SparkSession, select: str) -> trade_bars.BarCounts:
+        """MERGE the tick or volume bars ``select`` computes (`count_bars.bars_sql`) into
+        ``trade_bars`` (the history query is its only writer)."""
+        from pipeline.count_bars import merge_sql
+
+        target = self.names.trade_bars
+
+        def merge(view: str) -> None:
+            self._run(session, merge_sql(target, view))
+
+        return self._merge_computed(session, select, TradeBars.INCOMPLETE, target, merge)
+
+    def _merge_computed(
+        self,
+        session: SparkSession,
+        select: str,
+        incomplete: str,
+        target: str,
+        merge: Callable[[str], None],
+    ) -> trade_bars.BarCounts:
+        """Bars computed by Spark SQL, MERGEd: the aggregation runs on the executors
+        once (cached, counted, then `merge`'s source view); only the two counts come to
+        the driver."""
+        from pyspark.sql import functions as sf
+
         bars = session.sql(select).persist()
         try:
             row = bars.agg(
                 sf.count(sf.lit(1)).alias("rows"),
-                sf.count_if(sf.col(Ohlc.INCOMPLETE)).alias("incomplete"),
+                sf.count_if(sf.col(incomplete)).alias("incomplete"),
             ).first()
             assert row is not None
             counts = trade_bars.BarCounts(int(row["rows"]), int(row["incomplete"]))
             if counts.rows:
-                lo, hi = window[0], window[1] - bar_plan.period_ms  # open times
-                view = _view_name("trade_bars")
+                view = _view_name("bars")
                 bars.createOrReplaceTempView(view)
                 try:
-                    with self.ohlc_lock:
-                        self._run(session, merge_trade_bars(self.names.ohlc, view, lo, hi))
+                    merge(view)
+                    self._reported(target, "spark-merge")
                 finally:
                     session.catalog.dropTempView(view)
             return counts
@@ -733,8 +705,13 @@ class Lake:
         """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (a book-store query write)."""
         lo_ms, hi_ms = _time_range_ms(rows[BookSnapshots.SNAPSHOT_TIME])
         target = self.names.book_snapshots
-        self._merge(
-            session, "books", rows, lambda view: merge_book_snapshots(target, view, lo_ms, hi_ms)
+        self._write(
+            session,
+            target,
+            "books",
+            rows,
+            False,
+            lambda view: merge_book_snapshots(target, view, lo_ms, hi_ms),
         )
 
     def merge_book_deltas(self, session: SparkSession, rows: pa.Table) -> None:
@@ -742,8 +719,13 @@ class Lake:
         way snapshots are: a replayed batch finds its keys and adds nothing."""
         lo_ms, hi_ms = _time_range_ms(rows[BookDeltas.DELTA_TIME])
         target = self.names.book_deltas
-        self._merge(
-            session, "deltas", rows, lambda view: merge_book_deltas(target, view, lo_ms, hi_ms)
+        self._write(
+            session,
+            target,
+            "deltas",
+            rows,
+            False,
+            lambda view: merge_book_deltas(target, view, lo_ms, hi_ms),
         )
 
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
@@ -752,13 +734,13 @@ class Lake:
         gone = pa.table({Markets.TICKER: pa.array(list(deleted), pa.string())})
         source = pa.concat_tables([rows, gone], promote_options="default")
         source = source.append_column("deleted", flags)
-        self._merge(
-            session, "markets", source, lambda view: merge_markets(self.names.markets, view)
-        )
+        target = self.names.markets
+        self._write(session, target, "markets", source, False, lambda v: merge_markets(target, v))
 
     def merge_gaps(self, session: SparkSession, rows: pa.Table) -> None:
         """Upsert ``gaps.GAPS_SCHEMA`` rows, one per gap_id (the gaps query's only write)."""
-        self._merge(session, "gaps", rows, lambda view: merge_gaps(self.names.gaps, view))
+        target = self.names.gaps
+        self._write(session, target, "gaps", rows, False, lambda v: merge_gaps(target, v))
 
     def gaps_by_status(self, session: SparkSession) -> dict[str, int]:
         """Rows of ``gaps`` per status (a small table: one row per gap)."""
@@ -773,15 +755,51 @@ class Lake:
         """
         if not requests:
             return
-        self._append(session, self.names.requests, history_notices.to_table(requests))
+        rows = history_notices.to_table(requests)
+        path = self._rule.choose(rows.num_rows, keys_absent=True)
+        # No MERGE to follow a failed commit: the batch fails, and its replay finds the
+        # rows that landed (`find_requests`).
+        self._append(session, self.names.requests, rows, path)
+        self._reported(self.names.requests, path)
 
-    def _append(self, session: SparkSession, target: str, rows: pa.Table) -> None:
-        """One commit appending ``rows`` to ``target``: from the driver (`ArrowAppends`)
-        when configured, else as a Spark job."""
-        if self._appends is not None:
-            self._appends.append(target.split(".", 1)[1], rows)  # no catalog prefix
-        else:
-            session.createDataFrame(rows).writeTo(target).append()
+    def _write(
+        self,
+        session: SparkSession,
+        target: str,
+        kind: str,
+        rows: pa.Table,
+        keys_absent: bool,
+        merge: Callable[[str], str],
+    ) -> WritePath:
+        """Write ``rows`` to ``target`` the one way `WriteRule.choose` says (``keys_absent``:
+        none of their keys is stored); returns the way it ran. The one fallback: an
+        append whose commit conflicted or whose state is unknown (typed,
+        `write_paths.commit_error`) is followed by the MERGE ``merge(view)``, right
+        whether the append landed or not."""
+        path = self._rule.choose(rows.num_rows, keys_absent=keys_absent)
+        if path != "spark-merge":
+            try:
+                self._append(session, target, rows, path)
+            except CommitError as exc:
+                log.warning("%s to %s: %s, MERGEing instead", path, target, failure_cause(exc))
+                path = "append-then-merge"
+        if path in ("spark-merge", "append-then-merge"):
+            self._merge(session, kind, rows, merge)
+        self._reported(target, path)
+        return path
+
+    def _append(self, session: SparkSession, target: str, rows: pa.Table, path: WritePath) -> None:
+        """One commit appending ``rows`` to ``target``, from the driver (pyiceberg) or as a
+        Spark job; a failed commit raised typed (`write_paths.typed_commit_errors`)."""
+        with typed_commit_errors():
+            if path == "driver-append":
+                self._tables.append(_identifier(target), rows)
+            else:
+                session.createDataFrame(rows).writeTo(target).append()
+
+    def _reported(self, target: str, path: WritePath) -> None:
+        if self._report is not None:
+            self._report(target.rsplit(".", 1)[1], path)
 
     # -- reads -------------------------------------------------------------------
 
@@ -812,43 +830,18 @@ class Lake:
         ]
         if not ranges or snapshot_id == 0:
             return {r.request_id: 0 for r in requests}
-        try:
-            return self._count_on_driver(snapshot_id, ranges)
-        except Exception as exc:  # a Java API that moved: the Spark count is always right
-            log.warning(
-                "counting rows on the driver failed, counting with Spark: %s", failure_cause(exc)
-            )
-        sql = count_request_rows(self.names.ohlc, snapshot_id, ranges)
-        rows = session.sql(sql).toArrow().to_pylist()
-        return {row["request_id"]: int(row["n"]) for row in rows}
-
-    def _count_on_driver(
-        self, snapshot_id: int, ranges: Sequence[tuple[str, SeriesRange]]
-    ) -> dict[str, int]:
-        """`row_counts.count` of each range: no Spark job."""
-        jvm, table = self._java_table(self.names.ohlc)
-        gateway = self._spark.sparkContext._gateway
+        table = self._tables.load(_identifier(self.names.ohlc))  # `row_counts`: no Spark job
         return {
             request_id: row_counts.count(
-                jvm, gateway, table, snapshot_id, r.ticker, r.period_seconds, r.lo_ms, r.hi_ms
+                table, snapshot_id, r.ticker, r.period_seconds, r.lo_ms, r.hi_ms
             )
             for request_id, r in ranges
         }
 
     def snapshot_id(self, table: str) -> int:
         """Current snapshot of ``table`` (0 if none), read fresh from the catalog."""
-        snapshot = self._java_table(table)[1].currentSnapshot()
-        return 0 if snapshot is None else int(snapshot.snapshotId())
-
-    def _java_table(self, table: str) -> tuple[Any, Any]:
-        """(the JVM view, Iceberg's Table object of ``table``, loaded fresh)."""
-        spark = self._spark
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        loaded = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-            spark._jsparkSession, table
-        )
-        return jvm, loaded
+        snapshot = self._tables.load(_identifier(table)).current_snapshot()
+        return 0 if snapshot is None else int(snapshot.snapshot_id)
 
     # -- internals ---------------------------------------------------------------
 
@@ -864,15 +857,23 @@ class Lake:
             session.catalog.dropTempView(view)
 
     def _run(self, session: SparkSession, statement: str) -> None:
+        """Run a MERGE; one that lost to a concurrent commit, or whose commit state is
+        unknown, runs again (a MERGE is right whether its first run landed or not)."""
         for attempt in range(1, self._retries + 1):
             try:
-                session.sql(statement)
+                with typed_commit_errors():
+                    session.sql(statement)
                 return
-            except Exception as exc:
-                if attempt == self._retries or not _is_conflict(exc):
+            except CommitError as exc:
+                if attempt == self._retries:
                     raise
-                log.warning("commit conflict (attempt %d), retrying the MERGE: %s", attempt, exc)
+                log.warning("%s (attempt %d), retrying the MERGE", failure_cause(exc), attempt)
                 time.sleep(0.1 * attempt)
+
+
+def _identifier(target: str) -> str:
+    """pyiceberg's ``namespace.table`` of Spark's ``catalog.namespace.table``."""
+    return target.split(".", 1)[1]
 
 
 def _view_name(kind: str) -> str:

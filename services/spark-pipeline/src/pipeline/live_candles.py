@@ -24,7 +24,7 @@ from typing import Any
 
 from mdproto.messages import OHLC, Tick
 from pipeline import records
-from pipeline.candle_close import US, Closing, TickerCandles, Window
+from pipeline.candle_close import Closing, TickerCandles, Window
 
 WindowKey = tuple[str, int, int]  # (ticker, period s, start us)
 
@@ -39,20 +39,22 @@ class LiveCandles:
     def add(self, ticks: Iterable[Tick], now_ms: int) -> list[OHLC]:
         """Count validated ticks in their windows; previews of the open windows they changed."""
         changed: dict[WindowKey, None] = {}
-        periods = self.cfg.periods
+        cfg, tickers = self.cfg, self.tickers
+        widths = cfg.widths
         for t in ticks:
-            candles = self.tickers.get(t.ticker)
+            ticker = t.ticker
+            candles = tickers.get(ticker)
             if candles is None:
-                exchange, symbol = records.split_ticker(t.ticker) or ("", "")
-                candles = self.tickers[t.ticker] = TickerCandles(exchange, symbol)
+                exchange, symbol = records.split_ticker(ticker) or ("", "")
+                candles = tickers[ticker] = TickerCandles(exchange, symbol)
             candles.last_arrival_ms = now_ms
             t_us = t.timestamp_ms * 1000
-            if candles.add(self.cfg, t.trade_id, t.price, t.amount, t_us, gap_before=t.gap_before):
-                for period in periods:
-                    changed[(t.ticker, period, t_us - t_us % (period * US))] = None
+            if candles.add(cfg, t.trade_id, t.price, t.amount, t_us, gap_before=t.gap_before):
+                for period, width in widths:
+                    changed[(ticker, period, t_us - t_us % width)] = None
         previews = []
         for ticker, period, start in changed:
-            window = self.tickers[ticker].windows.get((period, start))
+            window = tickers[ticker].windows.get((period, start))
             if window is not None and not window.emitted:
                 previews.append(candle(ticker, period, start, window, closed=False))
         return previews

@@ -14,7 +14,7 @@ pipeline"):
     every live.book_snapshot_s: a BookSnapshot of each order book that changed
     every live.snapshot_s: flush the producer, save the CEP state and its batch id
     (<checkpoint_dir>/live-engine/snapshot.json), then each changed ticks partition's
-    state (`live_state.StateStore`, S3 by default)
+    state with its tickers' CEP state (`live_state.StateStore`, S3 by default)
 
 Sharded (docs/adr/0014-sharded-live-engine.md). ``market.ticks`` and ``market.book``
 are read through the consumer group ``live.group_id``: every engine process (the
@@ -24,7 +24,9 @@ flushes its producer and saves the revoked partitions' state (open candles of th
 tickers, recent trade ids, next offset); the assignment that follows keeps what came
 back, drops the rest, restores the other assigned partitions' state and seeks to
 its offsets. ``cep.triggers`` is read whole
-by every engine with its own consumer (no group).
+by every engine with its own consumer (no group); a trigger's events not caused by a
+tick come only from the owner of its ticker's ticks partition (`_Run.owns`), and each
+ticker's CEP state travels in its partition's state.
 
 Durability. A partition's state is written only after every closed candle before it
 was acknowledged by Kafka, and it holds the partition's next offset. Its next owner
@@ -58,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import Message
 
-from mdproto import ProtocolError, envelope, topics
+from mdproto import ProtocolError, envelope, partitioning, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
 from mdproto.recent import RecentKeys
 from pipeline import records
@@ -68,6 +70,7 @@ from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
+from pipeline.live_metrics import EngineMetrics
 from pipeline.live_state import PartitionState, StateStore, StateStoreError
 
 if TYPE_CHECKING:
@@ -174,6 +177,8 @@ class LiveEngine:
         self._assigned = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-engine", daemon=True)
         self.error: BaseException | None = None
+        #: Its Prometheus series (`live_metrics`), updated by the thread once per batch.
+        self.metrics = EngineMetrics.for_settings(settings)
 
     def start(self) -> None:
         self._thread.start()
@@ -206,7 +211,7 @@ class LiveEngine:
         from confluent_kafka import Consumer, Producer
 
         s = self._settings
-        consumer = Consumer(group_consumer_config(s))
+        consumer = Consumer(group_consumer_config(s) | self.metrics.consumer_config())
         triggers = None
         if s.cep.enabled:
             triggers = Consumer(
@@ -239,6 +244,7 @@ class LiveEngine:
             run = _Run(s, consumer, producer, store, file, snapshot, cep, self._send_many, books)
             run.triggers = triggers
             run.on_assigned = self._assigned.set
+            run.metrics = self.metrics
             run.start()
             run.loop(self._stop)
             run.save()  # a clean stop reads nothing again
@@ -298,6 +304,7 @@ class _Run:
         #: The ``cep.triggers`` consumer (no group), set by the caller when CEP is on.
         self.triggers: Any = None
         self.on_assigned: Callable[[], None] | None = None
+        self.metrics = EngineMetrics.for_settings(s)
         self.book_topic = s.kafka.topic_book
         self.book_snapshot_s = s.live.book_snapshot_s
         self.snapshot_s = s.live.snapshot_s
@@ -330,11 +337,30 @@ class _Run:
         self.fresh_cep = snapshot.cep_batch is None and s.cep.ticks_starting_offsets == "latest"
         self.cep_from: dict[Position, int] = {}
         self.caught_up = True
+        #: Between a revoke (or the start) and the assignment that follows: no engine
+        #: owns a ticker then, so trigger records wait and expiries are kept.
+        self.rebalancing = True
+        #: How many partitions ``market.ticks`` has (the ownership rule's modulus):
+        #: listed at the start, and again after each assignment, outside consume().
+        self.tick_partitions = 0
+        self.recount = False
+        if cep is not None:
+            cep.set_owner(self.owns)
+
+    def owns(self, ticker: str) -> bool:
+        """Whether this engine publishes the ticker's CEP events not caused by a tick
+        (ARMED, CANCELLED, EXPIRED): it owns the ``market.ticks`` partition the ticker's
+        key goes to (`mdproto.partitioning`), so exactly one engine does."""
+        if self.rebalancing or not self.tick_partitions:
+            return False
+        partition = partitioning.partition_of(ticker, self.tick_partitions)
+        return (self.ticks_topic, partition) in self.positions
 
     def start(self) -> None:
         """Read the triggers whole, join the group (assignments arrive in consume())."""
         if self.triggers is not None:
             self._assign_triggers()
+        self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
         subscribed = [self.ticks_topic] + ([self.book_topic] if self.books is not None else [])
         self.consumer.subscribe(
             subscribed, on_assign=self.on_assign, on_revoke=self.on_revoke, on_lost=self.on_lost
@@ -355,16 +381,21 @@ class _Run:
         self.triggers.assign(assignment)
 
     # -- rebalance callbacks (run inside consume()) ---------------------------------
+    # They never call the group consumer's list_topics(): confluent-kafka's blocking
+    # calls on a handle end its per-thread call state, and the next callback of the
+    # same consume() then aborts the process (CallState_get: Assertion `cs != NULL').
 
     def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Keep each partition this engine had before the rebalance (its state is still
         here: read on from its position); restore every other ticks partition's state
         and seek to its offset, book partitions from their end (books are live only);
         drop what was revoked and did not come back."""
-        restored = 0
+        started, restored = self.metrics.monotonic(), 0
         kept = self.revoked & {(tp.topic, tp.partition) for tp in partitions}
         self._drop(sorted(self.revoked - kept))
         self.revoked = set()
+        self.recount = True  # the topic may have grown: listed once consume() returns
+        cep_states: dict[int, dict[str, Any]] = {}  # newly assigned ticks partitions
         for tp in partitions:
             key = (tp.topic, tp.partition)
             if key in kept:
@@ -378,8 +409,14 @@ class _Run:
                 state = self.store.load(tp.topic, tp.partition)
                 restored += state is not None
                 position = self._restore(key, state, low, high)
+                cep_states[tp.partition] = state.cep if state is not None else {}
             self.positions[key] = tp.offset = position
         consumer.assign(partitions)
+        self.rebalancing = False
+        if self.cep is not None and cep_states:
+            self._restore_cep(cep_states)
+        self.metrics.owned(self.positions)
+        self.metrics.restored(started, restored)
         self.caught_up = self._caught_up()
         behind = sum(self.live_from[k] - self.positions[k] for k in self.live_from)
         log.info(
@@ -410,18 +447,42 @@ class _Run:
         self.cep_from[key] = high if self.fresh_cep else position
         return position
 
+    def _restore_cep(self, states: dict[int, dict[str, Any]]) -> None:
+        """CEP's state of the tickers of newly assigned ticks partitions: what this
+        engine had of them is forgotten, what their partitions' states hold restored."""
+        assert self.cep is not None
+        n = self.tick_partitions
+
+        def moved(ticker: str) -> bool:
+            return partitioning.partition_of(ticker, n) in states
+
+        self.cep.restore_tickers(moved, {t: d for c in states.values() for t, d in c.items()})
+        for p, tickers in states.items():
+            for ticker in tickers:
+                self._owns((self.ticks_topic, p), ticker)
+
     def _owns(self, key: Position, ticker: str) -> None:
         self.tickers[key].add(ticker)
         if key[0] == self.book_topic:
             self.book_of[ticker] = key
-        else:
-            self.partition_of[ticker] = key
+            return
+        self.partition_of[ticker] = key
+        n = self.tick_partitions
+        if n and partitioning.partition_of(ticker, n) != key[1]:
+            log.warning(
+                "live engine: %s in %s:%d, the ownership rule says %d: CEP events not "
+                "caused by its ticks may come from another engine (mdproto.partitioning)",
+                ticker,
+                *key,
+                partitioning.partition_of(ticker, n),
+            )
 
     def on_revoke(self, _consumer: Any, partitions: list[Any]) -> None:
         """Save the revoked ticks partitions' state once Kafka has every closed candle
         (else the next owner reads again from the last save). The state stays until the
         assignment that follows: what comes back is kept, the rest dropped there."""
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        self.rebalancing = True
         self.revoked |= {k for k in keys if k in self.positions}
         ticks = [k for k in keys if k[0] == self.ticks_topic and k in self.positions]
         if ticks and self._flushed(REVOKE_FLUSH_S):
@@ -439,8 +500,10 @@ class _Run:
         """Lost (this engine was too slow for the session): another engine owns them
         already, from their last save; nothing saved."""
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        self.rebalancing = True
         self.revoked -= set(keys)
         self._drop(keys)
+        self.metrics.owned(self.positions)
         log.warning("live engine: lost %s", sorted(f"{t}:{p}" for t, p in keys))
 
     def _drop(self, keys: list[Position]) -> None:
@@ -482,8 +545,12 @@ class _Run:
             wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
             asked = time.monotonic()
             messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
+            if self.recount:
+                self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
+                self.recount = False
             triggers = self._trigger_records()
             stats.waited(time.monotonic() - asked)
+            consumed = len(messages)
             if self.books is not None:
                 messages = self._books(messages)
                 if time.monotonic() - book_snapshot_at >= self.book_snapshot_s:
@@ -498,9 +565,15 @@ class _Run:
             if candles is not None:
                 fresh, _closed = self._candles(candles, ticks, now_ms)
             if self.cep is not None:
+                if candles is None:  # else `_candles` learnt whose tickers they are
+                    for t, (_, p, _) in ticks:
+                        if t.ticker not in self.partition_of:
+                            self._owns((self.ticks_topic, p), t.ticker)
                 self.cep.feed(triggers, [t for t in ticks if self._for_cep(t[1])])
             self.producer.poll(0)
             stats.busy(time.monotonic() - asked, len(messages), fresh)
+            live_ms = ticks[0][1][0] if fresh and self.caught_up else None
+            self.metrics.batch(len(messages), consumed - len(messages), live_ms)
             cep_dirty = cep_dirty or bool(triggers or ticks)
             due = time.monotonic() - saved_at >= self.snapshot_s
             if due and (self.dirty or cep_dirty):
@@ -521,8 +594,9 @@ class _Run:
         return True
 
     def _trigger_records(self) -> list[Any]:
-        """The ``cep.triggers`` records waiting (never waits: triggers are rare)."""
-        if self.triggers is None:
+        """The ``cep.triggers`` records waiting (never waits: triggers are rare); none
+        while no engine owns a ticker (`rebalancing`): they wait for the owner."""
+        if self.triggers is None or self.rebalancing:
             return []
         out = []
         for m in self.triggers.consume(1000, timeout=0):
@@ -559,16 +633,18 @@ class _Run:
     ) -> tuple[list[Tick], list[Any]]:
         """Publish the live ticks, the previews and the closed candles; closed candles to
         Kafka. Returns (published ticks, closed candles)."""
-        live_from, topic = self.live_from, self.ticks_topic
+        live_from, topic, partition_of, recent = (
+            self.live_from, self.ticks_topic, self.partition_of, self.recent
+        )  # fmt: skip
         fresh = []
+        out: list[tuple[str, Message]] = []
         for t, (_, p, o) in ticks:
-            if t.ticker not in self.partition_of:
-                self._owns((topic, p), t.ticker)
-            if o >= live_from.get((topic, p), 0) and self.recent[p].first_time(
-                (t.ticker, t.trade_id)
-            ):
+            ticker = t.ticker
+            if ticker not in partition_of:
+                self._owns((topic, p), ticker)
+            if o >= live_from.get((topic, p), 0) and recent[p].first_time((ticker, t.trade_id)):
                 fresh.append(t)
-        out: list[tuple[str, Message]] = [(topics.tick_topic(t.ticker), t) for t in fresh]
+                out.append((topics.tick_topic(ticker), t))
         previews = candles.add((t for t, _ in ticks), now_ms)
         if self.caught_up:
             out += [(topics.ohlc_topic(c.ticker, c.period_seconds), c) for c in previews]
@@ -594,13 +670,17 @@ class _Run:
 
     def _decode(self, messages: list[Any]) -> list[tuple[Tick, Coordinates]]:
         """The valid ticks of the messages, each with its (Kafka time, partition, offset)."""
-        stamps = {(m.partition() or 0, m.offset() or 0): m.timestamp()[1] for m in messages}
-        decoded = records.decode_tick_values(
-            [m.value() for m in messages], [p for p, _ in stamps], [o for _, o in stamps]
-        )
-        records.log_rejects("live engine", decoded.rejects)
+        partitions = [m.partition() or 0 for m in messages]
+        offsets = [m.offset() or 0 for m in messages]
+        times = [m.timestamp()[1] for m in messages]
+        decoded = records.decode_tick_values([m.value() for m in messages], partitions, offsets)
+        if decoded.rejects:
+            records.log_rejects("live engine", decoded.rejects)
+            time_at = dict(zip(zip(partitions, offsets, strict=True), times, strict=True))
+            times = [time_at[c] for c in decoded.coordinates]
         return [
-            (t, (stamps[c], *c)) for t, c in zip(decoded.ticks, decoded.coordinates, strict=True)
+            (t, (kafka_time, p, o))
+            for t, (p, o), kafka_time in zip(decoded.ticks, decoded.coordinates, times, strict=True)
         ]
 
     def _flushed(self, timeout_s: float) -> bool:
@@ -614,15 +694,17 @@ class _Run:
     def _save_partition(self, key: Position) -> None:
         candles = self.candles.tickers if self.candles is not None else {}
         recent = self.recent.get(key[1])
-        self.store.save(
+        size = self.store.save(
             PartitionState(
                 key[0],
                 key[1],
                 self.positions[key],
                 {t: candles[t].to_dict() for t in self.tickers.get(key, ()) if t in candles},
                 list(recent) if recent is not None else [],
+                self.cep.ticker_states(self.tickers.get(key, ())) if self.cep is not None else {},
             )
         )
+        self.metrics.state_saved(key[1], size)
 
     def _try_save_partition(self, key: Position) -> bool:
         """Save one partition's state; False when the store refused it (an S3 outage):
@@ -637,19 +719,23 @@ class _Run:
 
     def save(self) -> bool:
         """Save once Kafka has every closed candle so far; False: not yet, or a partition
-        the store refused (both retried). The CEP state and its batch id first, then the
-        partitions: a partition state older than CEP's only means ticks evaluated again
-        (at-least-once)."""
+        the store refused (both retried). The partitions first (each ticker's CEP windows,
+        trade ids and fire counts go with its partition), then, once every one is saved,
+        the CEP trigger set and its batch id: a trigger set newer than a partition's state
+        would take a replayed tick's fire for a new one (the next fire_count), where a
+        trigger set older than it only reads trigger records again (at-least-once)."""
         if not self._flushed(2.0):
             return False
-        if self.cep is not None:
-            cep_batch = self.cep.checkpoint()
-            self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
         saved = {
             k for k in sorted(self.dirty) if k in self.positions and self._try_save_partition(k)
         }
         self.dirty -= saved | {k for k in self.dirty if k not in self.positions}
-        return not self.dirty
+        if self.dirty:
+            return False
+        if self.cep is not None:
+            cep_batch = self.cep.checkpoint()
+            self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
+        return True
 
 
 class _Stats:

@@ -1,23 +1,33 @@
 """The live engine's state per ``market.ticks`` partition, where any engine host reads it.
 
-One JSON object per partition, ``<live.state_location>/<group id>/<topic>/<partition>.json``
+One object per partition, ``<live.state_location>/<group id>/<topic>/<partition>.json``
 (default location: the warehouse bucket's ``live-engine/`` prefix, through the
-pipeline's own S3 settings), replaced whole by each save (an S3 PUT is atomic; a
-local path, for tests and one-host runs, is written and renamed). Why S3 and not a
-changelog topic: docs/adr/0014-sharded-live-engine.md. Its shape, values elided:
+pipeline's own S3 settings), replaced whole by each save (a local path, for tests
+and one-host runs, is written and renamed). Why S3 and not a changelog topic:
+docs/adr/0014-sharded-live-engine.md. Its shape, values elided: a header line, then
+the JSON body it describes:
 
-    {"format": 3, "topic": "market.ticks", "partition": 0, "offset": 1234,
+    {"format": 4, "bytes": 5678, "sha256": "<hex of the body>"}
+    {"topic": "market.ticks", "partition": 0, "offset": 1234,
      "candles": {"BINANCE:BTC/USDT": {...TickerCandles.to_dict()...}},
-     "recent": [["BINANCE:BTC/USDT", "trade-id"], ...]}
+     "recent": [["BINANCE:BTC/USDT", "trade-id"], ...],
+     "cep": {"BINANCE:BTC/USDT": {...cep Engine.ticker_states()...}}}
 
-A saved object of another format is ignored with a warning (the partition starts
-at ``kafka.starting_offsets``), so a format change never misreads an old one.
+The checksum is there because not every S3 store makes a replaced object's GET
+atomic: SeaweedFS has served a reader half of an object being written. A read that
+does not match its header (`TornState`) is read again a few times; one that never
+matches, like an object of another format (format 3 had no header line), is ignored
+with a warning and the partition starts at ``kafka.starting_offsets``, so a format
+change never misreads an old one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -28,7 +38,11 @@ from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
+FORMAT = 4
+#: Reads of an object that does not match its header before it is given up, and the
+#: pause between them (a writer's replace takes milliseconds).
+READS = 4
+REREAD_S = 0.2
 #: The newest dedupe keys saved with a partition: a redelivered trade (an ingestor's
 #: reconnect) follows its first copy within seconds, well inside this many.
 RECENT_SAVED = 10_000
@@ -36,6 +50,11 @@ RECENT_SAVED = 10_000
 
 class StateStoreError(RuntimeError):
     """The state location cannot be used."""
+
+
+class TornState(StateStoreError):  # noqa: N818 (reads as the verdict it is)
+    """An object whose body does not match its header: read while being replaced, or
+    damaged."""
 
 
 @dataclass
@@ -50,38 +69,66 @@ class PartitionState:
     candles: dict[str, Any] = field(default_factory=dict)
     #: The newest (ticker, trade id) published, oldest first.
     recent: list[tuple[str, str]] = field(default_factory=list)
+    #: Each of the partition's tickers' CEP state (`cep.engine.Engine.ticker_states`).
+    cep: dict[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        body = {
-            "format": FORMAT,
-            "topic": self.topic,
-            "partition": self.partition,
-            "offset": self.offset,
-            "candles": self.candles,
-            "recent": [list(k) for k in self.recent[-RECENT_SAVED:]],
-        }
-        return json.dumps(body, separators=(",", ":")).encode()
+        body = json.dumps(
+            {
+                "topic": self.topic,
+                "partition": self.partition,
+                "offset": self.offset,
+                "candles": self.candles,
+                "recent": [list(k) for k in self.recent[-RECENT_SAVED:]],
+                "cep": self.cep,
+            },
+            separators=(",", ":"),
+        ).encode()
+        header = {"format": FORMAT, "bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + body
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> PartitionState | None:
-        body = json.loads(data)
-        if body.get("format") != FORMAT:
-            log.warning("%s: state format %s is not ours: ignored", where, body.get("format"))
+        """The state in `data`; None for another format (logged); `TornState` when the
+        body does not match its header."""
+        first, newline, body = data.partition(b"\n")
+        try:
+            header = json.loads(first)
+        except ValueError as exc:
+            raise TornState(f"{where}: unreadable header ({len(data)} bytes): {exc}") from exc
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            found = header.get("format") if isinstance(header, dict) else None
+            log.warning("%s: state format %s is not ours: ignored", where, found)
             return None
+        if (
+            not newline
+            or len(body) != header["bytes"]
+            or hashlib.sha256(body).hexdigest() != header["sha256"]
+        ):
+            raise TornState(f"{where}: body of {len(body)} bytes does not match its header")
+        d = json.loads(body)
         return cls(
-            body["topic"],
-            int(body["partition"]),
-            int(body["offset"]),
-            body["candles"],
-            [(str(t), str(i)) for t, i in body["recent"]],
+            d["topic"],
+            int(d["partition"]),
+            int(d["offset"]),
+            d["candles"],
+            [(str(t), str(i)) for t, i in d["recent"]],
+            d["cep"],
         )
 
 
 class StateStore:
     """Partition states under one root of a pyarrow file system (S3 or local)."""
 
-    def __init__(self, filesystem: fs.FileSystem, root: str) -> None:
+    def __init__(
+        self,
+        filesystem: fs.FileSystem,
+        root: str,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._fs = filesystem
+        self._sleep = sleep
         self._root = root.rstrip("/")
         self._local = isinstance(filesystem, fs.LocalFileSystem)
 
@@ -120,18 +167,36 @@ class StateStore:
         return f"{self._root}/{topic}/{partition}.json"
 
     def load(self, topic: str, partition: int) -> PartitionState | None:
-        """The partition's saved state, or None (none saved, or another format)."""
+        """The partition's saved state, or None (none saved, another format, or torn
+        at every one of `READS` reads: logged)."""
         path = self._path(topic, partition)
+        torn: TornState | None = None
+        for attempt in range(READS):
+            if attempt:
+                log.warning("live engine state read again: %s", torn)
+                self._sleep(REREAD_S)  # a writer replacing it is done within milliseconds
+            data = self._read(path)
+            if data is None:
+                return None
+            try:
+                return PartitionState.decode(data, path)
+            except TornState as exc:
+                torn = exc
+        log.error("live engine state ignored after %d reads: %s", READS, torn)
+        return None
+
+    def _read(self, path: str) -> bytes | None:
         try:
             with self._fs.open_input_stream(path) as stream:
-                data = stream.read()
+                data: bytes = stream.read()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StateStoreError(f"cannot read the live engine's state {path}: {exc}") from exc
-        return PartitionState.decode(data, path)
+        return data
 
-    def save(self, state: PartitionState) -> None:
+    def save(self, state: PartitionState) -> int:
+        """Write the partition's state; its size in bytes (the engine's state metric)."""
         path = self._path(state.topic, state.partition)
         data = state.encode()
         try:
@@ -146,6 +211,7 @@ class StateStore:
                     out.write(data)
         except OSError as exc:
             raise StateStoreError(f"cannot write the live engine's state {path}: {exc}") from exc
+        return len(data)
 
 
 def _default_location(settings: Settings) -> str:

@@ -21,6 +21,7 @@ from mdproto.messages import TradeGap
 from mdproto.runtime.metrics_http import Health
 from pipeline.progress import kafka_lag
 from pipeline.upkeep import StepResult
+from pipeline.write_paths import WritePath
 
 # Micro-batch durations span a tick batch (tens of ms) to a year of candles (tens of s).
 _BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -160,6 +161,22 @@ def query_restarts(registry: CollectorRegistry) -> Counter:
         ["query"],
         registry=registry,
     )
+
+
+class IcebergWrites:
+    """`pipeline_iceberg_writes_total{table, path}`: which way each Iceberg write ran
+    (`write_paths.WritePath`: driver-append, spark-append, spark-merge, append-then-merge)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._writes = Counter(
+            "pipeline_iceberg_writes",
+            "Iceberg writes by table and the way they ran (pipeline/write_paths.py)",
+            ["table", "path"],
+            registry=registry,
+        )
+
+    def __call__(self, table: str, path: WritePath) -> None:
+        self._writes.labels(table, path).inc()
 
 
 class LivenessCollector(Collector):

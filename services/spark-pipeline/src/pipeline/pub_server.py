@@ -38,6 +38,7 @@ import zmq
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope, topics
+from pipeline import live_metrics
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord, LiveBooks
 
@@ -51,6 +52,7 @@ SEND_TIMEOUT_MS = 10_000
 SUBSCRIPTION_CHECK_MS = 20
 _SUBSCRIBE = 1
 _PR_SET_PDEATHSIG = 1
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class PubServer:
         self._process: Any = None
         self._started = False
         self.endpoint = ""
+        #: The live engine's own /metrics in the process (None: no engine, not started).
+        self.engine_metrics_url: str | None = None
 
     @property
     def pull_endpoint(self) -> str:
@@ -111,6 +115,8 @@ class PubServer:
             assigned = self._receive(timeout_s)
             if "error" in assigned:
                 raise RuntimeError(assigned["error"])
+            port = assigned["metrics_port"]
+            self.engine_metrics_url = f"http://{LOOPBACK}:{port}/metrics"
         return self.endpoint
 
     def _receive(self, timeout_s: float) -> dict[str, Any]:
@@ -210,11 +216,16 @@ def _serve(config: ServerConfig, conn: Connection) -> None:
     stop = threading.Event()
     forwarder = _start_forwarder(pull, outlet, stop)
     engine = None
+    engine_metrics = None
     if config.engine_settings is not None:
         engine = _start_live_engine(config.engine_settings, outlet)
-        conn.send(_assignment(engine))
+        # Loopback, any port: the driver's /metrics reads it (live_metrics.EngineScrape).
+        engine_metrics = live_metrics.serve(engine.metrics, lambda: engine.alive, LOOPBACK, 0)
+        conn.send({**_assignment(engine), "metrics_port": engine_metrics.port})
     _wait_for_stop(conn, engine)
     _shut_down(ctx, forwarder, stop, engine)
+    if engine_metrics is not None:
+        engine_metrics.close()
 
 
 def _prepare_process(config: ServerConfig) -> None:

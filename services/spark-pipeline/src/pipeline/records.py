@@ -382,11 +382,9 @@ def decode_tick_values(
 ) -> TickBatch:
     """`decode_ticks` over plain lists (what a Kafka consumer hands over)."""
     out = TickBatch()
-    for i, value in enumerate(values):
-        try:
-            tick = envelope.decode_record(value or b"", Tick)
-        except ProtocolError as exc:
-            out.rejects.append(Reject(partitions[i], offsets[i], exc.code, exc.reason))
+    for i, tick in enumerate(envelope.decode_records(values, Tick)):
+        if isinstance(tick, ProtocolError):
+            out.rejects.append(Reject(partitions[i], offsets[i], tick.code, tick.reason))
             continue
         problem = tick_problem(tick)
         if problem:

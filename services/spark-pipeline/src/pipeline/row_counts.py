@@ -1,31 +1,34 @@
-"""Candles of one series in a time range at a snapshot, counted on the driver's JVM.
+"""Candles of one series in a time range at a snapshot, counted on the driver (pyiceberg).
 
 Why: a stored answer's row count was a Spark job (a time-travel scan), whose
 fixed cost on two shared cores outweighs the data it reads (`driver_reads` does
-the same for the reads before a write). Here Iceberg plans
-the files of the range (manifests only) and:
+the same for the reads before a write). Here pyiceberg's scan plans the files of
+the range (manifests only) and:
 
 - a data file with no delete file attached whose ``open_time`` bounds lie
   inside the range holds only matching rows: its record count is exact
   (``ticker`` and ``period_seconds`` are identity partitions, so every file
   of the plan is of the series);
-- the rows of every other file are read by Iceberg's generic reader (deletes
-  applied) within the time ranges those files span, on the driver.
+- the rows of every other file are read by pyiceberg (deletes applied) within
+  the time ranges those files span, on the driver.
 
 A file counted whole must have no row inside those ranges (else it would be
 counted twice): `split` moves such a file to the read side until none is left.
-The reader runs in the driver's JVM, one thread; `Lake` falls back to the
-Spark count if anything here fails.
+A failure here fails the count (no second engine): the caller's batch or
+stored answer fails and is retried the way any failed read is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mdproto.tables import Ohlc
-from pipeline.driver_reads import timestamp_value
+from pipeline.driver_reads import compare, timestamp_value, within
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,92 +90,62 @@ def _overlaps(f: DataFile, spans: Sequence[tuple[int, int]]) -> bool:
     return any(lo <= f.upper_us and f.lower_us <= hi for lo, hi in spans)
 
 
-def _check_identity(table: Any) -> None:
+def _check_identity(table: Table) -> None:
     """Every file of the plan is of the series only if the series is an identity partition."""
-    schema, specs = table.schema(), table.specs()
-    wanted = {schema.findField(c).fieldId() for c in (Ohlc.TICKER, Ohlc.PERIOD_SECONDS)}
-    for spec_id in specs.keySet():
-        identity = {int(i) for i in specs.get(spec_id).identitySourceIds()}
+    from pyiceberg.transforms import IdentityTransform
+
+    schema = table.schema()
+    wanted = {schema.find_field(c).field_id for c in (Ohlc.TICKER, Ohlc.PERIOD_SECONDS)}
+    for spec in table.specs().values():
+        identity = {f.source_id for f in spec.fields if isinstance(f.transform, IdentityTransform)}
         if not wanted <= identity:
             raise ValueError(f"{table.name()}: ticker and period are not identity partitions")
 
 
 def count(
-    jvm: Any,
-    gateway: Any,
-    table: Any,
-    snapshot_id: int,
-    ticker: str,
-    period_seconds: int,
-    lo_ms: int,
-    hi_ms: int,
+    table: Table, snapshot_id: int, ticker: str, period_seconds: int, lo_ms: int, hi_ms: int
 ) -> int:
     """Rows of (``ticker``, ``period_seconds``) with ``open_time`` in ``[lo_ms, hi_ms)`` in
-    the loaded Iceberg ``table`` (a Java object) at ``snapshot_id``."""
-    iceberg = jvm.org.apache.iceberg
-    x = iceberg.expressions.Expressions
-    both = getattr(x, "and")
-    series = both(x.equal(Ohlc.TICKER, ticker), x.equal(Ohlc.PERIOD_SECONDS, period_seconds))
+    the loaded Iceberg ``table`` (pyiceberg's) at ``snapshot_id``."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.expressions import And, Or
+
+    series = And(
+        compare(Ohlc.TICKER, "=", ticker), compare(Ohlc.PERIOD_SECONDS, "=", period_seconds)
+    )
     lo_us, hi_us = lo_ms * 1000, hi_ms * 1000
-    in_range = both(
-        x.greaterThanOrEqual(Ohlc.OPEN_TIME, timestamp_value(lo_us)),
-        x.lessThan(Ohlc.OPEN_TIME, timestamp_value(hi_us)),
+    in_range = And(
+        compare(Ohlc.OPEN_TIME, ">=", timestamp_value(lo_us)),
+        compare(Ohlc.OPEN_TIME, "<", timestamp_value(hi_us)),
     )
     _check_identity(table)
-    column = table.schema().findField(Ohlc.OPEN_TIME)
-    field_id, field_type = column.fieldId(), column.type()
-    decode = iceberg.types.Conversions.fromByteBuffer
-    files: list[DataFile] = []
-    tasks = (
-        table.newScan()
-        .useSnapshot(snapshot_id)
-        .filter(both(series, in_range))
-        .includeColumnStats()
-        .planFiles()
-    )
-    try:
-        it = tasks.iterator()
-        while it.hasNext():
-            task = it.next()
-            f = task.file()
-            lower, upper = f.lowerBounds(), f.upperBounds()
-            lower_b = lower.get(field_id) if lower is not None else None
-            upper_b = upper.get(field_id) if upper is not None else None
-            files.append(
-                DataFile(
-                    lower_us=None if lower_b is None else int(decode(field_type, lower_b)),
-                    upper_us=None if upper_b is None else int(decode(field_type, upper_b)),
-                    records=int(f.recordCount()),
-                    deletes=not task.deletes().isEmpty(),
-                )
-            )
-    finally:
-        tasks.close()
+    column = table.schema().find_field(Ohlc.OPEN_TIME)
+    field_id, field_type = column.field_id, column.field_type
+
+    def bound(bounds: dict[int, bytes] | None) -> int | None:
+        raw = None if bounds is None else bounds.get(field_id)
+        return None if raw is None else int(from_bytes(cast(Any, field_type), raw))
+
+    scan = table.scan(row_filter=And(series, in_range), snapshot_id=snapshot_id)
+    files = [
+        DataFile(
+            lower_us=bound(task.file.lower_bounds),
+            upper_us=bound(task.file.upper_bounds),
+            records=int(task.file.record_count),
+            deletes=bool(task.delete_files),
+        )
+        for task in scan.plan_files()
+    ]
     planned = split(files, lo_us, hi_us)
     if not planned.read:
         return planned.whole_rows
-    spans = [
-        both(
-            x.greaterThanOrEqual(Ohlc.OPEN_TIME, timestamp_value(lo)),
-            x.lessThanOrEqual(Ohlc.OPEN_TIME, timestamp_value(hi)),
-        )
-        for lo, hi in planned.read
-    ]
-    either = getattr(x, "or")
-    within = spans[0]
+    spans = [within(Ohlc.OPEN_TIME, lo, hi) for lo, hi in planned.read]
+    wanted = spans[0]
     for span in spans[1:]:
-        within = either(within, span)
-    columns = gateway.new_array(jvm.java.lang.String, 1)
-    columns[0] = Ohlc.OPEN_TIME
-    rows = (
-        iceberg.data.IcebergGenerics.read(table)
-        .useSnapshot(snapshot_id)
-        .where(both(both(series, in_range), within))
-        .select(columns)
-        .build()
-    )
-    try:
-        read = int(iceberg.relocated.com.google.common.collect.Iterables.size(rows))
-    finally:
-        rows.close()
-    return planned.whole_rows + read
+        wanted = Or(wanted, span)
+    rows = table.scan(
+        row_filter=And(And(series, in_range), wanted),
+        selected_fields=(Ohlc.OPEN_TIME,),
+        snapshot_id=snapshot_id,
+    ).to_arrow()
+    return planned.whole_rows + int(rows.num_rows)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mdproto.runtime.processes import process_alive
 from pipeline.config import Settings
 
 if TYPE_CHECKING:
@@ -98,11 +100,27 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
         conf["spark.driver.memory"] = settings.spark.driver_memory
         jars = resolve_jars(settings)
         conf["spark.jars"] = ",".join(jars)
+        conf["spark.local.dir"] = str(driver_scratch(Path(settings.spark.scratch_dir)))
         if settings.spark.master.startswith("local"):
             conf["spark.driver.host"] = LOOPBACK
             conf["spark.driver.bindAddress"] = LOOPBACK
     conf.update(settings.spark.conf)
     return conf
+
+
+def driver_scratch(root: Path) -> Path:
+    """This process's scratch directory under ``root``, after removing dead drivers'.
+
+    Spark deletes its scratch only on a clean JVM exit; a killed driver leaves a copy of
+    every jar it served behind, and restarts would fill the disk."""
+    root.mkdir(parents=True, exist_ok=True)
+    for child in root.glob("driver-*"):
+        pid = child.name.removeprefix("driver-")
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(child, ignore_errors=True)
+    mine = root.resolve() / f"driver-{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    return mine
 
 
 BACKGROUND_POOL = "background"  # table upkeep, market metadata: the other queries first

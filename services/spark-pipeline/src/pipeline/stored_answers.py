@@ -7,8 +7,8 @@ its fixed cost per answer: the trigger wait, Spark's Kafka fetch of the one
 record and the ``requests`` append, most of a stored answer's time
 (figures: docs/adr/0010-history-notification-publishers.md). This thread reads
 the topic itself, counts the range's rows at the ``ohlc`` snapshot on the
-driver's JVM and publishes at once; the history query records it when its
-micro-batch comes (`early_notices`).
+driver's JVM and has the notifier publish it at once; the history query records
+it when its micro-batch comes (`notifier`).
 
 Anything this path skips (another status or source, an id the sink may have
 recorded, a failure here) is the history query's, as before: this thread only
@@ -17,6 +17,7 @@ ever makes a notification earlier.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -25,22 +26,30 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from pyiceberg.exceptions import RESTError
 
 from mdproto.messages import HistorySource, Status
 from pipeline import history_notices, records
 from pipeline.config import Settings
-from pipeline.early_notices import EARLY_BATCH, EarlyNotices
 from pipeline.lake import Lake
-from pipeline.pub_server import Publisher
+from pipeline.notifier import EARLY_BATCH, HistoryNotifier
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from pipeline.faults import CrashPoint
 
+#: What leaves a stored answer to the history query: the catalog (its REST errors) or
+#: S3 (OSError, as are requests' connection errors) unreachable while answering.
+LAKE_AWAY = (OSError, RESTError)
+
 log = logging.getLogger(__name__)
 #: A failed read of the topic (Kafka down) is tried again after this long.
 RETRY_S = 2.0
+
+
+class TopicUnavailableError(RuntimeError):
+    """The batches topic is not there (yet): Kafka lists it without partitions."""
 
 
 def stored_only(markers: Sequence[records.FinalMarker]) -> list[records.FinalMarker]:
@@ -75,16 +84,14 @@ class StoredAnswers:
         settings: Settings,
         spark: SparkSession,
         lake: Lake,
-        publisher: Publisher,
-        early: EarlyNotices,
+        notifier: HistoryNotifier,
         crash_point: CrashPoint | None = None,
     ) -> None:
         self._settings = settings
         self._crash_point = crash_point or (lambda _: None)
         self._spark = spark
         self._lake = lake
-        self._publisher = publisher
-        self._early = early
+        self._notifier = notifier
         self._stop = threading.Event()
         self._reading = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stored-answers", daemon=True)
@@ -99,19 +106,24 @@ class StoredAnswers:
         deadline = time.monotonic() + timeout_s
         if not self._reading.wait(timeout_s):
             return False
-        return self._early.wait_vouching(max(0.0, deadline - time.monotonic()))
+        return self._notifier.wait_vouching(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
 
     def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
         while not self._stop.is_set():
             try:
                 self._read()
-            except Exception as exc:  # Kafka away: the history query answers meanwhile
+            except (KafkaException, TopicUnavailableError) as exc:  # the query answers meanwhile
                 log.warning("stored answers: reading Kafka failed, again in %g s: %s", RETRY_S, exc)
                 self._stop.wait(RETRY_S)
+            except BaseException:
+                log.exception("stored answers stopped: history is notified by the query alone")
+                raise
 
     def _read(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
@@ -129,7 +141,7 @@ class StoredAnswers:
         try:
             meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if meta is None or meta.error is not None or not meta.partitions:
-                raise RuntimeError(f"topic {topic} lists no partitions")
+                raise TopicUnavailableError(f"topic {topic} lists no partitions")
             # From the end, resolved now: what came before is the history query's (it
             # reads it anyway), and nothing written after `wait_ready` is missed.
             ends = []
@@ -148,21 +160,33 @@ class StoredAnswers:
     def _answer_all(self, messages: Sequence[Any]) -> None:
         decoded = records.decode_history(kafka_table(messages), now_ms=_now_ms())
         for marker in stored_only(decoded.finals):
-            if not self._early.claim(marker.request_id):
-                continue
+            t0 = time.monotonic()
             try:
-                request = self._answer(marker)
-            except Exception as exc:
-                self._early.failed(marker.request_id)
+                request = self._notifier.notify_early(
+                    marker.request_id, functools.partial(self._answer, marker)
+                )
+            except LAKE_AWAY as exc:  # the history query answers it, as without this path
                 log.warning(
                     "stored answer %s left to the history query: %s", marker.request_id, exc
                 )
                 continue
-            self._early.published(request)
+            if request is None:
+                continue
+            self._crash_point("stored-answer-after-publish")
             self.notified += 1
+            log.info(
+                "notified %s on %s ahead of the history query (stored answer): %s, %d rows, "
+                "snapshot %d, %.0f ms after its marker was read",
+                request.request_id,
+                request.notification_topic,
+                Status.Name(request.status),  # type: ignore[arg-type]
+                request.row_count,
+                request.snapshot_id,
+                (time.monotonic() - t0) * 1000,
+            )
 
     def _answer(self, marker: records.FinalMarker) -> history_notices.CompletedRequest:
-        t0 = time.monotonic()
+        """The request's notification as the query would build it, at the current snapshot."""
         names = self._lake.names
         snapshot = self._lake.snapshot_id(names.ohlc)
         request = history_notices.complete(
@@ -176,18 +200,6 @@ class StoredAnswers:
         if history_notices.needs_count(request):
             counts = self._lake.count_request_rows(self._spark, snapshot, [request])
             request = history_notices.reconcile(request, counts[request.request_id])
-        self._publisher.publish(request.notification_topic, request.notification())
-        self._crash_point("stored-answer-after-publish")
-        log.info(
-            "notified %s on %s ahead of the history query (stored answer): %s, %d rows, "
-            "snapshot %d, %.0f ms after its marker was read",
-            request.request_id,
-            request.notification_topic,
-            Status.Name(request.status),  # type: ignore[arg-type]
-            request.row_count,
-            request.snapshot_id,
-            (time.monotonic() - t0) * 1000,
-        )
         return request
 
 

@@ -114,6 +114,8 @@ class BarReport:
     expected_candles: int
     exchange_gaps: int  # known slots without trades
     missing_candles: int  # slots without a bar that are not known to be empty
+    iceberg_table: str = ""  # where the bars are, if not ``ohlc`` (tick and volume bars)
+    snapshot_id: int = 0  # that table's snapshot holding them (0: ``ohlc``'s)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pipeline.config import UpkeepConfig
-from pipeline.lake import TableNames
+from pipeline.lake import TableNames, pipeline_tables
 from pipeline.session import BACKGROUND_POOL
 
 if TYPE_CHECKING:
@@ -52,17 +52,9 @@ def plan(names: TableNames, cfg: UpkeepConfig, now_ms: int) -> list[Step]:
     cutoff = datetime.fromtimestamp((now_ms - cfg.snapshot_retain_s * 1000) / 1000, tz=UTC)
     older_than = cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
     steps: list[Step] = []
-    # markets: every ingestor refresh MERGEs each row again (new updated_at): delete files;
-    # gaps likewise, at each change of a gap's state.
-    tables = (
-        names.ohlc,
-        names.ticks,
-        names.requests,
-        names.markets,
-        names.book_snapshots,
-        names.book_deltas,
-    )
-    for full in (*tables, names.gaps):
+    # Every table the pipeline writes (markets: every ingestor refresh MERGEs each row
+    # again, new updated_at: delete files; gaps likewise, at each change of a gap's state).
+    for full in pipeline_tables(names):
         table = full.removeprefix(f"{catalog}.")
         steps += [
             Step(

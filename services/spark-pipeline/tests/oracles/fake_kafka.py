@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -74,6 +75,18 @@ class GroupConsumer:
     seeks: list[list[tuple[int, int]]] = field(default_factory=list)
     positions: dict[int, int] = field(default_factory=dict)
     callbacks: dict[str, Any] = field(default_factory=dict)
+    #: How many partitions the topic has (its metadata).
+    partitions: int = 2
+
+    #: Inside consume(): a rebalance callback runs.
+    in_consume: bool = False
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        # confluent-kafka: list_topics() from a callback of consume() on the same handle
+        # ends its call state, and the next callback aborts the process.
+        assert not self.in_consume, "list_topics() called inside consume()"
+        meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
+        return SimpleNamespace(topics={topic: meta})
 
     def subscribe(self, topics: list[str], **callbacks: Any) -> None:
         self.callbacks = callbacks
@@ -87,6 +100,13 @@ class GroupConsumer:
             self.positions[tp.partition] = tp.offset
 
     def consume(self, n: int, timeout: float) -> list[Message]:
+        self.in_consume = True
+        try:
+            return self._consume()
+        finally:
+            self.in_consume = False
+
+    def _consume(self) -> list[Message]:
         if not self.script:
             self.stop.set()
             return []

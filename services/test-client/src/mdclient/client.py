@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, TypedDict, TypeVar, Unpack
@@ -45,6 +45,7 @@ from mdclient.history import (
     ProgressCallback,
     ProgressEvent,
     RetryPolicy,
+    bars_name,
     decode_reply,
     wait_for_history,
 )
@@ -61,7 +62,7 @@ from mdclient.triggers import (
     parse_condition,
 )
 from mdproto import envelope, rules, topics
-from mdproto.error_codes import BAD_TIME, RELAY_UNAVAILABLE, SNAPSHOT_GONE
+from mdproto.error_codes import BAD_CHANNEL, BAD_TIME, RELAY_UNAVAILABLE, SNAPSHOT_GONE
 from mdproto.markets import Precision
 from mdproto.messages import (
     OHLC,
@@ -262,14 +263,17 @@ class Client(Closeable):
     def query(
         self, ticker: str, period: PeriodLike, start: TimeLike, end: TimeLike = "now"
     ) -> HistoryQuery:
-        """Validate and normalise arguments (human times, `1m` periods) into a query."""
+        """Validate and normalise arguments (human times, `1m` periods; `100ticks`, `2.5vol`
+        for tick or volume bars from recorded trades) into a query."""
         now_ms = int(time.time() * 1000)
+        bars = bars_name(period)
         try:
             return HistoryQuery(
                 ticker=ticker,
-                period_seconds=timeparse.parse_period(period),
+                period_seconds=0 if bars else timeparse.parse_period(period),
                 start_ms=timeparse.to_ms(start, now_ms=now_ms),
                 end_ms=timeparse.to_ms(end, now_ms=now_ms),
+                bars=bars,
             )
         except timeparse.TimeFormatError as exc:
             raise InvalidRequest(str(exc), error_code=BAD_TIME) from None
@@ -381,7 +385,11 @@ class Client(Closeable):
         pin_snapshot: bool | None = None,
         refetch: bool = False,
     ) -> HistoryResult:
-        """Candles of [start, end): request, wait for the notification, read Iceberg."""
+        """Candles of [start, end): request, wait for the notification, read Iceberg.
+
+        `period` "100ticks" (every 100 trades) or "2.5vol" (every 2.5 of base volume) asks
+        for bars built from recorded trades: the table then has ``market.trade_bars``'s
+        columns (``seq``, ``open_time``/``close_time``, OHLCV, trade ids), sorted by seq."""
         query = self.query(ticker, period, start, end)
         outcome = self.wait_history(
             query,
@@ -394,9 +402,10 @@ class Client(Closeable):
         note = outcome.notification
         snapshot = note.snapshot_id or None
         if note.status == Status.NOT_FOUND:
-            from mdclient.frames import empty_candles
+            from mdclient.frames import empty_candles, empty_trade_bars
 
-            table, snapshot_note = empty_candles(), ""
+            table = empty_trade_bars() if query.bars else empty_candles()
+            snapshot_note = ""
         else:
             if progress is not None:
                 progress(
@@ -429,9 +438,16 @@ class Client(Closeable):
         """The rows at the pinned snapshot; if upkeep expired it, the current ones and a
         note saying so (the result carries it, the CLI prints it: never a silent switch)."""
         reader = self.reader()
-        read = partial(
-            reader.read_ohlc, table_name, query.ticker, query.period_seconds,
-            query.start_ms, query.end_ms,
+        read = (
+            partial(
+                reader.read_trade_bars, table_name, query.ticker, query.bars,
+                query.start_ms, query.end_ms,
+            )
+            if query.bars
+            else partial(
+                reader.read_ohlc, table_name, query.ticker, query.period_seconds,
+                query.start_ms, query.end_ms,
+            )
         )  # fmt: skip
         try:
             return read(snapshot_id=snapshot_id), ""
@@ -552,7 +568,7 @@ class Client(Closeable):
         (`marker=False`: none).
 
         `speed`: 1, 10, ... keeps the event-time spacing divided by it; "max" goes as
-        fast as the loop reads, with one time slice per stream in memory. `replay.cursor`
+        fast as the loop reads, with one piece per stream in memory. `replay.cursor`
         after any message, passed back as `cursor=` with the same tickers, range and
         channels, resumes with the rest exactly once (a book topic restarts from the
         book at the cursor, one BookSnapshot). `InvalidRequest` (bad_ticker, bad_time,
@@ -574,25 +590,57 @@ class Client(Closeable):
         )
         return replay_from(self.reader(), self.settings, query, marker=marker)
 
+    def replay_batches(
+        self, tickers: str | Sequence[str], start: TimeLike, end: TimeLike = "now"
+    ) -> Iterator[pa.RecordBatch]:
+        """The stored trades of `tickers` in [start, end) as Arrow record batches in the
+        replay's order (time, the tickers' order, trade id), with a `ticker` column: the
+        batch mode of `replay` for backtests that read columns (no message per trade,
+        no sequences or cursor). The same checks as `replay` before the first batch
+        (mdclient.replay.trade_batches_in_order)."""
+        from mdclient.replay import IcebergStore, replay_query, trade_batches_in_order
+
+        query = replay_query(tickers, start, end, now_ms=int(time.time() * 1000))
+        store = IcebergStore(self.reader(), self.settings)
+        return trade_batches_in_order(store, query)
+
     def replay_into_live(
-        self, tickers: str | Sequence[str], start: TimeLike, *, speed: float | str = "max"
+        self,
+        tickers: str | Sequence[str],
+        start: TimeLike,
+        *,
+        channels: Iterable[str] = ("trades",),
+        speed: float | str = "max",
     ) -> FollowLive:
-        """The stored trades of `tickers` from `start` (as `replay`, channel `trades`),
-        then their live ticks without a gap or a duplicate at the seam, until closed: the
-        live ticks are subscribed before the store is read and wait (up to
-        `live_queue_size`); a `ReplayComplete` marks the seam; at each ticker's first
-        live tick the store is read again until it holds that tick (the pipeline stores
-        a trade seconds after it is published), and a live tick already delivered is
-        dropped (mdclient.replay.FollowLive)."""
+        """The stored trades and closed candles (`channels`: `trades`, `ohlc:60`, ...) of
+        `tickers` from `start` (as `replay`), then their live ones without a gap or a
+        duplicate at the seam, until closed: the live topics are subscribed before the
+        store is read and wait (up to `live_queue_size`); a `ReplayComplete` marks the
+        seam; at each topic's first live message the store is read again until it holds
+        that message (the pipeline stores a trade or a candle seconds after it is
+        published), and a live message already delivered is dropped
+        (mdclient.replay.FollowLive). `book` is refused (`bad_channel`): a live book
+        starts from its own snapshot (`Client.book`)."""
         from mdclient.replay import Cursor, FollowLive, LiveBuffer, replay_from, replay_query
 
         now_ms = int(time.time() * 1000)
-        query = replay_query(tickers, start, "now", speed=speed, now_ms=now_ms)
+        query = replay_query(tickers, start, "now", channels=channels, speed=speed, now_ms=now_ms)
+        if any(channel.kind == "book" for channel in query.channels):
+            raise InvalidRequest(
+                "replay_into_live goes on with trades and candles; a live book starts "
+                "from its own snapshot (Client.book)",
+                error_code=BAD_CHANNEL,
+            )
+        want_ticks = any(channel.kind == "trades" for channel in query.channels)
+        periods = [c.period_seconds for c in query.channels if c.kind == "ohlc"]
+        channel_of = {topic: channel.name for topic, _, channel in query.streams}
         live = LiveBuffer(self.settings.live_queue_size)
         streams: list[LiveStream] = []
         try:
             for ticker in query.tickers:
-                streams.append(self.live(ticker, ticks=True, callback=live.offer))
+                streams.append(
+                    self.live(ticker, ticks=want_ticks, ohlc=periods, callback=live.offer)
+                )
             stored = replay_from(self.reader(), self.settings, query)
         except BaseException:
             for stream in streams:
@@ -602,7 +650,14 @@ class Client(Closeable):
         def reread(topic: str, position: Position | None, end_ms: int) -> Replay:
             at = None if position is None else Cursor(query.epoch, {topic: position}).encode()
             ticker = topic.partition("|")[0]
-            again = replay_query(ticker, query.start_ms, end_ms, cursor=at, now_ms=end_ms)
+            again = replay_query(
+                ticker,
+                query.start_ms,
+                end_ms,
+                channels=[channel_of[topic]],
+                cursor=at,
+                now_ms=end_ms,
+            )
             return replay_from(self.reader(), self.settings, again, marker=False)
 
         def close_live() -> None:

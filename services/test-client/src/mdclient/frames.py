@@ -36,7 +36,16 @@ from mdproto.error_codes import (
     SNAPSHOT_GONE,
 )
 from mdproto.messages import OHLC
-from mdproto.tables import BookSnapshots, Gaps, Markets, Ohlc, Requests, Ticks, arrow_schema
+from mdproto.tables import (
+    BookSnapshots,
+    Gaps,
+    Markets,
+    Ohlc,
+    Requests,
+    Ticks,
+    TradeBars,
+    arrow_schema,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -70,6 +79,11 @@ COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
 
 def empty_candles() -> pa.Table:
     return SCHEMA.empty_table()
+
+
+def empty_trade_bars() -> pa.Table:
+    """No tick or volume bars, in ``market.trade_bars``'s columns."""
+    return arrow_schema(TradeBars.SCHEMA).empty_table()
 
 
 def candles_from_ohlc(rows: Iterable[OHLC]) -> pa.Table:
@@ -283,25 +297,56 @@ class IcebergReader:
     ) -> pa.Table:
         """The candle frame (SCHEMA) for the range, sorted by open_time; at `snapshot_id`
         if given (StorageError `snapshot_gone` once table upkeep expired it)."""
-        table = self._table(table_name)
         scan_args: dict[str, Any] = {
             "row_filter": ohlc_filter(ticker, period_seconds, start_ms, end_ms),
             "selected_fields": COLUMNS,
         }
+        return normalise(self._scan_at(table_name, ticker, scan_args, snapshot_id))
+
+    def _scan_at(
+        self, table_name: str, ticker: str, scan_args: dict[str, Any], snapshot_id: int | None
+    ) -> pa.Table:
+        """Scan `table_name` at `snapshot_id` if given (StorageError `snapshot_gone` once
+        table upkeep expired it), else at the current snapshot."""
+        table = self._table(table_name)
         if snapshot_id:
             if table.snapshot_by_id(snapshot_id) is None:
                 raise StorageError(
                     f"snapshot {snapshot_id} of {table_name} is gone (expired by table upkeep)",
                     error_code=SNAPSHOT_GONE,
                 )
-            scan_args["snapshot_id"] = snapshot_id
+            scan_args = {**scan_args, "snapshot_id": snapshot_id}
         try:
-            arrow = table.scan(**scan_args).to_arrow()
+            arrow: pa.Table = table.scan(**scan_args).to_arrow()
         except Exception as exc:
             raise StorageError(
                 f"reading {table_name} for {ticker} failed: {exc}", error_code=SCAN_FAILED
             ) from exc
-        return normalise(arrow)
+        return arrow
+
+    def read_trade_bars(
+        self,
+        table_name: str,
+        ticker: str,
+        bars: str,
+        start_ms: int,
+        end_ms: int,
+        *,
+        snapshot_id: int | None = None,
+    ) -> pa.Table:
+        """Tick or volume bars of a request (``market.trade_bars``): those counted from
+        `start_ms` whose last trade is before `end_ms`, sorted by ``seq``."""
+        from pyiceberg.expressions import And, EqualTo, LessThan
+
+        row_filter = And(
+            _predicate(EqualTo, TradeBars.TICKER, ticker),
+            _predicate(EqualTo, TradeBars.BARS, bars),
+            _predicate(EqualTo, TradeBars.ANCHOR_TIME, start_ms * 1000),
+            _predicate(LessThan, TradeBars.CLOSE_TIME, end_ms * 1000),
+        )
+        arrow = self._scan_at(table_name, ticker, {"row_filter": row_filter}, snapshot_id)
+        arrow = arrow.cast(arrow_schema(TradeBars.SCHEMA))
+        return arrow.take(pc.sort_indices(arrow, sort_keys=[(TradeBars.SEQ, "ascending")]))
 
     def read_request(self, table_name: str, request_id: str) -> dict[str, Any] | None:
         """The `market.requests` row of `request_id`, or None (no outcome recorded yet)."""

@@ -87,19 +87,39 @@ PATTERNS: dict[str, int] = {
 }
 
 
+def bars_name(period: int | str) -> str:
+    """The canonical tick or volume bars a period argument names ("100ticks", "2.5vol"),
+    '' for a time period; InvalidRequest ``bad_bars`` for a malformed one ("0ticks")."""
+    if not isinstance(period, str):
+        return ""
+    text = period.strip().lower()
+    if not text.endswith((rules.TICKS, rules.VOLUME)):
+        return ""
+    try:
+        return rules.bars(text).name
+    except rules.RuleViolation as bad:
+        raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryQuery:
-    """[start_ms, end_ms) of `period_seconds` candles of `ticker`."""
+    """[start_ms, end_ms) of `period_seconds` candles of `ticker`, or of tick or volume
+    bars (`bars` "100ticks" / "2.5vol", period_seconds 0) built from recorded trades."""
 
     ticker: str
     period_seconds: int
     start_ms: int
     end_ms: int
+    bars: str = ""
 
     def __post_init__(self) -> None:
         try:
             rules.ticker(self.ticker)
-            rules.history_range(self.period_seconds, self.start_ms, self.end_ms)
+            if self.bars:
+                rules.history_bars(self.bars, self.period_seconds)
+                rules.time_range(self.start_ms, self.end_ms)
+            else:
+                rules.history_range(self.period_seconds, self.start_ms, self.end_ms)
         except rules.RuleViolation as bad:
             raise InvalidRequest(bad.reason, error_code=bad.error_code) from None
 
@@ -304,6 +324,7 @@ def wait_for_history(
                 end_time_ms=query.end_ms,
                 notify=pattern,  # type: ignore[arg-type]
                 refetch=refetch,
+                bars=query.bars,
             )
             try:
                 reply = ports.request(envelope.encode(request), policy.submit_timeout_s)

@@ -6,7 +6,7 @@ merged in event-time order and delivered as the live topics' messages
       -> replay_query        the one check (bad_ticker, bad_time, bad_time_range,
                              range_too_large, bad_channel, bad_speed, bad_cursor)
       -> one source per (ticker, channel), in (event time, tie) order, read from the
-         store in time slices (`ReplayLimits`): one slice per stream in memory
+         store in pieces (trades: file groups; `ReplayLimits`): one per stream in memory
       -> heapq.merge on (event time, stream order, tie) -> per-topic sequence numbers
       -> Replay: iterate it like `client.live` (Tick, OHLC, BookSnapshot, BookDelta,
          then a ReplayComplete marker); `cursor` after every message; `Pacer` keeps the
@@ -341,6 +341,21 @@ def tick_items(ticker: str, rows: pa.Table) -> list[Item]:
     return items
 
 
+def in_trade_order(rows: pa.Table) -> pa.Table:
+    """Rows of one ticker in the replay's trade order: (trade time, trade id)."""
+    order = [(Ticks.TRADE_TIME, "ascending"), (Ticks.TRADE_ID, "ascending")]
+    return rows.take(pc.sort_indices(rows, order))
+
+
+def tick_stream(ticker: str, groups: Iterable[pa.Table], chunk: int) -> Iterator[Item]:
+    """Tick items of a ticker's trade groups in order: each group sorted as Arrow, then
+    made into messages `chunk` rows at a time (only those are Python objects at once)."""
+    for group in groups:
+        rows = in_trade_order(group)
+        for offset in range(0, rows.num_rows, chunk):
+            yield from tick_items(ticker, rows.slice(offset, chunk))
+
+
 def candle_items(candles: Sequence[OHLC]) -> list[Item]:
     """Closed candles -> items at their close time (open + period), by open time."""
     items = [Item(c.open_time_ms + c.period_seconds * 1000, (c.open_time_ms,), c) for c in candles]
@@ -512,42 +527,141 @@ class Replay(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
         self._closed = True
 
 
+# --- batch mode ---------------------------------------------------------------------------
+
+#: The column batch mode adds: which ticker a row is of.
+TICKER_COLUMN = "ticker"
+#: Rows per record batch of batch mode.
+BATCH_ROWS = 65_536
+
+
+def trade_batches_in_order(
+    store: ReplayStore, query: ReplayQuery, *, batch_rows: int = BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """The trades of the query's tickers as Arrow record batches (`TICKER_COLUMN` then
+    `TRADE_COLUMNS`) in the replay's order (µs, the tickers' order asked, trade id): a
+    backtest that reads columns gets the rows without a message per trade. Each
+    ticker's file groups are read as the merge reaches them (memory: about one group
+    per ticker, as `Replay`). Trades only (`bad_channel` otherwise), checked here,
+    before the first batch; no sequences, cursor or pacing."""
+    if any(channel.kind != "trades" for channel in query.channels):
+        raise InvalidRequest("batch replay serves trades only", error_code=BAD_CHANNEL)
+    for ticker in query.tickers:
+        if not store.holds(ticker, Channel("trades")):
+            raise UnknownTicker(f"nothing of {ticker} is stored for trades: never recorded")
+    return _merged_batches(store, query, batch_rows)
+
+
+def _merged_batches(
+    store: ReplayStore, query: ReplayQuery, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """A merge by watermark: every ticker holds its current group, sorted; all rows up to
+    the earliest last time among them go out (sorted together), and a ticker whose
+    group is spent reads its next one. Groups of a ticker do not overlap in time, so
+    nothing read later can come before what went out."""
+    order = [(Ticks.TRADE_TIME, "ascending"), ("_rank", "ascending"), (Ticks.TRADE_ID, "ascending")]
+    groups = {
+        ticker: iter(store.trade_groups(ticker, query.start_ms, query.end_ms))
+        for ticker in query.tickers
+    }
+    held: dict[str, pa.Table] = {}
+    while True:
+        for ticker in list(groups):
+            while ticker not in held:
+                group = next(groups[ticker], None)
+                if group is None:
+                    del groups[ticker]
+                    break
+                if group.num_rows:
+                    held[ticker] = _ranked(in_trade_order(group), ticker, query.tickers)
+        if not held:
+            return
+        watermark = min(_last_micros(rows) for rows in held.values())
+        out = []
+        for ticker, rows in list(held.items()):
+            times = rows[Ticks.TRADE_TIME]
+            due = pc.less_equal(times.cast(pa.int64()), watermark)
+            out.append(rows.filter(due))
+            rest = rows.filter(pc.invert(due))
+            if rest.num_rows:
+                held[ticker] = rest
+            else:
+                del held[ticker]
+        merged = pa.concat_tables(out)
+        yield from (
+            merged.take(pc.sort_indices(merged, order))
+            .drop_columns(["_rank"])
+            .to_batches(batch_rows)
+        )
+
+
+def _last_micros(rows: pa.Table) -> int:
+    """The trade time of the last row (rows in trade order), µs."""
+    return int(rows[Ticks.TRADE_TIME].cast(pa.int64())[rows.num_rows - 1].as_py())
+
+
+def _ranked(rows: pa.Table, ticker: str, tickers: Sequence[str]) -> pa.Table:
+    """`rows` with the ticker column first and its rank in the query (the tie order)."""
+    n = rows.num_rows
+    rows = rows.add_column(0, TICKER_COLUMN, pa.repeat(pa.scalar(ticker), n))
+    return rows.append_column("_rank", pa.repeat(pa.scalar(tickers.index(ticker)), n))
+
+
 # --- into live data ----------------------------------------------------------------------
 
 
-class LiveBuffer(queue.Queue[Tick]):
-    """The live ticks waiting for the seam, bounded: `offer` (the subscriber thread)
-    never blocks; a tick that finds it full is dropped and counted in `dropped` (a
-    consumer more than `maxsize` ticks behind live loses ticks, logged)."""
+LiveMessage = Tick | OHLC
+
+
+def live_key(message: LiveMessage) -> tuple[str, str | int, int, int]:
+    """A live message's topic, its identity there (a trade id, a candle's open time),
+    its event time (as `Replay` orders it) and its row time (what a range selects)."""
+    if isinstance(message, Tick):
+        topic = topics.tick_topic(message.ticker)
+        return topic, message.trade_id, message.timestamp_ms, message.timestamp_ms
+    period_ms = message.period_seconds * 1000
+    topic = topics.ohlc_topic(message.ticker, message.period_seconds)
+    opened = message.open_time_ms
+    return topic, opened, opened + period_ms, opened
+
+
+class LiveBuffer(queue.Queue[LiveMessage]):
+    """The live ticks and closed candles waiting for the seam, bounded: `offer` (the
+    subscriber thread) never blocks; a message that finds it full is dropped and
+    counted in `dropped` (a consumer more than `maxsize` behind live loses them,
+    logged). Candle previews are not kept: a replay delivers closed candles."""
 
     def __init__(self, maxsize: int) -> None:
         super().__init__(maxsize)
         self.dropped = 0
 
     def offer(self, message: object) -> None:
-        if not isinstance(message, Tick):
+        if not isinstance(message, Tick | OHLC) or (
+            isinstance(message, OHLC) and not message.closed
+        ):
             return
         try:
             self.put_nowait(message)
         except queue.Full:
             self.dropped += 1
             log.warning(
-                "replay follow: %s dropped, %d live ticks wait", message.trade_id, self.maxsize
+                "replay follow: %s dropped, %d live wait", live_key(message)[:2], self.maxsize
             )
 
 
 class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
-    """A trade replay that goes on into live data without a gap or a duplicate at the
-    seam (`Client.replay(..., follow=True)`).
+    """A replay of trades and candles that goes on into live data without a gap or a
+    duplicate at the seam (`Client.replay_into_live`).
 
-    The live ticks are subscribed before anything is read and wait in `live` (a
+    The live topics are subscribed before anything is read and wait in `live` (a
     queue the subscriber thread fills). The stored replay runs first (its
-    `ReplayComplete` marks the seam); then for each ticker, at its first live tick
-    L, the store is read again from where the replay stopped up to L's time, until
-    it holds L itself (the pipeline stores a trade seconds after it is published;
-    `poll_s` apart, at most `seam_timeout_s`): every stored trade before L is
-    delivered, then L and the live ticks after it. A live tick whose trade id was
-    delivered already is dropped (counted in `duplicates`). Live ticks carry on
+    `ReplayComplete` marks the seam); then for each topic, at its first live message
+    L, the store is read again from where the replay stopped up to L, until it holds
+    L itself (the pipeline stores a trade or a closed candle seconds after it is
+    published; `poll_s` apart, at most `seam_timeout_s`): every stored message
+    before L is delivered, then L and the live ones after it. A live message already
+    delivered (the same trade id, the same candle open time) is dropped (counted in
+    `duplicates`); a candle `correction` always goes through. Live messages carry on
     their topic's replay `sequence` and epoch, so the consumer sees one topic.
     """
 
@@ -574,19 +688,20 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
         self._timeout_s = seam_timeout_s
         self._epoch = stored.query.epoch
         self._bridged: set[str] = set()
-        self._ids: dict[str, deque[str]] = {}  # recent trade ids delivered, per topic
-        self._id_sets: dict[str, set[str]] = {}
+        self._ids: dict[str, deque[str | int]] = {}  # recent identities delivered, per topic
+        self._id_sets: dict[str, set[str | int]] = {}
         self._remembered = remembered
         self._sequences: dict[str, int] = {}
-        self._pending: deque[Tick] = deque()
+        self._pending: deque[LiveMessage] = deque()
         self._closed = False
         self.duplicates = 0
-        self.seam_timeouts = 0  # tickers whose store did not reach the first live tick
+        self.seam_timeouts = 0  # topics whose store did not reach the first live message
         self.topic = ""
 
-    def _note(self, topic: str, message: Tick, *, numbered: bool = False) -> Tick:
-        """Count `message` delivered on `topic`: its sequence (the next unless
-        `numbered`: the stored replay's), its id remembered."""
+    def _note(self, message: LiveMessage, *, numbered: bool = False) -> LiveMessage:
+        """Count `message` delivered on its topic: its sequence (the next unless
+        `numbered`: the stored replay's), its identity remembered."""
+        topic, ident, _, _ = live_key(message)
         if numbered:
             self._sequences[topic] = message.sequence
         else:
@@ -594,12 +709,16 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
             self._sequences[topic] = sequence
             message.sequence, message.publisher_epoch = sequence, self._epoch
         ids, known = self._ids.setdefault(topic, deque()), self._id_sets.setdefault(topic, set())
-        ids.append(message.trade_id)
-        known.add(message.trade_id)
+        ids.append(ident)
+        known.add(ident)
         if len(ids) > self._remembered:
             known.discard(ids.popleft())
         self.topic = topic
         return message
+
+    @property
+    def query(self) -> ReplayQuery:
+        return self.stored.query
 
     def __iter__(self) -> FollowLive:
         return self
@@ -607,52 +726,80 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
     def __next__(self) -> ReplayMessage | ReplayComplete:
         if not self.stored.complete:
             message = next(self.stored)
-            if isinstance(message, Tick):
-                return self._note(self.stored.topic, message, numbered=True)
+            if isinstance(message, Tick | OHLC):
+                return self._note(message, numbered=True)
             return message  # the marker: the stored range is done
         while not self._closed:
-            if self._pending:
-                tick = self._pending.popleft()
-                return self._note(topics.tick_topic(tick.ticker), tick)
-            try:
-                tick = self._live.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            topic = topics.tick_topic(tick.ticker)
-            if topic not in self._bridged:
-                self._bridged.add(topic)
-                self._pending.extend(self._bridge(topic, tick))
-            if tick.trade_id in self._id_sets.get(topic, ()):
-                self.duplicates += 1
-                continue
-            self._pending.append(tick)
+            if (live := self._next_live(0.25)) is not None:
+                return live
         raise StopIteration
 
-    def _bridge(self, topic: str, first: Tick) -> list[Tick]:
-        """The stored trades between the replay's last one and `first`, read until the
+    def stored_events(self) -> Iterator[ReplayEvent]:
+        """The stored replay's unpaced events (`Replay.events`), noted for the seam: the
+        gateway paces them itself, then `take`s the live ones."""
+        for event in self.stored.events():
+            if isinstance(event.message, Tick | OHLC):
+                self._note(event.message, numbered=True)
+            yield event
+
+    def take(self, limit: int, wait_s: float = 0.25) -> list[LiveMessage]:
+        """After the stored range: up to `limit` live messages, waiting at most `wait_s`
+        for the first and not at all for the rest (empty: none came, or closed)."""
+        out: list[LiveMessage] = []
+        while len(out) < limit and not self._closed:
+            message = self._next_live(0.0 if out else wait_s)
+            if message is None:
+                break
+            out.append(message)
+        return out
+
+    def _next_live(self, wait_s: float) -> LiveMessage | None:
+        """The next live message to deliver, bridged and deduplicated; None when none
+        came within `wait_s`."""
+        while not self._pending:
+            try:
+                message = self._live.get(timeout=wait_s) if wait_s else self._live.get_nowait()
+            except queue.Empty:
+                return None
+            topic, ident, _, _ = live_key(message)
+            if topic not in self._bridged:
+                self._bridged.add(topic)
+                self._pending.extend(self._bridge(topic, message))
+            correction = isinstance(message, OHLC) and message.correction
+            if ident in self._id_sets.get(topic, ()) and not correction:
+                self.duplicates += 1
+                continue
+            self._pending.append(message)
+        return self._note(self._pending.popleft())
+
+    def _bridge(self, topic: str, first: LiveMessage) -> list[LiveMessage]:
+        """The stored messages between the replay's last one and `first`, read until the
         store holds `first` (or the timeout: a gap may remain, `seam_timeouts`)."""
         position = self.stored.position(topic)
         known = self._id_sets.get(topic, set())
-        if first.trade_id in known or (
-            position is not None and first.timestamp_ms < position.time_ms
-        ):
+        _, first_id, first_event_ms, first_row_ms = live_key(first)
+        if first_id in known or (position is not None and first_event_ms < position.time_ms):
             return []  # the replay went past it: what came after it is live too
         deadline = self._clock() + self._timeout_s
         while True:
-            rows = [m for m in self._reread(topic, position, first.timestamp_ms + 1)]
-            ticks = [m for m in rows if isinstance(m, Tick)]
-            if any(t.trade_id == first.trade_id for t in ticks):
+            stored = [
+                m
+                for m in self._reread(topic, position, first_row_ms + 1)
+                if isinstance(m, Tick | OHLC)
+            ]
+            if any(live_key(m)[1] == first_id for m in stored):
                 break
             if self._clock() >= deadline:
                 self.seam_timeouts += 1
                 break
             self._sleep(self._poll_s)
         out = []
-        for tick in ticks:
-            if tick.trade_id == first.trade_id:
+        for message in stored:
+            ident = live_key(message)[1]
+            if ident == first_id:
                 break
-            if tick.trade_id not in known:
-                out.append(tick)
+            if ident not in known:
+                out.append(message)
         return out
 
     def close(self) -> None:
@@ -672,8 +819,10 @@ class ReplayStore(Protocol):
         """Whether anything of `ticker` is stored for `channel` (at any time)."""
         ...
 
-    def trades(self, ticker: str, lo_ms: int, hi_ms: int) -> pa.Table:
-        """`TRADE_COLUMNS` of trades with trade_time in [lo_ms, hi_ms)."""
+    def trade_groups(self, ticker: str, lo_ms: int, hi_ms: int) -> Iterator[pa.Table]:
+        """`TRADE_COLUMNS` of trades with trade_time in [lo_ms, hi_ms), read lazily in
+        groups whose time spans do not overlap, the groups in time order (rows within a
+        group in any order)."""
         ...
 
     def candles(self, ticker: str, period: int, lo_ms: int, hi_ms: int) -> list[OHLC]:
@@ -691,9 +840,11 @@ class ReplayStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ReplayLimits:
-    """Slice lengths (one slice per stream in memory) and the book's lookback."""
+    """How much of each stream is in memory (a trade file group is made into messages
+    `trade_chunk` at a time; book changes and candles are read in slices) and the
+    book's lookback."""
 
-    trade_slice_ms: int = 300_000
+    trade_chunk: int = 10_000  # trades made into messages at a time, of one file group
     book_slice_ms: int = 300_000
     candle_slice: int = 1000  # candles per read
     book_lookback_ms: int = 3_600_000
@@ -734,11 +885,8 @@ def stream_items(
     start, end = query.start_ms, query.end_ms
     lo = start if position is None else position.time_ms
     if channel.kind == "trades":
-
-        def read_trades(a: int, b: int) -> list[Item]:
-            return tick_items(ticker, store.trades(ticker, a, b))
-
-        return after(sliced(read_trades, lo, end, limits.trade_slice_ms), position)
+        groups = store.trade_groups(ticker, lo, end)
+        return after(tick_stream(ticker, groups, limits.trade_chunk), position)
     if channel.kind == "ohlc":
         period = channel.period_seconds
 
@@ -830,10 +978,11 @@ class IcebergStore:
             return self._reader.holds(s.book_snapshots_table, BookSnapshots.TICKER, ticker)
         return self._reader.holds(s.ohlc_table, "ticker", ticker)
 
-    def trades(self, ticker: str, lo_ms: int, hi_ms: int) -> pa.Table:
-        return self._reader.read_trades(
-            self._settings.ticks_table, ticker, lo_ms, hi_ms, TRADE_COLUMNS
-        )
+    def trade_groups(self, ticker: str, lo_ms: int, hi_ms: int) -> Iterator[pa.Table]:
+        """The reader's file groups (`IcebergReader.trade_groups`): one scan planned, each
+        group's files read when the consumer reaches it."""
+        table = self._settings.ticks_table
+        return self._reader.trade_groups(table, ticker, lo_ms, hi_ms, TRADE_COLUMNS)
 
     def candles(self, ticker: str, period: int, lo_ms: int, hi_ms: int) -> list[OHLC]:
         from mdclient.frames import closed_ohlc

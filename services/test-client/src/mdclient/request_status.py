@@ -97,6 +97,7 @@ def notification_from_row(row: Mapping[str, Any]) -> HistoryReadyNotification:
         exchange_gaps=_int(row, Requests.EXCHANGE_GAPS),
         missing_candles=_int(row, Requests.MISSING_CANDLES),
         source=_SOURCES.get(str(row.get(Requests.SOURCE)), HistorySource.SOURCE_UNSPECIFIED),
+        bars=_text(row, Requests.BARS),
     )
 
 

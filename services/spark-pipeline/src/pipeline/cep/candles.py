@@ -9,7 +9,9 @@ can differ (docs/cep.md, "Two candles, two meanings").
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass  # no slots: pickled in every snapshot, __dict__ is the fast path
@@ -64,6 +66,17 @@ class CandleBuilder:
         if current is None or now_ms < current.open_time_ms + self.period_ms + grace_ms:
             return []
         return [self._close(current)]
+
+    def dump(self) -> dict[str, Any]:
+        """The open candle and what is closed (JSON: the live engine's partition state)."""
+        current = None if self._current is None else dataclasses.astuple(self._current)
+        return {"current": current, "closed_until": self._closed_until, "late": self.late}
+
+    def load(self, d: dict[str, Any]) -> None:
+        current = d["current"]
+        self._current = None if current is None else ArrivalCandle(*current)
+        self._closed_until = int(d["closed_until"])
+        self.late = int(d["late"])
 
     def close_time(self, candle: ArrivalCandle) -> int:
         return candle.open_time_ms + self.period_ms

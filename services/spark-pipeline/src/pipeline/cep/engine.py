@@ -14,7 +14,7 @@ import heapq
 import pickle
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,14 @@ from pipeline.cep.thresholds import Member, ThresholdIndex
 from pipeline.cep.windows import ExtremaWindow, VolumeWindow
 
 SeriesKey = tuple[str, int]  # (ticker, period_seconds)
+#: Trade ids per ticker saved with its partition's state: a redelivered trade follows
+#: its first copy within seconds (in memory: `dedupe_capacity` of them).
+RECENT_SAVED = 1_000
+
+
+def _anyone(_ticker: str) -> bool:
+    """One engine owns every ticker (the default)."""
+    return True
 
 
 @dataclass(slots=True)
@@ -63,6 +71,39 @@ class Series:
         self.above, self.below = ThresholdIndex(), ThresholdIndex()
         self.pct = {w: (window, ThresholdIndex()) for w, window in state["pct"].items()}
         self.volume = {w: (window, ThresholdIndex()) for w, window in state["volume"].items()}
+
+    def dump(self) -> dict[str, Any]:
+        """Prices, windows and the open candle (JSON: the live engine's partition state)."""
+        return {
+            "period": self.period_seconds,
+            "last_price": self.last_price,
+            "last_time": self.last_time,
+            "seq": self.seq,
+            "pct": {str(w): pair[0].dump() for w, pair in self.pct.items()},
+            "volume": {str(w): pair[0].dump() for w, pair in self.volume.items()},
+            "candles": None if self.candles is None else self.candles.dump(),
+        }
+
+    def load(self, d: dict[str, Any]) -> None:
+        """What `dump` saved, into the windows this engine's triggers use (a window no
+        trigger uses any more is skipped; a new one stays empty)."""
+        self.last_price, self.last_time, self.seq = d["last_price"], d["last_time"], d["seq"]
+        for w, points in d["pct"].items():
+            if int(w) in self.pct:
+                self.pct[int(w)][0].load(points)
+        for w, points in d["volume"].items():
+            if int(w) in self.volume:
+                self.volume[int(w)][0].load(points)
+        if self.candles is not None and d["candles"] is not None:
+            self.candles.load(d["candles"])
+
+    def reset(self) -> None:
+        """Forget every point (the ticker's state is another engine's now)."""
+        self.last_price = self.last_time = None
+        self.seq = 0
+        self.pct = {w: (ExtremaWindow(w), index) for w, (_, index) in self.pct.items()}
+        self.volume = {w: (VolumeWindow(w), index) for w, (_, index) in self.volume.items()}
+        self.candles = CandleBuilder(self.period_seconds) if self.period_seconds else None
 
     def add(self, cond: Condition, member: Member) -> None:
         self._index(cond, create=True).add(cond.threshold, member)
@@ -185,6 +226,9 @@ class Engine:
         self._last_price: dict[str, float] = {}
         self._recent: dict[str, RecentKeys[str]] = {}
         self._expiries: list[tuple[int, int, str]] = []  # heap of (expires_at, serial, id)
+        #: Due expiries of tickers another engine owns: kept until this one owns them or
+        #: the owner's tombstone cancels the trigger (`advance`).
+        self._overdue: list[tuple[int, int, str]] = []
         self._serial = 0
         self._lineage = uuid.uuid4().hex[:12]
         self._defs_version = 0
@@ -214,6 +258,7 @@ class Engine:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_overdue", [])  # snapshots from before sharded expiries
         self._restore = state["_triggers"]  # until restore_definitions
         self._triggers = {}
         # A new lineage: the run that crashed may have written definitions under the
@@ -332,14 +377,25 @@ class Engine:
                 self.stats["late"] += series.candles.late - late
         return notices
 
-    def advance(self, now_ms: int) -> list[Notice]:
-        """Processing time moved on: expire triggers, close idle candles."""
+    def advance(self, now_ms: int, owns: Callable[[str], bool] = _anyone) -> list[Notice]:
+        """Processing time moved on: expire triggers, close idle candles.
+
+        A due trigger on a ticker this engine does not own (`owns`: sharded engines,
+        ADR 0014) stays: its owner expires it and tombstones it, and the tombstone
+        cancels it here; if its ticker comes to this engine first, it expires here."""
         notices: list[Notice] = []
+        due, self._overdue = self._overdue, []
         while self._expiries and self._expiries[0][0] <= now_ms:
-            _, serial, trigger_id = heapq.heappop(self._expiries)
+            due.append(heapq.heappop(self._expiries))
+        for entry in due:
+            _, serial, trigger_id = entry
             trigger = self._triggers.get(trigger_id)
-            if trigger is not None and trigger.serial == serial:
+            if trigger is None or trigger.serial != serial:
+                continue
+            if owns(trigger.spec.ticker):
                 notices.append(self._expire(trigger, now_ms))
+            else:
+                self._overdue.append(entry)
         for series in list(self._series.values()):
             if series.candles is not None:
                 for candle in series.candles.flush(now_ms, self.candle_grace_ms):
@@ -422,6 +478,69 @@ class Engine:
         self.retired.append(spec.trigger_id)
         self.stats["expired"] += 1
         return _notice(NoticeKind.EXPIRED, spec, now_ms, trigger.fire_count, True, "expired")
+
+    # --- per-ticker state (follows the ticker's partition, ADR 0014) ---------------------
+
+    def ticker_states(
+        self, tickers: Iterable[str], *, recent: int = RECENT_SAVED
+    ) -> dict[str, dict[str, Any]]:
+        """The state of each of `tickers` that has any (JSON): last price, its newest
+        `recent` trade ids, its series' windows and open candles, and its triggers' fire
+        counts and pending sequences."""
+        wanted = set(tickers)
+        out: dict[str, dict[str, Any]] = {}
+        for ticker in wanted:
+            last = self._last_price.get(ticker)
+            if last is None:
+                continue
+            d: dict[str, Any] = {"last_price": last, "series": [], "triggers": {}}
+            d["series"] = [s.dump() for s in self._by_ticker.get(ticker, ())]
+            seen = self._recent.get(ticker)
+            d["recent"] = list(seen)[-recent:] if seen is not None else []
+            out[ticker] = d
+        for trigger_id, trigger in self._triggers.items():
+            saved = out.get(trigger.spec.ticker)
+            if saved is not None and (trigger.fire_count or trigger.pending is not None):
+                p = trigger.pending
+                pending = None if p is None else [p.time_ms, p.seq, p.values]
+                saved["triggers"][trigger_id] = [trigger.fire_count, pending]
+        return out
+
+    def restore_tickers(self, states: dict[str, dict[str, Any]]) -> None:
+        """What `ticker_states` saved (another engine's, or this one's earlier), over the
+        state these tickers have here. Triggers and windows unknown here are skipped."""
+        for ticker, d in states.items():
+            self._last_price[ticker] = float(d["last_price"])
+            for saved in d["series"]:
+                series = self._series.get((ticker, int(saved["period"])))
+                if series is not None:
+                    series.load(saved)
+            if ticker in self._recent:
+                recent = self._recent[ticker] = RecentKeys(self.dedupe_capacity)
+                for trade_id in d["recent"]:
+                    recent.first_time(str(trade_id))
+            for trigger_id, (fire_count, pending) in d["triggers"].items():
+                trigger = self._triggers.get(trigger_id)
+                if trigger is None or trigger.spec.ticker != ticker:
+                    continue
+                trigger.fire_count = int(fire_count)
+                trigger.pending = None if pending is None else _Pending(*pending)
+
+    def forget_tickers(self, which: Callable[[str], bool]) -> None:
+        """Forget the points of every ticker `which` names (their state is restored
+        from their partition's, or starts empty): windows, last price, trade ids and
+        pending sequences; triggers stay."""
+        for ticker in [t for t in self._last_price if which(t)]:
+            del self._last_price[ticker]
+        for ticker, watched in self._by_ticker.items():
+            if not which(ticker):
+                continue
+            for series in watched:
+                series.reset()
+            self._recent[ticker] = RecentKeys(self.dedupe_capacity)
+        for trigger in self._triggers.values():
+            if trigger.pending is not None and which(trigger.spec.ticker):
+                trigger.pending = None
 
     def drain_retired(self) -> list[str]:
         retired, self.retired = self.retired, []

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 from google.protobuf.message import Message
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 Publish = Callable[[Iterable[tuple[str, Message]]], int]
 Retire = Callable[[list[str]], None]
 Bootstrap = Callable[[], list[TriggerRecord]]
+_T = TypeVar("_T")
 
 
 def wall_ms() -> int:
@@ -81,9 +83,15 @@ class CepRunner:
         self._lock = threading.Lock()
         self._engine: Engine | None = None
         self._last_batch: int | None = None
+        #: The batch `with_engine` loaded the engine for, until that batch runs.
+        self._loaded_for: int | None = None
         self._dirty = False
         self._each_batch = snapshot_each_batch
         self.published = 0
+        #: Whether this process publishes a ticker's events (sharded live engines: the
+        #: owner of its ticks partition, ADR 0014). Others' events are dropped here, and
+        #: their expiries wait (`Engine.advance`).
+        self.owns: Callable[[str], bool] = lambda _ticker: True
         self.last_report: BatchReport | None = None
         # Totals since start, logged every `summary_s` (bench/cep_pipeline.py reads them).
         self.totals = {"batches": 0, "ticks": 0, "events": 0, "runner_ms": 0.0}
@@ -104,7 +112,7 @@ class CepRunner:
         with self._lock:
             engine = self._engine_for(batch_id)
             now = self._clock()
-            notices = engine.advance(now)
+            notices = engine.advance(now, self.owns)
             log_rejects(f"cep batch {batch_id}", batch.rejects)
             for record in batch.inputs:
                 if isinstance(record, TickRecord):
@@ -121,7 +129,7 @@ class CepRunner:
                 size = self._store.save(batch_id, engine)
                 changed = False
             self._dirty = changed
-            self._last_batch = batch_id
+            self._last_batch, self._loaded_for = batch_id, None
         report = BatchReport(
             batch_id,
             batch.triggers,
@@ -186,15 +194,25 @@ class CepRunner:
             engine = self._engine
             if engine is None:
                 return 0
-            notices = engine.advance(self._clock())
+            notices = engine.advance(self._clock(), self.owns)
             if notices:
                 self._emit(engine, notices)
                 self._dirty = True
             return len(notices)
 
+    def _last_batch_plus_one(self) -> int | None:
+        return None if self._last_batch is None else self._last_batch + 1
+
+    def with_engine(self, batch_id: int, work: Callable[[Engine], _T]) -> _T:
+        """`work` on the engine batch `batch_id` would run on (loaded if need be), under
+        the lock: per-ticker state saved or restored with a ticks partition."""
+        with self._lock:
+            return work(self._engine_for(batch_id))
+
     def _engine_for(self, batch_id: int) -> Engine:
-        if self._engine is not None and self._last_batch == batch_id - 1:
+        if self._engine is not None and batch_id in (self._last_batch_plus_one(), self._loaded_for):
             return self._engine
+        self._loaded_for = batch_id
         loaded = self._store.load_before(batch_id)
         if loaded is not None:
             snapshot_id, engine = loaded
@@ -239,12 +257,15 @@ class CepRunner:
         return engine.register(spec, now)
 
     def _emit(self, engine: Engine, notices: list[Notice]) -> None:
+        others = {n.trigger_id for n in notices if not self.owns(n.ticker)}
+        if others:  # another engine's ticker: it publishes (and tombstones) them
+            notices = [n for n in notices if n.trigger_id not in others]
         if notices:
             self.published += self._publish((n.topic, n.to_message()) for n in notices)
             for notice in notices:
                 log.debug(
                     "cep event %s %s on %s", notice.kind.name, notice.trigger_id, notice.topic
                 )
-        retired = engine.drain_retired()
+        retired = [r for r in engine.drain_retired() if r not in others]
         if retired:
             self._retire(retired)

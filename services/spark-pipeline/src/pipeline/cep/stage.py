@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mdproto import contracts
@@ -77,6 +77,28 @@ class CepStage:
         if time.monotonic() >= self._next_timer:
             self._next_timer = time.monotonic() + self._timer_s
             self._runner.on_timer()
+
+    def set_owner(self, owns: Callable[[str], bool]) -> None:
+        """Which tickers' events this engine publishes (`CepRunner.owns`)."""
+        self._runner.owns = owns
+
+    def ticker_states(self, tickers: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The CEP state of `tickers` (JSON), saved with their ticks partition."""
+        return self._runner.with_engine(
+            self._next_batch, lambda engine: engine.ticker_states(tickers)
+        )
+
+    def restore_tickers(
+        self, forget: Callable[[str], bool], states: dict[str, dict[str, Any]]
+    ) -> None:
+        """A ticks partition newly assigned: forget what this engine has of its tickers
+        (`forget`), then take their saved state."""
+
+        def work(engine: Engine) -> None:
+            engine.forget_tickers(forget)
+            engine.restore_tickers(states)
+
+        self._runner.with_engine(self._next_batch, work)
 
     def checkpoint(self) -> int | None:
         """The batch id whose state is saved (None: none ran yet); 1 + it is the next."""

@@ -39,6 +39,14 @@ class VolumeWindow:
     def value(self) -> float:
         return self._sum
 
+    def dump(self) -> list[list[float]]:
+        """The points, oldest first (JSON: the live engine's partition state)."""
+        return [[t, a] for t, a in self._points]
+
+    def load(self, points: list[list[float]]) -> None:
+        self._points = deque((int(t), float(a)) for t, a in points)
+        self._sum = sum(a for _, a in self._points)
+
 
 class ExtremaWindow:
     """Rolling min and max of prices in the window (monotonic deques, O(1) amortised)."""
@@ -63,6 +71,15 @@ class ExtremaWindow:
         while self._max and self._max[-1][1] <= price:
             self._max.pop()
         self._max.append((time_ms, price))
+
+    def dump(self) -> list[list[list[float]]]:
+        """The two deques (JSON: the live engine's partition state)."""
+        return [[[t, p] for t, p in side] for side in (self._min, self._max)]
+
+    def load(self, sides: list[list[list[float]]]) -> None:
+        low, high = sides
+        self._min = deque((int(t), float(p)) for t, p in low)
+        self._max = deque((int(t), float(p)) for t, p in high)
 
     def move(self, price: float) -> tuple[float, float]:
         """(|move| in percent, signed move) of `price` against the window's extremes.

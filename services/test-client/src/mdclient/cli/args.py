@@ -77,15 +77,19 @@ def settings_from_args(args: argparse.Namespace) -> ClientSettings:
     return load_settings(args.config, **overrides)
 
 
-def parse_range_args(args: argparse.Namespace) -> tuple[str, int, int, int]:
-    """(ticker, period_seconds, start_ms, end_ms) from the command line, or UsageError."""
+def parse_range_args(args: argparse.Namespace) -> tuple[str, int | str, int, int]:
+    """(ticker, period, start_ms, end_ms) from the command line, or UsageError. The period
+    is seconds, or the canonical tick or volume bars ("100ticks", "2.5vol")."""
+    from mdclient.errors import InvalidRequest
+    from mdclient.history import bars_name
+
     ticker = parse_ticker(args.ticker)
     try:
-        period = timeparse.parse_period(args.period)
+        period: int | str = bars_name(args.period) or timeparse.parse_period(args.period)
         start_ms, end_ms = timeparse.parse_range(
             args.start, args.end, now_ms=int(time.time() * 1000)
         )
-    except timeparse.TimeFormatError as exc:
+    except (timeparse.TimeFormatError, InvalidRequest) as exc:
         raise UsageError(str(exc)) from None
     if args.attempts is not None and args.attempts < 1:
         raise UsageError("--attempts must be at least 1")
@@ -133,7 +137,8 @@ def check_outputs(*paths: Path | None) -> None:
             raise UsageError(f"{path} is a folder, not a file name")
 
 
-def describe(ticker: str, period: int, start_ms: int, end_ms: int) -> str:
-    """`BINANCE:BTC/USDT 1m [2026-11-20T00:00:00Z, 2026-11-21T00:00:00Z)`"""
+def describe(ticker: str, period: int | str, start_ms: int, end_ms: int) -> str:
+    """`BINANCE:BTC/USDT 1m [2026-11-20T00:00:00Z, 2026-11-21T00:00:00Z)` (or `100ticks`)"""
     start, end = timeparse.format_ms(start_ms), timeparse.format_ms(end_ms)
-    return f"{ticker} {timeparse.format_period(period)} [{start}, {end})"
+    what = period if isinstance(period, str) else timeparse.format_period(period)
+    return f"{ticker} {what} [{start}, {end})"

@@ -71,6 +71,8 @@ def integrity_line(note: HistoryReadyNotification) -> str | None:
     """The notification's integrity report in one line; None from a platform without it."""
     if note.expected_candles == 0:
         return None
+    if note.bars:  # tick or volume bars: no slots, every full bar is stored
+        return f"{note.row_count} full {note.bars} bars; {_SOURCES[HistorySource.SOURCE_TRADES]}"
     missing = f"{note.missing_candles} missing" if note.missing_candles else "none missing"
     return (
         f"{note.expected_candles} candle slots: {note.row_count} rows, "

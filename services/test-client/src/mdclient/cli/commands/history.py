@@ -46,7 +46,8 @@ def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.Argume
         "--period",
         default="1m",
         help="60, 1m, 5m, 1h, 1d (default 1m); history: a period the exchange lacks "
-        "(5s, 7m) is built from recorded trades",
+        "(5s, 7m) is built from recorded trades, and so are tick bars (100ticks: every "
+        "100 trades) and volume bars (2.5vol: every 2.5 of base volume)",
     )
     range_args.add_argument(
         "--start", default="-24h", help="now, -24h, 2026-11-20, 2026-11-20T10:00, epoch ms"
@@ -102,6 +103,8 @@ def run_legacy(args: argparse.Namespace, err: Console) -> int:
 def _fetch(args: argparse.Namespace, err: Console, *, legacy: bool) -> int:
     ticker, period, start_ms, end_ms = parse_range_args(args)
     check_outputs(args.csv, args.parquet, args.chart)
+    if isinstance(period, str) and (legacy or args.chart):
+        raise UsageError(f"{period} bars: only `history` serves them, without --chart")
     if args.chart and not extras.installed("chart"):  # before asking the platform anything
         raise UsageError(extras.missing_message("chart", CHART_FEATURE))
     settings = settings_from_args(args)
@@ -124,7 +127,7 @@ def _fetch(args: argparse.Namespace, err: Console, *, legacy: bool) -> int:
 
 
 def _emit(
-    args: argparse.Namespace, err: Console, result: HistoryResult, what: str, period: int
+    args: argparse.Namespace, err: Console, result: HistoryResult, what: str, period: int | str
 ) -> int:
     snapshot = f", snapshot {result.snapshot_id}" if result.snapshot_id else ""
     note = result.notification
@@ -156,6 +159,7 @@ def _emit(
     if args.chart:
         from mdclient.chart import candlestick_png
 
+        assert isinstance(period, int)  # refused for bars before asking
         candlestick_png(result.table, args.chart, title=what, period_seconds=period)
     if not args.no_table:
         stdout_console().print(candle_table(result.table, title=what, max_rows=args.rows))

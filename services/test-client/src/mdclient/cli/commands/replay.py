@@ -5,6 +5,7 @@ several tickers in event-time order, one line each on stdout, from Iceberg (no r
       (UnknownTicker: exit 6) -> a line per message (paced by --speed) -> "replay
       complete" and the cursor on stderr; Ctrl-C prints the cursor to resume with
       (--cursor) and exits 130.
+    --follow: Client.replay_into_live (the relay's live topics after the seam) instead.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from mdclient.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from mdclient.config import ClientSettings
 
 
 def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -47,6 +50,12 @@ def add_parser(sub: Subparsers[argparse.ArgumentParser], common: argparse.Argume
     replay.add_argument("--speed", default="max", help="1, 10, 0.5 (x real time) or max")
     replay.add_argument("--cursor", help="resume where a replay stopped (its printed cursor)")
     replay.add_argument("--count", type=int, help="stop after N messages (exit 0, cursor printed)")
+    replay.add_argument(
+        "--follow",
+        action="store_true",
+        help="go on into live trades and candles after the stored range, with no gap or "
+        "duplicate at the seam (needs the relay; --end must be now; no book, no --cursor)",
+    )
 
 
 def run(args: argparse.Namespace, err: Console) -> int:
@@ -70,6 +79,10 @@ def run(args: argparse.Namespace, err: Console) -> int:
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be 1 or more")
     settings = settings_from_args(args)
+    if args.follow:
+        if args.end != "now" or args.cursor:
+            raise UsageError("--follow replays up to now and goes on live: no --end, no --cursor")
+        return _follow(args, settings, out=Console(highlight=False, soft_wrap=True), err=err)
     reader = IcebergReader(settings.catalog_properties(), catalog_name=settings.catalog_name)
     replay = replay_from(reader, settings, query)
     out = Console(highlight=False, soft_wrap=True)
@@ -95,4 +108,34 @@ def run(args: argparse.Namespace, err: Console) -> int:
         markup=False,
         soft_wrap=True,
     )
+    return ExitCode.OK
+
+
+def _follow(args: argparse.Namespace, settings: ClientSettings, out: Console, err: Console) -> int:
+    """The stored range, a "replay complete" line at the seam, then live until Ctrl-C."""
+    from mdclient import Client
+    from mdclient.replay import ReplayComplete
+
+    channels = [c for c in args.channels.split(",") if c.strip()]
+    delivered = 0
+    with Client(settings=settings) as client:
+        try:
+            follow = client.replay_into_live(
+                args.tickers, args.start, channels=channels, speed=args.speed
+            )
+        except InvalidRequest as exc:
+            raise UsageError(str(exc)) from None
+        try:
+            for message in follow:
+                if isinstance(message, ReplayComplete):
+                    err.print(f"replay complete: {message.messages:,} messages; live from here")
+                    continue
+                out.print(replay_line(follow.topic, message), markup=False, highlight=False)
+                delivered += 1
+                if args.count is not None and delivered >= args.count:
+                    break
+        except KeyboardInterrupt:
+            return ExitCode.INTERRUPTED
+        finally:
+            follow.close()
     return ExitCode.OK

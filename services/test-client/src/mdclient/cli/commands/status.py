@@ -57,7 +57,8 @@ def run(args: argparse.Namespace, err: Console) -> int:
             f"{status.remembered_s} s ago or before a relay restart)"
         )
         return ExitCode.UNKNOWN
-    where = describe(note.ticker, note.period_seconds, note.start_time_ms, note.end_time_ms)
+    period = note.bars or note.period_seconds
+    where = describe(note.ticker, period, note.start_time_ms, note.end_time_ms)
     reason = f", {note.error_code or 'error'}: {note.reason}" if status.state == "ERROR" else ""
     snapshot = f", {note.iceberg_table} snapshot {note.snapshot_id}" if note.snapshot_id else ""
     done = timeparse.format_ms(note.completed_at_ms) if note.completed_at_ms else "?"

@@ -1,0 +1,113 @@
+"""Which way an Iceberg write runs, and what a failed commit is called.
+
+Every write of `Lake` goes one of three ways, chosen here before it starts and
+never by trying another engine after an exception: an append from the driver
+(pyiceberg), an append as a Spark job, or a Spark MERGE. The rule and the
+figures behind its threshold: docs/adr/0017-one-write-path-per-batch.md.
+
+A commit that fails is named by the exception's class (pyiceberg's, or the Java
+class py4j reports), never by its message text: `commit_error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+
+#: The ways a write can run (the ``path`` label of ``pipeline_iceberg_writes_total``).
+#: "append-then-merge": an append whose commit conflicted or whose state is unknown,
+#: followed by the MERGE (right whether the append landed or not).
+WritePath = Literal["driver-append", "spark-append", "spark-merge", "append-then-merge"]
+WRITE_PATHS: tuple[WritePath, ...] = (
+    "driver-append",
+    "spark-append",
+    "spark-merge",
+    "append-then-merge",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRule:
+    """The one rule (thresholds from ``catalog.driver_append_max_rows``)."""
+
+    #: Appends of at most this many rows are written by pyiceberg on the driver; larger
+    #: ones by Spark's executors. 0: every append is a Spark job.
+    driver_append_max_rows: int = 600_000
+
+    def choose(self, rows: int, *, keys_absent: bool) -> WritePath:
+        """How to write ``rows`` rows. ``keys_absent``: none of their keys is stored (read
+        first under the writer's lock, or the table's only writer checked): an append
+        is then the same as the MERGE and cheaper. Else a MERGE, the only way that
+        keeps every key once."""
+        if not keys_absent:
+            return "spark-merge"
+        if rows <= self.driver_append_max_rows:
+            return "driver-append"
+        return "spark-append"
+
+
+class CommitError(RuntimeError):
+    """An Iceberg commit the catalog did not confirm."""
+
+
+class CommitConflictError(CommitError):
+    """The catalog refused the commit: another writer's commit came first (pyiceberg's
+    ``CommitFailedException``, Iceberg's Java ``CommitFailedException`` or a MERGE's
+    ``ValidationException`` for conflicting files). Nothing of it landed."""
+
+
+class CommitStateUnknownError(CommitError):
+    """The commit may or may not have landed (a 5xx or a lost connection at commit:
+    ``CommitStateUnknownException``). Only a write that is right either way may follow."""
+
+
+_JAVA_ERRORS: dict[str, type[CommitError]] = {
+    "org.apache.iceberg.exceptions.CommitFailedException": CommitConflictError,
+    "org.apache.iceberg.exceptions.ValidationException": CommitConflictError,
+    "org.apache.iceberg.exceptions.CommitStateUnknownException": CommitStateUnknownError,
+}
+#: Spark wraps a write's failure (e.g. "Writing job aborted"): how deep to look.
+_MAX_CAUSES = 8
+
+
+def commit_error(exc: BaseException) -> CommitError | None:
+    """``exc`` as a typed commit error, or None when it is none: by pyiceberg's exception
+    class, or by the Java class (and its causes) of a py4j ``Py4JJavaError``."""
+    if isinstance(exc, CommitFailedException):
+        return CommitConflictError(str(exc))
+    if isinstance(exc, CommitStateUnknownException):
+        return CommitStateUnknownError(str(exc))
+    if isinstance(exc, Py4JJavaError):
+        return java_commit_error(exc.java_exception)
+    return None
+
+
+def java_commit_error(java: Any) -> CommitError | None:
+    """The typed error of a Java ``Throwable`` (through py4j), looked up by its class name
+    and its causes' (`_JAVA_ERRORS`)."""
+    for _ in range(_MAX_CAUSES):
+        if java is None:
+            return None
+        kind = _JAVA_ERRORS.get(str(java.getClass().getName()))
+        if kind is not None:
+            return kind(str(java.getMessage()))
+        java = java.getCause()
+    return None
+
+
+@contextmanager
+def typed_commit_errors() -> Iterator[None]:
+    """A failed commit inside raised as `CommitConflictError` or `CommitStateUnknownError`
+    (the original as its cause); every other error as it is."""
+    try:
+        yield
+    except (CommitFailedException, CommitStateUnknownException, Py4JJavaError) as exc:
+        typed = commit_error(exc)
+        if typed is None:
+            raise
+        raise typed from exc

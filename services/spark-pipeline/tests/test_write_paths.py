@@ -1,0 +1,178 @@
+"""One way per write: the rule, the typed commit errors, and the one fallback (a failed
+append commit followed by the MERGE), with a fake Spark session and catalog."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+
+from mdproto.tables import Ohlc, Ticks
+from pipeline.lake import Lake, TableNames
+from pipeline.write_paths import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    WritePath,
+    WriteRule,
+    commit_error,
+    java_commit_error,
+)
+
+NAMES = TableNames("lake", "market")
+
+
+def test_the_rule_appends_absent_keys_on_the_driver_up_to_the_threshold() -> None:
+    rule = WriteRule(driver_append_max_rows=1000)
+    assert rule.choose(1, keys_absent=True) == "driver-append"
+    assert rule.choose(1000, keys_absent=True) == "driver-append"
+    assert rule.choose(1001, keys_absent=True) == "spark-append"
+    assert rule.choose(1, keys_absent=False) == "spark-merge"
+    assert WriteRule(driver_append_max_rows=0).choose(1, keys_absent=True) == "spark-append"
+
+
+@dataclass
+class JavaThrowable:
+    """What py4j shows of a Java exception: its class and its cause."""
+
+    name: str
+    cause: JavaThrowable | None = None
+
+    def getClass(self) -> Any:  # noqa: N802 (Java API)
+        name = self.name
+        return type("JavaClass", (), {"getName": lambda _self: name})()
+
+    def getCause(self) -> JavaThrowable | None:  # noqa: N802 (Java API)
+        return self.cause
+
+    def getMessage(self) -> str:  # noqa: N802 (Java API)
+        return "whatever the text says"
+
+
+def test_commit_errors_are_named_by_class_not_by_message_text() -> None:
+    assert isinstance(commit_error(CommitFailedException("409")), CommitConflictError)
+    assert isinstance(commit_error(CommitStateUnknownException("503")), CommitStateUnknownError)
+    # A message that mentions a conflict is not one.
+    assert commit_error(RuntimeError("CommitFailedException: conflicting files")) is None
+    wrapped = JavaThrowable(
+        "org.apache.spark.SparkException",
+        JavaThrowable("org.apache.iceberg.exceptions.ValidationException"),
+    )
+    assert isinstance(java_commit_error(wrapped), CommitConflictError)
+    unknown = JavaThrowable("org.apache.iceberg.exceptions.CommitStateUnknownException")
+    assert isinstance(java_commit_error(unknown), CommitStateUnknownError)
+    assert java_commit_error(JavaThrowable("java.io.IOException")) is None
+
+
+class FakeScan:
+    def __init__(self, rows: pa.Table) -> None:
+        self._rows = rows
+
+    def to_arrow(self) -> pa.Table:
+        return self._rows
+
+
+@dataclass
+class FakeTables:
+    """pyiceberg's client as `Lake` uses it: tables that hold nothing, an append that
+    fails with ``fail`` (if set)."""
+
+    fail: BaseException | None = None
+    appended: list[tuple[str, int]] = field(default_factory=list)
+
+    def load(self, identifier: str) -> Any:
+        empty = pa.table({Ticks.TICKER: pa.array([], pa.string()), Ticks.TRADE_ID: []})
+        return type("T", (), {"scan": lambda _self, **_kw: FakeScan(empty)})()
+
+    def append(self, identifier: str, rows: pa.Table) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.appended.append((identifier, rows.num_rows))
+
+
+@dataclass
+class FakeSession:
+    """The Spark calls of a MERGE (a temp view and a statement) and of a Spark append."""
+
+    statements: list[str] = field(default_factory=list)
+    spark_appends: list[str] = field(default_factory=list)
+
+    def createDataFrame(self, rows: pa.Table) -> Any:  # noqa: N802 (Spark API)
+        session = self
+
+        class Frame:
+            def createOrReplaceTempView(self, view: str) -> None:  # noqa: N802
+                pass
+
+            def writeTo(self, target: str) -> Any:  # noqa: N802
+                return type("W", (), {"append": lambda _s: session.spark_appends.append(target)})()
+
+        return Frame()
+
+    def sql(self, statement: str) -> None:
+        self.statements.append(statement)
+
+    @property
+    def catalog(self) -> Any:
+        return type("C", (), {"dropTempView": lambda _self, _view: None})()
+
+
+def _candles(n: int) -> pa.Table:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    return pa.table(
+        {
+            Ohlc.TICKER: ["BINANCE:BTC/USDT"] * n,
+            Ohlc.PERIOD_SECONDS: pa.array([60] * n, pa.int32()),
+            Ohlc.OPEN_TIME: pa.array(
+                [t0.timestamp() * 1_000_000 + i * 60_000_000 for i in range(n)], pa.int64()
+            ).cast(pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def _lake(tables: FakeTables, rule: WriteRule) -> tuple[Lake, list[tuple[str, WritePath]]]:
+    reported: list[tuple[str, WritePath]] = []
+    lake = Lake(
+        None,  # type: ignore[arg-type]  # its own session: a write uses the one it is given
+        NAMES,
+        tables,  # type: ignore[arg-type]
+        rule=rule,
+        report=lambda table, path: reported.append((table, path)),
+    )
+    return lake, reported
+
+
+def test_each_write_goes_the_way_the_rule_says_and_is_counted() -> None:
+    tables, session = FakeTables(), FakeSession()
+    lake, reported = _lake(tables, WriteRule(driver_append_max_rows=2))
+    assert lake.write_history(session, _candles(2)) == "append"  # type: ignore[arg-type]
+    assert lake.write_history(session, _candles(3)) == "append"  # type: ignore[arg-type]
+    assert tables.appended == [("market.ohlc", 2)]
+    assert session.spark_appends == ["lake.market.ohlc"]
+    assert session.statements == []
+    assert reported == [("ohlc", "driver-append"), ("ohlc", "spark-append")]
+
+
+@pytest.mark.parametrize(
+    "failure", [CommitFailedException("409 conflict"), CommitStateUnknownException("502")]
+)
+def test_an_append_whose_commit_failed_is_followed_by_the_merge(failure: Exception) -> None:
+    """Landed or not (a conflict: not; an unknown state: maybe), the MERGE is right."""
+    tables, session = FakeTables(fail=failure), FakeSession()
+    lake, reported = _lake(tables, WriteRule())
+    assert lake.write_history(session, _candles(3)) == "merge"  # type: ignore[arg-type]
+    [statement] = session.statements
+    assert statement.startswith("MERGE INTO lake.market.ohlc")
+    assert reported == [("ohlc", "append-then-merge")]
+
+
+def test_any_other_append_failure_fails_the_write_with_no_other_engine() -> None:
+    tables, session = FakeTables(fail=OSError("S3 unreachable")), FakeSession()
+    lake, reported = _lake(tables, WriteRule())
+    with pytest.raises(OSError, match="S3 unreachable"):
+        lake.write_history(session, _candles(3))  # type: ignore[arg-type]
+    assert session.statements == [] and session.spark_appends == []
+    assert reported == []
