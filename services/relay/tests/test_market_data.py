@@ -155,4 +155,11 @@ def test_engines_connect_to_the_bound_port_and_get_every_subscription(
     pipeline.publish(TICK, tick)
     got = {envelope.decode_sub(relay.recv(sub))[0] for _ in range(2)}
     assert got == {TICK, CANDLES}
-    assert relay.sample("relay_upstream_connected") == 1
+    # Monitor events reach the relay's loop apart from the data: wait until it has seen
+    # the engine, then the upstream count must still be the pipeline's one link.
+    relay.wait_until(
+        lambda: relay.sample("relay_live_engines_connected") == 1, what="the engine counted"
+    )
+    relay.wait_until(
+        lambda: relay.sample("relay_upstream_connected") == 1, what="the pipeline link counted"
+    )

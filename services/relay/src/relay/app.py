@@ -98,6 +98,7 @@ class Relay:
         self.markets = _default_markets(s, m)  # market.markets reader; None without Kafka
         self._symbols = self.markets.check if self.markets is not None else None
         self._market_connections = 0
+        self._live_engines = 0  # extra live engines connected to the engines port
         self._links = UpstreamLinks(s.upstreams)  # the pipeline and/or parent relays
         self._throttle = LogThrottle()
         self._wakeup = WakeupSocket()
@@ -404,8 +405,17 @@ class Relay:
         address = frames[-1].decode()
         if self.endpoints is not None and address == self.endpoints.engines:
             # An extra live engine's XPUB on the bound port: not an upstream link.
-            up = sockets.monitor_event(frames) == zmq.EVENT_HANDSHAKE_SUCCEEDED
-            log.info("a live engine %s %s", "connected to" if up else "left", address)
+            event = sockets.monitor_event(frames)
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._live_engines += 1
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._live_engines = max(0, self._live_engines - 1)
+            else:
+                return
+            self.metrics.live_engines_connected.set(self._live_engines)
+            log.info("a live engine %s %s (%d connected)",
+                     "connected to" if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else "left",
+                     address, self._live_engines)  # fmt: skip
             return
         change = self._links.on_event(sockets.monitor_event(frames), address)
         if change is None:

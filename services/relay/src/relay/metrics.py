@@ -175,6 +175,11 @@ class RelayMetrics:
             ["prefix"],
             registry=r,
         )
+        self.live_engines_connected = Gauge(
+            "relay_live_engines_connected",
+            "Extra live engines whose XPUB is connected to the bound engines port (ADR 0014)",
+            registry=r,
+        )
         self.upstream_disconnects = Counter(
             "relay_upstream_disconnects", "Times the pipeline connection was lost", registry=r
         )
