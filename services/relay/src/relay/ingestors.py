@@ -98,8 +98,10 @@ class Ingestors:
     # --- work and control out ---------------------------------------------------------
 
     def publish_work(self, topic: str, request: DataRequest, kind: str, now: float) -> None:
-        sockets.send_frames(self._work, envelope.encode_pub(topic, request))
+        # Counted before the send (a PUB send never fails): whoever receives the message
+        # then sees it counted.
         self._published[kind].inc()
+        sockets.send_frames(self._work, envelope.encode_pub(topic, request))
         if not self.served(topic):  # live announcements: history and legacy were refused
             self._metrics.unrouted.labels(topic).inc()
             suffix = self._throttle(f"unrouted:{topic}", now)
@@ -117,11 +119,11 @@ class Ingestors:
             ticker=action.ticker,
             submitted_at_ms=self._wall_ms(),
         )
-        self._work.send_multipart(envelope.encode_pub(action.prefix, request), zmq.NOBLOCK)
         published = _PUBLISHED_KIND.get(action.why, "realtime_join")
         self._metrics.published.labels(
             published.replace("realtime", "book") if book else published
         ).inc()
+        self._work.send_multipart(envelope.encode_pub(action.prefix, request), zmq.NOBLOCK)
         level = logging.DEBUG if action.why == "refresh" else logging.INFO
         log.log(
             level,
@@ -141,8 +143,8 @@ class Ingestors:
             request_id=action.request_id,
             issued_at_ms=self._wall_ms(),
         )
-        self._control.send_multipart(envelope.encode_pub(action.prefix, control), zmq.NOBLOCK)
         self._metrics.published.labels("cancel_book" if book else "cancel_realtime").inc()
+        self._control.send_multipart(envelope.encode_pub(action.prefix, control), zmq.NOBLOCK)
         log.info("live %s cancelled: %s (no subscriber left)", action.kind, action.ticker)
 
     # --- operator commands (HTTP, the metrics port; never a client socket) ----------
@@ -167,8 +169,8 @@ class Ingestors:
     def send_operator_controls(self) -> None:
         while not self._operator.empty():
             prefix, control = self._operator.get_nowait()
-            self._control.send_multipart(envelope.encode_pub(prefix, control), zmq.NOBLOCK)
             self._metrics.published.labels("config_update").inc()
+            self._control.send_multipart(envelope.encode_pub(prefix, control), zmq.NOBLOCK)
             log.info("CONFIG_UPDATE to %s ingestors: %s", prefix, dict(control.config))
 
     # --- who listens (XPUB_VERBOSE: every subscribe, the last unsubscribe) -----------
