@@ -1,15 +1,17 @@
 """Trade history without I/O: the integrity report, the range check, the time order of
-file groups and of rows (mdclient.trades, mdclient.frames.overlap_groups)."""
+file groups and of rows, their reads ahead (mdclient.trades, mdclient.frames)."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 
 from mdclient.errors import InvalidRequest
-from mdclient.frames import overlap_groups
+from mdclient.frames import overlap_groups, read_ahead
 from mdclient.recording import GapCounts
 from mdclient.trades import (
     RangeGap,
@@ -203,3 +205,51 @@ def test_files_read_out_of_time_order_are_reordered_stably() -> None:
     assert ids(overlap) == ["a", "c", "b", "d"]
     unordered_chunk = chunks([("c", 3), ("d", 4)], [("b", 2), ("a", 1)])
     assert ids(unordered_chunk) == ["a", "b", "c", "d"]
+
+
+class Reads:
+    """Reads that record which have started; read `i` waits until `i + wait_for` has
+    started too (None: waits for nothing), so a test can only pass with reads in flight
+    together. A wait that times out raises, never hangs."""
+
+    def __init__(self, n: int, wait_for: int | None = None, fail_at: int | None = None) -> None:
+        self.started = [threading.Event() for _ in range(n)]
+        self.wait_for, self.fail_at = wait_for, fail_at
+
+    def thunks(self) -> list[Callable[[], int]]:
+        return [lambda i=i: self.read(i) for i in range(len(self.started))]  # type: ignore[misc]
+
+    def read(self, i: int) -> int:
+        self.started[i].set()
+        if self.wait_for is not None and i + self.wait_for < len(self.started):
+            assert self.started[i + self.wait_for].wait(2), f"read {i + self.wait_for} never ran"
+        if i == self.fail_at:
+            raise OSError(f"read {i} failed")
+        return i
+
+    def count(self) -> int:
+        return sum(e.is_set() for e in self.started)
+
+
+def test_reads_ahead_run_together_and_come_back_in_order() -> None:
+    reads = Reads(6, wait_for=1)  # read i finishes only once read i + 1 has started
+    assert list(read_ahead(reads.thunks(), 2)) == list(range(6))
+    with pytest.raises(AssertionError, match="never ran"):  # one at a time cannot pass
+        list(read_ahead(Reads(2, wait_for=1).thunks(), 0))
+
+
+def test_no_more_than_depth_reads_ahead_of_the_consumer() -> None:
+    reads = Reads(10)
+    it = read_ahead(reads.thunks(), 2)
+    assert next(it) == 0
+    assert reads.count() <= 3  # the one held, and two ahead
+    it.close()
+    assert reads.count() <= 3  # closing cancels what had not started
+    assert list(read_ahead(Reads(3).thunks(), 0)) == [0, 1, 2]  # depth 0: one at a time
+
+
+def test_a_failed_read_raises_at_its_place_after_the_results_before_it() -> None:
+    it = read_ahead(Reads(5, fail_at=3).thunks(), 2)
+    assert [next(it), next(it), next(it)] == [0, 1, 2]
+    with pytest.raises(OSError, match="read 3 failed"):
+        next(it)

@@ -19,10 +19,13 @@ pipeline announced, even if more commits follow.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -261,6 +264,35 @@ def _read_tasks(scan: DataScan, tasks: list[FileScanTask]) -> pa.Table:
     ).to_table(tasks)
 
 
+_T = TypeVar("_T")
+
+#: File groups of a trade read in flight while the consumer works on the current one.
+TRADE_GROUPS_AHEAD = 2
+
+
+def read_ahead(reads: Iterable[Callable[[], _T]], depth: int) -> Iterator[_T]:
+    """Each read's result in order, with up to `depth` of the next reads running on
+    threads meanwhile (pyarrow's decoding and S3 release the GIL), so file groups that
+    follow one another download in parallel as a whole scan's files do. At most
+    ``depth + 1`` results are held at once. A read's error is raised at its place,
+    after the results before it; closing the iterator cancels the reads not started
+    and waits for the running ones."""
+    if depth < 1:
+        yield from (read() for read in reads)
+        return
+    pending: deque[Future[_T]] = deque()
+    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="mdclient-read")
+    try:
+        for read in reads:
+            pending.append(pool.submit(read))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 class IcebergReader:
     """Lazily connects to the catalog on first read; safe to share between threads."""
 
@@ -496,21 +528,32 @@ class IcebergReader:
             return scan.to_arrow()
 
     def trade_groups(
-        self, table_name: str, ticker: str, start_ms: int, end_ms: int, columns: Sequence[str]
+        self,
+        table_name: str,
+        ticker: str,
+        start_ms: int,
+        end_ms: int,
+        columns: Sequence[str],
+        *,
+        ahead: int = TRADE_GROUPS_AHEAD,
     ) -> Iterator[pa.Table]:
         """`read_trades` in pieces for a range larger than memory: the scan is planned once
         (one snapshot), its files grouped where their trade_time spans overlap
-        (`overlap_groups`), and each group's rows read in turn, groups in time order. One
-        group, about a day of the ticker, is in memory at a time."""
+        (`overlap_groups`), and the groups' rows yielded in time order, read `ahead`
+        groups in advance (`read_ahead`). A group is about a day of the ticker; at
+        most ``ahead + 1`` are in memory at a time."""
         scan = self._trade_scan(table_name, ticker, start_ms, end_ms, columns)
         with _scan_failed(f"planning the read of {table_name} for {ticker}"):
             tasks = list(scan.plan_files())
             bound = _time_bound(scan.table_metadata.schema(), Ticks.TRADE_TIME)
             spans = [(bound(t.file.lower_bounds), bound(t.file.upper_bounds)) for t in tasks]
-        for group in overlap_groups(spans):
+
+        def read(group: list[int]) -> pa.Table:
             with _scan_failed(f"reading {table_name} for {ticker}"):
-                rows = _read_tasks(scan, [tasks[i] for i in group])
-            yield rows
+                return _read_tasks(scan, [tasks[i] for i in group])
+
+        reads = (functools.partial(read, group) for group in overlap_groups(spans))
+        yield from read_ahead(reads, ahead)
 
     def _trade_scan(
         self, table_name: str, ticker: str, start_ms: int, end_ms: int, columns: Sequence[str]
