@@ -25,6 +25,7 @@ from mdclient.replay import (
     parse_channel,
     parse_speed,
     replay_query,
+    tick_items,
 )
 from mdproto.book import OrderBook
 from mdproto.messages import OHLC, BookDelta, BookSnapshot, TakerSide, Tick
@@ -668,3 +669,26 @@ def test_batch_mode_gives_the_trades_of_every_ticker_in_the_replays_order() -> N
     assert refused.value.error_code == "bad_channel"
     with pytest.raises(UnknownTicker):
         trade_batches_in_order(store, query(("BINANCE:DOGE/USDT",)))
+
+
+def test_trade_rows_become_the_live_topic_ticks_nulls_included() -> None:
+    rows = pa.table(
+        {
+            Ticks.TRADE_ID: ["7", "8", "9"],
+            Ticks.PRICE: [1.5, None, 2.0],
+            Ticks.AMOUNT: [0.25, 0.5, None],
+            Ticks.SIDE: ["SELL", None, "SIDEWAYS"],
+            Ticks.TRADE_TIME: pa.array([1_000_999, 2_000_000, 2_000_001], pa.timestamp("us")),
+            Ticks.INGESTED_AT: pa.array([1_500_000, None, 3_000_000], pa.timestamp("us")),
+        }
+    )
+    items = tick_items(BTC, rows)
+    assert [(i.time_ms, i.tie) for i in items] == [
+        (1000, (1_000_999, "7")), (2000, (2_000_000, "8")), (2000, (2_000_001, "9"))
+    ]  # fmt: skip
+    assert [i.message for i in items] == [
+        Tick(ticker=BTC, trade_id="7", price=1.5, amount=0.25, timestamp_ms=1000,
+             side=TakerSide.SELL, ingested_at_ms=1500),
+        Tick(ticker=BTC, trade_id="8", amount=0.5, timestamp_ms=2000),
+        Tick(ticker=BTC, trade_id="9", price=2.0, timestamp_ms=2000, ingested_at_ms=3000),
+    ]  # fmt: skip

@@ -84,6 +84,8 @@ _AFTER = 2**62
 #: Plain ints: an enum attribute lookup per trade costs microseconds.
 _SIDES = {"BUY": int(TakerSide.BUY), "SELL": int(TakerSide.SELL)}
 _NO_SIDE = int(TakerSide.SIDE_UNSPECIFIED)
+_SIDE_NAMES = pa.array(list(_SIDES))
+_SIDE_VALUES = pa.array(list(_SIDES.values()), pa.int32())
 TRADE_COLUMNS: tuple[str, ...] = (
     Ticks.TRADE_ID,
     Ticks.PRICE,
@@ -308,37 +310,39 @@ class ReplayComplete:
     per_topic: Mapping[str, int]
 
 
-def _micros(rows: pa.Table, column: str) -> list[Any]:
-    values: list[Any] = rows.column(column).cast(pa.int64()).to_pylist()
-    return values
-
-
 def tick_items(ticker: str, rows: pa.Table) -> list[Item]:
-    """``market.ticks`` rows (`TRADE_COLUMNS`) -> Tick items, sorted by (µs, trade id)."""
-    times = _micros(rows, Ticks.TRADE_TIME)
-    ingested = _micros(rows, Ticks.INGESTED_AT)
+    """``market.ticks`` rows (`TRADE_COLUMNS`) in trade order (`in_trade_order`) -> Tick
+    items, whose ties (µs, trade id) are then in order too. The columns are made into
+    the message's values as Arrow first; only the message is built per row."""
+    micros = rows.column(Ticks.TRADE_TIME).cast(pa.int64())
+    sides = pc.index_in(rows.column(Ticks.SIDE), value_set=_SIDE_NAMES)
     items = []
-    for us, ing, trade_id, price, amount, side in zip(
-        times,
-        ingested,
+    for us, ms, ing, trade_id, price, amount, side in zip(
+        micros.to_pylist(),
+        pc.divide(micros, 1000).to_pylist(),
+        _whole_ms(rows.column(Ticks.INGESTED_AT)).to_pylist(),
         rows.column(Ticks.TRADE_ID).to_pylist(),
-        rows.column(Ticks.PRICE).to_pylist(),
-        rows.column(Ticks.AMOUNT).to_pylist(),
-        rows.column(Ticks.SIDE).to_pylist(),
+        pc.fill_null(rows.column(Ticks.PRICE), 0.0).to_pylist(),
+        pc.fill_null(rows.column(Ticks.AMOUNT), 0.0).to_pylist(),
+        pc.fill_null(_SIDE_VALUES.take(sides), _NO_SIDE).to_pylist(),
         strict=True,
     ):
         tick = Tick(
             ticker=ticker,
             trade_id=trade_id,
-            price=price or 0.0,
-            amount=amount or 0.0,
-            timestamp_ms=us // 1000,
-            side=_SIDES.get(side or "", _NO_SIDE),  # type: ignore[arg-type]
-            ingested_at_ms=0 if ing is None else ing // 1000,
+            price=price,
+            amount=amount,
+            timestamp_ms=ms,
+            side=side,
+            ingested_at_ms=ing,
         )
-        items.append(Item(us // 1000, (us, trade_id), tick))
-    items.sort(key=lambda i: i.tie)
+        items.append(Item(ms, (us, trade_id), tick))
     return items
+
+
+def _whole_ms(times: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Timestamps (µs) as whole epoch milliseconds, 0 for none."""
+    return pc.fill_null(pc.divide(times.cast(pa.int64()), 1000), 0)
 
 
 def in_trade_order(rows: pa.Table) -> pa.Table:
@@ -408,6 +412,11 @@ def book_stream(start: tuple[Item, ...] | None, changes_after: Iterator[Item]) -
 def merge(streams: Sequence[tuple[str, Iterator[Item]]]) -> Iterator[tuple[str, Item]]:
     """The streams' items in event-time order; at one time in the streams' order, then
     by tie. Lazy: one item of each stream is held."""
+    if len(streams) == 1:  # one stream is in order already
+        [(topic, items)] = streams
+        for item in items:
+            yield topic, item
+        return
 
     def keyed(index: int, topic: str, items: Iterator[Item]) -> Iterator[tuple[Any, ...]]:
         for item in items:
@@ -462,65 +471,87 @@ class Replay(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
     ) -> None:
         self.query = query
         self.topics = tuple(topic for topic, _ in streams)
-        self._positions: dict[str, Position] = dict(
+        #: Where a resume started (the cursor's positions); the last item taken and the
+        #: sequence per topic make the positions since, built only when asked.
+        self._resumed: dict[str, Position] = dict(
             query.cursor.positions if query.cursor is not None else {}
         )
+        self._first = {t: p.sequence for t, p in self._resumed.items()}
+        self._sequences = dict(self._first)
+        self._last: dict[str, Item] = {}
         self._epoch = query.epoch
         self._merged = merge(streams)
         self._pacer = None if query.speed is None else Pacer(query.speed, clock)
         self._sleep = sleep
         self._marker = marker
-        self._events = self.events()
+        self._taken = self._take()
         self.topic = ""
-        self.per_topic: dict[str, int] = dict.fromkeys(self.topics, 0)
-        self.messages = 0
         self.complete = False
         self._closed = False
 
     @property
+    def per_topic(self) -> dict[str, int]:
+        """Messages delivered per topic by this run (a resume counts from its cursor)."""
+        return {t: self._sequences.get(t, 0) - self._first.get(t, 0) for t in self.topics}
+
+    @property
+    def messages(self) -> int:
+        """Messages delivered by this run."""
+        return sum(self.per_topic.values())
+
+    @property
     def cursor(self) -> str:
         """Resume after the last message delivered: pass it as `cursor=`."""
-        return Cursor(self._epoch, dict(self._positions)).encode()
+        positions = {t: p for t in self.topics if (p := self.position(t)) is not None}
+        return Cursor(self._epoch, positions).encode()
 
     def position(self, topic: str) -> Position | None:
         """The topic's last delivered message (None: none yet)."""
-        return self._positions.get(topic)
+        item = self._last.get(topic)
+        if item is None:
+            return self._resumed.get(topic)
+        return Position(item.time_ms, item.tie, self._sequences[topic])
 
     def events(self) -> Iterator[ReplayEvent]:
         """Unpaced: each message sequenced, counted and in the cursor as it is taken."""
+        for topic, item in self._taken:
+            yield ReplayEvent(topic, item.time_ms, item.message)
+
+    def _take(self) -> Iterator[tuple[str, Item]]:
+        """The merged items, each message sequenced, counted and in the cursor."""
+        sequences, last, epoch = self._sequences, self._last, self._epoch
         for topic, item in self._merged:
             if self._closed:
                 return
-            last = self._positions.get(topic)
-            sequence = 1 if last is None else last.sequence + 1
+            sequence = sequences.get(topic, 0) + 1
+            sequences[topic] = sequence
+            last[topic] = item
             message = item.message
             message.sequence = sequence
-            message.publisher_epoch = self._epoch
-            self._positions[topic] = Position(item.time_ms, item.tie, sequence)
-            self.per_topic[topic] += 1
-            self.messages += 1
+            message.publisher_epoch = epoch
             self.topic = topic
-            yield ReplayEvent(topic, item.time_ms, message)
+            yield topic, item
         self.complete = not self._closed
 
     def finished(self) -> ReplayComplete:
-        return ReplayComplete(self.cursor, self.messages, dict(self.per_topic))
+        return ReplayComplete(self.cursor, self.messages, self.per_topic)
 
     def __iter__(self) -> Replay:
         return self
 
     def __next__(self) -> ReplayMessage | ReplayComplete:
-        event = next(self._events, None)
-        if event is None:
+        taken = next(self._taken, None)
+        if taken is None:
             if self._marker and self.complete:
                 self._marker = False
                 return self.finished()
             raise StopIteration
+        item = taken[1]
         if self._pacer is not None:
-            wait = self._pacer.delay(event.time_ms)
+            wait = self._pacer.delay(item.time_ms)
             if wait > 0:
                 self._sleep(wait)
-        return event.message
+        return item.message
 
     def close(self) -> None:
         """Stop: the next step ends the iteration (no marker); `cursor` stays valid."""
