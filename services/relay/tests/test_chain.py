@@ -111,6 +111,8 @@ def test_upstream_links_count_each_endpoint_once() -> None:
         1,
     )
     assert links.on_event(None, "tcp://p:5557") is None  # a malformed monitor message
+    # A peer on a bound port (a live engine: tcp://<own address>:5561) is no upstream.
+    assert links.on_event(up, "tcp://172.18.0.10:5561") is None and links.connected == 1
     assert links.describe() == "tcp://p:5557, tcp://r:5558"
 
 

@@ -403,8 +403,10 @@ class Relay:
 
     def _on_upstream_event(self, frames: list[bytes], now: float) -> None:
         address = frames[-1].decode()
-        if self.endpoints is not None and address == self.endpoints.engines:
-            # An extra live engine's XPUB on the bound port: not an upstream link.
+        if not self._links.is_upstream(address):
+            # An extra live engine's XPUB on the bound engines port: not an upstream link.
+            # (Its events name the port as the engine reached it, e.g. the container's
+            # own address where the relay binds 0.0.0.0: never an upstream endpoint.)
             event = sockets.monitor_event(frames)
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._live_engines += 1

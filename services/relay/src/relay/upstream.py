@@ -44,8 +44,16 @@ class UpstreamLinks:
     def connected(self) -> int:
         return len(self._up)
 
+    def is_upstream(self, address: str) -> bool:
+        """Whether a monitor event's `address` is one of the endpoints connected to (a
+        peer that connected to one of the socket's bound ports reports another)."""
+        return address in self.endpoints
+
     def on_event(self, event: int | None, address: str) -> LinkChange | None:
-        """A monitor event for `address` (the endpoint as connected); None if nothing changed."""
+        """A monitor event for `address` (the endpoint as connected); None if nothing changed
+        or `address` is no upstream."""
+        if not self.is_upstream(address):
+            return None
         if event == _CONNECTED and address not in self._up:
             self._up.add(address)
         elif event == _DISCONNECTED and address in self._up:
