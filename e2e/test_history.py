@@ -147,13 +147,15 @@ def test_a_lost_attempt_is_retried_with_a_new_request_id(
     client_settings: ClientSettings, sim: SimulatorControl
 ) -> None:
     start, end = past_range(days_ago=6, hours=2)
-    # The first klines call hangs longer than the client waits for its notification (15 s);
-    # the later attempts leave the pipeline 25 s after it returns: a loaded CI machine's
-    # micro-batches took up to 27 s (an 8 s wait failed there, every attempt unanswered).
+    # The first klines call hangs until the ingestor's own exchange timeout (10 s), so
+    # the first attempt cannot be answered within the 5 s the client waits: it always
+    # retries. A later notification of any attempt completes the call, and a loaded CI
+    # machine's micro-batches took up to 27 s, so the call gets 8 attempts (40 s) in all.
+    # (A 15 s wait failed: the retried page answered the first attempt in 11 s.)
     sim.add_fault("slow", delay=20, path="/api/v3/klines", count=1)
     try:
         with Client(settings=client_settings) as client:
-            result = client.history("BINANCE:SOL/USDT", "1m", start, end, timeout_s=15, attempts=3)
+            result = client.history("BINANCE:SOL/USDT", "1m", start, end, timeout_s=5, attempts=8)
     finally:
         sim.clear_faults()
     assert result.attempts >= 2
