@@ -1,8 +1,13 @@
-"""The driver reads' pure part: the timestamp values their Iceberg expressions carry."""
+"""The driver reads' pure parts: the timestamp values their Iceberg expressions carry, and
+the rows of a batch whose key is not stored yet."""
 
 from __future__ import annotations
 
-from pipeline.driver_reads import timestamp_value
+import pyarrow as pa
+
+from mdproto.tables import BookDeltas
+from pipeline.driver_reads import timestamp_value, unstored
+from pipeline.records import BOOK_DELTA_SCHEMA
 
 
 def test_timestamps_are_iso_strings_exact_to_the_microsecond_at_any_time() -> None:
@@ -11,3 +16,33 @@ def test_timestamps_are_iso_strings_exact_to_the_microsecond_at_any_time() -> No
     assert timestamp_value(0) == "1970-01-01T00:00:00.000000+00:00"
     assert timestamp_value(1_795_132_800_000_001) == "2026-11-20T00:00:00.000001+00:00"
     assert timestamp_value(-1) == "1969-12-31T23:59:59.999999+00:00"
+
+
+def test_unstored_keeps_the_rows_whose_key_is_new_in_their_order() -> None:
+    """Book deltas: a list-of-struct payload (Arrow's join carries none), a timestamp in
+    the key, and stored keys as pyiceberg returns them (large strings, nullable)."""
+    rows = pa.Table.from_pylist(
+        [
+            {BookDeltas.TICKER: t, BookDeltas.DELTA_TIME: us, BookDeltas.KAFKA_PARTITION: 0,
+             BookDeltas.KAFKA_OFFSET: offset, BookDeltas.EXCHANGE_SEQUENCE: offset,
+             BookDeltas.EXCHANGE_PREV_SEQUENCE: offset - 1,
+             BookDeltas.BIDS: [{"price": 1.0, "amount": float(offset)}]}
+            for t, us, offset in [("B", 3, 12), ("A", 1, 10), ("A", 2, 11), ("B", 4, 13)]
+        ],
+        schema=BOOK_DELTA_SCHEMA,
+    )  # fmt: skip
+    key = BookDeltas.SCHEMA.key
+    stored = pa.table(
+        {
+            BookDeltas.TICKER: pa.array(["A", "B"], pa.large_string()),
+            BookDeltas.DELTA_TIME: pa.array([1, 4], pa.timestamp("us", "UTC")),
+            BookDeltas.KAFKA_PARTITION: pa.array([0, 0], pa.int32()),
+            BookDeltas.KAFKA_OFFSET: pa.array([10, 13], pa.int64()),
+        }
+    )
+    new = unstored(rows, key, stored)
+    assert new.schema == rows.schema
+    assert new[BookDeltas.KAFKA_OFFSET].to_pylist() == [12, 11]  # the rows' own order
+    amounts = [[level["amount"] for level in bids] for bids in new[BookDeltas.BIDS].to_pylist()]
+    assert amounts == [[12.0], [11.0]]  # the payload came along
+    assert unstored(rows, key, stored.slice(0, 0)).equals(rows)  # nothing stored

@@ -1,8 +1,9 @@
 """The few rows a write must know of first, read on the driver with pyiceberg: no Spark job.
 
 Why: before every ``ohlc`` append the writer asks whether the range holds a
-candle yet, and before every ``ticks`` append which of the batch's trades are
-stored already (a replayed micro-batch's, or the boundary's). As Spark jobs
+candle yet, and before every ``ticks``, ``book_snapshots`` and ``book_deltas``
+append which of the batch's rows are stored already (a replayed micro-batch's, or
+the boundary's). As Spark jobs
 (a probe query, a MERGE's scan and join) each costs a job, once a minute per live
 query and once per history answer, for a handful of files (figures:
 docs/adr/0008-driver-reads-and-appends.md). Here pyiceberg's table scan (a public
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mdproto.tables import Ohlc, Ticks
 
@@ -47,16 +49,35 @@ def any_candle_in(table: Table, ranges: Sequence[tuple[str, int, int, int]]) -> 
     return bool(found.num_rows > 0)
 
 
-def tick_keys(table: Table, tickers: Sequence[str], lo_ms: int, hi_ms: int) -> pa.Table:
-    """(ticker, trade_id) of the trades the loaded ``ticks`` ``table`` holds for ``tickers``
-    with ``trade_time`` within ``[lo_ms, hi_ms]``, at its current snapshot."""
+def stored_keys(
+    table: Table,
+    key: Sequence[str],
+    time_column: str,
+    tickers: Sequence[str],
+    lo_ms: int,
+    hi_ms: int,
+) -> pa.Table:
+    """The ``key`` columns of the rows the loaded ``table`` holds, at its current snapshot,
+    for ``tickers`` (its ``ticker`` column) with ``time_column`` within ``[lo_ms, hi_ms]``:
+    what a batch of those tickers and times may find stored already (``ticks``,
+    ``book_snapshots``, ``book_deltas``)."""
     from pyiceberg.expressions import And
 
-    in_time = within(Ticks.TRADE_TIME, lo_ms * 1000, hi_ms * 1000)
+    in_time = within(time_column, lo_ms * 1000, hi_ms * 1000)
     wanted = And(compare(Ticks.TICKER, "in", tuple(tickers)), in_time)
-    keys = (Ticks.TICKER, Ticks.TRADE_ID)
-    stored = table.scan(row_filter=wanted, selected_fields=keys).to_arrow()
-    return pa.table({name: stored[name].cast(pa.string()) for name in keys})
+    return table.scan(row_filter=wanted, selected_fields=tuple(key)).to_arrow()
+
+
+def unstored(rows: pa.Table, key: Sequence[str], stored: pa.Table) -> pa.Table:
+    """The ``rows`` whose ``key`` is not among ``stored``'s, in their order. Joined on the
+    key columns only: Arrow's join carries no list columns (the books' levels)."""
+    columns = list(key)
+    keyed = pa.table({k: rows[k] for k in columns}).append_column(
+        "_row", pa.array(range(rows.num_rows), pa.int64())
+    )
+    found = pa.table({k: stored[k].cast(rows.schema.field(k).type) for k in columns})
+    new = keyed.join(found, keys=columns, join_type="left anti")["_row"]
+    return rows.take(new.take(pc.sort_indices(new)))
 
 
 def timestamp_value(us: int) -> str:

@@ -600,35 +600,42 @@ class Lake:
 
     def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
         """Store the ``TICK_SCHEMA`` rows (unique per key) whose (ticker, trade_id) is not
-        stored yet; returns how: "append N" or "merge".
-
-        The ticks-persist query is the table's only writer, one batch at a time, so
-        the keys read before the append cannot change before it: a replayed batch
-        finds its own and appends nothing.
-        """
+        stored yet; returns how: "append N" or "merge"."""
         lo_ms, hi_ms = _time_range_ms(ticks[Ticks.TRADE_TIME])
-        new = self._unstored_ticks(ticks, lo_ms, hi_ms)
-        if new.num_rows == 0:
-            return "append 0"
-        path = self._write(
-            session,
-            self.names.ticks,
-            "ticks",
-            new,
-            True,  # the table's only writer read the stored keys
-            lambda view: merge_ticks(self.names.ticks, view, lo_ms, hi_ms),
-        )
-        return "merge" if path == "append-then-merge" else f"append {new.num_rows}"
+        target = self.names.ticks
+        path, appended = self._append_unstored(
+            session, target, "ticks", Ticks.SCHEMA, Ticks.TRADE_TIME, ticks,
+            lambda view: merge_ticks(target, view, lo_ms, hi_ms),
+        )  # fmt: skip
+        return "merge" if path == "append-then-merge" else f"append {appended}"
 
-    def _unstored_ticks(self, ticks: pa.Table, lo_ms: int, hi_ms: int) -> pa.Table:
-        """The rows of ``ticks`` whose key the table does not hold, by the keys stored in
-        the batch's time range (`driver_reads.tick_keys`, on the driver: that range holds
-        a minute of files)."""
-        table = self._tables.load(_identifier(self.names.ticks))
-        tickers = pc.unique(ticks[Ticks.TICKER]).to_pylist()
-        stored = driver_reads.tick_keys(table, tickers, lo_ms, hi_ms)
-        new = ticks.join(stored, keys=list(Ticks.SCHEMA.key), join_type="left anti")
-        return new.select(ticks.schema.names).cast(ticks.schema)
+    def _append_unstored(
+        self,
+        session: SparkSession,
+        target: str,
+        kind: str,
+        table: TableSchema,
+        time_column: str,
+        rows: pa.Table,
+        merge: Callable[[str], str],
+    ) -> tuple[WritePath | None, int]:
+        """Append the ``rows`` whose key ``target`` does not hold yet, by the keys stored in
+        the batch's time range (`driver_reads.stored_keys`, on the driver: that range holds
+        a batch's few files); returns the way it ran (None: nothing new) and the rows.
+
+        The table's one writer calls this, one batch at a time (``ticks``: ticks-persist;
+        the books: book-store), so the keys read cannot change before the append: a
+        replayed batch finds its own and appends nothing.
+        """
+        lo_ms, hi_ms = _time_range_ms(rows[time_column])
+        loaded = self._tables.load(_identifier(target))
+        tickers = pc.unique(rows[Ticks.TICKER]).to_pylist()  # every such table's
+        key = table.key
+        stored = driver_reads.stored_keys(loaded, key, time_column, tickers, lo_ms, hi_ms)
+        new = driver_reads.unstored(rows, key, stored)
+        if new.num_rows == 0:
+            return None, 0
+        return self._write(session, target, kind, new, True, merge), new.num_rows
 
     def write_trade_bars(
         self, session: SparkSession, select: str, bar_plan: trade_bars.BarPlan
@@ -702,31 +709,23 @@ class Lake:
         return [trade_bars.GapSpan(r["status"], r["from_ms"], r["to_ms"]) for r in rows]
 
     def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
-        """Insert ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (a book-store query write)."""
+        """Store the ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (a book-store query write):
+        a replayed batch finds its keys and adds nothing."""
         lo_ms, hi_ms = _time_range_ms(rows[BookSnapshots.SNAPSHOT_TIME])
         target = self.names.book_snapshots
-        self._write(
-            session,
-            target,
-            "books",
-            rows,
-            False,
+        self._append_unstored(
+            session, target, "books", BookSnapshots.SCHEMA, BookSnapshots.SNAPSHOT_TIME, rows,
             lambda view: merge_book_snapshots(target, view, lo_ms, hi_ms),
-        )
+        )  # fmt: skip
 
     def merge_book_deltas(self, session: SparkSession, rows: pa.Table) -> None:
-        """Insert ``BOOK_DELTA_SCHEMA`` rows not stored yet (a book-store query write), the
-        way snapshots are: a replayed batch finds its keys and adds nothing."""
+        """Store the ``BOOK_DELTA_SCHEMA`` rows not stored yet, the way snapshots are."""
         lo_ms, hi_ms = _time_range_ms(rows[BookDeltas.DELTA_TIME])
         target = self.names.book_deltas
-        self._write(
-            session,
-            target,
-            "deltas",
-            rows,
-            False,
+        self._append_unstored(
+            session, target, "deltas", BookDeltas.SCHEMA, BookDeltas.DELTA_TIME, rows,
             lambda view: merge_book_deltas(target, view, lo_ms, hi_ms),
-        )
+        )  # fmt: skip
 
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
         """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""

@@ -96,9 +96,9 @@ class BookStore:
     its deltas -> ``book_deltas``, both in each micro-batch.
 
     A past book is the newest stored snapshot at or before its time and the deltas
-    after it (docs/protocol.md "Book history"). Deltas are MERGEd after the snapshots:
-    a batch that fails between the two is replayed whole, and both MERGEs insert only
-    keys not stored yet.
+    after it (docs/protocol.md "Book history"). Deltas are stored after the snapshots:
+    a batch that fails between the two is replayed whole, and both writes add only
+    keys not stored yet (`Lake._append_unstored`).
     """
 
     def __init__(self, lake: Lake) -> None:
@@ -114,7 +114,7 @@ class BookStore:
             self._lake.merge_book_deltas(batch_df.sparkSession, rows.deltas)
         if rows.snapshots.num_rows or rows.deltas.num_rows:
             log.info(
-                "book-store batch %d: %d book snapshots, %d deltas merged in %.0f ms",
+                "book-store batch %d: %d book snapshots, %d deltas stored in %.0f ms",
                 batch_id,
                 rows.snapshots.num_rows,
                 rows.deltas.num_rows,
