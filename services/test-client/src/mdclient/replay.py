@@ -476,8 +476,7 @@ class Replay(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
         self._resumed: dict[str, Position] = dict(
             query.cursor.positions if query.cursor is not None else {}
         )
-        self._first = {t: p.sequence for t, p in self._resumed.items()}
-        self._sequences = dict(self._first)
+        self._sequences = {t: p.sequence for t, p in self._resumed.items()}
         self._last: dict[str, Item] = {}
         self._epoch = query.epoch
         self._merged = merge(streams)
@@ -492,7 +491,11 @@ class Replay(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
     @property
     def per_topic(self) -> dict[str, int]:
         """Messages delivered per topic by this run (a resume counts from its cursor)."""
-        return {t: self._sequences.get(t, 0) - self._first.get(t, 0) for t in self.topics}
+        resumed = self._resumed
+        return {
+            t: self._sequences.get(t, 0) - (resumed[t].sequence if t in resumed else 0)
+            for t in self.topics
+        }
 
     @property
     def messages(self) -> int:
