@@ -83,7 +83,7 @@ def test_unanswered_submit_is_resent_unchanged_to_the_other_relay(
             response = topics.response_topic("ff")
             for relay in (a, b):  # subscribed on both relays at connect
                 relay.wait_for(lambda ev: ("sub", response) in ev)
-            assert c.relays_connected == 2
+            wait_until(lambda: c.relays_connected == 2, "the client to see both links")
             began = time.monotonic()
             first = c.history(TICKER, "1m", START, END)
             took = time.monotonic() - began
@@ -118,7 +118,7 @@ def test_a_relay_that_refuses_connections_is_left_at_once(kit: Any, fake_reader:
             start_time_ms=START, end_time_ms=END,
         )  # fmt: skip
         with Client(settings=settings, reader=fake_reader) as c:
-            assert c.relays_connected == 1
+            wait_until(lambda: c.relays_connected == 1, "the client to see B's link")
             began = time.monotonic()
             reply = c.request(envelope.encode(request), 10.0)
             took = time.monotonic() - began
