@@ -72,10 +72,9 @@ def test_a_late_subscriber_learns_a_failed_feed_at_once(
     relay.wait_until(
         lambda: relay.sample("relay_feed_status_total", state="FAILED", source="ingestor") == 1
     )
-    subscribed_at = time.monotonic()
     late = relay.subscriber(STATUS)
-    assert next_status(late, timeout=1.0)[1] == failed()  # replayed on the subscription edge
-    assert time.monotonic() - subscribed_at < 1.0
+    # Replayed on the subscription edge: the next repeat is 600 s away.
+    assert next_status(late)[1] == failed()
 
 
 def test_a_second_subscriber_learns_it_from_the_repeat(
@@ -90,7 +89,7 @@ def test_a_second_subscriber_learns_it_from_the_repeat(
     ingestor.respond(failed())
     assert next_status(first)[1] == failed()
     second = relay.subscriber(STATUS)
-    assert next_status(second, timeout=1.0)[1] == failed()
+    assert next_status(second)[1] == failed()
 
 
 def test_statuses_of_tickers_that_are_not_live_are_forwarded_not_kept(
@@ -137,7 +136,7 @@ def test_ticks_still_start_the_feed_next_to_a_refused_period(
     assert next_status(sub)[1].period_seconds == 600
     _, start = ingestor.next_work(DataRequest.REALTIME)
     assert start.ticker == TICKER
-    assert next_status(sub, timeout=1.0)[1].state == FeedStatus.REFUSED  # repeated while held
+    assert next_status(sub)[1].state == FeedStatus.REFUSED  # repeated while held
     sub.unsubscribe(f"{TICKER}|ohlc:600".encode())
     pipeline.wait_subscribed(STATUS, TICK)
     relay.wait_until(lambda: relay.sample("relay_subscribed_topics") == 2)
