@@ -100,7 +100,7 @@ def test_kraken_rows_have_the_recorded_layout_and_exact_trade_counts(
     rows = body["result"]["XBTUSDT"]
     assert layout(rows) == layout(recorded["result"]["XBTUSDT"])
     # The ingestor's reading: Kraken's trade count per candle, final up to `last`.
-    fields = kraken_venue.raw_fields(body, "XBTUSDT")
+    fields = {c.open_time_ms: c for c in kraken_venue.parse_candles(body, "XBTUSDT")}
     served = expected_klines("BTC/USDT", "1m", CURRENT - 29 * MINUTE_MS, CURRENT, now_ms=FROZEN_NOW)
     assert {t: f.trade_count for t, f in fields.items()} == {k.open_time: k.trades for k in served}
     assert {t: f.final for t, f in fields.items()} == {k.open_time: k.closed for k in served}

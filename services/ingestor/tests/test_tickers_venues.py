@@ -30,6 +30,7 @@ import pytest
 from ingestor.config import ExchangeSettings, RecordedMarkets
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.recording import recorded_tickers
+from ingestor.rest import HttpAnswer
 from ingestor.urls import rewrite_url
 from ingestor.venues.base import TickersUnsupportedError
 
@@ -117,8 +118,8 @@ class Answers:
     seen: list[tuple[str, Any]] | None = None
 
     async def __call__(
-        self, url: str, method: str, headers: Mapping[str, str] | None, payload: Any
-    ) -> Any:
+        self, url: str, method: str, headers: Mapping[str, str], payload: str | None
+    ) -> HttpAnswer:
         body = self.body
         if body is None:
             request = urllib.request.Request(rewrite_url(url, self.base_url), method=method)
@@ -131,7 +132,7 @@ class Answers:
         if self.seen is None:
             self.seen = []
         self.seen.append((url, copy.deepcopy(body)))
-        return body
+        return HttpAnswer.of_json(body)
 
 
 def adapter(

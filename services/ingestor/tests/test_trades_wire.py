@@ -4,8 +4,9 @@ The fixtures (tests/fixtures/exchanges/<ccxt id>/fetch_trades*.json, provenance 
 SOURCE.md) are ccxt's static test responses recorded from the exchanges' real APIs,
 or, where ccxt recorded none of the endpoint the repairer calls (Binance
 `historicalTrades`, OKX `history-trades`), the documented example response. They are
-served to ccxt through the adapter's injected transport, so ccxt builds each request
-and parses each answer exactly as in production; only the network is replaced.
+served as HTTP answers through the adapter's injected transport, so each venue's
+request is built and each answer parsed exactly as in production; only the network
+is replaced.
 
 1. Replays: for the call the repairer makes (`RepairPlan`'s cursor, the venue's
    `trade_params`/`trade_id_param`, `min(page_limit, trade_page_cap)`), the request
@@ -40,6 +41,7 @@ from ingestor.exchanges import ExchangeAdapter
 from ingestor.live import GapFound, TradePoint
 from ingestor.model import Trade
 from ingestor.recording import RepairPlan
+from ingestor.rest import HttpAnswer
 from ingestor.urls import rewrite_url
 from mdproto.messages import TradeGap
 
@@ -275,10 +277,10 @@ class Replay:
     calls: list[tuple[str, str, dict[str, str]]]
 
     async def __call__(
-        self, url: str, method: str, headers: Mapping[str, str] | None, payload: Any
-    ) -> Any:
-        self.calls.append((url, method, dict(headers or {})))
-        return copy.deepcopy(self.body)  # ccxt's kraken appends to the rows it is given
+        self, url: str, method: str, headers: Mapping[str, str], payload: str | None
+    ) -> HttpAnswer:
+        self.calls.append((url, method, dict(headers)))
+        return HttpAnswer.of_json(self.body)
 
 
 def ccxt_trade(parsed: Mapping[str, Any]) -> Trade:
@@ -491,10 +493,11 @@ class Forward:
     answers: list[tuple[str, Any]]
 
     async def __call__(
-        self, url: str, method: str, headers: Mapping[str, str] | None, payload: Any
-    ) -> Any:
+        self, url: str, method: str, headers: Mapping[str, str], payload: str | None
+    ) -> HttpAnswer:
+        sent = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}  # urllib
         request = urllib.request.Request(
-            rewrite_url(url, self.base_url), headers=dict(headers or {}), method=method
+            rewrite_url(url, self.base_url), headers=sent, method=method
         )
 
         def get() -> Any:
@@ -503,7 +506,7 @@ class Forward:
 
         body = await asyncio.to_thread(get)
         self.answers.append((url, copy.deepcopy(body)))
-        return body
+        return HttpAnswer.of_json(body)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

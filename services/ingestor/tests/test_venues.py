@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from ingestor.config import ExchangeSettings
 from ingestor.exchanges import ExchangeAdapter, paging_mode
 from ingestor.venues import GENERIC, HistoryUnavailableError, Paging, venue_for
+from ingestor.venues.base import CandleQuery
 
 MIN = 60_000
 
@@ -60,6 +63,14 @@ def test_kraken_serves_its_latest_720_entries_counting_the_open_one() -> None:
 
 
 def test_the_end_goes_out_as_each_exchange_reads_it() -> None:
-    assert venue_for("binance").until_params(99) == {"until": 99}
-    assert venue_for("okx").until_params(99) == {"until": 100}  # OKX `after` is exclusive
-    assert venue_for("kraken").until_params(99) == {}  # ccxt would send it on raw
+    def params(exchange_id: str) -> Mapping[str, str | int]:
+        build = venue_for(exchange_id).candle_request
+        assert build is not None
+        query = CandleQuery("M", "1m", MIN, since_ms=0, until_ms=99, limit=5, now_ms=MIN)
+        return build(query).params
+
+    assert params("binance")["endTime"] == 99
+    assert params("okx")["after"] == 100  # OKX `after` is exclusive
+    assert params("bybit")["end"] == 99
+    assert params("coinbaseexchange")["end"] == "1970-01-01T00:00:00.099Z"
+    assert set(params("kraken")) == {"pair", "interval", "since"}  # Kraken has no end

@@ -2,9 +2,9 @@
 
 The fixtures (tests/fixtures/exchanges/<ccxt id>/, provenance in SOURCE.md) are
 candle responses recorded from the exchanges' real APIs and kept by ccxt as
-static test data. They are served to ccxt through the adapter's injected
-transport, so ccxt builds each request and parses each answer exactly as in
-production; only the network is replaced.
+static test data. They are served as HTTP answers through the adapter's injected
+transport, so each venue's request is built and each answer parsed exactly as
+in production (ccxt signs and judges it); only the network is replaced.
 
 1. Replays: each recorded response, served verbatim, must come out of
    `ExchangeAdapter.fetch_candles` with exactly the recorded values.
@@ -29,7 +29,6 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from ccxt.base import errors as ccxt_errors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,6 +49,7 @@ from ingestor.exchange_calls import FetchEnv
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.model import Candle, ExchangeCallError, FaultKind
 from ingestor.pages import iter_pages, plan_request
+from ingestor.rest import HttpAnswer
 from mdproto.messages import DataRequest, Status
 
 
@@ -75,7 +75,8 @@ def market(exchange_id: str, market_id: str) -> dict[str, Any]:
 
 
 class Wire:
-    """An exchange's candle endpoint (infra.exchange_sim.replay) as ccxt's transport."""
+    """An exchange's candle endpoint (infra.exchange_sim.replay) as the adapter's
+    transport: a refused request is answered HTTP 400 with the refusal's message."""
 
     def __init__(
         self, exchange_id: str, rows: list[list[Any]], period_ms: int, now_ms: int
@@ -87,17 +88,18 @@ class Wire:
         self.requests: list[dict[str, str]] = []
 
     async def __call__(
-        self, url: str, method: str, headers: Mapping[str, str] | None, body: Any
-    ) -> Any:
+        self, url: str, method: str, headers: Mapping[str, str], body: str | None
+    ) -> HttpAnswer:
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
         assert method == "GET", url
         assert parts.path in self.windows.paths, url
         self.requests.append(query)
         try:
-            return self.windows.answer(self.rows, self.period_ms, self.now_ms, parts.path, query)
+            rows = self.windows.answer(self.rows, self.period_ms, self.now_ms, parts.path, query)
         except RefusedError as exc:
-            raise ccxt_errors.BadRequest(str(exc)) from None
+            return HttpAnswer.of_json({"message": str(exc)}, status=400)
+        return HttpAnswer.of_json(rows)
 
 
 def _binance(row: list[Any]) -> Candle:
@@ -146,9 +148,9 @@ def test_recorded_response_parses_to_the_recorded_values(exchange_id: str) -> No
     fixture = recording(exchange_id)
     seen: list[str] = []
 
-    async def replay(url: str, method: str, headers: Any, body: Any) -> Any:
+    async def replay(url: str, method: str, headers: Any, body: Any) -> HttpAnswer:
         seen.append(url)
-        return fixture["httpResponse"]
+        return HttpAnswer.of_json(fixture["httpResponse"])
 
     _, timeframe, since, limit = fixture["input"][:4]
     parsed = fixture["parsedResponse"]
@@ -334,8 +336,8 @@ def test_an_unreadable_extra_field_costs_the_extras_never_the_candles(
     body = recording("binance")["httpResponse"]
     garbled = [[*row[:8], "not a count", *row[9:]] for row in body]
 
-    async def replay(url: str, method: str, headers: Any, payload: Any) -> Any:
-        return garbled
+    async def replay(url: str, method: str, headers: Any, payload: Any) -> HttpAnswer:
+        return HttpAnswer.of_json(garbled)
 
     adapter = adapter_for("binance", replay)
     candles = asyncio.run(adapter.fetch_candles("BTC/USDT", "1h", T0, T0 + 3 * HOUR, 3))

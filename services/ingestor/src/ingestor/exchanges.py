@@ -1,24 +1,34 @@
 """ccxt adapter: the only module that imports ccxt.
 
-Creates one ccxt.pro exchange per configured exchange (REST through its
-async_support base, trades over websockets), points its URLs at the configured
-base URL, and turns ccxt's lists, dicts and exceptions into `ingestor.model`
-values and `ExchangeCallError`s.
+Creates one ccxt.pro exchange per configured exchange, points its URLs at the
+configured base URL, and turns what comes back into `ingestor.model` values and
+`ExchangeCallError`s.
+
+REST goes one explicit path (`ExchangeAdapter._call`): the venue writes its
+request (`ingestor.venues`), ccxt's `sign` turns it into a URL with auth, ccxt's
+rate limiter spaces it, the ingestor's transport (`ingestor.rest`) sends it, and
+ccxt's `handle_errors` and HTTP status table raise its typed errors, which are
+classified here with the answer's status, headers and body in hand. The venue
+parses the exchange's raw rows itself. Markets, tickers and server time stay on
+ccxt's unified calls and its own `fetch`; websockets (trades, books) on ccxt.pro.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
+import functools
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 import ccxt.async_support as ccxt_async
 import ccxt.pro as ccxt_pro
 from ccxt.base import errors as ccxt_errors
+from ccxt.base.types import Entry
 
 from ingestor.config import Credentials, ExchangeSettings
 from ingestor.model import (
@@ -29,36 +39,33 @@ from ingestor.model import (
     ExchangeCallError,
     FaultKind,
     MarketInfo,
-    RawFields,
     Trade,
 )
+from ingestor.rest import HttpAnswer, HttpTransport, Transport, TransportSession
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
-from ingestor.venues.base import BookChecksum, BookContext, BookGuard, TickersUnsupportedError
+from ingestor.venues.base import (
+    BookChecksum,
+    BookContext,
+    BookGuard,
+    CandleQuery,
+    RestRequest,
+    TickersUnsupportedError,
+    TradeQuery,
+    number,
+)
 
 log = logging.getLogger(__name__)
-
-# (status, headers, body) of the last HTTP error response seen by this task.
-# A context variable, so concurrent requests on one exchange never mix them up.
-_LAST_HTTP_ERROR: contextvars.ContextVar[tuple[int, dict[str, str], str] | None] = (
-    contextvars.ContextVar("ingestor_last_http_error", default=None)
-)
-
-# The decoded body of the last REST response this task received: the raw candle
-# rows, for the fields ccxt's OHLCV drops. Per task, like _LAST_HTTP_ERROR.
-_LAST_RESPONSE: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "ingestor_last_response", default=None
-)
-
-#: What answers ccxt's HTTP calls instead of the network: (url, method, headers,
-#: body) -> the decoded JSON body, or a ccxt error raised. Tests inject one that
-#: replays recorded exchange payloads (cryptofeed's injected connection style).
-Transport = Callable[[str, str, Mapping[str, str] | None, Any], Awaitable[Any]]
+T = TypeVar("T")
 
 # ccxt precisionMode values (ccxt.base.decimal_to_precision).
 _DECIMAL_PLACES = 2
 _SIGNIFICANT_DIGITS = 3
+
+#: What a ccxt call may raise: its typed errors, and what its parsers raise on a body
+#: they do not expect (e.g. coinbaseexchange's `handle_errors` on a 400 without `message`).
+_CCXT_FAILURES = (ccxt_errors.BaseError, LookupError, TypeError, ValueError, AttributeError)
 
 
 class _BookRejected(ccxt_errors.InvalidNonce):  # type: ignore[misc]  # ccxt is untyped
@@ -69,58 +76,16 @@ class _BookRejected(ccxt_errors.InvalidNonce):  # type: ignore[misc]  # ccxt is 
         self.kind = kind
 
 
-def _capturing(
-    cls: type[Any],
-    transport: Transport | None = None,
-    venue: Venue | None = None,
-) -> type[Any]:
-    """A subclass of a ccxt exchange class that records HTTP error responses.
+def _book_class(cls: type[Any], venue: Venue) -> type[Any]:
+    """The ccxt.pro class itself, or, for a venue whose books need it, a subclass whose
+    book handling goes through the venue's checks. Books only: REST never goes through it.
 
-    ccxt raises DDoSProtection for a 429 without the Retry-After header; the
-    header is only on the (shared) `last_response_headers`. Recording it here,
-    per task, lets the retry policy honour it safely. With a `transport`, every
-    REST call goes to it instead of the network; ccxt still builds the request
-    and parses the answer, so replayed payloads take the production path.
-    With the venue's `book_checksum` (OKX), every raw book message is checked
-    against the exchange's checksum, which ccxt 4.5.90 ignores (`_checking_books`);
-    with its `book_guard` (Bybit, Kraken), before ccxt applies it (`_guarding_books`).
-    With `public_books` (Coinbase), a book subscription goes out unsigned when
-    no credentials are configured.
+    With the venue's `book_checksum` (OKX), every raw book message is checked against
+    the exchange's checksum, which ccxt 4.5.90 ignores (`_checking_books`); with its
+    `book_guard` (Bybit, Kraken), before ccxt applies it (`_guarding_books`). With
+    `public_books` (Coinbase), a book subscription goes out unsigned when no
+    credentials are configured.
     """
-
-    def handle_errors(
-        self: Any,
-        code: int,
-        reason: str,
-        url: str,
-        method: str,
-        headers: dict[str, str],
-        body: str,
-        response: Any,
-        request_headers: Any,
-        request_body: Any,
-    ) -> Any:
-        if isinstance(code, int) and code >= 400:
-            _LAST_HTTP_ERROR.set((code, dict(headers or {}), body or ""))
-        parent: Any = super(subclass, self)
-        return parent.handle_errors(
-            code, reason, url, method, headers, body, response, request_headers, request_body
-        )
-
-    async def fetch(
-        self: Any,
-        url: str,
-        method: str = "GET",
-        headers: Mapping[str, str] | None = None,
-        body: Any = None,
-    ) -> Any:
-        if transport is not None:
-            response = await transport(url, method, headers, body)
-        else:
-            parent: Any = super(subclass, self)
-            response = await parent.fetch(url, method, headers, body)
-        _LAST_RESPONSE.set(response)
-        return response
 
     def authenticate(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not self.apiKey:
@@ -128,15 +93,17 @@ def _capturing(
         parent: Any = super(subclass, self)
         return parent.authenticate(*args, **kwargs)
 
-    methods: dict[str, Any] = {"handle_errors": handle_errors, "fetch": fetch}
-    if venue is not None and venue.book_checksum is not None:
+    methods: dict[str, Any] = {}
+    if venue.book_checksum is not None:
         methods["handle_order_book_message"] = _checking_books(
             lambda: subclass, venue.book_checksum
         )
-    if venue is not None and venue.book_guard is not None:
+    if venue.book_guard is not None:
         methods["handle_order_book"] = _guarding_books(lambda: subclass, venue.book_guard)
-    if venue is not None and venue.public_books:
+    if venue.public_books:
         methods["authenticate"] = authenticate
+    if not methods:
+        return cls
     subclass: type[Any] = type(cls.__name__, (cls,), methods)
     return subclass
 
@@ -234,12 +201,22 @@ def _checking_books(
     return handle_order_book_message
 
 
-def fault_from(exc: BaseException, now_ms: int | None = None) -> ExchangeCallError:
-    """Classify a ccxt (or transport) exception for the retry policy."""
+def fault_from(
+    exc: BaseException,
+    now_ms: int | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    body: str = "",
+    status: int | None = None,
+) -> ExchangeCallError:
+    """Classify a ccxt (or transport) exception for the retry policy.
+
+    `headers`, `body`, `status`: the HTTP answer that raised it, where there was one:
+    the wait it asks for (Retry-After, Binance's ban time) is honoured.
+    """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     reason = str(exc) or type(exc).__name__
-    http = _LAST_HTTP_ERROR.get()
-    headers, body = (http[1], http[2]) if http else ({}, "")
+    headers = headers or {}
     if isinstance(exc, ccxt_errors.DDoSProtection | ccxt_errors.RateLimitExceeded):
         return ExchangeCallError(
             FaultKind.RATE_LIMITED, reason, retry_after_from(headers, body or reason, now)
@@ -264,20 +241,20 @@ def fault_from(exc: BaseException, now_ms: int | None = None) -> ExchangeCallErr
         return ExchangeCallError(FaultKind.NETWORK, reason)
     if isinstance(exc, ccxt_errors.UnsubscribeError):  # another watcher unsubscribed: resubscribe
         return ExchangeCallError(FaultKind.NETWORK, f"unsubscribed: {reason}")
+    if status == 400 and type(exc) is ccxt_errors.ExchangeError:
+        # ccxt knew no better name for the exchange's message: a refused request
+        # (Coinbase's "... exceeds 300" window).
+        return ExchangeCallError(FaultKind.BAD_REQUEST, reason)
     if isinstance(exc, ccxt_errors.BaseError):
         return ExchangeCallError(FaultKind.EXCHANGE_ERROR, reason)
     return ExchangeCallError(FaultKind.EXCHANGE_ERROR, f"{type(exc).__name__}: {reason}")
 
 
-def _float(value: Any) -> float:
-    try:
-        return float(value) if value is not None else 0.0
-    except (TypeError, ValueError):
-        return 0.0
+_float = number
 
 
 def _trades(trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
-    """ccxt's unified trades as ours (the websocket's and the REST history's alike)."""
+    """ccxt's unified trades as ours (the websocket's, and a GENERIC venue's REST history)."""
     return [
         Trade(
             trade_id=str(t.get("id") or ""),
@@ -291,8 +268,48 @@ def _trades(trades: Sequence[Mapping[str, Any]]) -> list[Trade]:
 
 
 def _candle(row: list[Any]) -> Candle:
+    """A row of ccxt's unified OHLCV (a GENERIC venue's candles)."""
     values = [_float(row[i]) if i < len(row) else 0.0 for i in range(1, 6)]
     return Candle(int(row[0]), values[0], values[1], values[2], values[3], values[4])
+
+
+def candle_page(candles: Sequence[Candle], since_ms: int, limit: int) -> list[Candle]:
+    """A page as the paging reads it: oldest first, none opening before `since`, the
+    first `limit` (what ccxt's `fetch_ohlcv` made of an answer, kept)."""
+    kept = sorted((c for c in candles if c.open_time_ms >= since_ms), key=_open_time)
+    return kept[:limit]
+
+
+def trade_page(trades: Sequence[Trade], since_ms: int | None, limit: int) -> list[Trade]:
+    """A page of trades oldest first (ties by id): from `since` on, the first `limit`;
+    without `since`, the last `limit` (what ccxt's `fetch_trades` made of an answer)."""
+    ordered = sorted(trades, key=_time_and_id)
+    if since_ms is None:
+        return ordered[-limit:] if limit > 0 else ordered
+    return [t for t in ordered if t.timestamp_ms >= since_ms][:limit]
+
+
+def _open_time(candle: Candle) -> int:
+    return candle.open_time_ms
+
+
+def _time_and_id(trade: Trade) -> tuple[int, str]:
+    return trade.timestamp_ms, trade.trade_id
+
+
+@functools.cache
+def _endpoint_config(cls: Any, api: str, method: str, path: str) -> Mapping[str, Any]:
+    """ccxt's declaration of an endpoint (its rate-limit `cost`, Binance's `byLimit`);
+    {} where ccxt declares none (its cost is then 1)."""
+    for klass in cls.__mro__:
+        for entry in vars(klass).values():
+            if (
+                isinstance(entry, Entry)
+                and (entry.path, entry.api, entry.method) == (path, [api], method)
+                and isinstance(entry.config, dict)
+            ):
+                return dict(entry.config)
+    return {}
 
 
 def _tick_size(value: Any, mode: Any) -> float:
@@ -347,12 +364,28 @@ class ExchangeAdapter:
             config["rateLimit"] = settings.rate_limit_ms
         if credentials is not None:
             config.update(credentials.ccxt_config())
-        self._exchange: Any = _capturing(base, transport, self.venue)(config)
+        self._exchange: Any = _book_class(base, self.venue)(config)
         if settings.api_base_url:
             # A new dict: class-level defaults shared with other instances stay untouched.
             urls = dict(self._exchange.urls)
             urls["api"] = rewrite_api_urls(urls["api"], settings.api_base_url, settings.ws_base_url)
             self._exchange.urls = urls
+        exchange = self._exchange
+        self._http: HttpTransport | None = None
+        if transport is None:
+            # ccxt's own settings for the network: timeout, CA file, HTTP(S) proxy.
+            proxy = exchange.httpsProxy or exchange.httpProxy or exchange.aiohttp_proxy
+            self._http = HttpTransport(
+                settings.timeout_ms,
+                cafile=exchange.cafile if exchange.verify else None,
+                verify=bool(exchange.verify),
+                proxy=proxy,
+                trust_env=bool(exchange.aiohttp_trust_env),
+            )
+        self._transport: Transport = transport or self._http  # type: ignore[assignment]
+        # An injected transport answers ccxt's own fetch too (markets, tickers, time),
+        # as its `session`, set on the first such call (so none is left open otherwise).
+        self._session = None if transport is None else TransportSession(transport)
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
         self.supports_books = bool(self._exchange.has.get("watchOrderBook"))
         self.consecutive_trade_ids = settings.consecutive_trade_ids
@@ -363,10 +396,7 @@ class ExchangeAdapter:
         self.page_limit = min(int(c) for c in caps if c)
 
     async def load_markets(self, reload: bool = False) -> None:
-        try:
-            await self._exchange.load_markets(reload)
-        except Exception as exc:
-            raise fault_from(exc) from exc
+        await self._unified(self._exchange.load_markets(reload))
 
     def preload_markets(self, markets: Sequence[Mapping[str, Any]]) -> None:
         """Use these ccxt market dicts instead of loading them (replayed payloads)."""
@@ -375,13 +405,10 @@ class ExchangeAdapter:
     async def probe(self) -> None:
         """One cheap call to see whether the exchange answers: its server time
         (Binance weight 1), else a market reload where it has no time endpoint."""
-        try:
-            if self._exchange.has.get("fetchTime"):
-                await self._exchange.fetch_time()
-            else:
-                await self._exchange.load_markets(True)
-        except Exception as exc:
-            raise fault_from(exc) from exc
+        if self._exchange.has.get("fetchTime"):
+            await self._unified(self._exchange.fetch_time())
+        else:
+            await self._unified(self._exchange.load_markets(True))
 
     async def quote_volumes(self) -> dict[str, float]:
         """24 h volume in the quote currency by symbol, from the exchange's tickers
@@ -389,10 +416,8 @@ class ExchangeAdapter:
         `TickersUnsupportedError` where the venue has no such call (Coinbase)."""
         if self.venue.tickers_unsupported:
             raise TickersUnsupportedError(self.exchange_id, self.venue.tickers_unsupported)
-        try:
-            tickers = await self._exchange.fetch_tickers(None, dict(self.venue.ticker_params))
-        except Exception as exc:
-            raise fault_from(exc) from exc
+        params = dict(self.venue.ticker_params)
+        tickers = await self._unified(self._exchange.fetch_tickers(None, params))
         volumes = {}
         for symbol, t in tickers.items():
             quote = _float(t.get("quoteVolume"))
@@ -437,59 +462,140 @@ class ExchangeAdapter:
             )
         return result
 
+    async def _unified(self, call: Awaitable[T]) -> T:
+        """A ccxt unified call (markets, tickers, server time: no raw fields needed),
+        through ccxt's own `fetch`. Its failure is classified with the answer ccxt kept
+        (`last_response_headers`, `last_http_response`): these calls are rare and not
+        run side by side, so that answer is this call's."""
+        exchange = self._exchange
+        if self._session is not None and exchange.session is None:
+            exchange.session = self._session
+        exchange.last_response_headers = None
+        exchange.last_http_response = None
+        try:
+            return await call
+        except _CCXT_FAILURES as exc:
+            headers = exchange.last_response_headers or {}
+            body = exchange.last_http_response or ""
+            raise fault_from(exc, headers=headers, body=str(body)) from exc
+
+    async def _market_id(self, symbol: str) -> str:
+        """The exchange's id of a market (unified symbol or id); markets loaded first
+        if they never were."""
+        if self._exchange.markets is None:
+            await self.load_markets()
+        try:
+            return str(self._exchange.market(symbol)["id"])
+        except _CCXT_FAILURES as exc:
+            raise fault_from(exc) from exc
+
+    async def _call(self, request: RestRequest) -> Any:
+        """One venue request, the one REST path: ccxt's `sign` writes it (URL, auth),
+        ccxt's rate limiter spaces it, the transport answers, ccxt's `handle_errors` and
+        HTTP status table judge the answer. The decoded JSON body, or ExchangeCallError
+        classified with the answer's status, headers and body."""
+        exchange = self._exchange
+        params = dict(request.params)
+        try:
+            if exchange.enableRateLimit:  # first: a signature's timestamp must not wait
+                where = (request.api, request.method, request.path)
+                config = _endpoint_config(exchange.__class__, *where)
+                cost = exchange.calculate_rate_limiter_cost(
+                    [request.api], request.method, request.path, params, config
+                )
+                await exchange.throttle(cost)
+            signed = exchange.sign(request.path, [request.api], request.method, dict(params))
+            url, method, body = signed["url"], signed["method"], signed.get("body")
+            headers = exchange.prepare_request_headers(signed.get("headers"))
+            answer = await self._send(url, method, headers, body)
+        except _CCXT_FAILURES as exc:
+            raise fault_from(exc) from exc
+        text = exchange.on_rest_response(
+            answer.status, answer.reason, url, method, answer.headers, answer.body, headers, body
+        )
+        decoded = exchange.parse_json(text)
+        answered = {"headers": answer.headers, "body": text, "status": answer.status}
+        try:
+            exchange.handle_errors(
+                answer.status,
+                answer.reason,
+                url,
+                method,
+                dict(answer.headers),
+                text,
+                decoded,
+                headers,
+                body,
+            )
+        except ccxt_errors.BaseError as exc:
+            raise fault_from(exc, **answered) from exc
+        except (LookupError, TypeError, ValueError, AttributeError) as exc:
+            # ccxt's reader of error bodies choked on this one (Kraken's on an empty
+            # body): the HTTP status is judged next, as for a body it found no error in.
+            log.debug("%s: error body unreadable to ccxt (%r)", self.exchange_id, exc)
+        try:
+            exchange.handle_http_status_code(answer.status, answer.reason, url, method, text)
+        except ccxt_errors.BaseError as exc:
+            raise fault_from(exc, **answered) from exc
+        if decoded is None:
+            problem = ccxt_errors.BadResponse(f"{self.exchange_id} {method} {url}: {text[:200]!r}")
+            raise fault_from(problem)
+        return decoded
+
+    async def _send(
+        self, url: str, method: str, headers: Mapping[str, str], body: str | None
+    ) -> HttpAnswer:
+        """The transport's answer; its failures as ccxt's own `fetch` names aiohttp's."""
+        details = f"{self.exchange_id} {method} {url}"
+        try:
+            return await self._transport(url, method, headers, body)
+        except TimeoutError as exc:
+            raise ccxt_errors.RequestTimeout(details) from exc
+        except (aiohttp.ClientConnectionError, socket.gaierror) as exc:
+            raise ccxt_errors.ExchangeNotAvailable(details) from exc
+        except aiohttp.ClientError as exc:
+            raise ccxt_errors.ExchangeError(details) from exc
+
+    def _parsed(self, parse: Callable[[Any, str], list[T]], body: Any, market_id: str) -> list[T]:
+        """The venue's reading of a body; a body not in the venue's shape is a bad answer."""
+        try:
+            return parse(body, market_id)
+        except (LookupError, TypeError, ValueError, AttributeError) as exc:
+            problem = ccxt_errors.BadResponse(f"{self.exchange_id} unreadable answer: {exc!r}")
+            raise fault_from(problem) from exc
+
     async def fetch_candles(
         self, symbol: str, timeframe: str, since_ms: int, until_ms: int, limit: int
     ) -> list[Candle]:
-        """One page of candles opening in [since, until] (the exchange may return fewer)."""
+        """One page of candles opening in [since, until] (the exchange may return fewer),
+        oldest first: the venue's request, the venue's parser."""
         self.rest_calls += 1
-        _LAST_HTTP_ERROR.set(None)
-        _LAST_RESPONSE.set(None)
-        try:
-            params = self.venue.until_params(until_ms)
-            rows = await self._exchange.fetch_ohlcv(symbol, timeframe, since_ms, limit, params)
-        except Exception as exc:
-            raise fault_from(exc) from exc
-        extra = self._raw_fields(symbol) if rows else {}
-        none: tuple[()] = ()
-        try:  # fast path: ccxt hands out floats already; one constructor call per candle
-            return [
-                Candle(
-                    int(r[0]),
-                    r[1] + 0.0,
-                    r[2] + 0.0,
-                    r[3] + 0.0,
-                    r[4] + 0.0,
-                    r[5] + 0.0,
-                    *extra.get(r[0], none),
-                )
-                for r in rows
-            ]
-        except (TypeError, IndexError):  # a None or short row somewhere: convert carefully
-            candles = [_candle(r) for r in rows if r and r[0] is not None]
-            return [
-                Candle(c.open_time_ms, c.open, c.high, c.low, c.close, c.volume, *fields)
-                if (fields := extra.get(c.open_time_ms))
-                else c
-                for c in candles
-            ]
+        request, parse = self.venue.candle_request, self.venue.parse_candles
+        if request is None or parse is None:
+            return await self._unified_candles(symbol, timeframe, since_ms, until_ms, limit)
+        market_id = await self._market_id(symbol)
+        exchange = self._exchange
+        query = CandleQuery(
+            market_id=market_id,
+            interval=str((exchange.timeframes or {}).get(timeframe, timeframe)),
+            period_ms=int(exchange.parse_timeframe(timeframe)) * 1000,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            limit=limit,
+            now_ms=int(time.time() * 1000),
+        )
+        body = await self._call(request(query))
+        return candle_page(self._parsed(parse, body, market_id), since_ms, limit)
 
-    def _raw_fields(self, symbol: str) -> dict[int, RawFields]:
-        """What ccxt dropped from this task's last raw candle response (venue's reader).
-
-        An unreadable raw response costs the extra fields (left None, i.e.
-        unknown), never the candles ccxt parsed.
-        """
-        reader = self.venue.raw_fields
-        body = _LAST_RESPONSE.get()
-        if reader is None or body is None:
-            return {}
-        try:
-            return reader(body, str(self._exchange.market(symbol)["id"]))
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            log.warning(
-                "%s: raw candle fields unreadable (%s); left unknown", self.exchange_id, exc
-            )
-            return {}
+    async def _unified_candles(
+        self, symbol: str, timeframe: str, since_ms: int, until_ms: int, limit: int
+    ) -> list[Candle]:
+        """A venue without a module (`GENERIC`): ccxt's `fetch_ohlcv`, OHLCV only."""
+        params = {"until": until_ms}
+        rows = await self._unified(
+            self._exchange.fetch_ohlcv(symbol, timeframe, since_ms, limit, params)
+        )
+        return [_candle(r) for r in rows if r and r[0] is not None]
 
     async def watch_trades(self, symbol: str) -> list[Trade]:
         """Trades received since the previous call; reconnects after a drop."""
@@ -509,14 +615,13 @@ class ExchangeAdapter:
     ) -> list[Trade]:
         """One page of the trade history, oldest first: at the venue's id `cursor`
         (`TradePaging`), from `since_ms` on, or the latest (neither)."""
-        params: dict[str, Any] = {}
-        if cursor is not None:
-            params = {**self.venue.trade_params, self.venue.trade_id_param: cursor}
-        try:
-            trades = await self._exchange.fetch_trades(symbol, since_ms, limit, params)
-        except Exception as exc:
-            raise fault_from(exc) from exc
-        return sorted(_trades(trades), key=lambda t: t.timestamp_ms)
+        request, parse = self.venue.trade_request, self.venue.parse_trades
+        if request is None or parse is None:  # GENERIC: ccxt's fetch_trades, by time
+            trades = await self._unified(self._exchange.fetch_trades(symbol, since_ms, limit))
+            return sorted(_trades(trades), key=lambda t: t.timestamp_ms)
+        market_id = await self._market_id(symbol)
+        body = await self._call(request(TradeQuery(market_id, limit, since_ms, cursor)))
+        return trade_page(self._parsed(parse, body, market_id), since_ms, limit)
 
     async def unwatch_trades(self, symbol: str) -> None:
         """Unsubscribe from the symbol's trade stream (best effort)."""
@@ -574,6 +679,8 @@ class ExchangeAdapter:
             log.debug("%s %s %s failed: %s", method, self.exchange_id, symbol, exc)
 
     async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         try:
             await self._exchange.close()
         except Exception as exc:

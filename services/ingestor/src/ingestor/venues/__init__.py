@@ -3,9 +3,9 @@
 Every exchange-specific fact the paging and parsing path depends on lives in
 its venue module (the style of nautilus_trader's per-venue adapter folders):
 how a candle page is cut from a window (`Paging`), the most candles one call
-returns, how far back the exchange serves candles, and (later) which raw
-fields ccxt drops. The rest of the ingestor asks `venue_for(ccxt_id)` and never
-tests an exchange's name.
+returns, how far back the exchange serves candles, and its candle and trade
+endpoints, written and parsed by the venue itself (ADR 0018). The rest of the
+ingestor asks `venue_for(ccxt_id)` and never tests an exchange's name.
 
 An exchange without a module gets `GENERIC`: bounded windows, which are right
 whatever the exchange's window semantics (a window holding at most `limit`

@@ -3,16 +3,97 @@
 from __future__ import annotations
 
 import enum
+import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ingestor.model import BookIntegrity, RawFields
+from ingestor.model import BookIntegrity, Candle, RawFields, Trade
 
-#: (decoded response body, exchange market id) -> {open time ms: fields ccxt drops}
-RawReader = Callable[[Any, str], dict[int, RawFields]]
+log = logging.getLogger(__name__)
+
+#: (open time ms, open, high, low, close, volume): what every exchange's candle row holds.
+Ohlcv = tuple[int, float, float, float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class RestRequest:
+    """One call of a venue's REST endpoint, as the venue writes it.
+
+    `api`: the section of ccxt's `urls['api']` the path is under (`public`), so the
+    configured base URL (the simulator's) and ccxt's signing apply; `path`: the endpoint
+    under it, `{name}` filled from `params` (Coinbase `products/{id}/candles`); `params`:
+    the query, in the order it goes out.
+    """
+
+    api: str
+    path: str
+    params: Mapping[str, str | int]
+    method: str = "GET"
+
+
+@dataclass(frozen=True, slots=True)
+class CandleQuery:
+    """One page of candles to ask for: opening in [since_ms, until_ms] (inclusive), at
+    most `limit`. `interval`: the exchange's own name of the period (ccxt's `timeframes`
+    table); `now_ms`: the wall clock, for venues whose endpoint depends on the age."""
+
+    market_id: str
+    interval: str
+    period_ms: int
+    since_ms: int
+    until_ms: int
+    limit: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TradeQuery:
+    """One page of the trade history: at the venue's id `cursor` (`TradePaging`), from
+    `since_ms` on, or the latest (neither); at most `limit` trades."""
+
+    market_id: str
+    limit: int
+    since_ms: int | None = None
+    cursor: str | None = None
+
+
+def number(value: Any) -> float:
+    """A price or amount as a float; 0.0 where the exchange sent nothing readable."""
+    try:
+        return float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def ohlcv(
+    row: Sequence[Any], columns: tuple[int, int, int, int, int] = (1, 2, 3, 4, 5), unit_ms: int = 1
+) -> Ohlcv:
+    """A raw row's OHLCV: the open time at index 0 (in units of `unit_ms`), open, high,
+    low, close and volume at `columns` (by default the layout Binance, OKX, Bybit share)."""
+    o, h, low, c, v = (number(row[i]) for i in columns)
+    return (int(row[0]) * unit_ms, o, h, low, c, v)
+
+
+def read_candles(
+    venue: str,
+    rows: Sequence[Sequence[Any]],
+    extras: Callable[[Sequence[Any]], RawFields],
+    read: Callable[[Sequence[Any]], Ohlcv] = ohlcv,
+) -> list[Candle]:
+    """Each row's candle with what it says beyond OHLCV (`extras`), rows without an open
+    time skipped. A page whose extras do not read costs the extras (left None, i.e.
+    unknown), never its candles."""
+    rows = [r for r in rows if r and r[0] is not None]
+    values = [read(r) for r in rows]
+    try:
+        fields = [extras(r) for r in rows]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        log.warning("%s: raw candle fields unreadable (%s); left unknown", venue, exc)
+        return [Candle(*v) for v in values]
+    return [Candle(*v, *f) for v, f in zip(values, fields, strict=True)]
 
 
 class BookChecksum(Protocol):
@@ -136,12 +217,11 @@ class Venue:
     `history_entries`: the exchange serves only its latest N candles of a
     period (counting the one still open); older ranges are refused with the
     earliest time it can serve, never returned as gaps.
-    `sends_until`: ccxt maps `params["until"]` to the exchange's end parameter;
-    where it does not, ccxt would pass it on raw, so it is left out.
-    `until_exclusive`: the exchange's end parameter excludes its own instant
-    (OKX `after`), so the inclusive bound is sent one millisecond later.
-    `raw_fields`: reads what ccxt's OHLCV drops (trade count, quote and taker
-    volumes, the final flag) from the raw candle response; None: nothing to add.
+    `candle_request`, `parse_candles`: the venue's candle endpoint, written and read
+    by the venue itself (`CandleQuery` -> `RestRequest`; the decoded body and the market
+    id -> `Candle`s with every field the exchange reports: trade count, quote and taker
+    volumes, the final flag); `trade_request`, `parse_trades`: its trade history
+    (`TradeQuery`; trades with the taker's side). None (`GENERIC`): ccxt's unified calls.
     `book_checksum`: a new checker of the exchange's order-book checksum, one per
     market, fed the raw messages after ccxt applied them (OKX; ccxt checks its ids).
     `book_guard`: a new `BookGuard` for the exchange, run before ccxt applies each
@@ -151,7 +231,8 @@ class Venue:
     `book_params`: ccxt `params` of `watch_order_book` (Coinbase: its public channel).
     `public_books`: the book channel needs no credentials though ccxt signs it.
     `trade_paging`, `trade_page_cap`, `trade_params`, `trade_id_param`: how the trade
-    history the gap repairer reads is paged (`TradePaging`).
+    history the gap repairer reads is paged (`TradePaging`): the cursor goes out as
+    `trade_id_param`, with `trade_params` beside it.
     `ticker_params`: ccxt `params` of `fetch_tickers` so that it lists the spot markets
     (Bybit's default category is linear). `tickers_unsupported`: why the exchange has
     no bulk 24 h volumes (`quote_volumes` raises `TickersUnsupportedError`); "": it has.
@@ -166,9 +247,10 @@ class Venue:
     prefix: str = ""
     status_url: str = ""
     history_entries: int | None = None
-    sends_until: bool = True
-    until_exclusive: bool = False
-    raw_fields: RawReader | None = None
+    candle_request: Callable[[CandleQuery], RestRequest] | None = None
+    parse_candles: Callable[[Any, str], list[Candle]] | None = None
+    trade_request: Callable[[TradeQuery], RestRequest] | None = None
+    parse_trades: Callable[[Any, str], list[Trade]] | None = None
     book_checksum: Callable[[], BookChecksum] | None = None
     book_guard: Callable[[BookContext], BookGuard] | None = None
     book_depths: tuple[int, ...] = ()
@@ -176,7 +258,7 @@ class Venue:
     public_books: bool = False
     trade_paging: TradePaging = TradePaging.BY_TIME
     trade_page_cap: int = 1000  # the most trades one trade-history call returns
-    # ccxt `fetch_trades` params of id paging, the cursor given as `{trade_id_param: id}`.
+    # the exchange's query parameters of id paging, the cursor sent as `{trade_id_param: id}`.
     trade_params: Mapping[str, Any] = field(default_factory=dict)
     trade_id_param: str = ""
     trade_history_key: bool = False  # ccxt sends the trade-history call only with an API key
@@ -186,12 +268,6 @@ class Venue:
     def platform_prefix(self, exchange_id: str) -> str:
         """`prefix`, or the ccxt id in upper case for an exchange without a module."""
         return self.prefix or re.sub(r"[^A-Z0-9_]", "_", exchange_id.upper())
-
-    def until_params(self, until_ms: int) -> dict[str, int]:
-        """ccxt `params` carrying the inclusive end `until_ms` the way this exchange reads it."""
-        if not self.sends_until:
-            return {}
-        return {"until": until_ms + 1 if self.until_exclusive else until_ms}
 
     def book_depth(self, depth: int) -> int:
         """The depth to watch for a book kept to `depth` levels: the smallest the

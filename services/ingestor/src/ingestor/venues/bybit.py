@@ -16,17 +16,62 @@ exchange sequence. No checksum.
               "u": 13079593, "seq": 22520573378}, "cts": 1671179923037}
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ingestor.model import BookIntegrity, RawFields
+from ingestor.model import BookIntegrity, Candle, RawFields, Trade
+from ingestor.venues import base
 from ingestor.venues.base import BookContext, BookVerdict, Paging, TradePaging, Venue
 
 
-def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
-    result = (body.get("result") or {}) if isinstance(body, dict) else {}
-    rows = result.get("list") or []
-    return {int(r[0]): RawFields(quote_volume=float(r[6])) for r in rows if len(r) > 6}
+def candle_request(q: base.CandleQuery) -> base.RestRequest:
+    """`start` goes out on a period boundary (the first at or after `since`)."""
+    start = -(-q.since_ms // q.period_ms) * q.period_ms
+    params: dict[str, str | int] = {
+        "symbol": q.market_id,
+        "start": start,
+        "limit": q.limit,
+        "end": q.until_ms,
+        "interval": q.interval,
+        "category": "spot",
+    }
+    return base.RestRequest("public", "v5/market/kline", params)
+
+
+def _extras(r: Sequence[Any]) -> RawFields:
+    return RawFields(quote_volume=float(r[6])) if len(r) > 6 else RawFields()
+
+
+def parse_candles(body: Any, market_id: str) -> list[Candle]:
+    """GET /v5/market/kline, newest first:
+
+    {"retCode": "0", "retMsg": "OK", "result": {"symbol": "BTCUSDT", "category": "linear",
+     "list": [["1706637600000", "43376.1", "43474.1", "43264.8", "43352.8", "1575.305",
+     "68345898.1407"], ...]}, "retExtInfo": {}, "time": "1706803708087"}
+    """
+    return base.read_candles("bybit", list(body["result"]["list"]), _extras)
+
+
+def trade_request(q: base.TradeQuery) -> base.RestRequest:
+    """The latest trades only: spot has no cursor and no time parameter."""
+    params: dict[str, str | int] = {"symbol": q.market_id, "limit": q.limit, "category": "spot"}
+    return base.RestRequest("public", "v5/market/recent-trade", params)
+
+
+def _trade(row: Mapping[str, Any]) -> Trade:
+    price, size = base.number(row["price"]), base.number(row["size"])
+    return Trade(str(row["execId"]), price, size, int(row["time"]), str(row["side"]).lower())
+
+
+def parse_trades(body: Any, market_id: str) -> list[Trade]:
+    """GET /v5/market/recent-trade, newest first; `side` (Buy/Sell) is the taker's:
+
+    {"retCode": "0", "retMsg": "OK", "result": {"category": "linear", "list": [
+     {"execId": "9afd1288-b444-53f8-8e40-c2f99368ad22", "symbol": "BTCUSDT",
+      "price": "51444.40", "size": "0.972", "side": "Buy", "time": "1707905515968",
+      "isBlockTrade": false}]}, "retExtInfo": {}, "time": "1707905516443"}
+    """
+    return [_trade(row) for row in body["result"]["list"]]
 
 
 BOOK_TOPIC = "orderbook."
@@ -73,7 +118,10 @@ VENUE = Venue(
     exchange_id="bybit",
     paging=Paging.NEWEST_IN_WINDOW,
     page_cap=1000,
-    raw_fields=raw_fields,
+    candle_request=candle_request,
+    parse_candles=parse_candles,
+    trade_request=trade_request,
+    parse_trades=parse_trades,
     book_guard=BybitBookGuard,
     book_depths=(1, 50, 200, 1000),
     prefix="BYBIT",
@@ -81,6 +129,7 @@ VENUE = Venue(
     # GET /v5/market/recent-trade: spot serves its latest 60 trades, no cursor.
     trade_paging=TradePaging.LATEST_ONLY,
     trade_page_cap=60,
-    # GET /v5/market/tickers: ccxt asks for category=linear unless told spot.
+    # GET /v5/market/tickers (ccxt's unified fetch_tickers): ccxt asks for
+    # category=linear unless told spot.
     ticker_params={"type": "spot"},
 )

@@ -14,19 +14,99 @@ sequence or a checksum: a lost message cannot be detected, only a reconnect.
      "changes": [["buy", "10101.80000000", "0.162567"]]}
 """
 
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ingestor.model import Candle, RawFields, Trade
+from ingestor.venues import base
 from ingestor.venues.base import Paging, TradePaging, Venue
+
+TRADE_ID_PARAM = "after"  # products/{id}/trades: the trades older than this trade_id
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _iso(ms: int) -> str:
+    """ISO 8601 in UTC with milliseconds, as Coinbase reads `start`/`end`."""
+    moment = _EPOCH + timedelta(milliseconds=ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+def _ms(iso: str) -> int:
+    """Coinbase's ISO time (microseconds) in whole milliseconds."""
+    return (datetime.fromisoformat(iso) - _EPOCH) // timedelta(milliseconds=1)
+
+
+def candle_request(q: base.CandleQuery) -> base.RestRequest:
+    params = {
+        "id": q.market_id,
+        "granularity": q.interval,
+        "start": _iso(q.since_ms),
+        "end": _iso(q.until_ms),
+    }
+    return base.RestRequest("public", "products/{id}/candles", params)
+
+
+def _ohlcv(r: Sequence[Any]) -> base.Ohlcv:
+    # [time s, low, high, open, close, volume]
+    return base.ohlcv(r, (3, 2, 1, 4, 5), unit_ms=1000)
+
+
+def _extras(r: Sequence[Any]) -> RawFields:
+    return RawFields()  # nothing beyond OHLCV
+
+
+def parse_candles(body: Any, market_id: str) -> list[Candle]:
+    """GET /products/{id}/candles, newest first:
+
+    [[1710327600, 73241.5, 73402.47, 73243.33, 73370.65, 1.56794406]]
+    """
+    return base.read_candles("coinbaseexchange", list(body), _extras, _ohlcv)
+
+
+def trade_request(q: base.TradeQuery) -> base.RestRequest:
+    """The trades older than the cursor, else the latest (`since` is not a Coinbase
+    parameter: the trades before it are dropped once read)."""
+    params: dict[str, str | int] = {"id": q.market_id, "limit": q.limit}
+    if q.cursor is not None:
+        params[TRADE_ID_PARAM] = q.cursor
+    return base.RestRequest("public", "products/{id}/trades", params)
+
+
+_TAKER = {"buy": "sell", "sell": "buy"}
+
+
+def _trade(row: Mapping[str, Any]) -> Trade:
+    price, size = base.number(row["price"]), base.number(row["size"])
+    side = _TAKER.get(str(row["side"]), "")
+    return Trade(str(row["trade_id"]), price, size, _ms(str(row["time"])), side)
+
+
+def parse_trades(body: Any, market_id: str) -> list[Trade]:
+    """GET /products/{id}/trades, newest first; `side` is the MAKER's (the taker did the
+    opposite):
+
+    [{"trade_id": "18502034", "side": "sell", "size": "0.00007448",
+      "price": "73271.63000000", "time": "2024-03-13T11:00:17.710679Z"}]
+    """
+    return [_trade(row) for row in body]
+
 
 VENUE = Venue(
     exchange_id="coinbaseexchange",
     paging=Paging.NEWEST_IN_WINDOW,
     page_cap=300,
+    candle_request=candle_request,
+    parse_candles=parse_candles,
+    trade_request=trade_request,
+    parse_trades=parse_trades,
     book_params={"channels": ["level2_batch"]},
     public_books=True,
     prefix="COINBASE",
     status_url="https://api.exchange.coinbase.com/time",
     # GET /products/{id}/trades: `after` = the trades older than that trade_id.
     trade_paging=TradePaging.BY_ID_BACKWARD,
-    trade_id_param="after",
+    trade_id_param=TRADE_ID_PARAM,
     # ccxt 4.5.90 `fetch_tickers` reads GET /products/spark-lines: OHLC, no volume.
     tickers_unsupported="ccxt's fetchTickers reads /products/spark-lines, which has no volume",
 )

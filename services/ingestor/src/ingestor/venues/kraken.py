@@ -1,11 +1,10 @@
 """Kraken spot: GET /0/public/OHLC.
 
-Kraken takes only `since` (ccxt sends since - one period, in seconds) and
+Kraken takes only `since` (since - one period goes out, in seconds) and
 returns every entry after it among its latest 720, oldest first, the last one
-still open; `limit` is applied by ccxt. Anything older than the latest 720
+still open; `limit` is applied on our side. Anything older than the latest 720
 entries is not served at all, so such requests are refused with the earliest
-time Kraken can serve. ccxt has no end parameter for Kraken (it would send
-`until` on as an unknown query parameter), so none is sent.
+time Kraken can serve. Kraken has no end parameter, so none is sent.
 A row is [time s, open, high, low, close, vwap, volume, count]; `last` is the
 time of the last committed (final) entry.
 
@@ -25,23 +24,70 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from ingestor.model import BookIntegrity, RawFields
+from ingestor.model import BookIntegrity, Candle, RawFields, Trade
+from ingestor.venues import base
 from ingestor.venues.base import BookContext, BookVerdict, Paging, Venue
 
 
-def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
-    result = (body.get("result") or {}) if isinstance(body, dict) else {}
-    rows = result.get(market_id) or []
+def candle_request(q: base.CandleQuery) -> base.RestRequest:
+    """`since` one period before the page's start, in seconds: Kraken returns the
+    entries after it. No end, no limit (the adapter keeps the first `limit`)."""
+    since = q.since_ms // 1000 - q.period_ms // 1000
+    return base.RestRequest(
+        "public", "OHLC", {"pair": q.market_id, "interval": q.interval, "since": since}
+    )
+
+
+def _ohlcv(r: Sequence[Any]) -> base.Ohlcv:
+    # [time s, open, high, low, close, vwap, volume, count]
+    return base.ohlcv(r, (1, 2, 3, 4, 6), unit_ms=1000)
+
+
+def parse_candles(body: Any, market_id: str) -> list[Candle]:
+    """GET /0/public/OHLC, oldest first; `last`: the last committed (final) entry's time:
+
+    {"error": [], "result": {"XBTUSDT": [[1706626800, "43437.5", "43593.7", "43355.5",
+     "43361.1", "43511.3", "18.75430110", 162], ...], "last": 1706641200}}
+    """
+    result = body["result"]
     last = result.get("last")
     committed = int(last) if last is not None else None
-    return {
-        int(r[0]) * 1000: RawFields(
-            trade_count=int(r[7]),
-            final=None if committed is None else int(r[0]) <= committed,
-        )
-        for r in rows
-        if len(r) > 7
-    }
+
+    def extras(r: Sequence[Any]) -> RawFields:
+        if len(r) <= 7:
+            return RawFields()
+        final = None if committed is None else int(r[0]) <= committed
+        return RawFields(trade_count=int(r[7]), final=final)
+
+    return base.read_candles("kraken", list(result.get(market_id) or []), extras, _ohlcv)
+
+
+def trade_request(q: base.TradeQuery) -> base.RestRequest:
+    """The trades from `since` (whole seconds) on, else the latest; `count` of them."""
+    params: dict[str, str | int] = {"pair": q.market_id}
+    if q.since_ms is not None:
+        params["since"] = q.since_ms // 1000
+    return base.RestRequest("public", "Trades", {**params, "count": q.limit})
+
+
+_SIDES = {"b": "buy", "s": "sell"}
+
+
+def _trade(row: Sequence[Any]) -> Trade:
+    # [price, volume, time (s, fractional), b/s (taker), m/l, misc, trade id]
+    timestamp = int(float(row[2]) * 1000)
+    return Trade(
+        str(row[6]), base.number(row[0]), base.number(row[1]), timestamp, _SIDES.get(row[3], "")
+    )
+
+
+def parse_trades(body: Any, market_id: str) -> list[Trade]:
+    """GET /0/public/Trades, oldest first:
+
+    {"error": [], "result": {"XBTUSDT": [["73324.40000", "0.01030900", 1710327959.1733468,
+     "b", "m", "", 6324366]], "last": "1710327959173746878"}}
+    """
+    return [_trade(row) for row in body["result"].get(market_id) or []]
 
 
 CHECKSUM_DEPTH = 10
@@ -145,8 +191,10 @@ VENUE = Venue(
     paging=Paging.OLDEST_FROM_SINCE,
     page_cap=720,
     history_entries=720,
-    sends_until=False,
-    raw_fields=raw_fields,
+    candle_request=candle_request,
+    parse_candles=parse_candles,
+    trade_request=trade_request,
+    parse_trades=parse_trades,
     book_guard=KrakenBookGuard,
     book_depths=(10, 25, 100, 500, 1000),
     prefix="KRAKEN",

@@ -1,9 +1,9 @@
 """OKX spot: GET /api/v5/market/candles and /history-candles.
 
-ccxt sends `before = since - 1` and `after = until` (both exclusive) and OKX
+`before = since - 1` and `after = until + 1` go out (both exclusive) and OKX
 returns the newest `limit` (max 300) candles between them, newest first. A
 window wider than the page therefore loses its oldest candles: bounded windows.
-`after` excludes its own instant, so the inclusive end goes out one ms later.
+Candles older than the latest 1,440 of a period come from /history-candles.
 A row is [ts, o, h, l, c, vol (base), volCcy, volCcyQuote (quote), confirm];
 confirm "0" marks the candle still forming.
 
@@ -17,17 +17,71 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ingestor.model import RawFields
+from ingestor.model import Candle, RawFields, Trade
+from ingestor.venues import base
 from ingestor.venues.base import Paging, TradePaging, Venue
 
+#: /market/candles serves the latest 1,440 candles of a period; older ones come from
+#: /market/history-candles.
+RECENT_CANDLES = 1439
+UTC_BARS_MS = 21_600_000  # from 6 h on, `bar` names the UTC-aligned candles (`6Hutc`, `1Dutc`)
+TRADE_ID_PARAM = "after"  # history-trades: the trades older than this tradeId
+TRADE_PARAMS = {"type": "1"}  # history-trades paged by trade id (2: by time)
 
-def raw_fields(body: Any, market_id: str) -> dict[int, RawFields]:
-    rows = (body.get("data") or []) if isinstance(body, dict) else []
-    return {
-        int(r[0]): RawFields(quote_volume=float(r[7]), final=str(r[8]) == "1")
-        for r in rows
-        if len(r) > 8
+
+def candle_request(q: base.CandleQuery) -> base.RestRequest:
+    """`before`/`after` exclusive: `after` is the inclusive end one ms later."""
+    history = q.since_ms < q.now_ms - RECENT_CANDLES * q.period_ms
+    bar = q.interval + ("utc" if q.period_ms >= UTC_BARS_MS else "")
+    params: dict[str, str | int] = {
+        "instId": q.market_id,
+        "bar": bar,
+        "limit": min(q.limit, 300),
+        "before": q.since_ms - 1 if q.since_ms > 1 else 0,
+        "after": q.until_ms + 1,
     }
+    return base.RestRequest(
+        "public", "market/history-candles" if history else "market/candles", params
+    )
+
+
+def _extras(r: Sequence[Any]) -> RawFields:
+    if len(r) <= 8:
+        return RawFields()
+    return RawFields(quote_volume=float(r[7]), final=str(r[8]) == "1")
+
+
+def parse_candles(body: Any, market_id: str) -> list[Candle]:
+    """GET /api/v5/market/(history-)candles, newest first (`confirm` "0": still forming):
+
+    {"code": "0", "msg": "", "data": [["1706637600000", "43398.6", "43493.9", "43279.9",
+     "43373.9", "5070.79611732", "220057933.233687634", "220057933.233687634", "1"], ...]}
+    """
+    return base.read_candles("okx", list(body["data"]), _extras)
+
+
+def trade_request(q: base.TradeQuery) -> base.RestRequest:
+    """history-trades older than the cursor; else the latest trades (`since` is not
+    an OKX parameter: the trades before it are dropped once read)."""
+    params: dict[str, str | int] = {"instId": q.market_id, "limit": q.limit}
+    if q.cursor is None:
+        return base.RestRequest("public", "market/trades", params)
+    params |= {**TRADE_PARAMS, TRADE_ID_PARAM: q.cursor}
+    return base.RestRequest("public", "market/history-trades", params)
+
+
+def _trade(row: Mapping[str, Any]) -> Trade:
+    price, size = base.number(row["px"]), base.number(row["sz"])
+    return Trade(str(row["tradeId"]), price, size, int(row["ts"]), str(row["side"]))
+
+
+def parse_trades(body: Any, market_id: str) -> list[Trade]:
+    """GET /api/v5/market/trades and /history-trades, newest first; `side` is the taker's:
+
+    {"code": "0", "msg": "", "data": [{"instId": "ETH-BTC", "side": "sell",
+     "sz": "0.119501", "px": "0.07065", "tradeId": "15826757", "ts": "1621446178316"}]}
+    """
+    return [_trade(row) for row in body["data"]]
 
 
 CHECKSUM_DEPTH = 25
@@ -74,8 +128,10 @@ VENUE = Venue(
     exchange_id="okx",
     paging=Paging.NEWEST_IN_WINDOW,
     page_cap=300,
-    until_exclusive=True,
-    raw_fields=raw_fields,
+    candle_request=candle_request,
+    parse_candles=parse_candles,
+    trade_request=trade_request,
+    parse_trades=parse_trades,
     book_checksum=OkxBookChecksum,
     prefix="OKX",
     status_url="https://www.okx.com/api/v5/public/time",
@@ -83,6 +139,6 @@ VENUE = Venue(
     # tradeId, the newest 100 of them.
     trade_paging=TradePaging.BY_ID_BACKWARD,
     trade_page_cap=100,
-    trade_params={"method": "publicGetMarketHistoryTrades", "type": "1"},
-    trade_id_param="after",
+    trade_params=TRADE_PARAMS,
+    trade_id_param=TRADE_ID_PARAM,
 )
