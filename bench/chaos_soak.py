@@ -55,6 +55,7 @@ from infra.chaos import (
     fault_cycle,
     grade_trigger,
     history_row,
+    live_trades,
     settled_rows,
     verdict,
 )
@@ -392,17 +393,25 @@ def settled(lake: RecordedLake, tickers: list[str], begin_ms: int, end_ms: int) 
 
 
 def trigger_row(
-    seen: Clients, sim: SimulatorControl, end_ms: int
+    seen: Clients, sim: SimulatorControl, lake: RecordedLake, end_ms: int
 ) -> tuple[Row, list[dict[str, Any]]]:
-    """Each one-shot trigger graded against the simulator's prices after its registration."""
+    """Each one-shot trigger graded against the simulator's prices after its registration,
+    as the feed delivered them live (a gap's repaired trades are never checked)."""
     grades: Counter[str] = Counter()
     detail = []
+    gaps = lake.gaps()
     for t in seen.triggers:
         # Due: the market crossed the threshold on a trade at least TRIGGER_MARGIN_MS
         # after the registration (its REGISTER record is in Kafka by then) and at least
         # as long before the window's end (its event had time to arrive).
         since = t.registered_ms + TRIGGER_MARGIN_MS
-        trades = sim.trades(t.ticker.partition(":")[2], since - MINUTE_MS, end_ms)
+        ranges = [
+            (int(g[Gaps.FROM_TRADE_ID]), int(g[Gaps.TO_TRADE_ID]))
+            for g in gaps
+            if g[Gaps.TICKER] == t.ticker
+        ]
+        traded = sim.trades(t.ticker.partition(":")[2], since - MINUTE_MS, end_ms)
+        trades = live_trades(traded, ranges)
         before = [float(x["price"]) for x in trades if int(x["time_ms"]) < since]
         after = [
             float(x["price"])
@@ -549,7 +558,7 @@ def soak(args: argparse.Namespace) -> int:
     rows, detail = check_data(lake, sim, tickers, begin_ms, end_ms)
     fault_starts = [f.started_ms / 1000 for f in faults]
     rows.append(history_row(seen.history, fault_starts))
-    trig, trig_detail = trigger_row(seen, sim, end_ms)
+    trig, trig_detail = trigger_row(seen, sim, lake, end_ms)
     rows.append(trig)
     live_row = Row(
         "live ticks + 1m candles",

@@ -30,7 +30,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FaultKind = Literal["kill", "restart", "freeze", "hang", "cut"]
 
@@ -296,6 +296,15 @@ def crossed_above(prices: Iterable[float], threshold: float, previous: float | N
             return True
         last = price
     return False
+
+
+def live_trades(
+    trades: Sequence[Mapping[str, Any]], gaps: Sequence[tuple[int, int]]
+) -> list[Mapping[str, Any]]:
+    """The exchange's trades (``id`` keys) that the feed delivered live: those strictly
+    inside a gap's (from id, to id) came later by repair, which triggers never see
+    (docs/cep.md "Live trades only")."""
+    return [t for t in trades if not any(a < int(t["id"]) < b for a, b in gaps)]
 
 
 TriggerGrade = Literal["once", "not_due", "lost", "duplicated"]

@@ -19,6 +19,7 @@ from infra.chaos import (
     grade_history,
     grade_trigger,
     history_row,
+    live_trades,
     settled_rows,
     verdict,
 )
@@ -190,3 +191,13 @@ def test_wrong_values_do_not_fail_the_soak_but_keep_it_waiting() -> None:
     rows = [Row("1m candles X:A/B", items=6, ok=4, wrong=2)]
     assert verdict(rows) and not settled_rows(rows)
     assert not verdict([Row("ticks X:A/B", items=6, ok=5, lost=1)])
+
+
+def test_a_crossing_only_inside_a_repaired_gap_is_not_due() -> None:
+    """Triggers see live trades only: the ids strictly between a gap's ends came by repair."""
+    trades = [{"id": i, "price": p} for i, p in enumerate([99.0, 99.5, 101.0, 99.0, 99.2], 1)]
+    live = live_trades(trades, [(2, 4)])  # 3 (the crossing) was repaired; 2 and 4 were live
+    assert [t["id"] for t in live] == [1, 2, 4, 5]
+    assert not crossed_above([float(t["price"]) for t in live], 100.0, None)
+    assert crossed_above([float(t["price"]) for t in trades], 100.0, None)
+    assert live_trades(trades, []) == trades

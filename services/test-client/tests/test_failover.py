@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from google.protobuf.message import Message
 
 from mdclient import Client
@@ -235,3 +236,46 @@ def test_2000_subscriptions_come_back_on_a_restarted_relay() -> None:
         a.stop()
         b.stop()
         ctx.destroy(linger=0)
+
+
+_ECHO = """
+import sys, zmq
+rep = zmq.Context().socket(zmq.REP)
+port = rep.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+while True:
+    rep.send(rep.recv())
+"""
+
+
+def test_a_request_to_a_frozen_relay_ends_when_its_connection_does() -> None:
+    """One relay that stops (SIGSTOP: the process, its ZMTP pings too) while a request
+    waits: the REQ's heartbeats drop the connection, and the call ends with
+    relay_unreachable instead of waiting out its whole timeout."""
+    import signal
+    import subprocess
+    import sys
+
+    import zmq
+
+    from mdclient.errors import RelayUnavailable
+    from mdclient.transport import RequestChannel
+
+    relay = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    context = zmq.Context()
+    try:
+        assert relay.stdout is not None
+        channel = RequestChannel(context, f"tcp://127.0.0.1:{relay.stdout.readline().strip()}")
+        assert channel.request([b"ping"], 60.0) == [b"ping"]  # connected, answered
+        relay.send_signal(signal.SIGSTOP)
+        with pytest.raises(RelayUnavailable) as lost:
+            channel.request([b"lost"], 600.0)
+        assert lost.value.error_code == "relay_unreachable"
+        assert "lost with the connection" in str(lost.value)
+        relay.send_signal(signal.SIGCONT)
+        assert channel.request([b"again"], 60.0) == [b"again"]  # a new socket, answered
+        channel.close()
+    finally:
+        relay.kill()
+        relay.wait()
+        context.destroy(linger=0)

@@ -59,6 +59,12 @@ _MONITOR_EVENTS = (
 )
 _HEARTBEAT_IVL_MS = 5_000
 _HEARTBEAT_TIMEOUT_MS = 15_000
+#: A REQ's link: a relay that stops answering ZMTP pings (frozen, hung) or never ends a
+#: handshake loses the connection within these, and the request on it ends at once
+#: (relay_unreachable) rather than after the whole submit timeout: it is lost with it.
+_REQ_HEARTBEAT_IVL_MS = 2_000
+_REQ_HEARTBEAT_TIMEOUT_MS = 6_000
+_REQ_HANDSHAKE_IVL_MS = 6_000
 _SUB_RCVHWM = 100_000
 _pipe_ids = itertools.count()
 _CURVE_HINT = (
@@ -211,7 +217,16 @@ class RequestChannel:
         request the relay takes is idempotent by its id (docs/protocol.md).
         """
         if len(self._addresses) == 1:
-            return self._request(frames, timeout_s)
+            try:
+                return self._request(frames, timeout_s, early=True)
+            except RequestTimeout as exc:
+                if exc.error_code != RELAY_UNREACHABLE:
+                    raise
+                raise RelayUnavailable(
+                    f"{exc.reason}; the request was lost with the connection: retry once the "
+                    "relay runs" + self._hint(),
+                    error_code=RELAY_UNREACHABLE,
+                ) from None
         deadline = time.monotonic() + timeout_s
         gone: set[int] = set()  # relays left at once for a lost connection: once each
         while True:
@@ -240,6 +255,7 @@ class RequestChannel:
         with self._lock:
             sock = self._socket if self._socket is not None else self._open()
             try:
+                self._drain_monitor()  # news of an earlier connection is not this request's
                 sock.send_multipart(list(frames))
                 if not self._await_reply(sock, timeout_s, early):
                     raise RequestTimeout(
@@ -261,8 +277,9 @@ class RequestChannel:
                 raise
 
     def _await_reply(self, sock: zmq.Socket[bytes], timeout_s: float, early: bool) -> bool:
-        """True once the reply waits, False after `timeout_s`. With `early` (several
-        relays), a lost or refused connection raises RequestTimeout(relay_unreachable) at once."""
+        """True once the reply waits, False after `timeout_s`. With `early`, a lost
+        connection (several relays: or a refused one) raises
+        RequestTimeout(relay_unreachable) at once."""
         deadline = time.monotonic() + timeout_s
         monitor = self._monitor if early else None
         poller = zmq.Poller()
@@ -292,15 +309,23 @@ class RequestChannel:
         sock = self._context.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDTIMEO, 5_000)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, _REQ_HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, _REQ_HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, _REQ_HANDSHAKE_IVL_MS)
         if self._curve is not None:
             self._curve.apply(sock)
-        if len(self._addresses) > 1:
-            self._monitor = sock.get_monitor_socket(
-                zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
-            )
+        # One relay: a refused connection is waited for (a relay restarting takes the
+        # queued request once up); several: the next relay is asked at once.
+        refused = zmq.EVENT_CONNECT_RETRIED if len(self._addresses) > 1 else 0
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | refused)
         sock.connect(self._address)
         self._socket = sock
         return sock
+
+    def _drain_monitor(self) -> None:
+        monitor = self._monitor
+        while monitor is not None and monitor.poll(0):
+            recv_monitor_message(monitor)
 
     def _close_socket(self) -> bool:
         if self._monitor is not None:
