@@ -1,7 +1,7 @@
 """Bybit, Kraken and Coinbase books: the venue guards fed the exchanges' recorded messages
 (sequence gaps, checksums, stale updates), and the adapter on the simulator's channels
-through real ccxt.pro (a dropped delta, a bad checksum -> BookIntegrityError, then a
-book rebuilt from a fresh snapshot)."""
+over the venues' own websocket channels (a dropped delta, a bad checksum ->
+BookIntegrityError, then a book rebuilt from a fresh snapshot)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from infra.exchange_sim.books import step_of
 from ingestor.config import ExchangeSettings
 from ingestor.exchanges import ExchangeAdapter
 from ingestor.model import BookIntegrity, BookIntegrityError, BookView
-from ingestor.venues import venue_for
-from ingestor.venues.base import BookContext
+from ingestor.venues import bybit, kraken, venue_for
+from ingestor.venues.base import BookContext, BookTopic
 from ingestor.venues.bybit import BybitBookGuard
 from ingestor.venues.kraken import KrakenBookGuard, book_checksum
 
@@ -70,8 +70,7 @@ def test_bybit_guard_follows_u_and_reports_seq() -> None:
     after = guard.check(delta)
     assert after is not None and after.stale  # nothing until the new snapshot
     assert guard.check(snapshot) == first
-    assert guard.message_hash("BTC/USDT") == "orderbook:BTC/USDT"
-    assert guard.unsubscribe("BTC/USDT", 200) == {
+    assert bybit.book_request("unsubscribe", BookTopic("BTC/USDT", "BTCUSDT", 200)) == {
         "op": "unsubscribe",
         "args": ["orderbook.200.BTCUSDT"],
     }
@@ -107,8 +106,9 @@ def test_kraken_guard_checks_the_checksum_in_the_pairs_precision() -> None:
     assert bad is not None and bad.problem is BookIntegrity.CHECKSUM
     after = guard.check(_kraken("update", [], [], removed))
     assert after is not None and after.stale  # the book waits for its new snapshot
-    assert guard.message_hash("MATIC/USD") == "orderbook@MATIC/USD"
-    assert guard.unsubscribe("MATIC/USD", 100)["params"] == {
+    assert kraken.book_request("unsubscribe", BookTopic("MATIC/USD", "MATICUSD", 100))[
+        "params"
+    ] == {
         "channel": "book",
         "symbol": ["MATIC/USD"],
         "depth": 100,
@@ -180,7 +180,7 @@ async def _next_update(adapter: ExchangeAdapter) -> BookView:
 def test_adapter_keeps_the_exchanges_book_and_reports_its_faults(
     sim: ThreadedSimulator, exchange_id: str, fault: str | None, kind: BookIntegrity | None
 ) -> None:
-    """Real ccxt.pro on the simulator (Coinbase without credentials): views equal the
+    """The adapter on the simulator (Coinbase without credentials): views equal the
     exchange's book at their step; a dropped delta (Bybit) or a bad checksum (Kraken) is
     a BookIntegrityError; the next watch rebuilds the book from a fresh snapshot."""
     settings = ExchangeSettings(api_base_url=sim.base_url)

@@ -1,5 +1,6 @@
 """Order-book feeds: diffing, resets, the feed loop (fake exchange), OKX's checksum, and the
-adapter against the simulator's books through real ccxt.pro."""
+adapter against the simulator's books (Binance through real ccxt.pro, OKX on its own
+channel)."""
 
 from __future__ import annotations
 
@@ -200,8 +201,9 @@ def sim() -> Iterator[ThreadedSimulator]:
 def test_adapter_reports_the_exchanges_integrity_faults(
     sim: ThreadedSimulator, exchange_id: str, fault: str, kind: BookIntegrity
 ) -> None:
-    """Real ccxt.pro on the simulator: views equal the exchange's book at their id; a
-    dropped event or a bad checksum is a BookIntegrityError; the next watch rebuilds."""
+    """The adapter on the simulator (Binance: ccxt.pro; OKX: its own channel): views equal
+    the exchange's book at their id; a dropped event or a bad checksum is a
+    BookIntegrityError; the next watch rebuilds."""
     settings = ExchangeSettings(api_base_url=sim.base_url)
 
     async def run() -> Any:

@@ -10,13 +10,14 @@ rate limiter spaces it, the ingestor's transport (`ingestor.rest`) sends it, and
 ccxt's `handle_errors` and HTTP status table raise its typed errors, which are
 classified here with the answer's status, headers and body in hand. The venue
 parses the exchange's raw rows itself. Markets, tickers and server time stay on
-ccxt's unified calls and its own `fetch`; websockets (trades, books) on ccxt.pro.
+ccxt's unified calls and its own `fetch`; trades on ccxt.pro's websocket. Order books
+of a venue with a `BookWire` come over the ingestor's own websocket
+(`ingestor.book_streams`, ADR 0019), others' (Binance) over ccxt.pro's. No ccxt class
+is subclassed.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 import socket
@@ -30,6 +31,7 @@ import ccxt.pro as ccxt_pro
 from ccxt.base import errors as ccxt_errors
 from ccxt.base.types import Entry
 
+from ingestor.book_streams import BookStreams, link_of
 from ingestor.config import Credentials, ExchangeSettings
 from ingestor.model import (
     BookIntegrity,
@@ -46,9 +48,8 @@ from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
 from ingestor.venues.base import (
-    BookChecksum,
-    BookContext,
-    BookGuard,
+    BookTopic,
+    BookWire,
     CandleQuery,
     RestRequest,
     TickersUnsupportedError,
@@ -68,46 +69,6 @@ _SIGNIFICANT_DIGITS = 3
 _CCXT_FAILURES = (ccxt_errors.BaseError, LookupError, TypeError, ValueError, AttributeError)
 
 
-class _BookRejected(ccxt_errors.InvalidNonce):  # type: ignore[misc]  # ccxt is untyped
-    """A book watch rejected by a venue's `BookGuard` (a gap or a bad checksum)."""
-
-    def __init__(self, kind: BookIntegrity, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-
-
-def _book_class(cls: type[Any], venue: Venue) -> type[Any]:
-    """The ccxt.pro class itself, or, for a venue whose books need it, a subclass whose
-    book handling goes through the venue's checks. Books only: REST never goes through it.
-
-    With the venue's `book_checksum` (OKX), every raw book message is checked against
-    the exchange's checksum, which ccxt 4.5.90 ignores (`_checking_books`); with its
-    `book_guard` (Bybit, Kraken), before ccxt applies it (`_guarding_books`). With
-    `public_books` (Coinbase), a book subscription goes out unsigned when no
-    credentials are configured.
-    """
-
-    def authenticate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not self.apiKey:
-            return {}
-        parent: Any = super(subclass, self)
-        return parent.authenticate(*args, **kwargs)
-
-    methods: dict[str, Any] = {}
-    if venue.book_checksum is not None:
-        methods["handle_order_book_message"] = _checking_books(
-            lambda: subclass, venue.book_checksum
-        )
-    if venue.book_guard is not None:
-        methods["handle_order_book"] = _guarding_books(lambda: subclass, venue.book_guard)
-    if venue.public_books:
-        methods["authenticate"] = authenticate
-    if not methods:
-        return cls
-    subclass: type[Any] = type(cls.__name__, (cls,), methods)
-    return subclass
-
-
 def _market_of(exchange: Any) -> Callable[[str], Any]:
     """A ccxt market by unified symbol or by spot market id (the platform's markets)."""
 
@@ -116,89 +77,6 @@ def _market_of(exchange: Any) -> Callable[[str], Any]:
         return markets[key] if key in markets else exchange.safe_market(key, None, None, "spot")
 
     return market
-
-
-def _guarding_books(
-    owner: Callable[[], type[Any]], new_guard: Callable[[BookContext], BookGuard]
-) -> Callable[..., Any]:
-    """ccxt.pro's book handler behind the venue's guard (one per exchange object).
-
-    A message the guard accepts goes to ccxt, and the book gets the guard's sequence
-    as its `nonce`; an update of a book awaiting its snapshot is dropped. On a gap or
-    a bad checksum ccxt's book and subscription are dropped, the watch rejected
-    (`_BookRejected`), and the channel unsubscribed (`_book_resyncs`, which the next
-    watch awaits before it subscribes again and gets a fresh snapshot).
-    """
-
-    def handle_order_book(self: Any, client: Any, message: Any) -> Any:
-        guard: BookGuard | None = self.__dict__.get("_book_guard")
-        if guard is None:
-            depths: dict[str, int] = self.__dict__.setdefault("_book_depths", {})
-            guard = self._book_guard = new_guard(BookContext(_market_of(self), depths.get))
-        parent: Any = super(owner(), self)
-        verdict = guard.check(message)
-        if verdict is None:
-            return parent.handle_order_book(client, message)
-        if verdict.stale:
-            return None
-        symbol = verdict.symbol
-        if verdict.problem is None:
-            result = parent.handle_order_book(client, message)
-            book = self.orderbooks.get(symbol)
-            if verdict.sequence is not None and book is not None:
-                book["nonce"] = verdict.sequence
-            return result
-        message_hash = guard.message_hash(symbol)
-        self.orderbooks.pop(symbol, None)
-        client.subscriptions.pop(message_hash, None)
-        depth = self.__dict__.get("_book_depths", {}).get(symbol)
-        resyncs: dict[str, Any] = self.__dict__.setdefault("_book_resyncs", {})
-        resyncs[symbol] = asyncio.ensure_future(client.send(guard.unsubscribe(symbol, depth)))
-        client.reject(_BookRejected(verdict.problem, f"{self.id} {verdict.reason}"), message_hash)
-        return None
-
-    return handle_order_book
-
-
-def _checking_books(
-    owner: Callable[[], type[Any]], new_checker: Callable[[], BookChecksum]
-) -> Callable[..., Any]:
-    """ccxt.pro okx's per-message book handler, then the checksum of the raw message.
-
-    A mismatch is handled as ccxt handles a `prevSeqId` gap: the book and the
-    subscription are dropped, the watch rejected with ChecksumError, and the
-    channel marked for a resync, so the next `watch_order_book` unsubscribes and
-    subscribes again, and the exchange sends a fresh snapshot.
-    """
-
-    def handle_order_book_message(
-        self: Any, client: Any, message: Any, orderbook: Any, message_hash: str, market: Any = None
-    ) -> Any:
-        snapshot = orderbook.get("nonce") is None  # a book ccxt just created for a snapshot
-        parent: Any = super(owner(), self)
-        result = parent.handle_order_book_message(client, message, orderbook, message_hash, market)
-        symbol = orderbook.get("symbol")
-        checkers: dict[str, BookChecksum] = self.__dict__.setdefault("_book_checksums", {})
-        if message_hash not in client.subscriptions or symbol is None:  # ccxt saw a gap
-            checkers.pop(str(symbol), None)
-            return result
-        checker = checkers.get(symbol) if not snapshot else None
-        if checker is None:
-            checker = checkers[symbol] = new_checker()
-        if checker.apply(message, snapshot):
-            return result
-        checkers.pop(symbol, None)
-        del client.subscriptions[message_hash]
-        self.orderbooks.pop(symbol, None)
-        client.reject(
-            ccxt_errors.ChecksumError(f"{self.id} {self.orderbook_checksum_message(symbol)}"),
-            message_hash,
-        )
-        if snapshot:  # ccxt marks an update's channel for a resync itself, not a snapshot's
-            client.subscriptions[message_hash] = "resync"
-        return result
-
-    return handle_order_book_message
 
 
 def fault_from(
@@ -364,7 +242,7 @@ class ExchangeAdapter:
             config["rateLimit"] = settings.rate_limit_ms
         if credentials is not None:
             config.update(credentials.ccxt_config())
-        self._exchange: Any = _book_class(base, self.venue)(config)
+        self._exchange: Any = base(config)
         if settings.api_base_url:
             # A new dict: class-level defaults shared with other instances stay untouched.
             urls = dict(self._exchange.urls)
@@ -386,6 +264,7 @@ class ExchangeAdapter:
         # An injected transport answers ccxt's own fetch too (markets, tickers, time),
         # as its `session`, set on the first such call (so none is left open otherwise).
         self._session = None if transport is None else TransportSession(transport)
+        self._books: BookStreams | None = None  # the venue's book channel, from the first watch
         self.supports_websocket = bool(self._exchange.has.get("watchTrades"))
         self.supports_books = bool(self._exchange.has.get("watchOrderBook"))
         self.consecutive_trade_ids = settings.consecutive_trade_ids
@@ -479,15 +358,19 @@ class ExchangeAdapter:
             body = exchange.last_http_response or ""
             raise fault_from(exc, headers=headers, body=str(body)) from exc
 
-    async def _market_id(self, symbol: str) -> str:
-        """The exchange's id of a market (unified symbol or id); markets loaded first
-        if they never were."""
+    async def _market(self, symbol: str) -> Mapping[str, Any]:
+        """ccxt's market (unified symbol or id); markets loaded first if they never were."""
         if self._exchange.markets is None:
             await self.load_markets()
         try:
-            return str(self._exchange.market(symbol)["id"])
+            market: Mapping[str, Any] = self._exchange.market(symbol)
         except _CCXT_FAILURES as exc:
             raise fault_from(exc) from exc
+        return market
+
+    async def _market_id(self, symbol: str) -> str:
+        """The exchange's id of a market (unified symbol or id)."""
+        return str((await self._market(symbol))["id"])
 
     async def _call(self, request: RestRequest) -> Any:
         """One venue request, the one REST path: ccxt's `sign` writes it (URL, auth),
@@ -629,17 +512,28 @@ class ExchangeAdapter:
 
     async def watch_order_book(self, symbol: str, depth: int) -> BookView:
         """The book's best `depth` levels after the next update; BookIntegrityError when
-        the exchange's ids skipped or its checksum disagreed (watch again: ccxt then
-        rebuilds the book from a fresh snapshot)."""
-        limit = self.venue.book_depth(depth)
-        self._exchange.__dict__.setdefault("_book_depths", {})[symbol] = limit
+        the exchange's ids skipped or its checksum disagreed (watch again: the book is
+        then rebuilt from a fresh snapshot). A venue with a `BookWire` is watched on the
+        ingestor's own websocket (`ingestor.book_streams`), others through ccxt.pro."""
+        wire = self.venue.books
+        if wire is None:
+            return await self._ccxt_order_book(symbol, depth)
+        market = await self._market(symbol)
+        topic = BookTopic(str(market["symbol"]), str(market["id"]), self.venue.book_depth(depth))
+        return await self._book_streams(wire).watch(topic, depth)
+
+    def _book_streams(self, wire: BookWire) -> BookStreams:
+        if self._books is None:
+            url = self._exchange.implode_hostname(wire.url(self._exchange.urls["api"]))
+            link = link_of(wire, self.settings.timeout_ms / 1000)
+            self._books = BookStreams(wire, url, _market_of(self._exchange), self.exchange_id, link)
+        return self._books
+
+    async def _ccxt_order_book(self, symbol: str, depth: int) -> BookView:
+        """ccxt.pro's book (Binance: ccxt checks its update ids and refetches the REST
+        snapshot after a gap)."""
         try:
-            resync = self._exchange.__dict__.get("_book_resyncs", {}).pop(symbol, None)
-            if resync is not None:  # the unsubscribe goes out before the new subscribe
-                with contextlib.suppress(Exception):
-                    await resync
-            params = dict(self.venue.book_params)
-            book = await self._exchange.watch_order_book(symbol, limit, params)
+            book = await self._exchange.watch_order_book(symbol, self.venue.book_depth(depth))
             # Copied before the next await: ccxt updates this book in place.
             return BookView(
                 bids={float(p): float(a) for p, a, *_ in book["bids"][:depth]},
@@ -647,24 +541,23 @@ class ExchangeAdapter:
                 nonce=int(book.get("nonce") or 0),
                 timestamp_ms=int(book.get("timestamp") or 0),
             )
-        except _BookRejected as exc:
-            raise BookIntegrityError(exc.kind, str(exc)) from exc
-        except ccxt_errors.ChecksumError as exc:  # first: it subclasses InvalidNonce
-            # ccxt's binance raises ChecksumError for a skipped update id: a gap where
-            # the exchange sends no checksum.
-            checked = self.venue.book_checksum is not None
-            kind = BookIntegrity.CHECKSUM if checked else BookIntegrity.SEQUENCE_GAP
-            raise BookIntegrityError(kind, str(exc)) from exc
         except ccxt_errors.InvalidNonce as exc:
+            # ccxt's binance raises ChecksumError, an InvalidNonce, for a skipped update
+            # id: a gap where the exchange sends no checksum.
             raise BookIntegrityError(BookIntegrity.SEQUENCE_GAP, str(exc)) from exc
         except Exception as exc:
             raise fault_from(exc) from exc
 
     async def unwatch_order_book(self, symbol: str) -> None:
-        """Unsubscribe from the symbol's book stream (best effort), at the depth watched."""
-        limit = self._exchange.__dict__.get("_book_depths", {}).get(symbol)
-        params = {"limit": limit} if self.venue.book_depths and limit else {}
-        await self._unwatch("unWatchOrderBook", "un_watch_order_book", symbol, params)
+        """Unsubscribe from the symbol's book stream (best effort); a watch waiting on
+        it fails as ccxt's does (NETWORK: "unsubscribed")."""
+        if self.venue.books is None:
+            await self._unwatch("unWatchOrderBook", "un_watch_order_book", symbol)
+            return
+        if self._books is not None:
+            unified = str((await self._market(symbol))["symbol"])
+            gone = ExchangeCallError(FaultKind.NETWORK, f"unsubscribed: {symbol}")
+            self._books.unwatch(unified, gone)
 
     async def _unwatch(
         self, capability: str, method: str, symbol: str, params: dict[str, Any] | None = None
@@ -681,6 +574,8 @@ class ExchangeAdapter:
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()
+        if self._books is not None:
+            await self._books.close()
         try:
             await self._exchange.close()
         except Exception as exc:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from ingestor.model import BookIntegrity, Candle, RawFields, Trade
@@ -96,12 +96,18 @@ def read_candles(
     return [Candle(*v, *f) for v, f in zip(values, fields, strict=True)]
 
 
-class BookChecksum(Protocol):
-    """Verifies an exchange's book checksum from its raw messages, one market."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-    def apply(self, message: Mapping[str, Any], snapshot: bool) -> bool:
-        """Apply one raw book message; False when its checksum disagrees with the book."""
-        ...
+
+def iso_ms(stamp: str) -> int:
+    """An exchange's ISO 8601 time in UTC (`2019-08-14T20:42:27.265Z`, microseconds
+    too) in whole milliseconds, without float rounding."""
+    return (datetime.fromisoformat(stamp) - _EPOCH) // timedelta(milliseconds=1)
+
+
+def book_levels(rows: Iterable[Sequence[Any]]) -> tuple[tuple[float, float], ...]:
+    """`[price, amount, ...]` rows of strings or numbers as (price, amount) floats."""
+    return tuple((number(row[0]), number(row[1])) for row in rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +124,9 @@ class BookVerdict:
     """A guard's reading of one raw book message of `symbol` (unified).
 
     `problem`: the gap or bad checksum it reveals (None: the book may take it);
-    `sequence`: the exchange id the book is at after it, where ccxt leaves `nonce`
-    unset; `stale`: an update of a book that awaits its new snapshot, to be dropped.
+    `sequence`: the exchange id the book is at after it (the book's `nonce`; None: the
+    exchange sends none); `stale`: an update of a book that awaits its new snapshot,
+    to be dropped.
     """
 
     symbol: str
@@ -130,21 +137,67 @@ class BookVerdict:
 
 
 class BookGuard(Protocol):
-    """Checks one exchange's raw book messages (all markets) BEFORE ccxt applies them,
-    where ccxt checks neither sequence nor checksum (pure: no I/O, no ccxt)."""
+    """Checks one connection's raw book messages (all markets) before the book takes
+    them: the exchange's sequence ids and checksum (pure: no I/O, no ccxt)."""
 
     def check(self, message: Mapping[str, Any]) -> BookVerdict | None:
         """The verdict on `message`; None when it is not a book message."""
         ...
 
-    def message_hash(self, symbol: str) -> str:
-        """ccxt 4.5.90's hash of `symbol`'s book watch (and of its subscription)."""
-        ...
 
-    def unsubscribe(self, symbol: str, depth: int | None) -> dict[str, Any]:
-        """The request that ends `symbol`'s book channel, so the next subscription
-        brings a fresh snapshot (the exchange sends one only on subscribing)."""
-        ...
+@dataclass(frozen=True, slots=True)
+class BookTopic:
+    """One market's book channel: the unified `symbol`, the exchange's `market_id`, and
+    the `depth` subscribed (one the exchange serves: `Venue.book_depth`)."""
+
+    symbol: str
+    market_id: str
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class BookMessage:
+    """One raw book message as plain data (a venue's `BookWire.parse`).
+
+    `market`: the market as the message names it (an exchange id, or Kraken's unified
+    symbol: `BookContext.market` reads both); `snapshot`: it replaces the book; levels
+    as (price, amount), amount 0 removing the level; `timestamp_ms`: the exchange's
+    time of the message (0: it sends none, e.g. Kraken's and Coinbase's snapshots).
+    """
+
+    market: str
+    snapshot: bool
+    bids: tuple[tuple[float, float], ...]
+    asks: tuple[tuple[float, float], ...]
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BookWire:
+    """A venue's public order-book channel over its websocket, written and read by the
+    venue (ADR 0019); the connection itself is `ingestor.websocket`'s, shared by all.
+
+    `url`: the public stream's URL from ccxt's `urls['api']` (after the configured
+    base URL's rewrite; a `{hostname}` left in it is ccxt's to fill);
+    `request`: ("subscribe" or "unsubscribe", a `BookTopic`) -> the request that opens or
+    ends the channel (the exchange sends a snapshot only on subscribing, so a rebuilt
+    book subscribes again);
+    `parse`: a decoded message -> `BookMessage`, None when it is no book message (acks,
+    pongs, status); `refusal`: the exchange's reason when a message refuses a request,
+    else None; `guard`: a new `BookGuard` per connection (None: the exchange sends
+    neither ids nor checksums); `ping`: the keep-alive request the exchange expects
+    every `ping_interval_s` (None: websocket protocol pings); `truncate`: the exchange
+    does not remove a level pushed out of the subscribed depth, so the book is cut to it.
+    """
+
+    url: Callable[[Mapping[str, Any]], str]
+    request: Callable[[str, BookTopic], Mapping[str, Any]]
+    parse: Callable[[Mapping[str, Any]], BookMessage | None]
+    refusal: Callable[[Mapping[str, Any]], str | None]
+    guard: Callable[[BookContext], BookGuard] | None = None
+    ping: str | None = None
+    ping_interval_s: float = 20.0
+    truncate: bool = False
 
 
 class Paging(enum.Enum):
@@ -222,14 +275,11 @@ class Venue:
     id -> `Candle`s with every field the exchange reports: trade count, quote and taker
     volumes, the final flag); `trade_request`, `parse_trades`: its trade history
     (`TradeQuery`; trades with the taker's side). None (`GENERIC`): ccxt's unified calls.
-    `book_checksum`: a new checker of the exchange's order-book checksum, one per
-    market, fed the raw messages after ccxt applied them (OKX; ccxt checks its ids).
-    `book_guard`: a new `BookGuard` for the exchange, run before ccxt applies each
-    raw book message (Bybit's ids, Kraken's checksum: ccxt 4.5.90 checks neither).
-    `book_depths`: the depths the exchange's book channel serves (ccxt refuses
-    others): the smallest one holding the configured depth is watched.
-    `book_params`: ccxt `params` of `watch_order_book` (Coinbase: its public channel).
-    `public_books`: the book channel needs no credentials though ccxt signs it.
+    `books`: the exchange's public book channel, over the ingestor's own websocket
+    (`BookWire`: subscribe, parse, sequence and checksum checks); None: ccxt.pro's
+    `watch_order_book` (Binance: ccxt checks its update ids itself).
+    `book_depths`: the depths the exchange's book channel serves: the smallest one
+    holding the configured depth is watched.
     `trade_paging`, `trade_page_cap`, `trade_params`, `trade_id_param`: how the trade
     history the gap repairer reads is paged (`TradePaging`): the cursor goes out as
     `trade_id_param`, with `trade_params` beside it.
@@ -251,11 +301,8 @@ class Venue:
     parse_candles: Callable[[Any, str], list[Candle]] | None = None
     trade_request: Callable[[TradeQuery], RestRequest] | None = None
     parse_trades: Callable[[Any, str], list[Trade]] | None = None
-    book_checksum: Callable[[], BookChecksum] | None = None
-    book_guard: Callable[[BookContext], BookGuard] | None = None
+    books: BookWire | None = None
     book_depths: tuple[int, ...] = ()
-    book_params: Mapping[str, Any] = field(default_factory=dict)
-    public_books: bool = False
     trade_paging: TradePaging = TradePaging.BY_TIME
     trade_page_cap: int = 1000  # the most trades one trade-history call returns
     # the exchange's query parameters of id paging, the cursor sent as `{trade_id_param: id}`.

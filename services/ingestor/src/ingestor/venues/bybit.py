@@ -4,12 +4,12 @@
 klines between them, newest first: bounded windows. A row is [start, open,
 high, low, close, volume (base), turnover (quote)]; no trade count.
 
-Order books (topic `orderbook.{depth}.{symbol}`, spot depths 1, 50, 200, 1000): a
-snapshot, then deltas; each carries `u`, the topic's update id (+1 a message; a
-snapshot with `u` 1 after Bybit restarts its service) and `seq`, the cross sequence
-(the book's version, comparable across depths). ccxt 4.5.90 checks neither and
-leaves `nonce` unset: `BybitBookGuard` checks `u` and reports `seq` as the book's
-exchange sequence. No checksum.
+Order books (public spot websocket `/v5/public/spot`, topic `orderbook.{depth}.{symbol}`,
+spot depths 1, 50, 200, 1000): a snapshot, then deltas; each carries `u`, the topic's
+update id (+1 a message; a snapshot with `u` 1 after Bybit restarts its service) and
+`seq`, the cross sequence (the book's version, comparable across depths).
+`BybitBookGuard` checks `u` and reports `seq` as the book's exchange sequence. No
+checksum. Bybit expects `{"op": "ping"}` every 20 s.
 
     {"topic": "orderbook.50.BTCUSDT", "type": "delta", "ts": 1671179923046,
      "data": {"s": "BTCUSDT", "b": [], "a": [["17440.50", "78.857"]],
@@ -106,12 +106,42 @@ class BybitBookGuard:
         self._last[symbol] = update_id
         return BookVerdict(symbol, sequence=seq)
 
-    def message_hash(self, symbol: str) -> str:
-        return "orderbook:" + symbol
 
-    def unsubscribe(self, symbol: str, depth: int | None) -> dict[str, Any]:
-        market_id = self._context.market(symbol)["id"]
-        return {"op": "unsubscribe", "args": [f"{BOOK_TOPIC}{depth or 50}.{market_id}"]}
+def book_url(api: Mapping[str, Any]) -> str:
+    return str(api["ws"]["public"]["spot"])
+
+
+def book_request(op: str, topic: base.BookTopic) -> dict[str, Any]:
+    """`op`: subscribe, unsubscribe."""
+    return {"op": op, "args": [f"{BOOK_TOPIC}{topic.depth}.{topic.market_id}"]}
+
+
+def parse_book(message: Mapping[str, Any]) -> base.BookMessage | None:
+    """An `orderbook` push (size "0" removes a level):
+
+    {"topic": "orderbook.50.BTCUSDT", "type": "delta", "ts": 1672304484998,
+     "data": {"s": "BTCUSDT", "b": [["16493.50", "0"]],
+              "a": [["16611.00", "0.040"], ["16611.50", "1.510"]],
+              "u": 18521289, "seq": 7961638748}, "cts": 1672304484994}
+    """
+    if not str(message.get("topic", "")).startswith(BOOK_TOPIC):
+        return None
+    data = message["data"]
+    bids, asks = base.book_levels(data.get("b") or ()), base.book_levels(data.get("a") or ())
+    snapshot, ts = message.get("type") == "snapshot", int(message.get("ts") or 0)
+    return base.BookMessage(str(data["s"]), snapshot, bids, asks, ts)
+
+
+def book_refusal(message: Mapping[str, Any]) -> str | None:
+    """`{"success": false, "ret_msg": "handler not found:...", "op": "subscribe"}`."""
+    if message.get("success") is not False:
+        return None
+    return str(message.get("ret_msg") or "refused")
+
+
+BOOKS = base.BookWire(
+    book_url, book_request, parse_book, book_refusal, BybitBookGuard, '{"op": "ping"}', 18.0
+)
 
 
 VENUE = Venue(
@@ -122,7 +152,7 @@ VENUE = Venue(
     parse_candles=parse_candles,
     trade_request=trade_request,
     parse_trades=parse_trades,
-    book_guard=BybitBookGuard,
+    books=BOOKS,
     book_depths=(1, 50, 200, 1000),
     prefix="BYBIT",
     status_url="https://api.bybit.com/v5/market/time",

@@ -4,11 +4,11 @@
 candles, or the request is rejected; every candle of the window comes back,
 newest first, as [time s, low, high, open, close, volume]: bounded windows.
 
-Order books: ccxt 4.5.90 watches channel `level2`, which Coinbase serves only to
-signed subscriptions since 2023, and signs every book subscription (without keys
-it raises). `level2_batch` carries the same messages (a snapshot, then `l2update`s,
-batched every 50 ms) to anyone, so it is watched unsigned. Neither carries a
-sequence or a checksum: a lost message cannot be detected, only a reconnect.
+Order books (websocket feed): channel `level2` is served only to signed subscriptions
+since 2023; `level2_batch` carries the same messages (a snapshot, then `l2update`s,
+batched every 50 ms) to anyone, so it is watched, unsigned. Neither carries a
+sequence or a checksum: a lost message cannot be detected, only a reconnect. The
+feed keeps a connection alive with websocket protocol pings.
 
     {"type": "l2update", "product_id": "BTC-USD", "time": "2019-08-14T20:42:27.265Z",
      "changes": [["buy", "10101.80000000", "0.162567"]]}
@@ -30,11 +30,6 @@ def _iso(ms: int) -> str:
     """ISO 8601 in UTC with milliseconds, as Coinbase reads `start`/`end`."""
     moment = _EPOCH + timedelta(milliseconds=ms)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
-
-
-def _ms(iso: str) -> int:
-    """Coinbase's ISO time (microseconds) in whole milliseconds."""
-    return (datetime.fromisoformat(iso) - _EPOCH) // timedelta(milliseconds=1)
 
 
 def candle_request(q: base.CandleQuery) -> base.RestRequest:
@@ -79,7 +74,7 @@ _TAKER = {"buy": "sell", "sell": "buy"}
 def _trade(row: Mapping[str, Any]) -> Trade:
     price, size = base.number(row["price"]), base.number(row["size"])
     side = _TAKER.get(str(row["side"]), "")
-    return Trade(str(row["trade_id"]), price, size, _ms(str(row["time"])), side)
+    return Trade(str(row["trade_id"]), price, size, base.iso_ms(str(row["time"])), side)
 
 
 def parse_trades(body: Any, market_id: str) -> list[Trade]:
@@ -92,6 +87,51 @@ def parse_trades(body: Any, market_id: str) -> list[Trade]:
     return [_trade(row) for row in body]
 
 
+BOOK_CHANNEL = "level2_batch"
+
+
+def book_url(api: Mapping[str, Any]) -> str:
+    return str(api["ws"])
+
+
+def book_request(op: str, topic: base.BookTopic) -> dict[str, Any]:
+    """`op`: subscribe, unsubscribe (unsigned: `level2_batch` is public)."""
+    return {"type": op, "product_ids": [topic.market_id], "channels": [BOOK_CHANNEL]}
+
+
+def parse_book(message: Mapping[str, Any]) -> base.BookMessage | None:
+    """A `snapshot` (no time), then `l2update`s (`[side, price, size]`, size "0" removes):
+
+    {"type": "snapshot", "product_id": "BTC-USD", "bids": [["10101.10", "0.45054140"]],
+     "asks": [["10102.55", "0.57753524"]]}
+    {"type": "l2update", "product_id": "BTC-USD", "time": "2019-08-14T20:42:27.265Z",
+     "changes": [["buy", "10101.80000000", "0.162567"]]}
+    """
+    kind = message.get("type")
+    if kind == "snapshot":
+        bids = base.book_levels(message.get("bids") or ())
+        asks = base.book_levels(message.get("asks") or ())
+        return base.BookMessage(str(message["product_id"]), True, bids, asks)
+    if kind != "l2update":
+        return None
+    changes = message.get("changes") or ()
+    bids = base.book_levels(c[1:] for c in changes if c[0] == "buy")
+    asks = base.book_levels(c[1:] for c in changes if c[0] == "sell")
+    ts = base.iso_ms(str(message["time"]))
+    return base.BookMessage(str(message["product_id"]), False, bids, asks, ts)
+
+
+def book_refusal(message: Mapping[str, Any]) -> str | None:
+    """`{"type": "error", "message": "Failed to subscribe", "reason": "..."}`."""
+    if message.get("type") != "error":
+        return None
+    return f"{message.get('message')}: {message.get('reason')}"
+
+
+#: No guard (neither ids nor checksums); websocket protocol pings keep it alive.
+BOOKS = base.BookWire(book_url, book_request, parse_book, book_refusal, None, None, 30.0)
+
+
 VENUE = Venue(
     exchange_id="coinbaseexchange",
     paging=Paging.NEWEST_IN_WINDOW,
@@ -100,8 +140,7 @@ VENUE = Venue(
     parse_candles=parse_candles,
     trade_request=trade_request,
     parse_trades=parse_trades,
-    book_params={"channels": ["level2_batch"]},
-    public_books=True,
+    books=BOOKS,
     prefix="COINBASE",
     status_url="https://api.exchange.coinbase.com/time",
     # GET /products/{id}/trades: `after` = the trades older than that trade_id.

@@ -8,11 +8,11 @@ time Kraken can serve. Kraken has no end parameter, so none is sent.
 A row is [time s, open, high, low, close, vwap, volume, count]; `last` is the
 time of the last committed (final) entry.
 
-Order books (websocket v2 channel `book`, depths 10, 25, 100, 500, 1000): a snapshot,
-then updates, each with `checksum`, CRC32 of the best 10 asks then the best 10 bids,
-each price and qty in the pair's full precision without "." and leading zeros. No
-sequence. Levels pushed out of the depth are not removed on the wire (the client
-truncates). ccxt 4.5.90 ships its check switched off: `KrakenBookGuard` checks.
+Order books (websocket v2 `/v2`, channel `book`, depths 10, 25, 100, 500, 1000; the
+pair by its unified name): a snapshot, then updates, each with `checksum`, CRC32 of the
+best 10 asks then the best 10 bids, each price and qty in the pair's full precision
+without "." and leading zeros. No sequence. Levels pushed out of the depth are not
+removed on the wire (the client truncates). `KrakenBookGuard` checks.
 
     {"channel": "book", "type": "update", "data": [{"symbol": "MATIC/USD",
      "bids": [{"price": 0.5657, "qty": 1098.3947558}], "asks": [],
@@ -157,13 +157,6 @@ class KrakenBookGuard:
             symbol, BookIntegrity.CHECKSUM, f"checksum {expected}, the book's is {actual}"
         )
 
-    def message_hash(self, symbol: str) -> str:
-        return "orderbook@" + symbol
-
-    def unsubscribe(self, symbol: str, depth: int | None) -> dict[str, Any]:
-        params = {"channel": "book", "symbol": [symbol], "depth": depth or 10}
-        return {"method": "unsubscribe", "params": params}
-
 
 def _apply(
     side: dict[Decimal, list[str]],
@@ -186,6 +179,62 @@ def _truncate(side: dict[Decimal, list[str]], depth: int | None, *, descending: 
         del side[price]
 
 
+def book_url(api: Mapping[str, Any]) -> str:
+    return str(api["ws"]["publicV2"])
+
+
+def book_request(op: str, topic: base.BookTopic) -> dict[str, Any]:
+    """`op`: subscribe, unsubscribe; the pair by its unified name."""
+    return {
+        "method": op,
+        "params": {"channel": "book", "symbol": [topic.symbol], "depth": topic.depth},
+    }
+
+
+def _side(levels: Iterable[Mapping[str, Any]]) -> tuple[tuple[float, float], ...]:
+    return tuple((base.number(level["price"]), base.number(level["qty"])) for level in levels)
+
+
+def _time_ms(stamp: Any) -> int:
+    """RFC 3339 with microseconds (`2023-10-06T17:35:55.440295Z`) in ms; 0 without one."""
+    return base.iso_ms(str(stamp)) if stamp else 0
+
+
+def parse_book(message: Mapping[str, Any]) -> base.BookMessage | None:
+    """A `book` push (qty 0 removes a level; a snapshot has no `timestamp`):
+
+    {"channel": "book", "type": "update", "data": [{"symbol": "MATIC/USD",
+     "bids": [{"price": 0.5657, "qty": 1098.3947558}], "asks": [],
+     "checksum": 2114181697, "timestamp": "2023-10-06T17:35:55.440295Z"}]}
+    """
+    if message.get("channel") != "book" or message.get("type") not in ("snapshot", "update"):
+        return None
+    data = message["data"][0]
+    bids, asks = _side(data.get("bids") or ()), _side(data.get("asks") or ())
+    snapshot, ts = message["type"] == "snapshot", _time_ms(data.get("timestamp"))
+    return base.BookMessage(str(data["symbol"]), snapshot, bids, asks, ts)
+
+
+def book_refusal(message: Mapping[str, Any]) -> str | None:
+    """`{"method": "subscribe", "success": false, "error": "Currency pair not supported"}`."""
+    if message.get("success") is not False:
+        return None
+    return f"{message.get('error')} {message.get('symbol') or ''}".strip()
+
+
+#: Levels pushed out of the depth are not removed on the wire: the book cuts them.
+BOOKS = base.BookWire(
+    book_url,
+    book_request,
+    parse_book,
+    book_refusal,
+    KrakenBookGuard,
+    '{"method": "ping"}',
+    6.0,
+    True,
+)
+
+
 VENUE = Venue(
     exchange_id="kraken",
     paging=Paging.OLDEST_FROM_SINCE,
@@ -195,7 +244,7 @@ VENUE = Venue(
     parse_candles=parse_candles,
     trade_request=trade_request,
     parse_trades=parse_trades,
-    book_guard=KrakenBookGuard,
+    books=BOOKS,
     book_depths=(10, 25, 100, 500, 1000),
     prefix="KRAKEN",
     status_url="https://api.kraken.com/0/public/Time",

@@ -7,19 +7,20 @@ Candles older than the latest 1,440 of a period come from /history-candles.
 A row is [ts, o, h, l, c, vol (base), volCcy, volCcyQuote (quote), confirm];
 confirm "0" marks the candle still forming.
 
-Order books (channel `books`): a snapshot, then updates; each carries `checksum`,
-OKX's CRC32 (signed 32-bit) of the best 25 levels interleaved
-`bid px:bid sz:ask px:ask sz:...` in the exchange's own strings. ccxt 4.5.90
-checks `prevSeqId` but not the checksum: `OkxBookChecksum` does.
+Order books (public websocket `/ws/v5/public`, channel `books`, 400 levels): a
+snapshot, then updates; each carries `seqId` and `prevSeqId` (the `seqId` of the
+message before it: -1 on a snapshot) and `checksum`, OKX's CRC32 (signed 32-bit) of
+the best 25 levels interleaved `bid px:bid sz:ask px:ask sz:...` in the exchange's own
+strings. `OkxBookGuard` checks both; OKX expects the text `ping` at least every 30 s.
 """
 
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ingestor.model import Candle, RawFields, Trade
+from ingestor.model import BookIntegrity, Candle, RawFields, Trade
 from ingestor.venues import base
-from ingestor.venues.base import Paging, TradePaging, Venue
+from ingestor.venues.base import BookContext, BookVerdict, Paging, TradePaging, Venue
 
 #: /market/candles serves the latest 1,440 candles of a period; older ones come from
 #: /market/history-candles.
@@ -124,6 +125,79 @@ class OkxBookChecksum:
         return book_checksum(best_bids, best_asks) == int(expected)
 
 
+class OkxBookGuard:
+    """Each market's `seqId` chain (an update's `prevSeqId` must be the book's `seqId`)
+    and its checksum (`OkxBookChecksum`)."""
+
+    def __init__(self, context: BookContext) -> None:
+        self._context = context
+        self._books: dict[str, tuple[int, OkxBookChecksum]] = {}  # symbol -> (seqId, book)
+
+    def check(self, message: Mapping[str, Any]) -> BookVerdict | None:
+        arg = message.get("arg") or {}
+        if arg.get("channel") != BOOK_CHANNEL or "action" not in message:
+            return None
+        data = message["data"][0]
+        symbol = str(self._context.market(str(arg.get("instId")))["symbol"])
+        seq, previous = int(data["seqId"]), int(data.get("prevSeqId", -1))
+        snapshot = message["action"] == "snapshot"
+        known = self._books.pop(symbol, None)
+        if snapshot:
+            checker = OkxBookChecksum()
+        elif known is None:
+            return BookVerdict(symbol, stale=True)
+        elif previous != known[0]:
+            reason = f"prevSeqId {previous}, the book is at seqId {known[0]}"
+            return BookVerdict(symbol, BookIntegrity.SEQUENCE_GAP, reason)
+        else:
+            checker = known[1]
+        if not checker.apply(data, snapshot):
+            reason = f"checksum {data.get('checksum')} disagrees with the book at seqId {seq}"
+            return BookVerdict(symbol, BookIntegrity.CHECKSUM, reason)
+        self._books[symbol] = (seq, checker)
+        return BookVerdict(symbol, sequence=seq)
+
+
+BOOK_CHANNEL = "books"
+
+
+def book_url(api: Mapping[str, Any]) -> str:
+    return f"{api['ws']}/public"
+
+
+def book_request(op: str, topic: base.BookTopic) -> dict[str, Any]:
+    """`op`: subscribe, unsubscribe."""
+    return {"op": op, "args": [{"channel": BOOK_CHANNEL, "instId": topic.market_id}]}
+
+
+def parse_book(message: Mapping[str, Any]) -> base.BookMessage | None:
+    """A `books` push (levels `[px, sz, "0", orders]`; size "0" removes):
+
+    {"arg": {"channel": "books", "instId": "BTC-USDT"}, "action": "update", "data": [
+     {"asks": [["31657.7", "0", "0", "0"], ["31659.7", "0.01", "0", "1"]],
+      "bids": [["31642.9", "0.50296385", "0", "4"]], "ts": "1626535709008",
+      "checksum": 830931827, "prevSeqId": 123456, "seqId": 123457}]}
+    """
+    arg = message.get("arg") or {}
+    if arg.get("channel") != BOOK_CHANNEL or "action" not in message:
+        return None
+    data = message["data"][0]
+    bids, asks = base.book_levels(data.get("bids") or ()), base.book_levels(data.get("asks") or ())
+    snapshot = message["action"] == "snapshot"
+    return base.BookMessage(str(arg["instId"]), snapshot, bids, asks, int(data.get("ts") or 0))
+
+
+def book_refusal(message: Mapping[str, Any]) -> str | None:
+    """`{"event": "error", "code": "60018", "msg": "Wrong URL or channel..."}`."""
+    if message.get("event") != "error":
+        return None
+    return f"{message.get('code')} {message.get('msg')}"
+
+
+#: OKX answers the text `ping` with `pong`.
+BOOKS = base.BookWire(book_url, book_request, parse_book, book_refusal, OkxBookGuard, "ping", 18.0)
+
+
 VENUE = Venue(
     exchange_id="okx",
     paging=Paging.NEWEST_IN_WINDOW,
@@ -132,7 +206,7 @@ VENUE = Venue(
     parse_candles=parse_candles,
     trade_request=trade_request,
     parse_trades=parse_trades,
-    book_checksum=OkxBookChecksum,
+    books=BOOKS,
     prefix="OKX",
     status_url="https://www.okx.com/api/v5/public/time",
     # GET /api/v5/market/history-trades, type=1: `after` = the trades older than that
