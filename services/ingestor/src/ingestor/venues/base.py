@@ -280,9 +280,8 @@ class Venue:
     `watch_order_book` (Binance: ccxt checks its update ids itself).
     `book_depths`: the depths the exchange's book channel serves: the smallest one
     holding the configured depth is watched.
-    `trade_paging`, `trade_page_cap`, `trade_params`, `trade_id_param`: how the trade
-    history the gap repairer reads is paged (`TradePaging`): the cursor goes out as
-    `trade_id_param`, with `trade_params` beside it.
+    `trade_paging`, `trade_page_cap`: how the trade history the gap repairer reads is
+    paged (`TradePaging`; the venue's `trade_request` writes the cursor's parameters).
     `ticker_params`: ccxt `params` of `fetch_tickers` so that it lists the spot markets
     (Bybit's default category is linear). `tickers_unsupported`: why the exchange has
     no bulk 24 h volumes (`quote_volumes` raises `TickersUnsupportedError`); "": it has.
@@ -305,9 +304,6 @@ class Venue:
     book_depths: tuple[int, ...] = ()
     trade_paging: TradePaging = TradePaging.BY_TIME
     trade_page_cap: int = 1000  # the most trades one trade-history call returns
-    # the exchange's query parameters of id paging, the cursor sent as `{trade_id_param: id}`.
-    trade_params: Mapping[str, Any] = field(default_factory=dict)
-    trade_id_param: str = ""
     trade_history_key: bool = False  # ccxt sends the trade-history call only with an API key
     ticker_params: Mapping[str, Any] = field(default_factory=dict)
     tickers_unsupported: str = ""

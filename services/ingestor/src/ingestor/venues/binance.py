@@ -103,6 +103,5 @@ VENUE = Venue(
     # The trade stream's ids are trade ids (aggTrades has its own): historicalTrades
     # pages them by `fromId`, inclusive, 1000 a call.
     trade_paging=TradePaging.BY_ID,
-    trade_id_param=TRADE_ID_PARAM,
     trade_history_key=True,
 )

@@ -145,7 +145,6 @@ VENUE = Venue(
     status_url="https://api.exchange.coinbase.com/time",
     # GET /products/{id}/trades: `after` = the trades older than that trade_id.
     trade_paging=TradePaging.BY_ID_BACKWARD,
-    trade_id_param=TRADE_ID_PARAM,
     # ccxt 4.5.90 `fetch_tickers` reads GET /products/spark-lines: OHLC, no volume.
     tickers_unsupported="ccxt's fetchTickers reads /products/spark-lines, which has no volume",
 )

@@ -213,6 +213,4 @@ VENUE = Venue(
     # tradeId, the newest 100 of them.
     trade_paging=TradePaging.BY_ID_BACKWARD,
     trade_page_cap=100,
-    trade_params=TRADE_PARAMS,
-    trade_id_param=TRADE_ID_PARAM,
 )
