@@ -146,6 +146,8 @@ class FakeOkx:
         self.received: list[list[str]] = []  # per connection, in order
         self.sockets: list[web.WebSocketResponse] = []
         self.subscribed = asyncio.Event()
+        self.unsubscribed = asyncio.Event()
+        self.pinged = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
@@ -158,10 +160,13 @@ class FakeOkx:
                 continue
             texts.append(message.data)
             if message.data == "ping":
+                self.pinged.set()
                 if self.answer_pings:
                     await ws.send_str("pong")
             elif json.loads(message.data)["op"] == "subscribe":
                 self.subscribed.set()
+            elif json.loads(message.data)["op"] == "unsubscribe":
+                self.unsubscribed.set()
         return ws
 
     async def push(self, action: str, seq: int, previous: int, bids: list[list[str]]) -> None:
@@ -172,6 +177,14 @@ class FakeOkx:
     async def next_subscription(self) -> None:
         await asyncio.wait_for(self.subscribed.wait(), 5)
         self.subscribed.clear()
+
+    async def next_unsubscription(self) -> None:
+        await asyncio.wait_for(self.unsubscribed.wait(), 5)
+        self.unsubscribed.clear()
+
+    async def next_ping(self) -> None:
+        await asyncio.wait_for(self.pinged.wait(), 5)
+        self.pinged.clear()
 
     async def answer(self, streams: BookStreams, seq: int, bids: list[list[str]]) -> BookView:
         """A watch, the subscription it makes, and the snapshot answering it."""
@@ -218,7 +231,7 @@ def test_a_drop_fails_the_watch_and_the_connection_resubscribes() -> None:
             assert lost.value.kind is FaultKind.NETWORK
             await server.next_subscription()  # subscribed again, unasked
             watch = asyncio.create_task(streams.watch(TOPIC, 10))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0)  # one turn of the loop: the watch runs up to its wait
             await server.push("snapshot", 5, -1, [["99", "2"]])
             view = await watch
             assert (view.bids, view.nonce) == ({99.0: 2.0}, 5)
@@ -235,7 +248,7 @@ def test_a_gap_unsubscribes_and_the_next_watch_gets_a_fresh_snapshot() -> None:
             await server.answer(streams, 1, [["100", "1"]])
             await server.push("update", 2, 1, [["100", "2"]])
             await server.push("update", 4, 3, [["100", "3"]])  # seqId 3 lost
-            await asyncio.sleep(0.05)  # no watch waiting: the next one gets the gap
+            await server.next_unsubscription()  # the gap seen; no watch waiting: the next gets it
             with pytest.raises(BookIntegrityError) as gap:
                 await streams.watch(TOPIC, 10)
             assert gap.value.kind is BookIntegrity.SEQUENCE_GAP
@@ -256,7 +269,11 @@ def test_pings_keep_it_alive_and_silence_ends_it() -> None:
         server = FakeOkx(answer_pings=answer_pings)
         async with streams_on(server, fast) as streams:
             await server.answer(streams, 1, [["100", "1"]])
-            await asyncio.sleep(0.4)  # 8 ping periods; the watchdog allows 2.5 silent
+            if answer_pings:  # 3 pings outlast the watchdog's 2.5 silent periods
+                while server.received[0].count("ping") < 3:
+                    await server.next_ping()
+            else:  # the watchdog ends the silent connection; the next one subscribes
+                await server.next_subscription()
             return streams.connection.connects, server.received[0]
 
     connects, texts = asyncio.run(run(answer_pings=True))
