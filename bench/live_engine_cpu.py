@@ -1,17 +1,21 @@
 """The live engine's work per trade, without Kafka or sockets (issue 44 item 4).
 
 What one engine process can sustain is bounded by the CPU its consume loop spends per
-trade. This runs that loop's per-batch steps on Kafka messages built in memory
+trade. This runs that loop (`live_engine._Run.loop`) on Kafka messages built in memory
 (confluent-kafka ``Message`` objects holding mdproto Tick records, ``--tickers``
-tickers over 3 partitions, trade times spread over 10 minutes so candles close):
+tickers over 3 partitions, trade times spread over 10 minutes so candles close),
+handed out by a stand-in consumer in batches of 10,000:
 
 - **bare**: decode every record (`envelope.decode_record`), nothing else: the floor;
-- **engine**: `live_engine._Run`'s steps for one consume() batch of 10,000: the
-  position check, decoding and validating (`_decode`), dedupe, candles of 60 s
-  (previews and closes), and encoding every tick, preview and closed candle as the
-  PUB server does (`envelope.encode_pub`, stamped with sequence numbers; no socket).
+- **engine**: the loop as it runs: the position check, decoding and validating,
+  dedupe, candles of the default live periods (previews and closes), the collections
+  at batch ends (`gc_pacing`; a full one every 0.5 s rather than 60 s, so the run
+  shows its pause), and encoding every tick, preview and closed candle as
+  the PUB server does (`envelope.encode_pub`, stamped with sequence numbers; no socket);
+- **engine, default gc**: the same with the interpreter's own collections (before
+  ADR 0020).
 
-Both alternate ``--reps`` times on the same messages, in one process; CPU seconds of
+They alternate ``--reps`` times on the same messages, in one process; CPU seconds of
 the process (`time.process_time`), so other load on the machine shifts the figures
 less than wall time would. Trades per CPU-second is the engine's ceiling on one core.
 
@@ -21,12 +25,15 @@ less than wall time would. Trades per CPU-second is the engine's ceiling on one 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+from unittest import mock
 
 import confluent_kafka
 from google.protobuf.message import Message
@@ -90,6 +97,9 @@ class Producer:
     def produce(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def poll(self, _timeout: float) -> int:
+        return 0
+
 
 def bare(msgs: list[Any], _now_ms: int) -> int:
     for m in msgs:
@@ -97,29 +107,86 @@ def bare(msgs: list[Any], _now_ms: int) -> int:
     return len(msgs)
 
 
-def engine(msgs: list[Any], now_ms: int) -> int:
+class Replay:
+    """A consumer handing out `msgs` in consume() batches of BATCH; `stop` set at the end."""
+
+    def __init__(self, msgs: list[Any], stop: threading.Event) -> None:
+        self.msgs, self.stop, self.at = msgs, stop, 0
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        batch = self.msgs[self.at : self.at + min(n, BATCH)]
+        self.at += len(batch)
+        if self.at >= len(self.msgs):
+            self.stop.set()
+        return batch
+
+
+def engine(msgs: list[Any], _now_ms: int, *, pacing: bool = True) -> int:
+    """`live_engine._Run.loop` over the messages (the default live periods, CEP off)."""
     sink = Sink()
-    settings = Settings(live=LiveConfig(periods=[60]), cep=CepConfig(enabled=False))
-    nothing: Any = None  # consumer, state store, snapshot file: not reached by these steps
+    settings = Settings(
+        cep=CepConfig(enabled=False), live=LiveConfig(snapshot_s=3600, gc_full_s=0.5)
+    )
+    nothing: Any = None  # state store, snapshot file: not reached in these batches
+    stop = threading.Event()
     run = live_engine._Run(
-        settings, nothing, Producer(), nothing, nothing, live_engine.Snapshot(), None,
-        sink.send_many,
+        settings, Replay(msgs, stop), Producer(), nothing, nothing, live_engine.Snapshot(),
+        None, sink.send_many,
     )  # fmt: skip
     for p in range(PARTITIONS):
         key = (TOPIC, p)
         run.positions[key], run.live_from[key], run.tickers[key] = 0, 0, set()
         run.recent[p] = RecentKeys(100_000)
-    assert run.candles is not None
-    for start in range(0, len(msgs), BATCH):
-        batch = [m for m in msgs[start : start + BATCH] if run._ok(m)]
-        run._candles(run.candles, live_engine.live_only(run._decode(batch)), now_ms)
+    run.rebalancing = False
+    if pacing:
+        run.loop(stop)
+    else:
+        with mock.patch.object(live_engine, "GcPacing", NoPacing):
+            run.loop(stop)
     return len(msgs)
 
 
-def cpu_seconds(call: Callable[[], int]) -> float:
-    t0 = time.process_time()
-    call()
-    return time.process_time() - t0
+class NoPacing:
+    """The interpreter's own collections (before ADR 0020)."""
+
+    def __init__(self, _full_every_s: float) -> None: ...
+
+    def start(self) -> None: ...
+    def batch_done(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def default_gc(msgs: list[Any], now_ms: int) -> int:
+    return engine(msgs, now_ms, pacing=False)
+
+
+class Pauses:
+    """The longest collection (wall ms) while it is on: how long the engine stops."""
+
+    def __init__(self) -> None:
+        self.longest_ms, self._started = 0.0, 0.0
+
+    def __enter__(self) -> Pauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.longest_ms = max(self.longest_ms, (time.perf_counter() - self._started) * 1000)
+
+
+def cpu_seconds(call: Callable[[], int]) -> tuple[float, float]:
+    """CPU seconds of the call and its longest collection (ms)."""
+    gc.collect()  # the last path's engine, not timed
+    with Pauses() as pauses:
+        t0 = time.process_time()
+        call()
+        return time.process_time() - t0, pauses.longest_ms
 
 
 def main() -> None:
@@ -130,22 +197,28 @@ def main() -> None:
     args = parser.parse_args()
     now_ms = int(time.time() * 1000)
     msgs = messages(args.trades, args.tickers, now_ms)
-    paths = {"bare": bare, "engine": engine}
+    gc.freeze()  # the messages are the bench's, not the engine's heap
+    paths = {"bare": bare, "engine": engine, "engine, default gc": default_gc}
     took: dict[str, list[float]] = {k: [] for k in paths}
+    paused: dict[str, list[float]] = {k: [] for k in paths}
     for rep in range(args.reps + 1):  # the first round warms up
         order = list(paths) if rep % 2 == 0 else list(reversed(paths))
         for label in order:
-            seconds = cpu_seconds(lambda f=paths[label]: f(msgs, now_ms))  # type: ignore[misc]
+            seconds, pause_ms = cpu_seconds(lambda f=paths[label]: f(msgs, now_ms))  # type: ignore[misc]
             if rep:
                 took[label].append(seconds)
+                paused[label].append(pause_ms)
     base = statistics.median(took["bare"])
     print(f"{args.trades:,} trades over {args.tickers:,} tickers, {args.reps} reps, "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
-    print("| path | CPU s (median) | trades per CPU-s | x bare |")
-    print("|---|---:|---:|---:|")
+    print("| path | CPU s (median) | trades per CPU-s | x bare | longest collection ms (max) |")
+    print("|---|---:|---:|---:|---:|")
     for label, values in took.items():
         median = statistics.median(values)
-        print(f"| {label} | {median:.2f} | {args.trades / median:,.0f} | {base / median:.2f} |")
+        print(
+            f"| {label} | {median:.2f} | {args.trades / median:,.0f} | {base / median:.2f} "
+            f"| {max(paused[label]):.0f} |"
+        )
 
 
 if __name__ == "__main__":

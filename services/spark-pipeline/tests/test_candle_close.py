@@ -292,3 +292,34 @@ def test_candles_of_the_exchanges_trades_equal_the_exchanges_candles() -> None:
             assert row["trade_count"] == k.trades
             assert abs(row["volume"] - float(k.volume)) <= 1e-9 * float(k.volume)
     assert not [r for r in run.emitted if r["correction"]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([(60, 300, 3600), (60, 90), (30,)]))
+def test_a_batch_counts_exactly_as_its_trades_one_at_a_time(
+    seed: int, periods: tuple[int, ...]
+) -> None:
+    """Per-slice aggregation of a batch (periods sharing a slice or not) leaves the same
+    windows, ids, frontier and too-late count as the trades one batch each: re-deliveries,
+    trades beyond the lateness and gaps in the middle of a batch included."""
+    rnd = random.Random(seed)
+    cfg = Closing(periods=periods, lateness_s=10.0, idle_s=1.0)
+    trades = [
+        tick(
+            rnd.randint(0, 40),
+            float(rnd.randint(90, 110)),
+            B + rnd.randint(0, 200_000),
+            rnd.choice([0.5, 1.0, 2.0]),
+            gap=rnd.random() < 0.05,
+        )
+        for _ in range(rnd.randint(1, 120))
+    ]
+    batched, single = TickerCandles(), TickerCandles()
+    i = 0
+    while i < len(trades):
+        n = rnd.randint(1, 30)
+        batched.add(cfg, trades[i : i + n])
+        i += n
+    for t in trades:
+        single.add(cfg, [t])
+    assert batched.to_dict() == single.to_dict()

@@ -26,16 +26,40 @@ Rules (docs/protocol.md "What the pipeline announces"):
 A window is emitted closed once, then once per ``advance`` after a trade amended
 it. The state round-trips through plain dicts (the engine's snapshot), so a
 restored ticker continues exactly where the snapshot left it.
+
+A batch is aggregated per *slice* (the greatest common divisor of the periods:
+every window of every period is a whole number of slices) before it touches the
+windows: per trade, one slice is updated, not one window per period; each slice
+is then merged once into the window of each period that holds it. The result is
+the trade-at-a-time one (open/close/high/low/count exactly; volume up to float
+rounding, the sum's order being the batch's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from math import gcd
+from typing import Any, Protocol
 
 TradeKey = tuple[int, int, str]  # (trade time us, len(trade_id), trade_id)
 
 US = 1_000_000
+
+
+class Trade(Protocol):
+    """What a trade needs to count (``mdproto.messages.Tick`` has it)."""
+
+    @property
+    def trade_id(self) -> str: ...
+    @property
+    def price(self) -> float: ...
+    @property
+    def amount(self) -> float: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+    @property
+    def gap_before(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -69,6 +93,21 @@ class Window:
         if self.emitted:
             self.dirty = True
 
+    def merge(self, part: Window) -> None:
+        """`add` of every trade of ``part`` (a batch's trades in one slice)."""
+        if part.open_key < self.open_key:
+            self.open, self.open_key = part.open, part.open_key
+        if part.close_key > self.close_key:
+            self.close, self.close_key = part.close, part.close_key
+        if part.high > self.high:
+            self.high = part.high
+        if part.low < self.low:
+            self.low = part.low
+        self.volume += part.volume
+        self.count += part.count
+        if self.emitted:
+            self.dirty = True
+
     def mark_incomplete(self) -> None:
         if not self.incomplete:
             self.incomplete = True
@@ -84,11 +123,13 @@ class Closing:
     idle_s: float
     #: Derived once: read for every trade.
     base_us: int = field(init=False)
+    slice_us: int = field(init=False)  # every period's width is a multiple of it
     lateness_us: int = field(init=False)
     widths: tuple[tuple[int, int], ...] = field(init=False)  # (period s, period us)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_us", min(self.periods) * US)
+        object.__setattr__(self, "slice_us", gcd(*self.periods) * US)
         object.__setattr__(self, "lateness_us", round(self.lateness_s * US))
         object.__setattr__(self, "widths", tuple((p, p * US) for p in self.periods))
 
@@ -107,48 +148,67 @@ class TickerCandles:
     ids: dict[int, set[str]] = field(default_factory=dict)
     too_late: int = 0
 
-    def add(
-        self,
-        cfg: Closing,
-        trade_id: str,
-        price: float,
-        amount: float,
-        t_us: int,
-        *,
-        gap_before: bool = False,
-    ) -> bool:
-        """Count a trade in its windows; False if it is too late or a re-delivery.
+    def add(self, cfg: Closing, trades: Iterable[Trade]) -> set[int]:
+        """Count the trades (in arrival order) in their windows; the starts (us) of the
+        slices that got one. A trade too late or re-delivered is not counted.
 
-        ``gap_before``: trades between the newest one so far and this one may be
-        missing, so the windows in between are marked incomplete."""
-        frontier = self.frontier_us
-        if frontier is not None and t_us < frontier - cfg.lateness_us:
-            self.too_late += 1
-            return False
-        base = t_us - t_us % cfg.base_us
-        seen = self.ids.get(base)
-        if seen is None:
-            seen = self.ids[base] = set()
-        elif trade_id in seen:
-            return False
-        seen.add(trade_id)
-        key = (t_us, len(trade_id), trade_id)
-        windows = self.windows
-        for period, width in cfg.widths:
-            at = (period, t_us - t_us % width)
-            window = windows.get(at)
-            if window is None:
-                windows[at] = Window(price, key, price, price, price, key, amount, 1)
+        A trade with ``gap_before`` follows a hole in the feed: the trades between the
+        newest one so far and it may be missing, so the windows in between are marked
+        incomplete (after the trades before it are in the windows, as one at a time)."""
+        lateness_us, base_us, slice_us = cfg.lateness_us, cfg.base_us, cfg.slice_us
+        frontier, ids = self.frontier_us, self.ids
+        parts: dict[int, Window] = {}  # slice start -> its trades of this batch
+        changed: set[int] = set()
+        for t in trades:
+            t_us = t.timestamp_ms * 1000
+            if frontier is not None and t_us < frontier - lateness_us:
+                self.too_late += 1
+                continue
+            trade_id = t.trade_id
+            base = t_us - t_us % base_us
+            seen = ids.get(base)
+            if seen is None:
+                seen = ids[base] = set()
+            elif trade_id in seen:
+                continue
+            seen.add(trade_id)
+            key = (t_us, len(trade_id), trade_id)
+            price, at = t.price, t_us - t_us % slice_us
+            part = parts.get(at)
+            if part is None:
+                parts[at] = Window(price, key, price, price, price, key, t.amount, 1)
             else:
-                window.add(price, amount, key)
-        if gap_before:
-            since = t_us if frontier is None else min(frontier, t_us)
-            for (period, start), window in windows.items():
-                if start <= t_us and start + period * US > since:
-                    window.mark_incomplete()
-        if frontier is None or t_us > frontier:
-            self.frontier_us = t_us
-        return True
+                part.add(price, t.amount, key)
+            if t.gap_before:
+                changed.update(self._merge(cfg, parts))
+                parts = {}
+                self._mark_incomplete(t_us if frontier is None else min(frontier, t_us), t_us)
+            if frontier is None or t_us > frontier:
+                frontier = t_us
+        self.frontier_us = frontier
+        changed.update(self._merge(cfg, parts))
+        return changed
+
+    def _merge(self, cfg: Closing, parts: dict[int, Window]) -> Iterable[int]:
+        """Each slice's trades into the window of each period that holds it."""
+        windows = self.windows
+        for at, part in parts.items():
+            for period, width in cfg.widths:
+                where = (period, at - at % width)
+                window = windows.get(where)
+                if window is None:
+                    windows[where] = Window(
+                        *(part.open, part.open_key, part.high, part.low, part.close),
+                        *(part.close_key, part.volume, part.count),
+                    )
+                else:
+                    window.merge(part)
+        return parts.keys()
+
+    def _mark_incomplete(self, since_us: int, until_us: int) -> None:
+        for (period, start), window in self.windows.items():
+            if start <= until_us and start + period * US > since_us:
+                window.mark_incomplete()
 
     def advance(self, cfg: Closing, now_ms: int) -> list[tuple[int, int, Window, bool]]:
         """Close what is due at ``now_ms``: (period, start us, window, is_correction)."""

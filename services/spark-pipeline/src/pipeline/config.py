@@ -108,6 +108,9 @@ class LiveConfig(_Section):
     #: How often the live engine snapshots its offsets and open candles (what a restart
     #: reads again is at most this much).
     snapshot_s: float = Field(default=2.0, gt=0)
+    #: The engine collects cyclic garbage at batch ends, and its whole heap this often: a
+    #: pause as long as its state is big (`gc_pacing`, ADR 0020).
+    gc_full_s: float = Field(default=60.0, gt=0)
     #: The Kafka consumer group of the live engines: every engine (the pipeline's own
     #: and `python -m pipeline.engine`) with this id shares the ``market.ticks`` and
     #: ``market.book`` partitions. Empty: ``live-engine.<kafka.topic_ticks>``.

@@ -26,8 +26,6 @@ from mdproto.messages import OHLC, Tick
 from pipeline import records
 from pipeline.candle_close import Closing, TickerCandles, Window
 
-WindowKey = tuple[str, int, int]  # (ticker, period s, start us)
-
 
 @dataclass
 class LiveCandles:
@@ -38,25 +36,31 @@ class LiveCandles:
 
     def add(self, ticks: Iterable[Tick], now_ms: int) -> list[OHLC]:
         """Count validated ticks in their windows; previews of the open windows they changed."""
-        changed: dict[WindowKey, None] = {}
-        cfg, tickers = self.cfg, self.tickers
-        widths = cfg.widths
+        by_ticker: dict[str, list[Tick]] = {}
         for t in ticks:
-            ticker = t.ticker
+            same = by_ticker.get(t.ticker)
+            if same is None:
+                by_ticker[t.ticker] = [t]
+            else:
+                same.append(t)
+        cfg, tickers = self.cfg, self.tickers
+        previews = []
+        for ticker, trades in by_ticker.items():
             candles = tickers.get(ticker)
             if candles is None:
                 exchange, symbol = records.split_ticker(ticker) or ("", "")
                 candles = tickers[ticker] = TickerCandles(exchange, symbol)
             candles.last_arrival_ms = now_ms
-            t_us = t.timestamp_ms * 1000
-            if candles.add(cfg, t.trade_id, t.price, t.amount, t_us, gap_before=t.gap_before):
-                for period, width in widths:
-                    changed[(ticker, period, t_us - t_us % width)] = None
-        previews = []
-        for ticker, period, start in changed:
-            window = tickers[ticker].windows.get((period, start))
-            if window is not None and not window.emitted:
-                previews.append(candle(ticker, period, start, window, closed=False))
+            changed = {
+                (period, at - at % width)
+                for at in candles.add(cfg, trades)
+                for period, width in cfg.widths
+            }
+            windows = candles.windows
+            for period, start in sorted(changed):
+                window = windows.get((period, start))
+                if window is not None and not window.emitted:
+                    previews.append(candle(ticker, period, start, window, closed=False))
         return previews
 
     def close_due(self, now_ms: int, *, idle: bool = True) -> list[OHLC]:

@@ -68,6 +68,7 @@ from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
 from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
+from pipeline.gc_pacing import GcPacing
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
 from pipeline.live_metrics import EngineMetrics
@@ -308,6 +309,7 @@ class _Run:
         self.book_topic = s.kafka.topic_book
         self.book_snapshot_s = s.live.book_snapshot_s
         self.snapshot_s = s.live.snapshot_s
+        self.gc_full_s = s.live.gc_full_s
         self.ticks_topic = s.kafka.topic_ticks
         self.candle_topic = s.kafka.topic_live_candles
         self.trigger_topic = s.kafka.topic_cep_triggers
@@ -344,6 +346,10 @@ class _Run:
         #: listed at the start, and again after each assignment, outside consume().
         self.tick_partitions = 0
         self.recount = False
+        #: When the state and the books' snapshots were last saved / sent; whether CEP
+        #: state changed since its last save.
+        self.saved_at = self.book_snapshot_at = time.monotonic()
+        self.cep_dirty = False
         if cep is not None:
             cep.set_owner(self.owns)
 
@@ -535,51 +541,59 @@ class _Run:
 
     def loop(self, stop: threading.Event) -> None:
         stats = _Stats()
-        saved_at, cep_dirty = time.monotonic(), False
-        book_snapshot_at = time.monotonic()
-        while not stop.is_set():
-            if self.delivery_error is not None:
-                raise RuntimeError(f"Kafka refused a closed candle: {self.delivery_error}")
-            candles = self.candles
-            due = candles.next_due_ms(_now_ms()) if candles is not None and self.caught_up else None
-            wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
-            asked = time.monotonic()
-            messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
-            if self.recount:
-                self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
-                self.recount = False
-            triggers = self._trigger_records()
-            stats.waited(time.monotonic() - asked)
-            consumed = len(messages)
-            if self.books is not None:
-                messages = self._books(messages)
-                if time.monotonic() - book_snapshot_at >= self.book_snapshot_s:
-                    self.books.send_book_snapshots()
-                    book_snapshot_at = time.monotonic()
-            now_ms = _now_ms()
-            if not self.caught_up and self._caught_up():
-                self.caught_up = True
-                log.info("live engine: caught up; candles close on idle time from now")
-            ticks = live_only(self._decode(messages))
-            fresh: list[Tick] = []
-            if candles is not None:
-                fresh, _closed = self._candles(candles, ticks, now_ms)
-            if self.cep is not None:
-                if candles is None:  # else `_candles` learnt whose tickers they are
-                    for t, (_, p, _) in ticks:
-                        if t.ticker not in self.partition_of:
-                            self._owns((self.ticks_topic, p), t.ticker)
-                self.cep.feed(triggers, [t for t in ticks if self._for_cep(t[1])])
-            self.producer.poll(0)
-            stats.busy(time.monotonic() - asked, len(messages), fresh)
-            live_ms = ticks[0][1][0] if fresh and self.caught_up else None
-            self.metrics.batch(len(messages), consumed - len(messages), live_ms)
-            cep_dirty = cep_dirty or bool(triggers or ticks)
-            due = time.monotonic() - saved_at >= self.snapshot_s
-            if due and (self.dirty or cep_dirty):
-                if self.save():
-                    cep_dirty = False
-                saved_at = time.monotonic()  # a failed save is tried again a period later
+        pacing = GcPacing(self.gc_full_s)
+        pacing.start()
+        try:
+            while not stop.is_set():
+                self._step(stats)
+                pacing.batch_done()  # the batch's objects are unreachable by now
+        finally:
+            pacing.stop()
+
+    def _step(self, stats: _Stats) -> None:
+        """One consume() batch: publish what it means, save the state when due."""
+        if self.delivery_error is not None:
+            raise RuntimeError(f"Kafka refused a closed candle: {self.delivery_error}")
+        candles = self.candles
+        due = candles.next_due_ms(_now_ms()) if candles is not None and self.caught_up else None
+        wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
+        asked = time.monotonic()
+        messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
+        if self.recount:
+            self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
+            self.recount = False
+        triggers = self._trigger_records()
+        stats.waited(time.monotonic() - asked)
+        consumed = len(messages)
+        if self.books is not None:
+            messages = self._books(messages)
+            if time.monotonic() - self.book_snapshot_at >= self.book_snapshot_s:
+                self.books.send_book_snapshots()
+                self.book_snapshot_at = time.monotonic()
+        now_ms = _now_ms()
+        if not self.caught_up and self._caught_up():
+            self.caught_up = True
+            log.info("live engine: caught up; candles close on idle time from now")
+        ticks = live_only(self._decode(messages))
+        fresh: list[Tick] = []
+        if candles is not None:
+            fresh, _closed = self._candles(candles, ticks, now_ms)
+        if self.cep is not None:
+            if candles is None:  # else `_candles` learnt whose tickers they are
+                for t, (_, p, _) in ticks:
+                    if t.ticker not in self.partition_of:
+                        self._owns((self.ticks_topic, p), t.ticker)
+            self.cep.feed(triggers, [t for t in ticks if self._for_cep(t[1])])
+        self.producer.poll(0)
+        stats.busy(time.monotonic() - asked, len(messages), fresh)
+        live_ms = ticks[0][1][0] if fresh and self.caught_up else None
+        self.metrics.batch(len(messages), consumed - len(messages), live_ms)
+        self.cep_dirty = self.cep_dirty or bool(triggers or ticks)
+        due = time.monotonic() - self.saved_at >= self.snapshot_s
+        if due and (self.dirty or self.cep_dirty):
+            if self.save():
+                self.cep_dirty = False
+            self.saved_at = time.monotonic()  # a failed save is tried again a period later
 
     def _ok(self, m: Any) -> bool:
         if m.error() is not None:

@@ -17,20 +17,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from pipeline.candle_close import Trade
 
-class TradeLike(Protocol):
+
+class TradeLike(Trade, Protocol):
     """What the math needs of a tick (``mdproto.messages.Tick`` fits)."""
 
     @property
     def ticker(self) -> str: ...
-    @property
-    def trade_id(self) -> str: ...
-    @property
-    def price(self) -> float: ...
-    @property
-    def amount(self) -> float: ...
-    @property
-    def timestamp_ms(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
