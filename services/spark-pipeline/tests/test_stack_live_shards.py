@@ -3,9 +3,10 @@ state in the stack's S3 store (ADR 0014): both own partitions while ticks of sev
 tickers flow; one stops (SIGTERM: its revoke saves its partitions) or is killed (its
 last periodic save), the other owns every partition, restores the moved windows and
 closes them whole: no closed candle is missing, and a moved ticker's messages come
-in the new owner's publisher epoch. With CEP on, each trigger's ARMED and EXPIRED
-come once (from the owner of its ticker's partition), and a ticker that moves keeps
-its PCT_MOVE window."""
+in the new owner's publisher epoch. Both killed at once and two new ones started
+(issue 44 item 7's restart of all engines): the same, every ticker in a new epoch.
+With CEP on, each trigger's ARMED and EXPIRED come once (from the owner of its
+ticker's partition), and a ticker that moves keeps its PCT_MOVE window."""
 
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def ticks(first_s: int, last_s: int) -> list[Tick]:
     ]
 
 
-@pytest.mark.parametrize("how", ["close", "kill"])
+@pytest.mark.parametrize("how", ["close", "kill", "restart-all"])
 def test_the_other_engine_takes_every_partition_and_closes_whole_candles(
     local_stack: Any, tmp_path: Path, how: str
 ) -> None:
@@ -145,6 +146,7 @@ def test_the_other_engine_takes_every_partition_and_closes_whole_candles(
 
     a = Engine(tmp_path / "a", env)
     b = Engine(tmp_path / "b", env)
+    engines = [a, b]
     try:
         a.wait_ready()
         b.wait_ready()
@@ -169,16 +171,25 @@ def test_the_other_engine_takes_every_partition_and_closes_whole_candles(
         sub.wait_for(lambda m: closed_at(m.message, B + 60_000), len(TICKERS))
         before = {c.ticker: c.publisher_epoch for c in closed(sub)}
         assert len(set(before.values())) == 2, "both engines closed candles"
-        if how == "kill":
+        if how == "close":
+            assert a.stop(signal.SIGTERM) == 0
+        else:
             # What a kill leaves is the last periodic save: wait until it holds every record.
             wait_until(
                 lambda: saved_offsets(e, group, topic) == ends(e.kafka_bootstrap, topic), "saved"
             )
             assert a.stop(signal.SIGKILL) == -signal.SIGKILL
-        else:
-            assert a.stop(signal.SIGTERM) == 0
+        shares = [PARTITIONS]
+        if how == "restart-all":
+            assert b.stop(signal.SIGKILL) == -signal.SIGKILL
+            a, b = Engine(tmp_path / "a2", env), Engine(tmp_path / "b2", env)
+            engines += [a, b]
+            a.wait_ready()
+            b.wait_ready()
+            shares = [2, 2]
         wait_until(
-            lambda: [len(m) for m in members(admin, group, topic)] == [PARTITIONS], "b owns all"
+            lambda: sorted(len(m) for m in members(admin, group, topic)) == shares,
+            f"the partitions shared {shares}",
         )
 
         # Minutes 2 (its rest) and 3, and a trade in minute 5 that closes minute 3.
@@ -187,9 +198,9 @@ def test_the_other_engine_takes_every_partition_and_closes_whole_candles(
         sub.wait_for(lambda m: closed_at(m.message, B + 180_000), len(TICKERS))
         # b's metrics: all four partitions owned, their lag (librdkafka's statistics,
         # every 5 s) and saved state sizes, the restore of the moved ones.
-        wait_until(lambda: metric_partitions(b, topic) == PARTITIONS, "b's lag and state series")
+        wait_until(lambda: metric_partitions(b, topic) == shares[-1], "b's lag and state series")
         [(label, _)] = [k for k in b.samples("pipeline_live_partitions_owned") if k[1] == topic]
-        assert b.samples("pipeline_live_partitions_owned")[(label, topic)] == PARTITIONS
+        assert b.samples("pipeline_live_partitions_owned")[(label, topic)] == shares[-1]
         assert b.samples("pipeline_live_restored_partitions_total")[(label,)] >= 2
         assert b.samples("pipeline_live_restore_seconds_count")[(label,)] >= 1
         assert b.samples("pipeline_live_records_total")[(label, topic)] > 0
@@ -211,11 +222,13 @@ def test_the_other_engine_takes_every_partition_and_closes_whole_candles(
                 c.volume,
             ), key
         after = {c.ticker: c.publisher_epoch for c in closed(sub) if c.open_time_ms == B + 180_000}
-        assert len(set(after.values())) == 1, "one engine closes everything now"
+        assert len(set(after.values())) == len(shares), "each engine left closes candles"
         moved = [t for t in TICKERS if before[t] != after[t]]
         assert moved, "the stopped engine's tickers moved to a new epoch"
+        if how == "restart-all":
+            assert moved == TICKERS
     finally:
-        for engine in (a, b):
+        for engine in engines:
             engine.stop(signal.SIGKILL)
         sub.close()
 
