@@ -25,6 +25,7 @@ from ingestor.model import (
     ExchangeCallError,
     FaultKind,
 )
+from ingestor.rest import Network
 from ingestor.retry import RetryPolicy
 from ingestor.venues import bybit, coinbaseexchange, kraken, okx, venue_for
 from ingestor.venues.base import BookContext, BookMessage, BookTopic, BookVerdict
@@ -196,8 +197,10 @@ class FakeOkx:
 
 @asynccontextmanager
 async def streams_on(
-    server: FakeOkx, adjust: Callable[[Any], Any] = lambda wire: wire
+    server: FakeOkx, adjust: Callable[[Any], Any] = lambda wire: wire, *, proxied: bool = False
 ) -> AsyncIterator[BookStreams]:
+    """Streams on `server`; `proxied`: the exchange's host cannot be resolved, `server`
+    is ccxt's websocket proxy (it answers the absolute-form request a proxy gets)."""
     app = web.Application()
     app.router.add_get("/ws/v5/public", server.handle)
     runner = web.AppRunner(app)
@@ -206,9 +209,11 @@ async def streams_on(
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     wire = adjust(okx.BOOKS)
-    url = wire.url({"ws": f"ws://127.0.0.1:{port}/ws/v5"})
+    host = "okx.invalid" if proxied else f"127.0.0.1:{port}"
+    url = wire.url({"ws": f"ws://{host}/ws/v5"})
     link = link_of(wire, 5.0, RetryPolicy(base_delay_s=0.01, max_delay_s=0.05))
-    streams = BookStreams(wire, url, MARKETS.__getitem__, "okx", link)
+    network = Network(ws_proxy=f"http://127.0.0.1:{port}") if proxied else None
+    streams = BookStreams(wire, url, MARKETS.__getitem__, "okx", link, network)
     try:
         yield streams
     finally:
@@ -239,6 +244,29 @@ def test_a_drop_fails_the_watch_and_the_connection_resubscribes() -> None:
             assert [json.loads(t)["op"] for t in server.received[1]] == ["subscribe"]
 
     asyncio.run(run())
+
+
+def test_books_go_through_ccxts_websocket_proxy() -> None:
+    async def run() -> None:
+        server = FakeOkx()
+        async with streams_on(server, proxied=True) as streams:
+            assert (await server.answer(streams, 1, [["100", "1"]])).bids == {100.0: 1.0}
+
+    asyncio.run(run())
+
+
+def test_network_settings_are_ccxts_for_the_exchange() -> None:
+    import ccxt.pro
+
+    exchange = ccxt.pro.okx({"wssProxy": "http://proxy:3128", "httpsProxy": "http://proxy:8080"})
+    network = Network.of(exchange)
+    assert (network.ws_proxy, network.proxy, network.verify) == (
+        "http://proxy:3128",
+        "http://proxy:8080",
+        True,
+    )
+    exchange.verify = False
+    assert Network.of(exchange).tls() is False
 
 
 def test_a_gap_unsubscribes_and_the_next_watch_gets_a_fresh_snapshot() -> None:

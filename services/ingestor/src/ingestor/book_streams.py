@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ingestor.model import BookIntegrityError, BookView, ExchangeCallError, FaultKind
+from ingestor.rest import Network
 from ingestor.retry import RetryPolicy
 from ingestor.venues.base import (
     BookContext,
@@ -109,8 +110,17 @@ _UNREADABLE = (LookupError, TypeError, ValueError, AttributeError)
 class BookStreams:
     """The books of one exchange on one connection (see the module)."""
 
-    def __init__(self, wire: BookWire, url: str, market: MarketOf, name: str, link: Link) -> None:
-        """`link`: the connection's (its ping and interval are the venue's: `link_of`)."""
+    def __init__(
+        self,
+        wire: BookWire,
+        url: str,
+        market: MarketOf,
+        name: str,
+        link: Link,
+        network: Network | None = None,
+    ) -> None:
+        """`link`: the connection's (its ping and interval are the venue's: `link_of`);
+        `network`: ccxt's TLS and websocket proxy for the exchange."""
         self._wire, self._market, self._name = wire, market, name
         self._topics: dict[str, BookTopic] = {}  # symbol -> its subscribed channel
         self._books: dict[str, L2Book] = {}  # symbol -> its book, from its snapshot on
@@ -118,7 +128,7 @@ class BookStreams:
         self._waiters: dict[str, asyncio.Future[BookView]] = {}
         self._failed: dict[str, Exception] = {}  # a watch's failure no watch has seen yet
         self._guard: BookGuard | None = None
-        self.connection = Connection(url, self, link, name)
+        self.connection = Connection(url, self, link, name, network)
 
     async def watch(self, topic: BookTopic, depth: int) -> BookView:
         """`topic`'s best `depth` levels after the book's next message; raises the

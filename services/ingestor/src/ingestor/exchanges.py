@@ -43,7 +43,7 @@ from ingestor.model import (
     MarketInfo,
     Trade,
 )
-from ingestor.rest import HttpAnswer, HttpTransport, Transport, TransportSession
+from ingestor.rest import HttpAnswer, HttpTransport, Network, Transport, TransportSession
 from ingestor.retry import retry_after_from
 from ingestor.urls import rewrite_api_urls
 from ingestor.venues import Venue, venue_for
@@ -252,14 +252,7 @@ class ExchangeAdapter:
         self._http: HttpTransport | None = None
         if transport is None:
             # ccxt's own settings for the network: timeout, CA file, HTTP(S) proxy.
-            proxy = exchange.httpsProxy or exchange.httpProxy or exchange.aiohttp_proxy
-            self._http = HttpTransport(
-                settings.timeout_ms,
-                cafile=exchange.cafile if exchange.verify else None,
-                verify=bool(exchange.verify),
-                proxy=proxy,
-                trust_env=bool(exchange.aiohttp_trust_env),
-            )
+            self._http = HttpTransport(settings.timeout_ms, Network.of(exchange))
         self._transport: Transport = transport or self._http  # type: ignore[assignment]
         # An injected transport answers ccxt's own fetch too (markets, tickers, time),
         # as its `session`, set on the first such call (so none is left open otherwise).
@@ -526,7 +519,10 @@ class ExchangeAdapter:
         if self._books is None:
             url = self._exchange.implode_hostname(wire.url(self._exchange.urls["api"]))
             link = link_of(wire, self.settings.timeout_ms / 1000)
-            self._books = BookStreams(wire, url, _market_of(self._exchange), self.exchange_id, link)
+            self._books = BookStreams(
+                wire, url, _market_of(self._exchange), self.exchange_id, link,
+                Network.of(self._exchange),
+            )  # fmt: skip
         return self._books
 
     async def _ccxt_order_book(self, symbol: str, depth: int) -> BookView:

@@ -50,54 +50,70 @@ class HttpAnswer:
 Transport = Callable[[str, str, Mapping[str, str], str | None], Awaitable[HttpAnswer]]
 
 
+@dataclass(frozen=True, slots=True)
+class Network:
+    """ccxt's network settings of one exchange, for the ingestor's own HTTP and websocket
+    clients: its CA file and whether certificates are checked, its HTTP(S) proxy
+    (`httpProxy`/`httpsProxy`), its websocket proxy (`wsProxy`/`wssProxy`), and whether
+    aiohttp reads proxies from the environment (`aiohttp_trust_env`)."""
+
+    cafile: str | None = None
+    verify: bool = True
+    proxy: str | None = None
+    ws_proxy: str | None = None
+    trust_env: bool = False
+
+    @classmethod
+    def of(cls, exchange: Any) -> Network:
+        """A ccxt exchange's."""
+        return cls(
+            cafile=exchange.cafile if exchange.verify else None,
+            verify=bool(exchange.verify),
+            proxy=exchange.httpsProxy or exchange.httpProxy or exchange.aiohttp_proxy,
+            ws_proxy=exchange.wssProxy or exchange.wsProxy,
+            trust_env=bool(exchange.aiohttp_trust_env),
+        )
+
+    def tls(self) -> ssl.SSLContext | bool:
+        """aiohttp's ``ssl`` argument (False: certificates not checked)."""
+        return ssl.create_default_context(cafile=self.cafile) if self.verify else False
+
+
 class HttpTransport:
     """The network: one aiohttp session per exchange, opened on the first request.
 
     `timeout_ms` bounds the connect, each read and the whole request (as ccxt's
-    `timeout`); `cafile`, `verify` and `proxy` are ccxt's for the exchange (its CA
-    file, whether certificates are checked, its `httpProxy`/`httpsProxy`); `trust_env`
-    lets aiohttp read proxies from the environment as ccxt's `aiohttp_trust_env` does.
+    `timeout`); TLS and the proxy are ccxt's for the exchange (`Network`).
     """
 
-    def __init__(
-        self,
-        timeout_ms: int,
-        *,
-        cafile: str | None = None,
-        verify: bool = True,
-        proxy: str | None = None,
-        trust_env: bool = False,
-    ) -> None:
+    def __init__(self, timeout_ms: int, network: Network | None = None) -> None:
         seconds = timeout_ms / 1000
         self._timeout = aiohttp.ClientTimeout(
             total=seconds, sock_connect=seconds, sock_read=seconds
         )
-        self._cafile = cafile
-        self._verify = verify
-        self._proxy = proxy
-        self._trust_env = trust_env
+        self._network = network or Network()
         self._session: aiohttp.ClientSession | None = None
 
     async def __call__(
         self, url: str, method: str, headers: Mapping[str, str], body: str | None
     ) -> HttpAnswer:
         """Raises aiohttp's `ClientError`s and `TimeoutError`, or `OSError` (DNS)."""
+        network = self._network
         if self._session is None:
-            context = ssl.create_default_context(cafile=self._cafile) if self._verify else False
             connector = aiohttp.TCPConnector(
-                ssl=context,
+                ssl=network.tls(),
                 enable_cleanup_closed=True,
                 family=socket.AF_UNSPEC,
                 happy_eyeballs_delay=0,
             )
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=self._trust_env)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=network.trust_env)
         async with self._session.request(
             method,
             yarl.URL(url, encoded=True),
             data=body.encode() if body else None,
             headers=dict(headers),
             timeout=self._timeout,
-            proxy=self._proxy,
+            proxy=network.proxy,
         ) as response:
             text = await response.text(errors="replace")
             joined: dict[str, str] = {}

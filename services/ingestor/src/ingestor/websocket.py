@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from ingestor.model import ExchangeCallError, FaultKind
+from ingestor.rest import Network
 from ingestor.retry import RetryPolicy, backoff_delay
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,19 @@ def request_text(request: Mapping[str, Any] | str) -> str:
 class Connection:
     """One websocket to `url` for as long as anything is subscribed (see the module)."""
 
-    def __init__(self, url: str, handler: StreamHandler, link: Link, name: str = "") -> None:
+    def __init__(
+        self,
+        url: str,
+        handler: StreamHandler,
+        link: Link,
+        name: str = "",
+        network: Network | None = None,
+    ) -> None:
+        """`network`: TLS, the websocket proxy and proxies from the environment (ccxt's
+        for the exchange: `Network.of`)."""
         self.url, self.name = url, name or url
         self._handler, self._link = handler, link
+        self._network = network or Network()
         self._subscriptions: dict[str, str] = {}  # key -> its request, in subscription order
         self._outbox: asyncio.Queue[str] | None = None  # the open connection's, else None
         self._session: aiohttp.ClientSession | None = None
@@ -162,12 +173,17 @@ class Connection:
                 await asyncio.sleep(backoff_delay(failures, self._link.backoff, random.random()))
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        network = self._network
         if self._session is None:
-            self._session = aiohttp.ClientSession(trust_env=True)
+            self._session = aiohttp.ClientSession(trust_env=network.trust_env)
         protocol_pings = self._link.interval_s if self._link.ping is None else None
         async with asyncio.timeout(self._link.connect_timeout_s):
             ws = await self._session.ws_connect(
-                self.url, heartbeat=protocol_pings, max_msg_size=MAX_MESSAGE_BYTES
+                self.url,
+                heartbeat=protocol_pings,
+                max_msg_size=MAX_MESSAGE_BYTES,
+                ssl=network.tls(),
+                proxy=network.ws_proxy,
             )
         self.connects += 1
         return ws
