@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +95,24 @@ def check_ports_free(component: str, ports: Mapping[str, int], hosts: Sequence[s
                     f"stop whatever listens there (`ss -ltnp 'sport = :{port}'`) "
                     f"or choose another port with {env}=<port>"
                 )
+
+
+def wait_ports_free(
+    component: str,
+    ports: Mapping[str, int],
+    hosts: Sequence[str],
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """`check_ports_free` once the ports are free or `timeout_s` has passed: a process
+    killed a moment ago may hold its ports until its last thread has exited, after its
+    main thread is already a zombie (what a liveness check sees as dead)."""
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        if all(port_is_free(port, host) for port in ports.values() for host in hosts):
+            return
+        time.sleep(0.1)  # nothing to block on: a port is released by the kernel
+    check_ports_free(component, ports, hosts)
 
 
 def _proc_start_ticks(pid: int) -> int | None:

@@ -24,7 +24,13 @@ from infra.localstack import LocalStack, StackConfig
 from infra.localstack.components import Component
 from infra.localstack.config import LOOPBACK
 from infra.localstack.endpoints import StackEndpoints, client_addresses
-from infra.localstack.process import ExitWatcher, PidFile, StackError, wait_group_gone
+from infra.localstack.process import (
+    ExitWatcher,
+    PidFile,
+    StackError,
+    wait_group_gone,
+    wait_ports_free,
+)
 from infra.localstack.stack import ComponentStatus
 from infra.platform.config import SIMULATED_EXCHANGES, PlatformConfig
 from infra.platform.services import (
@@ -40,6 +46,8 @@ from infra.platform.services import (
 from ingestor.venues import venue_for
 
 Log = Callable[[str], None]
+#: How long a restart waits for the dead process's ports to be released.
+RELEASE_S = 10.0
 
 
 def _stderr(msg: str) -> None:
@@ -222,9 +230,13 @@ class Platform:
 
         Only its phase is brought up: `LocalStack.up` starts just what is not running
         there, re-probes the rest, and on failure stops only what it started
-        (`up()` would also stop the earlier phases, the whole stack).
+        (`up()` would also stop the earlier phases, the whole stack). The dead process's
+        ports are waited for first (`RELEASE_S`): they outlive its main thread.
         """
-        self._phase_of(name).up()
+        phase = self._phase_of(name)
+        [component] = [c for c in phase.components if c.name == name]
+        wait_ports_free(name, component.ports, component.bind_hosts, RELEASE_S)
+        phase.up()
 
     def exit_status(self, pid: int) -> int | None:
         """How a dead component process ended: its exit code, or minus the signal that

@@ -28,6 +28,7 @@ from infra.localstack.process import (
     spawn,
     start_failure,
     terminate,
+    wait_ports_free,
 )
 from infra.localstack.s3 import sigv4_headers
 from infra.versions import load_versions
@@ -48,6 +49,36 @@ def test_port_taken_is_detected(listener: socket.socket) -> None:
     assert not port_is_free(port, "0.0.0.0")
     with pytest.raises(PortInUseError, match=rf"kafka: port {port} \(kafka\) on 127.0.0.1"):
         check_ports_free("kafka", {"kafka": port}, ("127.0.0.1",))
+
+
+def test_a_restart_waits_for_a_dead_process_s_port_and_not_for_ever(
+    listener: socket.socket,
+) -> None:
+    """The port is released on the third look (the killed process's last thread gone);
+    one never released is refused once the time is up."""
+    port = listener.getsockname()[1]
+    looks = 0
+
+    def clock() -> float:
+        nonlocal looks
+        looks += 1
+        if looks == 3:
+            listener.close()
+        return float(looks)
+
+    wait_ports_free("ingestor", {"ingestor_metrics": port}, ("127.0.0.1",), 10.0, clock)
+    assert looks == 3  # held at the first look in the loop, free after the second
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        ticks = iter(range(100))
+        with pytest.raises(PortInUseError, match=f"ingestor: port {taken}"):
+            wait_ports_free(
+                "ingestor", {"ingestor_metrics": taken}, ("127.0.0.1",), 3.0,
+                lambda: float(next(ticks)),
+            )  # fmt: skip
 
 
 def test_up_refuses_a_taken_port_before_starting_anything(
