@@ -186,7 +186,27 @@ def test_snapshot_round_trip_keeps_dedup_ids_and_emitted_flags() -> None:
     snapshot = run.live.snapshot()
     restored = LiveCandles.restore(CFG, json.loads(json.dumps(snapshot)))
     assert restored.snapshot() == json.loads(json.dumps(snapshot))
-    assert restored.tickers[T].ids == {B * 1000: {"1"}}
+    assert restored.tickers[T].ids == {(B + 1_000) * 1000: {"1"}}  # its second's bucket
+
+
+def test_ids_are_kept_for_the_lateness_only_and_an_old_snapshots_still_dedupe() -> None:
+    """A minute of trades leaves the ids of the last lateness (10 s) plus a bucket, not
+    the whole minute's; a snapshot from before the buckets (ids by window start, no
+    ``iw``) still drops a re-delivered trade, then moves to the buckets."""
+    run = Run()
+    run.batch(B + 60_000, *(tick(i, 100.0, B + i * 1_000) for i in range(60)))
+    assert sorted(int(i) for ids in run.candles.ids.values() for i in ids) == list(range(49, 60))
+
+    old = run.live.snapshot()
+    old[T] |= {"i": {str(B * 1000): ["1", "2"]}}
+    del old[T]["iw"]
+    legacy = LiveCandles.restore(CFG, json.loads(json.dumps(old)))
+    legacy.tickers[T].frontier_us = (B + 2_000) * 1000
+    assert legacy.add([tick(2, 101.0, B + 2_000)], B + 61_000) == []  # a re-delivery
+    assert legacy.add([tick(3, 101.0, B + 3_000)], B + 61_000) != []
+    legacy.tickers[T].frontier_us = (B + 200_000) * 1000
+    legacy.close_due(B + 200_000)
+    assert legacy.tickers[T].id_width_us == 1_000_000
 
 
 def test_previews_show_each_changed_open_window_once_per_batch_never_a_trade_twice() -> None:

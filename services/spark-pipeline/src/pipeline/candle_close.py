@@ -13,7 +13,9 @@ Rules (docs/protocol.md "What the pipeline announces"):
   run on with the wall clock. No watermark wait.
 - Trades are deduplicated by trade id among the trades not older than
   ``lateness_s`` behind the frontier; an older trade is **too late**: it misses
-  its candles (it is still stored in ``ticks``).
+  its candles (it is still stored in ``ticks``). The ids are kept in one-second
+  buckets of trade time, dropped once behind the lateness: what a snapshot holds
+  is the lateness's worth of trades, not a whole window's.
 - A trade within the lateness for a window that already closed amends it;
   the amended candle is emitted again with ``correction = True``.
 - Open/close by (trade time, length of id, id): trade-time order whatever the
@@ -45,6 +47,8 @@ from typing import Any, Protocol
 TradeKey = tuple[int, int, str]  # (trade time us, len(trade_id), trade_id)
 
 US = 1_000_000
+#: Trade ids are kept (and dropped) in buckets of this much trade time.
+ID_BUCKET_US = US
 
 
 class Trade(Protocol):
@@ -144,9 +148,12 @@ class TickerCandles:
     closed_until_us: int = 0
     last_arrival_ms: int = 0
     windows: dict[tuple[int, int], Window] = field(default_factory=dict)
-    #: trade ids by the start of their shortest-period window, for deduplication
+    #: trade ids by the start of their bucket of trade time, for deduplication
     ids: dict[int, set[str]] = field(default_factory=dict)
     too_late: int = 0
+    #: The buckets' width: `ID_BUCKET_US`, or the shortest period's in a snapshot from
+    #: before the buckets (kept until those have gone).
+    id_width_us: int = ID_BUCKET_US
 
     def add(self, cfg: Closing, trades: Iterable[Trade]) -> set[int]:
         """Count the trades (in arrival order) in their windows; the starts (us) of the
@@ -155,7 +162,7 @@ class TickerCandles:
         A trade with ``gap_before`` follows a hole in the feed: the trades between the
         newest one so far and it may be missing, so the windows in between are marked
         incomplete (after the trades before it are in the windows, as one at a time)."""
-        lateness_us, base_us, slice_us = cfg.lateness_us, cfg.base_us, cfg.slice_us
+        lateness_us, id_width, slice_us = cfg.lateness_us, self.id_width_us, cfg.slice_us
         frontier, ids = self.frontier_us, self.ids
         parts: dict[int, Window] = {}  # slice start -> its trades of this batch
         changed: set[int] = set()
@@ -165,10 +172,10 @@ class TickerCandles:
                 self.too_late += 1
                 continue
             trade_id = t.trade_id
-            base = t_us - t_us % base_us
-            seen = ids.get(base)
+            bucket = t_us - t_us % id_width
+            seen = ids.get(bucket)
             if seen is None:
-                seen = ids[base] = set()
+                seen = ids[bucket] = set()
             elif trade_id in seen:
                 continue
             seen.add(trade_id)
@@ -232,7 +239,10 @@ class TickerCandles:
         self.windows = {
             k: w for k, w in self.windows.items() if k[1] + k[0] * US > horizon or not w.emitted
         }
-        self.ids = {b: ids for b, ids in self.ids.items() if b + cfg.base_us > horizon}
+        width = self.id_width_us
+        self.ids = {b: ids for b, ids in self.ids.items() if b + width > horizon}
+        if not self.ids:
+            self.id_width_us = ID_BUCKET_US
         return out
 
     def timeout_ms(self, cfg: Closing, now_ms: int) -> int | None:
@@ -261,11 +271,14 @@ class TickerCandles:
                 for (p, s), w in self.windows.items()
             ],
             "i": {str(b): list(ids) for b, ids in self.ids.items()},
+            "iw": self.id_width_us,
             "l": self.too_late,
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TickerCandles:
+    def from_dict(cls, d: dict[str, Any], cfg: Closing) -> TickerCandles:
+        """`to_dict`'s; a snapshot from before the id buckets (no ``iw``) kept its ids by
+        the start of the shortest period's window (`cfg`'s)."""
         windows = {
             (w[0], w[1]): Window(
                 *(w[2], _key(w[3]), w[4], w[5], w[6], _key(w[7]), w[8], w[9], w[10], w[11]),
@@ -274,7 +287,10 @@ class TickerCandles:
             for w in d["w"]
         }
         ids = {int(b): set(v) for b, v in d["i"].items()}
-        return cls(d["x"], d["s"], d["f"], d["c"], d["a"], windows, ids, d.get("l", 0))
+        return cls(
+            d["x"], d["s"], d["f"], d["c"], d["a"], windows, ids, d.get("l", 0),
+            d.get("iw", cfg.base_us),
+        )  # fmt: skip
 
 
 def _key(raw: list[Any]) -> TradeKey:

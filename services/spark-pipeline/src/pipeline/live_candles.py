@@ -82,7 +82,7 @@ class LiveCandles:
 
     @classmethod
     def restore(cls, cfg: Closing, snapshot: Mapping[str, Any]) -> LiveCandles:
-        return cls(cfg, {t: TickerCandles.from_dict(d) for t, d in snapshot.items()})
+        return cls(cfg, {t: TickerCandles.from_dict(d, cfg) for t, d in snapshot.items()})
 
 
 def candle(

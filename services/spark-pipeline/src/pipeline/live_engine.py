@@ -446,7 +446,7 @@ class _Run:
                 recent.first_time(k)
             if self.candles is not None:
                 for ticker, d in state.candles.items():
-                    self.candles.tickers[ticker] = TickerCandles.from_dict(d)
+                    self.candles.tickers[ticker] = TickerCandles.from_dict(d, self.candles.cfg)
                     self._owns(key, ticker)
         self.recent[key[1]] = recent
         self.live_from[key] = high
