@@ -49,20 +49,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pipeline_common import cpu_seconds
 
 from infra.exchange_sim import Universe, bybit, okx
 from infra.exchange_sim.binance import fills_of_columns, trade_text
 from infra.exchange_sim.books import BookModel, BookStream, binance_depth_event
 from infra.exchange_sim.control import SimulatorControl
 from infra.exchange_sim.model import MINUTE_MS, MODEL_ID_FLOOR, TradeColumns
-
-TICK_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK_S
 
 
 def start_simulator(

@@ -49,9 +49,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pipeline.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-quix"
@@ -68,16 +72,38 @@ FETCH_WAIT_MS = 100  # the engine's fetch.wait.max.ms, given to every contender
 # -- workers: run in a child interpreter, print one JSON line ------------------------------
 
 
+class Flag(Protocol):
+    """A `threading.Event` or a `multiprocessing` one."""
+
+    def is_set(self) -> bool: ...
+
+
+class SharedCount(Protocol):
+    """A `multiprocessing.Value`: what another process reads of the count."""
+
+    value: int
+
+
 class Probe:
-    """Counts processed records; wall and CPU clocks at the first and at the last one."""
+    """Counts processed records; wall and CPU clocks at the first and at the last one.
+
+    Done at `count` records, at wall time `until`, or (`shared`) once told to stop."""
 
     def __init__(self, count: int, until: float, since_ms: int) -> None:
         self.count, self.until, self.since_ms = count, until, since_ms
+        self.stop: Flag | None = None
+        self.progress: SharedCount | None = None
         self.started = time.monotonic()
         self.n = 0
         self.first: tuple[float, float] | None = None
         self.last = (self.started, time.process_time())
         self.lags: list[int] = []
+
+    def shared(self, stop: Flag, progress: SharedCount) -> Probe:
+        """Also done once `stop` is set; the count kept in `progress` as it grows, and the
+        last clocks those of the last record (read per batch), not of the stop."""
+        self.stop, self.progress = stop, progress
+        return self
 
     def seen(self, n: int, ingested_ms: Iterable[int]) -> bool:
         """Record `n` records (their ingestion times); True once the run is done."""
@@ -85,13 +111,18 @@ class Probe:
             if self.first is None:
                 self.first = (time.monotonic(), time.process_time())
             self.n += n
+            if self.progress is not None:
+                self.progress.value = self.n
+                self.last = (time.monotonic(), time.process_time())
             if self.since_ms:
                 now = time.time_ns() // 1_000_000
                 self.lags.extend(now - i for i in ingested_ms if i >= self.since_ms)
-        done = (bool(self.count) and self.n >= self.count) or (
-            bool(self.until) and time.time() >= self.until
+        done = (
+            (bool(self.count) and self.n >= self.count)
+            or (bool(self.until) and time.time() >= self.until)
+            or (self.stop is not None and self.stop.is_set())
         )
-        if done:  # clocks read here, not per record: Quix calls this once per record
+        if done and self.progress is None:  # not per record: Quix calls this once per record
             self.last = (time.monotonic(), time.process_time())
         return done
 
@@ -104,6 +135,7 @@ class Probe:
             "cpu_s": self.last[1] - first[1],
             "to_first_s": first[0] - self.started,
             "to_done_s": self.last[0] - self.started,
+            "last_at": self.last[0],  # time.monotonic(): one clock for every process
             "lag_n": len(lags),
             "lag_p50": quantile(lags, 50),
             "lag_p99": quantile(lags, 99),
@@ -118,6 +150,8 @@ def quantile(ordered: list[int] | list[float], q: float) -> float:
 
 
 def run_bare(a: argparse.Namespace, probe: Probe) -> None:
+    """Decode every record; with ``a.pub`` also send each tick on a PUB bound there
+    (encode_pub on its tick topic: live_engine_scale.py's floor)."""
     from confluent_kafka import Consumer
 
     from mdproto import envelope
@@ -132,12 +166,34 @@ def run_bare(a: argparse.Namespace, probe: Probe) -> None:
         }
     )
     consumer.subscribe([a.topic])
+    send = tick_publisher(a.pub, a.sndhwm) if a.pub else None
     done = False
     while not done:
         values = [m.value() for m in consumer.consume(10_000, 0.05) if m.error() is None]
         ticks = [envelope.decode_record(v or b"", Tick) for v in values]
+        if send is not None:
+            send(ticks)
         done = probe.seen(len(ticks), (t.ingested_at_ms for t in ticks))
     consumer.close()  # commits: the recovery run resumes after what was read
+
+
+def tick_publisher(endpoint: str, sndhwm: int) -> Callable[[list[Any]], None]:
+    """A PUB bound on `endpoint`; the function sends each tick on its tick topic."""
+    import zmq
+
+    from mdproto import envelope, topics
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, sndhwm)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+
+    def send(ticks: list[Any]) -> None:
+        for t in ticks:
+            pub.send_multipart(envelope.encode_pub(topics.tick_topic(t.ticker), t))
+
+    return send
 
 
 def run_engine(a: argparse.Namespace, probe: Probe) -> None:
@@ -145,9 +201,29 @@ def run_engine(a: argparse.Namespace, probe: Probe) -> None:
     from google.protobuf.message import Message
 
     from mdproto import envelope
+    from pipeline import live_engine
+
+    done = count_engine_batches(probe)
+
+    def send_many(items: Iterable[tuple[str, Message]]) -> int:
+        return sum(1 for topic, message in items if envelope.encode_pub(topic, message))
+
+    engine = live_engine.LiveEngine(engine_settings(a), send_many)
+    engine.start()
+    engine.wait_assigned()
+    while not done.wait(0.5):
+        if not engine.alive:
+            raise RuntimeError(f"live engine stopped: {engine.error}")
+        if a.until and time.time() >= a.until + 5:  # a quiet stream: no batch to stop on
+            break
+    engine.stop()  # saves the snapshot the recovery run starts from
+
+
+def count_engine_batches(probe: Probe) -> threading.Event:
+    """Count the records of every consume() batch of the live engines this process starts
+    (through their per-batch stats hook); the event is set once the probe is done."""
     from mdproto.messages import Tick
     from pipeline import live_engine
-    from pipeline.config import CepConfig, KafkaConfig, LiveConfig, Settings
 
     done = threading.Event()
     base: Any = live_engine._Stats  # the hook every consume() batch passes through
@@ -159,11 +235,15 @@ def run_engine(a: argparse.Namespace, probe: Probe) -> None:
                 done.set()
 
     live_engine._Stats = Counting  # type: ignore[misc]
+    return done
 
-    def send_many(items: Iterable[tuple[str, Message]]) -> int:
-        return sum(1 for topic, message in items if envelope.encode_pub(topic, message))
 
-    settings = Settings(
+def engine_settings(a: argparse.Namespace) -> Settings:
+    """The engine standalone: candles of PERIOD_S only, CEP and books off, closed candles
+    to ``a.out``, group ``a.group``, its per-partition state under ``a.state``."""
+    from pipeline.config import CepConfig, KafkaConfig, LiveConfig, Settings
+
+    return Settings(
         kafka=KafkaConfig(
             bootstrap_servers=a.bootstrap,
             topic_ticks=a.topic,
@@ -176,15 +256,6 @@ def run_engine(a: argparse.Namespace, probe: Probe) -> None:
         cep=CepConfig(enabled=False),
         checkpoint_dir=a.state,
     )
-    engine = live_engine.LiveEngine(settings, send_many)
-    engine.start()
-    engine.wait_assigned()
-    while not done.wait(0.5):
-        if not engine.alive:
-            raise RuntimeError(f"live engine stopped: {engine.error}")
-        if a.until and time.time() >= a.until + 5:  # a quiet stream: no batch to stop on
-            break
-    engine.stop()  # saves the snapshot the recovery run starts from
 
 
 def run_quix(a: argparse.Namespace, probe: Probe) -> None:
@@ -285,18 +356,24 @@ class Bench:
         self.args, self.bootstrap, self.tmp = args, bootstrap, tmp
         self.tag = uuid.uuid4().hex[:6]
         self.runs = 0
-        from pipeline_common import ensure_venv
-
-        self.quix_python = ensure_venv(VENV, REQUIREMENTS, UNPINNED)
         self.tickers = [f"BENCH:T{i:04d}/USDT" for i in range(args.tickers)]
 
-    def topic(self, name: str) -> str:
+    @cached_property
+    def quix_python(self) -> Path:
+        """.venv-quix's python, made on first use."""
+        from pipeline_common import ensure_venv
+
+        return ensure_venv(VENV, REQUIREMENTS, UNPINNED)
+
+    def topic(self, name: str, partitions: int = 3) -> str:
         from confluent_kafka.admin import AdminClient
         from confluent_kafka.cimpl import NewTopic
 
         full = f"bench-{self.tag}.{name}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap})  # alive until done
-        futures = admin.create_topics([NewTopic(full, num_partitions=3, replication_factor=1)])
+        futures = admin.create_topics(
+            [NewTopic(full, num_partitions=partitions, replication_factor=1)]
+        )
         for future in futures.values():
             future.result(30)
         return full
@@ -328,15 +405,18 @@ class Bench:
         result["late"] = log.read_text(errors="replace").count("Skipping window processing")
         return result
 
-    def produce_backlog(self, topic: str, n: int, end_ms: int, span_ms: int) -> None:
-        """`n` ticks round-robin over the tickers, trade times evenly over `span_ms`."""
+    def produce_backlog(
+        self, topic: str, n: int, end_ms: int, span_ms: int, producer: Any = None
+    ) -> None:
+        """`n` ticks round-robin over the tickers, trade times evenly over `span_ms`;
+        through `producer` if given (e.g. a transactional one, in its transaction)."""
         from confluent_kafka import Producer
 
         from mdproto import envelope
         from mdproto.messages import TakerSide, Tick
 
         # Idempotence: a retried batch never lands behind a later one (trade-time order).
-        p = Producer(
+        p = producer or Producer(
             {"bootstrap.servers": self.bootstrap, "linger.ms": 20, "enable.idempotence": True}
         )
         start_ms, now = end_ms - span_ms, time.time_ns() // 1_000_000
@@ -591,6 +671,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--until", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--since-ms", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--pub", help=argparse.SUPPRESS)  # bare: no PUB here
+    parser.add_argument("--sndhwm", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--backlog", type=int, default=200_000)
     parser.add_argument("--tickers", type=int, default=1000)
     parser.add_argument("--span-min", type=int, default=10, help="backlog trade-time span")

@@ -28,6 +28,7 @@ from mdproto import envelope
 from mdproto.messages import TakerSide, Tick
 
 WAIT_S = 300.0
+TICK_S = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -159,20 +160,28 @@ def produce_ticks(
     bootstrap: str,
     topic: str,
     tickers: list[str],
-    rate: int,
+    rate: float,
     seconds: float,
-    done: Queue[int],
+    done: Queue[int] | None = None,
     produced: Queue[list[tuple[str, int]]] | None = None,
-) -> None:
-    """`rate` ticks/s round-robin over `tickers` for `seconds`, in 10 ms slices; report the
-    count (and, with `produced`, every tick's (ticker, trade time) in produce order).
-    Trade time and `ingested_at_ms` = wall clock at produce time."""
+    *,
+    run: str | None = None,
+) -> dict[str, float]:
+    """`rate` ticks/s round-robin over `tickers` (a ticker listed twice trades twice as
+    often) for `seconds`, in 10 ms slices; report the count (and, with `produced`, every
+    tick's (ticker, trade time) in produce order). Trade time and `ingested_at_ms` = wall
+    clock at produce time; trade ids `{run}-{n}` (default: a random run).
+
+    Returns what it achieved: ``sent``, ``started`` and ``ended`` (wall clock, first and
+    last send) and ``cpu_s``, this process's CPU (all threads) over the run and flush:
+    a rate it cannot offer shows as fewer ticks sent, not as a longer run."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
-    run = uuid.uuid4().hex[:6]
+    run = run or uuid.uuid4().hex[:6]
     sent = 0
     times: list[tuple[str, int]] = []
+    cpu, wall = time.process_time(), time.time()
     started = time.monotonic()
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(elapsed * rate) + 1
@@ -188,15 +197,30 @@ def produce_ticks(
                 side=TakerSide.BUY,
                 ingested_at_ms=now,
             )
-            p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
-            times.append((ticker, now))
+            while True:
+                try:
+                    p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
+                    break
+                except BufferError:  # librdkafka's queue is full: let it send
+                    p.poll(0.01)
+            if produced is not None:
+                times.append((ticker, now))
             sent += 1
         p.poll(0)
         time.sleep(0.005)
+    ended = time.time()
     p.flush(30)
     if produced is not None:
         produced.put(times)
-    done.put(sent)
+    if done is not None:
+        done.put(sent)
+    return {"sent": sent, "started": wall, "ended": ended, "cpu_s": time.process_time() - cpu}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK_S
 
 
 def percentile(values: list[float], q: float) -> float:
