@@ -3,28 +3,34 @@
 What one engine process can sustain is bounded by the CPU its consume loop spends per
 trade. This runs that loop (`live_engine._Run.loop`) on Kafka messages built in memory
 (confluent-kafka ``Message`` objects holding mdproto Tick records, ``--tickers``
-tickers over 3 partitions, trade times spread over 10 minutes so candles close),
-handed out by a stand-in consumer in batches of 10,000:
+tickers over 3 partitions), handed out by a stand-in consumer whose clock is the
+trades' own: by default a 10-minute backlog in batches of 10,000 (candles close
+during it); with ``--rate R``, live at R trades/s: trade times 1/R s apart, in the
+batches one poll (`live_engine.POLL_S`) gathers at that rate.
 
 - **bare**: decode every record (`envelope.decode_record`), nothing else: the floor;
 - **engine**: the loop as it runs: the position check, decoding and validating,
-  dedupe, candles of the default live periods (previews and closes), the collections
-  at batch ends (`gc_pacing`; a full one every 0.5 s rather than 60 s, so the run
-  shows its pause), and encoding every tick, preview and closed candle as
-  the PUB server does (`envelope.encode_pub`, stamped with sequence numbers; no socket);
+  dedupe, candles of the default live periods (previews at most every
+  `live.preview_interval_s`, closes), the collections at batch ends (`gc_pacing`; a
+  full one every 0.5 s rather than 60 s, so the run shows its pause), and encoding
+  every tick, preview and closed candle as the PUB server does
+  (`envelope.encode_pub`, stamped with sequence numbers; no socket);
 - **engine, default gc**: the same with the interpreter's own collections (before
-  ADR 0020).
+  ADR 0020);
+- **engine, previews every batch**: `preview_interval_s` 0 (before ADR 0020).
 
 They alternate ``--reps`` times on the same messages, in one process; CPU seconds of
 the process (`time.process_time`), so other load on the machine shifts the figures
 less than wall time would. Trades per CPU-second is the engine's ceiling on one core.
 
     .venv/bin/python bench/live_engine_cpu.py [--trades 200000] [--tickers 1000] [--reps 5]
+        [--rate 10000]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import random
@@ -32,6 +38,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 from unittest import mock
 
@@ -49,15 +56,15 @@ PARTITIONS = 3
 BATCH = 10_000
 
 
-def messages(trades: int, tickers: int, now_ms: int) -> list[Any]:
+def messages(trades: int, tickers: int, now_ms: int, span_ms: int) -> list[Any]:
+    """`trades` ticks evenly over the `span_ms` before `now_ms`."""
     rng = random.Random(1)
-    step_ms = max(1, 600_000 // trades)
     out = []
     for i in range(trades):
         k = rng.randrange(tickers)
         tick = Tick(
             ticker=f"BINANCE:T{k}/USDT", trade_id=str(i), price=100 + rng.random(),
-            amount=rng.random(), timestamp_ms=now_ms - 600_000 + i * step_ms,
+            amount=rng.random(), timestamp_ms=now_ms - span_ms + i * span_ms // trades,
             side=TakerSide.BUY, ingested_at_ms=now_ms,
         )  # fmt: skip
         out.append(
@@ -101,36 +108,43 @@ class Producer:
         return 0
 
 
-def bare(msgs: list[Any], _now_ms: int) -> int:
+def bare(msgs: list[Any], _batch: int) -> int:
     for m in msgs:
         envelope.decode_record(m.value(), Tick)
     return len(msgs)
 
 
 class Replay:
-    """A consumer handing out `msgs` in consume() batches of BATCH; `stop` set at the end."""
+    """A consumer handing out `msgs` in consume() batches of `batch`; `stop` set at the
+    end. `now_ms` is the last handed-out trade's time: live, the clock is the trades'."""
 
-    def __init__(self, msgs: list[Any], stop: threading.Event) -> None:
-        self.msgs, self.stop, self.at = msgs, stop, 0
+    def __init__(self, msgs: list[Any], stop: threading.Event, batch: int) -> None:
+        self.msgs, self.stop, self.batch, self.at = msgs, stop, batch, 0
+        self.now_ms = 0
 
     def consume(self, n: int, timeout: float) -> list[Any]:
-        batch = self.msgs[self.at : self.at + min(n, BATCH)]
+        batch = self.msgs[self.at : self.at + min(n, self.batch)]
         self.at += len(batch)
+        if batch:
+            self.now_ms = envelope.decode_record(batch[-1].value(), Tick).timestamp_ms
         if self.at >= len(self.msgs):
             self.stop.set()
         return batch
 
 
-def engine(msgs: list[Any], _now_ms: int, *, pacing: bool = True) -> int:
-    """`live_engine._Run.loop` over the messages (the default live periods, CEP off)."""
+def engine(
+    msgs: list[Any], batch: int, *, pacing: bool = True, preview_interval_s: float = 0.25
+) -> int:
+    """`live_engine._Run.loop` over the messages (the default live periods, CEP off), its
+    clock the trades' (`Replay.now_ms`)."""
     sink = Sink()
-    settings = Settings(
-        cep=CepConfig(enabled=False), live=LiveConfig(snapshot_s=3600, gc_full_s=0.5)
-    )
+    live = LiveConfig(snapshot_s=3600, gc_full_s=0.5, preview_interval_s=preview_interval_s)
+    settings = Settings(cep=CepConfig(enabled=False), live=live)
     nothing: Any = None  # state store, snapshot file: not reached in these batches
     stop = threading.Event()
+    replay = Replay(msgs, stop, batch)
     run = live_engine._Run(
-        settings, Replay(msgs, stop), Producer(), nothing, nothing, live_engine.Snapshot(),
+        settings, replay, Producer(), nothing, nothing, live_engine.Snapshot(),
         None, sink.send_many,
     )  # fmt: skip
     for p in range(PARTITIONS):
@@ -138,11 +152,11 @@ def engine(msgs: list[Any], _now_ms: int, *, pacing: bool = True) -> int:
         run.positions[key], run.live_from[key], run.tickers[key] = 0, 0, set()
         run.recent[p] = RecentKeys(100_000)
     run.rebalancing = False
-    if pacing:
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(mock.patch.object(live_engine, "_now_ms", lambda: replay.now_ms))
+        if not pacing:
+            patches.enter_context(mock.patch.object(live_engine, "GcPacing", NoPacing))
         run.loop(stop)
-    else:
-        with mock.patch.object(live_engine, "GcPacing", NoPacing):
-            run.loop(stop)
     return len(msgs)
 
 
@@ -154,10 +168,6 @@ class NoPacing:
     def start(self) -> None: ...
     def batch_done(self) -> None: ...
     def stop(self) -> None: ...
-
-
-def default_gc(msgs: list[Any], now_ms: int) -> int:
-    return engine(msgs, now_ms, pacing=False)
 
 
 class Pauses:
@@ -194,23 +204,36 @@ def main() -> None:
     parser.add_argument("--trades", type=int, default=200_000)
     parser.add_argument("--tickers", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--rate", type=int, default=0,
+        help="live at this many trades/s: trade times that far apart, batches of what one "
+        "poll gets (POLL_S); default: a 10-minute backlog read in batches of 10,000",
+    )  # fmt: skip
     args = parser.parse_args()
     now_ms = int(time.time() * 1000)
-    msgs = messages(args.trades, args.tickers, now_ms)
+    span_ms = args.trades * 1000 // args.rate if args.rate else 600_000
+    batch = max(1, round(args.rate * live_engine.POLL_S)) if args.rate else BATCH
+    msgs = messages(args.trades, args.tickers, now_ms, span_ms)
     gc.freeze()  # the messages are the bench's, not the engine's heap
-    paths = {"bare": bare, "engine": engine, "engine, default gc": default_gc}
+    paths: dict[str, Callable[[list[Any], int], int]] = {
+        "bare": bare,
+        "engine": engine,
+        "engine, default gc": partial(engine, pacing=False),
+        "engine, previews every batch": partial(engine, preview_interval_s=0.0),
+    }
     took: dict[str, list[float]] = {k: [] for k in paths}
     paused: dict[str, list[float]] = {k: [] for k in paths}
     for rep in range(args.reps + 1):  # the first round warms up
         order = list(paths) if rep % 2 == 0 else list(reversed(paths))
         for label in order:
-            seconds, pause_ms = cpu_seconds(lambda f=paths[label]: f(msgs, now_ms))  # type: ignore[misc]
+            seconds, pause_ms = cpu_seconds(lambda f=paths[label]: f(msgs, batch))  # type: ignore[misc]
             if rep:
                 took[label].append(seconds)
                 paused[label].append(pause_ms)
     base = statistics.median(took["bare"])
-    print(f"{args.trades:,} trades over {args.tickers:,} tickers, {args.reps} reps, "
-          f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    mode = f"live at {args.rate:,}/s" if args.rate else "a backlog"
+    print(f"{args.trades:,} trades over {args.tickers:,} tickers ({mode}, batches of "
+          f"{batch:,}), {args.reps} reps, load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print("| path | CPU s (median) | trades per CPU-s | x bare | longest collection ms (max) |")
     print("|---|---:|---:|---:|---:|")
     for label, values in took.items():

@@ -92,11 +92,11 @@ def test_a_quiet_ticker_closes_by_processing_time_after_the_idle_timeout() -> No
     run = Run()
     run.batch(B + 50_200, tick(1, 100.0, B + 50_000))
     # Due when the frontier (50 s) plus the quiet time beyond 1 s reaches 60 s.
-    assert run.candles.timeout_ms(CFG, B + 50_200) == 10_000 + 1_000
+    assert run.live.next_due_ms(B + 50_200) == 10_000 + 1_000
     assert run.batch(B + 61_100) == []
     [closed] = run.batch(B + 61_200)
     assert key(closed) == (60, B) and not closed["correction"]
-    assert run.candles.timeout_ms(CFG, B + 61_200) == 240_000  # the 5-minute candle next
+    assert run.live.next_due_ms(B + 61_200) == 240_000  # the 5-minute candle next
     assert run.batch(B + 70_000) == []  # nothing twice
 
 
@@ -343,3 +343,84 @@ def test_a_batch_counts_exactly_as_its_trades_one_at_a_time(
     for t in trades:
         single.add(cfg, [t])
     assert batched.to_dict() == single.to_dict()
+
+
+def test_previews_come_at_most_once_per_interval_with_the_latest_values() -> None:
+    """With ``preview_every_ms``, windows changed between rounds wait for the next call
+    after the interval and come once, as they are then; a window that closed meanwhile
+    gets no preview after its close."""
+    live = LiveCandles(CFG, preview_every_ms=250)
+    first = live.add([tick(1, 100.0, B + 1_000)], B + 1_000)
+    assert [(c.period_seconds, c.trade_count) for c in first] == [(60, 1), (300, 1)]
+    assert live.add([tick(2, 101.0, B + 1_100)], B + 1_100) == []
+    assert live.add([tick(3, 102.0, B + 1_200)], B + 1_200) == []
+    assert live.add([], B + 1_249) == []
+    later = live.add([], B + 1_250)  # no trade in this call: the waiting round goes
+    assert [(c.period_seconds, c.trade_count, c.close) for c in later] == [
+        (60, 3, 102.0),
+        (300, 3, 102.0),
+    ]
+    # The first change after a quiet interval goes at once; the next ones wait.
+    assert len(live.add([tick(4, 99.0, B + 61_000)], B + 61_000)) == 2
+    assert live.add([tick(5, 98.0, B + 61_050)], B + 61_050) == []
+    assert live.add([tick(6, 97.0, B + 121_000)], B + 61_100) == []
+    assert [c.open_time_ms for c in live.close_due(B + 61_100)] == [B, B + 60_000]
+    assert [(c.period_seconds, c.open_time_ms) for c in live.add([], B + 61_350)] == [
+        (300, B),
+        (60, B + 120_000),
+    ]  # minute 1 waited for this round, but closed meanwhile: no preview after its close
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32))
+def test_every_ticker_closes_on_time_though_only_touched_and_due_ones_are_looked_at(
+    seed: int,
+) -> None:
+    """Several tickers, one `LiveCandles` kept across batches (no restore), random
+    batches and quiet spells: after each `close_due` no window that its ticker's
+    frontier and quiet time allow to close is still open (what looking at every ticker
+    every time gave), and each window is published closed once, equal to the oracle."""
+    rnd = random.Random(seed)
+    names = [f"BINANCE:T{i}/USDT" for i in range(4)]
+    trades = sorted(
+        (
+            Tick(
+                ticker=rnd.choice(names), trade_id=str(i), price=float(rnd.randint(90, 110)),
+                amount=1.0, timestamp_ms=B + rnd.randint(0, 400_000),
+            )
+            for i in range(rnd.randint(1, 60))
+        ),
+        key=lambda t: t.timestamp_ms,
+    )  # fmt: skip
+    live = LiveCandles(CFG)
+    closed: list[OHLC] = []
+    now, i = B, 0
+    while i < len(trades) or now < B + 2_000_000:
+        now += rnd.choice([50, 700, 3_000, 40_000])
+        batch = []
+        while i < len(trades) and trades[i].timestamp_ms <= now:
+            batch.append(trades[i])
+            i += 1
+        live.add(batch, now)
+        closed += live.close_due(now)
+        for candles in live.tickers.values():
+            assert candles.frontier_us is not None
+            quiet_us = max(0, now - candles.last_arrival_ms - 1_000) * 1000
+            bound = max(candles.closed_until_us, candles.frontier_us + quiet_us)
+            late = [
+                k
+                for k, w in candles.windows.items()
+                if not w.emitted and k[1] + k[0] * 1_000_000 <= bound
+            ]
+            assert late == [], (now, late)
+    firsts = [(c.ticker, c.period_seconds, c.open_time_ms) for c in closed if not c.correction]
+    assert len(firsts) == len(set(firsts))
+    expected = {
+        (c.ticker, c.period_seconds, c.open_time_ms): c for c in aggregate(trades, [60, 300])
+    }
+    assert set(firsts) == set(expected)
+    final = {(c.ticker, c.period_seconds, c.open_time_ms): c for c in closed}
+    assert all(
+        final[k].trade_count == e.trade_count and final[k].close == e.close
+        for k, e in expected.items()
+    )

@@ -235,24 +235,25 @@ class TickerCandles:
             elif window.dirty:
                 out.append((period, start, window, True))
             window.dirty = False
+        # Dropped in place: most calls drop nothing, and the state is not copied.
         horizon = self.frontier_us - lateness_us
-        self.windows = {
-            k: w for k, w in self.windows.items() if k[1] + k[0] * US > horizon or not w.emitted
-        }
-        width = self.id_width_us
-        self.ids = {b: ids for b, ids in self.ids.items() if b + width > horizon}
-        if not self.ids:
+        windows, ids, width = self.windows, self.ids, self.id_width_us
+        for k in [k for k, w in windows.items() if k[1] + k[0] * US <= horizon and w.emitted]:
+            del windows[k]
+        for b in [b for b in ids if b + width <= horizon]:
+            del ids[b]
+        if not ids:
             self.id_width_us = ID_BUCKET_US
         return out
 
-    def timeout_ms(self, cfg: Closing, now_ms: int) -> int | None:
-        """Processing time until the next idle close is due (None: nothing open)."""
+    def idle_due_ms(self, cfg: Closing) -> int | None:
+        """When (processing time, ms) the quiet time closes the next open window if no
+        trade comes; None: nothing open."""
         ends = [s + p * US for (p, s), w in self.windows.items() if not w.emitted]
         if not ends or self.frontier_us is None:
             return None
-        due_ms = self.last_arrival_ms + round(cfg.idle_s * 1000)
-        due_ms += max(0, -(-(min(ends) - self.frontier_us) // 1000))
-        return max(1, due_ms - now_ms)
+        wait_ms = max(0, -(-(min(ends) - self.frontier_us) // 1000))
+        return self.last_arrival_ms + round(cfg.idle_s * 1000) + wait_ms
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (short keys: a snapshot holds every ticker's)."""

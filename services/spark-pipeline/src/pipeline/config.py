@@ -108,6 +108,9 @@ class LiveConfig(_Section):
     #: How often the live engine snapshots its offsets and open candles (what a restart
     #: reads again is at most this much).
     snapshot_s: float = Field(default=2.0, gt=0)
+    #: Candle previews (closed=false) of a window at most this often, its latest values:
+    #: their cost follows the windows, not the consume() batches (ADR 0020). 0: every batch.
+    preview_interval_s: float = Field(default=0.25, ge=0)
     #: The engine collects cyclic garbage at batch ends, and its whole heap this often: a
     #: pause as long as its state is big (`gc_pacing`, ADR 0020).
     gc_full_s: float = Field(default=60.0, gt=0)

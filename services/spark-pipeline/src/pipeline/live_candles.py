@@ -6,7 +6,10 @@ The per-ticker rules (event-time close, idle timeout, lateness, corrections,
 trade-time open/close) are ``candle_close.TickerCandles``'.
 
 - ``add`` returns a preview (``closed=false``) of every open window the ticks
-  changed: one message per window per call, however many trades it got.
+  changed: one message per window per call, however many trades it got, and with
+  ``preview_every_ms`` at most one round of previews per that much time (the
+  windows changed meanwhile wait for the next call after it, with their latest
+  values): the previews' cost then follows the windows, not the batches.
   Re-deliveries are dropped by trade id, so a preview never counts a trade twice.
 - ``close_due`` returns each window once as ``closed=true`` when it closes, and
   again with ``correction=true`` after a late trade amended it or a trade after a
@@ -14,10 +17,14 @@ trade-time open/close) are ``candle_close.TickerCandles``'.
 - While the engine catches up on a backlog (``idle=False``) only event time
   closes windows: a ticker whose trades are further down the backlog must not
   look idle.
+- ``close_due`` looks only at the tickers that got trades since the last call and
+  at those whose idle close is due (a heap of due times): its cost follows the
+  trades, not the number of tickers, however often it is called.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +40,25 @@ class LiveCandles:
 
     cfg: Closing
     tickers: dict[str, TickerCandles] = field(default_factory=dict)
+    #: At most one round of previews per this many ms (0: every call).
+    preview_every_ms: int = 0
+    #: Windows changed since the last round of previews, and when that was.
+    pending: dict[tuple[str, int, int], None] = field(default_factory=dict)
+    previewed_ms: int = 0
+    #: Tickers with trades since the last `close_due`; each ticker's idle close (ms of
+    #: processing time) as scheduled, and the heap of them (stale entries skipped).
+    touched: set[str] = field(default_factory=set)
+    idle_due: dict[str, int] = field(default_factory=dict)
+    heap: list[tuple[int, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for ticker, candles in self.tickers.items():
+            self._schedule(ticker, candles)
+
+    def put(self, ticker: str, candles: TickerCandles) -> None:
+        """A ticker's restored windows (their idle close scheduled)."""
+        self.tickers[ticker] = candles
+        self._schedule(ticker, candles)
 
     def add(self, ticks: Iterable[Tick], now_ms: int) -> list[OHLC]:
         """Count validated ticks in their windows; previews of the open windows they changed."""
@@ -43,39 +69,73 @@ class LiveCandles:
                 by_ticker[t.ticker] = [t]
             else:
                 same.append(t)
-        cfg, tickers = self.cfg, self.tickers
-        previews = []
+        cfg, tickers, pending = self.cfg, self.tickers, self.pending
         for ticker, trades in by_ticker.items():
             candles = tickers.get(ticker)
             if candles is None:
                 exchange, symbol = records.split_ticker(ticker) or ("", "")
                 candles = tickers[ticker] = TickerCandles(exchange, symbol)
             candles.last_arrival_ms = now_ms
+            self.touched.add(ticker)
             changed = {
                 (period, at - at % width)
                 for at in candles.add(cfg, trades)
                 for period, width in cfg.widths
             }
-            windows = candles.windows
             for period, start in sorted(changed):
-                window = windows.get((period, start))
-                if window is not None and not window.emitted:
-                    previews.append(candle(ticker, period, start, window, closed=False))
+                pending[(ticker, period, start)] = None
+        if not pending or now_ms - self.previewed_ms < self.preview_every_ms:
+            return []
+        previews = []
+        for ticker, period, start in pending:
+            window = tickers[ticker].windows.get((period, start))
+            if window is not None and not window.emitted:
+                previews.append(candle(ticker, period, start, window, closed=False))
+        pending.clear()
+        self.previewed_ms = now_ms
         return previews
 
     def close_due(self, now_ms: int, *, idle: bool = True) -> list[OHLC]:
         """Windows closed (or amended) by now; ``idle=False``: by event time only."""
+        names, self.touched = self.touched, set()
+        if idle:
+            names |= self._due_by(now_ms)
         out: list[OHLC] = []
-        for ticker, candles in self.tickers.items():
+        cfg, tickers = self.cfg, self.tickers
+        for ticker in sorted(names):
+            candles = tickers.get(ticker)
+            if candles is None:  # its partition went to another engine
+                self.idle_due.pop(ticker, None)
+                continue
             now = now_ms if idle else candles.last_arrival_ms
-            for period, start, window, amended in candles.advance(self.cfg, now):
+            for period, start, window, amended in candles.advance(cfg, now):
                 out.append(candle(ticker, period, start, window, closed=True, correction=amended))
+            self._schedule(ticker, candles)
         return out
 
     def next_due_ms(self, now_ms: int) -> int | None:
         """Milliseconds until the next idle close (None: no window is open)."""
-        dues = [c.timeout_ms(self.cfg, now_ms) for c in self.tickers.values()]
-        return min((d for d in dues if d is not None), default=None)
+        heap = self.heap
+        while heap and self.idle_due.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return max(1, heap[0][0] - now_ms) if heap else None
+
+    def _due_by(self, now_ms: int) -> set[str]:
+        """The tickers whose idle close is due by `now_ms` (taken off the heap)."""
+        due, heap = set(), self.heap
+        while heap and heap[0][0] <= now_ms:
+            at, ticker = heapq.heappop(heap)
+            if self.idle_due.get(ticker) == at:
+                due.add(ticker)
+        return due
+
+    def _schedule(self, ticker: str, candles: TickerCandles) -> None:
+        at = candles.idle_due_ms(self.cfg)
+        if at is None:
+            self.idle_due.pop(ticker, None)
+        elif self.idle_due.get(ticker) != at:
+            self.idle_due[ticker] = at
+            heapq.heappush(self.heap, (at, ticker))
 
     def snapshot(self) -> dict[str, Any]:
         return {ticker: c.to_dict() for ticker, c in self.tickers.items()}

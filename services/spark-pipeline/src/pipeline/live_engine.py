@@ -319,7 +319,8 @@ class _Run:
         self.group_id = s.live_group_id
         self.delivery_error: str | None = None
         cfg = Closing(tuple(s.live.periods), s.live.watermark_s, s.live.close_idle_s)
-        self.candles = LiveCandles(cfg) if s.live.enabled else None
+        previews_ms = round(s.live.preview_interval_s * 1000)
+        self.candles = LiveCandles(cfg, preview_every_ms=previews_ms) if s.live.enabled else None
         self.positions: dict[Position, int] = {}
         self.trigger_positions: dict[Position, int] = {}
         #: Each owned ticks partition's end when it was assigned: ticks are live from there.
@@ -446,7 +447,7 @@ class _Run:
                 recent.first_time(k)
             if self.candles is not None:
                 for ticker, d in state.candles.items():
-                    self.candles.tickers[ticker] = TickerCandles.from_dict(d, self.candles.cfg)
+                    self.candles.put(ticker, TickerCandles.from_dict(d, self.candles.cfg))
                     self._owns(key, ticker)
         self.recent[key[1]] = recent
         self.live_from[key] = high
