@@ -88,6 +88,28 @@ def fault_cycle(
                 yield Fault(EXCHANGE, "cut", cut_s)
 
 
+def compose_faults(*, freeze_s: float = 8.0, cut_s: float = 20.0) -> Iterator[Fault]:
+    """The 5-minute soak's faults on compose (e2e/test_chaos_soak.py), once each: every
+    kind and every component, in about 3 minutes of faults and recoveries on 2 cores.
+
+    The pipeline is only frozen: its restart is a Spark start, minutes on compose,
+    which a 5-minute window cannot wait for (the 30-minute soak restarts it). The
+    faults that touch stored data come first, so that the checked window (whole
+    minutes, up to the end of the faults) holds them: the ingestor's hang first, the
+    longest recovery (the health check's watchdog, then a restart), whose gap is
+    repaired and its candles rebuilt well before the check; the gateway, which no
+    soak client uses, last. The relay, the only part every client goes through, is
+    killed (a reset connection, refused at once), not hung: a hung relay is noticed
+    by the SDK's heartbeat 6-8 s in, too near the 10 s bound for a test that must
+    not fail one run in five. The catalog has no `/healthz`: cut, not hung."""
+    yield Fault("ingestor", "hang")
+    yield Fault("spark-pipeline", "freeze", freeze_s)
+    yield Fault(EXCHANGE, "cut", cut_s)
+    yield Fault(CATALOG, "cut", cut_s)
+    yield Fault("relay", "kill")
+    yield Fault("gateway", "restart")
+
+
 @dataclass
 class FaultPlan:
     """Which fault comes next, and when: at most one every `gap_s`, never more
@@ -96,7 +118,8 @@ class FaultPlan:
     A restarting fault the budget forbids now becomes a freeze of `freeze_s` of the
     same component (it costs nothing); its kind comes round again in a later round.
     The caller injects, waits for the platform to recover, then calls `done` (the
-    next one is due `gap_s` after that).
+    next one is due `gap_s` after that). A finite `faults` (`compose_faults`) ends
+    the plan: `next` returns None from then on and `exhausted` is true.
     """
 
     crash_limit: int = 3
@@ -108,6 +131,7 @@ class FaultPlan:
     first_at: float = 0.0
     _restarts: dict[str, list[float]] = field(default_factory=dict)
     _due_at: float = field(init=False)
+    exhausted: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self._due_at = self.first_at
@@ -121,7 +145,11 @@ class FaultPlan:
         """The fault to inject at `now`, or None (not due yet)."""
         if now < self._due_at:
             return None
-        fault = next(self.faults)
+        fault = next(self.faults, None)
+        if fault is None:
+            self.exhausted = True
+            self._due_at = float("inf")
+            return None
         if fault.restarts:
             if not self.budget_left(fault.target, now):
                 fault = Fault(fault.target, "freeze", self.freeze_s)

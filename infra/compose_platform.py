@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,6 +64,9 @@ STACK_ENV = "MDP_E2E_STACK"
 E2E_RECORDING = "infra/compose/e2e-recording.yml"
 STACK_NAME = "compose"
 DOCKER_TIMEOUT_S = 20.0
+#: The labels compose puts on a project's containers.
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
 #: Services whose (re)start is only over once the relays hear the pipeline's heartbeat.
 _PIPELINE_SEEN_BY = frozenset({"spark-pipeline", "relay", "relay-2"})
 
@@ -496,10 +499,28 @@ class ComposePlatform:
         """SIGKILL the service's process inside the container (the child of the
         container's init, ``init: true``): the container exits 137 and its restart
         policy restarts it, as after a real crash. Returns at once."""
-        kill_children = (
-            'set -e; pids=$(cat /proc/1/task/1/children); test -n "$pids"; kill -KILL $pids'
+        self.signal(service, "KILL")
+
+    def signal(self, service: str, sig: str, *, every: bool = False) -> None:
+        """Send `sig` (KILL, TERM, STOP, CONT) from inside the container: to the service's
+        main process, the child of the container's init (``init: true``), or with
+        `every` to every process but init (a JVM under a shell too: SIGSTOP, SIGCONT).
+
+        Not ``docker kill``: Docker takes that for an operator's stop, which the restart
+        policy leaves down; here the container exits as after a crash (or a graceful
+        stop, TERM) and comes back by itself. A process stopped this way (not the cgroup
+        freezer of ``pause``) still gets its health checks, which kill a hung service
+        (infra/compose/healthcheck.py, ADR 0013)."""
+        main = 'set -e; pids=$(cat /proc/1/task/1/children); test -n "$pids"; kill -s {} $pids'
+        script = f"kill -s {sig} -- -1" if every else main.format(sig)
+        done = self.compose(
+            "exec", "-T", "--user", "0", service, "sh", "-c", script, timeout_s=60, check=False
         )
-        self.compose("exec", "-T", "--user", "0", service, "sh", "-c", kill_children, timeout_s=60)
+        # 137: the container went down (its init gone, every process in it killed) before
+        # the shell that signalled it had exited: the signal was sent.
+        if done.returncode not in (0, 137):
+            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise ComposeError(f"{sig} to {service} failed ({done.returncode}): {tail}")
 
     def pause(self, service: str) -> None:
         """Freeze the container. The cgroup freezer refuses ("unable to freeze") while a
@@ -535,21 +556,73 @@ class ComposePlatform:
         logs = "\n".join(self.logs(service, tail=60).splitlines()[-60:])
         raise ComposeError(f"{service} not ready within {timeout_s:g}s ({last}); logs:\n{logs}")
 
+    def relays_without_pipeline(self) -> list[str]:
+        """The relays that do not accept history now: no pipeline heartbeat reached them."""
+        return [
+            relay
+            for relay, url in self.endpoints.relay_metrics_urls.items()
+            if (metric_sample(url, PIPELINE_SERVES_HISTORY) or 0) < 1
+        ]
+
     def wait_pipeline_served(self, timeout_s: float = 120.0) -> None:
         """Wait until every relay accepts history: the pipeline's heartbeat reached it
         (a healthy pipeline container alone does not say so; docs/protocol.md)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            waiting = [
-                relay
-                for relay, url in self.endpoints.relay_metrics_urls.items()
-                if (metric_sample(url, PIPELINE_SERVES_HISTORY) or 0) < 1
-            ]
+            waiting = self.relays_without_pipeline()
             if not waiting:
                 return
             if time.monotonic() > deadline:
                 raise ComposeError(f"{', '.join(waiting)} saw no pipeline heartbeat in time")
             time.sleep(0.5)
+
+    def not_ready(self, services: Iterable[str]) -> list[str]:
+        """Those of `services` not ready now, in one look (``wait_ready``'s test, without
+        starting or waiting): the container runs, a health check passed since its latest
+        start, and for the pipeline and the relays every relay hears the pipeline."""
+        wanted = list(services)
+        states = self.states()
+        late = [s for s in wanted if s not in states or not _ready_since_start(states[s])]
+        heard = [s for s in wanted if s in _PIPELINE_SEEN_BY and s not in late]
+        if heard and self.relays_without_pipeline():
+            late += heard
+        return late
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Each service's container state (``docker inspect``'s ``.State``; the first
+        container of a scaled service), in two commands whatever the number of services
+        (plain ``docker``, which reads no compose file: polled every second by the soak)."""
+        listed = subprocess.run(
+            [
+                self.docker,
+                "ps",
+                "--all",
+                "--quiet",
+                "--filter",
+                f"label={PROJECT_LABEL}={self.project}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        ids = listed.stdout.split()
+        if not ids:
+            return {}
+        label = f'{{{{index .Config.Labels "{SERVICE_LABEL}"}}}}'
+        done = subprocess.run(
+            [self.docker, "inspect", "--format", f"{label} {{{{json .State}}}}", *ids],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )  # a container removed meanwhile fails alone: the others are still printed
+        found: dict[str, dict[str, Any]] = {}
+        for line in done.stdout.splitlines():
+            service, _, state = line.partition(" ")
+            if state:
+                found.setdefault(service, json.loads(state))
+        return found
 
     def _state(self, service: str) -> dict[str, Any] | None:
         ids = self.compose("ps", "--all", "--quiet", service, timeout_s=60).stdout.split()
@@ -650,7 +723,7 @@ def remove_abandoned_projects(docker: str) -> list[str]:
     names = [str(p.get("Name", "")) for p in json.loads(listed.stdout or "[]")]
     gone = abandoned_projects(names, process_alive)
     for name in gone:
-        label = f"label=com.docker.compose.project={name}"
+        label = f"label={PROJECT_LABEL}={name}"
         for list_cmd, remove_cmd in (
             (["ps", "-aq"], ["rm", "-f"]),
             (["volume", "ls", "-q"], ["volume", "rm", "-f"]),

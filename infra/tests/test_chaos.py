@@ -14,6 +14,7 @@ from infra.chaos import (
     Row,
     check_candles,
     check_trades,
+    compose_faults,
     crossed_above,
     fault_cycle,
     grade_history,
@@ -201,3 +202,23 @@ def test_a_crossing_only_inside_a_repaired_gap_is_not_due() -> None:
     assert not crossed_above([float(t["price"]) for t in live], 100.0, None)
     assert crossed_above([float(t["price"]) for t in trades], 100.0, None)
     assert live_trades(trades, []) == trades
+
+
+def test_the_compose_plan_breaks_every_part_once_with_every_kind_and_ends() -> None:
+    """The 5-minute plan: each kind, each component, the pipeline only frozen (its
+    restart is a Spark start), and then nothing more: the soak's faults are over."""
+    faults = list(compose_faults(freeze_s=8, cut_s=20))
+    assert {f.kind for f in faults} == {"kill", "freeze", "restart", "hang", "cut"}
+    assert {f.target for f in faults} == {*COMPONENTS, EXCHANGE}
+    assert not [f for f in faults if f.target == "spark-pipeline" and f.restarts]
+    assert faults[0] == Fault("ingestor", "hang")  # the longest recovery first
+    plan = FaultPlan(gap_s=10, faults=compose_faults())
+    taken, now = [], 0.0
+    while not plan.exhausted:
+        fault = plan.next(now)
+        if fault is not None:
+            taken.append(fault)
+            plan.done(now)
+        now += 1
+    assert taken == list(compose_faults())  # within the budget: none became a freeze
+    assert plan.next(now + 3600) is None
