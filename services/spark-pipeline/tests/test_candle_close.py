@@ -424,3 +424,13 @@ def test_every_ticker_closes_on_time_though_only_touched_and_due_ones_are_looked
         final[k].trade_count == e.trade_count and final[k].close == e.close
         for k, e in expected.items()
     )
+
+
+def test_a_ticker_dropped_while_its_previews_wait_gets_none() -> None:
+    """Its partition moved to another engine between two rounds (the engine pops it)."""
+    live = LiveCandles(CFG, preview_every_ms=250)
+    live.add([tick(1, 100.0, B + 1_000)], B + 1_000)
+    assert live.add([tick(2, 101.0, B + 1_100)], B + 1_100) == []
+    live.tickers.pop(T)
+    assert live.add([], B + 1_300) == []
+    assert live.close_due(B + 1_300) == []

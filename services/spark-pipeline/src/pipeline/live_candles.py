@@ -88,7 +88,8 @@ class LiveCandles:
             return []
         previews = []
         for ticker, period, start in pending:
-            window = tickers[ticker].windows.get((period, start))
+            candles = tickers.get(ticker)  # None: its partition went to another engine
+            window = candles.windows.get((period, start)) if candles is not None else None
             if window is not None and not window.emitted:
                 previews.append(candle(ticker, period, start, window, closed=False))
         pending.clear()
