@@ -14,6 +14,7 @@ from typing import Any
 import fake_kafka
 from pyarrow import fs
 
+from mdproto import envelope
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerRequest,
@@ -143,3 +144,49 @@ def test_the_live_engine_saves_a_tickers_window_with_its_partition_and_the_next_
     second = engine("b", [fake_kafka.Assign([p])])
     [event] = second.engine.on_tick(TICKER, "b", T0 + 10 * S, 107.0, 1.0, T0)
     assert (event.fire_count, event.values["ref_price"]) == (1, 100.0)
+
+
+def test_a_trade_written_before_the_next_owner_is_assigned_meets_its_triggers(
+    tmp_path: Path,
+) -> None:
+    """A trade that lands between the last owner's save and the next owner's assignment
+    is before the partition's end when the new owner looks: that owner's CEP state
+    is new, but the partition's is not, so the trade is evaluated from the saved
+    offset. It is not skipped as old."""
+    settings = Settings.model_validate(
+        {
+            "checkpoint_dir": str(tmp_path),
+            "kafka": {"topic_ticks": "market.ticks", "starting_offsets": "earliest"},
+            "live": {"periods": [60], "watermark_s": 10, "close_idle_s": 3600},
+        }
+    )
+    p = partition_of(TICKER, 2)
+    log: dict[int, list[bytes]] = {}
+    store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
+    fired: list[Any] = []
+
+    class Recording(CepDouble):
+        def feed(self, triggers: object, ticks: list[tuple[Tick, object]]) -> None:
+            for t, _ in ticks:
+                fired.extend(
+                    self.engine.on_tick(t.ticker, t.trade_id, t.timestamp_ms, t.price, 1.0, T0)
+                )
+
+    def engine(name: str, script: list[fake_kafka.Step]) -> None:
+        stop = threading.Event()
+        consumer = fake_kafka.GroupConsumer("market.ticks", script, stop, log, at_ms=T0)
+        file = SnapshotFile(tmp_path / name / "snapshot.json")
+        run = _Run(
+            settings, consumer, fake_kafka.Producer(), store, file, Snapshot(), Recording(),
+            lambda i: 0,
+        )  # type: ignore[arg-type]  # fmt: skip
+        run.start()
+        run.loop(stop)
+
+    trade = Tick(ticker=TICKER, trade_id="a", price=100.0, amount=1.0, timestamp_ms=T0)
+    engine("a", [fake_kafka.Assign([p]), fake_kafka.Ticks(p, [trade]), fake_kafka.Revoke([p])])
+    later = Tick(ticker=TICKER, trade_id="b", price=107.0, amount=1.0, timestamp_ms=T0 + 10 * S)
+    log[p].append(envelope.encode_record(later))  # produced while nobody owns the partition
+    fired.clear()
+    engine("b", [fake_kafka.Assign([p]), fake_kafka.Ticks(p, [])])
+    assert [(e.fire_count, e.values["ref_price"]) for e in fired] == [(1, 100.0)]

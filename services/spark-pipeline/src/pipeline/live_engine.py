@@ -335,8 +335,9 @@ class _Run:
         self.revoked: set[Position] = set()
         #: Ticks partitions whose state changed since it was last saved.
         self.dirty: set[Position] = set()
-        # CEP evaluates ticks from where a partition resumes, or (new CEP state) from its
-        # end with cep.ticks_starting_offsets "latest": old ticks never meet triggers.
+        # CEP evaluates ticks from where a partition resumes (its saved state), or (new CEP
+        # state, no saved partition) from its end with cep.ticks_starting_offsets "latest":
+        # old ticks never meet triggers.
         self.fresh_cep = snapshot.cep_batch is None and s.cep.ticks_starting_offsets == "latest"
         self.cep_from: dict[Position, int] = {}
         self.caught_up = True
@@ -451,7 +452,9 @@ class _Run:
                     self._owns(key, ticker)
         self.recent[key[1]] = recent
         self.live_from[key] = high
-        self.cep_from[key] = high if self.fresh_cep else position
+        # A saved partition carries its tickers' CEP state: evaluated from its offset, even
+        # by an engine whose own CEP state is new (a trade written meanwhile meets triggers).
+        self.cep_from[key] = high if self.fresh_cep and state is None else position
         return position
 
     def _restore_cep(self, states: dict[int, dict[str, Any]]) -> None:
