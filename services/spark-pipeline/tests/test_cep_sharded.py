@@ -107,31 +107,44 @@ class CepDouble:
         return None
 
 
-def test_the_live_engine_saves_a_tickers_window_with_its_partition_and_the_next_owner_has_it(
-    tmp_path: Path,
-) -> None:
-    settings = Settings.model_validate(
-        {
-            "checkpoint_dir": str(tmp_path),
-            "kafka": {"topic_ticks": "market.ticks", "starting_offsets": "earliest"},
-            "live": {"periods": [60], "watermark_s": 10, "close_idle_s": 3600},
-        }
-    )
-    p = partition_of(TICKER, 2)
-    log: dict[int, list[bytes]] = {}
-    store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
+class Engines:
+    """Live engines of one group, one after another, on one fake Kafka log and state store,
+    each with its own (new) snapshot file and `CepDouble`."""
 
-    def engine(name: str, script: list[fake_kafka.Step]) -> CepDouble:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.settings = Settings.model_validate(
+            {
+                "checkpoint_dir": str(tmp_path),
+                "kafka": {"topic_ticks": "market.ticks", "starting_offsets": "earliest"},
+                "live": {"periods": [60], "watermark_s": 10, "close_idle_s": 3600},
+            }
+        )
+        self.log: dict[int, list[bytes]] = {}
+        self.store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
+
+    def run(self, name: str, script: list[fake_kafka.Step], cep: CepDouble) -> CepDouble:
         stop = threading.Event()
-        consumer = fake_kafka.GroupConsumer("market.ticks", script, stop, log, at_ms=T0)
-        cep = CepDouble()
-        file = SnapshotFile(tmp_path / name / "snapshot.json")
+        consumer = fake_kafka.GroupConsumer("market.ticks", script, stop, self.log, at_ms=T0)
+        file = SnapshotFile(self.tmp_path / name / "snapshot.json")
         run = _Run(
-            settings, consumer, fake_kafka.Producer(), store, file, Snapshot(), cep, lambda i: 0
-        )  # type: ignore[arg-type]
+            self.settings, consumer, fake_kafka.Producer(), self.store, file, Snapshot(), cep,
+            lambda i: 0,
+        )  # type: ignore[arg-type]  # fmt: skip
         run.start()
         run.loop(stop)
         return cep
+
+
+def test_the_live_engine_saves_a_tickers_window_with_its_partition_and_the_next_owner_has_it(
+    tmp_path: Path,
+) -> None:
+    p = partition_of(TICKER, 2)
+    engines = Engines(tmp_path)
+    store = engines.store
+
+    def engine(name: str, script: list[fake_kafka.Step]) -> CepDouble:
+        return engines.run(name, script, CepDouble())
 
     trade = Tick(ticker=TICKER, trade_id="a", price=100.0, amount=1.0, timestamp_ms=T0)
     first = engine(
@@ -153,16 +166,8 @@ def test_a_trade_written_before_the_next_owner_is_assigned_meets_its_triggers(
     is before the partition's end when the new owner looks: that owner's CEP state
     is new, but the partition's is not, so the trade is evaluated from the saved
     offset. It is not skipped as old."""
-    settings = Settings.model_validate(
-        {
-            "checkpoint_dir": str(tmp_path),
-            "kafka": {"topic_ticks": "market.ticks", "starting_offsets": "earliest"},
-            "live": {"periods": [60], "watermark_s": 10, "close_idle_s": 3600},
-        }
-    )
     p = partition_of(TICKER, 2)
-    log: dict[int, list[bytes]] = {}
-    store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
+    engines = Engines(tmp_path)
     fired: list[Any] = []
 
     class Recording(CepDouble):
@@ -173,20 +178,12 @@ def test_a_trade_written_before_the_next_owner_is_assigned_meets_its_triggers(
                 )
 
     def engine(name: str, script: list[fake_kafka.Step]) -> None:
-        stop = threading.Event()
-        consumer = fake_kafka.GroupConsumer("market.ticks", script, stop, log, at_ms=T0)
-        file = SnapshotFile(tmp_path / name / "snapshot.json")
-        run = _Run(
-            settings, consumer, fake_kafka.Producer(), store, file, Snapshot(), Recording(),
-            lambda i: 0,
-        )  # type: ignore[arg-type]  # fmt: skip
-        run.start()
-        run.loop(stop)
+        engines.run(name, script, Recording())
 
     trade = Tick(ticker=TICKER, trade_id="a", price=100.0, amount=1.0, timestamp_ms=T0)
     engine("a", [fake_kafka.Assign([p]), fake_kafka.Ticks(p, [trade]), fake_kafka.Revoke([p])])
     later = Tick(ticker=TICKER, trade_id="b", price=107.0, amount=1.0, timestamp_ms=T0 + 10 * S)
-    log[p].append(envelope.encode_record(later))  # produced while nobody owns the partition
+    engines.log[p].append(envelope.encode_record(later))  # produced while nobody owns it
     fired.clear()
     engine("b", [fake_kafka.Assign([p]), fake_kafka.Ticks(p, [])])
     assert [(e.fire_count, e.values["ref_price"]) for e in fired] == [(1, 100.0)]
