@@ -60,6 +60,11 @@ class LiveCandles:
         self.tickers[ticker] = candles
         self._schedule(ticker, candles)
 
+    def drop(self, ticker: str) -> None:
+        """Forget a ticker (its partition went to another engine)."""
+        self.tickers.pop(ticker, None)
+        self.idle_due.pop(ticker, None)
+
     def add(self, ticks: Iterable[Tick], now_ms: int) -> list[OHLC]:
         """Count validated ticks in their windows; previews of the open windows they changed."""
         by_ticker: dict[str, list[Tick]] = {}

@@ -533,7 +533,7 @@ class _Run:
             for ticker in tickers:
                 self.partition_of.pop(ticker, None)
                 if self.candles is not None:
-                    self.candles.tickers.pop(ticker, None)
+                    self.candles.drop(ticker)
         if self.books is not None and gone:
             self.books.forget(gone)
         self.caught_up = self._caught_up()
