@@ -16,12 +16,14 @@ The baseline, measured in the same run: a bare ccxt script fetching the same
 range from the same simulator into memory (its own page loop, no Kafka, no
 Spark) -- what "just ask the exchange" costs.
 
-    .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--out docs/e2e-benchmarks.md]
+    .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--exchange-nice -10]
+        [--out docs/e2e-benchmarks.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -170,6 +172,13 @@ def main() -> None:
         action="store_true",
         help="stored answers through the history query only (history.stored_answers_early off)",
     )
+    parser.add_argument(
+        "--exchange-nice",
+        type=int,
+        default=None,
+        help="the simulator's nice value (e.g. -10): a remote exchange does not share "
+        "the platform's cores; both the platform and the bare loop ask the same simulator",
+    )
     args = parser.parse_args()
     data_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     service_env = {"INGESTOR_EXCHANGES__BINANCE__ENABLE_RATE_LIMIT": "false"}
@@ -178,6 +187,9 @@ def main() -> None:
     config = PlatformConfig(data_dir=data_dir, ports=ServicePorts.free(), service_env=service_env)
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as platform:
+        if args.exchange_nice is not None:
+            os.setpriority(os.PRIO_PGRP, platform.pid("exchange-sim"), args.exchange_nice)
+            print(f"exchange simulator at nice {args.exchange_nice}", flush=True)
         env = platform.endpoints.client_env()
         settings = ClientSettings.model_validate(
             {k.removeprefix("MDCLIENT_").lower(): v for k, v in env.items()}

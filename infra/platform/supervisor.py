@@ -252,12 +252,16 @@ class Platform:
             self._exits[pid] = os.waitstatus_to_exitcode(status)
             return self._exits[pid]
 
-    def send_signal(self, name: str, sig: signal.Signals) -> None:
-        """Send `sig` to a component's whole process group and return (SIGSTOP/SIGCONT)."""
+    def pid(self, name: str) -> int:
+        """A running component's pid, the leader of its process group."""
         record = PidFile(self._phase_of(name).run_dir / f"{name}.pid").read()
         if record is None or not record.alive:
             raise StackError(f"{name} is not running")
-        os.killpg(record.pid, sig)
+        return record.pid
+
+    def send_signal(self, name: str, sig: signal.Signals) -> None:
+        """Send `sig` to a component's whole process group and return (SIGSTOP/SIGCONT)."""
+        os.killpg(self.pid(name), sig)
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
         """Signal a component's whole process group (a crash, for recovery tests).

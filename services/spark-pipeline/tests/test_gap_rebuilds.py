@@ -225,16 +225,23 @@ class Clock:
 
 @pytest.fixture
 def spark_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The two Spark reads, replaced: `probe` answers, `asked` records the windows."""
-    reads: dict[str, Any] = {"probe": None, "asked": []}
+    """The two Spark reads, replaced: `probe` answers (one Probe for every gap, or a dict
+    by gap id), `probed` records each probe's gaps, `asked` each rebuild's windows."""
+    reads: dict[str, Any] = {"probe": None, "probed": [], "asked": []}
 
-    def fake_probe(session: Any, table: str, gap: Gap, until_ms: int) -> Probe:
-        assert (table, until_ms) == ("lake.market.ticks", B + 310 * S)  # 5-min end + lateness
-        return reads["probe"]  # type: ignore[no-any-return]
+    def fake_probe(session: Any, table: str, gaps: Any) -> dict[str, Probe]:
+        assert table == "lake.market.ticks"
+        reads["probed"].append([gap.gap_id for gap, _ in gaps])
+        answer = reads["probe"]
+        return {
+            gap.gap_id: answer[gap.gap_id] if isinstance(answer, dict) else answer
+            for gap, _until in gaps
+        }
 
-    def candles(session: Any, table: str, ticker: str, windows: Any) -> pa.Table:
-        reads["asked"].append(list(windows))
-        return aggregates(list(windows))
+    def candles(session: Any, table: str, windows: Any) -> pa.Table:
+        asked = {ticker: sorted(w) for ticker, w in windows.items()}
+        reads["asked"].append(asked[T] if list(asked) == [T] else asked)
+        return aggregates([w for ticker in sorted(asked) for w in asked[ticker]])
 
     monkeypatch.setattr(gap_rebuilds, "probe_ticks", fake_probe)
     monkeypatch.setattr(gap_rebuilds, "rebuilt_candles", candles)
@@ -316,3 +323,30 @@ def test_without_the_live_path_nothing_is_queued(tmp_path: Path) -> None:
     r.merged([GAP])
     assert r.pending == {}
     assert not (tmp_path / "checkpoints" / "gap-rebuilds").exists()
+
+
+def test_every_pending_gap_is_probed_and_rebuilt_in_one_round_each_window_once(
+    tmp_path: Path, spark_reads: dict[str, Any]
+) -> None:
+    """Two gaps of one ticker sharing a minute and a gap of another ticker: one probe of
+    the three, one rebuild of their settled windows (the shared minute asked once)."""
+    other = "BINANCE:ETH/USDT"
+    late = Gap(f"{T}|111|115", T, "111", "115", B + 100 * S, B + 110 * S, 3, B + 140 * S)
+    eth = Gap(f"{other}|7|9", other, "7", "9", B + 10 * S, B + 20 * S, 1, B + 140 * S)
+    clock, lake = Clock(B + 320 * S), FakeLake()
+    r = make(tmp_path, lake, clock=clock)
+    r.merged([GAP, late, eth])
+    spark_reads["probe"] = {
+        GAP.gap_id: probe(9, B + 315 * S),
+        late.gap_id: probe(3, B + 315 * S),
+        eth.gap_id: probe(1, B + 315 * S),
+    }
+    r.run_once()
+    assert spark_reads["probed"] == [[GAP.gap_id, late.gap_id, eth.gap_id]]
+    assert spark_reads["asked"] == [
+        {
+            other: [(60, B), (300, B)],
+            T: [(60, B), (60, B + 60 * S), (60, B + 120 * S), (300, B)],
+        }
+    ]
+    assert len(lake.written) == 1 and r.pending == {}

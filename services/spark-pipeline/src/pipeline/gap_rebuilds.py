@@ -6,10 +6,11 @@ trades (``Tick.repaired``) into ``market.ticks``, which now holds them all.
 
     gaps query: a REPAIRED gap -> pending (a JSON file under checkpoint_dir: a restart
     keeps it) -> this thread, every gaps.retry_s while anything is pending:
-      probe ``ticks`` (one Spark aggregate: to_trade_id stored? trades inside, counted as
-        the repair counts them? newest stored trade)
-      -> `next_step` (pure): wait, give up, or rebuild what settled
-      -> candles of those windows (Spark: min_by/max_by by trade order, on executors)
+      probe ``ticks`` (one Spark aggregate for every pending gap: to_trade_id stored?
+        trades inside, counted as the repair counts them? newest stored trade)
+      -> `next_step` (pure, per gap): wait, give up, or rebuild what settled
+      -> candles of every gap's settled windows (one Spark job: min_by/max_by by trade
+         order, on executors)
       -> ``ohlc`` by `Lake.write_live` (source live, incomplete false; history rows win)
       -> the recent ones published again as corrections on ``{ticker}|ohlc:{period}``
 
@@ -31,12 +32,13 @@ repaired trades, incomplete) over the rebuilt row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -302,64 +304,86 @@ def _ticks(session: SparkSession, table: str, ticker: str, lo_ms: int, hi_ms: in
     )
 
 
-def probe_ticks(session: SparkSession, table: str, gap: Gap, until_ms: int) -> Probe:
-    """`Probe` of ``gap`` from its first trade to ``until_ms``: one aggregate, one row."""
+def probe_ticks(
+    session: SparkSession, table: str, gaps: Sequence[tuple[Gap, int]]
+) -> dict[str, Probe]:
+    """`Probe` of every gap from its first trade to its ``until_ms``: one aggregate (one
+    Spark job) for them all, keyed by gap id; a gap with no stored trade probes empty."""
     from pyspark.sql import functions as sf
 
     order = _trade_order()
-    after_from = (gap.from_time_ms * 1000, len(gap.from_trade_id), gap.from_trade_id)
-    before_to = (gap.to_time_ms * 1000, len(gap.to_trade_id), gap.to_trade_id)
-    between = _beyond(order, after_from, operator.gt) & _beyond(order, before_to, operator.lt)
-    ends = sf.col("trade_id").isin(gap.from_trade_id, gap.to_trade_id)
-    in_range = (sf.col("trade_time") <= _timestamp(gap.to_time_ms)) & ~ends
-    row = (
-        _ticks(session, table, gap.ticker, gap.from_time_ms, until_ms)
+    frames = []
+    for gap, until_ms in gaps:
+        after_from = (gap.from_time_ms * 1000, len(gap.from_trade_id), gap.from_trade_id)
+        before_to = (gap.to_time_ms * 1000, len(gap.to_trade_id), gap.to_trade_id)
+        between = _beyond(order, after_from, operator.gt) & _beyond(order, before_to, operator.lt)
+        ends = sf.col("trade_id").isin(gap.from_trade_id, gap.to_trade_id)
+        frames.append(
+            _ticks(session, table, gap.ticker, gap.from_time_ms, until_ms).select(
+                sf.lit(gap.gap_id).alias("gap_id"),
+                (sf.col("trade_id") == sf.lit(gap.to_trade_id)).alias("is_to"),
+                between.alias("between"),
+                ((sf.col("trade_time") <= _timestamp(gap.to_time_ms)) & ~ends).alias("in_range"),
+                sf.unix_millis("trade_time").alias("ms"),
+            )
+        )
+    rows = (
+        functools.reduce(lambda a, b: a.unionByName(b), frames)
+        .groupBy("gap_id")
         .agg(
-            sf.bool_or(sf.col("trade_id") == sf.lit(gap.to_trade_id)).alias("has_to"),
-            sf.count_if(between).alias("by_order"),
-            sf.count_if(in_range).alias("by_time"),
-            sf.max(sf.unix_millis("trade_time")).alias("frontier_ms"),
+            sf.bool_or("is_to").alias("has_to"),
+            sf.count_if("between").alias("by_order"),
+            sf.count_if("in_range").alias("by_time"),
+            sf.max("ms").alias("frontier_ms"),
         )
         .toArrow()
-        .to_pylist()[0]
+        .to_pylist()
     )
-    frontier = row["frontier_ms"]
-    has_to, by_order, by_time = bool(row["has_to"]), int(row["by_order"]), int(row["by_time"])
-    return Probe(has_to, by_order, by_time, None if frontier is None else int(frontier))
+    probes = {gap.gap_id: Probe(False, 0, 0, None) for gap, _ in gaps}
+    for row in rows:
+        frontier = row["frontier_ms"]
+        probes[row["gap_id"]] = Probe(
+            bool(row["has_to"]),
+            int(row["by_order"]),
+            int(row["by_time"]),
+            None if frontier is None else int(frontier),
+        )
+    return probes
 
 
 def rebuilt_candles(
-    session: SparkSession, table: str, ticker: str, windows: Sequence[Window]
+    session: SparkSession, table: str, windows: Mapping[str, Iterable[Window]]
 ) -> pa.Table:
-    """The candles of ``windows`` from the stored trades, aggregated by Spark (the few
-    rows come back): open/close by trade order, high, low, volume sum, trade count."""
+    """The candles of each ticker's ``windows`` from the stored trades, aggregated by Spark
+    in one job (the few rows come back): open/close by trade order, high, low, volume
+    sum, trade count. A window asked twice (two gaps of one ticker) comes back once."""
     from pyspark.sql import functions as sf
 
-    by_period: dict[int, list[int]] = {}
-    for period, start in windows:
-        by_period.setdefault(period, []).append(start)
     order = sf.struct(*_trade_order())
+    micros = sf.unix_micros("trade_time")
     frames = []
-    for period, starts in sorted(by_period.items()):
-        micros = sf.unix_micros("trade_time")
-        ticks = _ticks(session, table, ticker, min(starts), max(starts) + period * 1000 - 1)
-        ticks = ticks.withColumn("open_time_us", micros - sf.pmod(micros, sf.lit(period * 10**6)))
-        ticks = ticks.where(sf.col("open_time_us").isin([s * 1000 for s in starts]))
-        frames.append(
-            ticks.groupBy("ticker", "exchange", "symbol", "open_time_us").agg(
-                sf.lit(period).alias("period_seconds"),
-                sf.min_by("price", order).alias("open"),
-                sf.max("price").alias("high"),
-                sf.min("price").alias("low"),
-                sf.max_by("price", order).alias("close"),
-                sf.sum("amount").alias("volume"),
-                sf.count(sf.lit(1)).alias("trade_count"),
+    for ticker, asked in sorted(windows.items()):
+        by_period: dict[int, set[int]] = {}
+        for period, start in asked:
+            by_period.setdefault(period, set()).add(start)
+        for period, starts in sorted(by_period.items()):
+            ticks = _ticks(session, table, ticker, min(starts), max(starts) + period * 1000 - 1)
+            ticks = ticks.withColumn(
+                "open_time_us", micros - sf.pmod(micros, sf.lit(period * 10**6))
             )
-        )
-    frame = frames[0]
-    for other in frames[1:]:
-        frame = frame.unionByName(other)
-    return frame.toArrow()
+            ticks = ticks.where(sf.col("open_time_us").isin([s * 1000 for s in sorted(starts)]))
+            frames.append(
+                ticks.groupBy("ticker", "exchange", "symbol", "open_time_us").agg(
+                    sf.lit(period).alias("period_seconds"),
+                    sf.min_by("price", order).alias("open"),
+                    sf.max("price").alias("high"),
+                    sf.min("price").alias("low"),
+                    sf.max_by("price", order).alias("close"),
+                    sf.sum("amount").alias("volume"),
+                    sf.count(sf.lit(1)).alias("trade_count"),
+                )
+            )
+    return functools.reduce(lambda a, b: a.unionByName(b), frames).toArrow()
 
 
 # -- the thread -----------------------------------------------------------------------------
@@ -437,52 +461,70 @@ class GapRebuilds:
             return dict(self._pending)
 
     def run_once(self) -> None:
-        """One attempt at every pending gap."""
+        """One attempt at every pending gap: one probe of them all, then one rebuild of
+        every window that settled (two Spark jobs and a MERGE a round, however many gaps)."""
         with self._lock:
             items = list(self._pending.values())
+        now_ms, rules = self._clock(), self._rules
+        probed = []
         for item in items:
-            if self._stop.is_set():
-                return
-            self._attempt(item, self._clock())
-
-    def _attempt(self, item: Pending, now_ms: int) -> None:
-        gap, rules = item.gap, self._rules
-        problem = gap.problem()
-        if problem:
-            self._finish(item, "gave_up", problem)
+            problem = item.gap.problem()
+            if problem:
+                self._finish(item, "gave_up", problem)
+            else:
+                probed.append(item)
+        if not probed or self._stop.is_set():
             return
-        probe = probe_ticks(self._spark, self._lake.names.ticks, gap, horizon_ms(gap, rules))
-        step = next_step(item, probe, now_ms, rules)
-        if step.gave_up:
-            self._finish(item, "gave_up", step.gave_up)
+        table = self._lake.names.ticks
+        probes = probe_ticks(
+            self._spark, table, [(i.gap, horizon_ms(i.gap, rules)) for i in probed]
+        )
+        due: list[tuple[Pending, Step]] = []
+        for item in probed:
+            probe = probes[item.gap.gap_id]
+            step = next_step(item, probe, now_ms, rules)
+            if step.gave_up:
+                self._finish(item, "gave_up", step.gave_up)
+            elif step.deferred:
+                self._deferred(item, probe, now_ms)
+            else:
+                due.append((item, step))
+        if self._stop.is_set():
             return
-        if step.deferred:
-            item.deferrals += 1
-            if self._report is not None:
-                self._report.deferred()
-            if item.deferrals == 1:
-                log.info(
-                    "gap %s: ticks hold %d of %d recovered trades%s; rebuild waits for "
-                    "ticks-persist (gives up in %.0f s)",
-                    gap.gap_id,
-                    stored_inside(gap, probe),
-                    gap.trades_recovered,
-                    "" if probe.has_to else " and not its to_trade_id",
-                    (item.deadline_ms - now_ms) / 1000,
-                )
-            return
-        if step.windows:
-            self._write(gap, step.windows, now_ms)
+        self._write([(item.gap, step.windows) for item, step in due if step.windows], now_ms)
+        for item, step in due:
             with self._lock:
                 item.done.update(step.windows)
                 self._save()
-        if step.finished:
-            self._finish(item, "done", f"{len(item.done)} windows rebuilt")
+            if step.finished:
+                self._finish(item, "done", f"{len(item.done)} windows rebuilt")
 
-    def _write(self, gap: Gap, windows: Sequence[Window], now_ms: int) -> None:
+    def _deferred(self, item: Pending, probe: Probe, now_ms: int) -> None:
+        gap = item.gap
+        item.deferrals += 1
+        if self._report is not None:
+            self._report.deferred()
+        if item.deferrals == 1:
+            log.info(
+                "gap %s: ticks hold %d of %d recovered trades%s; rebuild waits for "
+                "ticks-persist (gives up in %.0f s)",
+                gap.gap_id,
+                stored_inside(gap, probe),
+                gap.trades_recovered,
+                "" if probe.has_to else " and not its to_trade_id",
+                (item.deadline_ms - now_ms) / 1000,
+            )
+
+    def _write(self, due: Sequence[tuple[Gap, Sequence[Window]]], now_ms: int) -> None:
+        """The candles of every gap's settled windows, rebuilt and stored in one go."""
+        if not due:
+            return
         started = time.monotonic()
+        windows: dict[str, set[Window]] = {}
+        for gap, settled_windows in due:
+            windows.setdefault(gap.ticker, set()).update(settled_windows)
         table = self._lake.names.ticks
-        rows = candle_rows(rebuilt_candles(self._spark, table, gap.ticker, windows))
+        rows = candle_rows(rebuilt_candles(self._spark, table, windows))
         how = self._lake.write_live(self._spark, live_ohlc_rows(rows))
         published = corrections(rows, now_ms, self._rules.correction_ms)
         if published and self._publish is not None:
@@ -490,11 +532,11 @@ class GapRebuilds:
         if self._report is not None:
             self._report.candles(rows.num_rows)
         log.info(
-            "gap %s: %d live candles rebuilt over %d windows (%s), %d corrections published "
+            "gaps %s: %d live candles rebuilt over %d windows (%s), %d corrections published "
             "in %.0f ms",
-            gap.gap_id,
+            ", ".join(gap.gap_id for gap, _ in due),
             rows.num_rows,
-            len(windows),
+            sum(len(w) for w in windows.values()),
             how,
             len(published) if self._publish is not None else 0,
             (time.monotonic() - started) * 1000,
