@@ -23,10 +23,15 @@ SHARED_SCOPES = {
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile` with `SHARED_SCOPES`: a worker takes a whole file at a time (its
-    module fixtures start once), or all files sharing a session fixture. (xdist's own
-    `loadgroup` cannot do it under pytest 9: the group it appends to a test id is lost.)"""
+    module fixtures start once), or all files sharing a session fixture, in the order the
+    workers collected them. (xdist's own `loadgroup` cannot do it under pytest 9: the
+    group it appends to a test id is lost.)"""
     if config.getoption("dist") != "loadfile":
         return None
+    # xdist would queue the files with the most tests first (its `--loadscope-reorder`,
+    # on by default), undoing the longest-first order of `pytest_collection_modifyitems`:
+    # CI's one-test files of 2-4 minutes started after every file of several tests.
+    config.option.loadscopereorder = False
     from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
 
     class SharedFixtureScheduling(LoadFileScheduling):  # type: ignore[misc]
