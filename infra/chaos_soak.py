@@ -392,7 +392,10 @@ def trigger_row(
             for g in gaps
             if g[Gaps.TICKER] == t.ticker
         ]
-        traded = sim.trades(t.ticker.partition(":")[2], since - MINUTE_MS, end_ms)
+        # A trigger registered in the window's last moments cannot be due: its range of
+        # trades is empty (the simulator refuses a negative one).
+        first_ms = min(since - MINUTE_MS, end_ms)
+        traded = sim.trades(t.ticker.partition(":")[2], first_ms, end_ms)
         trades = chaos.live_trades(traded, ranges)
         before = [float(x["price"]) for x in trades if int(x["time_ms"]) < since]
         after = [

@@ -29,6 +29,9 @@ class Versions:
     kafka: str
     slf4j: str
     postgresql_jdbc: str
+    hadoop: str
+    awssdk: str
+    spark_hadoop_cloud: str
 
     @property
     def coordinates(self) -> dict[str, list[str]]:
@@ -50,6 +53,9 @@ class Versions:
                 f"org.apache.iceberg:iceberg-spark-runtime-{self.iceberg_spark_major}_{sb}:"
                 f"{self.iceberg}",
                 f"org.apache.iceberg:iceberg-aws-bundle:{self.iceberg}",
+                f"org.apache.hadoop:hadoop-aws:{self.hadoop}",
+                f"software.amazon.awssdk:s3-transfer-manager:{self.awssdk}",
+                f"org.apache.spark:spark-hadoop-cloud_{sb}:{self.spark_hadoop_cloud}",
             ],
         }
 
@@ -76,4 +82,7 @@ def load_versions(pom: Path = POM) -> Versions:
         kafka=p["kafka.version"],
         slf4j=p["slf4j.version"],
         postgresql_jdbc=p["postgresql.jdbc.version"],
+        hadoop=p["hadoop.version"],
+        awssdk=p["awssdk.version"],
+        spark_hadoop_cloud=p["spark.hadoop.cloud.version"],
     )

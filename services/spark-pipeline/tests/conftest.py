@@ -352,6 +352,19 @@ class PipelineRun:
         text = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def metrics(self) -> dict[str, float]:
+        """Its ``GET /metrics`` now: each sample's name with labels -> value."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
+
     def log_text(self) -> str:
         return "\n".join(
             (self.workdir / f"pipeline-{i}.log").read_text(errors="replace")

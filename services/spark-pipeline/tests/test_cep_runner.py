@@ -17,10 +17,12 @@ from mdproto.messages import (
     NotifyPattern,
     Tick,
 )
+from pipeline.blobs import BlobError, Folder
 from pipeline.cep.model import TriggerSpec, spec_from_request
 from pipeline.cep.records import TickRecord, TriggerRecord, decode_batch
 from pipeline.cep.runner import CepRunner
-from pipeline.cep.state import SnapshotError, SnapshotStore, local_path
+from pipeline.cep.state import SnapshotStore
+from pipeline.config import CatalogConfig
 
 TOPIC = "cep.triggers"
 TICKS = "market.ticks"
@@ -315,11 +317,18 @@ def test_unchanged_triggers_are_not_written_again(tmp_path: Path) -> None:
     assert again is not None and len(again[1]) == 1000
 
 
-def test_only_local_checkpoints_hold_snapshots(tmp_path: Path) -> None:
-    assert local_path(str(tmp_path)) == tmp_path
-    assert local_path(f"file://{tmp_path}") == tmp_path
-    with pytest.raises(SnapshotError, match="s3a"):
-        local_path("s3a://bucket/checkpoints")
+def test_snapshots_go_where_the_checkpoints_are(tmp_path: Path) -> None:
+    """A local checkpoint_dir holds them in a folder, an s3a:// one in the S3 store
+    (the catalog's), anything else is refused."""
+    catalog = CatalogConfig(s3_endpoint="http://127.0.0.1:1")
+    for location in (str(tmp_path), f"file://{tmp_path}"):
+        folder = Folder.at(location, catalog)
+        assert folder.is_local and folder.path == str(tmp_path)
+    for scheme in ("s3a", "s3"):
+        on_s3 = Folder.at(f"{scheme}://bucket/checkpoints/live-engine", catalog).folder("cep")
+        assert not on_s3.is_local and on_s3.path == "bucket/checkpoints/live-engine/cep"
+    with pytest.raises(BlobError, match="hdfs"):
+        Folder.at("hdfs://nn/checkpoints", catalog)
 
 
 # --- sharded engines (ADR 0014): events not caused by a tick come from the owner only ----

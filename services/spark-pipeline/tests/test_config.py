@@ -150,6 +150,10 @@ def test_the_write_rule_threshold_is_set_by_env_and_never_negative(
     assert load_settings(None).catalog.driver_append_max_rows == 0
     with pytest.raises(ValidationError):
         Settings.model_validate({"catalog": {"driver_append_max_rows": -1}})
+    monkeypatch.setenv("PIPELINE_CATALOG__EXECUTOR_APPEND_MIN_RECORDS", "0")  # never
+    assert load_settings(None).catalog.executor_append_min_records == 0
+    with pytest.raises(ValidationError):
+        Settings.model_validate({"catalog": {"executor_append_min_records": -1}})
 
 
 def test_driver_appends_reach_the_catalog_and_store_spark_writes_to() -> None:

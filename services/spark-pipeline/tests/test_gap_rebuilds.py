@@ -192,7 +192,7 @@ def test_the_pending_file_round_trips_and_ignores_a_foreign_format(tmp_path: Pat
     assert file.load() == []
     file.save([Pending(GAP, 0, {(60, B), (300, B)})])
     assert file.load() == [(GAP, {(60, B), (300, B)})]
-    file.path.write_text('{"format": 99}')
+    Path(file.blob.path).write_text('{"format": 99}')
     assert file.load() == []
 
 

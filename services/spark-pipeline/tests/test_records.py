@@ -212,6 +212,26 @@ def test_kafka_ticks_become_unique_tick_rows(build: Any) -> None:
     assert rows[0]["side"] == "BUY" and rows[0]["symbol"] == "BTC/USDT"
 
 
+def test_kafka_tick_rows_keep_every_copy_and_where_it_came_from(build: Any) -> None:
+    """What an executor's task decodes: the copies of a trade meet only after a shuffle,
+    where the last in Kafka order wins, so each row keeps its partition and offset."""
+    first = envelope.encode_record(build.tick(1, 100.0, build.T0))
+    again = envelope.encode_record(build.tick(1, 100.0, build.T0, ingested_at_ms=build.T0 + 5))
+    values = [first, b"junk", envelope.encode_record(build.tick(2, 101.0, build.T0)), again]
+    kafka = build.kafka_table(values, partition=3, first_offset=40)
+
+    rows, rejects = records.kafka_ticks_rows(kafka)
+
+    assert [(r.partition, r.offset) for r in rejects] == [(3, 41)]
+    assert rows.schema == records.TICK_ROWS_SCHEMA
+    assert rows.column(records.KAFKA_OFFSET).to_pylist() == [40, 42, 43]
+    assert set(rows.column(records.KAFKA_PARTITION).to_pylist()) == {3}
+    assert rows.column("trade_id").to_pylist() == ["1", "2", "1"]
+    unique, _ = records.kafka_ticks_table(kafka)  # the driver's: the last copy
+    last = [r for r in unique.to_pylist() if r["trade_id"] == "1"]
+    assert [int(r["ingested_at"].timestamp() * 1000) for r in last] == [build.T0 + 5]
+
+
 def test_each_record_reports_the_valid_rows_it_brought(build: Any) -> None:
     rows = [build.candle(i) for i in range(5)]
     rows[3] = build.candle(3, open=math.nan)

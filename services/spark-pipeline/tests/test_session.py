@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Settings
-from pipeline.session import SessionConfigError, driver_scratch, resolve_jars, spark_conf
+from pipeline.session import (
+    S3A_CHECKPOINT_MANAGER,
+    S3A_JARS,
+    SessionConfigError,
+    driver_scratch,
+    resolve_jars,
+    spark_conf,
+)
 
 JARS = (
     "spark-sql-kafka-0-10_2.13-4.0.4.jar",
@@ -94,3 +101,46 @@ def test_missing_jars_are_explained(tmp_path: Path) -> None:
         resolve_jars(Settings.model_validate({"spark": {"jars_dir": str(tmp_path / "nope")}}))
     with pytest.raises(SessionConfigError, match="do not exist"):
         resolve_jars(Settings.model_validate({"spark": {"jars": [str(tmp_path / "x.jar")]}}))
+
+
+def test_an_s3a_checkpoint_dir_gets_s3a_settings_from_the_catalogs_s3_store(
+    jars_dir: Path,
+) -> None:
+    """One home for the S3 settings: the catalog section's, for Iceberg and S3A alike."""
+    catalog = {
+        "s3_endpoint": "http://minio:9000",
+        "s3_access_key": "ak",
+        "s3_secret_key": "sk",
+        "s3_region": "eu-west-1",
+    }
+    on_s3 = Settings.model_validate(
+        {"catalog": catalog, "checkpoint_dir": "s3a://warehouse/checkpoints"}
+    )
+    conf = spark_conf(on_s3, include_launch=False)
+    prefix = "spark.hadoop.fs.s3a."
+    assert {k.removeprefix(prefix): v for k, v in conf.items() if k.startswith(prefix)} == {
+        "endpoint": "http://minio:9000",
+        "endpoint.region": "eu-west-1",
+        "path.style.access": "true",
+        "connection.ssl.enabled": "false",
+        "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+        "access.key": "ak",
+        "secret.key": "sk",
+    }
+    assert conf["spark.sql.streaming.checkpointFileManagerClass"] == S3A_CHECKPOINT_MANAGER
+    local = Settings.model_validate({"catalog": catalog})
+    assert not [k for k in spark_conf(local, include_launch=False) if "s3a" in k]
+    assert "spark.sql.streaming.checkpointFileManagerClass" not in spark_conf(
+        local, include_launch=False
+    )
+
+
+def test_an_s3a_checkpoint_dir_needs_the_s3a_jars(jars_dir: Path) -> None:
+    on_s3 = {"spark": {"jars_dir": str(jars_dir)}, "checkpoint_dir": "s3a://b/checkpoints"}
+    with pytest.raises(
+        SessionConfigError, match="hadoop-aws, s3-transfer-manager, spark-hadoop-cloud"
+    ):
+        resolve_jars(Settings.model_validate(on_s3))
+    for name in S3A_JARS:
+        (jars_dir / f"{name}-1.jar").write_bytes(b"")
+    assert len(resolve_jars(Settings.model_validate(on_s3))) == len(JARS) + len(S3A_JARS)

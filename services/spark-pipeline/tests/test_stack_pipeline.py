@@ -148,15 +148,7 @@ def test_metrics_and_health_follow_the_streaming_queries(
     assert health["status"] == "ok" and health["stopped_queries"] == []
     assert "history" in health["queries"]
 
-    def scrape() -> dict[str, float]:
-        with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-        return {
-            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line and not line.startswith("#")
-        }
-
+    scrape = pipeline.run.metrics
     # The batch's progress event follows its notification (published inside the batch).
     deadline = time.monotonic() + 60
     samples = scrape()

@@ -15,18 +15,6 @@ from mdproto.messages import HistoryReadyNotification, Status
 pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=60)]
 
 
-def _scrape(port: int) -> dict[str, float]:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-
-
 def test_failed_queries_restart_in_process_and_write_exactly_once(
     make_run: Any, tools: Any, build: Any
 ) -> None:
@@ -79,7 +67,7 @@ def test_failed_queries_restart_in_process_and_write_exactly_once(
     restarts = {"history": 2.0, "ticks-persist": 1.0}
 
     def restarted() -> bool:
-        samples = _scrape(run.metrics_port)
+        samples = run.metrics()
         return all(
             samples.get(f'pipeline_query_restarts_total{{query="{q}"}}') == count
             for q, count in restarts.items()
@@ -100,7 +88,7 @@ def test_failed_queries_restart_in_process_and_write_exactly_once(
     )
 
     assert run.process is not None and run.process.poll() is None, "the pipeline exited"
-    samples = _scrape(run.metrics_port)
+    samples = run.metrics()
     for query in ("candles-store", "markets"):
         assert samples[f'pipeline_query_restarts_total{{query="{query}"}}'] == 0.0
         assert samples[f'pipeline_query_active{{query="{query}"}}'] == 1.0

@@ -12,6 +12,7 @@ import pytest
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
 from mdproto.tables import Ohlc, Ticks
+from pipeline.executor_writes import Stored
 from pipeline.lake import Lake, TableNames
 from pipeline.write_paths import (
     CommitConflictError,
@@ -32,6 +33,15 @@ def test_the_rule_appends_absent_keys_on_the_driver_up_to_the_threshold() -> Non
     assert rule.choose(1001, keys_absent=True) == "spark-append"
     assert rule.choose(1, keys_absent=False) == "spark-merge"
     assert WriteRule(driver_append_max_rows=0).choose(1, keys_absent=True) == "spark-append"
+
+
+def test_the_rule_decodes_a_kafka_batch_on_the_executors_from_its_record_count() -> None:
+    rule = WriteRule(executor_append_min_records=1000)
+    assert rule.decode_on(0) == "driver"
+    assert rule.decode_on(999) == "driver"
+    assert rule.decode_on(1000) == "executors"
+    assert rule.decode_on(5_000_000) == "executors"
+    assert WriteRule(executor_append_min_records=0).decode_on(5_000_000) == "driver"  # off
 
 
 @dataclass
@@ -176,3 +186,62 @@ def test_any_other_append_failure_fails_the_write_with_no_other_engine() -> None
         lake.write_history(session, _candles(3))  # type: ignore[arg-type]
     assert session.statements == [] and session.spark_appends == []
     assert reported == []
+
+
+@dataclass
+class FakeTicksLake:
+    """`Lake` as ticks-persist uses it: the rule, and the two ways to store a batch."""
+
+    rule: WriteRule
+    ways: list[str] = field(default_factory=list)
+
+    def write_kafka_ticks(self, session: Any, kafka: Any) -> Stored:
+        self.ways.append("executors")
+        return Stored(7, "executor-append 7")
+
+    def write_ticks(self, session: Any, ticks: pa.Table) -> str:
+        self.ways.append(f"driver {ticks.num_rows}")
+        return f"append {ticks.num_rows}"
+
+
+@dataclass
+class FakeKafkaBatch:
+    """A micro-batch DataFrame: its rows reach Python only through ``toArrow``."""
+
+    rows: pa.Table
+    collected: int = 0
+    sparkSession: Any = None  # noqa: N815 (Spark API)
+
+    def select(self, *_columns: str) -> FakeKafkaBatch:
+        return self
+
+    def toArrow(self) -> pa.Table:  # noqa: N802 (Spark API)
+        self.collected += 1
+        return self.rows
+
+
+def test_ticks_persist_decodes_a_batch_where_its_record_count_says(build: Any) -> None:
+    """The count comes from the offsets (here: by batch id); a large batch never reaches
+    the driver's Python, a small one is decoded there."""
+    from mdproto import envelope
+    from pipeline.live import TickPersister
+
+    values = [envelope.encode_record(build.tick(i, 100.0, build.T0)) for i in range(3)]
+    lake = FakeTicksLake(WriteRule(executor_append_min_records=100))
+    points: list[str] = []
+    counts = {0: 100, 1: 99, 2: 0}
+    persist = TickPersister(lake, points.append, counts.__getitem__)  # type: ignore[arg-type]
+
+    large, small = (
+        FakeKafkaBatch(build.kafka_table(values)),
+        FakeKafkaBatch(build.kafka_table(values)),
+    )
+    persist(large, 0)  # type: ignore[arg-type]
+    persist(small, 1)  # type: ignore[arg-type]
+
+    assert lake.ways == ["executors", "driver 3"]
+    assert (large.collected, small.collected) == (0, 1)
+    assert points == ["live-after-ticks-commit"] * 2
+    off = FakeTicksLake(WriteRule(executor_append_min_records=100))
+    TickPersister(off, points.append)(FakeKafkaBatch(build.kafka_table(values)), 2)  # type: ignore[arg-type]
+    assert off.ways == ["driver 3"]  # no offset log read: every batch on the driver

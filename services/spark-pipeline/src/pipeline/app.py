@@ -343,6 +343,9 @@ def _lake(
         spark,
         names,
         ArrowAppends(c.name, c.pyiceberg_properties()),
-        rule=WriteRule(driver_append_max_rows=c.driver_append_max_rows),
+        rule=WriteRule(
+            driver_append_max_rows=c.driver_append_max_rows,
+            executor_append_min_records=c.executor_append_min_records,
+        ),
         report=metrics.IcebergWrites(registry) if registry else None,
     )

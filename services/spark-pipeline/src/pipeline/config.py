@@ -73,7 +73,12 @@ class CatalogConfig(_Section):
     #: Appends (candles, trades, requests) of at most this many rows are written by
     #: pyiceberg on the driver, larger ones by Spark's executors; 0: every append is a
     #: Spark job. MERGEs are Spark's either way (`write_paths.WriteRule`, ADR 0017).
-    driver_append_max_rows: int = Field(default=600_000, ge=0)
+    driver_append_max_rows: int = Field(default=2_000_000, ge=0)
+    #: ticks-persist micro-batches of at least this many Kafka records (counted from the
+    #: query's offset log before any is fetched) are decoded, checked against the stored
+    #: keys and appended by Spark's executors ("executor-append"); smaller ones on the
+    #: driver. 0: never (ADR 0021).
+    executor_append_min_records: int = Field(default=1_000_000, ge=0)
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """The same catalog and S3 store for a pyiceberg client (`arrow_appends`)."""
@@ -170,7 +175,7 @@ class CepConfig(_Section):
     candle_grace_s: float = Field(default=2.0, ge=0)
     #: Trade ids remembered per watched ticker to drop Kafka re-deliveries.
     dedupe_capacity: int = Field(default=10_000, ge=1)
-    #: Engine snapshots kept in <checkpoint_dir>/live-engine/cep (needs a local path).
+    #: Engine snapshots kept in <checkpoint_dir>/live-engine/cep (local, or the S3 store).
     snapshots_kept: int = Field(default=3, ge=2)
 
 
@@ -304,7 +309,9 @@ class Settings(runtime.FileSettings):
     markets: MarketsConfig = Field(default_factory=MarketsConfig)
     gaps: GapsConfig = Field(default_factory=GapsConfig)
     restart: RestartConfig = Field(default_factory=RestartConfig)
-    #: One sub-directory per query; a local path or a Hadoop URI (s3a:// needs hadoop-aws).
+    #: One sub-directory per query; a local path or ``s3a://bucket/prefix`` (the catalog's
+    #: S3 store, `session.s3a_conf`). The engine's own and CEP's snapshots and the pending
+    #: gap rebuilds go beside them (docs/adr/0022).
     checkpoint_dir: str = ".state/spark-pipeline/checkpoints"
     #: The pipeline's PUB (the relay's XSUB connects here); ``tcp://127.0.0.1:*`` picks a port.
     pub_endpoint: str = f"tcp://*:{contracts.PIPELINE_PUB_PORT}"

@@ -33,6 +33,7 @@ import zmq
 
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import live_metrics
+from pipeline.blobs import is_local
 from pipeline.config import Settings, load_settings
 from pipeline.live_engine import LiveEngine
 from pipeline.pub_server import SUBSCRIPTION_CHECK_MS, Outlet, Sequencer, new_epoch, xpub_socket
@@ -54,6 +55,13 @@ def serve(settings: Settings, stop: threading.Event, ready_file: Path | None = N
         )
     if not (settings.live.enabled or settings.cep.enabled):
         raise EngineConfigError("live and cep are both off: this engine would have nothing to do")
+    if not is_local(settings.checkpoint_dir):
+        raise EngineConfigError(
+            f"checkpoint_dir {settings.checkpoint_dir!r} is not local: an extra engine's own "
+            "snapshot (its trigger set and cep.triggers offsets) is its process's, and "
+            "engines sharing one config would overwrite each other's there; give each a "
+            "local checkpoint_dir (its partitions' state is in live.state_location anyway)"
+        )
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     xpub = xpub_socket(ctx, settings.pub_sndhwm)
     for endpoint in endpoints:

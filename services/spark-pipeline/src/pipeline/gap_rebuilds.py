@@ -4,8 +4,8 @@ Why: the live engine built a recorded market's candles over a gap without the tr
 the feed missed (and marked them incomplete); the ingestor has since fetched those
 trades (``Tick.repaired``) into ``market.ticks``, which now holds them all.
 
-    gaps query: a REPAIRED gap -> pending (a JSON file under checkpoint_dir: a restart
-    keeps it) -> this thread, every gaps.retry_s while anything is pending:
+    gaps query: a REPAIRED gap -> pending (a JSON object under checkpoint_dir, local or
+    S3: a restart keeps it) -> this thread, every gaps.retry_s while anything is pending:
       probe ``ticks`` (one Spark aggregate for every pending gap: to_trade_id stored?
         trades inside, counted as the repair counts them? newest stored trade)
       -> `next_step` (pure, per gap): wait, give up, or rebuild what settled
@@ -51,7 +51,7 @@ from mdproto import topics
 from mdproto.messages import OHLC
 from mdproto.tables import Ohlc
 from pipeline import records
-from pipeline.cep.state import local_path, replace_file
+from pipeline.blobs import Blob, Folder
 from pipeline.config import Settings
 from pipeline.gaps import Gap
 from pipeline.lake import Lake
@@ -235,23 +235,25 @@ def corrections(rows: pa.Table, now_ms: int, within_ms: int) -> list[tuple[str, 
 
 
 class PendingFile:
-    """The pending gaps and their rebuilt windows, one JSON file replaced atomically: a
-    REPAIRED record is read once by the gaps query, so its rebuild must outlive a restart."""
+    """The pending gaps and their rebuilt windows, one JSON object replaced whole (beside
+    the checkpoints, local or in the S3 store): a REPAIRED record is read once by the
+    gaps query, so its rebuild must outlive a restart, on this host or another."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, target: Path | Blob) -> None:
+        self.blob = target if isinstance(target, Blob) else Blob.local(target)
 
     @classmethod
     def for_settings(cls, settings: Settings) -> PendingFile:
-        return cls(local_path(settings.checkpoint_for("gap-rebuilds")) / "pending.json")
+        folder = Folder.at(settings.checkpoint_for("gap-rebuilds"), settings.catalog)
+        return cls(folder.child("pending.json"))
 
     def load(self) -> list[tuple[Gap, set[Window]]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
+        raw = self.blob.read()
+        if raw is None:
             return []
+        data = json.loads(raw)
         if data.get("format") != PENDING_FORMAT:
-            log.warning("%s: format %s is not ours: ignored", self.path, data.get("format"))
+            log.warning("%s: format %s is not ours: ignored", self.blob, data.get("format"))
             return []
         return [
             (Gap(**entry["gap"]), {(int(p), int(s)) for p, s in entry["done"]})
@@ -263,8 +265,7 @@ class PendingFile:
             "format": PENDING_FORMAT,
             "gaps": [{"gap": dataclasses.asdict(p.gap), "done": sorted(p.done)} for p in pending],
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(self.path, json.dumps(body, separators=(",", ":")).encode())
+        self.blob.write(json.dumps(body, separators=(",", ":")).encode())
 
 
 # -- Spark (the adapters) -------------------------------------------------------------------

@@ -38,14 +38,14 @@ from mdproto.tables import (
     Ticks,
     TradeBars,
 )
-from pipeline import driver_reads, history_notices, records, row_counts, trade_bars
+from pipeline import driver_reads, executor_writes, history_notices, records, row_counts, trade_bars
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
 from pipeline.write_paths import CommitError, WritePath, WriteRule, typed_commit_errors
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -499,6 +499,11 @@ class Lake:
         #: Held by every writer of ``ohlc`` in this process (history and live candles).
         self.ohlc_lock = threading.Lock()
 
+    @property
+    def rule(self) -> WriteRule:
+        """Which way each write runs, and where a ``ticks`` micro-batch is decoded."""
+        return self._rule
+
     # -- setup -------------------------------------------------------------------
 
     def ensure_tables(self) -> None:
@@ -608,6 +613,49 @@ class Lake:
             lambda view: merge_ticks(target, view, lo_ms, hi_ms),
         )  # fmt: skip
         return "merge" if path == "append-then-merge" else f"append {appended}"
+
+    def write_kafka_ticks(self, session: SparkSession, kafka: DataFrame) -> executor_writes.Stored:
+        """Store the new trades of a Kafka micro-batch (``value``, ``timestamp``,
+        ``partition``, ``offset``) without bringing its rows to the driver: decoded,
+        deduplicated, checked against the stored keys and appended by Spark's executors
+        (`executor_writes`); how: "executor-append N" or "merge". The one fallback is
+        `_write`'s: a typed commit error -> the MERGE.
+
+        ``ticks-persist`` is the table's only writer, one batch at a time, so the keys the
+        join reads cannot change before the append: a replayed batch appends nothing.
+        """
+        target = self.names.ticks
+        ticks = executor_writes.unique_ticks(kafka).persist()
+        try:
+            started = time.monotonic()
+            span = executor_writes.span_of(ticks)  # job 1: fetch, decode, dedupe, cache
+            decoded = time.monotonic()
+            if span.rows == 0:
+                return executor_writes.Stored(0, "none")
+            before = self.snapshot_id(target)
+            path: WritePath = "executor-append"
+            try:
+                with typed_commit_errors():  # job 2: the join and the files; commit here
+                    executor_writes.unstored(session, ticks, target, span).writeTo(target).append()
+            except CommitError as exc:
+                log.warning("%s to %s: %s, MERGEing instead", path, target, failure_cause(exc))
+                path = "append-then-merge"
+                lo_ms, hi_ms = span.ms_range
+                self._merge_frame(
+                    session, "ticks", ticks, lambda view: merge_ticks(target, view, lo_ms, hi_ms)
+                )
+            self._reported(target, path)
+            how = "merge"
+            if path == "executor-append":
+                table = self._tables.load(_identifier(target))
+                how = f"{path} {executor_writes.appended_since(table, before)}"
+            steps = (
+                ("decode", (decoded - started) * 1000),
+                ("write", (time.monotonic() - decoded) * 1000),
+            )
+            return executor_writes.Stored(span.rows, how, steps)
+        finally:
+            ticks.unpersist()
 
     def _append_unstored(
         self,
@@ -848,8 +896,18 @@ class Lake:
         self, session: SparkSession, kind: str, rows: pa.Table, statement: Callable[[str], str]
     ) -> None:
         """Run the MERGE ``statement(view)`` with ``rows`` as the temp view ``view``."""
+        self._merge_frame(session, kind, session.createDataFrame(rows), statement)
+
+    def _merge_frame(
+        self,
+        session: SparkSession,
+        kind: str,
+        frame: DataFrame,
+        statement: Callable[[str], str],
+    ) -> None:
+        """Run the MERGE ``statement(view)`` with ``frame`` as the temp view ``view``."""
         view = _view_name(kind)
-        session.createDataFrame(rows).createOrReplaceTempView(view)
+        frame.createOrReplaceTempView(view)
         try:
             self._run(session, statement(view))
         finally:

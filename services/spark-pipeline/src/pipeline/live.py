@@ -1,7 +1,9 @@
-"""Live path in Spark: what must be durable, on slow triggers and without Python workers.
+"""Live path in Spark: what must be durable, on slow triggers.
 
     market.ticks      -> ticks-persist (every live.persist_trigger_s): append the new
-                         (ticker, trade_id) to ``ticks`` (stored keys read first)
+                         (ticker, trade_id) to ``ticks`` (stored keys read first); a
+                         batch of catalog.executor_append_min_records or more
+                         records is decoded and appended by the executors
     market.ohlc.live  -> candles-store (every live.store_trigger_s): MERGE closed
                          candles into ``ohlc`` (source live; a correction amends)
     market.book       -> book-store (every live.book_store_trigger_s): MERGE the
@@ -9,21 +11,26 @@
                          BookDelta records into ``book_deltas``
 
 Publication (ticks, previews, closed candles) is the live engine's, in the PUB
-process (``live_engine.py``): these queries only store. Both decode on the driver
+process (``live_engine.py``): these queries only store. They decode on the driver
 (Arrow from the JVM, one pass in Python), so no ``pyspark.daemon`` worker runs
-for them; a trigger without new records costs Spark an offset lookup only.
+for them, except a large ticks batch (ADR 0021); a trigger without new records
+costs Spark an offset lookup only.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline import records
+from pipeline import batch_offsets, records
+from pipeline.blobs import Folder
 from pipeline.config import Settings
+from pipeline.executor_writes import Stored
 from pipeline.lake import Lake
 from pipeline.streams import QueryStarter, kafka_source, start_query
 
@@ -38,28 +45,62 @@ log = logging.getLogger(__name__)
 KAFKA_COLUMNS = ("value", "timestamp", "partition", "offset")
 
 
-class TickPersister:
-    """ticks-persist: decode on the driver, append new (ticker, trade_id) to ``ticks``."""
+#: How many Kafka records a micro-batch holds, by batch id (`batch_offsets.batch_records`).
+BatchRecords = Callable[[int], int]
 
-    def __init__(self, lake: Lake, crash_point: CrashPoint) -> None:
+
+class TickPersister:
+    """ticks-persist: append new (ticker, trade_id) to ``ticks``, the batch decoded on the
+    driver or, when its offsets say it is large, on the executors (`WriteRule.decode_on`,
+    ADR 0021)."""
+
+    def __init__(
+        self, lake: Lake, crash_point: CrashPoint, batch_records: BatchRecords | None = None
+    ) -> None:
         self._lake = lake
         self._crash_point = crash_point
+        self._batch_records = batch_records  # None: every batch on the driver
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        ticks, rejects = records.kafka_ticks_table(batch_df.select(*KAFKA_COLUMNS).toArrow())
-        records.log_rejects(f"ticks-persist batch {batch_id}", rejects)
-        if ticks.num_rows == 0:
+        kafka = batch_df.select(*KAFKA_COLUMNS)
+        count = self._batch_records(batch_id) if self._batch_records is not None else 0
+        if self._lake.rule.decode_on(count) == "executors":
+            stored = self.on_executors(kafka)
+        else:
+            stored = self.on_driver(kafka, batch_id)
+        if stored.unique == 0:
             return
-        how = self._lake.write_ticks(batch_df.sparkSession, ticks)
         self._crash_point("live-after-ticks-commit")
         log.info(
-            "ticks-persist batch %d: %d unique ticks stored (%s) in %.0f ms",
+            "ticks-persist batch %d: %d unique ticks stored (%s) in %.0f ms (%s)",
             batch_id,
-            ticks.num_rows,
-            how,
+            stored.unique,
+            stored.how,
             (time.monotonic() - started) * 1000,
+            stored.steps(),
         )
+
+    def on_driver(self, kafka: DataFrame, batch_id: int) -> Stored:
+        """Every record to the driver as Arrow, decoded there, the new ticks appended
+        (`Lake.write_ticks`)."""
+        started = time.monotonic()
+        arrow = kafka.toArrow()
+        collected = time.monotonic()
+        ticks, rejects = records.kafka_ticks_table(arrow)
+        del arrow  # the batch's records, no longer needed while the append runs
+        records.log_rejects(f"ticks-persist batch {batch_id}", rejects)
+        decoded = time.monotonic()
+        if ticks.num_rows == 0:
+            return Stored(0, "none")
+        how = self._lake.write_ticks(kafka.sparkSession, ticks)
+        steps = {"collect": collected - started, "decode": decoded - collected}
+        steps["write"] = time.monotonic() - decoded
+        return Stored(ticks.num_rows, how, tuple((k, v * 1000) for k, v in steps.items()))
+
+    def on_executors(self, kafka: DataFrame) -> Stored:
+        """Decoded and appended by Spark's executors (`Lake.write_kafka_ticks`)."""
+        return self._lake.write_kafka_ticks(kafka.sparkSession, kafka)
 
 
 class CandleStore:
@@ -122,6 +163,15 @@ class BookStore:
             )
 
 
+def offset_log_records(settings: Settings, query: str) -> BatchRecords | None:
+    """The record count of ``query``'s micro-batches from its offset log; None when no
+    batch may go to the executors (``catalog.executor_append_min_records`` 0)."""
+    if not settings.catalog.executor_append_min_records:
+        return None
+    checkpoint = Folder.at(settings.checkpoint_for(query), settings.catalog)
+    return functools.partial(batch_offsets.batch_records, checkpoint)
+
+
 def live_ohlc_rows(rows: pa.Table) -> pa.Table:
     """Closed candle rows -> ``ohlc`` rows of source live (no exchange-only volumes), their
     ``incomplete`` note kept."""
@@ -159,7 +209,7 @@ def starters(
             kafka(k.topic_ticks),
             name="ticks-persist",
             settings=settings,
-            function=TickPersister(lake, crash),
+            function=TickPersister(lake, crash, offset_log_records(settings, "ticks-persist")),
             trigger_s=live.persist_trigger_s,
         )
 

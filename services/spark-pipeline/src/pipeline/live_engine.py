@@ -64,9 +64,9 @@ from mdproto import ProtocolError, envelope, partitioning, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
 from mdproto.recent import RecentKeys
 from pipeline import records
+from pipeline.blobs import Blob, Folder
 from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
-from pipeline.cep.state import local_path, replace_file
 from pipeline.config import Settings
 from pipeline.gc_pacing import GcPacing
 from pipeline.live_books import BookRecord
@@ -105,7 +105,7 @@ class EngineOutlet(Protocol):
 
 @dataclass
 class Snapshot:
-    """The engine's own part, kept beside its CEP state (local): the next offset of each
+    """The engine's own part, kept beside its CEP state: the next offset of each
     ``cep.triggers`` partition and the CEP batch whose state was saved with it."""
 
     offsets: dict[Position, int] = field(default_factory=dict)
@@ -113,22 +113,24 @@ class Snapshot:
 
 
 class SnapshotFile:
-    """One JSON file, replaced atomically (write, fsync, rename)."""
+    """One JSON object, replaced whole (`blobs.Blob`): beside the checkpoints, local or
+    in the S3 store."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, target: Path | Blob) -> None:
+        self.blob = target if isinstance(target, Blob) else Blob.local(target)
 
     @classmethod
     def for_settings(cls, settings: Settings) -> SnapshotFile:
-        return cls(local_path(settings.checkpoint_for("live-engine")) / "snapshot.json")
+        folder = Folder.at(settings.checkpoint_for("live-engine"), settings.catalog)
+        return cls(folder.child("snapshot.json"))
 
     def load(self) -> Snapshot | None:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
+        raw = self.blob.read()
+        if raw is None:
             return None
+        data = json.loads(raw)
         if data.get("format") != SNAPSHOT_FORMAT:
-            log.warning("%s: snapshot format %s is not ours: ignored", self.path, data["format"])
+            log.warning("%s: snapshot format %s is not ours: ignored", self.blob, data["format"])
             return None
         offsets = {
             (topic, int(p)): int(o)
@@ -138,12 +140,11 @@ class SnapshotFile:
         return Snapshot(offsets, data["cep_batch"])
 
     def save(self, snapshot: Snapshot) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         offsets: dict[str, dict[int, int]] = {}
         for (topic, p), o in snapshot.offsets.items():
             offsets.setdefault(topic, {})[p] = o
         body = {"format": SNAPSHOT_FORMAT, "offsets": offsets, "cep_batch": snapshot.cep_batch}
-        replace_file(self.path, json.dumps(body, separators=(",", ":")).encode())
+        self.blob.write(json.dumps(body, separators=(",", ":")).encode())
 
 
 def group_consumer_config(s: Settings) -> dict[str, Any]:
@@ -751,8 +752,12 @@ class _Run:
         if self.dirty:
             return False
         if self.cep is not None:
-            cep_batch = self.cep.checkpoint()
-            self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
+            try:
+                cep_batch = self.cep.checkpoint()
+                self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
+            except OSError as exc:  # the S3 store away (checkpoint_dir on it): retried
+                log.warning("live engine: CEP snapshot not saved: %s", exc)
+                return False
         return True
 
 

@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 
 from pyarrow import fs
 
+from pipeline.blobs import S3_SCHEMES, s3_filesystem
 from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
@@ -137,21 +138,8 @@ class StateStore:
         location = settings.live.state_location or _default_location(settings)
         root = f"{location.rstrip('/')}/{settings.live_group_id}"
         parsed = urlparse(root)
-        if parsed.scheme == "s3":
-            c = settings.catalog
-            endpoint = urlparse(c.s3_endpoint)
-            s3 = fs.S3FileSystem(
-                access_key=c.s3_access_key,
-                secret_key=c.s3_secret_key,
-                region=c.s3_region,
-                endpoint_override=endpoint.netloc or None,
-                scheme=endpoint.scheme or "https",
-                connect_timeout=c.connect_timeout_s,
-                # A state object is a few KB: a store that hangs is given up soon, and
-                # the engine's live path (same thread) goes on (`_Run.save`).
-                request_timeout=5,
-                retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
-            )
+        if parsed.scheme in S3_SCHEMES:
+            s3 = s3_filesystem(settings.catalog, request_timeout_s=5)
             return cls(s3, f"{parsed.netloc}{parsed.path}")
         if parsed.scheme in ("", "file"):
             return cls(fs.LocalFileSystem(), parsed.path if parsed.scheme else root)

@@ -440,15 +440,43 @@ def ticks_to_table(ticks: Sequence[Tick], ingested_fallback_ms: Sequence[int]) -
     )
 
 
-def kafka_ticks_table(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
-    """Kafka rows -> valid ticks as ``TICK_SCHEMA`` rows, unique on ``TICK_KEY`` (the
-    last copy wins), and the rejects. ``ingested_at`` falls back to the Kafka time."""
+#: The Kafka coordinates `kafka_ticks_rows` adds to each tick row: its order in Kafka.
+KAFKA_PARTITION = "kafka_partition"
+KAFKA_OFFSET = "kafka_offset"
+#: `kafka_ticks_rows`' layout: ``TICK_SCHEMA`` and where each row came from.
+TICK_ROWS_SCHEMA = pa.schema(
+    [
+        *TICK_SCHEMA,
+        pa.field(KAFKA_PARTITION, pa.int32(), nullable=False),
+        pa.field(KAFKA_OFFSET, pa.int64(), nullable=False),
+    ]
+)
+
+
+def kafka_ticks_rows(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
+    """Kafka rows -> valid ticks as ``TICK_ROWS_SCHEMA`` rows in Kafka order, duplicates
+    kept, and the rejects. ``ingested_at`` falls back to the Kafka time.
+
+    Why the coordinates: on Spark's executors each task decodes its own share, so the
+    copies of a trade meet (and the last one wins) only after a shuffle."""
     decoded = decode_ticks(kafka)
     stamps = kafka_timestamps_ms(kafka, kafka.num_rows, 0)
     partitions, offsets = kafka_coordinates(kafka)
     row_of = {(p, o): i for i, (p, o) in enumerate(zip(partitions, offsets, strict=True))}
     fallback = [stamps[row_of[c]] for c in decoded.coordinates]
-    return dedupe_last(ticks_to_table(decoded.ticks, fallback), TICK_KEY), decoded.rejects
+    ticks = ticks_to_table(decoded.ticks, fallback)
+    where = [
+        pa.array([p for p, _ in decoded.coordinates], pa.int32()),
+        pa.array([o for _, o in decoded.coordinates], pa.int64()),
+    ]
+    return pa.Table.from_arrays([*ticks.columns, *where], schema=TICK_ROWS_SCHEMA), decoded.rejects
+
+
+def kafka_ticks_table(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
+    """Kafka rows -> valid ticks as ``TICK_SCHEMA`` rows, unique on ``TICK_KEY`` (the
+    last copy wins), and the rejects. ``ingested_at`` falls back to the Kafka time."""
+    rows, rejects = kafka_ticks_rows(kafka)
+    return dedupe_last(rows.select(TICK_SCHEMA.names), TICK_KEY), rejects
 
 
 #: Columns of closed live candles as the ``ohlc`` MERGE and the PUB take them.

@@ -27,6 +27,17 @@ ICEBERG_CATALOG = "org.apache.iceberg.spark.SparkCatalog"
 # plain S3FileIO fails on a local checkpoint with "Invalid S3 URI".
 RESOLVING_FILE_IO = "org.apache.iceberg.io.ResolvingFileIO"
 REQUIRED_JARS = ("spark-sql-kafka-0-10", "iceberg-spark-runtime", "iceberg-aws-bundle")
+#: What an ``s3a://`` checkpoint_dir needs besides: Hadoop's S3A file system, the AWS
+#: SDK's transfer manager it uploads with (the rest of the SDK is iceberg-aws-bundle's),
+#: and Spark's checkpoint manager that writes without a rename (docs/adr/0022).
+S3A_JARS = ("hadoop-aws", "s3-transfer-manager", "spark-hadoop-cloud")
+#: The catalog's access key and secret, nothing else (no instance metadata, no env).
+S3A_STATIC_KEYS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+#: Writes each checkpoint file straight to its name through an abortable stream: no
+#: temporary file and rename (on S3 a copy and a delete), no half-written file seen.
+S3A_CHECKPOINT_MANAGER = (
+    "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
+)
 LOOPBACK = "127.0.0.1"
 
 
@@ -53,14 +64,40 @@ def resolve_jars(settings: Settings) -> list[str]:
     if missing_files:
         raise SessionConfigError(f"spark.jars lists files that do not exist: {missing_files}")
     names = " ".join(Path(j).name for j in jars)
-    absent = [r for r in REQUIRED_JARS if r not in names]
+    required = REQUIRED_JARS + (S3A_JARS if checkpoints_on_s3(settings) else ())
+    absent = [r for r in required if r not in names]
     if absent:
         raise SessionConfigError(
             f"no {', '.join(absent)} jar in spark.jars / spark.jars_dir ({jars or 'empty'}): "
-            "the Kafka source and Iceberg runtime are Maven artifacts "
+            "the Kafka source, Iceberg runtime and S3A file system are Maven artifacts "
             "(`python -m infra.artifacts` puts them in .cache/spark)"
         )
     return jars
+
+
+def checkpoints_on_s3(settings: Settings) -> bool:
+    """Whether Spark's checkpoints go to the S3 store (``s3a://``, Hadoop's S3A)."""
+    return settings.checkpoint_dir.startswith("s3a://")
+
+
+def s3a_conf(settings: Settings) -> dict[str, str]:
+    """Hadoop's S3A settings for an ``s3a://`` checkpoint_dir, from the pipeline's one set
+    of S3 settings (``catalog.s3_*``, which Iceberg and pyarrow use too); none otherwise.
+    """
+    if not checkpoints_on_s3(settings):
+        return {}
+    c = settings.catalog
+    hadoop = "spark.hadoop.fs.s3a"
+    return {
+        f"{hadoop}.endpoint": c.s3_endpoint,
+        f"{hadoop}.endpoint.region": c.s3_region,
+        f"{hadoop}.path.style.access": "true",
+        f"{hadoop}.connection.ssl.enabled": str(c.s3_endpoint.startswith("https:")).lower(),
+        f"{hadoop}.aws.credentials.provider": S3A_STATIC_KEYS,
+        f"{hadoop}.access.key": c.s3_access_key,
+        f"{hadoop}.secret.key": c.s3_secret_key,
+        "spark.sql.streaming.checkpointFileManagerClass": S3A_CHECKPOINT_MANAGER,
+    }
 
 
 def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, str]:
@@ -93,6 +130,7 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.scheduler.mode": "FAIR",
+        **s3a_conf(settings),
     }
     if include_launch:
         conf["spark.scheduler.allocation.file"] = str(scheduler_pools_file())

@@ -1,9 +1,12 @@
 """Which way an Iceberg write runs, and what a failed commit is called.
 
-Every write of `Lake` goes one of three ways, chosen here before it starts and
+Every write of `Lake` goes one of four ways, chosen here before it starts and
 never by trying another engine after an exception: an append from the driver
-(pyiceberg), an append as a Spark job, or a Spark MERGE. The rule and the
-figures behind its threshold: docs/adr/0017-one-write-path-per-batch.md.
+(pyiceberg), an append as a Spark job from the driver's Arrow, a Spark MERGE, or,
+for a large ``ticks-persist`` micro-batch, an append whose rows never reach the
+driver (decoded, deduplicated and appended by Spark's executors). The rule and the
+figures behind its thresholds: docs/adr/0017-one-write-path-per-batch.md and
+docs/adr/0021-writes-on-executors.md.
 
 A commit that fails is named by the exception's class (pyiceberg's, or the Java
 class py4j reports), never by its message text: `commit_error`.
@@ -20,24 +23,44 @@ from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
 #: The ways a write can run (the ``path`` label of ``pipeline_iceberg_writes_total``).
+#: "executor-append": a Kafka micro-batch decoded, checked against the stored keys and
+#: appended by Spark's executors, the driver planning and committing only.
 #: "append-then-merge": an append whose commit conflicted or whose state is unknown,
 #: followed by the MERGE (right whether the append landed or not).
-WritePath = Literal["driver-append", "spark-append", "spark-merge", "append-then-merge"]
+WritePath = Literal[
+    "driver-append", "spark-append", "executor-append", "spark-merge", "append-then-merge"
+]
 WRITE_PATHS: tuple[WritePath, ...] = (
     "driver-append",
     "spark-append",
+    "executor-append",
     "spark-merge",
     "append-then-merge",
 )
+#: Where a Kafka micro-batch's records are decoded (`WriteRule.decode_on`).
+DecodePlace = Literal["driver", "executors"]
 
 
 @dataclass(frozen=True, slots=True)
 class WriteRule:
-    """The one rule (thresholds from ``catalog.driver_append_max_rows``)."""
+    """The one rule (thresholds from ``catalog.driver_append_max_rows`` and
+    ``catalog.executor_append_min_records``)."""
 
     #: Appends of at most this many rows are written by pyiceberg on the driver; larger
     #: ones by Spark's executors. 0: every append is a Spark job.
-    driver_append_max_rows: int = 600_000
+    driver_append_max_rows: int = 2_000_000
+    #: Kafka micro-batches of ``ticks`` of at least this many records are decoded and
+    #: appended on Spark's executors ("executor-append"); smaller ones on the driver.
+    #: 0: never.
+    executor_append_min_records: int = 0
+
+    def decode_on(self, records: int) -> DecodePlace:
+        """Where a Kafka micro-batch of ``records`` records (counted from its offsets,
+        before any is fetched) is decoded. On the driver every row passes through one
+        Python process, then `choose` picks its append; on the executors nothing but the
+        plan and the commit does (figures: docs/adr/0021-writes-on-executors.md)."""
+        threshold = self.executor_append_min_records
+        return "executors" if 0 < threshold <= records else "driver"
 
     def choose(self, rows: int, *, keys_absent: bool) -> WritePath:
         """How to write ``rows`` rows. ``keys_absent``: none of their keys is stored (read

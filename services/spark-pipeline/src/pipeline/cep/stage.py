@@ -21,11 +21,12 @@ from typing import Any
 from mdproto import contracts
 from mdproto.messages import Tick
 from mdproto.runtime.kafka import ensure_topics, spec
+from pipeline.blobs import Folder
 from pipeline.cep import kafka
 from pipeline.cep.engine import Engine
 from pipeline.cep.records import Coordinates, ordered_batch
 from pipeline.cep.runner import CepRunner, Publish
-from pipeline.cep.state import SnapshotStore, local_path
+from pipeline.cep.state import SnapshotStore
 from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,10 @@ class CepStage:
         )
         self.trigger_topic = k.topic_cep_triggers
         self._writer = kafka.TombstoneWriter(k.bootstrap_servers, k.topic_cep_triggers)
-        directory = local_path(settings.checkpoint_for("live-engine")) / "cep"
+        # Beside the checkpoints: in the S3 store with an s3a:// checkpoint_dir.
+        directory = Folder.at(settings.checkpoint_for("live-engine"), settings.catalog).folder(
+            "cep"
+        )
 
         def new_engine() -> Engine:
             return Engine(
