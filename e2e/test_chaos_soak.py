@@ -14,8 +14,8 @@ within 10 s of its fault, every trigger whose threshold was crossed fired once.
 
 It runs on the e2e stack's recorded markets (`infra.testing.E2E_RECORDED`), which
 no other test injects into, and leaves every component ready for the next test.
-``make e2e-soak IMAGES=offline`` runs it (docs/soak.md); ``make e2e`` leaves it out
-until it has passed enough runs to gate every merge.
+``make e2e`` runs it with the other compose tests (so CI does); ``make e2e-soak
+IMAGES=offline`` runs it alone (docs/soak.md).
 """
 
 from __future__ import annotations
