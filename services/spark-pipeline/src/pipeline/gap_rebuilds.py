@@ -493,12 +493,16 @@ class GapRebuilds:
         if self._stop.is_set():
             return
         self._write([(item.gap, step.windows) for item, step in due if step.windows], now_ms)
-        for item, step in due:
-            with self._lock:
+        # The round's progress saved once (the pending object may be in the S3 store).
+        with self._lock:
+            for item, step in due:
                 item.done.update(step.windows)
-                self._save()
+                if step.finished:
+                    self._pending.pop(item.gap.gap_id, None)
+            self._save()
+        for item, step in due:
             if step.finished:
-                self._finish(item, "done", f"{len(item.done)} windows rebuilt")
+                self._ended(item, "done", f"{len(item.done)} windows rebuilt")
 
     def _deferred(self, item: Pending, probe: Probe, now_ms: int) -> None:
         gap = item.gap
@@ -547,6 +551,10 @@ class GapRebuilds:
         with self._lock:
             self._pending.pop(item.gap.gap_id, None)
             self._save()
+        self._ended(item, outcome, detail)
+
+    def _ended(self, item: Pending, outcome: str, detail: str) -> None:
+        """Say and count how a gap's rebuild ended (it has left the pending set)."""
         if outcome == "done":
             log.info("gap %s: live candles rebuilt (%s)", item.gap.gap_id, detail)
         else:
