@@ -68,7 +68,11 @@ lint: venv proto
 TEST_MARKS := not compose and (not e2e or local)
 UNIT_WORKERS ?= 4
 STACK_WORKERS ?= 3
-test: lint jars gateway-assets
+# Lint, the jars (Maven, then Spark's class archive: one JVM thread) and the chart
+# library do not depend on each other: they are made side by side, each target's
+# output kept together (-Otarget).
+test: venv proto
+	$(MAKE) --no-print-directory -j3 -Otarget lint jars gateway-assets
 	$(BIN)/pytest -n $(UNIT_WORKERS) -m "not stack and ($(TEST_MARKS))" --durations=20 $(TESTS)
 	$(BIN)/pytest -n $(STACK_WORKERS) --dist loadfile -m "stack and ($(TEST_MARKS))" --durations=40 $(TESTS)
 
