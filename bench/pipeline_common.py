@@ -24,7 +24,6 @@ from pathlib import Path
 from infra.localstack import StackConfig, StackEndpoints, start_on_free_ports
 from infra.localstack.components import Component, Kafka, make_components
 from infra.testing import free_port, pipeline_env
-from mdproto import envelope
 from mdproto.messages import TakerSide, Tick
 
 WAIT_S = 300.0
@@ -168,7 +167,7 @@ def produce_ticks(
     run: str | None = None,
 ) -> dict[str, float]:
     """`rate` ticks/s round-robin over `tickers` (a ticker listed twice trades twice as
-    often) for `seconds`, in 10 ms slices; report the count (and, with `produced`, every
+    often) for `seconds` (`infra.tick_load.paced`); report the count (and, with `produced`, every
     tick's (ticker, trade time) in produce order). Trade time and `ingested_at_ms` = wall
     clock at produce time; trade ids `{run}-{n}` (default: a random run).
 
@@ -177,37 +176,31 @@ def produce_ticks(
     a rate it cannot offer shows as fewer ticks sent, not as a longer run."""
     from confluent_kafka import Producer
 
+    from infra.tick_load import paced, send
+
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "1"})
     run = run or uuid.uuid4().hex[:6]
     sent = 0
     times: list[tuple[str, int]] = []
     cpu, wall = time.process_time(), time.time()
-    started = time.monotonic()
-    while (elapsed := time.monotonic() - started) < seconds:
-        due = int(elapsed * rate) + 1
-        while sent < due:
+    for numbers in paced(rate, seconds):
+        for n in numbers:
             now = time.time_ns() // 1_000_000
-            ticker = tickers[sent % len(tickers)]
+            ticker = tickers[n % len(tickers)]
             tick = Tick(
                 ticker=ticker,
-                trade_id=f"{run}-{sent}",
-                price=100.0 + sent % 17,
+                trade_id=f"{run}-{n}",
+                price=100.0 + n % 17,
                 amount=0.5,
                 timestamp_ms=now,
                 side=TakerSide.BUY,
                 ingested_at_ms=now,
             )
-            while True:
-                try:
-                    p.produce(topic, key=ticker.encode(), value=envelope.encode_record(tick))
-                    break
-                except BufferError:  # librdkafka's queue is full: let it send
-                    p.poll(0.01)
+            send(p, topic, tick)
             if produced is not None:
                 times.append((ticker, now))
-            sent += 1
+        sent = numbers.stop
         p.poll(0)
-        time.sleep(0.005)
     ended = time.time()
     p.flush(30)
     if produced is not None:

@@ -29,7 +29,7 @@ import multiprocessing as mp
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
@@ -51,6 +51,46 @@ SLICE_S = 0.005
 
 class Flag(Protocol):
     def is_set(self) -> bool: ...
+
+
+def paced(
+    rate: float,
+    seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[range]:
+    """The trade numbers to send now, slice after slice, so that ``rate`` a second go out
+    for ``seconds`` from the first call; the generator sleeps ``SLICE_S`` between slices.
+    Behind schedule a slice holds everything due, so a rate the sender cannot offer shows
+    as fewer trades sent, not as a longer run. The one pacing of every synthetic tick
+    producer (this module's and the benchmarks', bench/pipeline_common.py)."""
+    origin, sent = clock(), 0
+    while (elapsed := clock() - origin) < seconds:
+        due = int(elapsed * rate) + 1
+        if due > sent:
+            yield range(sent, due)
+            sent = due
+        sleep(SLICE_S)
+
+
+def send(
+    producer: Any,
+    topic: str,
+    tick: Tick,
+    on_delivery: Callable[[Any, Any], None] | None = None,
+) -> None:
+    """Produce ``tick`` keyed by its ticker, as the ingestor does; a full librdkafka queue
+    is given time to send instead of failing the trade."""
+    value, key = envelope.encode_record(tick), tick.ticker.encode()
+    while True:
+        try:
+            if on_delivery is None:
+                producer.produce(topic, key=key, value=value)
+            else:
+                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.01)
 
 
 def load_tickers(count: int) -> list[str]:
@@ -177,8 +217,7 @@ def produce(
     spec: LoadSpec, jump: Flag, progress: Synchronized[int], out: Queue[LoadReport]
 ) -> None:
     """The producer process: wait for ``start_at``, send at ``spec.rate`` until
-    ``stop_at`` (``SLICE_S`` slices; behind schedule it sends as fast as it can, so a rate it
-    cannot offer shows as fewer trades, not a longer run), flush, put the report."""
+    ``stop_at`` (``paced``), flush, put the report."""
     from confluent_kafka import KafkaError, Message, Producer
 
     producer = Producer(
@@ -201,41 +240,29 @@ def produce(
     jump_index = names.index(spec.jump_ticker) if spec.jump_ticker else -1
     tally = SentCandles()
     time.sleep(max(0.0, spec.start_at - time.time()))  # a schedule, not a synchronisation
-    started, origin, cpu = time.time(), time.monotonic(), time.process_time()
-    seconds = spec.stop_at - started
+    started, cpu = time.time(), time.process_time()
     sent, jumped = 0, False
-    while (elapsed := time.monotonic() - origin) < seconds:
+    for numbers in paced(spec.rate, spec.stop_at - started):
         jumped = jumped or jump.is_set()
-        due = int(elapsed * spec.rate) + 1
-        while sent < due:
+        for n in numbers:
             now = time.time_ns() // 1_000_000
-            index = cycle[sent % len(cycle)]
-            ticker = names[index]
-            price = JUMP_PRICE if jumped and index == jump_index else price_of(index, sent)
-            amount = amount_of(sent)
+            index = cycle[n % len(cycle)]
+            price = JUMP_PRICE if jumped and index == jump_index else price_of(index, n)
+            amount = amount_of(n)
             tick = Tick(
-                ticker=ticker,
-                trade_id=f"{spec.run}-{sent}",
+                ticker=names[index],
+                trade_id=f"{spec.run}-{n}",
                 price=price,
                 amount=amount,
                 timestamp_ms=now,
-                side=TakerSide.BUY if sent % 2 else TakerSide.SELL,
+                side=TakerSide.BUY if n % 2 else TakerSide.SELL,
                 ingested_at_ms=now,
             )
-            value = envelope.encode_record(tick)
-            while True:
-                try:
-                    producer.produce(
-                        spec.topic, key=ticker.encode(), value=value, on_delivery=delivered
-                    )
-                    break
-                except BufferError:  # librdkafka's queue is full: let it send
-                    producer.poll(0.01)
-            tally.add(ticker, now, sent, price, amount)
-            sent += 1
+            send(producer, spec.topic, tick, delivered)
+            tally.add(tick.ticker, now, n, price, amount)
+        sent = numbers.stop
         progress.value = sent
         producer.poll(0)
-        time.sleep(SLICE_S)
     ended = time.time()
     producer.flush(60)
     unsent = len(producer)  # not delivered within the flush: as good as refused

@@ -25,6 +25,7 @@ from infra.tick_load import (
     SentCandles,
     TickLoad,
     load_tickers,
+    paced,
     price_of,
     ticker_cycle,
     zipf_shares,
@@ -143,3 +144,31 @@ def test_the_producer_sends_what_it_counts_and_jumps(local_stack: LocalStack) ->
         if t.ticker == tickers[0] and int(t.trade_id.rsplit("-", 1)[1]) > first_jump
     )
     assert all(key[1] % MINUTE_MS == 0 for key in report.sent_candles.candles)
+
+
+class FakeClock:
+    """A monotonic clock that a sleep moves on by ``step`` (a slow sender: a larger step)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 100.0, step
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, _seconds: float) -> None:
+        self.now += self.step
+
+
+def test_paced_numbers_every_trade_once_in_order_at_the_rate() -> None:
+    clock = FakeClock(step=1 / 256)  # exact in binary: no rounding in the test's sums
+    slices = list(paced(1024.0, 1.0, clock=clock, sleep=clock.sleep))
+    numbers = [n for s in slices for n in s]
+    assert numbers == list(range(1021))  # the last slice, at 255/256 s: 1,020 due after the first
+    assert all(len(s) == 4 for s in slices[1:])  # 1/256 s of 1,024/s
+
+
+def test_paced_behind_schedule_sends_what_is_due_and_still_ends_on_time() -> None:
+    clock = FakeClock(step=0.25)  # each slice took a quarter of a second
+    slices = list(paced(1000.0, 1.0, clock=clock, sleep=clock.sleep))
+    assert [len(s) for s in slices] == [1, 250, 250, 250]  # due at 0, 0.25, 0.5, 0.75 s
+    assert clock.now - 100.0 == 1.0  # no longer run: a rate not offered shows as fewer trades
