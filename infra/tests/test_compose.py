@@ -403,7 +403,7 @@ def test_compose_services_share_one_network_and_named_volumes() -> None:
                 # Bind mounts are config dirs from infra/compose/, read-only.
                 assert vol["type"] == "bind" and vol.get("read_only"), (name, vol)
                 assert Path(vol["source"]).is_relative_to(COMPOSE_DIR), (name, vol)
-    assert set(doc["volumes"]) == {"kafka-data", "minio-data", "catalog-db-data", "pipeline-state"}
+    assert set(doc["volumes"]) == {"kafka-data", "minio-data", "catalog-db-data"}
 
 
 def test_profiles() -> None:
@@ -533,6 +533,8 @@ def test_extra_live_engines_scale_from_the_pipeline_image_and_config() -> None:
     assert engine["deploy"]["replicas"] == 1
     assert engine["environment"]["CONFIG_PATH"] == pipeline["environment"]["CONFIG_PATH"]
     assert engine["volumes"] == [v for v in pipeline["volumes"] if v.get("read_only")]
+    # Its own snapshot stays in its container (the pipeline's checkpoint_dir is in S3).
+    assert engine["environment"]["PIPELINE_CHECKPOINT_DIR"].startswith("/")
     assert engine["depends_on"]["spark-pipeline"]["condition"] == "service_healthy"
     settings = load_pipeline_settings(COMPOSE_DIR / "spark-pipeline" / "config.yaml")
     engines_port = yaml.safe_load((COMPOSE_DIR / "relay" / "config.yaml").read_text())[
@@ -1056,12 +1058,12 @@ def test_configs_wire_the_services_together() -> None:
     assert pipe.catalog.warehouse == service("iceberg-rest")["environment"]["CATALOG_WAREHOUSE"]
     assert pipe.pub_endpoint == f"tcp://*:{contracts.PIPELINE_PUB_PORT}"
     assert pipe.spark.conf["spark.driver.host"] == service("spark-pipeline")["hostname"]
-    state_mounts = {
-        n: next(v["target"] for v in service(n)["volumes"] if v["source"] == "pipeline-state")
-        for n in ("spark-pipeline", "spark-worker")
-    }
-    assert len(set(state_mounts.values())) == 1, "driver and executors share one state dir"
-    assert pipe.checkpoint_dir.startswith(state_mounts["spark-pipeline"] + "/")
+    # Checkpoints and the driver's state in the warehouse bucket (ADR 0022): no volume.
+    bucket = service("minio-init")["environment"]["S3_BUCKET"]
+    assert pipe.checkpoint_dir.startswith(f"s3a://{bucket}/")
+    assert not pipe.checkpoint_dir.startswith(pipe.catalog.warehouse.replace("s3:", "s3a:"))
+    for n in ("spark-pipeline", "spark-worker"):
+        assert all(v.get("read_only") for v in service(n).get("volumes", [])), n
     assert (
         service("spark-pipeline")["environment"]["SPARK_MASTER_URL"] == "spark://spark-master:7077"
     )

@@ -1,6 +1,11 @@
-"""Fault points are armed only by PIPELINE_CRASH_AT / PIPELINE_FAIL_AT, with known names."""
+"""Fault points are armed only by PIPELINE_CRASH_AT / PIPELINE_FAIL_AT / PIPELINE_HOLD_AT,
+with known names."""
 
 from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +17,7 @@ from pipeline.preflight import StartupError
 def _unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(faults.CRASH_ENV, raising=False)
     monkeypatch.delenv(faults.FAIL_ENV, raising=False)
+    monkeypatch.delenv(faults.HOLD_ENV, raising=False)
 
 
 def test_unset_means_no_hook() -> None:
@@ -50,3 +56,37 @@ def test_each_fail_point_raises_once_then_lets_the_replay_through(
     with pytest.raises(faults.InjectedFailureError):
         hook("live-after-ticks-commit")
     hook("live-after-ticks-commit")
+
+
+def test_a_hold_point_waits_for_its_pipe_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "hold"
+    os.mkfifo(fifo)
+    monkeypatch.setenv(faults.HOLD_ENV, "history-after-publish")
+    monkeypatch.setenv(faults.HOLD_FIFO_ENV, str(fifo))
+    hook = faults.armed(jvm_pid=None)
+    assert hook is not None
+    hook("history-after-ohlc-commit")  # not the hold point: returns
+    passed = threading.Event()
+
+    def batch() -> None:
+        hook("history-after-publish")
+        passed.set()
+
+    held = threading.Thread(target=batch, daemon=True)
+    held.start()
+    with fifo.open("wb"):  # opens once the batch holds at the point
+        assert not passed.is_set()
+    held.join(30)
+    assert passed.is_set()
+    hook("history-after-publish")  # once: the replay is not held (no writer: it would block)
+
+
+def test_a_hold_without_its_pipe_refuses_the_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(faults.HOLD_ENV, "history-after-publish")
+    monkeypatch.setenv(faults.HOLD_FIFO_ENV, str(tmp_path / "missing"))
+    with pytest.raises(StartupError, match="named pipe"):
+        faults.armed(jvm_pid=None)

@@ -23,6 +23,22 @@ def marker(
     return FinalMarker(request_id, meta, partition=kw.get("partition", 0), offset=rows)
 
 
+def plan_q1_batch3(
+    markers: list[FinalMarker], existing: dict[str, CompletedRequest], **kw: Any
+) -> history_notices.Plan:
+    """The plan of batch 3 of query q1 (snapshot 9, completed at 8)."""
+    return history_notices.plan(
+        markers,
+        existing,
+        iceberg_table=TABLE,
+        snapshot_id=9,
+        completed_at_ms=8,
+        query_id="q1",
+        batch_id=3,
+        **kw,
+    )
+
+
 def complete(m: FinalMarker, **kw: Any) -> CompletedRequest:
     args = {
         "iceberg_table": TABLE,
@@ -118,15 +134,7 @@ def test_plan_records_new_republishes_own_batch_and_skips_duplicates(build: Any)
         "older": complete(marker(build, "older"), batch_id=2),
     }
 
-    plan = history_notices.plan(
-        markers,
-        existing,
-        iceberg_table=TABLE,
-        snapshot_id=9,
-        completed_at_ms=8,
-        query_id="q1",
-        batch_id=3,
-    )
+    plan = plan_q1_batch3(markers, existing)
 
     assert [r.request_id for r in plan.record] == ["new"]
     assert [r.request_id for r in plan.publish] == ["new", "mine"]
@@ -135,18 +143,24 @@ def test_plan_records_new_republishes_own_batch_and_skips_duplicates(build: Any)
     assert plan.duplicates == ["older"]
 
 
+def test_a_replay_of_a_batch_that_failed_after_its_publish_stays_silent(build: Any) -> None:
+    """Spark's checkpoint commit failed (the S3 store was down) after the batch published:
+    the replay finds the request recorded by it and sent by this process."""
+    markers = [marker(build, "sent"), marker(build, "unsent")]
+    existing = {m.request_id: complete(m, batch_id=3) for m in markers}
+
+    plan = plan_q1_batch3(markers, existing, sent={"sent"})
+
+    assert plan.record == []
+    assert [r.request_id for r in plan.publish] == ["unsent"]  # the send that failed
+    assert plan.republished == ["unsent"]
+    assert plan.sent_before == ["sent"]
+
+
 def test_same_batch_id_of_another_query_is_a_duplicate(build: Any) -> None:
     existing = {"r1": complete(marker(build, "r1"), query_id="old-checkpoint", batch_id=3)}
 
-    plan = history_notices.plan(
-        [marker(build, "r1")],
-        existing,
-        iceberg_table=TABLE,
-        snapshot_id=9,
-        completed_at_ms=8,
-        query_id="q1",
-        batch_id=3,
-    )
+    plan = plan_q1_batch3([marker(build, "r1")], existing)
 
     assert plan.publish == [] and plan.duplicates == ["r1"]
 

@@ -1,6 +1,7 @@
 """The history sink's `requests` lookups, with the lake faked: a new request reads no table
 once the recorded ids are known, a recorded one still does, a failed write stops trusting;
-and what the stored-answers path notified early is recorded, never published again."""
+what the stored-answers path notified early is recorded, never published again; and a
+batch replayed after its publish (a failed checkpoint commit) publishes nothing again."""
 
 from __future__ import annotations
 
@@ -166,6 +167,34 @@ def test_a_failed_batch_keeps_the_early_notice_for_its_replay(
     batch(0, "r1")  # Spark replays the batch
     assert publisher.sent == ["r1"]
     assert lake.requests["r1"].batch_id == EARLY_BATCH
+
+
+def test_a_batch_replayed_after_a_failed_checkpoint_commit_notifies_nothing_again(
+    run: Any, notifier: HistoryNotifier, build: Any
+) -> None:
+    batch, lake, publisher = run
+    batch(0, "r1")
+    # The sink returned; Spark's commit of batch 0 failed: the restarted query replays it.
+    batch(0, "r1")
+    assert publisher.sent == ["r1"]
+    assert lake.requests["r1"].batch_id == 0
+    assert notifier.claims == 0
+    batch(1, "r2")
+    assert publisher.sent == ["r1", "r2"]
+
+
+def test_after_a_kill_the_replay_notifies_again(build: Any, publisher: Any) -> None:
+    """A new process does not know what the dead one sent: at least once in that window."""
+    lake, identity = FakeLake(), QueryIdentity()
+    identity.set("query-1")
+    rows = [build.candle(i) for i in range(3)]
+    meta = build.metadata("r1", end=build.T0 + 3 * build.MINUTE)
+    values = build.request_records("r1", rows, meta=meta)
+    for _process in range(2):
+        notifier = HistoryNotifier(publisher)
+        sink = HistorySink(lake, notifier, identity, lambda _: None, pool=Inline())  # type: ignore[arg-type]
+        sink(Batch(build.kafka_table(values)), 0)  # type: ignore[arg-type]
+    assert publisher.sent == ["r1", "r1"]
 
 
 def test_the_warm_up_candle_is_a_valid_ohlc_row() -> None:

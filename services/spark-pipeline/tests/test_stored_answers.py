@@ -1,5 +1,6 @@
 """Stored answers ahead of the history query: which markers qualify, what the Kafka
-messages decode to, and the notifier's claims that let exactly one side have a request."""
+messages decode to, the notifier's claims that let exactly one side have a request, and
+its memory of what it sent."""
 
 from __future__ import annotations
 
@@ -201,3 +202,30 @@ def test_the_reader_retries_only_while_kafka_is_away(
     monkeypatch.setattr(answers._stop, "wait", lambda _: False)  # no pause between tries
     with pytest.raises(KeyError):
         answers._run()  # tried again after Kafka's error; a bug stops the thread
+
+
+class FailingOn:
+    """A publisher whose send of one request fails (the PUB server took nothing)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.sent: list[str] = []
+
+    def publish_many(self, messages: Any) -> None:
+        for _, message in messages:
+            if message.request_id == self.request_id:
+                raise RuntimeError("the PUB server took no message for 5000 ms")
+            self.sent.append(message.request_id)
+
+
+def test_what_went_out_before_a_failed_send_is_remembered_and_the_rest_is_not(
+    early: HistoryNotifier, build: Any
+) -> None:
+    publisher = FailingOn("r2")
+    notifier = HistoryNotifier(publisher)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="took no message"):
+        notifier.notify_recorded([build.early_answer(i) for i in ("r1", "r2", "r3")])
+    assert publisher.sent == ["r1"]
+    assert notifier.sent(["r1", "r2", "r3"]) == {"r1"}  # the replay sends r2 and r3
+    assert early.notify_early("r4", lambda: build.early_answer("r4"))
+    assert early.sent(["r4"]) == {"r4"}  # the early path's sends are remembered too

@@ -23,7 +23,8 @@ A request's records share a Kafka key, hence a partition, so when its final
 marker is processed every row it announced is in this or an earlier (already
 committed) micro-batch. If the driver dies anywhere, Spark replays the batch:
 step 2 is idempotent, step 3 re-publishes only what this same batch recorded
-(see `history_notices.plan`).
+and this process has not sent (see `history_notices.plan`): a batch whose
+checkpoint commit failed after its publish is replayed silently.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ class HistorySink:
         self._load_known()
         log.info(
             "history batch %d: %d records, %d candles (%d duplicates), %d final markers -> "
-            "%d notified (%d again after a restart, %d duplicates skipped, %d notified early); "
+            "%d notified (%d again after a restart, %d duplicates skipped, %d notified early, "
+            "%d sent before the batch failed); "
             "%s; %s since the newest record reached Kafka",
             batch_id,
             decoded.records,
@@ -126,6 +128,7 @@ class HistorySink:
             len(plan.republished),
             len(plan.duplicates),
             len(plan.notified_early),
+            len(plan.sent_before),
             laps,
             _age(kafka),
         )
@@ -191,9 +194,12 @@ class HistorySink:
                 completed_at_ms=completed_at,
                 query_id=self._identity.get(),
                 batch_id=batch_id,
+                sent=sent,
             )
 
         snapshot, completed_at = self._lake.snapshot_id(names.ohlc), _now_ms()
+        # These ids are the query's (`take`): no other path sends one before our publish.
+        sent = self._notifier.sent([m.request_id for m in finals])
         found = history_notices.known_counts(finals, self._accepted)
         # Counted before the lookup says which requests are new: a duplicate's count is wasted.
         to_count = [
@@ -241,6 +247,8 @@ class HistorySink:
             )
         for request_id in plan.duplicates:
             log.info("request %s was already notified: skipped", request_id)
+        for request_id in plan.sent_before:
+            log.info("request %s was notified before this batch failed: not again", request_id)
         return plan
 
 

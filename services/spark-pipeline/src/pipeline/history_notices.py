@@ -3,8 +3,10 @@
 A request is notified once. `plan` decides, for the final markers of one
 micro-batch and the rows already in the ``requests`` table, which requests are
 new (record, then publish), which were recorded by this very micro-batch before
-a crash (publish the stored notification again, unchanged), and which are
-duplicates (a second ingestor, or a replay of an older batch: skip).
+it failed (publish the stored notification again, unchanged, unless this process
+sent it already: the batch failed after its publish, e.g. at Spark's checkpoint
+commit), and which are duplicates (a second ingestor, or a replay of an older
+batch: skip).
 
 The notification is always rebuilt from the stored `CompletedRequest`, so a
 re-publication after a crash carries exactly the bytes of the first one.
@@ -13,7 +15,7 @@ re-publication after a crash carries exactly the bytes of the first one.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -102,6 +104,9 @@ class Plan:
     republished: list[str] = field(default_factory=list)
     #: published ahead of the history query (`notifier`): recorded, not published
     notified_early: list[str] = field(default_factory=list)
+    #: recorded and published by this batch before it failed (its checkpoint commit, say),
+    #: in this process: not published again
+    sent_before: list[str] = field(default_factory=list)
 
 
 def outcome(meta: BatchMetadata | None) -> tuple[int, str, str, int]:
@@ -207,7 +212,9 @@ def plan(
     completed_at_ms: int,
     query_id: str,
     batch_id: int,
+    sent: Collection[str] = frozenset(),
 ) -> Plan:
+    """``sent``: the markers' request ids this process has published (`HistoryNotifier.sent`)."""
     result = Plan()
     for marker in choose(markers):
         done = existing.get(marker.request_id)
@@ -223,9 +230,13 @@ def plan(
             result.record.append(request)
             result.publish.append(request)
         elif done.query_id == query_id and done.batch_id == batch_id:
-            # Recorded by this micro-batch before a crash: it may not have gone out.
-            result.publish.append(done)
-            result.republished.append(done.request_id)
+            if done.request_id in sent:
+                # Gone out before the batch failed (a failed checkpoint commit replays it).
+                result.sent_before.append(done.request_id)
+            else:
+                # Recorded by this micro-batch before a crash: it may not have gone out.
+                result.publish.append(done)
+                result.republished.append(done.request_id)
         else:
             result.duplicates.append(marker.request_id)
     return result
@@ -280,11 +291,10 @@ def apply_counts(plan: Plan, found: Mapping[str, int]) -> Plan:
         for r in plan.record
         if r.request_id in found
     }
-    return Plan(
+    return replace(
+        plan,
         record=[fixed.get(r.request_id, r) for r in plan.record],
         publish=[fixed.get(r.request_id, r) for r in plan.publish],
-        duplicates=plan.duplicates,
-        republished=plan.republished,
     )
 
 
@@ -322,12 +332,10 @@ def apply_bars(plan: Plan, bars: Mapping[str, BarReport]) -> Plan:
     fixed = {
         r.request_id: with_bars(r, bars[r.request_id]) for r in plan.record if r.request_id in bars
     }
-    return Plan(
+    return replace(
+        plan,
         record=[fixed.get(r.request_id, r) for r in plan.record],
         publish=[fixed.get(r.request_id, r) for r in plan.publish],
-        duplicates=plan.duplicates,
-        republished=plan.republished,
-        notified_early=plan.notified_early,
     )
 
 

@@ -21,19 +21,24 @@ and keeps the claims that let exactly one of them have it:
    (`history_notices.plan` decides what a replay publishes again).
 4. It publishes its own (`notify_recorded`), then `finish`es: the claims go once
    recorded; after a failed batch, what was published early waits for the replay.
+5. Every publish is remembered (`sent`, the last `SENT_MEMORY` ids): a micro-batch
+   that fails after its publish (Spark's checkpoint commit on a store that is down,
+   an error in a later step) is replayed, finds its request recorded and sent by
+   this process, and stays silent (`history_notices.plan`).
 
 A crash between an early publish and the query's record loses the claims: the
 replayed marker is notified again, as after a crash between the query's own
-record and publish. A request is never left unnotified; a duplicate carries the
-same request id. The decision and its figures:
-docs/adr/0010-history-notification-publishers.md.
+record and publish (the memory of step 5 dies with the process too). A request is
+never left unnotified; a duplicate carries the same request id. The decision and
+its figures: docs/adr/0010-history-notification-publishers.md.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Final
 
 from pipeline.history_notices import CompletedRequest
@@ -46,6 +51,9 @@ if TYPE_CHECKING:
 EARLY_BATCH: Final = -1
 #: How long the query waits for an early notice under way before it fails its batch.
 TAKE_TIMEOUT_S: Final = 30.0
+#: Published request ids remembered for replays: a failed batch is replayed as soon as its
+#: query restarts, long before this many other requests are published.
+SENT_MEMORY: Final = 10_000
 
 
 class EarlyNoticeStuckError(RuntimeError):
@@ -73,6 +81,8 @@ class HistoryNotifier:
         self._known: KnownRequests | None = None
         #: request id -> a claim, or the request published early and not yet recorded
         self._claims: dict[str, _Claim | CompletedRequest] = {}
+        #: request ids published by this process, oldest first (step 5)
+        self._sent: OrderedDict[str, None] = OrderedDict()
 
     def follow(self, known: KnownRequests) -> None:
         """The ids in ``requests`` as the current history sink knows them (a restarted
@@ -81,7 +91,20 @@ class HistoryNotifier:
             self._known = known
 
     def _publish(self, requests: Sequence[CompletedRequest]) -> None:
-        self._publisher.publish_many((r.notification_topic, r.notification()) for r in requests)
+        """One at a time, each remembered once it went out: if a send fails midway, the
+        replay sends only the rest."""
+        for request in requests:
+            self._publisher.publish_many([(request.notification_topic, request.notification())])
+            with self._changed:
+                self._sent[request.request_id] = None
+                while len(self._sent) > SENT_MEMORY:
+                    self._sent.popitem(last=False)
+
+    def sent(self, request_ids: Collection[str]) -> frozenset[str]:
+        """Which of ``request_ids`` this process has published (step 5): a replayed
+        batch must not publish them again."""
+        with self._changed:
+            return frozenset(i for i in request_ids if i in self._sent)
 
     # -- the stored-answers thread ----------------------------------------------------
 
