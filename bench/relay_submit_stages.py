@@ -8,7 +8,9 @@
 
     loop turn   zmq_poll over the sockets `Relay.run` polls, nothing ready
     recv        one 4-frame request off the ROUTER (sockets.recv_frames)
-    on_frames   the whole handler: the stages below, as the loop calls it
+    on_frames   the whole handler for one request alone: the stages below
+    on_batch    the same per request, for batches of `BATCH` requests taken off the
+                ROUTER together (what the loop hands over at 10 and 100 clients)
       split, decode, rate limit, validate (check_submit), liveness (pipeline and
       ingestor verdicts), reply (encode + 4 frames out), publish (encode + 3 frames
       to the ingestors' XPUB, counters), log line (the spec's INFO line, to a file: `HotLine`)
@@ -57,6 +59,7 @@ STAGES = (
     "loop turn",
     "recv",
     "on_frames",
+    "on_batch",
     "split",
     "decode",
     "rate limit",
@@ -98,7 +101,8 @@ def peer(endpoints: tuple[str, str], body: list[bytes], commands: Connection) ->
     ctx.destroy(linger=0)
 
 
-QUEUED = ("recv", "on_frames")  # stages that take requests the peer queued first
+QUEUED = ("recv", "on_frames", "on_batch")  # stages that take requests the peer queued first
+BATCH = 50
 
 
 class Bench:
@@ -157,7 +161,7 @@ class Bench:
         relay, requests = self.relay, self.relay._requests
         frames, route, body, message = self.frames, self.route, self.envelope, self.message
         now = time.monotonic()
-        if name in ("recv", "on_frames", "queue"):
+        if name in (*QUEUED, "queue"):
             self.queue(n)
         if name == "loop turn":  # the sockets `Relay.run` polls, as it polls them
             items: list[tuple[Any, int]] = [
@@ -174,6 +178,13 @@ class Bench:
         if name == "on_frames":
             on_frames = requests.on_frames
             return lambda: _times(n, lambda: on_frames(_recv(client), now))
+        if name == "on_batch":
+            on_batch = getattr(requests, "on_batch", None)
+            if on_batch is None:  # a relay from before batches (comparing with a base)
+                return lambda: _times(n, lambda: requests.on_frames(_recv(client), now))
+            return lambda: _times(
+                n // BATCH, lambda: on_batch([_recv(client) for _ in range(BATCH)], now)
+            )
         if name == "split":
             return lambda: _times(n, lambda: env.split_routed(frames))
         if name == "decode":

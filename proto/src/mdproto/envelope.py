@@ -224,7 +224,9 @@ def split_routed(frames: Frames) -> tuple[list[bytes], list[bytes]]:
     """
     if len(frames) < 2:
         raise ProtocolError(FRAME_COUNT, f"routed message has only {len(frames)} frame(s)")
-    for i, frame in enumerate(frames[1:], start=1):
+    if not frames[1]:  # a REQ peer's: identity, delimiter (the relay's every submit)
+        return list(frames[:2]), list(frames[2:])
+    for i, frame in enumerate(frames[2:], start=2):
         if len(frame) == 0:
             return list(frames[: i + 1]), list(frames[i + 1 :])
     return list(frames[:1]), list(frames[1:])

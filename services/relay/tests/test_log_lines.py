@@ -174,6 +174,29 @@ def test_a_hot_line_is_the_line_logging_would_write(
     assert len(stamp) == len("2026-11-28 07:00:00,123")
 
 
+def test_a_batch_of_hot_lines_is_the_lines_single_calls_write(hot_sink: Sink) -> None:
+    stream, handler = hot_sink()
+    hot = HotLine(logging.getLogger("relay.hot"), logging.INFO, FORWARDED)
+    hot.each([("BINANCE:", "r1", "historical"), ("KRAKEN:", "r2", "historical")])
+    hot("BINANCE:", "r3", "legacy")
+    hot.each([])
+    handler.close()
+    assert [line.split(": ", 1)[1] for line in stream.getvalue().splitlines()] == [
+        "Forwarded request to ingestors: prefix=BINANCE:, request_id=r1, kind=historical",
+        "Forwarded request to ingestors: prefix=KRAKEN:, request_id=r2, kind=historical",
+        "Forwarded request to ingestors: prefix=BINANCE:, request_id=r3, kind=legacy",
+    ]
+
+
+def test_a_batch_of_hot_lines_is_records_elsewhere(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("relay.hot")
+    with caplog.at_level(logging.INFO, logger="relay.hot"):
+        HotLine(logger, logging.INFO, FORWARDED).each(
+            [("X:", "r1", "legacy"), ("Y:", "r2", "legacy")]
+        )
+    assert [r.args for r in caplog.records] == [("X:", "r1", "legacy"), ("Y:", "r2", "legacy")]
+
+
 def test_a_hot_line_is_an_ordinary_record_elsewhere(caplog: pytest.LogCaptureFixture) -> None:
     """With pytest's handlers (or an embedding program's) on the root, logging gets it."""
     logger = logging.getLogger("relay.hot")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import zmq
 
 from mdproto import envelope
+from mdproto.error_codes import BAD_PERIOD, UNKNOWN_TYPE
 from mdproto.messages import (
     CEPCondition,
     CEPTriggerAck,
@@ -60,6 +62,60 @@ def test_submit_is_acknowledged_and_published_to_the_exchange_prefix(
     assert not work.legacy_sync
     assert relay.sample("relay_requests_total", type="submit", outcome="accepted") == 1
     assert relay.sample("relay_published_total", kind="historical") == 1
+
+
+def test_a_batch_is_answered_in_order_and_a_bad_request_fails_only_itself(
+    relay: RunningRelay,
+) -> None:
+    """One loop turn's batch (`on_batch` called here with the loop stopped, so the batch
+    is exactly these requests): a reply per request in arrival order, a DataRequest per
+    accepted submit in order, each bad request refused with its own code, and a status
+    query answered from the submits before it."""
+    ingestor = relay.ingestor()
+    dealer = relay.socket(zmq.DEALER)
+    relay.relay.stop()
+    relay.thread.join(10)
+    dealer.send_multipart([b"", *envelope.encode(submit(request_id="probe"))])
+    router = relay.relay._client  # the ROUTER :5559, ours now that its loop is stopped
+    assert router.poll(5000), "the probe did not arrive"
+    identity = router.recv_multipart()[0]
+    bodies = [
+        envelope.encode(submit(request_id="b0")),
+        envelope.encode(submit(request_id="b1")),
+        envelope.encode(submit(request_id="bad", period_seconds=0)),
+        envelope.encode(RequestStatusQuery(request_id="b0")),
+        [b"\x01", b"\xff"],  # an unknown type
+        envelope.encode(submit(request_id="b2")),
+    ]
+    relay.relay._requests.on_batch([[identity, b"", *body] for body in bodies], time.monotonic())
+    replies = [envelope.decode(relay.recv(dealer)[1:]) for _ in bodies]
+    assert [type(r) for r in replies] == [
+        SubmitResponse, SubmitResponse, SubmitResponse, RequestStatusReply, Response, SubmitResponse
+    ]  # fmt: skip
+    assert [(r.request_id, r.status) for r in replies[:3]] == [
+        ("b0", Status.OK), ("b1", Status.OK), ("bad", Status.REJECTED)
+    ]  # fmt: skip
+    assert replies[2].error_code == BAD_PERIOD
+    assert (replies[3].status, replies[3].notification_topic) == (Status.OK, "RESPONSE:c1")
+    assert (replies[4].status, replies[4].error_code) == (Status.ERROR, UNKNOWN_TYPE)
+    assert (replies[5].request_id, replies[5].status) == ("b2", Status.OK)
+    assert [ingestor.recv_work()[1].request_id for _ in range(3)] == ["b0", "b1", "b2"]
+    assert relay.sample("relay_requests_total", type="submit", outcome="accepted") == 3
+    assert relay.sample("relay_requests_total", type="submit", outcome="rejected") == 1
+    assert relay.sample("relay_published_total", kind="historical") == 3
+
+
+def test_pipelined_requests_get_their_replies_in_order(relay: RunningRelay) -> None:
+    """A DEALER that sends many requests without waiting (they reach the loop in batches
+    of whatever size): every one answered, in order, every DataRequest published."""
+    ingestor = relay.ingestor()
+    dealer = relay.socket(zmq.DEALER)
+    ids = [f"p{i}" for i in range(200)]
+    for request_id in ids:
+        dealer.send_multipart([b"", *envelope.encode(submit(request_id=request_id))])
+    acks = [envelope.decode(relay.recv(dealer)[1:], SubmitResponse) for _ in ids]
+    assert [(a.request_id, a.status) for a in acks] == [(i, Status.OK) for i in ids]
+    assert [ingestor.recv_work()[1].request_id for _ in ids] == ids
 
 
 def test_dealer_clients_work_with_and_without_a_delimiter(relay: RunningRelay) -> None:

@@ -69,6 +69,7 @@ _BATCH = 256  # messages taken from one socket per loop turn, so none starves th
 _POLLIN = int(zmq.POLLIN)
 
 Handler: TypeAlias = Callable[[list[bytes], float], None]
+BatchHandler: TypeAlias = Callable[[list[list[bytes]], float], None]
 
 
 class Relay:
@@ -278,16 +279,17 @@ class Relay:
 
     def run(self) -> None:
         """Serve until stop(). Call start() first."""
-        handlers: dict[Socket, Handler] = {
-            self._client: self._requests.on_frames,
-            self._responses: self._on_ingestor_message,
-            self._proxy.events: self._live.on_subscription,
-            self._proxy.control: self._on_proxy_stats,
-            self._work: self._on_work_subscription,
-            self._control: self._ingestors.on_control_subscription,
-            self._upstream_monitor: self._on_upstream_event,
-            self._market_monitor: self._on_market_event,
-            self._heartbeat_sub: self._on_pipeline_status,
+        each = self._each
+        handlers: dict[Socket, BatchHandler] = {
+            self._client: self._requests.on_batch,  # batched: see ClientRequests.on_batch
+            self._responses: each(self._on_ingestor_message),
+            self._proxy.events: each(self._live.on_subscription),
+            self._proxy.control: each(self._on_proxy_stats),
+            self._work: each(self._on_work_subscription),
+            self._control: each(self._ingestors.on_control_subscription),
+            self._upstream_monitor: each(self._on_upstream_event),
+            self._market_monitor: each(self._on_market_event),
+            self._heartbeat_sub: each(self._on_pipeline_status),
         }
         # zmq_poll straight on a list built once; it answers in this order (the
         # handler table's, the wake-up fd last): no dict of the answer to look up.
@@ -326,17 +328,27 @@ class Relay:
         live = self._live.next_deadline()
         return live if legacy is None else min(live, legacy)
 
-    def _drain(self, sock: Socket, handler: Handler) -> None:
-        for _ in range(_BATCH):
-            frames = sockets.recv_frames(sock)
-            if frames is None:
-                return
-            try:
-                handler(frames, self._clock())
-            except Exception:  # a bug must not take the relay down; it is logged in full
-                log.exception("unexpected error handling a message; continuing")
-            if not sockets.readable(sock):
-                return
+    def _drain(self, sock: Socket, handler: BatchHandler) -> None:
+        """What waits on `sock` (at most _BATCH messages), handed over in one call."""
+        batch = sockets.recv_batch(sock, _BATCH)
+        if not batch:
+            return
+        try:
+            handler(batch, self._clock())
+        except Exception:  # a bug must not take the relay down; it is logged in full
+            log.exception("unexpected error handling a message; continuing")
+
+    def _each(self, handler: Handler) -> BatchHandler:
+        """A batch handler calling `handler` per message, each with its own time and guard."""
+
+        def each(batch: list[list[bytes]], _now: float) -> None:
+            for frames in batch:
+                try:
+                    handler(frames, self._clock())
+                except Exception:  # a bug must not take the relay down; it is logged in full
+                    log.exception("unexpected error handling a message; continuing")
+
+        return each
 
     # --- what ingestors send (:5556) and subscribe to (:5555) ----------------------
 

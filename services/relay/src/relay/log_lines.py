@@ -14,7 +14,8 @@ handler is where the line would go, the loop appends the line's time and
 arguments and the writer formats it. `logging` would build a `LogRecord` (about
 8 us, a third of a bare echo's round trip), walk the logger tree, take the
 handler's lock and format on the loop; profiled under 100 clients that was a
-quarter of the loop's time (docs/relay-benchmarks.md).
+quarter of the loop's time (docs/relay-benchmarks.md). `HotLine.each` keeps the
+lines of a whole batch of requests as one item, stamped once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import IO, NamedTuple
 
 
@@ -63,13 +65,13 @@ class LineFormatter(logging.Formatter):
 
 
 class _Deferred(NamedTuple):
-    """A `HotLine` call, formatted by the writer."""
+    """`HotLine` calls, formatted by the writer: one line per tuple of arguments."""
 
     created: float
     level: int
     name: str
     msg: str
-    args: tuple[object, ...]
+    rows: Sequence[tuple[object, ...]]
 
 
 class BatchedLines(logging.Handler):
@@ -97,7 +99,7 @@ class BatchedLines(logging.Handler):
             self.handleError(record)
 
     def defer(self, line: _Deferred) -> None:
-        """Keep a line the writer will format (`HotLine`: no record, no lock)."""
+        """Keep lines the writer will format (`HotLine`: no record, no lock)."""
         self._lines.append(line)
         if len(self._lines) >= self._batch:
             self._due.set()
@@ -127,29 +129,34 @@ class BatchedLines(logging.Handler):
             kept = [take() for _ in range(len(self._lines))]  # later ones: the next turn
             if not kept:
                 return
-            lines = [t if isinstance(t, str) else self._format_deferred(t) for t in kept]
+            lines: list[str] = []
+            for t in kept:
+                if isinstance(t, str):
+                    lines.append(t)
+                else:
+                    lines.extend(self._format_deferred(t, args) for args in t.rows)
             try:
                 self._stream.write("\n".join(lines) + "\n")
                 self._stream.flush()
             except (OSError, ValueError):  # a closed or broken stream: nothing to write to
                 pass
 
-    def _format_deferred(self, line: _Deferred) -> str:
+    def _format_deferred(self, line: _Deferred, args: tuple[object, ...]) -> str:
         formatter = self.formatter
         try:
             if isinstance(formatter, LineFormatter):
-                message = line.msg % line.args if line.args else line.msg
+                message = line.msg % args if args else line.msg
                 return formatter.line(
                     line.created, logging.getLevelName(line.level), line.name, message
                 )
             record = logging.makeLogRecord(
-                {"name": line.name, "msg": line.msg, "args": line.args, "created": line.created,
+                {"name": line.name, "msg": line.msg, "args": args, "created": line.created,
                  "msecs": (line.created - int(line.created)) * 1000,
                  "levelno": line.level, "levelname": logging.getLevelName(line.level)}
             )  # fmt: skip
             return self.format(record)
         except Exception as exc:  # a bad format string must not lose the writer
-            return f"{line.name}: unformattable log line {line.msg!r} {line.args!r}: {exc}"
+            return f"{line.name}: unformattable log line {line.msg!r} {args!r}: {exc}"
 
 
 class HotLine:
@@ -169,8 +176,13 @@ class HotLine:
         self._msg = msg
 
     def __call__(self, *args: object) -> None:
+        self.each((args,))
+
+    def each(self, rows: Sequence[tuple[object, ...]]) -> None:
+        """One line per tuple of arguments, as many calls would write them, kept as one
+        item with one time stamp (a batch of requests forwarded in one loop turn)."""
         logger = self._logger
-        if not logger.isEnabledFor(self._level):
+        if not rows or not logger.isEnabledFor(self._level):
             return
         handlers = logging.root.handlers
         sink = handlers[0] if len(handlers) == 1 else None
@@ -181,6 +193,7 @@ class HotLine:
             and not logger.handlers
             and not logger.filters
         ):
-            sink.defer(_Deferred(time.time(), self._level, logger.name, self._msg, args))
+            sink.defer(_Deferred(time.time(), self._level, logger.name, self._msg, rows))
         else:
-            logger.log(self._level, self._msg, *args)
+            for args in rows:
+                logger.log(self._level, self._msg, *args)
