@@ -20,11 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.localstack import StackConfig, StackEndpoints, start_on_free_ports
 from infra.localstack.components import Component, Kafka, make_components
 from infra.testing import free_port, pipeline_env
 from mdproto.messages import TakerSide, Tick
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipeline.config import Settings
 
 WAIT_S = 300.0
 TICK_S = os.sysconf("SC_CLK_TCK")
@@ -279,3 +285,26 @@ def ensure_venv(venv: Path, requirements: Path, unpinned: tuple[str, ...]) -> Pa
         os.unlink(fh.name)
     marker.write_text(digest)
     return python
+
+
+def local_session(
+    endpoints: StackEndpoints, namespace: str, scratch: Path
+) -> tuple[Settings, SparkSession]:
+    """The pipeline's Spark session (``local[2]``, the jars of `infra.artifacts`) on the
+    stack's catalog with ``namespace``, and its settings; the seconds it took printed."""
+    from infra.artifacts import spark_jars
+    from pipeline.config import load_settings
+    from pipeline.session import build_session
+
+    settings = load_settings(
+        catalog={**endpoints.catalog_settings().model_dump(), "namespace": namespace},
+        spark={
+            "master": "local[2]",
+            "jars": [str(j) for j in spark_jars()],
+            "scratch_dir": str(scratch / "spark-scratch"),
+        },
+    )
+    started = time.perf_counter()
+    spark = build_session(settings)
+    print(f"Spark session up in {time.perf_counter() - started:.0f} s (not timed)", flush=True)
+    return settings, spark

@@ -45,17 +45,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline_common import TICK_S, stack
+from pipeline_common import TICK_S, local_session, stack
 
-from infra.artifacts import spark_jars
 from mdproto import contracts, envelope
 from mdproto.messages import TakerSide, Tick
 from pipeline.arrow_appends import ArrowAppends
-from pipeline.config import load_settings
 from pipeline.executor_writes import Stored
 from pipeline.lake import Lake, TableNames, create_namespace, create_ticks
 from pipeline.live import KAFKA_COLUMNS, TickPersister
-from pipeline.session import build_session, jvm_pid
+from pipeline.session import jvm_pid
 from pipeline.streams import FETCH_MAX_WAIT_MS
 from pipeline.write_paths import WriteRule
 
@@ -434,17 +432,7 @@ def main() -> None:
             produce(endpoints.kafka_bootstrap, topic, size, args.tickers)
             print(f"{topic}: {size:,} ticks in {time.perf_counter() - started:.1f} s", flush=True)
         namespace = f"bench_writes_{tag}"
-        settings = load_settings(
-            catalog={**endpoints.catalog_settings().model_dump(), "namespace": namespace},
-            spark={
-                "master": "local[2]",
-                "jars": [str(j) for j in spark_jars()],
-                "scratch_dir": str(Path(tmp) / "spark-scratch"),
-            },
-        )
-        started = time.perf_counter()
-        spark = build_session(settings)
-        print(f"Spark session up in {time.perf_counter() - started:.0f} s (not timed)", flush=True)
+        settings, spark = local_session(endpoints, namespace, Path(tmp))
         jvm = jvm_pid(spark)
         assert jvm is not None
         c = settings.catalog

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 #: one side of an L2 book, ``list<struct<price: double, amount: double>>``, best first.
 ColumnType = Literal["string", "int", "long", "double", "boolean", "timestamptz", "levels"]
 #: Iceberg partition transforms the tables use (``bucket[16]``: 16 hash buckets).
-Transform = Literal["identity", "day", "month", "bucket[16]"]
+Transform = Literal["identity", "day", "month", "bucket[8]", "bucket[16]"]
 
 
 @dataclass(frozen=True, slots=True)

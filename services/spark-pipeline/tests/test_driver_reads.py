@@ -46,3 +46,34 @@ def test_unstored_keeps_the_rows_whose_key_is_new_in_their_order() -> None:
     amounts = [[level["amount"] for level in bids] for bids in new[BookDeltas.BIDS].to_pylist()]
     assert amounts == [[12.0], [11.0]]  # the payload came along
     assert unstored(rows, key, stored.slice(0, 0)).equals(rows)  # nothing stored
+
+
+def test_a_probe_of_thousands_of_tickers_and_windows_builds_and_finds_exactly_its_rows() -> None:
+    """A live batch closing 5,000 tickers' candles, and as many distinct windows: a term
+    per ticker chained by pyiceberg's Or raised RecursionError from ~500."""
+    from pyiceberg.expressions.visitors import expression_evaluator
+    from pyiceberg.schema import Schema
+    from pyiceberg.typedef import Record
+    from pyiceberg.types import IntegerType, NestedField, StringType, TimestamptzType
+
+    from mdproto.tables import Ohlc
+    from pipeline.driver_reads import candle_filter
+
+    minute = 60_000
+    shared = [(f"X:T{i}/USD", 60, 10 * minute, 10 * minute) for i in range(5_000)]
+    distinct = [(f"Y:T{i}/USD", 60, i * minute, i * minute) for i in range(2_000)]
+    schema = Schema(  # the columns the probe reads, typed as in `ohlc`
+        NestedField(1, Ohlc.TICKER, StringType(), required=True),
+        NestedField(2, Ohlc.PERIOD_SECONDS, IntegerType(), required=True),
+        NestedField(3, Ohlc.OPEN_TIME, TimestamptzType(), required=True),
+    )
+    matches = expression_evaluator(schema, candle_filter(shared + distinct), case_sensitive=True)
+
+    def row(ticker: str, period: int, open_ms: int) -> Record:
+        return Record(ticker, period, open_ms * 1000)
+
+    assert matches(row("X:T4999/USD", 60, 10 * minute))
+    assert matches(row("Y:T1999/USD", 60, 1999 * minute))
+    assert not matches(row("X:T4999/USD", 60, 11 * minute))  # outside its window
+    assert not matches(row("Y:T5/USD", 60, 6 * minute))  # another ticker's window
+    assert not matches(row("X:T1/USD", 300, 10 * minute))  # another period

@@ -46,3 +46,11 @@ def test_a_whole_file_inside_a_read_range_is_read_instead_not_counted_twice() ->
 def test_spans_that_touch_are_joined() -> None:
     files = [file(900, 1_100, deletes=True), file(1_101, 1_300, deletes=True)]
     assert split(files, LO, HI).read == [(1_000, 1_300)]
+
+
+def test_a_file_of_other_series_too_is_read_not_counted_from_metadata() -> None:
+    """A bucket's file holds other tickers' rows as well: its record count is not the
+    series'; a file of the series alone inside its span is read with it."""
+    bucket = DataFile(1_100, 1_400, 50, False, series_only=False)
+    got = split([bucket, file(1_200, 1_300, 7), file(1_500, 1_600, 4)], LO, HI)
+    assert (got.whole_rows, got.read) == (4, [(1_100, 1_400)])

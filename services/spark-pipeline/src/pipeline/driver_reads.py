@@ -33,20 +33,44 @@ def any_candle_in(table: Table, ranges: Sequence[tuple[str, int, int, int]]) -> 
     """Whether the loaded ``ohlc`` ``table`` holds, at its current snapshot, a candle of one
     of ``ranges``: (ticker, period_seconds, lo_ms, hi_ms), ``open_time`` within
     ``[lo_ms, hi_ms]``. The scan stops at the first matching row."""
-    from pyiceberg.expressions import And, Or
-
-    wanted: BooleanExpression | None = None
-    for ticker, period_seconds, lo_ms, hi_ms in ranges:
-        term = And(
-            compare(Ohlc.TICKER, "=", ticker),
-            compare(Ohlc.PERIOD_SECONDS, "=", period_seconds),
-            within(Ohlc.OPEN_TIME, lo_ms * 1000, hi_ms * 1000),
-        )
-        wanted = term if wanted is None else Or(wanted, term)
-    if wanted is None:
+    if not ranges:
         return False
+    wanted = candle_filter(ranges)
     found = table.scan(row_filter=wanted, selected_fields=(Ohlc.TICKER,), limit=1).to_arrow()
     return bool(found.num_rows > 0)
+
+
+def candle_filter(ranges: Sequence[tuple[str, int, int, int]]) -> BooleanExpression:
+    """The ``ohlc`` rows of ``ranges`` (non-empty): one ``ticker IN (...)`` term per
+    (period, range) shared by the tickers, as a live batch's closed candles share their
+    window, and the terms OR-ed as a balanced tree. A term per ticker OR-ed in a chain, as
+    pyiceberg's ``Or`` nests them, raised RecursionError at ~500 tickers in one batch."""
+    from pyiceberg.expressions import And
+
+    windows: dict[tuple[int, int, int], list[str]] = {}
+    for ticker, period_seconds, lo_ms, hi_ms in ranges:
+        windows.setdefault((period_seconds, lo_ms, hi_ms), []).append(ticker)
+    return any_of(
+        [
+            And(
+                compare(Ohlc.TICKER, "in", tuple(tickers)),
+                compare(Ohlc.PERIOD_SECONDS, "=", period_seconds),
+                within(Ohlc.OPEN_TIME, lo_ms * 1000, hi_ms * 1000),
+            )
+            for (period_seconds, lo_ms, hi_ms), tickers in windows.items()
+        ]
+    )
+
+
+def any_of(terms: Sequence[BooleanExpression]) -> BooleanExpression:
+    """``terms`` (non-empty) OR-ed as a balanced tree: its depth grows as log2 of their
+    number, where pyiceberg's ``Or(a, b, c, ...)`` nests one level per term."""
+    from pyiceberg.expressions import Or
+
+    if len(terms) == 1:
+        return terms[0]
+    middle = len(terms) // 2
+    return Or(any_of(terms[:middle]), any_of(terms[middle:]))
 
 
 def stored_keys(

@@ -5,10 +5,12 @@ fixed cost on two shared cores outweighs the data it reads (`driver_reads` does
 the same for the reads before a write). Here pyiceberg's scan plans the files of
 the range (manifests only) and:
 
-- a data file with no delete file attached whose ``open_time`` bounds lie
-  inside the range holds only matching rows: its record count is exact
-  (``ticker`` and ``period_seconds`` are identity partitions, so every file
-  of the plan is of the series);
+- a data file of the series alone (its partition says so where ``ticker`` and
+  ``period_seconds`` are identity partitions; else its ``ticker`` and
+  ``period_seconds`` bounds are both the series': a ``bucket[N](ticker)``
+  partition holds several tickers), with no delete file attached, whose
+  ``open_time`` bounds lie inside the range holds only matching rows: its
+  record count is exact;
 - the rows of every other file are read by pyiceberg (deletes applied) within
   the time ranges those files span, on the driver.
 
@@ -20,12 +22,12 @@ stored answer fails and is retried the way any failed read is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from mdproto.tables import Ohlc
-from pipeline.driver_reads import compare, timestamp_value, within
+from pipeline.driver_reads import any_of, compare, timestamp_value, within
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -34,12 +36,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class DataFile:
     """What the plan says of one data file: its ``open_time`` bounds (µs, None when
-    not kept), its rows, and whether a delete file applies to it."""
+    not kept), its rows, whether a delete file applies to it, and whether every row
+    is of the counted series (`of_series`)."""
 
     lower_us: int | None
     upper_us: int | None
     records: int
     deletes: bool
+    series_only: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +59,7 @@ def split(files: Sequence[DataFile], lo_us: int, hi_us: int) -> Split:
     are read (every other file's span, clipped to the range, touching spans joined)."""
 
     def whole(f: DataFile) -> bool:
-        if f.deletes or f.lower_us is None or f.upper_us is None:
+        if f.deletes or not f.series_only or f.lower_us is None or f.upper_us is None:
             return False
         return lo_us <= f.lower_us and f.upper_us < hi_us
 
@@ -90,16 +94,34 @@ def _overlaps(f: DataFile, spans: Sequence[tuple[int, int]]) -> bool:
     return any(lo <= f.upper_us and f.lower_us <= hi for lo, hi in spans)
 
 
-def _check_identity(table: Table) -> None:
-    """Every file of the plan is of the series only if the series is an identity partition."""
+def of_series(table: Table, ticker: str, period_seconds: int) -> Callable[[Any], bool]:
+    """Whether a data file (pyiceberg's ``DataFile``) of ``table`` holds rows of (``ticker``,
+    ``period_seconds``) only: its spec's identity partitions say so, else its column bounds
+    (a truncated ``ticker`` bound, of a long ticker, never equals the ticker: read)."""
+    from pyiceberg.conversions import to_bytes
     from pyiceberg.transforms import IdentityTransform
 
     schema = table.schema()
-    wanted = {schema.find_field(c).field_id for c in (Ohlc.TICKER, Ohlc.PERIOD_SECONDS)}
-    for spec in table.specs().values():
-        identity = {f.source_id for f in spec.fields if isinstance(f.transform, IdentityTransform)}
-        if not wanted <= identity:
-            raise ValueError(f"{table.name()}: ticker and period are not identity partitions")
+    fields = [schema.find_field(c) for c in (Ohlc.TICKER, Ohlc.PERIOD_SECONDS)]
+    wanted = {f.field_id for f in fields}
+    by_identity = {
+        spec_id: wanted
+        <= {f.source_id for f in spec.fields if isinstance(f.transform, IdentityTransform)}
+        for spec_id, spec in table.specs().items()
+    }
+    values: tuple[str | int, ...] = (ticker, period_seconds)
+    exact = {
+        f.field_id: bytes(to_bytes(cast(Any, f.field_type), value))
+        for f, value in zip(fields, values, strict=True)
+    }
+
+    def only(data: Any) -> bool:
+        if by_identity.get(data.spec_id, False):
+            return True
+        lower, upper = data.lower_bounds or {}, data.upper_bounds or {}
+        return all(lower.get(i) == v and upper.get(i) == v for i, v in exact.items())
+
+    return only
 
 
 def count(
@@ -108,7 +130,7 @@ def count(
     """Rows of (``ticker``, ``period_seconds``) with ``open_time`` in ``[lo_ms, hi_ms)`` in
     the loaded Iceberg ``table`` (pyiceberg's) at ``snapshot_id``."""
     from pyiceberg.conversions import from_bytes
-    from pyiceberg.expressions import And, Or
+    from pyiceberg.expressions import And
 
     series = And(
         compare(Ohlc.TICKER, "=", ticker), compare(Ohlc.PERIOD_SECONDS, "=", period_seconds)
@@ -118,7 +140,7 @@ def count(
         compare(Ohlc.OPEN_TIME, ">=", timestamp_value(lo_us)),
         compare(Ohlc.OPEN_TIME, "<", timestamp_value(hi_us)),
     )
-    _check_identity(table)
+    only = of_series(table, ticker, period_seconds)
     column = table.schema().find_field(Ohlc.OPEN_TIME)
     field_id, field_type = column.field_id, column.field_type
 
@@ -133,16 +155,14 @@ def count(
             upper_us=bound(task.file.upper_bounds),
             records=int(task.file.record_count),
             deletes=bool(task.delete_files),
+            series_only=only(task.file),
         )
         for task in scan.plan_files()
     ]
     planned = split(files, lo_us, hi_us)
     if not planned.read:
         return planned.whole_rows
-    spans = [within(Ohlc.OPEN_TIME, lo, hi) for lo, hi in planned.read]
-    wanted = spans[0]
-    for span in spans[1:]:
-        wanted = Or(wanted, span)
+    wanted = any_of([within(Ohlc.OPEN_TIME, lo, hi) for lo, hi in planned.read])
     rows = table.scan(
         row_filter=And(And(series, in_range), wanted),
         selected_fields=(Ohlc.OPEN_TIME,),
