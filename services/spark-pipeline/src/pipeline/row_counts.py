@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 class DataFile:
     """What the plan says of one data file: its ``open_time`` bounds (µs, None when
     not kept), its rows, whether a delete file applies to it, and whether every row
-    is of the counted series (`of_series`)."""
+    is of the counted series (`of_series` decides)."""
 
     lower_us: int | None
     upper_us: int | None
