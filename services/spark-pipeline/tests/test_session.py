@@ -126,8 +126,18 @@ def test_an_s3a_checkpoint_dir_gets_s3a_settings_from_the_catalogs_s3_store(
         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
         "access.key": "ak",
         "secret.key": "sk",
+        "retry.limit": "2",
+        "attempts.maximum": "2",
     }
     assert conf["spark.sql.streaming.checkpointFileManagerClass"] == S3A_CHECKPOINT_MANAGER
+    patient = Settings.model_validate(
+        {
+            "catalog": catalog,
+            "checkpoint_dir": "s3a://warehouse/checkpoints",
+            "spark": {"conf": {f"{prefix}retry.limit": "7"}},
+        }
+    )
+    assert spark_conf(patient, include_launch=False)[f"{prefix}retry.limit"] == "7"
     local = Settings.model_validate({"catalog": catalog})
     assert not [k for k in spark_conf(local, include_launch=False) if "s3a" in k]
     assert "spark.sql.streaming.checkpointFileManagerClass" not in spark_conf(

@@ -38,6 +38,13 @@ S3A_STATIC_KEYS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 S3A_CHECKPOINT_MANAGER = (
     "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
 )
+#: S3A's retries of a failing checkpoint read or write, and the AWS SDK's attempts inside
+#: each: few, so a store that refuses connections fails the query within seconds and it
+#: restarts from its checkpoint with the pipeline's own backoff (``restart.*``, logged and
+#: counted), instead of holding its batch silently through Hadoop's defaults (7 retries
+#: of 5 attempts: minutes, docs/adr/0022). Throttling keeps Hadoop's own, longer retries.
+S3A_RETRY_LIMIT = 2
+S3A_SDK_ATTEMPTS = 2
 LOOPBACK = "127.0.0.1"
 
 
@@ -96,6 +103,8 @@ def s3a_conf(settings: Settings) -> dict[str, str]:
         f"{hadoop}.aws.credentials.provider": S3A_STATIC_KEYS,
         f"{hadoop}.access.key": c.s3_access_key,
         f"{hadoop}.secret.key": c.s3_secret_key,
+        f"{hadoop}.retry.limit": str(S3A_RETRY_LIMIT),
+        f"{hadoop}.attempts.maximum": str(S3A_SDK_ATTEMPTS),
         "spark.sql.streaming.checkpointFileManagerClass": S3A_CHECKPOINT_MANAGER,
     }
 
