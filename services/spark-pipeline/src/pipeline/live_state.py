@@ -80,7 +80,7 @@ class PartitionState:
                 "partition": self.partition,
                 "offset": self.offset,
                 "candles": self.candles,
-                "recent": [list(k) for k in self.recent[-RECENT_SAVED:]],
+                "recent": self.recent[-RECENT_SAVED:],  # pairs: JSON arrays as they are
                 "cep": self.cep,
             },
             separators=(",", ":"),
