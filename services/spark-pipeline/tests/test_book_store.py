@@ -11,7 +11,8 @@ import pytest
 from mdproto import envelope
 from mdproto.book import levels_message
 from mdproto.messages import BookDelta, BookReset, BookSnapshot, Tick
-from pipeline import lake
+from mdproto.tables import arrow_schema
+from pipeline import executor_writes, lake, records
 from pipeline.lake import TableNames
 from pipeline.records import BOOK_DELTA_SCHEMA, BOOK_SNAPSHOT_SCHEMA, decode_book
 
@@ -126,3 +127,65 @@ def test_each_book_table_lists_its_row_columns_partitions_by_ticker_and_day_and_
     assert f"t.{time} >= TIMESTAMP '1970-01-01 00:00:01.000000+00:00'" in merge
     assert f"t.{time} <= TIMESTAMP '1970-01-01 00:00:02.000000+00:00'" in merge
     assert merge.endswith("WHEN NOT MATCHED THEN INSERT *")
+
+
+def test_the_executors_decode_both_kinds_in_one_pass_and_split_them_as_the_driver_does(
+    build: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a task of a large book-store batch runs (`executor_writes.BOOKS`): every copy
+    kept with its Kafka place, rejects logged by the worker; the split and the last copy
+    per key then give the driver's rows (`decode_book`)."""
+    start = envelope.encode_record(book(reset=BookReset.BOOK_RESET_START, ingested_at_ms=1))
+    again = envelope.encode_record(book(reset=BookReset.BOOK_RESET_START, ingested_at_ms=2))
+    change = BookDelta(ticker=T, bids=levels_message([(100.0, 0.0)]), exchange_prev_sequence=77)
+    values = [
+        start,
+        envelope.encode_record(change),
+        b"\x00junk",
+        envelope.encode_record(book(exchange_sequence=78)),
+        again,  # the same snapshot delivered again: the later copy wins
+        envelope.encode_record(change),  # another record: another delta
+    ]
+    kafka = build.kafka_table(values, partition=2, first_offset=10, timestamp_ms=1_600_000_000_000)
+    task = kafka.to_batches(max_chunksize=4)  # a task's input, in record batches
+
+    with caplog.at_level("ERROR"):
+        out = executor_writes.decode_partition(
+            task, executor_writes.BOOKS.decode, executor_writes.BOOKS.context
+        )
+        rows = pa.Table.from_batches(list(out), schema=records.BOOK_ROWS_SCHEMA)
+
+    assert "book-store on an executor: dropped partition 2 offset 12" in caplog.text
+    assert rows.column(records.KAFKA_OFFSET).to_pylist() == [10, 11, 13, 14, 15]
+    assert rows.column(records.BOOK_IS_DELTA).to_pylist() == [False, True, False, False, True]
+    driver = decode_book(kafka)
+    snapshots = records.book_part(rows, records.BOOK_SNAPSHOTS)
+    assert snapshots.num_rows == 3  # copies kept: the shuffle's window picks the last
+    assert records.dedupe_last(snapshots, records.BOOK_SNAPSHOT_KEY).equals(driver.snapshots)
+    assert records.book_part(rows, records.BOOK_DELTAS).equals(driver.deltas)
+    (kept,) = [r for r in driver.snapshots.to_pylist() if r["reset"] == "START"]
+    assert int(kept["ingested_at"].timestamp() * 1000) == 2
+
+
+@pytest.mark.parametrize("part", [records.BOOK_SNAPSHOTS, records.BOOK_DELTAS])
+def test_a_book_table_is_its_columns_of_the_decoded_rows_renamed_and_required_stays_non_null(
+    part: records.BookPart,
+) -> None:
+    """On the executors the split is a filter, a rename and a select (no cast): each
+    table's fields, nullability included, must be the decoded rows' (Spark's Iceberg
+    writer refuses a nullable column for a required one)."""
+    fields = [
+        records.BOOK_ROWS_SCHEMA.field(records.BOOK_TIME if n == part.time_column else n)
+        for n in part.table.names
+    ]
+    assert pa.schema(f.with_name(n) for f, n in zip(fields, part.table.names, strict=True)) == (
+        arrow_schema(part.table)
+    )
+    assert [f.nullable for f in fields] == [not c.required for c in part.table.columns]
+
+
+def test_only_a_snapshot_key_can_repeat_within_a_batch() -> None:
+    """A delta's key holds its Kafka place (one record, one row): no window for it."""
+    assert executor_writes.copies_possible(records.BOOK_SNAPSHOT_KEY)
+    assert executor_writes.copies_possible(records.TICK_KEY)
+    assert not executor_writes.copies_possible(records.BOOK_DELTA_KEY)

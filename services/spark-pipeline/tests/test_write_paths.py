@@ -245,3 +245,63 @@ def test_ticks_persist_decodes_a_batch_where_its_record_count_says(build: Any) -
     off = FakeTicksLake(WriteRule(executor_append_min_records=100))
     TickPersister(off, points.append)(FakeKafkaBatch(build.kafka_table(values)), 2)  # type: ignore[arg-type]
     assert off.ways == ["driver 3"]  # no offset log read: every batch on the driver
+
+
+@dataclass
+class FakeBooksLake:
+    """`Lake` as book-store uses it: the rule, and the two ways to store a batch."""
+
+    rule: WriteRule
+    ways: list[str] = field(default_factory=list)
+
+    def write_kafka_books(self, session: Any, kafka: Any) -> tuple[Stored, Stored]:
+        self.ways.append("executors")
+        return Stored(2, "executor-append 2"), Stored(5, "executor-append 5")
+
+    def merge_book_snapshots(self, session: Any, rows: pa.Table) -> str:
+        self.ways.append(f"driver snapshots {rows.num_rows}")
+        return f"append {rows.num_rows}"
+
+    def merge_book_deltas(self, session: Any, rows: pa.Table) -> str:
+        self.ways.append(f"driver deltas {rows.num_rows}")
+        return f"append {rows.num_rows}"
+
+
+def test_book_store_decodes_a_batch_where_its_record_count_says(
+    build: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As ticks-persist: a large batch never reaches the driver's Python, a small one is
+    decoded there, snapshots stored before deltas; each then reaches its crash point."""
+    from mdproto import envelope
+    from mdproto.messages import BookDelta, BookSnapshot
+    from pipeline.live import BookStore
+
+    values = [
+        envelope.encode_record(BookSnapshot(ticker=build.TICKER, exchange_time_ms=build.T0)),
+        envelope.encode_record(BookDelta(ticker=build.TICKER, exchange_time_ms=build.T0 + 1)),
+        envelope.encode_record(BookDelta(ticker=build.TICKER, exchange_time_ms=build.T0 + 2)),
+    ]
+    lake = FakeBooksLake(WriteRule(executor_append_min_records=100))
+    points: list[str] = []
+    counts = {0: 100, 1: 99}
+    store = BookStore(lake, points.append, counts.__getitem__)  # type: ignore[arg-type]
+    large, small = (
+        FakeKafkaBatch(build.kafka_table(values)),
+        FakeKafkaBatch(build.kafka_table(values)),
+    )
+
+    with caplog.at_level("INFO"):
+        store(large, 0)  # type: ignore[arg-type]
+        store(small, 1)  # type: ignore[arg-type]
+
+    assert lake.ways == ["executors", "driver snapshots 1", "driver deltas 2"]
+    assert (large.collected, small.collected) == (0, 1)
+    assert points == ["live-after-books-commit"] * 2
+    assert (
+        "book-store batch 0: 2 book snapshots (executor-append 2), 5 deltas (executor-append 5)"
+        in caplog.text
+    )
+    assert "book-store batch 1: 1 book snapshots (append 1), 2 deltas (append 2)" in caplog.text
+    off = FakeBooksLake(WriteRule(executor_append_min_records=100))
+    BookStore(off, points.append)(FakeKafkaBatch(build.kafka_table(values)), 2)  # type: ignore[arg-type]
+    assert off.ways == ["driver snapshots 1", "driver deltas 2"]  # no offset log read

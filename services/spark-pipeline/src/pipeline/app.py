@@ -12,7 +12,7 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, l
                       -> ticks-persist query  -> MERGE ticks
          market.ohlc.live -> candles-store query -> MERGE ohlc (source live)
    market.book -> live engine -> PUB BookSnapshot, BookDelta ({ticker}|book)
-               -> book-store query -> MERGE book_snapshots and book_deltas
+               -> book-store query -> new book_snapshots, then book_deltas (ADR 0021 if large)
    cep.triggers + market.ticks -> live engine: CEP (docs/cep.md) -> PUB CEPTriggerEvent
                                                                  -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)

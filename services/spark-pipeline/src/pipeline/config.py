@@ -74,10 +74,10 @@ class CatalogConfig(_Section):
     #: pyiceberg on the driver, larger ones by Spark's executors; 0: every append is a
     #: Spark job. MERGEs are Spark's either way (`write_paths.WriteRule`, ADR 0017).
     driver_append_max_rows: int = Field(default=2_000_000, ge=0)
-    #: ticks-persist micro-batches of at least this many Kafka records (counted from the
-    #: query's offset log before any is fetched) are decoded, checked against the stored
-    #: keys and appended by Spark's executors ("executor-append"); smaller ones on the
-    #: driver. 0: never (ADR 0021).
+    #: ticks-persist and book-store micro-batches of at least this many Kafka records
+    #: (counted from the query's offset log before any is fetched) are decoded, checked
+    #: against the stored keys and appended by Spark's executors ("executor-append");
+    #: smaller ones on the driver. 0: never (ADR 0021).
     executor_append_min_records: int = Field(default=1_000_000, ge=0)
 
     def pyiceberg_properties(self) -> dict[str, str]:

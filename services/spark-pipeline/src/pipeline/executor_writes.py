@@ -1,7 +1,8 @@
-"""A large ``ticks-persist`` micro-batch, written by Spark's executors (ADR 0021).
+"""Large Kafka micro-batches written by Spark's executors (ADR 0021): ``ticks-persist``'s
+trades, ``book-store``'s snapshots and deltas.
 
-    Kafka micro-batch            executors: mapInArrow(`decode_partition`), in Python
-      -> valid tick rows           workers, with `records.kafka_ticks_rows`
+    Kafka micro-batch            executors: mapInArrow(`decode_partition`) with the
+      -> valid rows                table's decode of `records`, in Python workers
       -> one row per key           a shuffle by ticker: the last copy in Kafka order wins
       -> cached                    job 1 brings its count, time range, tickers
       -> LEFT ANTI JOIN            the stored keys of those tickers in that range
@@ -13,20 +14,24 @@ whatever the cluster. Here the driver plans, receives the few numbers of job 1 a
 commits; the work is spread over the executors' cores. Which batches come here is
 `write_paths.WriteRule.decode_on`, by the record count of the offsets.
 
-`decode_partition` runs in the executors' Python workers: it is what they import
-(`session.ship_python_packages` gives them `pipeline` and `mdproto` off this host).
+What differs per table is data: its decode (`Decoder`: `TICKS`, `BOOKS`), its key
+and its time column (`mdproto.tables`, `records.BookPart`). Every such table is
+partitioned by ticker first. `decode_partition` runs in the executors' Python
+workers: it is what they import (`session.ship_python_packages` gives them
+`pipeline` and `mdproto` off this host).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from mdproto.tables import Ticks
+from mdproto.tables import TableSchema, Ticks
 from pipeline import records
 
 if TYPE_CHECKING:
@@ -36,43 +41,97 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The column every table written here is partitioned by first: its shuffle's key.
+TICKER = Ticks.TICKER
+#: Where each decoded row was in Kafka: the order in which the last copy of a key wins.
+KAFKA_ORDER = (records.KAFKA_PARTITION, records.KAFKA_OFFSET)
 
-def decode_partition(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow's function: Kafka rows -> ``records.TICK_ROWS_SCHEMA`` rows. A reject is
-    logged by the worker (its stderr is the executor's log); the record stays in Kafka."""
+#: A decode of `records`: Kafka rows -> rows (each with its Kafka partition and offset)
+#: in Kafka order, copies kept, and the rejects.
+Decode = Callable[[pa.RecordBatch], tuple[pa.Table, list[records.Reject]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoder:
+    """What the executors run on a topic's records: ``decode``, the layout of its rows,
+    and the name its rejects are logged under."""
+
+    decode: Decode
+    schema: pa.Schema
+    context: str
+
+
+TICKS = Decoder(records.kafka_ticks_rows, records.TICK_ROWS_SCHEMA, "ticks-persist on an executor")
+BOOKS = Decoder(records.kafka_book_rows, records.BOOK_ROWS_SCHEMA, "book-store on an executor")
+
+
+def decode_partition(
+    batches: Iterable[pa.RecordBatch], decode: Decode, context: str
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow's function (with ``decode`` and ``context`` bound): Kafka rows -> rows.
+    A reject is logged by the worker (its stderr is the executor's log); the record
+    stays in Kafka."""
     for batch in batches:
-        rows, rejects = records.kafka_ticks_rows(batch)
-        records.log_rejects("ticks-persist on an executor", rejects)
+        rows, rejects = decode(batch)
+        records.log_rejects(context, rejects)
         yield from rows.to_batches()
 
 
-def tick_rows_type() -> StructType:
-    """Spark's type of `decode_partition`'s rows (pyspark's own Arrow mapping)."""
+def spark_type(schema: pa.Schema) -> StructType:
+    """Spark's type of rows of ``schema`` (pyspark's own Arrow mapping; a non-null field
+    stays non-null, as the tables' required columns need)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(records.TICK_ROWS_SCHEMA)
+    return from_arrow_schema(schema)
 
 
-def unique_ticks(kafka: DataFrame) -> DataFrame:
-    """The valid ticks of a Kafka micro-batch (``value``, ``timestamp``, ``partition``,
-    ``offset``), one row per (ticker, trade_id): the last in Kafka order, as
-    `records.kafka_ticks_table` keeps on the driver."""
+def decoded(kafka: DataFrame, decoder: Decoder) -> DataFrame:
+    """The rows ``decoder`` makes of a Kafka micro-batch (``value``, ``timestamp``,
+    ``partition``, ``offset``), decoded by the executors' Python workers."""
+    function = functools.partial(decode_partition, decode=decoder.decode, context=decoder.context)
+    return kafka.mapInArrow(function, spark_type(decoder.schema))
+
+
+def copies_possible(key: Iterable[str]) -> bool:
+    """Whether two rows of one micro-batch can share ``key``: not when it holds the Kafka
+    partition and offset (one record, one row), as a book delta's does."""
+    return not set(KAFKA_ORDER) <= set(key)
+
+
+def unique(rows: DataFrame, table: TableSchema) -> DataFrame:
+    """``rows`` (with `KAFKA_ORDER`) as ``table``'s columns, one row per key: the last
+    in Kafka order, as `records.dedupe_last` keeps on the driver."""
     from pyspark.sql import Window
     from pyspark.sql import functions as sf
 
-    # One shuffle, by ticker: the window's key starts with it, and each write task then
+    # One shuffle, by ticker: a window's key starts with it, and each write task then
     # holds whole tickers, one file per ticker and day (not one per task as well).
-    rows = kafka.mapInArrow(decode_partition, tick_rows_type()).repartition(Ticks.TICKER)
-    last = Window.partitionBy(*Ticks.SCHEMA.key).orderBy(
-        sf.col(records.KAFKA_PARTITION).desc(), sf.col(records.KAFKA_OFFSET).desc()
-    )
-    ranked = rows.withColumn("_copy", sf.row_number().over(last))
-    return ranked.where(sf.col("_copy") == 1).select(*records.TICK_SCHEMA.names)
+    rows = rows.repartition(TICKER)
+    if copies_possible(table.key):
+        last = Window.partitionBy(*table.key).orderBy(*(sf.col(c).desc() for c in KAFKA_ORDER))
+        ranked = rows.withColumn("_copy", sf.row_number().over(last))
+        rows = ranked.where(sf.col("_copy") == 1)
+    return rows.select(*table.names)
+
+
+def unique_ticks(kafka: DataFrame) -> DataFrame:
+    """The valid ticks of a Kafka micro-batch, one row per (ticker, trade_id): the last
+    in Kafka order, as `records.kafka_ticks_table` keeps on the driver."""
+    return unique(decoded(kafka, TICKS), Ticks.SCHEMA)
+
+
+def book_part(books: DataFrame, part: records.BookPart) -> DataFrame:
+    """``part``'s rows of the decoded book rows (`BOOKS`), one per key: the split
+    `records.book_part` makes on the driver, here on the executors."""
+    from pyspark.sql import functions as sf
+
+    mine = books.where(sf.col(records.BOOK_IS_DELTA) == sf.lit(part.deltas))
+    return unique(mine.withColumnRenamed(records.BOOK_TIME, part.time_column), part.table)
 
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """What one ``ticks-persist`` batch stored: its unique ticks, how ("append N",
+    """What one batch stored in one table: its unique rows, how ("append N",
     "executor-append N", "merge", "none") and the ms of each step, in order (the log
     line's and `bench/write_paths.py`'s)."""
 
@@ -86,8 +145,8 @@ class Stored:
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """What job 1 brings to the driver: how many unique ticks, their trade time range
-    (µs since the epoch) and their tickers."""
+    """What job 1 brings to the driver: how many unique rows, their time range (µs since
+    the epoch) and their tickers."""
 
     rows: int
     lo_us: int
@@ -96,20 +155,21 @@ class Span:
 
     @property
     def ms_range(self) -> tuple[int, int]:
-        """The ms range ``[lo, hi]`` that holds every trade time (a MERGE's bounds)."""
+        """The ms range ``[lo, hi]`` that holds every row's time (a MERGE's bounds)."""
         return self.lo_us // 1000, -(-self.hi_us // 1000)
 
 
-def span_of(ticks: DataFrame) -> Span:
-    """Count ``ticks`` and take their range and tickers (one Spark job)."""
+def span_of(rows: DataFrame, time_column: str) -> Span:
+    """Count ``rows`` and take the range of their ``time_column`` and their tickers (one
+    Spark job)."""
     from pyspark.sql import functions as sf
 
-    at = sf.unix_micros(sf.col(Ticks.TRADE_TIME))
-    row = ticks.agg(
+    at = sf.unix_micros(sf.col(time_column))
+    row = rows.agg(
         sf.count(sf.lit(1)).alias("rows"),
         sf.min(at).alias("lo"),
         sf.max(at).alias("hi"),
-        sf.collect_set(Ticks.TICKER).alias("tickers"),
+        sf.collect_set(TICKER).alias("tickers"),
     ).first()
     assert row is not None
     if not row["rows"]:
@@ -117,23 +177,31 @@ def span_of(ticks: DataFrame) -> Span:
     return Span(int(row["rows"]), int(row["lo"]), int(row["hi"]), tuple(sorted(row["tickers"])))
 
 
-def unstored(session: SparkSession, ticks: DataFrame, target: str, span: Span) -> DataFrame:
-    """The ``ticks`` whose key ``target`` does not hold: a LEFT ANTI JOIN with the keys
-    stored for the span's tickers and time range (Iceberg prunes the other files)."""
+def unstored(
+    session: SparkSession,
+    rows: DataFrame,
+    target: str,
+    span: Span,
+    table: TableSchema,
+    time_column: str,
+) -> DataFrame:
+    """The ``rows`` whose key (``table``'s) ``target`` does not hold: a LEFT ANTI JOIN
+    with the keys stored for the span's tickers and ``time_column`` range (Iceberg
+    prunes the other files)."""
     from pyspark.sql import functions as sf
 
-    key = list(Ticks.SCHEMA.key)
+    key = list(table.key)
     stored = (
         session.table(target)
         .where(
-            sf.col(Ticks.TICKER).isin(list(span.tickers))
-            & sf.col(Ticks.TRADE_TIME).between(
+            sf.col(TICKER).isin(list(span.tickers))
+            & sf.col(time_column).between(
                 sf.timestamp_micros(sf.lit(span.lo_us)), sf.timestamp_micros(sf.lit(span.hi_us))
             )
         )
         .select(*key)
     )
-    return ticks.join(stored, on=key, how="left_anti")
+    return rows.join(stored, on=key, how="left_anti")
 
 
 def appended_since(table: Table, snapshot_id: int) -> int:

@@ -39,6 +39,7 @@ POINTS = frozenset(
         "stored-answer-after-publish",
         "live-after-ticks-commit",
         "live-after-candles-commit",
+        "live-after-books-commit",
     }
 )
 #: Called with a point's name where a recovery test may kill the driver or fail the batch.

@@ -472,6 +472,38 @@ class SchemaMismatchError(RuntimeError):
     """An existing table lacks columns the pipeline writes."""
 
 
+@dataclass(frozen=True, slots=True)
+class KeyedTable:
+    """A table its one writer appends only new keys to (``ticks``, the books): its Spark
+    identifier, the kind its temp views are named by, its key and columns, the time
+    column a batch's stored keys are read in, and the MERGE ``merge(target, view, lo_ms,
+    hi_ms)`` that follows a failed commit."""
+
+    target: str
+    kind: str
+    table: TableSchema
+    time_column: str
+    merge: Callable[[str, str, int, int], str]
+
+    def merge_in(self, lo_ms: int, hi_ms: int) -> Callable[[str], str]:
+        """The MERGE of a source view, bounded to ``[lo_ms, hi_ms]``."""
+        return lambda view: self.merge(self.target, view, lo_ms, hi_ms)
+
+
+def keyed_tables(names: TableNames) -> tuple[KeyedTable, KeyedTable, KeyedTable]:
+    """``ticks``, ``book_snapshots`` and ``book_deltas`` as `KeyedTable`s."""
+    snaps, deltas = records.BOOK_SNAPSHOTS, records.BOOK_DELTAS
+    return (
+        KeyedTable(names.ticks, "ticks", Ticks.SCHEMA, Ticks.TRADE_TIME, merge_ticks),
+        KeyedTable(
+            names.book_snapshots, "books", snaps.table, snaps.time_column, merge_book_snapshots
+        ),
+        KeyedTable(
+            names.book_deltas, "deltas", deltas.table, deltas.time_column, merge_book_deltas
+        ),
+    )
+
+
 #: Reports each write's table (short name) and the way it ran (metrics.iceberg_writes).
 WriteReport = Callable[[str, WritePath], None]
 
@@ -489,6 +521,7 @@ class Lake:
     ) -> None:
         self._spark = spark
         self.names = names
+        self._ticks, self._book_snapshots, self._book_deltas = keyed_tables(names)
         self._retries = retries
         #: pyiceberg's client of the same catalog: the reads before a write, the appends
         #: from the driver.
@@ -606,84 +639,97 @@ class Lake:
     def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
         """Store the ``TICK_SCHEMA`` rows (unique per key) whose (ticker, trade_id) is not
         stored yet; returns how: "append N" or "merge"."""
-        lo_ms, hi_ms = _time_range_ms(ticks[Ticks.TRADE_TIME])
-        target = self.names.ticks
-        path, appended = self._append_unstored(
-            session, target, "ticks", Ticks.SCHEMA, Ticks.TRADE_TIME, ticks,
-            lambda view: merge_ticks(target, view, lo_ms, hi_ms),
-        )  # fmt: skip
-        return "merge" if path == "append-then-merge" else f"append {appended}"
+        return self._append_unstored(session, self._ticks, ticks)
 
     def write_kafka_ticks(self, session: SparkSession, kafka: DataFrame) -> executor_writes.Stored:
         """Store the new trades of a Kafka micro-batch (``value``, ``timestamp``,
         ``partition``, ``offset``) without bringing its rows to the driver: decoded,
         deduplicated, checked against the stored keys and appended by Spark's executors
-        (`executor_writes`); how: "executor-append N" or "merge". The one fallback is
-        `_write`'s: a typed commit error -> the MERGE.
+        (`executor_writes`); how: "executor-append N" or "merge"."""
+        return self._append_on_executors(session, self._ticks, executor_writes.unique_ticks(kafka))
 
-        ``ticks-persist`` is the table's only writer, one batch at a time, so the keys the
-        join reads cannot change before the append: a replayed batch appends nothing.
+    def write_kafka_books(
+        self, session: SparkSession, kafka: DataFrame
+    ) -> tuple[executor_writes.Stored, executor_writes.Stored]:
+        """Store the new book snapshots, then the new deltas, of a ``market.book``
+        micro-batch on Spark's executors, as `write_kafka_ticks` does trades; returns
+        what each table stored. The records are fetched and decoded once (cached), then
+        split into the two tables on the executors (`executor_writes.book_part`)."""
+        books = executor_writes.decoded(kafka, executor_writes.BOOKS).persist()
+        try:
+            snapshots = executor_writes.book_part(books, records.BOOK_SNAPSHOTS)
+            first = self._append_on_executors(session, self._book_snapshots, snapshots)
+            deltas = executor_writes.book_part(books, records.BOOK_DELTAS)
+            return first, self._append_on_executors(session, self._book_deltas, deltas)
+        finally:
+            books.unpersist()
+
+    def _append_on_executors(
+        self, session: SparkSession, keyed: KeyedTable, rows: DataFrame
+    ) -> executor_writes.Stored:
+        """Append the ``rows`` (one per key) whose key ``keyed`` does not hold, found and
+        written by Spark's executors; the driver gets job 1's few numbers and commits. The
+        one fallback is `_write`'s: a typed commit error -> the table's MERGE, the cached
+        rows as its source.
+
+        The table's one writer calls this, one batch at a time (as `_append_unstored`), so
+        the keys the join reads cannot change before the append: a replayed batch
+        appends nothing.
         """
-        target = self.names.ticks
-        ticks = executor_writes.unique_ticks(kafka).persist()
+        target = keyed.target
+        rows = rows.persist()
         try:
             started = time.monotonic()
-            span = executor_writes.span_of(ticks)  # job 1: fetch, decode, dedupe, cache
+            span = executor_writes.span_of(rows, keyed.time_column)  # job 1: fetch, decode
             decoded = time.monotonic()
             if span.rows == 0:
                 return executor_writes.Stored(0, "none")
             before = self.snapshot_id(target)
             path: WritePath = "executor-append"
+            new = executor_writes.unstored(
+                session, rows, target, span, keyed.table, keyed.time_column
+            )
             try:
                 with typed_commit_errors():  # job 2: the join and the files; commit here
-                    executor_writes.unstored(session, ticks, target, span).writeTo(target).append()
+                    new.writeTo(target).append()
             except CommitError as exc:
                 log.warning("%s to %s: %s, MERGEing instead", path, target, failure_cause(exc))
                 path = "append-then-merge"
-                lo_ms, hi_ms = span.ms_range
-                self._merge_frame(
-                    session, "ticks", ticks, lambda view: merge_ticks(target, view, lo_ms, hi_ms)
-                )
+                self._merge_frame(session, keyed.kind, rows, keyed.merge_in(*span.ms_range))
             self._reported(target, path)
             how = "merge"
             if path == "executor-append":
-                table = self._tables.load(_identifier(target))
-                how = f"{path} {executor_writes.appended_since(table, before)}"
+                loaded = self._tables.load(_identifier(target))
+                how = f"{path} {executor_writes.appended_since(loaded, before)}"
             steps = (
                 ("decode", (decoded - started) * 1000),
                 ("write", (time.monotonic() - decoded) * 1000),
             )
             return executor_writes.Stored(span.rows, how, steps)
         finally:
-            ticks.unpersist()
+            rows.unpersist()
 
-    def _append_unstored(
-        self,
-        session: SparkSession,
-        target: str,
-        kind: str,
-        table: TableSchema,
-        time_column: str,
-        rows: pa.Table,
-        merge: Callable[[str], str],
-    ) -> tuple[WritePath | None, int]:
-        """Append the ``rows`` whose key ``target`` does not hold yet, by the keys stored in
+    def _append_unstored(self, session: SparkSession, keyed: KeyedTable, rows: pa.Table) -> str:
+        """Append the ``rows`` whose key ``keyed`` does not hold yet, by the keys stored in
         the batch's time range (`driver_reads.stored_keys`, on the driver: that range holds
-        a batch's few files); returns the way it ran (None: nothing new) and the rows.
+        a batch's few files); how: "append N" or, after `_write`'s fallback, "merge".
 
         The table's one writer calls this, one batch at a time (``ticks``: ticks-persist;
         the books: book-store), so the keys read cannot change before the append: a
         replayed batch finds its own and appends nothing.
         """
-        lo_ms, hi_ms = _time_range_ms(rows[time_column])
-        loaded = self._tables.load(_identifier(target))
+        lo_ms, hi_ms = _time_range_ms(rows[keyed.time_column])
+        loaded = self._tables.load(_identifier(keyed.target))
         tickers = pc.unique(rows[Ticks.TICKER]).to_pylist()  # every such table's
-        key = table.key
-        stored = driver_reads.stored_keys(loaded, key, time_column, tickers, lo_ms, hi_ms)
+        key = keyed.table.key
+        stored = driver_reads.stored_keys(loaded, key, keyed.time_column, tickers, lo_ms, hi_ms)
         new = driver_reads.unstored(rows, key, stored)
         if new.num_rows == 0:
-            return None, 0
-        return self._write(session, target, kind, new, True, merge), new.num_rows
+            return "append 0"
+        path = self._write(
+            session, keyed.target, keyed.kind, new, True, keyed.merge_in(lo_ms, hi_ms)
+        )
+        return "merge" if path == "append-then-merge" else f"append {new.num_rows}"
 
     def write_trade_bars(
         self, session: SparkSession, select: str, bar_plan: trade_bars.BarPlan
@@ -756,24 +802,14 @@ class Lake:
         rows = session.sql(trade_bars.gaps_sql(self.names.gaps, ticker)).toArrow().to_pylist()
         return [trade_bars.GapSpan(r["status"], r["from_ms"], r["to_ms"]) for r in rows]
 
-    def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> None:
+    def merge_book_snapshots(self, session: SparkSession, rows: pa.Table) -> str:
         """Store the ``BOOK_SNAPSHOT_SCHEMA`` rows not stored yet (a book-store query write):
-        a replayed batch finds its keys and adds nothing."""
-        lo_ms, hi_ms = _time_range_ms(rows[BookSnapshots.SNAPSHOT_TIME])
-        target = self.names.book_snapshots
-        self._append_unstored(
-            session, target, "books", BookSnapshots.SCHEMA, BookSnapshots.SNAPSHOT_TIME, rows,
-            lambda view: merge_book_snapshots(target, view, lo_ms, hi_ms),
-        )  # fmt: skip
+        a replayed batch finds its keys and adds nothing. How: "append N" or "merge"."""
+        return self._append_unstored(session, self._book_snapshots, rows)
 
-    def merge_book_deltas(self, session: SparkSession, rows: pa.Table) -> None:
+    def merge_book_deltas(self, session: SparkSession, rows: pa.Table) -> str:
         """Store the ``BOOK_DELTA_SCHEMA`` rows not stored yet, the way snapshots are."""
-        lo_ms, hi_ms = _time_range_ms(rows[BookDeltas.DELTA_TIME])
-        target = self.names.book_deltas
-        self._append_unstored(
-            session, target, "deltas", BookDeltas.SCHEMA, BookDeltas.DELTA_TIME, rows,
-            lambda view: merge_book_deltas(target, view, lo_ms, hi_ms),
-        )  # fmt: skip
+        return self._append_unstored(session, self._book_deltas, rows)
 
     def merge_markets(self, session: SparkSession, rows: pa.Table, deleted: Sequence[str]) -> None:
         """Upsert Market rows (``markets.MARKETS_SCHEMA``) and delete ``deleted`` tickers."""

@@ -6,14 +6,15 @@
                          records is decoded and appended by the executors
     market.ohlc.live  -> candles-store (every live.store_trigger_s): MERGE closed
                          candles into ``ohlc`` (source live; a correction amends)
-    market.book       -> book-store (every live.book_store_trigger_s): MERGE the
-                         BookSnapshot records into ``book_snapshots`` and the
-                         BookDelta records into ``book_deltas``
+    market.book       -> book-store (every live.book_store_trigger_s): append the new
+                         BookSnapshot records to ``book_snapshots``, then the new
+                         BookDelta records to ``book_deltas`` (stored keys read
+                         first); a large batch on the executors, as ticks
 
 Publication (ticks, previews, closed candles) is the live engine's, in the PUB
 process (``live_engine.py``): these queries only store. They decode on the driver
 (Arrow from the JVM, one pass in Python), so no ``pyspark.daemon`` worker runs
-for them, except a large ticks batch (ADR 0021); a trigger without new records
+for them, except a large ticks or books batch (ADR 0021); a trigger without new records
 costs Spark an offset lookup only.
 """
 
@@ -134,33 +135,56 @@ class CandleStore:
 
 class BookStore:
     """book-store: the ingestor's snapshots (periodic and resets) -> ``book_snapshots``,
-    its deltas -> ``book_deltas``, both in each micro-batch.
+    its deltas -> ``book_deltas``, both in each micro-batch; decoded on the driver or,
+    when its offsets say it is large, on the executors (`WriteRule.decode_on`, ADR 0021).
 
     A past book is the newest stored snapshot at or before its time and the deltas
     after it (docs/protocol.md "Book history"). Deltas are stored after the snapshots:
     a batch that fails between the two is replayed whole, and both writes add only
-    keys not stored yet (`Lake._append_unstored`).
+    keys not stored yet (`Lake._append_unstored`, `Lake._append_on_executors`).
     """
 
-    def __init__(self, lake: Lake) -> None:
+    def __init__(
+        self, lake: Lake, crash_point: CrashPoint, batch_records: BatchRecords | None = None
+    ) -> None:
         self._lake = lake
+        self._crash_point = crash_point
+        self._batch_records = batch_records  # None: every batch on the driver
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        rows = records.decode_book(batch_df.select(*KAFKA_COLUMNS).toArrow())
+        kafka = batch_df.select(*KAFKA_COLUMNS)
+        count = self._batch_records(batch_id) if self._batch_records is not None else 0
+        if self._lake.rule.decode_on(count) == "executors":
+            snapshots, deltas = self._lake.write_kafka_books(kafka.sparkSession, kafka)
+        else:
+            snapshots, deltas = self.on_driver(kafka, batch_id)
+        if snapshots.unique == 0 and deltas.unique == 0:
+            return
+        self._crash_point("live-after-books-commit")
+        log.info(
+            "book-store batch %d: %d book snapshots (%s), %d deltas (%s) stored in %.0f ms",
+            batch_id,
+            snapshots.unique,
+            snapshots.how,
+            deltas.unique,
+            deltas.how,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def on_driver(self, kafka: DataFrame, batch_id: int) -> tuple[Stored, Stored]:
+        """Every record to the driver as Arrow, decoded there, each table's new rows
+        appended (`Lake.merge_book_snapshots`, then `Lake.merge_book_deltas`)."""
+        rows = records.decode_book(kafka.toArrow())
         records.log_rejects(f"book-store batch {batch_id}", rows.rejects)
+        snapshots, deltas = Stored(0, "none"), Stored(0, "none")
         if rows.snapshots.num_rows:
-            self._lake.merge_book_snapshots(batch_df.sparkSession, rows.snapshots)
+            how = self._lake.merge_book_snapshots(kafka.sparkSession, rows.snapshots)
+            snapshots = Stored(rows.snapshots.num_rows, how)
         if rows.deltas.num_rows:
-            self._lake.merge_book_deltas(batch_df.sparkSession, rows.deltas)
-        if rows.snapshots.num_rows or rows.deltas.num_rows:
-            log.info(
-                "book-store batch %d: %d book snapshots, %d deltas stored in %.0f ms",
-                batch_id,
-                rows.snapshots.num_rows,
-                rows.deltas.num_rows,
-                (time.monotonic() - started) * 1000,
-            )
+            how = self._lake.merge_book_deltas(kafka.sparkSession, rows.deltas)
+            deltas = Stored(rows.deltas.num_rows, how)
+        return snapshots, deltas
 
 
 def offset_log_records(settings: Settings, query: str) -> BatchRecords | None:
@@ -227,7 +251,7 @@ def starters(
             kafka(k.topic_book),
             name="book-store",
             settings=settings,
-            function=BookStore(lake),
+            function=BookStore(lake, crash, offset_log_records(settings, "book-store")),
             trigger_s=live.book_store_trigger_s,
         )
 

@@ -34,7 +34,7 @@ from mdproto.messages import (
     TakerSide,
     Tick,
 )
-from mdproto.tables import BookDeltas, BookSnapshots, Ohlc, Ticks, arrow_schema
+from mdproto.tables import BookDeltas, BookSnapshots, Ohlc, TableSchema, Ticks, arrow_schema
 
 log = logging.getLogger(__name__)
 UTC_US = pa.timestamp("us", tz="UTC")
@@ -540,22 +540,58 @@ class BookRows:
     rejects: list[Reject] = field(default_factory=list)
 
 
+#: `kafka_book_rows`' columns besides a table's: the record's time (a snapshot's
+#: ``snapshot_time``, a delta's ``delta_time``) and whether it is a delta.
+BOOK_TIME = "book_time"
+BOOK_IS_DELTA = "is_delta"
+
+
+@dataclass(frozen=True, slots=True)
+class BookPart:
+    """One book table's share of `kafka_book_rows`: the rows whose ``is_delta`` is
+    ``deltas``, ``book_time`` renamed ``time_column``, the table's columns."""
+
+    table: TableSchema
+    time_column: str
+    deltas: bool
+
+
+BOOK_SNAPSHOTS = BookPart(BookSnapshots.SCHEMA, BookSnapshots.SNAPSHOT_TIME, deltas=False)
+BOOK_DELTAS = BookPart(BookDeltas.SCHEMA, BookDeltas.DELTA_TIME, deltas=True)
+
+#: `kafka_book_rows`' layout: a snapshot's and a delta's columns side by side, in one
+#: table so that one pass (on the driver, or in each executor task) decodes both. A
+#: column only one kind has is 0 (``exchange_prev_sequence``), "" (``reset``) or null
+#: (``depth``) for the other: the tables' required columns stay non-null.
+BOOK_ROWS_SCHEMA = pa.schema(
+    [
+        *(BOOK_DELTA_SCHEMA.field(n) for n in ("ticker", "exchange", "symbol")),
+        pa.field(BOOK_TIME, UTC_US, nullable=False),
+        *(BOOK_DELTA_SCHEMA.field(n) for n in ("exchange_sequence", "exchange_prev_sequence")),
+        *(BOOK_SNAPSHOT_SCHEMA.field(n) for n in ("depth", "reset")),
+        *(BOOK_DELTA_SCHEMA.field(n) for n in ("bids", "asks", "ingested_at")),
+        *(BOOK_DELTA_SCHEMA.field(n) for n in (KAFKA_PARTITION, KAFKA_OFFSET)),
+        pa.field(BOOK_IS_DELTA, pa.bool_(), nullable=False),
+    ]
+)
+
+
 def _levels(levels: Sequence[Any]) -> list[dict[str, float]]:
     return [{"price": x.price, "amount": x.amount} for x in levels]
 
 
-def decode_book(kafka: pa.Table | pa.RecordBatch) -> BookRows:
-    """``market.book`` rows -> its BookSnapshot and BookDelta records as table rows.
+def kafka_book_rows(kafka: pa.Table | pa.RecordBatch) -> tuple[pa.Table, list[Reject]]:
+    """``market.book`` rows -> its BookSnapshot and BookDelta records as
+    ``BOOK_ROWS_SCHEMA`` rows in Kafka order, copies kept, and the rejects.
 
-    A record's time (``snapshot_time``, ``delta_time``) is the exchange's, else the
-    ingestor's, else the Kafka time; ``ingested_at`` the ingestor's time, else the Kafka
-    time (replays write the same). A delta keeps its Kafka partition and offset: its
-    key, and its order where the exchange gives no sequence.
+    A record's time is the exchange's, else the ingestor's, else the Kafka time;
+    ``ingested_at`` the ingestor's time, else the Kafka time (replays write the same).
+    Every row keeps its Kafka partition and offset: a delta's key, and the order in
+    which the last copy of a snapshot wins (on the executors, after a shuffle).
     """
     partitions, offsets = kafka_coordinates(kafka)
     stamps = kafka_timestamps_ms(kafka, kafka.num_rows, 0)
-    snaps: dict[str, list[Any]] = {name: [] for name in BOOK_SNAPSHOT_SCHEMA.names}
-    deltas: dict[str, list[Any]] = {name: [] for name in BOOK_DELTA_SCHEMA.names}
+    rows: dict[str, list[Any]] = {name: [] for name in BOOK_ROWS_SCHEMA.names}
     rejects: list[Reject] = []
     for i, value in enumerate(_column(kafka, "value")):
         try:
@@ -573,35 +609,47 @@ def decode_book(kafka: pa.Table | pa.RecordBatch) -> BookRows:
         if not 0 < at_ms <= MAX_TIME_MS:
             rejects.append(Reject(partitions[i], offsets[i], BAD_BOOK, f"time {at_ms}"))
             continue
-        common = (
+        if isinstance(record, BookDelta):
+            delta, prev, depth, reset = True, record.exchange_prev_sequence, None, ""
+        else:
+            delta, prev, depth, reset = False, 0, record.depth, reset_name(record.reset)
+        for name, v in (
             ("ticker", record.ticker),
             ("exchange", split[0]),
             ("symbol", split[1]),
+            (BOOK_TIME, at_ms * 1000),
             ("exchange_sequence", record.exchange_sequence),
+            ("exchange_prev_sequence", prev),
+            ("depth", depth),
+            ("reset", reset),
             ("bids", _levels(record.bids)),
             ("asks", _levels(record.asks)),
             ("ingested_at", ingested_ms * 1000),
-        )
-        if isinstance(record, BookDelta):
-            for name, v in (
-                *common,
-                ("delta_time", at_ms * 1000),
-                ("exchange_prev_sequence", record.exchange_prev_sequence),
-                ("kafka_partition", partitions[i]),
-                ("kafka_offset", offsets[i]),
-            ):
-                deltas[name].append(v)
-            continue
-        for name, v in (
-            *common,
-            ("snapshot_time", at_ms * 1000),
-            ("depth", record.depth),
-            ("reset", reset_name(record.reset)),
+            (KAFKA_PARTITION, partitions[i]),
+            (KAFKA_OFFSET, offsets[i]),
+            (BOOK_IS_DELTA, delta),
         ):
-            snaps[name].append(v)
+            rows[name].append(v)
+    return _rows_table(rows, BOOK_ROWS_SCHEMA), rejects
+
+
+def book_part(rows: pa.Table, part: BookPart) -> pa.Table:
+    """``part``'s rows of `kafka_book_rows`' ``rows`` in its table's layout, in their
+    order, copies kept (what `Lake` and `executor_writes` do in Spark, in Arrow)."""
+    mine = rows.filter(pc.equal(rows[BOOK_IS_DELTA], part.deltas))
+    renamed = mine.rename_columns(
+        [part.time_column if n == BOOK_TIME else n for n in mine.column_names]
+    )
+    return renamed.select(part.table.names).cast(arrow_schema(part.table))
+
+
+def decode_book(kafka: pa.Table | pa.RecordBatch) -> BookRows:
+    """``market.book`` rows -> its BookSnapshot and BookDelta records as table rows, each
+    unique on its table's key (the last copy in Kafka order wins; `kafka_book_rows`)."""
+    rows, rejects = kafka_book_rows(kafka)
     return BookRows(
-        dedupe_last(_rows_table(snaps, BOOK_SNAPSHOT_SCHEMA), BOOK_SNAPSHOT_KEY),
-        dedupe_last(_rows_table(deltas, BOOK_DELTA_SCHEMA), BOOK_DELTA_KEY),
+        dedupe_last(book_part(rows, BOOK_SNAPSHOTS), BOOK_SNAPSHOT_KEY),
+        dedupe_last(book_part(rows, BOOK_DELTAS), BOOK_DELTA_KEY),
         rejects,
     )
 

@@ -3,8 +3,8 @@
 Every write of `Lake` goes one of four ways, chosen here before it starts and
 never by trying another engine after an exception: an append from the driver
 (pyiceberg), an append as a Spark job from the driver's Arrow, a Spark MERGE, or,
-for a large ``ticks-persist`` micro-batch, an append whose rows never reach the
-driver (decoded, deduplicated and appended by Spark's executors). The rule and the
+for a large ``ticks-persist`` or ``book-store`` micro-batch, an append whose rows
+never reach the driver (decoded, deduplicated and appended by Spark's executors). The rule and the
 figures behind its thresholds: docs/adr/0017-one-write-path-per-batch.md and
 docs/adr/0021-writes-on-executors.md.
 
@@ -49,8 +49,8 @@ class WriteRule:
     #: Appends of at most this many rows are written by pyiceberg on the driver; larger
     #: ones by Spark's executors. 0: every append is a Spark job.
     driver_append_max_rows: int = 2_000_000
-    #: Kafka micro-batches of ``ticks`` of at least this many records are decoded and
-    #: appended on Spark's executors ("executor-append"); smaller ones on the driver.
+    #: Kafka micro-batches of ``ticks`` or books of at least this many records are decoded
+    #: and appended on Spark's executors ("executor-append"); smaller ones on the driver.
     #: 0: never.
     executor_append_min_records: int = 0
 
