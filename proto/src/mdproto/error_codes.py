@@ -226,6 +226,11 @@ HISTORY_TIMEOUT: Final = _code(
 REQUEST_TIMEOUT: Final = _code(
     "request_timeout", "sdk", "the relay did not answer a request in time"
 )
+SEAM_TIMEOUT: Final = _code(
+    "seam_timeout",
+    "sdk",
+    "replay into live: the store did not hold a topic's first live message in time",
+)
 SEND_TIMEOUT: Final = _code(
     "send_timeout", "sdk", "a request could not be sent to the relay in time"
 )

@@ -489,10 +489,12 @@ def test_follow_goes_on_into_live_ticks_without_a_gap_or_a_duplicate_at_the_seam
     assert {t.publisher_epoch for t in ticks} == {T0}
     assert [end for _, end in polls] == [T0 + 401, T0 + 401]  # t4 not stored, then stored
     assert polls[0][0] is not None and polls[0][0].time_ms == T0 + 200
-    assert (follow.duplicates, follow.seam_timeouts) == (1, 0)
+    assert follow.duplicates == 1
 
 
-def test_follow_gives_up_waiting_for_the_store_after_its_timeout() -> None:
+def test_follow_ends_with_a_seam_timeout_when_the_store_never_holds_the_first_live_one() -> None:
+    """No silent gap: the trades between the replay and live could not be read."""
+    from mdclient.errors import ReplaySeamTimeout
     from mdclient.replay import FollowLive, LiveBuffer, Position
 
     store = Store()
@@ -508,9 +510,12 @@ def test_follow_gives_up_waiting_for_the_store_after_its_timeout() -> None:
     follow = FollowLive(
         open_replay(store, q), reread, live, sleep=clock.sleep, clock=clock, seam_timeout_s=2.0
     )
-    got = [next(follow) for _ in range(3)]
-    assert [getattr(m, "trade_id", None) for m in got] == ["t0", None, "t9"]
-    assert follow.seam_timeouts == 1 and sum(clock.sleeps) == pytest.approx(2.0)
+    got = [next(follow) for _ in range(2)]
+    assert [getattr(m, "trade_id", None) for m in got] == ["t0", None]
+    with pytest.raises(ReplaySeamTimeout, match="t9") as ended:
+        next(follow)
+    assert ended.value.error_code == "seam_timeout"
+    assert sum(clock.sleeps) == pytest.approx(2.0)
 
 
 def test_follow_goes_on_into_live_candles_keeping_corrections_and_dropping_previews() -> None:
@@ -557,7 +562,7 @@ def test_follow_goes_on_into_live_candles_keeping_corrections_and_dropping_previ
     assert [c.correction for c in candles] == [False] * 5 + [True, False]
     assert [c.sequence for c in candles] == list(range(1, 8))
     assert [end for _, end in polls] == [T0 + 4001, T0 + 4001]  # c4 not stored, then stored
-    assert (follow.duplicates, follow.seam_timeouts, live.dropped) == (1, 0, 0)
+    assert (follow.duplicates, live.dropped) == (1, 0)
 
 
 def test_replay_into_live_refuses_the_book_before_subscribing(

@@ -664,7 +664,13 @@ class Client(Closeable):
             for stream in streams:
                 stream.close()
 
-        return FollowLive(stored, reread, live, on_close=close_live)
+        return FollowLive(
+            stored,
+            reread,
+            live,
+            on_close=close_live,
+            seam_timeout_s=self.settings.replay_seam_timeout_s,
+        )
 
     # --- legacy ---
 

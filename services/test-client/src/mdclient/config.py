@@ -57,6 +57,10 @@ class ClientSettings(runtime.FileSettings):
     legacy_attempts: int = Field(default=1, ge=1)
     progress_interval_s: float = Field(default=0.2, gt=0)
     live_queue_size: int = Field(default=10_000, ge=1)
+    #: `replay_into_live` waits this long at each topic's seam for the store to hold its
+    #: first live message: above the pipeline's ticks write interval
+    #: (``live.persist_trigger_s``, 60 s) and its commit; then `ReplaySeamTimeout`.
+    replay_seam_timeout_s: float = Field(default=120.0, gt=0)
     # A gap's closed candles are read from Iceberg this long after it is seen: the
     # pipeline stores a closed candle ~2-3 s after publishing it (docs/protocol.md).
     live_recovery_delay_s: float = Field(default=4.0, ge=0)

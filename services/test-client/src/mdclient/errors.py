@@ -109,6 +109,13 @@ class HistoryTimeout(MdTimeout):
         self.request_ids = request_ids
 
 
+class ReplaySeamTimeout(MdTimeout):
+    """`replay_into_live`: the store did not hold a topic's first live message within
+    `replay_seam_timeout_s`, so what came between the stored replay and live could not
+    all be read: the replay ends here instead of going on with a gap nobody sees.
+    Replaying again from the last message's time (or a cursor) resumes it."""
+
+
 class FeedUnavailable(MdClientError):  # noqa: N818 (public API names)
     """A live feed cannot be served: FAILED (unknown symbol, exchange down) from the
     ingestor, or REFUSED (unsupported candle period) by the relay, on `{ticker}|status`."""

@@ -93,6 +93,7 @@ ERRORS: dict[type[errors.MdClientError], ExitCode] = {
     errors.MdTimeout: ExitCode.TIMEOUT,
     errors.RequestTimeout: ExitCode.TIMEOUT,
     errors.HistoryTimeout: ExitCode.TIMEOUT,
+    errors.ReplaySeamTimeout: ExitCode.TIMEOUT,
     errors.RelayUnavailable: ExitCode.UNAVAILABLE,
     errors.StorageError: ExitCode.STORAGE,
     errors.NotRecorded: ExitCode.NOT_FOUND,

@@ -49,7 +49,7 @@ from mdclient.book_history import (
     changes,
     ticker_and_times,
 )
-from mdclient.errors import InvalidRequest, UnknownTicker
+from mdclient.errors import InvalidRequest, ReplaySeamTimeout, UnknownTicker
 from mdclient.streams import Closeable
 from mdproto import topics
 from mdproto.error_codes import (
@@ -58,6 +58,7 @@ from mdproto.error_codes import (
     BAD_SPEED,
     BAD_TIME_RANGE,
     RANGE_TOO_LARGE,
+    SEAM_TIMEOUT,
 )
 from mdproto.messages import OHLC, BookDelta, BookSnapshot, TakerSide, Tick
 from mdproto.tables import BookDeltas, BookSnapshots, Ticks, arrow_schema
@@ -691,8 +692,9 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
     queue the subscriber thread fills). The stored replay runs first (its
     `ReplayComplete` marks the seam); then for each topic, at its first live message
     L, the store is read again from where the replay stopped up to L, until it holds
-    L itself (the pipeline stores a trade or a closed candle seconds after it is
-    published; `poll_s` apart, at most `seam_timeout_s`): every stored message
+    L itself (the pipeline stores a closed candle seconds and a trade up to a minute
+    after it is published; `poll_s` apart, at most `seam_timeout_s`, then
+    `ReplaySeamTimeout`: never a gap the consumer cannot see): every stored message
     before L is delivered, then L and the live ones after it. A live message already
     delivered (the same trade id, the same candle open time) is dropped (counted in
     `duplicates`); a candle `correction` always goes through. Live messages carry on
@@ -709,7 +711,7 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.5,
-        seam_timeout_s: float = 30.0,
+        seam_timeout_s: float = 120.0,
         remembered: int = 100_000,
     ) -> None:
         self.stored = stored
@@ -729,7 +731,6 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
         self._pending: deque[LiveMessage] = deque()
         self._closed = False
         self.duplicates = 0
-        self.seam_timeouts = 0  # topics whose store did not reach the first live message
         self.topic = ""
 
     def _note(self, message: LiveMessage, *, numbered: bool = False) -> LiveMessage:
@@ -808,7 +809,7 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
 
     def _bridge(self, topic: str, first: LiveMessage) -> list[LiveMessage]:
         """The stored messages between the replay's last one and `first`, read until the
-        store holds `first` (or the timeout: a gap may remain, `seam_timeouts`)."""
+        store holds `first`; `ReplaySeamTimeout` when it does not within the timeout."""
         position = self.stored.position(topic)
         known = self._id_sets.get(topic, set())
         _, first_id, first_event_ms, first_row_ms = live_key(first)
@@ -824,8 +825,12 @@ class FollowLive(Closeable, Iterator["ReplayMessage | ReplayComplete"]):
             if any(live_key(m)[1] == first_id for m in stored):
                 break
             if self._clock() >= deadline:
-                self.seam_timeouts += 1
-                break
+                raise ReplaySeamTimeout(
+                    f"{topic}: the store did not hold the first live message ({first_id}) "
+                    f"within {self._timeout_s:g} s, so the messages before it may be "
+                    "missing; replay again from the last one received",
+                    error_code=SEAM_TIMEOUT,
+                )
             self._sleep(self._poll_s)
         out = []
         for message in stored:
