@@ -617,10 +617,10 @@ class Client(Closeable):
         duplicate at the seam, until closed: the live topics are subscribed before the
         store is read and wait (up to `live_queue_size`); a `ReplayComplete` marks the
         seam; at each topic's first live message the store is read again until it holds
-        that message (the pipeline stores a trade or a candle seconds after it is
-        published), and a live message already delivered is dropped
-        (mdclient.replay.FollowLive). `book` is refused (`bad_channel`): a live book
-        starts from its own snapshot (`Client.book`)."""
+        that message (a candle is stored seconds, a trade up to a minute after it is
+        published; `replay_seam_timeout_s`, then `ReplaySeamTimeout`), and a live message
+        already delivered is dropped (mdclient.replay.FollowLive). `book` is refused
+        (`bad_channel`): a live book starts from its own snapshot (`Client.book`)."""
         from mdclient.replay import Cursor, FollowLive, LiveBuffer, replay_from, replay_query
 
         now_ms = int(time.time() * 1000)
