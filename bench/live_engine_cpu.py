@@ -48,7 +48,7 @@ from google.protobuf.message import Message
 from mdproto import envelope
 from mdproto.messages import TakerSide, Tick
 from mdproto.recent import RecentKeys
-from pipeline import live_engine
+from pipeline import live_engine, live_saves
 from pipeline.config import CepConfig, LiveConfig, Settings
 
 TOPIC = "market.ticks"
@@ -144,7 +144,7 @@ def engine(
     stop = threading.Event()
     replay = Replay(msgs, stop, batch)
     run = live_engine._Run(
-        settings, replay, Producer(), nothing, nothing, live_engine.Snapshot(),
+        settings, replay, Producer(), nothing, nothing, live_saves.Snapshot(),
         None, sink.send_many,
     )  # fmt: skip
     for p in range(PARTITIONS):

@@ -31,3 +31,11 @@ def test_memory_is_bounded_and_forgets_the_oldest() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="capacity"):
         RecentKeys(0)
+
+
+def test_newest_keys_come_oldest_first() -> None:
+    keys = RecentKeys[int](5)
+    for k in range(8):
+        keys.first_time(k)
+    assert keys.newest(3) == [5, 6, 7]
+    assert keys.newest(10) == [3, 4, 5, 6, 7] == list(keys)

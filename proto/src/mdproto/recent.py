@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
+from itertools import islice
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -41,3 +42,9 @@ class RecentKeys(Generic[K]):
     def __iter__(self) -> Iterator[K]:
         """Oldest first (what a snapshot saves, to restore in the same order)."""
         return iter(self._keys)
+
+    def newest(self, n: int) -> list[K]:
+        """The newest `n` keys, oldest first, without walking the older ones."""
+        newest_first = list(islice(reversed(self._keys), n))
+        newest_first.reverse()
+        return newest_first

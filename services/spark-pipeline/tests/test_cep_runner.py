@@ -18,6 +18,7 @@ from mdproto.messages import (
     Tick,
 )
 from pipeline.blobs import BlobError, Folder
+from pipeline.cep.engine import Engine
 from pipeline.cep.model import TriggerSpec, spec_from_request
 from pipeline.cep.records import TickRecord, TriggerRecord, decode_batch
 from pipeline.cep.runner import CepRunner
@@ -200,25 +201,51 @@ def test_restart_resumes_from_the_snapshot_and_rerun_batches_repeat_their_events
     assert fires == [1, 1, 2]
 
 
-def test_checkpointed_state_matches_the_offsets_saved_with_it(tmp_path: Path) -> None:
-    """The live engine's mode: no snapshot per batch; `checkpoint` saves the state it
-    records with its offsets, and a restart from there replays only later batches."""
+def test_captured_state_matches_the_offsets_saved_with_it(tmp_path: Path) -> None:
+    """The live engine's mode: no snapshot per batch; `capture` encodes the state it
+    records with its offsets (in its loop), the store writes it later (its writer
+    thread), and a restart from there replays only later batches."""
     out = Outputs()
     first = runner(tmp_path, out, snapshot_each_batch=False)
+    store = SnapshotStore(tmp_path / "snapshots")
     first(rows((TOPIC, register("r", 100.0, repeating=True), T0)), 0)
     assert not list((tmp_path / "snapshots").glob("*.snapshot"))
     first(rows((TICKS, tick("a", 99.0), T0 + 1)), 1)
-    saved = first.checkpoint()  # the engine writes its offsets with batch 1
-    assert saved == 1
-    assert first.checkpoint() == 1  # nothing changed since: nothing written again
+    saved, snapshot = first.capture()  # the engine writes its offsets with batch 1
+    assert saved == 1 and snapshot is not None
     later = rows((TICKS, tick("b", 101.0), T0 + 2))
-    first(later, 2)  # fires, then the process dies before the next checkpoint
+    first(later, 2)  # fires before the capture is written: the write holds batch 1's state
+    store.write(snapshot)
+    assert first.capture()[0] == 2
 
     restarted = runner(tmp_path, out, snapshot_each_batch=False)
     restarted(later, saved + 1)  # read again from the saved offsets
     fires = [e.fire_count for _, e in out.events if e.kind == CEPTriggerEvent.FIRED]
     assert fires == [1, 1]  # the same event again: at-least-once, no second ARMED
     assert [k for k in out.kinds() if k[1] == "ARMED"] == [("r", "ARMED")]
+
+
+def test_an_unchanged_state_is_not_captured_again_unless_its_write_failed(tmp_path: Path) -> None:
+    run = runner(tmp_path, Outputs(), snapshot_each_batch=False)
+    assert run.capture() == (None, None)  # nothing ran yet
+    run(rows((TOPIC, register("r", 100.0), T0)), 0)
+    batch, snapshot = run.capture()
+    assert batch == 0 and snapshot is not None and snapshot.definitions is not None
+    assert run.capture() == (0, None)  # nothing changed since
+    run.unsaved()  # its write failed (the S3 store away)
+    batch, again = run.capture()
+    assert again is not None and again.state == snapshot.state
+
+
+def test_specs_are_encoded_until_a_write_stored_them(tmp_path: Path) -> None:
+    engine = Engine()
+    store = SnapshotStore(tmp_path)
+    first = store.encode(0, engine)
+    assert first.definitions is not None
+    assert store.encode(1, engine).definitions is not None  # not written yet
+    store.write(first)
+    assert store.encode(2, engine).definitions is None
+    assert store.load_before(1) is not None
 
 
 def test_lost_snapshots_are_rebuilt_from_the_trigger_topic(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from mdproto.partitioning import partition_of
 from pipeline.cep.engine import Engine
 from pipeline.cep.model import spec_from_request
 from pipeline.config import Settings
-from pipeline.live_engine import Snapshot, SnapshotFile, _Run
+from pipeline.live_engine import _Run
+from pipeline.live_saves import Snapshot, SnapshotFile
 from pipeline.live_state import StateStore
 
 TICKER = "BINANCE:BTC/USDT"

@@ -17,7 +17,8 @@ from mdproto import envelope
 from mdproto.messages import OHLC, Tick
 from pipeline import records
 from pipeline.config import Settings
-from pipeline.live_engine import Snapshot, SnapshotFile, _Run, live_only
+from pipeline.live_engine import _Run, live_only
+from pipeline.live_saves import Snapshot, SnapshotFile
 from pipeline.live_state import StateStore
 
 T = "BINANCE:ETH/USDT"

@@ -19,8 +19,9 @@ from pyarrow import fs
 from mdproto.messages import OHLC, Tick
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
-from pipeline.live_engine import Snapshot, SnapshotFile, _Run
+from pipeline.live_engine import _Run
 from pipeline.live_metrics import EngineMetrics
+from pipeline.live_saves import Deliveries, Snapshot, SnapshotFile
 from pipeline.live_state import FORMAT, PartitionState, StateStore, StateStoreError
 
 TOPIC = "market.ticks"
@@ -136,10 +137,10 @@ def test_a_moved_partition_is_restored_and_its_candles_close_whole(tmp_path: Pat
 def test_a_revoke_before_kafka_has_the_candles_saves_nothing(tmp_path: Path) -> None:
     log: dict[int, list[bytes]] = {}
     a = Engine(tmp_path, "a", log)
-    a.producer.pending = 1  # Kafka has not acknowledged a closed candle
+    a.producer.holding = True  # Kafka does not acknowledge the closed candle
     a.run(
         fake_kafka.Assign([0]),
-        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000)]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000), tick(X, "x2", 51.0, B + 61_000)]),
         fake_kafka.Revoke([0]),
         fake_kafka.Assign([]),
     )
@@ -240,3 +241,65 @@ def test_the_metrics_follow_batches_assignments_saves_and_restores(tmp_path: Pat
     assert mb.registry.get_sample_value("pipeline_live_restore_seconds_count", restore) == 1
     assert mb.registry.get_sample_value("pipeline_live_restore_seconds_sum", restore) == 0.75
     assert mb.registry.get_sample_value("pipeline_live_restored_partitions_total", restore) == 1
+
+
+class _Gated(StateStore):
+    """A store whose saves wait for `gate` (a slow S3 store)."""
+
+    gate: threading.Event
+
+    def save(self, state: PartitionState) -> int:
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().save(state)
+
+
+def test_a_periodic_save_is_written_while_the_loop_goes_on(tmp_path: Path) -> None:
+    """ADR 0024: the loop takes the state and goes on; the writer thread stores it."""
+    a = Engine(tmp_path, "a", {})
+    live = a.settings.live.model_copy(update={"snapshot_s": 0.001})  # due at every batch
+    a.settings = a.settings.model_copy(update={"live": live})
+    store = _Gated(fs.LocalFileSystem(), str(tmp_path / "state"))
+    store.gate = threading.Event()
+    a.store = store
+    run = a.run(
+        fake_kafka.Assign([0]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000)]),  # a save is due: taken
+        fake_kafka.Ticks(0, [tick(X, "x2", 51.0, B + 61_000)]),
+        fake_kafka.Ticks(0, [tick(X, "x3", 52.0, B + 62_000)]),
+    )
+    # Every batch was published while the first save waited for the store.
+    assert [t.trade_id for t in a.sent if isinstance(t, Tick)] == ["x1", "x2", "x3"]
+    assert a.closed() == [(X, B, 1, 50.0)]
+    assert store.load(TOPIC, 0) is None
+    store.gate.set()
+    run.close()
+    saved = store.load(TOPIC, 0)
+    assert saved is not None and saved.offset == 1  # the state as taken after x1
+    assert run.dirty == {(TOPIC, 0)}  # the later batches are the next round's
+    assert run.save() is True
+    again = store.load(TOPIC, 0)
+    assert again is not None and again.offset == 3
+
+
+def test_a_round_waits_for_the_candles_sent_before_it_and_no_later_ones() -> None:
+    deliveries = Deliveries()
+    first = deliveries.sent()
+    mark = deliveries.mark
+    later = deliveries.sent()
+    assert deliveries.wait(mark, 0.0) is False
+    first(None, None)
+    assert deliveries.wait(mark, 0.0) is True  # `later` is not waited for
+    assert deliveries.wait(deliveries.mark, 0.0) is False
+    later("broker down", None)
+    assert deliveries.wait(deliveries.mark, 0.0) is False and deliveries.error == "broker down"
+
+
+def test_acknowledgements_out_of_order_count_once_every_earlier_one_came() -> None:
+    deliveries = Deliveries()
+    callbacks = [deliveries.sent() for _ in range(3)]
+    callbacks[2](None, None)
+    callbacks[0](None, None)
+    assert deliveries.wait(1, 0.0) is True
+    assert deliveries.wait(3, 0.0) is False  # the second is still out
+    callbacks[1](None, None)
+    assert deliveries.wait(3, 0.0) is True

@@ -89,3 +89,20 @@ def test_a_format_3_object_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING):
         assert StateStore(fs.LocalFileSystem(), str(tmp_path)).load(TOPIC, 2) is None
     assert "format 3 is not ours" in caplog.text
+
+
+def test_the_body_is_the_json_the_standard_library_writes() -> None:
+    """orjson encodes; any JSON reader (a restore by an older engine, a person with
+    jq) reads the same document `json.dumps` would have written."""
+    s = state()
+    s.cep["BINANCE:BTC/USDT"]["fires"] = {3: 1}  # an integer key, as json turns it to "3"
+    body = s.encode().partition(b"\n")[2]
+    expected = {
+        "topic": s.topic,
+        "partition": s.partition,
+        "offset": s.offset,
+        "candles": s.candles,
+        "recent": s.recent,
+        "cep": s.cep,
+    }
+    assert body == json.dumps(expected, separators=(",", ":")).encode()

@@ -26,7 +26,7 @@ from pipeline.cep.state import SnapshotStore
 from pipeline.config import Settings
 from pipeline.gap_rebuilds import Pending, PendingFile
 from pipeline.gaps import Gap
-from pipeline.live_engine import Snapshot, SnapshotFile
+from pipeline.live_saves import Snapshot, SnapshotFile
 from pipeline.session import s3a_conf
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Small objects the pipeline replaces whole, in a local folder or in the S3 store.
 
 Why one module: the live engine's partition states (`live_state`), its own snapshot
-and CEP's snapshots (`live_engine.SnapshotFile`, `cep.state.SnapshotStore`) and the
+and CEP's snapshots (`live_saves.SnapshotFile`, `cep.state.SnapshotStore`) and the
 pending gap rebuilds (`gap_rebuilds.PendingFile`) all live under a location that is
 either a local path or ``s3://`` / ``s3a://`` (where Spark's checkpoints are). The
 S3 client is pyarrow's, built from the pipeline's one set of S3 settings

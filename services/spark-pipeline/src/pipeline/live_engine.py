@@ -12,9 +12,10 @@ pipeline"):
     + cep.triggers   ------> CepStage (docs/cep.md)    -> PUB CEPTriggerEvent, tombstones
     + market.book    --decode--> BookSnapshot/BookDelta -> PUB {ticker}|book (live only)
     every live.book_snapshot_s: a BookSnapshot of each order book that changed
-    every live.snapshot_s: flush the producer, save the CEP state and its batch id
-    (<checkpoint_dir>/live-engine/snapshot.json), then each changed ticks partition's
-    state with its tickers' CEP state (`live_state.StateStore`, S3 by default)
+    every live.snapshot_s: take each changed ticks partition's state with its tickers'
+    CEP state, and CEP's state; a writer thread stores them once Kafka has the closed
+    candles (`live_state.StateStore`, S3 by default), then the CEP state and its batch
+    id (<checkpoint_dir>/live-engine/snapshot.json): `live_saves`
 
 Sharded (docs/adr/0014-sharded-live-engine.md). ``market.ticks`` and ``market.book``
 are read through the consumer group ``live.group_id``: every engine process (the
@@ -48,14 +49,11 @@ outlet keeps each book (``live_books.py``) and forgets those of revoked partitio
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import Message
@@ -64,7 +62,6 @@ from mdproto import ProtocolError, envelope, partitioning, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
 from mdproto.recent import RecentKeys
 from pipeline import records
-from pipeline.blobs import Blob, Folder
 from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
 from pipeline.config import Settings
@@ -72,7 +69,8 @@ from pipeline.gc_pacing import GcPacing
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
 from pipeline.live_metrics import EngineMetrics
-from pipeline.live_state import PartitionState, StateStore, StateStoreError
+from pipeline.live_saves import Deliveries, Outcome, Round, Snapshot, SnapshotFile, Targets, Writer
+from pipeline.live_state import RECENT_SAVED, PartitionState, StateStore
 
 if TYPE_CHECKING:
     from pipeline.cep.stage import CepStage
@@ -82,7 +80,6 @@ SendMany = Callable[[Iterable[tuple[str, Message]]], int]
 Position = tuple[str, int]  # (topic, partition)
 STATS_INTERVAL_S = 10.0
 STALL_S = 0.25
-SNAPSHOT_FORMAT = 3
 #: Longest wait in consume(): the idle-close and CEP timers' resolution.
 POLL_S = 0.05
 PARTITIONS_WITHIN_S = 30.0  # a new topic's partitions reach the metadata within this
@@ -90,6 +87,8 @@ PARTITIONS_WITHIN_S = 30.0  # a new topic's partitions reach the metadata within
 RECENT_CAPACITY = 100_000
 #: How long a revoke waits for Kafka to acknowledge the closed candles before it saves.
 REVOKE_FLUSH_S = 30.0
+#: How long a save round waits for them (a round not acknowledged is retried later).
+SAVE_ACK_S = 2.0
 
 
 class EngineOutlet(Protocol):
@@ -101,50 +100,6 @@ class EngineOutlet(Protocol):
     def send_book_snapshots(self) -> int: ...
 
     def forget(self, tickers: Collection[str]) -> None: ...
-
-
-@dataclass
-class Snapshot:
-    """The engine's own part, kept beside its CEP state: the next offset of each
-    ``cep.triggers`` partition and the CEP batch whose state was saved with it."""
-
-    offsets: dict[Position, int] = field(default_factory=dict)
-    cep_batch: int | None = None
-
-
-class SnapshotFile:
-    """One JSON object, replaced whole (`blobs.Blob`): beside the checkpoints, local or
-    in the S3 store."""
-
-    def __init__(self, target: Path | Blob) -> None:
-        self.blob = target if isinstance(target, Blob) else Blob.local(target)
-
-    @classmethod
-    def for_settings(cls, settings: Settings) -> SnapshotFile:
-        folder = Folder.at(settings.checkpoint_for("live-engine"), settings.catalog)
-        return cls(folder.child("snapshot.json"))
-
-    def load(self) -> Snapshot | None:
-        raw = self.blob.read()
-        if raw is None:
-            return None
-        data = json.loads(raw)
-        if data.get("format") != SNAPSHOT_FORMAT:
-            log.warning("%s: snapshot format %s is not ours: ignored", self.blob, data["format"])
-            return None
-        offsets = {
-            (topic, int(p)): int(o)
-            for topic, parts in data["offsets"].items()
-            for p, o in parts.items()
-        }
-        return Snapshot(offsets, data["cep_batch"])
-
-    def save(self, snapshot: Snapshot) -> None:
-        offsets: dict[str, dict[int, int]] = {}
-        for (topic, p), o in snapshot.offsets.items():
-            offsets.setdefault(topic, {})[p] = o
-        body = {"format": SNAPSHOT_FORMAT, "offsets": offsets, "cep_batch": snapshot.cep_batch}
-        self.blob.write(json.dumps(body, separators=(",", ":")).encode())
 
 
 def group_consumer_config(s: Settings) -> dict[str, Any]:
@@ -250,6 +205,7 @@ class LiveEngine:
             run.start()
             run.loop(self._stop)
             run.save()  # a clean stop reads nothing again
+            run.close()
         except BaseException as exc:
             self.error = exc
             log.exception("live engine failed")
@@ -298,7 +254,6 @@ class _Run:
         self.consumer = consumer
         self.producer = producer
         self.store = store
-        self.file = file
         self.snapshot = snapshot
         self.cep = cep
         self.send_many = send_many
@@ -318,7 +273,11 @@ class _Run:
             s.kafka.starting_offsets if s.live.enabled else s.cep.ticks_starting_offsets
         )
         self.group_id = s.live_group_id
-        self.delivery_error: str | None = None
+        #: Closed candles sent and not yet acknowledged; the saves' writer (started by
+        #: the first periodic save).
+        self.deliveries = Deliveries()
+        self.targets = Targets(store, file, cep)
+        self.writer: Writer | None = None
         cfg = Closing(tuple(s.live.periods), s.live.watermark_s, s.live.close_idle_s)
         previews_ms = round(s.live.preview_interval_s * 1000)
         self.candles = LiveCandles(cfg, preview_every_ms=previews_ms) if s.live.enabled else None
@@ -496,13 +455,10 @@ class _Run:
         self.rebalancing = True
         self.revoked |= {k for k in keys if k in self.positions}
         ticks = [k for k in keys if k[0] == self.ticks_topic and k in self.positions]
-        if ticks and self._flushed(REVOKE_FLUSH_S):
-            for key in ticks:
-                self._try_save_partition(key)
-        elif ticks:
+        if ticks and self._save_now(ticks, whole=False, flush_s=REVOKE_FLUSH_S).unsaved:
             log.warning(
-                "live engine: %s revoked before Kafka had every closed candle: not saved, "
-                "the next owner reads again from the last save",
+                "live engine: %s revoked and not all saved: the next owner reads again "
+                "from the last save",
                 ticks,
             )
         log.info("live engine: revoked %s", sorted(f"{t}:{p}" for t, p in keys))
@@ -512,6 +468,7 @@ class _Run:
         already, from their last save; nothing saved."""
         keys = [(tp.topic, tp.partition) for tp in partitions]
         self.rebalancing = True
+        self._drain()  # a round in flight ends before the new owner's first save
         self.revoked -= set(keys)
         self._drop(keys)
         self.metrics.owned(self.positions)
@@ -557,8 +514,11 @@ class _Run:
 
     def _step(self, stats: _Stats) -> None:
         """One consume() batch: publish what it means, save the state when due."""
-        if self.delivery_error is not None:
-            raise RuntimeError(f"Kafka refused a closed candle: {self.delivery_error}")
+        if self.deliveries.error is not None:
+            raise RuntimeError(f"Kafka refused a closed candle: {self.deliveries.error}")
+        if self.writer is not None:
+            for round_, outcome in self.writer.done():
+                self._collect(round_, outcome)
         candles = self.candles
         due = candles.next_due_ms(_now_ms()) if candles is not None and self.caught_up else None
         wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
@@ -595,10 +555,11 @@ class _Run:
         self.metrics.batch(len(messages), consumed - len(messages), live_ms)
         self.cep_dirty = self.cep_dirty or bool(triggers or ticks)
         due = time.monotonic() - self.saved_at >= self.snapshot_s
-        if due and (self.dirty or self.cep_dirty):
-            if self.save():
-                self.cep_dirty = False
-            self.saved_at = time.monotonic()  # a failed save is tried again a period later
+        if due and (self.dirty or self.cep_dirty) and (self.writer is None or self.writer.idle):
+            if self.writer is None:
+                self.writer = Writer(self.targets, self.deliveries, SAVE_ACK_S)
+            self.writer.submit(self._capture(sorted(self.dirty), whole=True))
+            self.saved_at = time.monotonic()  # what fails is dirty again, retried a period later
 
     def _ok(self, m: Any) -> bool:
         if m.error() is not None:
@@ -679,13 +640,9 @@ class _Run:
                 self.candle_topic,
                 envelope.encode_record(c),
                 key=c.ticker.encode(),
-                on_delivery=self._delivered,
+                on_delivery=self.deliveries.sent(),
             )
         return fresh, closed
-
-    def _delivered(self, err: Any, _msg: Any) -> None:
-        if err is not None and self.delivery_error is None:
-            self.delivery_error = str(err)
 
     def _decode(self, messages: list[Any]) -> list[tuple[Tick, Coordinates]]:
         """The valid ticks of the messages, each with its (Kafka time, partition, offset)."""
@@ -703,62 +660,82 @@ class _Run:
         ]
 
     def _flushed(self, timeout_s: float) -> bool:
-        """Whether Kafka acknowledged every closed candle so far."""
+        """Whether Kafka acknowledged every closed candle so far (their callbacks run here)."""
         pending = self.producer.flush(timeout_s)
-        if pending or self.delivery_error is not None:
+        if pending or self.deliveries.error is not None:
             log.warning("live engine: %d closed candles not yet in Kafka; no save yet", pending)
             return False
         return True
 
-    def _save_partition(self, key: Position) -> None:
-        candles = self.candles.tickers if self.candles is not None else {}
-        recent = self.recent.get(key[1])
-        size = self.store.save(
-            PartitionState(
-                key[0],
-                key[1],
-                self.positions[key],
-                {t: candles[t].to_dict() for t in self.tickers.get(key, ()) if t in candles},
-                list(recent) if recent is not None else [],
-                self.cep.ticker_states(self.tickers.get(key, ())) if self.cep is not None else {},
-            )
-        )
-        self.metrics.state_saved(key[1], size)
+    # -- saves (live_saves: captured here, written by its thread) ----------------------
 
-    def _try_save_partition(self, key: Position) -> bool:
-        """Save one partition's state; False when the store refused it (an S3 outage):
-        the live path goes on, and the partition's next owner would read again from its
-        last save (at-least-once, as after a kill)."""
-        try:
-            self._save_partition(key)
-        except StateStoreError as exc:
-            log.warning("live engine: state of %s:%d not saved: %s", *key, exc)
-            return False
-        return True
+    def _capture(self, keys: list[Position], *, whole: bool) -> Round:
+        """Step 1: the `keys` partitions' states and, for a `whole` round (not a revoke's),
+        CEP's state and the engine's snapshot; the partitions are clean until step 5
+        says otherwise."""
+        candles = self.candles.tickers if self.candles is not None else {}
+        states = []
+        for key in keys:
+            tickers = self.tickers.get(key, set())
+            recent = self.recent.get(key[1])
+            states.append(
+                PartitionState(
+                    key[0],
+                    key[1],
+                    self.positions[key],
+                    {t: candles[t].to_dict() for t in tickers if t in candles},
+                    recent.newest(RECENT_SAVED) if recent is not None else [],
+                    self.cep.ticker_states(tickers) if self.cep is not None else {},
+                )
+            )
+        self.dirty -= set(keys)
+        round_ = Round(self.deliveries.mark, states)
+        if whole:
+            cep_batch, round_.cep_state = self.cep.capture() if self.cep else (None, None)
+            round_.snapshot = Snapshot(dict(self.trigger_positions), cep_batch)
+            self.cep_dirty = False
+        return round_
+
+    def _collect(self, round_: Round, outcome: Outcome) -> None:
+        """Step 5: what was not written is dirty again (if still owned)."""
+        if outcome.error is not None:
+            raise RuntimeError(f"the live engine's state writer failed: {outcome.error}")
+        for (_, partition), size in outcome.sizes.items():
+            self.metrics.state_saved(partition, size)
+        self.dirty |= {k for k in outcome.unsaved if k in self.positions}
+        if round_.snapshot is not None and not outcome.snapshot_saved:
+            self.cep_dirty = True
+            if round_.cep_state is not None and self.cep is not None:
+                self.cep.unsaved()
+
+    def _drain(self) -> None:
+        if self.writer is not None:
+            for round_, outcome in self.writer.drain():
+                self._collect(round_, outcome)
+
+    def _save_now(self, keys: list[Position], *, whole: bool, flush_s: float) -> Outcome:
+        """A round written in the loop thread (a revoke, a stop), after the one in flight."""
+        self._drain()
+        if not self._flushed(flush_s):
+            return Outcome(unsaved=set(keys))
+        round_ = self._capture(keys, whole=whole)
+        outcome = round_.write(self.targets, self.deliveries, 0.0)
+        self._collect(round_, outcome)
+        return outcome
 
     def save(self) -> bool:
-        """Save once Kafka has every closed candle so far; False: not yet, or a partition
-        the store refused (both retried). The partitions first (each ticker's CEP windows,
-        trade ids and fire counts go with its partition), then, once every one is saved,
-        the CEP trigger set and its batch id: a trigger set newer than a partition's state
-        would take a replayed tick's fire for a new one (the next fire_count), where a
-        trigger set older than it only reads trigger records again (at-least-once)."""
-        if not self._flushed(2.0):
-            return False
-        saved = {
-            k for k in sorted(self.dirty) if k in self.positions and self._try_save_partition(k)
-        }
-        self.dirty -= saved | {k for k in self.dirty if k not in self.positions}
-        if self.dirty:
-            return False
-        if self.cep is not None:
-            try:
-                cep_batch = self.cep.checkpoint()
-                self.file.save(Snapshot(dict(self.trigger_positions), cep_batch))
-            except OSError as exc:  # the S3 store away (checkpoint_dir on it): retried
-                log.warning("live engine: CEP snapshot not saved: %s", exc)
-                return False
-        return True
+        """Every changed partition and then the engine's snapshot, now (a clean stop);
+        False: Kafka has not every closed candle yet, or the store refused a part."""
+        keys = sorted(k for k in self.dirty if k in self.positions)
+        outcome = self._save_now(keys, whole=True, flush_s=SAVE_ACK_S)
+        return not self.dirty and outcome.snapshot_saved
+
+    def close(self) -> None:
+        """Wait for the round in flight and end the writer thread."""
+        if self.writer is not None:
+            for round_, outcome in self.writer.close():
+                self._collect(round_, outcome)
+            self.writer = None
 
 
 class _Stats:

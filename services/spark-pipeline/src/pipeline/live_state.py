@@ -24,7 +24,6 @@ change never misreads an old one.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+import orjson
 from pyarrow import fs
 
 from pipeline.blobs import S3_SCHEMES, s3_filesystem
@@ -74,19 +74,21 @@ class PartitionState:
     cep: dict[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        body = json.dumps(
+        """Header line + body. orjson: the body is the JSON `json.dumps` would write
+        (tuples as arrays, integer keys as strings), in a fraction of its time."""
+        body = orjson.dumps(
             {
                 "topic": self.topic,
                 "partition": self.partition,
                 "offset": self.offset,
                 "candles": self.candles,
-                "recent": self.recent[-RECENT_SAVED:],  # pairs: JSON arrays as they are
+                "recent": self.recent[-RECENT_SAVED:],
                 "cep": self.cep,
             },
-            separators=(",", ":"),
-        ).encode()
+            option=orjson.OPT_NON_STR_KEYS,
+        )
         header = {"format": FORMAT, "bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
-        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + body
+        return orjson.dumps(header) + b"\n" + body
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> PartitionState | None:
@@ -94,8 +96,8 @@ class PartitionState:
         body does not match its header."""
         first, newline, body = data.partition(b"\n")
         try:
-            header = json.loads(first)
-        except ValueError as exc:
+            header = orjson.loads(first)
+        except orjson.JSONDecodeError as exc:
             raise TornState(f"{where}: unreadable header ({len(data)} bytes): {exc}") from exc
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             found = header.get("format") if isinstance(header, dict) else None
@@ -107,7 +109,7 @@ class PartitionState:
             or hashlib.sha256(body).hexdigest() != header["sha256"]
         ):
             raise TornState(f"{where}: body of {len(body)} bytes does not match its header")
-        d = json.loads(body)
+        d = orjson.loads(body)
         return cls(
             d["topic"],
             int(d["partition"]),

@@ -134,15 +134,26 @@ class GroupConsumer:
 
 
 class Producer:
+    """Acknowledges what it was given at every poll and flush, as Kafka would, unless
+    `holding` (Kafka away): then flush reports them pending."""
+
     def __init__(self) -> None:
         self.produced: list[OHLC] = []
-        self.pending = 0
+        self.holding = False
+        self._unacknowledged: list[Any] = []
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
         self.produced.append(envelope.decode_record(value, OHLC))
+        self._unacknowledged.append(on_delivery)
 
     def poll(self, timeout: float) -> int:
-        return 0
+        if self.holding:
+            return 0
+        callbacks, self._unacknowledged = self._unacknowledged, []
+        for callback in callbacks:
+            callback(None, None)
+        return len(callbacks)
 
     def flush(self, timeout: float) -> int:
-        return self.pending
+        self.poll(timeout)
+        return len(self._unacknowledged)

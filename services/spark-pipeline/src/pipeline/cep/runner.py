@@ -8,7 +8,7 @@
       -> notices -> CEPTriggerEvent on each trigger's topic (PUB)
       -> finished triggers -> tombstones (Kafka)
       -> snapshot N: with `snapshot_each_batch` (if anything changed), else when the
-         caller saves its offsets (`checkpoint`), so state and offsets agree
+         caller saves its offsets (`capture`), so state and offsets agree
 
 A timer calls `advance` between batches so expiries and idle candles
 do not wait for the next record. The lock serialises it with the batches.
@@ -32,7 +32,7 @@ from mdproto.messages import CEPTriggerRequest
 from pipeline.cep.engine import Engine
 from pipeline.cep.model import InvalidTrigger, Notice, spec_from_request
 from pipeline.cep.records import CepBatch, TickRecord, TriggerRecord, decode_batch
-from pipeline.cep.state import SnapshotStore
+from pipeline.cep.state import EngineSnapshot, SnapshotStore
 from pipeline.records import log_rejects
 
 log = logging.getLogger(__name__)
@@ -177,16 +177,23 @@ class CepRunner:
             report.active,
         )
 
-    def checkpoint(self) -> int | None:
-        """Save the state after the last batch if it changed; the batch id the saved state
-        belongs to (None: nothing ran yet). The caller records it with its offsets."""
+    def capture(self) -> tuple[int | None, EngineSnapshot | None]:
+        """The batch id the state after the last batch belongs to (None: nothing ran
+        yet) and, if it changed since the last capture, that state encoded for the
+        caller to `SnapshotStore.write` with its offsets (else None). A capture whose
+        write failed is given back with `unsaved`."""
         with self._lock:
             if self._engine is None or self._last_batch is None:
-                return None
-            if self._dirty:
-                self._store.save(self._last_batch, self._engine)
-                self._dirty = False
-            return self._last_batch
+                return None, None
+            if not self._dirty:
+                return self._last_batch, None
+            self._dirty = False
+            return self._last_batch, self._store.encode(self._last_batch, self._engine)
+
+    def unsaved(self) -> None:
+        """A captured state was not written: the next capture encodes it again."""
+        with self._lock:
+            self._dirty = True
 
     def on_timer(self) -> int:
         """Expiries and idle candles between micro-batches; returns the events published."""

@@ -3,7 +3,7 @@
     live engine consumer (market.ticks + cep.triggers, one poll)
       -> CepStage.feed: the poll's trigger records and decoded ticks as one batch
       -> CepRunner: engine, events (PUB, no hop), tombstones (Kafka)
-      -> CepStage.checkpoint: engine snapshot, saved with the live engine's offsets
+      -> CepStage.capture / write: engine snapshot, saved with the live engine's offsets
 
 Why here and not in a Spark query: see docs/cep.md ("Evaluation"). The batch id
 is the engine's own counter, saved in the live engine's snapshot with the
@@ -26,7 +26,7 @@ from pipeline.cep import kafka
 from pipeline.cep.engine import Engine
 from pipeline.cep.records import Coordinates, ordered_batch
 from pipeline.cep.runner import CepRunner, Publish
-from pipeline.cep.state import SnapshotStore
+from pipeline.cep.state import EngineSnapshot, SnapshotStore
 from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 class CepStage:
     """The CEP runner as the live engine drives it: `feed` per poll, `on_timer`,
-    `checkpoint` before the engine saves its offsets, `close` at the end."""
+    `capture` with the partitions' states and `write` before the engine saves its
+    offsets, `close` at the end."""
 
     def __init__(self, settings: Settings, publish: Publish, *, next_batch: int) -> None:
         cep, k = settings.cep, settings.kafka
@@ -58,8 +59,9 @@ class CepStage:
                 dedupe_capacity=cep.dedupe_capacity,
             )
 
+        self._store = SnapshotStore(directory, keep=cep.snapshots_kept)
         self._runner = CepRunner(
-            store=SnapshotStore(directory, keep=cep.snapshots_kept),
+            store=self._store,
             trigger_topic=k.topic_cep_triggers,
             publish=publish,
             retire=self._writer.retire,
@@ -104,9 +106,16 @@ class CepStage:
 
         self._runner.with_engine(self._next_batch, work)
 
-    def checkpoint(self) -> int | None:
-        """The batch id whose state is saved (None: none ran yet); 1 + it is the next."""
-        return self._runner.checkpoint()
+    def capture(self) -> tuple[int | None, EngineSnapshot | None]:
+        """`CepRunner.capture`: taken in the loop with the partitions' states."""
+        return self._runner.capture()
+
+    def write(self, snapshot: EngineSnapshot) -> int:
+        """Store a captured snapshot (any thread); the bytes written."""
+        return self._store.write(snapshot)
+
+    def unsaved(self) -> None:
+        self._runner.unsaved()
 
     def close(self) -> None:
         self._writer.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.blobs import Folder
@@ -23,6 +24,16 @@ log = logging.getLogger(__name__)
 
 FORMAT = 2
 _NAME = re.compile(r"^(\d{20})\.(?P<defs>[0-9a-f]+-\d+)\.snapshot$")
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """An engine's state after a batch, encoded; `definitions` None when already stored."""
+
+    batch_id: int
+    defs: str
+    state: bytes
+    definitions: bytes | None
 
 
 class SnapshotStore:
@@ -35,6 +46,8 @@ class SnapshotStore:
     def __init__(self, directory: Path | Folder, *, keep: int = 3) -> None:
         self.folder = directory if isinstance(directory, Folder) else Folder.local(directory)
         self.keep = max(2, keep)
+        #: The definitions id whose specs are known to be stored (`write`'s).
+        self._stored_defs: str | None = None
 
     def _snapshots(self) -> list[tuple[int, str]]:
         found = []
@@ -49,17 +62,33 @@ class SnapshotStore:
 
     def save(self, batch_id: int, engine: Engine) -> int:
         """Write the state after `batch_id`; returns the bytes written."""
+        return self.write(self.encode(batch_id, engine))
+
+    def encode(self, batch_id: int, engine: Engine) -> EngineSnapshot:
+        """The state after `batch_id` as bytes, taken where the engine is not changing
+        (the live engine's loop); `write` may then run on another thread. The specs are
+        included until a write stored them."""
         defs = engine.definitions_id
+        return EngineSnapshot(
+            batch_id,
+            defs,
+            pickle.dumps({"format": FORMAT, "batch_id": batch_id, "engine": engine}, 5),
+            None if defs == self._stored_defs else pickle.dumps(engine.definitions(), 5),
+        )
+
+    def write(self, snapshot: EngineSnapshot) -> int:
+        """Store an encoded snapshot (its specs first), prune; returns the bytes written."""
         written = 0
-        defs_blob = self.folder.child(f"{defs}.defs")
-        if not defs_blob.exists():
-            data = pickle.dumps(engine.definitions(), 5)
-            defs_blob.write(data)
-            written += len(data)
-        state = pickle.dumps({"format": FORMAT, "batch_id": batch_id, "engine": engine}, 5)
-        self.folder.child(self._snapshot_name(batch_id, defs)).write(state)
-        written += len(state)
-        self._prune(batch_id)
+        defs_blob = self.folder.child(f"{snapshot.defs}.defs")
+        if snapshot.definitions is not None and not defs_blob.exists():
+            defs_blob.write(snapshot.definitions)
+            written += len(snapshot.definitions)
+        self._stored_defs = snapshot.defs
+        self.folder.child(self._snapshot_name(snapshot.batch_id, snapshot.defs)).write(
+            snapshot.state
+        )
+        written += len(snapshot.state)
+        self._prune(snapshot.batch_id)
         return written
 
     def _prune(self, batch_id: int) -> None:
