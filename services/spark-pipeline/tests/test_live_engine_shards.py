@@ -21,7 +21,7 @@ from pipeline.config import Settings
 from pipeline.live_books import BookRecord
 from pipeline.live_engine import _Run
 from pipeline.live_metrics import EngineMetrics
-from pipeline.live_saves import Deliveries, Snapshot, SnapshotFile
+from pipeline.live_saves import Deliveries, Round, Snapshot, SnapshotFile, Targets, Writer
 from pipeline.live_state import FORMAT, PartitionState, StateStore, StateStoreError
 
 TOPIC = "market.ticks"
@@ -303,3 +303,24 @@ def test_acknowledgements_out_of_order_count_once_every_earlier_one_came() -> No
     assert deliveries.wait(3, 0.0) is False  # the second is still out
     callbacks[1](None, None)
     assert deliveries.wait(3, 0.0) is True
+
+
+def test_a_drain_serves_the_acknowledgements_its_round_waits_for(tmp_path: Path) -> None:
+    """A revoke runs inside consume(): while it waits for the round in flight, only it
+    can poll the producer, so it does (else the round would wait out its timeout)."""
+    deliveries = Deliveries()
+    acknowledge = deliveries.sent()  # a closed candle sent before the capture
+    store = StateStore(fs.LocalFileSystem(), str(tmp_path / "state"))
+    targets = Targets(store, SnapshotFile(tmp_path / "snapshot.json"))
+    writer = Writer(targets, deliveries, ack_timeout_s=600)
+    writer.submit(Round(deliveries.mark, [PartitionState(TOPIC, 0, 7)], Snapshot()))
+    polls: list[int] = []
+
+    def serve() -> None:
+        polls.append(1)
+        acknowledge(None, None)
+
+    [(_, outcome)] = writer.close(serve)
+    assert polls and not outcome.unsaved and outcome.snapshot_saved
+    saved = store.load(TOPIC, 0)
+    assert saved is not None and saved.offset == 7

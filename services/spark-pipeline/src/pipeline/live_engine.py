@@ -708,9 +708,12 @@ class _Run:
             if round_.cep_state is not None and self.cep is not None:
                 self.cep.unsaved()
 
+    def _serve(self) -> None:
+        self.producer.poll(0)
+
     def _drain(self) -> None:
         if self.writer is not None:
-            for round_, outcome in self.writer.drain():
+            for round_, outcome in self.writer.drain(self._serve):
                 self._collect(round_, outcome)
 
     def _save_now(self, keys: list[Position], *, whole: bool, flush_s: float) -> Outcome:
@@ -733,7 +736,7 @@ class _Run:
     def close(self) -> None:
         """Wait for the round in flight and end the writer thread."""
         if self.writer is not None:
-            for round_, outcome in self.writer.close():
+            for round_, outcome in self.writer.close(self._serve):
                 self._collect(round_, outcome)
             self.writer = None
 

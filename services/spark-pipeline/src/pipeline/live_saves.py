@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Position = tuple[str, int]  # (topic, partition)
 SNAPSHOT_FORMAT = 3
+#: While a revoke or a stop waits for the round in flight, the producer is polled this
+#: often.
+DRAIN_POLL_S = 0.01
 
 
 class Deliveries:
@@ -242,14 +245,21 @@ class Writer:
         self._in_flight -= len(out)
         return out
 
-    def drain(self) -> list[tuple[Round, Outcome]]:
-        """Wait for the round in flight (before a revoke's or a stop's own round)."""
-        out = [self._outcomes.get() for _ in range(self._in_flight)]
+    def drain(self, serve: Callable[[], object]) -> list[tuple[Round, Outcome]]:
+        """Wait for the round in flight (before a revoke's or a stop's own round),
+        calling `serve` meanwhile: the producer's poll, which runs the acknowledgements
+        the round may be waiting for (else it would wait out its timeout)."""
+        out = []
+        while len(out) < self._in_flight:
+            try:
+                out.append(self._outcomes.get(timeout=DRAIN_POLL_S))
+            except queue.Empty:
+                serve()
         self._in_flight = 0
         return out
 
-    def close(self) -> list[tuple[Round, Outcome]]:
-        out = self.drain()
+    def close(self, serve: Callable[[], object]) -> list[tuple[Round, Outcome]]:
+        out = self.drain(serve)
         self._rounds.put(None)
         self._thread.join()
         return out
