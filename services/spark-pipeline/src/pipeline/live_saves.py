@@ -249,7 +249,7 @@ class Writer:
         """Wait for the round in flight (before a revoke's or a stop's own round),
         calling `serve` meanwhile: the producer's poll, which runs the acknowledgements
         the round may be waiting for (else it would wait out its timeout)."""
-        out = []
+        out: list[tuple[Round, Outcome]] = []
         while len(out) < self._in_flight:
             try:
                 out.append(self._outcomes.get(timeout=DRAIN_POLL_S))
