@@ -755,8 +755,8 @@ class _Stats:
         if seconds > STALL_S and records_:
             log.warning("live engine: %d records took %.0f ms", records_, seconds * 1000)
         self.count += len(fresh)
-        if fresh and fresh[-1].ingested_at_ms:
-            self.worst_age_ms = max(self.worst_age_ms, _now_ms() - fresh[-1].ingested_at_ms)
+        if fresh and fresh[0].ingested_at_ms:
+            self.worst_age_ms = max(self.worst_age_ms, _now_ms() - fresh[0].ingested_at_ms)
         if time.monotonic() - self.start >= STATS_INTERVAL_S:
             if self.count:
                 log.info(
