@@ -142,6 +142,10 @@ class LiveConfig(_Section):
     #: book-store: the ingestor's periodic and reset snapshots into ``book_snapshots``,
     #: its deltas into ``book_deltas``.
     book_store_trigger_s: float = Field(default=15.0, ge=0)
+    #: book-store's micro-batches hold at most this many records (a backlog is stored in
+    #: several): a books batch of 2,000,000 ran the executors out of the default 2 GiB
+    #: heap, 1,500,000 passed (docs/adr/0021, "Books"); a 15 s batch is ~15,000.
+    book_store_max_records: int = Field(default=1_000_000, gt=0)
     #: ticks-persist: every trigger is a MERGE whose cost hardly depends on its rows, and
     #: Kafka holds the ticks meanwhile: a slow trigger keeps the pipeline's cost at rest low.
     persist_trigger_s: float = Field(default=60.0, ge=0)

@@ -163,28 +163,45 @@ class BookStore:
             return
         self._crash_point("live-after-books-commit")
         log.info(
-            "book-store batch %d: %d book snapshots (%s), %d deltas (%s) stored in %.0f ms",
+            "book-store batch %d: %d book snapshots (%s), %d deltas (%s) stored in %.0f ms "
+            "(snapshots: %s; deltas: %s)",
             batch_id,
             snapshots.unique,
             snapshots.how,
             deltas.unique,
             deltas.how,
             (time.monotonic() - started) * 1000,
+            snapshots.steps(),
+            deltas.steps(),
         )
 
     def on_driver(self, kafka: DataFrame, batch_id: int) -> tuple[Stored, Stored]:
         """Every record to the driver as Arrow, decoded there, each table's new rows
-        appended (`Lake.merge_book_snapshots`, then `Lake.merge_book_deltas`)."""
-        rows = records.decode_book(kafka.toArrow())
+        appended (`Lake.merge_book_snapshots`, then `Lake.merge_book_deltas`). The
+        batch's collect and decode are counted among the snapshots' steps."""
+        started = time.monotonic()
+        arrow = kafka.toArrow()
+        collected = time.monotonic()
+        rows = records.decode_book(arrow)
+        del arrow  # the batch's records, no longer needed while the appends run
         records.log_rejects(f"book-store batch {batch_id}", rows.rejects)
-        snapshots, deltas = Stored(0, "none"), Stored(0, "none")
+        decoded = time.monotonic()
+        steps = [("collect", collected - started), ("decode", decoded - collected)]
+        snapshots, deltas = Stored(0, "none", _ms(steps)), Stored(0, "none")
         if rows.snapshots.num_rows:
             how = self._lake.merge_book_snapshots(kafka.sparkSession, rows.snapshots)
-            snapshots = Stored(rows.snapshots.num_rows, how)
+            steps.append(("write", time.monotonic() - decoded))
+            snapshots = Stored(rows.snapshots.num_rows, how, _ms(steps))
         if rows.deltas.num_rows:
+            begun = time.monotonic()
             how = self._lake.merge_book_deltas(kafka.sparkSession, rows.deltas)
-            deltas = Stored(rows.deltas.num_rows, how)
+            deltas = Stored(rows.deltas.num_rows, how, _ms([("write", time.monotonic() - begun)]))
         return snapshots, deltas
+
+
+def _ms(steps: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """`Stored.steps_ms` of steps timed in seconds."""
+    return tuple((name, seconds * 1000) for name, seconds in steps)
 
 
 def offset_log_records(settings: Settings, query: str) -> BatchRecords | None:
@@ -225,8 +242,8 @@ def starters(
     live, k = settings.live, settings.kafka
     crash = crash_point or (lambda _: None)  # production: no crash points
 
-    def kafka(topic: str) -> DataFrame:
-        return kafka_source(spark, settings, topic, live.max_offsets_per_trigger)
+    def kafka(topic: str, most: int | None = live.max_offsets_per_trigger) -> DataFrame:
+        return kafka_source(spark, settings, topic, most)
 
     def ticks_persist() -> StreamingQuery:
         return start_query(
@@ -247,8 +264,11 @@ def starters(
         )
 
     def book_store() -> StreamingQuery:
+        most = live.book_store_max_records
+        if live.max_offsets_per_trigger is not None:
+            most = min(most, live.max_offsets_per_trigger)
         return start_query(
-            kafka(k.topic_book),
+            kafka(k.topic_book, most),
             name="book-store",
             settings=settings,
             function=BookStore(lake, crash, offset_log_records(settings, "book-store")),
