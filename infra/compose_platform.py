@@ -27,7 +27,6 @@ around ``compose_session()``.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import re
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from infra.image_prune import docker_time
 from infra.localstack.config import free_ports
 from infra.platform.metrics import PIPELINE_SERVES_HISTORY, metric_sample
 from infra.testing import in_ci
@@ -659,17 +659,6 @@ class ComposePlatform:
         return done.stdout + done.stderr
 
 
-def _timestamp(text: str) -> datetime.datetime:
-    """Docker's RFC 3339 times with nanoseconds, to a datetime (microseconds)."""
-    match = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text.strip())
-    if match is None:
-        raise ValueError(f"not a Docker timestamp: {text!r}")
-    base, fraction, zone = match.groups()
-    micro = (fraction or ".0")[1:7].ljust(6, "0")
-    zone = "+00:00" if zone == "Z" else zone
-    return datetime.datetime.fromisoformat(f"{base}.{micro}{zone}")
-
-
 def _ready_since_start(state: Mapping[str, Any]) -> bool:
     """Running, and (with a healthcheck) one probe passed after the latest start."""
     if state.get("Status") != "running":
@@ -677,9 +666,9 @@ def _ready_since_start(state: Mapping[str, Any]) -> bool:
     health = state.get("Health")
     if not health:
         return True
-    started = _timestamp(str(state["StartedAt"]))
+    started = docker_time(str(state["StartedAt"]))
     return any(
-        entry.get("ExitCode") == 0 and _timestamp(str(entry["Start"])) >= started
+        entry.get("ExitCode") == 0 and docker_time(str(entry["Start"])) >= started
         for entry in health.get("Log") or []
     )
 

@@ -83,16 +83,20 @@ images-offline: docker-engine
 	infra/images/build.sh
 
 # The images are built here, outside pytest's per-test timeout; the fixture's own
-# `up --build` then finds every layer cached. Without an engine the compose tests
-# skip with the reason, except under CI=true, where that is a failure. CI builds
-# all but MinIO's and mc's beside `make test` (`make e2e-images-docker`, .ci/run).
-e2e: e2e-images
+# `up --build` then finds every layer cached (2 s). E2E_IMAGES_BUILT=1 skips this step:
+# for a caller that has just built them from the same tree (CI's Kafka-cluster run
+# after `make e2e`, .ci/run). Without an engine the compose tests skip with the reason,
+# except under CI=true, where that is a failure. CI builds all but MinIO's and mc's
+# beside `make test` (`make e2e-images-docker`, .ci/run).
+E2E_IMAGES_BUILT ?=
+e2e: $(if $(E2E_IMAGES_BUILT),venv proto,e2e-images)
 	MDP_E2E_STACK=compose $(BIN)/pytest -m "$(E2E_MARKS)" --timeout=3600 --durations=20 e2e infra/tests/test_compose.py $(E2E_ARGS)
 
 # Each build leaves the images it replaced (and its builder stages) untagged: several
 # GB per CI run on a shared disk. Those built on our offline base (label mdp.rootfs)
-# more than two hours ago go; a rebuild within that keeps its layer cache.
-PRUNE_OLD_BUILDS = docker image prune --force --filter label=mdp.rootfs --filter until=2h >/dev/null
+# more than two hours ago go, except the newest image of each builder stage (label
+# mdp.stage): the layer cache of the next build, however old (infra/image_prune.py).
+PRUNE_OLD_BUILDS = $(BIN)/python -m infra.image_prune
 
 # Offline: the host's Go compile of MinIO and mc (the longest, CPU-bound part) runs
 # beside every other image's build, which mostly waits on downloads.

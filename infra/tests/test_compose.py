@@ -1638,6 +1638,26 @@ def test_compose_makefile_fragment_has_the_targets() -> None:
     assert "MDP_E2E_STACK=compose" in text
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_e2e_with_the_images_built_builds_nothing() -> None:
+    """E2E_IMAGES_BUILT=1 (CI's Kafka-cluster run, on the images `make e2e` built from
+    the same tree just before) skips `e2e-images`: its checks and the rebuilds a prune
+    forced cost that phase 71 s in CI."""
+
+    def dry_run(*argv: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+        return subprocess.run(
+            ["make", "-n", "-s", "-C", str(REPO), "COMPOSE=compose-stub", *argv],
+            env=env, capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+
+    assert "compose-stub --profile offline --profile client build --quiet" in dry_run("e2e")
+    built = dry_run("e2e-kafka-cluster", "IMAGES=offline", "E2E_IMAGES_BUILT=1")
+    assert "compose-stub" not in built and "infra/images/build.sh" not in built
+    assert "docker-engine.sh" not in built
+    assert 'MDP_E2E_STACK=compose .venv/bin/pytest -m "kafka_cluster"' in built
+
+
 def test_every_make_target_the_docs_show_exists() -> None:
     """README.md and docs/docker.md commands work as written (issue 47): a `make X` in
     their code blocks names a target of the Makefile or compose.mk."""
@@ -1862,6 +1882,25 @@ def test_extra_ca_certificates_reach_builder_stages_only(dockerfile: str) -> Non
         if re.search(r"\b(pip|mvn)\b", runs):
             copies = [i.args for i in stage.instructions if i.keyword == "COPY"]
             assert any(CA_FOLDER in c for c in copies), f"stage {stage.name} downloads untrusted"
+
+
+def test_every_builder_stage_ends_by_naming_itself_for_the_prune() -> None:
+    """`make e2e-images`' prune keeps the newest image of each builder stage, by its
+    `mdp.stage` label (infra/image_prune.py): a stage without one lost its layer cache
+    two hours after its first build. The label comes last (the cache above it stays),
+    names one stage of one Dockerfile, and never reaches a published (final) image."""
+    seen: dict[str, str] = {}
+    for dockerfile in ALL_DOCKERFILES + OFFLINE_DOCKERFILES:
+        parsed = parse_dockerfile(dockerfile)
+        for stage in parsed.stages[:-1]:
+            last = stage.instructions[-1]
+            assert last.keyword == "LABEL", (dockerfile, stage.name, last)
+            match = re.fullmatch(r"mdp\.stage=([a-z0-9-]+)", last.args)
+            assert match, (dockerfile, stage.name, last.args)
+            assert match[1] not in seen, (dockerfile, seen.get(match[1]))
+            seen[match[1]] = dockerfile
+        final_labels = " ".join(i.args for i in parsed.final.instructions if i.keyword == "LABEL")
+        assert "mdp.stage" not in final_labels, dockerfile
 
 
 def test_every_base_image_is_a_build_argument() -> None:
