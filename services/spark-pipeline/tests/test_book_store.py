@@ -189,3 +189,27 @@ def test_only_a_snapshot_key_can_repeat_within_a_batch() -> None:
     assert executor_writes.copies_possible(records.BOOK_SNAPSHOT_KEY)
     assert executor_writes.copies_possible(records.TICK_KEY)
     assert not executor_writes.copies_possible(records.BOOK_DELTA_KEY)
+
+
+@pytest.mark.parametrize(("shared", "expected"), [(None, 1_000_000), (5_000, 5_000)])
+def test_a_book_store_batch_holds_at_most_its_cap(
+    monkeypatch: pytest.MonkeyPatch, shared: int | None, expected: int
+) -> None:
+    """A backlog of books is stored in batches of at most `live.book_store_max_records`
+    (a 2,000,000-record batch ran the executors out of heap), or the lower
+    `live.max_offsets_per_trigger`; the other queries keep the latter alone."""
+    from pipeline import live
+    from pipeline.config import Settings
+
+    asked: dict[str, int | None] = {}
+    monkeypatch.setattr(
+        live, "kafka_source", lambda _spark, _s, topic, most: asked.setdefault(topic, most)
+    )
+    monkeypatch.setattr(live, "start_query", lambda *_a, **_kw: None)
+    settings = Settings.model_validate({"live": {"max_offsets_per_trigger": shared}})
+    nothing: Any = None  # Spark and the lake: not reached with start_query replaced
+    queries = live.starters(nothing, settings, nothing)
+    queries["book-store"]()
+    queries["ticks-persist"]()
+    assert asked[settings.kafka.topic_book] == expected
+    assert asked[settings.kafka.topic_ticks] == shared
