@@ -69,7 +69,16 @@ from pipeline.gc_pacing import GcPacing
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
 from pipeline.live_metrics import EngineMetrics
-from pipeline.live_saves import Deliveries, Outcome, Round, Snapshot, SnapshotFile, Targets, Writer
+from pipeline.live_saves import (
+    Deliveries,
+    Outcome,
+    Position,
+    Round,
+    Snapshot,
+    SnapshotFile,
+    Targets,
+    Writer,
+)
 from pipeline.live_state import RECENT_SAVED, PartitionState, StateStore
 
 if TYPE_CHECKING:
@@ -77,7 +86,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SendMany = Callable[[Iterable[tuple[str, Message]]], int]
-Position = tuple[str, int]  # (topic, partition)
 STATS_INTERVAL_S = 10.0
 STALL_S = 0.25
 #: Longest wait in consume(): the idle-close and CEP timers' resolution.
@@ -729,8 +737,8 @@ class _Run:
     def save(self) -> bool:
         """Every changed partition and then the engine's snapshot, now (a clean stop);
         False: Kafka has not every closed candle yet, or the store refused a part."""
-        keys = sorted(k for k in self.dirty if k in self.positions)
-        outcome = self._save_now(keys, whole=True, flush_s=SAVE_ACK_S)
+        self._drain()  # first: a round in flight that failed makes its partitions dirty again
+        outcome = self._save_now(sorted(self.dirty), whole=True, flush_s=SAVE_ACK_S)
         return not self.dirty and outcome.snapshot_saved
 
     def close(self) -> None:
