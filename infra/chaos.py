@@ -235,6 +235,8 @@ class CandleCheck:
     missing: list[int]  # open times (ms) of traded minutes with no candle
     duplicated: list[int]  # open times stored more than once
     wrong: list[int]  # candles whose close, volume or trade count differ from the trades
+    #: open time -> "stored (close, volume, count) vs traded (...)", one per wrong candle
+    why: dict[int, str] = field(default_factory=dict)
 
 
 def check_candles(
@@ -256,28 +258,32 @@ def check_candles(
             _, volume, count = want.get(start, (0.0, 0.0, 0))
             want[start] = (price, volume + amount, count + 1)
     seen: Counter[int] = Counter()
-    wrong: list[int] = []
+    why: dict[int, str] = {}
     for open_ms, close, volume, trade_count in candles:
         if not begin_ms <= open_ms < end_ms:
             continue
         seen[open_ms] += 1
         expected = want.get(open_ms)
-        if expected is None:
-            wrong.append(open_ms)
-            continue
         if (
-            abs(expected[0] - close) > 1e-9 * abs(close)
+            expected is None
+            or abs(expected[0] - close) > 1e-9 * abs(close)
             or abs(expected[1] - volume) > 1e-6 * max(abs(volume), 1e-9)
             or (trade_count is not None and trade_count != expected[2])
         ):
-            wrong.append(open_ms)
+            traded = (
+                "no trades"
+                if expected is None
+                else f"traded ({expected[0]!r}, {expected[1]!r}, {expected[2]})"
+            )
+            why[open_ms] = f"stored ({close!r}, {volume!r}, {trade_count}) vs {traded}"
     return CandleCheck(
         ticker=ticker,
         expected=len(want),
         stored=len(seen),
         missing=sorted(set(want) - set(seen)),
         duplicated=sorted(t for t, n in seen.items() if n > 1),
-        wrong=sorted(set(wrong)),
+        wrong=sorted(why),
+        why=why,
     )
 
 

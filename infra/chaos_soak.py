@@ -462,10 +462,30 @@ class SoakResult:
         lines = ["", *table(self.rows, self.faults)]
         lines.append(f"components restarted: {', '.join(self.restarted) or 'none'}")
         lines.append(f"checked window [{iso_ms(self.window[0])}, {iso_ms(self.window[1])})")
+        lines.extend(self.wrong_candles())
         if self.not_ready:
             lines.append(f"NOT READY at the end: {', '.join(self.not_ready)}")
         if self.aborted:
             lines.append(f"ABORTED: {self.aborted}")
+        return lines
+
+    def wrong_candles(self) -> list[str]:
+        """Each wrong candle against its trades, and the window's gaps beside them: what
+        a CI log needs to tell a rebuild not yet done from a wrong one."""
+        markets = self.detail.get("markets", {})
+        lines = [
+            f"wrong candle {ticker} {iso_ms(int(open_ms))}: {why}"
+            for ticker, found in markets.items()
+            if ticker != "gaps"
+            for open_ms, why in found["candles"]["why"].items()
+        ]
+        if lines:
+            lines += [
+                f"  gap {g[Gaps.TICKER]} {g[Gaps.CAUSE]} {g[Gaps.STATUS]} [{g[Gaps.FROM_TIME]},"
+                f" {g[Gaps.TO_TIME]}] recovered {g[Gaps.TRADES_RECOVERED]} updated"
+                f" {g[Gaps.UPDATED_AT]}"
+                for g in markets.get("gaps", [])
+            ]
         return lines
 
 

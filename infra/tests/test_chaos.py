@@ -1,5 +1,5 @@
 """The chaos soak's pure parts (infra.chaos): its fault plan over an injected clock, and
-its checks against synthetic histories."""
+its checks against synthetic histories; the report's detail (infra.chaos_soak)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from infra.chaos import (
     settled_rows,
     verdict,
 )
+from infra.chaos_soak import SoakResult
 
 
 def test_every_component_goes_through_every_kind_and_the_exchange_is_cut() -> None:
@@ -139,6 +140,8 @@ def test_candles_missing_duplicated_and_wrong() -> None:
     assert check.wrong == [240_000]  # a candle of a minute without trades
     short = check_candles("X:A/B", TRADES, [(60_000, 101.0, 2.0, None)], 60_000, 120_000)
     assert short.wrong == [60_000]  # volume 2 where 3 was traded
+    assert short.why == {60_000: "stored (101.0, 2.0, None) vs traded (101.0, 3.0, 2)"}
+    assert check.why[240_000] == "stored (1.0, 1.0, 1) vs no trades"
 
 
 def test_candles_outside_the_window_are_not_checked() -> None:
@@ -222,3 +225,22 @@ def test_the_compose_plan_breaks_every_part_once_with_every_kind_and_ends() -> N
         now += 1
     assert taken == list(compose_faults())  # within the budget: none became a freeze
     assert plan.next(now + 3600) is None
+
+
+def test_the_report_names_each_wrong_candle_with_the_window_gaps() -> None:
+    """A CI log must tell a candle over a gap not yet rebuilt from a wrong rebuild."""
+    gap = {
+        "ticker": "X:A/B", "cause": "RESTART", "status": "REPAIRED", "from_time": "t0",
+        "to_time": "t1", "trades_recovered": "3", "updated_at": "t2",
+    }  # fmt: skip
+    markets = {"X:A/B": {"candles": {"why": {60_000: "stored (1.0, 1.0, 1) vs no trades"}}}}
+    result = SoakResult(
+        rows=[], faults=[], window=(0, 120_000), restarted=[], not_ready=[], aborted="",
+        detail={"markets": markets | {"gaps": [gap]}},
+    )  # fmt: skip
+    assert result.wrong_candles() == [
+        "wrong candle X:A/B 1970-01-01T00:01:00+00:00: stored (1.0, 1.0, 1) vs no trades",
+        "  gap X:A/B RESTART REPAIRED [t0, t1] recovered 3 updated t2",
+    ]
+    markets["X:A/B"]["candles"]["why"] = {}
+    assert result.wrong_candles() == []  # no gaps listed when every candle is right
