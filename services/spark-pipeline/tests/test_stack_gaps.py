@@ -199,6 +199,25 @@ def test_gaps_are_stored_and_a_repaired_gaps_candles_rebuilt(
     assert rebuilt[(60, 60)]["open"] == 1.0
     assert rebuilt[(60, 240)]["incomplete"] is False  # outside the gap: as it was
 
+    # The live engine's minute 0 stored after the rebuild (candles-store behind, or an
+    # engine replaying from less state): fewer trades than the rebuild's, so it is an
+    # older view and the rebuilt row stays. Minute 20's candle, after it in the same
+    # partition, tells when candles-store has read it.
+    def closed(start_s: int, close: float, volume: float, count: int, **more: Any) -> OHLC:
+        return OHLC(ticker=TICKER, period_seconds=60, open_time_ms=B + start_s * 1000,
+                    open=close, high=close, low=close, close=close, volume=volume,
+                    trade_count=count, closed=True, **more)  # fmt: skip
+
+    old_view = closed(0, 99.0, 2.5, 3, incomplete=True)  # trades 1-3, as the feed had them
+    values = [envelope.encode_record(c) for c in (old_view, closed(1200, 7.0, 1.0, 1))]
+    kafka.send(f"{run.ticks_topic}.live-candles", values, key=TICKER)
+    after = poll(
+        "minute 20's candle stored",
+        lambda: r if (60, 1200) in (r := ohlc_rows()) else None,
+        tools.WAIT_S,
+    )
+    assert after[(60, 0)] == rebuilt[(60, 0)]
+
     corrections = sub.wait_for(
         lambda m: isinstance(m.message, OHLC) and m.message.correction, count=4
     )

@@ -96,7 +96,9 @@ def test_amending_live_merge_updates_only_changed_live_candles() -> None:
     sql = lake.merge_live_candles("lake.market.ohlc", "src", 0, 1, amend=True)
     assert "WHEN MATCHED AND t.source = 'live' AND (NOT (t.open <=> s.open) OR " in sql
     assert "NOT (t.trade_count <=> s.trade_count)" in sql
-    assert "NOT (t.incomplete <=> s.incomplete)) THEN UPDATE SET *" in sql
+    assert "NOT (t.incomplete <=> s.incomplete)) AND" in sql
+    # A candle of fewer trades than the stored one is an older view: never an amendment.
+    assert "AND coalesce(s.trade_count >= t.trade_count, true) THEN UPDATE SET *" in sql
     assert sql.endswith("WHEN NOT MATCHED THEN INSERT *")
 
 

@@ -26,7 +26,9 @@ after it. It is rebuilt once settled: a stored trade of its ticker lies
 ``live.watermark_s`` past its end (the live engine closed it and amends it no more,
 and ticks-persist stored what came before), or ``gaps.settle_s`` passed since its end
 (a quiet market). Earlier, the live engine could still close or amend it (without the
-repaired trades, incomplete) over the rebuilt row.
+repaired trades, incomplete) over the rebuilt row. Its closed candle of the window may
+still reach ``ohlc`` after the rebuild (candles-store behind, e.g. through a catalog
+outage): it counts fewer trades, and `lake.merge_live_candles` keeps the fuller row.
 """
 
 from __future__ import annotations

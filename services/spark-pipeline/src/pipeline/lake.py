@@ -351,11 +351,17 @@ def merge_live_candles(
 
     ``amend``: a stored *live* candle whose values or ``incomplete`` note differ is
     updated (a late trade's correction, a feed gap found after it closed, or a
-    replay); an exchange candle is still never touched.
+    replay), unless it counts more trades than the new one: a window's trades only
+    grow, so a candle of fewer is an older view, such as the live engine's candle over
+    a gap stored after the gap's rebuild from every stored trade (`gap_rebuilds`). An
+    exchange candle is still never touched.
     """
     changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in (*OHLC_VALUE_COLUMNS, "incomplete"))
+    fuller = f"coalesce(s.{Ohlc.TRADE_COUNT} >= t.{Ohlc.TRADE_COUNT}, true)"
     update = (
-        f"WHEN MATCHED AND t.source = 'live' AND ({changed}) THEN UPDATE SET *\n" if amend else ""
+        f"WHEN MATCHED AND t.source = 'live' AND ({changed}) AND {fuller} THEN UPDATE SET *\n"
+        if amend
+        else ""
     )
     return f"""MERGE INTO {target} t
 USING {source_view} s
