@@ -106,6 +106,7 @@ def pipeline_env(
             "PIPELINE_KAFKA__TOPIC_OHLC_BATCHES": batches_topic,
             "PIPELINE_KAFKA__TOPIC_TICKS": ticks_topic,
             "PIPELINE_KAFKA__TOPIC_LIVE_CANDLES": f"{ticks_topic}.live-candles",
+            "PIPELINE_KAFKA__TOPIC_LIVE_CORRECTIONS": f"{ticks_topic}.corrections",
             "PIPELINE_KAFKA__TOPIC_BOOK": f"{ticks_topic}.book",
             **e.catalog_env("PIPELINE_CATALOG__"),
             "PIPELINE_CATALOG__NAMESPACE": namespace,

@@ -25,6 +25,10 @@ KAFKA_TICKS: Final = "market.ticks"  # Tick, key = ticker
 # Closed live candles (OHLC, closed=true, key = ticker), the pipeline's own: its live
 # engine writes them, its candles-store query MERGEs them into ICEBERG_OHLC.
 KAFKA_LIVE_CANDLES: Final = "market.ohlc.live"
+# Corrections of closed live candles (OHLC, closed=true, correction=true, key = ticker) the
+# pipeline's driver has (a gap's rebuild): every live engine reads them, the one owning the
+# ticker publishes them, in its epoch (one partition: a handful an hour).
+KAFKA_LIVE_CORRECTIONS: Final = "market.ohlc.corrections"
 # L2 order books: BookSnapshot and BookDelta records of every live book, key = ticker, in
 # the exchange's order (docs/protocol.md "Order books").
 KAFKA_BOOK: Final = "market.book"

@@ -16,6 +16,7 @@ import pytest
 from google.protobuf.message import Message
 from pyarrow import fs
 
+from mdproto import envelope
 from mdproto.messages import OHLC, Tick
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord
@@ -69,6 +70,7 @@ class Engine:
         self.name = name
         self.tmp_path = tmp_path
         self.consumer: fake_kafka.GroupConsumer | None = None
+        self.corrections: Any = None
 
     def send_many(self, items: Any) -> int:
         self.sent.extend(m for _, m in items)
@@ -91,6 +93,7 @@ class Engine:
         )
         if metrics is not None:
             run.metrics = metrics
+        run.corrections = self.corrections
         run.start()
         run.loop(stop)
         return run
@@ -132,6 +135,33 @@ def test_a_moved_partition_is_restored_and_its_candles_close_whole(tmp_path: Pat
     assert b.closed() == [(Y, B, 3, 105.0)]
     assert run_b.candles is not None and set(run_b.candles.tickers) == {Y}
     assert [t.trade_id for t in b.sent if isinstance(t, Tick)] == ["y3", "y4"]
+
+
+class _Corrections:
+    """`CorrectionsReader` without Kafka: every engine reads the same records."""
+
+    def __init__(self, *messages: Message) -> None:
+        self.records: list[bytes | None] = [envelope.encode_record(m) for m in messages]
+
+    def take(self) -> list[bytes | None]:
+        taken, self.records = self.records, []
+        return taken
+
+
+def test_a_correction_is_published_by_the_engine_owning_its_ticker(tmp_path: Path) -> None:
+    """The driver's corrections reach every engine; each publishes its own tickers' only,
+    so a ticker's topics keep one publisher and one epoch (docs/protocol.md)."""
+    log: dict[int, list[bytes]] = {}
+    d = "BINANCE:DOGE/USDT"  # its key goes to partition 0 of 2, X's to 1 (`partitioning`)
+    fixes = [
+        OHLC(ticker=t, period_seconds=60, open_time_ms=B, close=c, closed=True, correction=True)
+        for t, c in ((X, 1.0), (d, 2.0))
+    ]
+    for name, partition, ticker in (("a", 0, d), ("b", 1, X)):
+        engine = Engine(tmp_path, name, log)
+        engine.corrections = _Corrections(*fixes, Tick(ticker=X))  # a tick: skipped
+        engine.run(fake_kafka.Assign([partition]), fake_kafka.Ticks(partition, []))
+        assert [(m.ticker, m.correction) for m in engine.sent] == [(ticker, True)]
 
 
 def test_a_revoke_before_kafka_has_the_candles_saves_nothing(tmp_path: Path) -> None:

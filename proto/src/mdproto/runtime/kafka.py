@@ -44,6 +44,10 @@ TOPICS: Mapping[str, TopicSpec] = {
         # outlive it in Iceberg (docs/protocol.md "Order books").
         TopicSpec(contracts.KAFKA_BOOK, config={"retention.ms": str(86_400_000)}),
         TopicSpec(contracts.KAFKA_LIVE_CANDLES),
+        # Live messages only: an hour covers an engine's restart.
+        TopicSpec(
+            contracts.KAFKA_LIVE_CORRECTIONS, partitions=1, config={"retention.ms": str(3_600_000)}
+        ),
         TopicSpec(contracts.KAFKA_MARKETS, config={"cleanup.policy": "compact"}),
         # One partition: the claim order is the arbitration (docs/protocol.md).
         TopicSpec(

@@ -17,7 +17,9 @@ preflight (Kafka, catalog, S3 reachable?)  ->  PUB server process: bind :5557, l
                                                                  -> tombstones -> cep.triggers
 -> markets query: market.markets -> MERGE markets (one row per ticker; slow trigger)
 -> gaps query: market.recording TradeGaps -> MERGE gaps (one row per gap_id)
-   gap-rebuilds thread: a REPAIRED gap's live candles rebuilt from ticks -> ohlc (+ corrections)
+   gap-rebuilds thread: a REPAIRED gap's live candles rebuilt from ticks -> ohlc
+                        -> corrections -> Kafka market.ohlc.corrections -> every live
+                           engine -> PUB OHLC correction (the ticker's owner, its epoch)
 -> table upkeep thread: compact small and delete files, expire old snapshots (every 15 min)
 -> run until SIGTERM/SIGINT; a failed query restarts from its checkpoint (backoff), and
    the process exits 1 only when one keeps failing or the PUB process dies
@@ -49,6 +51,7 @@ from pipeline import (
 )
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.config import Settings
+from pipeline.corrections import CorrectionsProducer
 from pipeline.gap_rebuilds import GapRebuilds
 from pipeline.heartbeat import Heartbeat, QueryState
 from pipeline.lake import Lake, TableNames
@@ -99,6 +102,7 @@ class Pipeline:
         self.heartbeat: Heartbeat | None = None
         self.stored_answers: StoredAnswers | None = None
         self.gap_rebuilds: GapRebuilds | None = None
+        self.corrections: CorrectionsProducer | None = None
 
     def start(self) -> None:
         settings = self.settings
@@ -138,11 +142,13 @@ class Pipeline:
         if settings.markets.enabled:
             self._launch(markets.QUERY_NAME, lambda: markets.start(spark, settings, lake))
         if settings.gaps.enabled:
+            if settings.live.enabled:  # the live topics' publisher is the ticker's engine
+                self.corrections = CorrectionsProducer(settings)
             rebuilds = self.gap_rebuilds = GapRebuilds(
                 settings,
                 spark,
                 lake,
-                publish=publisher.publish_many,
+                publish=self.corrections.send if self.corrections is not None else None,
                 report=metrics.GapMetrics(self.registry) if self.registry else None,
                 rebuild=settings.live.enabled,  # live candles and stored trades are live's
             )
@@ -277,6 +283,9 @@ class Pipeline:
         if self.gap_rebuilds is not None:
             self.gap_rebuilds.stop()  # lets a running rebuild finish
             self.gap_rebuilds = None
+        if self.corrections is not None:
+            self.corrections.close()
+            self.corrections = None
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None

@@ -28,6 +28,7 @@ class KafkaConfig(_Section):
     topic_ticks: str = contracts.KAFKA_TICKS
     #: Closed live candles, from the live engine to the candles-store query.
     topic_live_candles: str = contracts.KAFKA_LIVE_CANDLES
+    topic_live_corrections: str = contracts.KAFKA_LIVE_CORRECTIONS
     #: Compacted topic of CEPTriggerRequest records, key trigger_id (created compacted).
     topic_cep_triggers: str = contracts.KAFKA_CEP_TRIGGERS
     #: Compacted topic of Market records, key ticker (the ``markets`` query's source).

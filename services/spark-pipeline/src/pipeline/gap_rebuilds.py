@@ -12,7 +12,8 @@ trades (``Tick.repaired``) into ``market.ticks``, which now holds them all.
       -> candles of every gap's settled windows (one Spark job: min_by/max_by by trade
          order, on executors)
       -> ``ohlc`` by `Lake.write_live` (source live, incomplete false; history rows win)
-      -> the recent ones published again as corrections on ``{ticker}|ohlc:{period}``
+      -> the recent ones as corrections to ``publish`` (`corrections.CorrectionsProducer`:
+         the ticker's live engine publishes them on ``{ticker}|ohlc:{period}``)
 
 Ordering. The ingestor writes REPAIRED once its repaired ticks are in Kafka, but
 ticks-persist commits them up to ``live.persist_trigger_s`` later (more after a

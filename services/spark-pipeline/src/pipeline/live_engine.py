@@ -65,6 +65,7 @@ from pipeline import records
 from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
 from pipeline.config import Settings
+from pipeline.corrections import CorrectionsReader, owned
 from pipeline.gc_pacing import GcPacing
 from pipeline.live_books import BookRecord
 from pipeline.live_candles import LiveCandles
@@ -196,7 +197,10 @@ class LiveEngine:
             }
         )
         cep: CepStage | None = None
+        corrections: CorrectionsReader | None = None
         try:
+            if s.live.enabled:
+                corrections = CorrectionsReader.open(s, _partitions)
             file = SnapshotFile.for_settings(s)
             snapshot = file.load() or Snapshot()
             if s.cep.enabled:
@@ -208,6 +212,7 @@ class LiveEngine:
             store = StateStore.for_settings(s)
             run = _Run(s, consumer, producer, store, file, snapshot, cep, self._send_many, books)
             run.triggers = triggers
+            run.corrections = corrections
             run.on_assigned = self._assigned.set
             run.metrics = self.metrics
             run.start()
@@ -222,6 +227,8 @@ class LiveEngine:
             consumer.close()  # leaves the group: a revoke (saved if Kafka has every candle)
             if triggers is not None:
                 triggers.close()
+            if corrections is not None:
+                corrections.close()
             if cep is not None:
                 cep.close()
 
@@ -268,6 +275,8 @@ class _Run:
         self.books = books
         #: The ``cep.triggers`` consumer (no group), set by the caller when CEP is on.
         self.triggers: Any = None
+        #: The driver's candle corrections (`corrections`), set by the caller when live.
+        self.corrections: CorrectionsReader | None = None
         self.on_assigned: Callable[[], None] | None = None
         self.metrics = EngineMetrics.for_settings(s)
         self.book_topic = s.kafka.topic_book
@@ -536,6 +545,7 @@ class _Run:
             self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
             self.recount = False
         triggers = self._trigger_records()
+        self._publish_corrections()
         stats.waited(time.monotonic() - asked)
         consumed = len(messages)
         if self.books is not None:
@@ -594,6 +604,15 @@ class _Run:
             self.trigger_positions[(m.topic(), m.partition() or 0)] = (m.offset() or 0) + 1
             out.append(m)
         return out
+
+    def _publish_corrections(self) -> None:
+        """The driver's corrections of this engine's tickers, published in its epoch; none
+        taken while no engine owns a ticker (`rebalancing`): they wait for the owner."""
+        if self.corrections is None or self.rebalancing:
+            return
+        out = owned(self.corrections.take(), self.owns)
+        if out:
+            self.send_many(out)
 
     def _books(self, messages: list[Any]) -> list[Any]:
         """Publish the ``market.book`` records among `messages`; returns the others."""

@@ -94,6 +94,7 @@ def check_all(settings: Settings) -> None:
         wanted.append(spec(contracts.KAFKA_TICKS, k.topic_ticks))
     if settings.live.enabled:
         wanted.append(spec(contracts.KAFKA_LIVE_CANDLES, k.topic_live_candles))
+        wanted.append(spec(contracts.KAFKA_LIVE_CORRECTIONS, k.topic_live_corrections))
         wanted.append(spec(contracts.KAFKA_BOOK, k.topic_book))
     if settings.markets.enabled:
         wanted.append(spec(contracts.KAFKA_MARKETS, k.topic_markets))
