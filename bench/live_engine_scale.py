@@ -114,6 +114,8 @@ LEAD_S = 4.0
 #: Minutes that ended this long ago are closed by the engine (close_idle_s is 1 s).
 CLOSED_AFTER_MS = 3_000
 TICK_SUFFIX = f"|{topics.TICK}".encode()
+#: The timeline's resolution: each step's tick latency per this many ms of receive time.
+BUCKET_MS = 100
 
 
 # -- contender processes ------------------------------------------------------------------
@@ -276,6 +278,8 @@ class Tally:
     def __init__(self, idle_ms: int) -> None:
         self.idle_ms = idle_ms
         self.ticks: defaultdict[str, array[float]] = defaultdict(lambda: array("d"))
+        #: run -> receive time // BUCKET_MS -> [ticks, worst latency]: where the tail is
+        self.buckets: defaultdict[str, dict[int, list[float]]] = defaultdict(dict)
         #: minute start -> ticker -> its earliest trade time in the minute
         self.first: defaultdict[int, dict[str, int]] = defaultdict(dict)
         #: minute end -> ticker -> receive time of each closed candle
@@ -287,7 +291,11 @@ class Tally:
         now = time.time_ns() / 1e6
         if frames[0].endswith(TICK_SUFFIX):
             t = envelope.decode(frames[1:], Tick)
-            self.ticks[t.trade_id.partition("-")[0]].append(now - t.ingested_at_ms)
+            run, late = t.trade_id.partition("-")[0], now - t.ingested_at_ms
+            self.ticks[run].append(late)
+            bucket = self.buckets[run].setdefault(int(now // BUCKET_MS), [0, 0.0])
+            bucket[0] += 1
+            bucket[1] = max(bucket[1], late)
             first = self.first[t.timestamp_ms // MINUTE_MS * MINUTE_MS]
             first[t.ticker] = min(first.get(t.ticker, t.timestamp_ms), t.timestamp_ms)
             return
@@ -306,6 +314,10 @@ class Tally:
             "p99": quantile(ordered, 99),
             "max": ordered[-1] if ordered else math.nan,
         }
+
+    def timeline(self, run: str) -> list[tuple[int, int, float]]:
+        """(bucket start ms, ticks received in it, the worst of their latencies), in order."""
+        return [(b * BUCKET_MS, int(n), late) for b, (n, late) in sorted(self.buckets[run].items())]
 
     def minutes(self) -> dict[int, dict[str, Any]]:
         """Per minute (its end, ms): closed candles against the tickers that traded."""
@@ -517,6 +529,8 @@ class Step:
     subscriber_cpu_s: float = 0.0
     load1: float = 0.0
     judge_due: bool = True  # candle p99 judged from when the close rule allowed it
+    #: (s from the boundary, ticks, worst latency ms) per BUCKET_MS of receive time
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)
     met: bool = False
     why: str = ""
 
@@ -583,6 +597,9 @@ def step(
         p.join(30)
     sub.wait_for(f"s{index}", s.sent, quiet_s=args.drain_s, timeout_s=4 * args.drain_s)
     received(s, sub.ask("latency", f"s{index}"), sub.ask("minutes").get(s.boundary))
+    s.timeline = [
+        ((at - s.boundary) / 1000, n, late) for at, n, late in sub.ask("timeline", f"s{index}")
+    ]
     s.judge()
     return s
 
@@ -712,8 +729,8 @@ def fmt(v: float, digits: int = 0) -> str:
 STEP_HEADER = (
     "| contender | K | offered /s | achieved /s | producers (cores) | tick p50 ms "
     "| tick p99 ms | candle p99 ms from end | from due | closed candles (idle) | received % "
-    "| CPU s per process | subscriber CPU s | load1 | meets |\n"
-    "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|"
+    "| CPU s per process | subscriber CPU s | load1 | meets | worst 100 ms (from the boundary) |\n"
+    "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|"
 )
 
 
@@ -726,8 +743,15 @@ def step_row(s: Step) -> str:
         f"| {s.producers} ({s.producer_cores:.2f}) | {fmt(s.tick_p50)} | {fmt(s.tick_p99)} "
         f"| {fmt(s.candle_p99) if engine else '-'} | {fmt(s.candle_due_p99) if engine else '-'} "
         f"| {candles} | {fmt(received, 2)} | {' / '.join(f'{c:.1f}' for c in s.cpu_s)} "
-        f"| {s.subscriber_cpu_s:.1f} | {s.load1:.1f} | {'yes' if s.met else 'no: ' + s.why} |"
+        f"| {s.subscriber_cpu_s:.1f} | {s.load1:.1f} | {'yes' if s.met else 'no: ' + s.why} "
+        f"| {worst(s.timeline)} |"
     )
+
+
+def worst(timeline: list[tuple[float, int, float]], n: int = 3) -> str:
+    """The `n` worst buckets of a step's timeline, as "+12.3 s 410 ms" (from the boundary)."""
+    top = sorted(timeline, key=lambda b: b[2], reverse=True)[:n]
+    return ", ".join(f"{at:+.1f} s {late:,.0f} ms" for at, _, late in sorted(top))
 
 
 def tables(runs: list[Run]) -> None:
@@ -810,13 +834,22 @@ def plain(v: Any) -> Any:
 
 
 def write(out: Path, args: argparse.Namespace, runs: list[Run], headline: dict[str, Any]) -> None:
-    """``steps.csv`` (a row per step, for plotting) and ``result.json`` (everything)."""
+    """``steps.csv`` (a row per step), ``timeline.csv`` (each step's tick latency per
+    100 ms, from its minute boundary: for plotting) and ``result.json`` (everything)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = [
-        plain(asdict(s)) | {"cpu_s": " / ".join(f"{c:.2f}" for c in s.cpu_s)}
+        plain({k: v for k, v in asdict(s).items() if k != "timeline"})
+        | {"cpu_s": " / ".join(f"{c:.2f}" for c in s.cpu_s)}
         for r in runs
         for s in r.steps
     ]
+    with (out / "timeline.csv").open("w", newline="") as fh:
+        lines = csv.writer(fh)
+        lines.writerow(["contender", "engines", "offered", "s_from_boundary", "ticks", "worst_ms"])
+        for r in runs:
+            for s in r.steps:
+                for at, n, late in s.timeline:
+                    lines.writerow([s.contender, s.engines, s.offered, at, n, round(late, 1)])
     with (out / "steps.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["contender"])
         writer.writeheader()
@@ -828,7 +861,7 @@ def write(out: Path, args: argparse.Namespace, runs: list[Run], headline: dict[s
         "headline": headline,
     }
     (out / "result.json").write_text(json.dumps(plain(body), indent=1))
-    print(f"\nresults: {out / 'result.json'}, {out / 'steps.csv'}")
+    print(f"\nresults: {out / 'result.json'}, {out / 'steps.csv'}, {out / 'timeline.csv'}")
 
 
 # -- main ---------------------------------------------------------------------------------

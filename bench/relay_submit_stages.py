@@ -7,7 +7,7 @@
     relay's own code called `--n` times in a row:
 
     loop turn   zmq_poll over the sockets `Relay.run` polls, nothing ready
-    recv        one 4-frame request off the ROUTER (sockets.recv_frames)
+    recv        one 4-frame request off the ROUTER (zmq_frames.recv_frames)
     on_frames   the whole handler for one request alone: the stages below
     on_batch    the same per request, for batches of `BATCH` requests taken off the
                 ROUTER together (what the loop hands over at 10 and 100 clients)
@@ -242,10 +242,10 @@ def requests_check(requests: Any, message: Any) -> Any:
 
 def _recv(sock: zmq.Socket[bytes]) -> list[bytes]:
     """The next request (it may still be on its way)."""
-    from relay import sockets
+    from mdproto.runtime import zmq_frames
 
     while True:
-        frames = sockets.recv_frames(sock)
+        frames = zmq_frames.recv_frames(sock)
         if frames is not None:
             return frames
         sock.poll(1000)

@@ -10,6 +10,7 @@ import zmq
 from mdproto import envelope
 from mdproto.book import OrderBook, levels_message
 from mdproto.messages import BookDelta, BookReset, BookSnapshot
+from pipeline import pub_server
 from pipeline.live_books import LiveBooks
 from pipeline.live_engine import decode_book_records
 from pipeline.pub_server import Outlet, Sequencer
@@ -127,8 +128,10 @@ class FakeXpub:
 
 
 @pytest.fixture
-def outlet() -> tuple[Outlet, FakeXpub]:
+def outlet(monkeypatch: pytest.MonkeyPatch) -> tuple[Outlet, FakeXpub]:
     xpub = FakeXpub()
+    # The outlet sends with pyzmq's compiled send, which takes real sockets only.
+    monkeypatch.setattr(pub_server, "send_frames", lambda sock, frames: sock.send_multipart(frames))
     return Outlet(xpub, Sequencer(epoch=7)), xpub  # type: ignore[arg-type]
 
 

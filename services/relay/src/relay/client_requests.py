@@ -55,7 +55,7 @@ from mdproto.messages import (
     SubmitResponse,
 )
 from mdproto.rules import RuleViolation
-from relay import sockets
+from mdproto.runtime.zmq_frames import NOBLOCK, send_frames
 from relay.config import RelaySettings
 from relay.ingestors import Ingestors, Verdict
 from relay.legacy import Admission, PendingRequests, response_from, timeout_response
@@ -371,7 +371,7 @@ class ClientRequests:
 
     def _reply(self, route: list[bytes], message: Message, now: float) -> bool:
         try:
-            sockets.send_frames(self._client, envelope.encode_routed(route, message))
+            send_frames(self._client, envelope.encode_routed(route, message), NOBLOCK)
             return True
         except zmq.Again:
             reason = "hwm"

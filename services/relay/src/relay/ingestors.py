@@ -28,7 +28,7 @@ import zmq
 from mdproto import envelope
 from mdproto.error_codes import EXCHANGE_UNAVAILABLE, KAFKA_UNAVAILABLE, NO_INGESTOR
 from mdproto.messages import DataRequest, IngestorControl, IngestorStatus
-from relay import sockets
+from mdproto.runtime.zmq_frames import NOBLOCK, send_frames
 from relay.config import RelaySettings
 from relay.log_lines import HotLine
 from relay.log_throttle import LogThrottle
@@ -110,7 +110,7 @@ class Ingestors:
         self._published[kind].inc(len(works))
         work = self._work
         for topic, request in works:
-            sockets.send_frames(work, envelope.encode_pub(topic, request))
+            send_frames(work, envelope.encode_pub(topic, request), NOBLOCK)
         for topic, _request in works:
             if not self.served(topic):  # live announcements: history and legacy were refused
                 self._metrics.unrouted.labels(topic).inc()

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from mdproto.runtime.zmq_frames import recv_frames
 from relay import curve
 from relay.config import RelaySettings
 
@@ -151,40 +152,9 @@ def pipeline_status_sub(ctx: Context, s: RelaySettings, topic: str) -> Socket:
     return sock  # the caller connects it
 
 
-# Plain ints: pyzmq's send_multipart/recv_multipart do enum arithmetic per frame,
-# which costs more than the libzmq call on the request path (bench/relay_submit.py).
-_NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE = int(zmq.SNDMORE)
-_MORE = _NOBLOCK | _SNDMORE
+# Plain ints: pyzmq's enum arithmetic per call costs more than the libzmq call on the
+# request path (bench/relay_submit.py); sends and receives: mdproto.runtime.zmq_frames.
 _POLLIN = int(zmq.POLLIN)
-# pyzmq's Cython send and recv, called directly: the Python subclass every socket is
-# adds a frame per call (for DRAFT routing ids and groups the relay never uses), half
-# the cost of sending a small frame (bench/relay_submit_stages.py).
-_send = zmq.backend.Socket.send
-_recv = zmq.backend.Socket.recv
-
-
-def send_frames(sock: Socket, frames: list[bytes]) -> None:
-    """send_multipart(frames, NOBLOCK), cheaper. Raises zmq.Again / ZMQError like it;
-    libzmq delivers a multipart message whole or not at all."""
-    last = len(frames) - 1
-    for i in range(last):
-        _send(sock, frames[i], _MORE)
-    _send(sock, frames[last], _NOBLOCK)
-
-
-def recv_frames(sock: Socket) -> list[bytes] | None:
-    """recv_multipart(NOBLOCK), cheaper (Frame.more instead of a getsockopt per frame);
-    None when no message is waiting."""
-    try:
-        frame = _recv(sock, _NOBLOCK, False)
-    except zmq.Again:
-        return None
-    frames = [frame.bytes]
-    while frame.more:
-        frame = _recv(sock, _NOBLOCK, False)
-        frames.append(frame.bytes)
-    return frames
 
 
 def recv_batch(sock: Socket, limit: int) -> list[list[bytes]]:

@@ -38,6 +38,7 @@ import zmq
 from google.protobuf.message import Message
 
 from mdproto import ProtocolError, envelope, topics
+from mdproto.runtime.zmq_frames import send_frames
 from pipeline import live_metrics
 from pipeline.config import Settings
 from pipeline.live_books import BookRecord, LiveBooks
@@ -177,7 +178,7 @@ class Publisher:
         with self._lock:
             for f in frames:
                 try:
-                    self._socket.send_multipart(f)
+                    send_frames(self._socket, f)
                 except zmq.Again:
                     raise RuntimeError(
                         f"the PUB server took no message for {SEND_TIMEOUT_MS} ms"
@@ -388,7 +389,7 @@ class Outlet:
 
     def _send_stamped(self, topic: str, message: Message) -> None:
         self.sequencer.stamp(topic, message)
-        self._xpub.send_multipart(envelope.encode_pub(topic, message))
+        send_frames(self._xpub, envelope.encode_pub(topic, message))
 
     def _book_values(self, prefix: str) -> Iterator[list[bytes]]:
         """The current book of each book topic matching `prefix`, stamped with the
@@ -410,7 +411,7 @@ class Outlet:
         `Sequencer.stamp` and `LastValues.put` inlined (tick topics always keep a
         last value): this loop runs 10,000 times a second."""
         counters, epoch, last = self.sequencer.counters, self.sequencer.epoch, self.last.frames
-        send, encode = self._xpub.send_multipart, envelope.encode_pub
+        xpub, encode = self._xpub, envelope.encode_pub
         count = 0
         with self._lock:
             for topic, message in items:
@@ -419,7 +420,7 @@ class Outlet:
                 message.sequence = n  # type: ignore[attr-defined]
                 message.publisher_epoch = epoch  # type: ignore[attr-defined]
                 frames = encode(topic, message)
-                send(frames)
+                send_frames(xpub, frames)
                 last[topic] = frames
                 count += 1
         return count
@@ -435,7 +436,7 @@ class Outlet:
             if sequenced(message):
                 self.sequencer.stamp(topic, message)
                 frames = envelope.encode_pub(topic, message)
-            self._xpub.send_multipart(frames)
+            send_frames(self._xpub, frames)
             self.last.put(topic, frames)
 
     def answer_subscriptions(self) -> int:
@@ -451,7 +452,7 @@ class Outlet:
                     continue  # an unsubscription
                 prefix = event[1:].decode("utf-8", errors="replace")
                 for frames in (*self.last.matching(prefix), *self._book_values(prefix)):
-                    self._xpub.send_multipart(frames)
+                    send_frames(self._xpub, frames)
                     sent += 1
         self.snapshots_sent += sent
         return sent
