@@ -15,4 +15,4 @@ def test_concurrent_commits_all_land_on_compose(compose: ComposePlatform) -> Non
     """8 writers x 50 commits through the published catalog: no HTTP 500, none lost."""
     race = race_commits(compose.endpoints.pyiceberg_catalog_properties())
     assert race.landed == race.expected
-    assert race.conflicts > 0
+    assert race.stale_refused  # a real conflict is a 409, so "none lost" means something

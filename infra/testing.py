@@ -517,11 +517,13 @@ def platform_client(platform: Platform, **overrides: object) -> ClientSettings:
 
 @dataclass(frozen=True)
 class CommitRace:
-    """What `race_commits` saw: the property keys each table holds, and the conflicts."""
+    """What `race_commits` saw: the property keys each table holds, the conflicts the
+    writers met, and whether an append on stale metadata was refused."""
 
     expected: dict[str, set[str]]
     landed: dict[str, set[str]]
-    conflicts: int
+    conflicts: int  # how many depends on timing: the catalog retries property commits
+    stale_refused: bool
 
 
 def race_commits(
@@ -585,7 +587,23 @@ def race_commits(
         name: {k for k in catalog.load_table(name).properties if k.startswith("test.")}
         for name in expected
     }
-    return CommitRace(expected, landed, conflicts)
+    # A conflict for certain: the catalog applies a property commit on fresh metadata
+    # by itself, so whether the writers above met a 409 depends on timing (CI saw none).
+    # An append made from metadata another append has moved on must be refused (409,
+    # CommitFailedException), neither applied nor a 500. (pyiceberg would retry it on
+    # fresh metadata: not here, so the refusal is seen.)
+    rows = pa.table({"id": [1]}, schema=schema)
+    with catalog.load_table(f"{namespace}.shared").transaction() as tx:
+        tx.set_properties({"commit.retry.num-retries": "0"})
+    catalog.load_table(f"{namespace}.shared").append(rows)  # the base both start from
+    first, stale = (catalog.load_table(f"{namespace}.shared") for _ in range(2))
+    first.append(rows)
+    try:
+        stale.append(rows)
+        stale_refused = False
+    except CommitFailedException:
+        stale_refused = True
+    return CommitRace(expected, landed, conflicts, stale_refused)
 
 
 class RecordedLake:
