@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,17 @@ TOPICS: Mapping[str, TopicSpec] = {
         TopicSpec(contracts.KAFKA_RECORDING, partitions=contracts.RECORDING_SLOTS, config=COMPACT),
     )
 }
+
+
+def assigned_consumer_config(bootstrap_servers: str, purpose: str) -> dict[str, Any]:
+    """A consumer that assigns its partitions itself and commits nothing: its group id
+    (librdkafka wants one) is used once, so no two processes share a position."""
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": f"{purpose}-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "fetch.wait.max.ms": 100,  # the broker answers at once when a record arrives
+    }
 
 
 def spec(default_name: str, name: str | None = None) -> TopicSpec:

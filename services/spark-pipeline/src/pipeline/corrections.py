@@ -20,7 +20,6 @@ for the assignment, as ``cep.triggers`` records do.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Self
 
@@ -28,7 +27,7 @@ from google.protobuf.message import Message
 
 from mdproto import ProtocolError, contracts, envelope, topics
 from mdproto.messages import OHLC
-from mdproto.runtime.kafka import ensure_topics, spec
+from mdproto.runtime.kafka import assigned_consumer_config, ensure_topics, spec
 from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
@@ -103,14 +102,7 @@ class CorrectionsReader:
             replication=k.replication_factor,
             timeout_s=k.connect_timeout_s,
         )
-        consumer = Consumer(
-            {
-                "bootstrap.servers": k.bootstrap_servers,
-                "group.id": f"pipeline-corrections-{uuid.uuid4().hex[:8]}",  # never committed
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100,
-            }
-        )
+        consumer = Consumer(assigned_consumer_config(k.bootstrap_servers, "pipeline-corrections"))
         consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in partitions(consumer, topic)])
         return cls(consumer)
 

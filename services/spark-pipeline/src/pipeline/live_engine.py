@@ -52,7 +52,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +60,7 @@ from google.protobuf.message import Message
 from mdproto import ProtocolError, envelope, partitioning, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
 from mdproto.recent import RecentKeys
+from mdproto.runtime.kafka import assigned_consumer_config
 from pipeline import records
 from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
@@ -181,12 +181,7 @@ class LiveEngine:
         triggers = None
         if s.cep.enabled:
             triggers = Consumer(
-                {
-                    "bootstrap.servers": s.kafka.bootstrap_servers,
-                    "group.id": f"pipeline-cep-triggers-{uuid.uuid4().hex[:8]}",  # never committed
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 100,
-                }
+                assigned_consumer_config(s.kafka.bootstrap_servers, "pipeline-cep-triggers")
             )
         producer = Producer(
             {

@@ -21,7 +21,6 @@ import functools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ import pyarrow as pa
 from pyiceberg.exceptions import RESTError
 
 from mdproto.messages import HistorySource, Status
+from mdproto.runtime.kafka import assigned_consumer_config
 from pipeline import history_notices, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
@@ -131,12 +131,7 @@ class StoredAnswers:
         s = self._settings
         topic = s.kafka.topic_ohlc_batches
         consumer = Consumer(
-            {
-                "bootstrap.servers": s.kafka.bootstrap_servers,
-                "group.id": f"pipeline-stored-answers-{uuid.uuid4().hex[:8]}",  # never committed
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100,  # the broker answers at once when a record arrives
-            }
+            assigned_consumer_config(s.kafka.bootstrap_servers, "pipeline-stored-answers")
         )
         try:
             meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
