@@ -434,3 +434,36 @@ def test_a_ticker_dropped_while_its_previews_wait_gets_none() -> None:
     live.tickers.pop(T)
     assert live.add([], B + 1_300) == []
     assert live.close_due(B + 1_300) == []
+
+
+def test_a_trading_ticker_keeps_one_idle_entry_and_its_quiet_close_still_comes() -> None:
+    """A ticker trading at every batch pushes its idle close back each time: that must
+    not cost a heap entry per batch (the engine's loop runs this for every ticker of
+    every batch), and the entry left, taken early, must still close the window once
+    the ticker goes quiet."""
+    live = LiveCandles(CFG)
+    now, frontier = B + 1_000, 0
+    for i in range(200):  # 200 batches 50 ms apart, a trade 0-80 ms old in each
+        at = now - (i * 7 % 5) * 20
+        frontier = max(frontier, at)
+        live.add([tick(i, 100.0 + i % 3, at)], now)
+        assert live.close_due(now) == []
+        now += 50
+    assert len(live.heap) <= 2
+    # Idle 1 s after the last batch, and event time on from the newest trade.
+    quiet_close_ms = (now - 50) + 1_000 + (B + 60_000 - frontier)
+    assert live.close_due(quiet_close_ms - 1) == []
+    closed = live.close_due(quiet_close_ms)
+    assert [(c.period_seconds, c.open_time_ms, c.trade_count) for c in closed] == [(60, B, 200)]
+
+
+def test_an_amended_window_restored_from_a_snapshot_is_emitted_again() -> None:
+    """`next_us` is derived, never saved: a restored ticker with a window amended after
+    its close (dirty) must still emit the correction at its next `advance`."""
+    candles = TickerCandles(last_arrival_ms=B + 61_000)  # not quiet
+    candles.add(CFG, [tick(1, 100.0, B + 1_000), tick(2, 101.0, B + 61_000)])
+    assert [p for p, *_ in candles.advance(CFG, B + 61_000)] == [60]
+    candles.add(CFG, [tick(3, 99.0, B + 59_000)])  # late, within the lateness: amends
+    restored = TickerCandles.from_dict(json.loads(json.dumps(candles.to_dict())), CFG)
+    [(period, start, window, correction)] = restored.advance(CFG, B + 61_000)
+    assert (period, start, window.count, correction) == (60, B * 1000, 2, True)

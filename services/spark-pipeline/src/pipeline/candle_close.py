@@ -29,6 +29,12 @@ A window is emitted closed once, then once per ``advance`` after a trade amended
 it. The state round-trips through plain dicts (the engine's snapshot), so a
 restored ticker continues exactly where the snapshot left it.
 
+``advance`` runs for every ticker of every batch, and most calls have nothing to
+do: each ticker keeps the earliest end of a window still to emit (``next_us``) and
+the earliest point past which something can be dropped (``drop_us``), kept exact
+(or lower) wherever a window or an id bucket is added, and recomputed by the pass
+over the windows that only runs when one of them is reached.
+
 A batch is aggregated per *slice* (the greatest common divisor of the periods:
 every window of every period is a whole number of slices) before it touches the
 windows: per trade, one slice is updated, not one window per period; each slice
@@ -49,6 +55,8 @@ TradeKey = tuple[int, int, str]  # (trade time us, len(trade_id), trade_id)
 US = 1_000_000
 #: Trade ids are kept (and dropped) in buckets of this much trade time.
 ID_BUCKET_US = US
+#: ``next_us`` / ``drop_us`` when nothing is waiting.
+NEVER = 1 << 62
 
 
 class Trade(Protocol):
@@ -154,6 +162,26 @@ class TickerCandles:
     #: The buckets' width: `ID_BUCKET_US`, or the shortest period's in a snapshot from
     #: before the buckets (kept until those have gone).
     id_width_us: int = ID_BUCKET_US
+    #: Derived, never saved: the earliest end of a window not emitted or amended since,
+    #: and the earliest frontier minus lateness at which a window or id bucket goes.
+    next_us: int = field(default=NEVER, init=False, repr=False, compare=False)
+    drop_us: int = field(default=NEVER, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """`next_us` and `drop_us` from the windows and ids as they are."""
+        next_us = drop_us = NEVER
+        for (period, start), w in self.windows.items():
+            end = start + period * US
+            if not w.emitted or w.dirty:
+                next_us = min(next_us, end)
+            if w.emitted:
+                drop_us = min(drop_us, end)
+        if self.ids:
+            drop_us = min(drop_us, min(self.ids) + self.id_width_us)
+        self.next_us, self.drop_us = next_us, drop_us
 
     def add(self, cfg: Closing, trades: Iterable[Trade]) -> set[int]:
         """Count the trades (in arrival order) in their windows; the starts (us) of the
@@ -176,6 +204,8 @@ class TickerCandles:
             seen = ids.get(bucket)
             if seen is None:
                 seen = ids[bucket] = set()
+                if bucket + id_width < self.drop_us:
+                    self.drop_us = bucket + id_width
             elif trade_id in seen:
                 continue
             seen.add(trade_id)
@@ -198,7 +228,7 @@ class TickerCandles:
 
     def _merge(self, cfg: Closing, parts: dict[int, Window]) -> Iterable[int]:
         """Each slice's trades into the window of each period that holds it."""
-        windows = self.windows
+        windows, next_us = self.windows, self.next_us
         for at, part in parts.items():
             for period, width in cfg.widths:
                 where = (period, at - at % width)
@@ -210,12 +240,20 @@ class TickerCandles:
                     )
                 else:
                     window.merge(part)
+                    if not window.emitted:
+                        continue  # its end was counted when it opened
+                end = where[1] + width
+                if end < next_us:
+                    next_us = end
+        self.next_us = next_us
         return parts.keys()
 
     def _mark_incomplete(self, since_us: int, until_us: int) -> None:
         for (period, start), window in self.windows.items():
             if start <= until_us and start + period * US > since_us:
                 window.mark_incomplete()
+                if window.dirty:
+                    self.next_us = min(self.next_us, start + period * US)
 
     def advance(self, cfg: Closing, now_ms: int) -> list[tuple[int, int, Window, bool]]:
         """Close what is due at ``now_ms``: (period, start us, window, is_correction)."""
@@ -223,7 +261,9 @@ class TickerCandles:
             return []
         quiet_ms = max(0, now_ms - self.last_arrival_ms - round(cfg.idle_s * 1000))
         self.closed_until_us = max(self.closed_until_us, self.frontier_us + quiet_ms * 1000)
-        lateness_us = round(cfg.lateness_s * US)
+        horizon = self.frontier_us - cfg.lateness_us
+        if self.next_us > self.closed_until_us and horizon < self.drop_us:
+            return []  # no window to emit, nothing to drop: most calls
         out: list[tuple[int, int, Window, bool]] = []
         for (period, start), window in sorted(self.windows.items()):
             end = start + period * US
@@ -235,8 +275,7 @@ class TickerCandles:
             elif window.dirty:
                 out.append((period, start, window, True))
             window.dirty = False
-        # Dropped in place: most calls drop nothing, and the state is not copied.
-        horizon = self.frontier_us - lateness_us
+        # Dropped in place: the state is not copied.
         windows, ids, width = self.windows, self.ids, self.id_width_us
         for k in [k for k, w in windows.items() if k[1] + k[0] * US <= horizon and w.emitted]:
             del windows[k]
@@ -244,15 +283,16 @@ class TickerCandles:
             del ids[b]
         if not ids:
             self.id_width_us = ID_BUCKET_US
+        self._reindex()
         return out
 
     def idle_due_ms(self, cfg: Closing) -> int | None:
         """When (processing time, ms) the quiet time closes the next open window if no
-        trade comes; None: nothing open."""
-        ends = [s + p * US for (p, s), w in self.windows.items() if not w.emitted]
-        if not ends or self.frontier_us is None:
+        trade comes; None: nothing open. (Early, never late, while an amended window
+        waits for its `advance`: that call then finds the true time.)"""
+        if self.next_us == NEVER or self.frontier_us is None:
             return None
-        wait_ms = max(0, -(-(min(ends) - self.frontier_us) // 1000))
+        wait_ms = max(0, -(-(self.next_us - self.frontier_us) // 1000))
         return self.last_arrival_ms + round(cfg.idle_s * 1000) + wait_ms
 
     def to_dict(self) -> dict[str, Any]:

@@ -82,13 +82,9 @@ class LiveCandles:
                 candles = tickers[ticker] = TickerCandles(exchange, symbol)
             candles.last_arrival_ms = now_ms
             self.touched.add(ticker)
-            changed = {
-                (period, at - at % width)
-                for at in candles.add(cfg, trades)
-                for period, width in cfg.widths
-            }
-            for period, start in sorted(changed):
-                pending[(ticker, period, start)] = None
+            for at in candles.add(cfg, trades):
+                for period, width in cfg.widths:
+                    pending[(ticker, period, at - at % width)] = None
         if not pending or now_ms - self.previewed_ms < self.preview_every_ms:
             return []
         previews = []
@@ -127,19 +123,34 @@ class LiveCandles:
         return max(1, heap[0][0] - now_ms) if heap else None
 
     def _due_by(self, now_ms: int) -> set[str]:
-        """The tickers whose idle close is due by `now_ms` (taken off the heap)."""
-        due, heap = set(), self.heap
+        """The tickers whose idle close is due by `now_ms` (taken off the heap). An entry
+        may be early (`_schedule`): its ticker's time is taken again, and put back if
+        trades came since."""
+        due, heap, idle_due, tickers = set(), self.heap, self.idle_due, self.tickers
         while heap and heap[0][0] <= now_ms:
             at, ticker = heapq.heappop(heap)
-            if self.idle_due.get(ticker) == at:
+            if idle_due.get(ticker) != at:
+                continue  # a stale entry: the ticker was rescheduled or dropped
+            candles = tickers.get(ticker)
+            now_at = candles.idle_due_ms(self.cfg) if candles is not None else None
+            if now_at is not None and now_at > now_ms:
+                idle_due[ticker] = now_at
+                heapq.heappush(heap, (now_at, ticker))
+            else:
+                del idle_due[ticker]  # off the heap: `close_due` schedules it again
                 due.add(ticker)
         return due
 
     def _schedule(self, ticker: str, candles: TickerCandles) -> None:
+        """Schedule the ticker's idle close. An entry already due no later stays: a
+        ticker that trades pushes its time back at every batch, and one entry per quiet
+        spell, taken again when due (`_due_by`), costs less than one per batch."""
         at = candles.idle_due_ms(self.cfg)
         if at is None:
             self.idle_due.pop(ticker, None)
-        elif self.idle_due.get(ticker) != at:
+            return
+        scheduled = self.idle_due.get(ticker)
+        if scheduled is None or at < scheduled:
             self.idle_due[ticker] = at
             heapq.heappush(self.heap, (at, ticker))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -403,9 +404,9 @@ def tick_problem(tick: Tick) -> str:
         return "tick has no trade_id"
     if not 0 < tick.timestamp_ms <= MAX_TIME_MS:
         return f"tick timestamp_ms {tick.timestamp_ms} is not in 1970..9999"
-    if not (tick.price > 0 and tick.price != float("inf")):
+    if not 0 < tick.price < math.inf:  # NaN fails it too
         return f"tick price {tick.price} is not a positive number"
-    if not (tick.amount >= 0 and tick.amount != float("inf")):
+    if not 0 <= tick.amount < math.inf:
         return f"tick amount {tick.amount} is not a non-negative number"
     return ""
 
