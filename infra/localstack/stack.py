@@ -68,7 +68,7 @@ class ComponentStatus:
     pid: int | None
     address: str
     ports: dict[str, int]
-    rss_bytes: int
+    rss_bytes: int  # 0: not running, or not measured (`status(memory=False)`)
     log_file: Path
 
 
@@ -289,8 +289,10 @@ class LocalStack:
         with self._exclusive():
             return {comp.name: self._stop_one(comp) for comp in reversed(self.components)}
 
-    def status(self) -> list[ComponentStatus]:
-        """What runs where, from the pid files (works from any process)."""
+    def status(self, *, memory: bool = True) -> list[ComponentStatus]:
+        """What runs where, from the pid files (works from any process). ``memory``: each
+        running component's resident memory too, a walk over every process of the
+        machine: for people, not for a supervisor's loop."""
         result = []
         for comp in self.components:
             pid_file = self._pid_file(comp)
@@ -298,7 +300,8 @@ class LocalStack:
             if record is None:
                 state, pid, rss = "stopped", None, 0
             elif record.alive:
-                state, pid, rss = "running", record.pid, group_rss_bytes(record.pid)
+                rss = group_rss_bytes(record.pid) if memory else 0
+                state, pid = "running", record.pid
             else:
                 state, pid, rss = "stale pid file", record.pid, 0
             ports = record.ports if record is not None else comp.ports
@@ -309,7 +312,7 @@ class LocalStack:
 
     def is_running(self) -> bool:
         """True if every component's process is alive (not a readiness check)."""
-        return all(s.state == "running" for s in self.status())
+        return all(s.state == "running" for s in self.status(memory=False))
 
     def __enter__(self) -> LocalStack:
         self.up()

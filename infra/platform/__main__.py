@@ -167,7 +167,7 @@ def supervise(
     liveness = LivenessPolicy(config.liveness_period_s, config.liveness_failures, clock)
     probed = platform.metrics_urls()  # the services with a /healthz
     while not stop.wait(poll_s):
-        for row in platform.status():
+        for row in platform.status(memory=False):
             if row.state == "stopped":  # its pid file removed: a `down` elsewhere, no crash
                 return f"{row.name} was stopped by another process"
             what = None

@@ -284,8 +284,8 @@ class Platform:
         for phase in reversed(self.phases):
             phase.down()
 
-    def status(self) -> list[ComponentStatus]:
-        return [row for phase in self.phases for row in phase.status()]
+    def status(self, *, memory: bool = True) -> list[ComponentStatus]:
+        return [row for phase in self.phases for row in phase.status(memory=memory)]
 
     def __enter__(self) -> Platform:
         self.up()

@@ -91,7 +91,8 @@ class CrashingPlatform:
         self.log_file = log_file
         self.restarts = 0
 
-    def status(self) -> list[ComponentStatus]:
+    def status(self, *, memory: bool = True) -> list[ComponentStatus]:
+        assert not memory, "the supervisor's loop never walks every process for memory"
         return [ComponentStatus("relay", "stale pid file", 4242, "", {}, 0, self.log_file)]
 
     def exit_status(self, pid: int) -> int | None:
@@ -130,7 +131,7 @@ def test_supervise_ends_when_asked_or_when_a_component_was_stopped_elsewhere(
     stop = threading.Event()
     stop.set()
     assert supervise(platform, stop, say=pytest.fail) == ""  # type: ignore[arg-type]
-    platform.status = lambda: [  # type: ignore[method-assign]
+    platform.status = lambda memory=True: [  # type: ignore[method-assign,misc]
         ComponentStatus("relay", "stopped", None, "", {}, 0, tmp_path / "relay.log")
     ]
     reason = supervise(platform, threading.Event(), say=pytest.fail, poll_s=0)  # type: ignore[arg-type]
@@ -142,7 +143,7 @@ def test_sigterm_interrupts_supervise_at_once(tmp_path: Path) -> None:
     """`make run` waits in `supervise`; SIGTERM (its handler raises KeyboardInterrupt,
     like Ctrl-C) must end the wait, not the next poll an hour later."""
     platform = CrashingPlatform(tmp_path / "relay.log", limit=3)
-    platform.status = lambda: []  # type: ignore[method-assign]
+    platform.status = lambda memory=True: []  # type: ignore[method-assign,misc]
     previous = signal.signal(signal.SIGTERM, _interrupt)
     timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
     t0 = time.monotonic()

@@ -311,7 +311,8 @@ class PartitionTail:
                 "bootstrap.servers": bootstrap,
                 "group.id": group_id,
                 "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,  # claims are latency-critical, and tiny
+                # librdkafka's fetch wait: the broker answers a waiting fetch the moment a
+                # claim arrives, so a shorter one only adds idle requests (ADR 0011).
                 "enable.partition.eof": False,
             }
         )
@@ -420,7 +421,6 @@ class GroupSlots:
                 "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000 / 6)),
                 "enable.auto.commit": False,  # a slot is always read from its start
                 "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 50,
                 "enable.partition.eof": False,
                 "logger": quiet_logger(f"slots-{group_id}"),
             }
