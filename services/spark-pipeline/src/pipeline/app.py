@@ -121,8 +121,9 @@ class Pipeline:
         self.heartbeat.start()
         spark = self.spark = session.build_session(settings)
         crash = faults.armed(session.jvm_pid(spark))  # None in production: a test hook
-        spark.streams.addListener(ProgressLogger())
-        self._serve_metrics()
+        query_metrics = self._serve_metrics()
+        observe = query_metrics.observe if query_metrics is not None else None
+        spark.streams.addListener(ProgressLogger(observe=observe))
         lake = self.lake = _lake(spark, settings, self.names, self.registry)
         lake.ensure_tables()
         if settings.history.enabled:
@@ -175,13 +176,14 @@ class Pipeline:
         if self.restarts_total is not None:
             self.restarts_total.labels(name)  # exported as 0 until a restart
 
-    def _serve_metrics(self) -> None:
-        """/metrics and /healthz: batch progress from Spark's listener, liveness at scrape."""
+    def _serve_metrics(self) -> metrics.QueryMetrics | None:
+        """/metrics and /healthz: liveness at scrape; returns what the query listener
+        feeds batch progress to (None: no metrics port)."""
         s = self.settings
         if not s.metrics_port or self.spark is None:
-            return
+            return None
         registry = self.registry = CollectorRegistry()
-        self.spark.streams.addListener(metrics.QueryMetrics(registry))
+        query_metrics = metrics.QueryMetrics(registry)
         registry.register(metrics.LivenessCollector(self._queries_active, self._pub_alive))
         registry.register(live_metrics.EngineScrape(self._engine_metrics_url))
         self.restarts_total = metrics.query_restarts(registry)
@@ -193,6 +195,7 @@ class Pipeline:
             name="pipeline-metrics",
         )
         self.metrics_server.start()
+        return query_metrics
 
     def _history_state(self) -> QueryState:
         """Asks the JVM (heartbeat thread): a hung JVM blocks the call, and so the beat."""

@@ -1,10 +1,11 @@
 """Prometheus metrics of the streaming queries, fed by Spark's own progress events.
 
-A StreamingQueryListener sees every micro-batch (rows, duration, Kafka lag) on
-Spark's listener thread; it only updates metric objects, so the queries never
-wait on an HTTP scrape. Query liveness and the PUB process are read at scrape
-time; app.py counts the restarts of failed queries. Served by
-mdproto.runtime.metrics_http, as on the relay and the ingestor.
+The pipeline's query listener (`progress.ProgressLogger`) hands every micro-batch's
+progress (rows, duration, Kafka lag) to `QueryMetrics` on Spark's listener thread;
+it only updates metric objects, so the queries never wait on an HTTP scrape. Query
+liveness and the PUB process are read at scrape time; app.py counts the restarts of
+failed queries. Served by mdproto.runtime.metrics_http, as on the relay and the
+ingestor.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from mdproto.messages import TradeGap
 from mdproto.runtime.metrics_http import Health
@@ -27,7 +27,7 @@ from pipeline.write_paths import WritePath
 _BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-class QueryMetrics(StreamingQueryListener):
+class QueryMetrics:
     """Per-query batches, rows, batch durations and Kafka lag, from progress events."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -54,11 +54,8 @@ class QueryMetrics(StreamingQueryListener):
             registry=registry,
         )
 
-    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark API)
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:  # noqa: N802 (Spark API)
-        p = event.progress
+    def observe(self, p: Any) -> None:
+        """One micro-batch's ``StreamingQueryProgress``."""
         name = str(p.name)
         self.batches.labels(name).inc()
         self.rows.labels(name).inc(int(p.numInputRows))
@@ -66,12 +63,6 @@ class QueryMetrics(StreamingQueryListener):
         lag = kafka_lag(p)
         if lag is not None:
             self.lag.labels(name).set(lag)
-
-    def onQueryIdle(self, event: Any) -> None:  # noqa: N802 (Spark API)
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802 (Spark API)
-        pass
 
 
 class UpkeepMetrics:

@@ -1,9 +1,10 @@
-"""Per-micro-batch progress lines: rows, duration, latency, Kafka lag (a query listener)."""
+"""Per-micro-batch progress lines: rows, duration, latency, Kafka lag (the query listener)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
@@ -23,10 +24,18 @@ def kafka_lag(progress: Any) -> int | None:
 
 
 class ProgressLogger(StreamingQueryListener):
-    """Logs each batch that read rows; queries in ``summarise`` get one line per interval."""
+    """The pipeline's one query listener: logs each batch that read rows (queries in
+    ``summarise`` get one line per interval) and hands every progress to ``observe``
+    (the metrics). One, because PySpark turns each event into Python objects once per
+    listener, field by field over py4j, on the listener thread all queries share."""
 
-    def __init__(self, summarise: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        summarise: dict[str, float] | None = None,
+        observe: Callable[[Any], None] | None = None,
+    ) -> None:
         self._summarise = summarise or {}
+        self._observe = observe
         self._acc: dict[str, tuple[float, int, int, int]] = {}
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark API)
@@ -34,6 +43,8 @@ class ProgressLogger(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802 (Spark API)
         p = event.progress
+        if self._observe is not None:
+            self._observe(p)
         rows = int(p.numInputRows)
         duration = int(p.durationMs.get("triggerExecution", 0))
         lag = kafka_lag(p)
