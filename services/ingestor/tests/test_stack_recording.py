@@ -192,7 +192,17 @@ def test_dropped_trade_ids_and_a_websocket_outage_are_found_and_repaired(
             )
             begin_ms = max(p.time_ms for t in tickers if (p := recorder.checkpoint(t)))
             sim.add_fault("trade_drop", symbol="BTC/USDT", count=4)
-            sim.ws_outage(symbol="ETH/USDT", exchange="binance", seconds=4)
+            # A reconnect that missed no trade is no gap (consecutive ids say so), and a
+            # quiet minute of ETH can hold no trade for seconds: the outage ends once the
+            # exchange traded ETH during it, so the feed surely misses one.
+            sim.ws_outage(symbol="ETH/USDT", exchange="binance", seconds=120)
+            closed_ms = sim.now_ms() + 1  # its connections are closed by now
+            await until(
+                lambda: any(sim.model.iter_trades("ETH/USDT", closed_ms, sim.now_ms())),
+                60,
+                "an ETH trade during the outage",
+            )
+            sim.clear_faults("ws_outage")
 
             def causes() -> set[str]:
                 return {TradeGap.Cause.Name(g.cause) for g in recorder.gaps()}
