@@ -20,7 +20,7 @@ Cases, each client in its own process, alternated `--reps` times:
 - `ticks paced`: `--rate` ticks/s for `--seconds` (a busy live feed): the latency
   of a record that does not queue behind a burst;
 - `read ticks` / `read batches`: a consumer as the live engine configures it
-  (no commits, `fetch.wait.max.ms` 100), assigned every partition at the start,
+  (no commits, librdkafka's fetch wait), assigned every partition at the start,
   reads the topic written by the first confluent run of the matching `max` case
   (lz4 batches, as the ingestor writes them), touching each key and value.
 
@@ -228,7 +228,6 @@ def _read_confluent(bootstrap: str, topic: str, count: int) -> tuple[float, floa
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
             "logger": quiet_logger("bench"),
         }
     )

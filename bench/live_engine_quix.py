@@ -66,7 +66,7 @@ PERIOD_S = 60
 THROUGHPUT = ["bare", "engine", "quix", "bare-qv"]
 RECOVERY = ["bare", "engine", "quix-local", "quix-restore"]
 STEADY = ["bare", "engine", "quix"]
-FETCH_WAIT_MS = 100  # the engine's fetch.wait.max.ms, given to every contender
+FETCH_WAIT_MS = 500  # librdkafka's, the engine's since ADR 0011 "Fetch wait"; every contender's
 
 
 # -- workers: run in a child interpreter, print one JSON line ------------------------------
