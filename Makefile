@@ -29,10 +29,14 @@ venv: $(INSTALLED)
 # uv (pinned in constraints.txt) fills the venv: it downloads in parallel and
 # builds pyspark's wheel once into its cache, where pip fetched one file at a time
 # (a fresh machine's venv: pip 143 s, uv 46 s; docs/development.md).
+# --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE
+# is set (CI, these machines) every process then compiled what it imports, each
+# time (the ingestor's imports 5.4 -> 1.1 CPU-s; ADR 0026).
 $(INSTALLED): constraints.txt requirements-dev.txt $(addsuffix /pyproject.toml,$(PACKAGES))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt uv
-	$(BIN)/uv pip install --python $(BIN)/python -q -c constraints.txt -r requirements-dev.txt \
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -c constraints.txt \
+		-r requirements-dev.txt \
 		$(addprefix -e ,$(filter-out services/test-client,$(PACKAGES))) \
 		-e 'services/test-client[chart,pandas]'
 	@# pyspark is a source distribution only: each install through a registry that sends no
