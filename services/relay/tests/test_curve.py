@@ -3,6 +3,7 @@ traffic unreadable on the wire, and no start beyond loopback without keys."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -65,6 +66,16 @@ def client_socket(relay: RunningRelay, kind: int, endpoint: str, who: tuple[byte
     return sock
 
 
+def send_refused(sock: zmq.Socket[bytes], request: SubmitHistoricalRequest) -> None:
+    """Send on a REQ whose handshake the relay refuses, without blocking. Whether
+    libzmq keeps retrying the connection (it saw the socket closed) or drops it for
+    good (it read the refusal: a protocol error) is a race in its I/O thread; in the
+    second case a REQ has no peer left and a blocking send waits forever (it hung a
+    CI run once). Queued or refused at once, the request never reaches the relay."""
+    with contextlib.suppress(zmq.Again):
+        sock.send_multipart(envelope.encode(request), zmq.NOBLOCK)
+
+
 def submit(request_id: str) -> SubmitHistoricalRequest:
     return SubmitHistoricalRequest(
         request_id=request_id,
@@ -108,7 +119,7 @@ def test_an_unknown_key_is_refused_logged_and_counted(
     relay = make_relay(**curve_overrides(tmp_path))
     server = keys["relay"][0]
     req = client_socket(relay, zmq.REQ, relay.endpoints.client_request, keys["mallory"], server)
-    req.send_multipart(envelope.encode(submit("m-1")))
+    send_refused(req, submit("m-1"))
     relay.wait_until(
         lambda: relay.sample("relay_auth_failures_total", socket="requests") >= 1,
         what="the refused request handshake to be counted",
@@ -127,7 +138,7 @@ def test_an_unknown_key_is_refused_logged_and_counted(
     assert any(mallory in line and "requests" in line for line in refusals), refusals
     # A client without CURVE at all does not get in either (mechanism mismatch).
     plain = relay.client()
-    plain.send_multipart(envelope.encode(submit("p-1")))
+    send_refused(plain, submit("p-1"))
     assert not plain.poll(300)
     assert relay.relay.health().details["zap_alive"] is True
 
