@@ -17,7 +17,7 @@ range from the same simulator into memory (its own page loop, no Kafka, no
 Spark) -- what "just ask the exchange" costs.
 
     .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--reps 1] [--exchange-nice -10]
-        [--out docs/e2e-benchmarks.md]
+        [--history-trigger-s 0.1] [--out docs/e2e-benchmarks.md]
 
 With ``--reps N`` each range is asked N times (N different ranges of that length, each
 from the exchange, each followed by the bare loop over the same range) and the median
@@ -181,6 +181,12 @@ def main() -> None:
         help="stored answers through the history query only (history.stored_answers_early off)",
     )
     parser.add_argument(
+        "--history-trigger-s",
+        type=float,
+        default=None,
+        help="the history query's trigger interval (history.trigger_s; config.yaml's if unset)",
+    )
+    parser.add_argument(
         "--exchange-nice",
         type=int,
         default=None,
@@ -192,6 +198,8 @@ def main() -> None:
     service_env = {"INGESTOR_EXCHANGES__BINANCE__ENABLE_RATE_LIMIT": "false"}
     if args.no_early:
         service_env["PIPELINE_HISTORY__STORED_ANSWERS_EARLY"] = "false"
+    if args.history_trigger_s is not None:
+        service_env["PIPELINE_HISTORY__TRIGGER_S"] = str(args.history_trigger_s)
     config = PlatformConfig(data_dir=data_dir, ports=ServicePorts.free(), service_env=service_env)
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as platform:

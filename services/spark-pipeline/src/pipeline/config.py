@@ -89,7 +89,8 @@ class CatalogConfig(_Section):
 
 class HistoryConfig(_Section):
     enabled: bool = True
-    trigger_s: float = Field(default=0.5, ge=0)
+    #: A request's last records wait up to this long for their micro-batch.
+    trigger_s: float = Field(default=0.1, ge=0)
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     #: Notify a request answered wholly from storage as its final marker reaches Kafka,
     #: ahead of the history query's micro-batch (`stored_answers`).
