@@ -341,6 +341,15 @@ class PipelineRun:
             self.process.wait(30)
         self._reap_group()
 
+    def sigterm_group(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM to the whole process group, as `make stop` sends it (Python, its PUB
+        process and the Spark JVM at once); returns the driver's exit status."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGTERM)
+        status = self.wait_exit(timeout_s)
+        self._reap_group()
+        return status
+
     def _reap_group(self) -> None:
         """The JVM outlives a SIGKILLed Python for a moment: kill what is left of our group."""
         if self.process is None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
+from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
 
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import (
@@ -292,21 +293,36 @@ class Pipeline:
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
-        for name, query in self.queries.items():
-            try:
-                query.stop()
-            except Exception as exc:  # keep stopping the others
-                log.warning("stopping query %s: %s", name, exc)
-        self.queries.clear()
+        jvm_gone = self._stop_queries()
         if self.publisher is not None:
             self.publisher.close()
             self.publisher = None
         if self.pub_server is not None:
             self.pub_server.stop()
             self.pub_server = None
-        if self.spark is not None:
-            self.spark.stop()
-            self.spark = None
+        if self.spark is not None and not jvm_gone:
+            try:
+                self.spark.stop()
+            except (Py4JNetworkError, ConnectionError) as exc:
+                log.info("Spark's JVM stopped on its own (%s)", exc)
+        self.spark = None
+
+    def _stop_queries(self) -> bool:
+        """Stop every query; True if Spark's JVM was gone already. A SIGTERM to the
+        whole process group (`make stop`, systemd's default) reaches the JVM too, whose
+        shutdown hook stops the session beside us: nothing is left to stop there, and a
+        batch it cut short is replayed from the checkpoint at the next start."""
+        for name, query in self.queries.items():
+            try:
+                query.stop()
+            except (Py4JNetworkError, ConnectionError) as exc:
+                log.info("Spark's JVM stopped on its own (%s): its queries with it", exc)
+                self.queries.clear()
+                return True
+            except Exception as exc:  # keep stopping the others
+                log.warning("stopping query %s: %s", name, exc)
+        self.queries.clear()
+        return False
 
     def _ready_when_stored_answers(self) -> None:
         """A late stored-answers path (a loaded machine) says so in the ready file."""
