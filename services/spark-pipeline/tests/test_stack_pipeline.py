@@ -811,14 +811,10 @@ def test_snapshots_are_stored_and_rebuild_the_book_of_a_past_time(
 
 def test_a_sigterm_to_the_whole_process_group_stops_it_cleanly(pipeline: Any) -> None:
     """Last in this file: it stops the module's pipeline. `make stop` (and systemd)
-    signal the whole group, so Spark's JVM stops itself beside the driver, which then
-    found a dead py4j gateway: a traceback from `spark.stop()`, a warning per query and
-    status 1. (Threads inside a py4j call at that moment still log the lost gateway.)"""
+    signal the whole group, so Spark's JVM stops itself beside the driver, whose own
+    stop then met a dead py4j gateway: a traceback from `spark.stop()` and status 1.
+    (Threads inside a py4j call at that moment still log the lost gateway.)"""
     run = pipeline.run
     assert run.sigterm_group() == 0, run.tail()
     log = run.log_file.read_text(errors="replace")
-    assert "Spark's JVM stopped on its own" in log, run.tail()
-    assert "stopping query" not in log, run.tail()
-    assert "pipeline.app" not in log.split("signal 15: stopping", 1)[1].replace(
-        "INFO pipeline.app: Spark's JVM stopped on its own", ""
-    ), run.tail()
+    assert 'pipeline/app.py", line' not in log, run.tail()  # no traceback through stop()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
-from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
+from py4j.protocol import Py4JError, Py4JNetworkError  # type: ignore[import-untyped]
 
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import (
@@ -303,7 +303,7 @@ class Pipeline:
         if self.spark is not None and not jvm_gone:
             try:
                 self.spark.stop()
-            except (Py4JNetworkError, ConnectionError) as exc:
+            except (Py4JError, ConnectionError) as exc:  # its shutdown hook came first
                 log.info("Spark's JVM stopped on its own (%s)", exc)
         self.spark = None
 
