@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 from py4j.protocol import Py4JError, Py4JNetworkError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException
 
 from mdproto.runtime.metrics_http import MetricsServer
 from pipeline import (
@@ -312,17 +313,18 @@ class Pipeline:
         whole process group (`make stop`, systemd's default) reaches the JVM too, whose
         shutdown hook stops the session beside us: nothing is left to stop there, and a
         batch it cut short is replayed from the checkpoint at the next start."""
-        for name, query in self.queries.items():
-            try:
-                query.stop()
-            except (Py4JNetworkError, ConnectionError) as exc:
-                log.info("Spark's JVM stopped on its own (%s): its queries with it", exc)
-                self.queries.clear()
-                return True
-            except Exception as exc:  # keep stopping the others
-                log.warning("stopping query %s: %s", name, exc)
-        self.queries.clear()
-        return False
+        try:
+            for name, query in self.queries.items():
+                try:
+                    query.stop()
+                except (Py4JNetworkError, ConnectionError) as exc:
+                    log.info("Spark's JVM stopped on its own (%s): its queries with it", exc)
+                    return True
+                except (Py4JError, PySparkException) as exc:  # Spark's refusal: stop the rest
+                    log.warning("stopping query %s: %s", name, exc)
+            return False
+        finally:
+            self.queries.clear()
 
     def _ready_when_stored_answers(self) -> None:
         """A late stored-answers path (a loaded machine) says so in the ready file."""
