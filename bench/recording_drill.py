@@ -103,7 +103,7 @@ def main() -> int:
 
 
 def recording_overlay(directory: Path, exchanges: list[str]) -> str:
-    """A compose file recording MARKETS of every exchange (as infra/compose/e2e-recording.yml
+    """A compose file recording MARKETS of every exchange (as infra/compose/e2e.yml
     does for the e2e suite's markets)."""
     universe = {e: {"markets": list(MARKETS), "channels": ["trades", "book"]} for e in exchanges}
     path = directory / "drill-recording.yml"

@@ -21,7 +21,7 @@ from infra.localstack.process import log_tail
 from infra.platform import Platform, PlatformConfig, ServicePorts
 from infra.platform.faults import Faults, LocalFaults
 from infra.platform.supervisor import PlatformEndpoints
-from infra.testing import E2E_RECORDED
+from infra.testing import E2E_REALTIME_GRACE_S, E2E_RECORDED
 from mdclient import ClientSettings
 
 #: The services whose logs a failed test's report carries (CI keeps nothing else).
@@ -65,11 +65,11 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         data_dir=data_dir,
         ports=ServicePorts.free(),
         # Recorded markets no other test injects trades into or watches stop
-        # (e2e/test_recording.py); compose records the same (infra/compose/e2e-recording.yml).
+        # (e2e/test_recording.py); compose records the same (infra/compose/e2e.yml).
         record=list(E2E_RECORDED),
         service_env={
             # Short grace periods and watermark keep live tests quick.
-            "RELAY_REALTIME_GRACE_S": "5",
+            "RELAY_REALTIME_GRACE_S": E2E_REALTIME_GRACE_S,
             "PIPELINE_LIVE__WATERMARK_S": "2",
         },
     )

@@ -61,7 +61,7 @@ COMPOSE_FILES_ENV = "MDP_COMPOSE_FILES"
 PROFILES_OFFLINE = ("offline", "monitoring")
 STACK_ENV = "MDP_E2E_STACK"
 #: The e2e suite's override: what its stack records (infra.testing.E2E_RECORDED).
-E2E_RECORDING = "infra/compose/e2e-recording.yml"
+E2E_OVERRIDES = "infra/compose/e2e.yml"
 STACK_NAME = "compose"
 DOCKER_TIMEOUT_S = 20.0
 #: The labels compose puts on a project's containers.
@@ -818,5 +818,5 @@ def _print_logs(compose: Any) -> None:
 def compose_stack() -> Iterator[ComposePlatform]:
     """The compose platform for the whole session (skips without a Docker engine,
     fails without one when ``CI`` is true), recording the e2e suite's markets."""
-    with compose_session(files=[*compose_files(), E2E_RECORDING]) as running:
+    with compose_session(files=[*compose_files(), E2E_OVERRIDES]) as running:
         yield running

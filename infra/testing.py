@@ -481,6 +481,10 @@ def book_equals_exchange(
 #: What the e2e platforms record: markets no other e2e test injects trades into or
 #: watches stop (make run and a user's compose stack record BTC, ETH and SOL).
 E2E_RECORDED = ("LINK/USDT", "DOT/USDT", "LTC/USDT")
+#: A relay cancels a live feed this long after its last subscriber left, on both e2e
+#: platforms (infra/compose/e2e.yml says the same): the tests that watch a feed stop
+#: wait that long, and a user's 30 s would only make them slower.
+E2E_REALTIME_GRACE_S = "5"
 
 
 @contextmanager

@@ -415,6 +415,12 @@ def test_profiles() -> None:
     assert all(p == [] for p in profiles.values()), profiles
 
 
+#: Dependencies that need only a started container: the Spark worker registers with
+#: the master while the pipeline's driver starts, and the driver's first job waits for
+#: its executors anyway (waiting for the worker's health cost ~10 s of every start).
+STARTED_IS_ENOUGH = {("spark-pipeline", "spark-worker")}
+
+
 def test_dependencies_wait_for_health_and_one_shots_are_adopted() -> None:
     services = resolved_compose()["services"]
     conditions_seen: dict[str, set[str]] = {}
@@ -425,6 +431,8 @@ def test_dependencies_wait_for_health_and_one_shots_are_adopted() -> None:
             conditions_seen.setdefault(dep, set()).add(cond)
             if dep in ONE_SHOT_SERVICES:
                 assert cond == "service_completed_successfully", (name, dep)
+            elif (name, dep) in STARTED_IS_ENOUGH:
+                assert cond == "service_started", (name, dep)
             else:
                 assert cond == "service_healthy", (name, dep)
                 assert has_healthcheck(dep), f"{name} waits for {dep}, which has no healthcheck"
@@ -2071,19 +2079,22 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
 
 def test_compose_records_btc_eth_sol_and_the_e2e_stack_its_own_markets() -> None:
     """A user's stack records what make run records; the e2e suite's override records
-    markets its other tests never inject trades into (infra.testing.E2E_RECORDED)."""
-    from infra.compose_platform import E2E_RECORDING
-    from infra.testing import E2E_RECORDED
+    markets its other tests never inject trades into (infra.testing.E2E_RECORDED), and
+    its relays cancel a feed as soon as the local e2e platform's do."""
+    from infra.compose_platform import E2E_OVERRIDES
+    from infra.testing import E2E_REALTIME_GRACE_S, E2E_RECORDED
 
     offline = load_ingestor_settings(COMPOSE_DIR / "ingestor/config.offline.yaml")
     binance = offline.recording.exchanges["binance"]
     assert binance.markets == ["BTC/USDT", "ETH/USDT", "SOL/USDT"]
     assert binance.channels == ["trades", "book"]
-    env = resolved_compose(("docker-compose.yml", E2E_RECORDING))["services"]["ingestor"][
-        "environment"
-    ]
-    recorded = json.loads(env["INGESTOR_RECORDING__EXCHANGES"])
+    e2e = resolved_compose(("docker-compose.yml", E2E_OVERRIDES))["services"]
+    recorded = json.loads(e2e["ingestor"]["environment"]["INGESTOR_RECORDING__EXCHANGES"])
     assert recorded["binance"]["markets"] == list(E2E_RECORDED)
+    for relay in ("relay", "relay-2"):
+        env = e2e[relay]["environment"]
+        assert env["RELAY_REALTIME_GRACE_S"] == E2E_REALTIME_GRACE_S, relay
+        assert env["RELAY_PUBLISHED_HOST"], relay  # merged with the base's, not replaced
 
 
 # ----------------------------------------------------------------------------- Kafka cluster
