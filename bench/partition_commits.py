@@ -67,6 +67,7 @@ from pipeline.live import live_ohlc_rows
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from pyiceberg.table import Table
     from pyspark.sql import SparkSession
 
     from infra.localstack import StackEndpoints
@@ -200,10 +201,10 @@ class TimedLake(Lake):
     probe_s: float = 0.0
     skip_probe: bool = False
 
-    def _occupied(self, target: str, ranges: Sequence[SeriesRange]) -> bool:
+    def _occupied(self, table: Table, ranges: Sequence[SeriesRange]) -> bool:
         started = time.perf_counter()
         try:
-            return False if self.skip_probe else super()._occupied(target, ranges)
+            return False if self.skip_probe else super()._occupied(table, ranges)
         finally:
             self.probe_s = time.perf_counter() - started
 

@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> None:
             ways: dict[str, int] = {}
             started = time.perf_counter()
             for k, request in enumerate(plan_requests(args.requests, args.seed), 1):
-                how = lake.write_history(spark, candle_rows(request, closed))
+                how = lake.write_history(spark, candle_rows(request, closed)).how
                 ways[how] = ways.get(how, 0) + 1
                 if k % 50 == 0 or k == args.requests:
                     elapsed = time.perf_counter() - started

@@ -16,7 +16,7 @@ from mdproto import envelope
 from mdproto.messages import HistorySource, OHLCBatch, Status
 from pipeline.history import HistorySink
 from pipeline.history_notices import CompletedRequest
-from pipeline.lake import TableNames
+from pipeline.lake import TableNames, Written
 from pipeline.notifier import EARLY_BATCH, HistoryNotifier
 from pipeline.streams import QueryIdentity
 from pipeline.trade_bars import BarReport
@@ -49,8 +49,8 @@ class FakeLake:
     def request_ids(self) -> list[str]:
         return list(self.requests)
 
-    def write_history(self, session: Any, candles: pa.Table) -> str:
-        return "append" if candles.num_rows else "none"
+    def write_history(self, session: Any, candles: pa.Table) -> Written:
+        return Written("append", 8) if candles.num_rows else Written("none")
 
     def snapshot_id(self, table: str) -> int:
         return 7
@@ -106,6 +106,16 @@ def test_new_requests_read_no_table_once_the_ids_are_read_at_start(run: Any) -> 
     assert lake.looked_up == []
     assert publisher.sent == ["r1", "r2", "r3"]
     assert set(lake.requests) == {"r1", "r2", "r3"}
+
+
+def test_an_answer_names_the_snapshot_its_own_append_made(run: Any) -> None:
+    """The append's snapshot holds every row of the answer: no catalog read for a newer
+    one (the fake's current snapshot is 7, its append's 8)."""
+    batch, lake, publisher = run
+    batch(0, "r1")
+    (note,) = publisher.messages
+    assert note.snapshot_id == 8
+    assert lake.requests["r1"].snapshot_id == 8
 
 
 def test_a_recorded_request_is_still_read_and_not_notified_again(run: Any) -> None:

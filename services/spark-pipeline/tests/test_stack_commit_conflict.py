@@ -31,6 +31,7 @@ from pipeline.metrics import IcebergWrites
 from pipeline.write_paths import WRITE_PATHS
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table
     from pyspark.sql import SparkSession
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark, pytest.mark.heavy(seconds=60)]
@@ -45,11 +46,11 @@ class CommitBetween(ArrowAppends):
         self.between: Callable[[], None] = lambda: None
         self.raised: list[BaseException] = []
 
-    def append(self, identifier: str, rows: pa.Table) -> None:
-        table = self.load(identifier)
+    def append(self, identifier: str, rows: pa.Table, loaded: Table | None = None) -> int:
+        table = self.load(identifier) if loaded is None else loaded
         self.between()
         try:
-            table.append(rows)
+            return super().append(identifier, rows, table)
         except BaseException as exc:
             self.raised.append(exc)
             raise
@@ -125,7 +126,7 @@ def test_an_append_refused_for_another_writers_commit_is_merged_and_stores_every
     no_commit_retries(stack)
     stack.tables.between = lambda: other_writer_commits(stack, spark, theirs)
 
-    assert stack.lake.write_history(spark, batch) == "merge"
+    assert stack.lake.write_history(spark, batch).how == "merge"
 
     [refused] = stack.tables.raised
     assert isinstance(refused, CommitFailedException)  # the catalog's 409
@@ -142,7 +143,7 @@ def test_an_append_refused_after_another_writer_stored_its_rows_leaves_each_key_
     no_commit_retries(stack)
     stack.tables.between = lambda: other_writer_commits(stack, spark, batch)
 
-    assert stack.lake.write_history(spark, batch) == "merge"
+    assert stack.lake.write_history(spark, batch).how == "merge"
 
     [refused] = stack.tables.raised
     assert isinstance(refused, CommitFailedException)
@@ -156,7 +157,7 @@ def test_one_concurrent_commit_is_absorbed_by_pyicebergs_retry_and_stays_a_drive
     batch, theirs = candles(build, range(0, 10)), candles(build, range(10, 15))
     stack.tables.between = lambda: other_writer_commits(stack, spark, theirs)
 
-    assert stack.lake.write_history(spark, batch) == "append"
+    assert stack.lake.write_history(spark, batch).how == "append"
 
     assert stack.tables.raised == []
     # Loaded first, committed second: refused once, then put on top of their snapshot.

@@ -13,7 +13,7 @@ from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownExcept
 
 from mdproto.tables import Ohlc, Ticks
 from pipeline.executor_writes import Stored
-from pipeline.lake import Lake, TableNames
+from pipeline.lake import Lake, TableNames, Written
 from pipeline.write_paths import (
     CommitConflictError,
     CommitStateUnknownError,
@@ -92,15 +92,20 @@ class FakeTables:
 
     fail: BaseException | None = None
     appended: list[tuple[str, int]] = field(default_factory=list)
+    loads: int = 0
 
     def load(self, identifier: str) -> Any:
+        self.loads += 1
         empty = pa.table({Ticks.TICKER: pa.array([], pa.string()), Ticks.TRADE_ID: []})
         return type("T", (), {"scan": lambda _self, **_kw: FakeScan(empty)})()
 
-    def append(self, identifier: str, rows: pa.Table) -> None:
+    def append(self, identifier: str, rows: pa.Table, loaded: Any = None) -> int:
+        if loaded is None:
+            self.load(identifier)
         if self.fail is not None:
             raise self.fail
         self.appended.append((identifier, rows.num_rows))
+        return 100 + len(self.appended)  # the snapshot the commit made
 
 
 @dataclass
@@ -158,9 +163,11 @@ def _lake(tables: FakeTables, rule: WriteRule) -> tuple[Lake, list[tuple[str, Wr
 def test_each_write_goes_the_way_the_rule_says_and_is_counted() -> None:
     tables, session = FakeTables(), FakeSession()
     lake, reported = _lake(tables, WriteRule(driver_append_max_rows=2))
-    assert lake.write_history(session, _candles(2)) == "append"  # type: ignore[arg-type]
-    assert lake.write_history(session, _candles(3)) == "append"  # type: ignore[arg-type]
+    # The driver's append names its snapshot; Spark's does not (the caller reads it).
+    assert lake.write_history(session, _candles(2)) == Written("append", 101)  # type: ignore[arg-type]
+    assert lake.write_history(session, _candles(3)) == Written("append")  # type: ignore[arg-type]
     assert tables.appended == [("market.ohlc", 2)]
+    assert tables.loads == 2  # one per write: the append commits on the table read before it
     assert session.spark_appends == ["lake.market.ohlc"]
     assert session.statements == []
     assert reported == [("ohlc", "driver-append"), ("ohlc", "spark-append")]
@@ -173,7 +180,7 @@ def test_an_append_whose_commit_failed_is_followed_by_the_merge(failure: Excepti
     """Landed or not (a conflict: not; an unknown state: maybe), the MERGE is right."""
     tables, session = FakeTables(fail=failure), FakeSession()
     lake, reported = _lake(tables, WriteRule())
-    assert lake.write_history(session, _candles(3)) == "merge"  # type: ignore[arg-type]
+    assert lake.write_history(session, _candles(3)) == Written("merge")  # type: ignore[arg-type]
     [statement] = session.statements
     assert statement.startswith("MERGE INTO lake.market.ohlc")
     assert reported == [("ohlc", "append-then-merge")]

@@ -104,7 +104,7 @@ class KafkaSettings(_Section):
     topic_partitions: int = 6  # topics it creates, claims excepted; ADR 0014 sizing
     replication_factor: int = 1
     delivery_timeout_s: float = 30.0  # librdkafka message.timeout.ms
-    poll_interval_s: float = 0.02  # how often the event loop serves delivery callbacks
+    poll_interval_s: float = 0.02  # how often the event loop serves delivery callbacks, idle
     producer: dict[str, str] = Field(default_factory=dict)  # extra librdkafka settings
 
 

@@ -34,9 +34,20 @@ class ArrowAppends:
         self._catalog: Catalog | None = None
         self._lock = threading.Lock()  # the history and live threads share the client
 
-    def append(self, identifier: str, rows: pa.Table) -> None:
-        """Append ``rows`` to ``identifier`` (``namespace.table``) in one commit."""
-        self.load(identifier).append(rows)
+    def append(self, identifier: str, rows: pa.Table, loaded: Table | None = None) -> int:
+        """Append ``rows`` to ``identifier`` (``namespace.table``) in one commit; the id of
+        the snapshot it made.
+
+        ``loaded``: the table as the caller just loaded it for its reads before the
+        write (a catalog round trip saved). Had another writer committed since, the
+        catalog refuses the commit and pyiceberg retries it on the new snapshot, as
+        after its own load.
+        """
+        table = self.load(identifier) if loaded is None else loaded
+        table.append(rows)
+        snapshot = table.current_snapshot()
+        assert snapshot is not None  # the append just made one
+        return int(snapshot.snapshot_id)
 
     def load(self, identifier: str) -> Table:
         """``identifier`` (``namespace.table``) at its current metadata, loaded fresh."""

@@ -95,19 +95,24 @@ class HistorySink:
         ids = sorted({m.request_id for m in decoded.finals})
         to_read = self._known.to_look_up(ids)
         lookup = self._pool.submit(self._lake.find_requests, session, to_read) if to_read else None
-        how = self._lake.write_history(session, decoded.candles)
+        written = self._lake.write_history(session, decoded.candles)
         self._crash_point("history-after-ohlc-commit")
         self._accepted.add(decoded.accepted)
-        laps.lap(how)
+        laps.lap(written.how)
         bars = self._bars_from_trades(session, decoded.finals)
         if bars:
             laps.lap(f"bars from trades {len(bars)}")
+        # The snapshot the notifications name: the append's own, unless bars from trades
+        # were MERGEd into ``ohlc`` after it (or no append ran): then the current one.
+        snapshot = None if bars else written.snapshot_id
         plan = history_notices.Plan()
         if ids:
             # What the stored-answers path published already is only recorded here.
             early = self._notifier.take(ids)
             try:
-                plan = self._complete(session, decoded.finals, lookup, batch_id, laps, early, bars)
+                plan = self._complete(
+                    session, decoded.finals, lookup, batch_id, laps, early, bars, snapshot
+                )
             except BaseException:
                 self._notifier.finish(ids, recorded=False)
                 raise
@@ -181,6 +186,7 @@ class HistorySink:
         laps: Laps,
         early: dict[str, history_notices.CompletedRequest],
         bars: dict[str, trade_bars.BarReport] | None = None,
+        snapshot_id: int | None = None,
     ) -> history_notices.Plan:
         names = self._lake.names
         finals = [m for m in finals if m.request_id not in early]
@@ -197,7 +203,8 @@ class HistorySink:
                 sent=sent,
             )
 
-        snapshot, completed_at = self._lake.snapshot_id(names.ohlc), _now_ms()
+        snapshot = snapshot_id if snapshot_id is not None else self._lake.snapshot_id(names.ohlc)
+        completed_at = _now_ms()
         # These ids are the query's (`take`): no other path sends one before our publish.
         sent = self._notifier.sent([m.request_id for m in finals])
         found = history_notices.known_counts(finals, self._accepted)

@@ -45,6 +45,7 @@ from pipeline.restarts import failure_cause
 from pipeline.write_paths import CommitError, WritePath, WriteRule, typed_commit_errors
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
@@ -514,6 +515,15 @@ def keyed_tables(names: TableNames) -> tuple[KeyedTable, KeyedTable, KeyedTable]
 WriteReport = Callable[[str, WritePath], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """How a write of candles ran ("none", "append" or "merge") and, when the driver's
+    append made it, the ``ohlc`` snapshot that holds them (None: read the current one)."""
+
+    how: str
+    snapshot_id: int | None = None
+
+
 class Lake:
     def __init__(
         self,
@@ -570,10 +580,11 @@ class Lake:
         self._spark.sql(create_table(scratch, Ohlc.SCHEMA))
         try:
             ranges = _ranges(candles)
-            self._occupied(scratch, ranges)
+            loaded = self._tables.load(_identifier(scratch))
+            self._occupied(loaded, ranges)
             path = self._rule.choose(candles.num_rows, keys_absent=True)
-            self._append(self._spark, scratch, candles, path)
-            self._occupied(scratch, ranges)  # and the reader, on a file
+            self._append(self._spark, scratch, candles, path, loaded)
+            self._occupied(self._tables.load(_identifier(scratch)), ranges)  # the reader, on a file
         finally:
             self._spark.sql(f"DROP TABLE IF EXISTS {scratch} PURGE")
 
@@ -591,8 +602,8 @@ class Lake:
 
     # -- writes ------------------------------------------------------------------
 
-    def write_history(self, session: SparkSession, candles: pa.Table) -> str:
-        """Write exchange candles (unique per key) to ``ohlc``; returns "append" or "merge"."""
+    def write_history(self, session: SparkSession, candles: pa.Table) -> Written:
+        """Write exchange candles (unique per key) to ``ohlc``; how, and the snapshot made."""
         return self._append_or_merge(session, candles, "history", merge_history_candles)
 
     def write_live(self, session: SparkSession, candles: pa.Table) -> str:
@@ -602,7 +613,7 @@ class Lake:
         def merge(target: str, view: str, lo_ms: int, hi_ms: int) -> str:
             return merge_live_candles(target, view, lo_ms, hi_ms, amend=True)
 
-        return self._append_or_merge(session, candles, "live", merge)
+        return self._append_or_merge(session, candles, "live", merge).how
 
     def _append_or_merge(
         self,
@@ -610,9 +621,9 @@ class Lake:
         candles: pa.Table,
         kind: str,
         merge: Callable[[str, str, int, int], str],
-    ) -> str:
+    ) -> Written:
         """Append when no candle of the rows' (ticker, period, time range) exists, else
-        MERGE; returns "none", "append" or "merge".
+        MERGE; returns how ("none", "append" or "merge") and the snapshot an append made.
 
         Most writes cover a range with no rows yet; there a plain append is the
         same as the MERGE and ~3x cheaper. Whether the range is empty is checked
@@ -620,27 +631,30 @@ class Lake:
         can land in the range between the check and the append.
         """
         if candles.num_rows == 0:
-            return "none"
+            return Written("none")
         with self.ohlc_lock:
             ranges = _ranges(candles)
-            empty = not self._occupied(self.names.ohlc, ranges)
+            loaded = self._tables.load(_identifier(self.names.ohlc))
+            empty = not self._occupied(loaded, ranges)
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
-            path = self._write(
+            path, snapshot = self._write(
                 session,
                 self.names.ohlc,
                 kind,
                 candles,
                 empty,
                 lambda view: merge(self.names.ohlc, view, lo, hi),
+                loaded,
             )
-            return "merge" if path in ("spark-merge", "append-then-merge") else "append"
+            merged = path in ("spark-merge", "append-then-merge")
+            return Written("merge", None) if merged else Written("append", snapshot)
 
-    def _occupied(self, target: str, ranges: Sequence[SeriesRange]) -> bool:
-        """Whether ``target`` (``ohlc``) holds a candle in one of ``ranges`` now, probed on
-        the driver (`driver_reads.any_candle_in`)."""
+    def _occupied(self, table: Table, ranges: Sequence[SeriesRange]) -> bool:
+        """Whether ``table`` (``ohlc`` as just loaded) holds a candle in one of ``ranges``,
+        probed on the driver (`driver_reads.any_candle_in`)."""
         series = [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
-        return driver_reads.any_candle_in(self._tables.load(_identifier(target)), series)
+        return driver_reads.any_candle_in(table, series)
 
     def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
         """Store the ``TICK_SCHEMA`` rows (unique per key) whose (ticker, trade_id) is not
@@ -732,8 +746,8 @@ class Lake:
         new = driver_reads.unstored(rows, key, stored)
         if new.num_rows == 0:
             return "append 0"
-        path = self._write(
-            session, keyed.target, keyed.kind, new, True, keyed.merge_in(lo_ms, hi_ms)
+        path, _ = self._write(
+            session, keyed.target, keyed.kind, new, True, keyed.merge_in(lo_ms, hi_ms), loaded
         )
         return "merge" if path == "append-then-merge" else f"append {new.num_rows}"
 
@@ -859,32 +873,43 @@ class Lake:
         rows: pa.Table,
         keys_absent: bool,
         merge: Callable[[str], str],
-    ) -> WritePath:
+        loaded: Table | None = None,
+    ) -> tuple[WritePath, int | None]:
         """Write ``rows`` to ``target`` the one way `WriteRule.choose` says (``keys_absent``:
-        none of their keys is stored); returns the way it ran. The one fallback: an
-        append whose commit conflicted or whose state is unknown (typed,
+        none of their keys is stored); returns the way it ran and the snapshot a driver
+        append made. ``loaded``: ``target`` as the caller read it just before. The one
+        fallback: an append whose commit conflicted or whose state is unknown (typed,
         `write_paths.commit_error`) is followed by the MERGE ``merge(view)``, right
         whether the append landed or not."""
         path = self._rule.choose(rows.num_rows, keys_absent=keys_absent)
+        snapshot = None
         if path != "spark-merge":
             try:
-                self._append(session, target, rows, path)
+                snapshot = self._append(session, target, rows, path, loaded)
             except CommitError as exc:
                 log.warning("%s to %s: %s, MERGEing instead", path, target, failure_cause(exc))
                 path = "append-then-merge"
         if path in ("spark-merge", "append-then-merge"):
             self._merge(session, kind, rows, merge)
         self._reported(target, path)
-        return path
+        return path, snapshot
 
-    def _append(self, session: SparkSession, target: str, rows: pa.Table, path: WritePath) -> None:
-        """One commit appending ``rows`` to ``target``, from the driver (pyiceberg) or as a
-        Spark job; a failed commit raised typed (`write_paths.typed_commit_errors`)."""
+    def _append(
+        self,
+        session: SparkSession,
+        target: str,
+        rows: pa.Table,
+        path: WritePath,
+        loaded: Table | None = None,
+    ) -> int | None:
+        """One commit appending ``rows`` to ``target``, from the driver (pyiceberg: the
+        snapshot it made; ``loaded``, the table just read, saves loading it again) or as
+        a Spark job (None); a failed commit raised typed (`write_paths.typed_commit_errors`)."""
         with typed_commit_errors():
             if path == "driver-append":
-                self._tables.append(_identifier(target), rows)
-            else:
-                session.createDataFrame(rows).writeTo(target).append()
+                return self._tables.append(_identifier(target), rows, loaded)
+            session.createDataFrame(rows).writeTo(target).append()
+            return None
 
     def _reported(self, target: str, path: WritePath) -> None:
         if self._report is not None:
