@@ -194,7 +194,8 @@ def closed(tickers: Sequence[str], open_ms: int) -> pa.Table:
 
 
 class TimedLake(Lake):
-    """The pipeline's `Lake`, its probe for stored candles timed apart (``skip_probe``: not
+    """The pipeline's `Lake`, its probe for stored candles timed apart (the scan only:
+    since 4b052f3 the table's load before it is shared with the append; ``skip_probe``: not
     run, the range taken as empty, as it is here: at 1,000 series the probe's expression
     of one term per series is deeper than Python's recursion limit)."""
 

@@ -648,7 +648,7 @@ class Lake:
                 loaded,
             )
             merged = path in ("spark-merge", "append-then-merge")
-            return Written("merge", None) if merged else Written("append", snapshot)
+            return Written("merge") if merged else Written("append", snapshot)
 
     def _occupied(self, table: Table, ranges: Sequence[SeriesRange]) -> bool:
         """Whether ``table`` (``ohlc`` as just loaded) holds a candle in one of ``ranges``,
