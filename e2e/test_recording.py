@@ -12,6 +12,7 @@ three exchanges, ten minutes, a kill.)
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,7 +31,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.stack, pytest.mark.spark, pytest.mark
 TICKERS = [f"BINANCE:{s}" for s in E2E_RECORDED]
 DROPPED, CUT, _ = TICKERS
 WAIT_S = 300.0
-OUTAGE_S = 30.0
+#: The cut starts this long after the test asks for it, at most (the request's way to
+#: the simulator), and ends this long after the last trade it must miss.
+CUT_LEAD_MS, CUT_TAIL_MS = 1_000, 2_000
+#: Trades of the cut market the cut must miss: the ids then skip, so a gap is found.
+CUT_MISSES = 2
 T = TypeVar("T")
 
 
@@ -50,6 +55,16 @@ def until(
     return result
 
 
+def cut_seconds(model: MarketModel, symbol: str, now_ms: int) -> float:
+    """A websocket cut from `now_ms` that misses CUT_MISSES of the model's trades of
+    `symbol`: the trades are the model's, so the cut is as long as that takes (a fixed
+    5 s cut of DOT, ~15 trades a minute, missed none about one run in four)."""
+    after = model.iter_trades(symbol, now_ms + CUT_LEAD_MS, now_ms + 3_600_000)
+    missed = [t.time_ms for t in itertools.islice(after, CUT_MISSES)]
+    assert len(missed) == CUT_MISSES, f"{symbol} trades fewer than {CUT_MISSES} times an hour"
+    return (missed[-1] + CUT_TAIL_MS - now_ms) / 1000
+
+
 def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
     endpoints: PlatformEndpoints, sim: SimulatorControl, faults: Faults
 ) -> None:
@@ -64,9 +79,10 @@ def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
     begin_ms = max(until(every_market_stored, "the recorded markets in market.ticks").values())
 
     sim.trade_drop(DROPPED.split(":")[1], count=3, exchange="binance")
-    # Long enough that trades are missed: DOT trades ~15 times a minute, so a 5 s cut
-    # passed with no trade in it about one run in four (consecutive ids then: no gap).
-    assert sim.ws_outage(symbol=CUT.split(":")[1], exchange="binance", seconds=OUTAGE_S) > 0
+    model = MarketModel()
+    cut = CUT.split(":")[1]
+    seconds = cut_seconds(model, cut, int(time.time() * 1000))
+    assert sim.ws_outage(symbol=cut, exchange="binance", seconds=seconds) > 0
 
     def repaired(*causes: str) -> list[dict[str, Any]] | None:
         gaps = lake.gaps(begin_ms)
@@ -103,7 +119,6 @@ def test_a_recorded_universe_survives_dropped_ids_an_outage_and_a_restart(
 
     # market.ticks equals the simulator's trades over the window, trade for trade.
     ticks = lake.ticks(begin_ms)
-    model = MarketModel()
     for ticker in TICKERS:
         traded = list(model.iter_trades(ticker.split(":")[1], begin_ms, end_ms))
         check = check_recording(ticks, gaps, ticker, traded, begin_ms, end_ms)

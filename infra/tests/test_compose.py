@@ -2079,8 +2079,9 @@ def test_prometheus_scrapes_every_service_that_serves_metrics() -> None:
 
 def test_compose_records_btc_eth_sol_and_the_e2e_stack_its_own_markets() -> None:
     """A user's stack records what make run records; the e2e suite's override records
-    markets its other tests never inject trades into (infra.testing.E2E_RECORDED), and
-    its relays cancel a feed as soon as the local e2e platform's do."""
+    markets its other tests never inject trades into (infra.testing.E2E_RECORDED), its
+    relays cancel a feed as soon as the local e2e platform's do, and its pipeline stores
+    recorded trades sooner than a user's (the tests read them back)."""
     from infra.compose_platform import E2E_OVERRIDES
     from infra.testing import E2E_REALTIME_GRACE_S, E2E_RECORDED
 
@@ -2095,6 +2096,9 @@ def test_compose_records_btc_eth_sol_and_the_e2e_stack_its_own_markets() -> None
         env = e2e[relay]["environment"]
         assert env["RELAY_REALTIME_GRACE_S"] == E2E_REALTIME_GRACE_S, relay
         assert env["RELAY_PUBLISHED_HOST"], relay  # merged with the base's, not replaced
+    pipeline = e2e["spark-pipeline"]["environment"]
+    assert float(pipeline["PIPELINE_LIVE__PERSIST_TRIGGER_S"]) < 60  # the default's minute
+    assert pipeline["SPARK_MASTER_URL"]  # merged with the base's, not replaced
 
 
 # ----------------------------------------------------------------------------- Kafka cluster

@@ -49,6 +49,11 @@ class ArrowAppends:
         assert snapshot is not None  # the append just made one
         return int(snapshot.snapshot_id)
 
+    def purge(self, identifier: str) -> None:
+        """Drop ``identifier`` and delete its files: the catalog deletes them, no Spark job
+        (Spark's DROP TABLE ... PURGE runs one to list the files)."""
+        self._client().purge_table(identifier)
+
     def load(self, identifier: str) -> Table:
         """``identifier`` (``namespace.table``) at its current metadata, loaded fresh."""
         return self._client().load_table(identifier)

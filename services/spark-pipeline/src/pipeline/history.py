@@ -300,9 +300,11 @@ def warm_up_candles() -> pa.Table:
 def warm_up(lake: Lake) -> None:
     """The history path's decode and ``ohlc`` write once, on a scratch table
     (`Lake.warm_up`), so the first real answer finds warm code."""
-    t0 = time.monotonic()
-    lake.warm_up(warm_up_candles())
-    log.info("history path warmed up in %.1f s", time.monotonic() - t0)
+    laps = Laps()
+    candles = warm_up_candles()
+    laps.lap("decode")
+    lake.warm_up(candles, laps.lap)
+    log.info("history path warmed up: %s", laps)
 
 
 def start(

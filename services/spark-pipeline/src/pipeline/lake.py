@@ -568,9 +568,9 @@ class Lake:
             for target in (t for t, state in found.items() if state is not None):
                 self._spark.catalog.refreshTable(target)
 
-    def warm_up(self, candles: pa.Table) -> None:
+    def warm_up(self, candles: pa.Table, lap: Callable[[str], None] = lambda _step: None) -> None:
         """Write ``candles`` the way a history answer is written, to a scratch copy of
-        ``ohlc`` that is dropped after.
+        ``ohlc`` that is dropped after; ``lap`` is called after each step, named.
 
         Why: the first answer after a start paid ~4 s of cold code in its append
         (Spark's Arrow import, Iceberg's writer and S3 client, the JIT) where a warm
@@ -578,15 +578,20 @@ class Lake:
         """
         scratch = f"{self.names.catalog}.{self.names.namespace}.warmup_{uuid.uuid4().hex[:8]}"
         self._spark.sql(create_table(scratch, Ohlc.SCHEMA))
+        lap("create")
         try:
             ranges = _ranges(candles)
             loaded = self._tables.load(_identifier(scratch))
             self._occupied(loaded, ranges)
+            lap("probe")
             path = self._rule.choose(candles.num_rows, keys_absent=True)
             self._append(self._spark, scratch, candles, path, loaded)
+            lap("append")
             self._occupied(self._tables.load(_identifier(scratch)), ranges)  # the reader, on a file
+            lap("read")
         finally:
-            self._spark.sql(f"DROP TABLE IF EXISTS {scratch} PURGE")
+            self._tables.purge(_identifier(scratch))
+            lap("drop")
 
     def _table_state(self, table: str) -> TableState | None:
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
