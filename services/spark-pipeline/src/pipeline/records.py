@@ -159,6 +159,15 @@ def kafka_timestamps_ms(table: pa.Table | pa.RecordBatch, n: int, default_ms: in
     return [default_ms if v is None else int(v) for v in col.to_pylist()]
 
 
+def _present(
+    rows: Sequence[OHLC], values: Sequence[float], name: OptionalVolume | Literal["trade_count"]
+) -> list[bool]:
+    """Whether each row sets the optional field `name`, whose `values` were read: a value
+    other than 0 is set, so only the zeros ask protobuf, whose HasField is the dearest
+    call per row."""
+    return [v != 0 or r.HasField(name) for r, v in zip(rows, values, strict=True)]
+
+
 class _CandleColumns:
     """OHLC rows gathered column by column.
 
@@ -206,11 +215,13 @@ class _CandleColumns:
         self.numbers["low"].extend([r.low for r in rows])
         self.numbers["close"].extend([r.close for r in rows])
         self.numbers["volume"].extend([r.volume for r in rows])
-        self.trade_count.extend([r.trade_count for r in rows])
-        self.trade_count_known.extend([r.HasField("trade_count") for r in rows])
+        counts = [r.trade_count for r in rows]
+        self.trade_count.extend(counts)
+        self.trade_count_known.extend(_present(rows, counts, "trade_count"))
         for name in OPTIONAL_VOLUMES:
-            self.optional[name].extend([getattr(r, name) for r in rows])
-            self.optional_known[name].extend([r.HasField(name) for r in rows])
+            values = [getattr(r, name) for r in rows]
+            self.optional[name].extend(values)
+            self.optional_known[name].extend(_present(rows, values, name))
         self.counts.append(len(rows))
         self.default_ticker.append(default_ticker)
         self.default_period.append(default_period)
@@ -317,8 +328,11 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
             continue
         key = keys[i]
         key_ticker = key.decode("utf-8", "replace") if key else ""
+        # A list: each pass over the protobuf container wraps every row anew, and
+        # add_record makes a dozen passes.
+        rows = list(record.rows)
         cols.add_record(
-            record.rows,
+            rows,
             default_ticker=(meta.ticker if meta and meta.ticker else key_ticker),
             default_period=meta.period_seconds if meta else 0,
             request_id=request_id,
@@ -327,8 +341,8 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
         )
         if record.is_final:
             batch.finals.append(FinalMarker(request_id, meta, partition, offset))
-        if record.rows or not record.is_final:  # a bare marker's sequence holds no rows
-            sizes.append((request_id, record.sequence, i, len(record.rows)))
+        if rows or not record.is_final:  # a bare marker's sequence holds no rows
+            sizes.append((request_id, record.sequence, i, len(rows)))
     table, bad = cols.to_table(SOURCE_HISTORY)
     batch.accepted = [(rid, seq, n - bad.get(i, 0)) for rid, seq, i, n in sizes]
     for order, count in bad.items():
