@@ -42,7 +42,7 @@ def median_cpu_s(work: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
-def year_of_records(days: int) -> pa.Table:
+def kafka_rows(days: int) -> pa.Table:
     """Kafka rows (value, key, partition, offset, timestamp) of `days` of candles."""
     t0 = 1_600_000_000_000
     candles = [
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
 
-    kafka = year_of_records(args.days)
+    kafka = kafka_rows(args.days)
     values = kafka.column("value").to_pylist()
     candles = args.days * 1440
     batch = records.decode_history(kafka)
