@@ -24,13 +24,17 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
+#: The client's FileIO (``py-io-impl``): a delete of a file the catalog already deleted
+#: is done, not a warning.
+FILE_IO = "pipeline.iceberg_io.IdempotentDeletes"
+
 
 class ArrowAppends:
     """Appends Arrow tables to the catalog's Iceberg tables, one commit each; loads them."""
 
     def __init__(self, name: str, properties: Mapping[str, str]) -> None:
         self._name = name
-        self._properties = dict(properties)
+        self._properties = {"py-io-impl": FILE_IO, **properties}
         self._catalog: Catalog | None = None
         self._lock = threading.Lock()  # the history and live threads share the client
 
