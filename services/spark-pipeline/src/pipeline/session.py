@@ -210,12 +210,35 @@ def build_session(settings: Settings) -> SparkSession:
     for key, value in spark_conf(settings, include_launch=launching).items():
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    level = os.environ.get("SPARK_LOG_LEVEL", "WARN")
+    spark.sparkContext.setLogLevel(level)
+    if level.upper() == "WARN":
+        quiet_expected_warnings(spark)
     master = spark.sparkContext.master or ""
     if not master.startswith("local"):
         ship_python_packages(spark)
     log.info("Spark %s up, master %s", spark.version, master)
     return spark
+
+
+#: Loggers whose warnings restate the pipeline's design, once per batch or query start:
+#: the history query's 0.1 s trigger runs its batches back to back on purpose ("Current
+#: batch is falling behind"), and streaming queries never use adaptive execution. Batch
+#: durations are in the pipeline's own progress lines and metrics.
+EXPECTED_WARNINGS = (
+    "org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor",
+    "org.apache.spark.sql.execution.streaming.ResolveWriteToStream",
+)
+
+
+def quiet_expected_warnings(spark: SparkSession) -> None:
+    """`EXPECTED_WARNINGS`' loggers at ERROR (SPARK_LOG_LEVEL=INFO or DEBUG keeps them)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    error = jvm.org.apache.logging.log4j.Level.ERROR
+    for name in EXPECTED_WARNINGS:
+        configurator.setLevel(name, error)
 
 
 def ship_python_packages(spark: SparkSession) -> Path:
