@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from mdproto import envelope
-from mdproto.messages import OHLC, OHLCBatch, Tick
+from mdproto.messages import OHLC, HistorySource, OHLCBatch, Status, Tick
 from pipeline import records
 
 
@@ -109,6 +109,28 @@ def test_undecodable_records_are_rejected_with_their_coordinates(build: Any) -> 
     ]
     assert batch.candles.num_rows == 1
     assert [m.request_id for m in batch.finals] == ["ok-1"]
+
+
+def test_final_markers_alone_are_those_decode_history_finds(build: Any) -> None:
+    meta = build.metadata("stored")
+    meta.source = HistorySource.SOURCE_STORAGE
+    values = [
+        *build.request_records("fetched", [build.candle(i) for i in range(3)], per_record=2),
+        b"\x02garbage",
+        envelope.encode_record(Tick(ticker=build.TICKER, trade_id="1")),
+        None,
+        *build.request_records("bad id!", [build.candle(0)]),
+        envelope.encode_record(OHLCBatch(request_id="stored", is_final=True, metadata=meta)),
+        *build.request_records("errored", [], status=Status.ERROR, reason="exchange said 503"),
+    ]
+    kafka = build.kafka_table(values, partition=3, first_offset=100)
+
+    markers = records.final_markers(
+        zip(values, [3] * len(values), range(100, 100 + len(values)), strict=True)
+    )
+
+    assert markers == records.decode_history(kafka).finals
+    assert [m.request_id for m in markers] == ["fetched", "stored", "errored"]
 
 
 def test_invalid_request_id_is_rejected(build: Any) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -296,6 +296,31 @@ def _ms_to_timestamp(values: Sequence[int]) -> pa.Array:
     return pc.multiply(pa.array(values, pa.int64()), 1000).cast(UTC_US)
 
 
+def _request_of(record: OHLCBatch) -> tuple[BatchMetadata | None, str]:
+    """A record's metadata (None if absent) and request id (the record's, else its
+    metadata's)."""
+    meta = record.metadata if record.HasField("metadata") else None
+    return meta, record.request_id or (meta.request_id if meta else "")
+
+
+def final_markers(records: Iterable[tuple[bytes | None, int, int]]) -> list[FinalMarker]:
+    """The final markers among ``OHLCBatch`` records (value, partition, offset), in order:
+    the `HistoryBatch.finals` `decode_history` would list, without decoding any row (a
+    reader that acts on markers alone skips a request's candles). Records it would reject
+    are skipped; the history query reports them."""
+    finals = []
+    for value, partition, offset in records:
+        try:
+            record = envelope.decode_record(value or b"", OHLCBatch)
+        except ProtocolError:
+            continue
+        if record.is_final:
+            meta, request_id = _request_of(record)
+            if topics.is_valid_id(request_id):
+                finals.append(FinalMarker(request_id, meta, partition, offset))
+    return finals
+
+
 def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> HistoryBatch:
     """Decode ``OHLCBatch`` records into candle rows, final markers and rejects.
 
@@ -319,8 +344,7 @@ def decode_history(kafka: pa.Table | pa.RecordBatch, *, now_ms: int = 0) -> Hist
         except ProtocolError as exc:
             batch.rejects.append(Reject(partition, offset, exc.code, exc.reason))
             continue
-        meta = record.metadata if record.HasField("metadata") else None
-        request_id = record.request_id or (meta.request_id if meta else "")
+        meta, request_id = _request_of(record)
         if not topics.is_valid_id(request_id):
             batch.rejects.append(
                 Reject(partition, offset, BAD_REQUEST_ID, f"request_id {request_id!r} is invalid")
