@@ -167,6 +167,9 @@ def test_metrics_and_health_follow_the_streaming_queries(
     assert samples['pipeline_batches_total{query="history"}'] >= 1
     # Spark's own Kafka metric, through the progress's JSON (pipeline.progress.JsonEvents).
     assert samples['pipeline_kafka_lag_offsets{query="history"}'] >= 0
+    # The appends loaded tables through the driver's FileIO without a line each.
+    log = pipeline.run.log_text()
+    assert "history batch" in log and "Loaded FileIO" not in log
     assert samples['pipeline_query_active{query="history"}'] == 1.0
     assert samples["pipeline_pub_server_up"] == 1.0
     # Its live engine's series, read from the PUB process at scrape time: the group's

@@ -31,6 +31,9 @@ def _configure_logging() -> None:
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # pyiceberg names the FileIO it loads at INFO, on every table load with a py-io-impl
+    # (arrow_appends.FILE_IO): several lines a second.
+    logging.getLogger("pyiceberg.io").setLevel(logging.WARNING)
 
 
 def _submit_args(config: str | None) -> str:
