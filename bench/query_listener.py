@@ -20,12 +20,12 @@ process (/proc); then each listener's median cost per batch over the floor's.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline_common import cpu_seconds
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
@@ -33,7 +33,6 @@ from pipeline.progress import ProgressLogger
 from pipeline.session import jvm_pid
 
 JARS = Path(__file__).resolve().parent.parent / ".cache" / "spark"
-TICK_S = os.sysconf("SC_CLK_TCK")
 
 
 class PySparkAdapter(ProgressLogger):
@@ -53,11 +52,6 @@ class Run:
         return (self.jvm_cpu_s + self.python_cpu_s) / max(1, self.batches) * 1000
 
 
-def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK_S
-
-
 def one_run(spark: SparkSession, jvm: int, mode: str, seconds: float, trigger_ms: int) -> Run:
     listener = {"none": None, "pyspark": PySparkAdapter(), "json": ProgressLogger()}[mode]
     if listener is not None:
@@ -75,9 +69,9 @@ def one_run(spark: SparkSession, jvm: int, mode: str, seconds: float, trigger_ms
         while query.lastProgress is None:  # started: its first batch is behind it
             time.sleep(0.05)
         first = query.lastProgress["batchId"]
-        jvm0, py0 = process_cpu_s(jvm), time.process_time()
+        jvm0, py0 = cpu_seconds(jvm), time.process_time()
         time.sleep(seconds)
-        jvm1, py1 = process_cpu_s(jvm), time.process_time()
+        jvm1, py1 = cpu_seconds(jvm), time.process_time()
         batches = query.lastProgress["batchId"] - first
     finally:
         query.stop()
