@@ -25,6 +25,7 @@ from mdproto.messages import OHLC, BatchMetadata, OHLCBatch, Status, TakerSide, 
 from pipeline.history_notices import CompletedRequest, complete
 from pipeline.notifier import EARLY_BATCH, HistoryNotifier
 from pipeline.records import FinalMarker
+from pipeline.write_paths import WRITE_PATHS
 
 TICKER = "BINANCE:BTC/USDT"
 MINUTE = 60_000
@@ -205,6 +206,8 @@ def build() -> type[Builders]:
 # --------------------------------------------------------------------------------------
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from infra.localstack import StackEndpoints
 
 WAIT_S = 240.0  # first micro-batches of a cold JVM on a loaded 2-core machine are slow
@@ -495,6 +498,17 @@ class Harness:
     lake: Lake
 
 
+def iceberg_writes(registry: CollectorRegistry, table: str = "ohlc") -> dict[str, float]:
+    """``pipeline_iceberg_writes_total`` of ``table`` by path (counted ones only)."""
+    counted = {
+        path: registry.get_sample_value(
+            "pipeline_iceberg_writes_total", {"table": table, "path": path}
+        )
+        for path in WRITE_PATHS
+    }
+    return {path: n for path, n in counted.items() if n}
+
+
 class StackTools:
     """Stack helpers for tests (conftest is not importable in importlib mode)."""
 
@@ -505,6 +519,7 @@ class StackTools:
     Harness = Harness
     is_notification = staticmethod(is_notification)
     confirm_subscription = staticmethod(confirm_subscription)
+    iceberg_writes = staticmethod(iceberg_writes)
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,6 @@ from pipeline import records
 from pipeline.arrow_appends import ArrowAppends
 from pipeline.lake import Lake, TableNames
 from pipeline.metrics import IcebergWrites
-from pipeline.write_paths import WRITE_PATHS
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -64,16 +63,11 @@ class Stack:
     tables: CommitBetween
     other: Any  # conftest's Lake: its own pyiceberg catalog connection
     registry: CollectorRegistry
+    tools: Any
 
     def writes(self) -> dict[str, float]:
         """``pipeline_iceberg_writes_total`` of ``ohlc`` by path (counted ones only)."""
-        counted = {
-            path: self.registry.get_sample_value(
-                "pipeline_iceberg_writes_total", {"table": "ohlc", "path": path}
-            )
-            for path in WRITE_PATHS
-        }
-        return {path: n for path, n in counted.items() if n}
+        return dict(self.tools.iceberg_writes(self.registry))
 
     def stored(self) -> list[tuple[int, float]]:
         """Every ``ohlc`` row, read back through the catalog (`minutes`)."""
@@ -88,7 +82,7 @@ def stack(local_stack: LocalStack, spark: SparkSession, tools: Any) -> Stack:
     registry = CollectorRegistry()
     lake = Lake(spark, names, tables, report=IcebergWrites(registry))
     lake.ensure_tables()
-    return Stack(lake, tables, tools.Lake(e, names.namespace), registry)
+    return Stack(lake, tables, tools.Lake(e, names.namespace), registry, tools)
 
 
 def candles(build: Any, indices: range) -> pa.Table:

@@ -9,7 +9,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ValidationException,
+)
 
 from mdproto.tables import Ohlc, Ticks
 from pipeline.executor_writes import Stored
@@ -33,6 +37,16 @@ def test_the_rule_appends_absent_keys_on_the_driver_up_to_the_threshold() -> Non
     assert rule.choose(1001, keys_absent=True) == "spark-append"
     assert rule.choose(1, keys_absent=False) == "spark-merge"
     assert WriteRule(driver_append_max_rows=0).choose(1, keys_absent=True) == "spark-append"
+
+
+def test_the_rule_merges_on_the_driver_where_the_writer_can_up_to_the_threshold() -> None:
+    rule = WriteRule(driver_append_max_rows=1000)
+    assert rule.choose(1000, keys_absent=False, merges_on_driver=True) == "driver-merge"
+    assert rule.choose(1001, keys_absent=False, merges_on_driver=True) == "spark-merge"
+    assert rule.choose(1, keys_absent=False, merges_on_driver=False) == "spark-merge"
+    assert rule.choose(1, keys_absent=True, merges_on_driver=True) == "driver-append"
+    off = WriteRule(driver_append_max_rows=0)
+    assert off.choose(1, keys_absent=False, merges_on_driver=True) == "spark-merge"
 
 
 def test_the_rule_decodes_a_kafka_batch_on_the_executors_from_its_record_count() -> None:
@@ -65,6 +79,8 @@ class JavaThrowable:
 def test_commit_errors_are_named_by_class_not_by_message_text() -> None:
     assert isinstance(commit_error(CommitFailedException("409")), CommitConflictError)
     assert isinstance(commit_error(CommitStateUnknownException("503")), CommitStateUnknownError)
+    # pyiceberg's retry of a delete that finds another writer's rows in its range.
+    assert isinstance(commit_error(ValidationException("added files")), CommitConflictError)
     # A message that mentions a conflict is not one.
     assert commit_error(RuntimeError("CommitFailedException: conflicting files")) is None
     wrapped = JavaThrowable(

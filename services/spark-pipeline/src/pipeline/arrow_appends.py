@@ -5,8 +5,9 @@ without a Spark job, and tables loaded for the reads before a write (`driver_rea
 Why: every row the pipeline stores is decoded on the driver into Arrow first.
 Handing it to Spark for an append costs a transfer into the JVM, a job and a
 commit; pyiceberg writes the same Arrow to Parquet and commits through the same
-REST catalog and S3 store, several times faster (figures: the ADR). Appends
-only: a MERGE (new keys inserted, changed values amended) stays a Spark statement.
+REST catalog and S3 store, several times faster (figures: the ADR). The same
+holds for a merge of candles over stored ones: it is computed on the driver
+(`candle_merges`) and committed here as one delete and append (`replace`).
 
 The catalog client is made on first use; the caller decides what a failed
 append means (`lake.py`, `write_paths.commit_error`).
@@ -15,6 +16,7 @@ append means (`lake.py`, `write_paths.commit_error`).
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -22,11 +24,16 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.table import Table
 
 #: The client's FileIO (``py-io-impl``): a delete of a file the catalog already deleted
 #: is done, not a warning.
 FILE_IO = "pipeline.iceberg_io.IdempotentDeletes"
+
+# Said by pyiceberg on every delete from a merge-on-read table (``ohlc``): `replace`'s
+# docstring says what it does instead.
+warnings.filterwarnings("ignore", "Merge on read is not yet supported", UserWarning)
 
 
 class ArrowAppends:
@@ -49,9 +56,28 @@ class ArrowAppends:
         """
         table = self.load(identifier) if loaded is None else loaded
         table.append(rows)
-        snapshot = table.current_snapshot()
-        assert snapshot is not None  # the append just made one
-        return int(snapshot.snapshot_id)
+        return _snapshot_id(table)
+
+    def replace(
+        self,
+        identifier: str,
+        rows: pa.Table,
+        deleted: BooleanExpression,
+        loaded: Table | None = None,
+    ) -> int:
+        """Delete the rows ``deleted`` matches and append ``rows``, in one commit; the id of
+        the snapshot it made.
+
+        A data file whose rows all match is dropped from the metadata, unread; one that
+        holds others too is rewritten without the matched rows (copy-on-write: pyiceberg
+        writes no delete files, whatever the table's ``write.delete.mode``), Spark's
+        position deletes on it applied as it is read.
+        """
+        table = self.load(identifier) if loaded is None else loaded
+        with table.transaction() as tx:
+            tx.delete(deleted)
+            tx.append(rows)
+        return _snapshot_id(table)
 
     def purge(self, identifier: str) -> None:
         """Drop ``identifier`` and delete its files: the catalog deletes them, no Spark job
@@ -69,3 +95,9 @@ class ArrowAppends:
 
                 self._catalog = load_catalog(self._name, **self._properties)
             return self._catalog
+
+
+def _snapshot_id(table: Table) -> int:
+    snapshot = table.current_snapshot()
+    assert snapshot is not None  # a commit just made one
+    return int(snapshot.snapshot_id)

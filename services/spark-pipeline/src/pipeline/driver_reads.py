@@ -40,6 +40,12 @@ def any_candle_in(table: Table, ranges: Sequence[tuple[str, int, int, int]]) -> 
     return bool(found.num_rows > 0)
 
 
+def stored_candles(table: Table, ranges: Sequence[tuple[str, int, int, int]]) -> pa.Table:
+    """Every candle the loaded ``ohlc`` ``table`` holds, at its current snapshot, in
+    ``ranges`` (non-empty; as `any_candle_in`'s): what a merge on the driver starts from."""
+    return table.scan(row_filter=candle_filter(ranges)).to_arrow()
+
+
 def candle_filter(ranges: Sequence[tuple[str, int, int, int]]) -> BooleanExpression:
     """The ``ohlc`` rows of ``ranges`` (non-empty): one ``ticker IN (...)`` term per
     (period, range) shared by the tickers, as a live batch's closed candles share their

@@ -29,7 +29,8 @@ and ticks-persist stored what came before), or ``gaps.settle_s`` passed since it
 (a quiet market). Earlier, the live engine could still close or amend it (without the
 repaired trades, incomplete) over the rebuilt row. Its closed candle of the window may
 still reach ``ohlc`` after the rebuild (candles-store behind, e.g. through a catalog
-outage): it counts fewer trades, and `lake.merge_live_candles` keeps the fuller row.
+outage): it counts fewer trades, and the live merge (`candle_merges.live_merge`, or
+`lake.merge_live_candles` on Spark) keeps the fuller row.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The SQL builders are pure; `Lake` runs them (`Lake.merge_markets` runs `merge_markets`).
 Every write is keyed on the natural key, so a re-run micro-batch never adds a row:
 an append only of keys checked absent first (on the driver, ADR 0008), else a
-MERGE; which engine appends is one rule (`write_paths.WriteRule`, ADR 0017). A
+merge (of candles on the driver, `candle_merges`; else Spark's MERGE); which engine
+writes is one rule (`write_paths.WriteRule`, ADR 0017). A
 MERGE that lost to a concurrent commit (history and live candles both write
 ``ohlc``) just runs again; its ON clause bounds the time column so Iceberg
 prunes files before the join (partitioning: docs/adr/0004).
@@ -38,8 +39,17 @@ from mdproto.tables import (
     Ticks,
     TradeBars,
 )
-from pipeline import driver_reads, executor_writes, history_notices, records, row_counts, trade_bars
+from pipeline import (
+    candle_merges,
+    driver_reads,
+    executor_writes,
+    history_notices,
+    records,
+    row_counts,
+    trade_bars,
+)
 from pipeline.arrow_appends import ArrowAppends
+from pipeline.candle_merges import OHLC_VALUE_COLUMNS
 from pipeline.history_notices import CompletedRequest
 from pipeline.restarts import failure_cause
 from pipeline.write_paths import CommitError, WritePath, WriteRule, typed_commit_errors
@@ -50,15 +60,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: What a candle built from trades has (live candles).
-LIVE_VALUE_COLUMNS = (Ohlc.OPEN, Ohlc.HIGH, Ohlc.LOW, Ohlc.CLOSE, Ohlc.VOLUME, Ohlc.TRADE_COUNT)
-#: ... plus what an exchange may report besides (history candles; null otherwise).
-OHLC_VALUE_COLUMNS = (
-    *LIVE_VALUE_COLUMNS,
-    Ohlc.QUOTE_VOLUME,
-    Ohlc.TAKER_BUY_VOLUME,
-    Ohlc.TAKER_BUY_QUOTE_VOLUME,
-)
 #: Spark SQL's name of each Iceberg type (Spark's TIMESTAMP is Iceberg's timestamptz).
 SQL_TYPES: dict[ColumnType, str] = {
     "string": "STRING",
@@ -517,8 +518,8 @@ WriteReport = Callable[[str, WritePath], None]
 
 @dataclass(frozen=True, slots=True)
 class Written:
-    """How a write of candles ran ("none", "append" or "merge") and, when the driver's
-    append made it, the ``ohlc`` snapshot that holds them (None: read the current one)."""
+    """How a write of candles ran ("none", "append" or "merge") and, when the driver
+    wrote them, the ``ohlc`` snapshot that holds them (None: read the current one)."""
 
     how: str
     snapshot_id: int | None = None
@@ -580,14 +581,15 @@ class Lake:
         self._spark.sql(create_table(scratch, Ohlc.SCHEMA))
         lap("create")
         try:
-            ranges = _ranges(candles)
+            series = _series(_ranges(candles))
             loaded = self._tables.load(_identifier(scratch))
-            self._occupied(loaded, ranges)
+            driver_reads.stored_candles(loaded, series)
             lap("probe")
             path = self._rule.choose(candles.num_rows, keys_absent=True)
             self._append(self._spark, scratch, candles, path, loaded)
             lap("append")
-            self._occupied(self._tables.load(_identifier(scratch)), ranges)  # the reader, on a file
+            # The same read on a table holding a file: the Parquet reader's first use.
+            driver_reads.stored_candles(self._tables.load(_identifier(scratch)), series)
             lap("read")
             # A Spark job whose rows come back as Arrow, as every micro-batch's fetch:
             # the executor's first task and the driver's Arrow collect, paid here.
@@ -612,8 +614,12 @@ class Lake:
     # -- writes ------------------------------------------------------------------
 
     def write_history(self, session: SparkSession, candles: pa.Table) -> Written:
-        """Write exchange candles (unique per key) to ``ohlc``; how, and the snapshot made."""
-        return self._append_or_merge(session, candles, "history", merge_history_candles)
+        """Write exchange candles (unique per key) to ``ohlc``; how, and the snapshot made.
+        Over stored candles the merge runs on the driver (`candle_merges`), as
+        `write_live`'s, unless the batch is too large for it (`WriteRule.choose`)."""
+        return self._append_or_merge(
+            session, candles, "history", merge_history_candles, candle_merges.history_merge
+        )
 
     def write_live(self, session: SparkSession, candles: pa.Table) -> str:
         """Write closed live candles (unique per key) to ``ohlc``: new keys inserted, a
@@ -622,7 +628,7 @@ class Lake:
         def merge(target: str, view: str, lo_ms: int, hi_ms: int) -> str:
             return merge_live_candles(target, view, lo_ms, hi_ms, amend=True)
 
-        return self._append_or_merge(session, candles, "live", merge).how
+        return self._append_or_merge(session, candles, "live", merge, candle_merges.live_merge).how
 
     def _append_or_merge(
         self,
@@ -630,23 +636,43 @@ class Lake:
         candles: pa.Table,
         kind: str,
         merge: Callable[[str, str, int, int], str],
+        merged: Callable[[pa.Table, pa.Table], candle_merges.Merged] | None = None,
     ) -> Written:
         """Append when no candle of the rows' (ticker, period, time range) exists, else
-        MERGE; returns how ("none", "append" or "merge") and the snapshot an append made.
+        merge (on the driver with ``merged``, the twin of ``merge``); returns how
+        ("none", "append" or "merge") and the snapshot a driver's write made.
 
         Most writes cover a range with no rows yet; there a plain append is the
         same as the MERGE and ~3x cheaper. Whether the range is empty is checked
         under the lock every ``ohlc`` writer of this process holds, so no candle
-        can land in the range between the check and the append.
+        can land in the range between the check and the append. A writer that can
+        merge on the driver reads the range's stored candles at once (one pass over
+        the table's manifests, the same as a probe's when the range is empty).
         """
         if candles.num_rows == 0:
             return Written("none")
         with self.ohlc_lock:
             ranges = _ranges(candles)
+            series = _series(ranges)
             loaded = self._tables.load(_identifier(self.names.ohlc))
-            empty = not self._occupied(loaded, ranges)
+            if merged is None:
+                empty = not driver_reads.any_candle_in(loaded, series)
+            else:
+                stored = self._stored_candles(loaded, series)
+                empty = stored.num_rows == 0
             lo = min(r.lo_ms for r in ranges)
             hi = max(r.hi_ms for r in ranges)
+
+            def merge_on_driver() -> int:
+                assert merged is not None
+                after = merged(candles, stored)
+                if after.written == 0:  # nothing changes (a replay, or every stored one wins)
+                    return int(loaded.metadata.current_snapshot_id or 0)
+                wanted = driver_reads.candle_filter(series)
+                return self._tables.replace(
+                    _identifier(self.names.ohlc), after.rows, wanted, loaded
+                )
+
             path, snapshot = self._write(
                 session,
                 self.names.ohlc,
@@ -655,15 +681,16 @@ class Lake:
                 empty,
                 lambda view: merge(self.names.ohlc, view, lo, hi),
                 loaded,
+                merge_on_driver if merged is not None else None,
             )
-            merged = path in ("spark-merge", "append-then-merge")
-            return Written("merge") if merged else Written("append", snapshot)
+            if path in ("spark-merge", "append-then-merge"):
+                return Written("merge")
+            return Written("merge" if path == "driver-merge" else "append", snapshot)
 
-    def _occupied(self, table: Table, ranges: Sequence[SeriesRange]) -> bool:
-        """Whether ``table`` (``ohlc`` as just loaded) holds a candle in one of ``ranges``,
-        probed on the driver (`driver_reads.any_candle_in`)."""
-        series = [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
-        return driver_reads.any_candle_in(table, series)
+    def _stored_candles(self, table: Table, series: list[tuple[str, int, int, int]]) -> pa.Table:
+        """The candles ``table`` (``ohlc`` as just loaded) holds in ``series``' ranges: what
+        a write that can merge on the driver reads first (`driver_reads.stored_candles`)."""
+        return driver_reads.stored_candles(table, series)
 
     def write_ticks(self, session: SparkSession, ticks: pa.Table) -> str:
         """Store the ``TICK_SCHEMA`` rows (unique per key) whose (ticker, trade_id) is not
@@ -883,18 +910,28 @@ class Lake:
         keys_absent: bool,
         merge: Callable[[str], str],
         loaded: Table | None = None,
+        merge_on_driver: Callable[[], int] | None = None,
     ) -> tuple[WritePath, int | None]:
         """Write ``rows`` to ``target`` the one way `WriteRule.choose` says (``keys_absent``:
         none of their keys is stored); returns the way it ran and the snapshot a driver
-        append made. ``loaded``: ``target`` as the caller read it just before. The one
-        fallback: an append whose commit conflicted or whose state is unknown (typed,
+        write made. ``loaded``: ``target`` as the caller read it just before;
+        ``merge_on_driver``: the writer's merge computed and committed on the driver (the
+        snapshot it made), if it has one. The one fallback: a driver merge or an append
+        whose commit conflicted or whose state is unknown (typed,
         `write_paths.commit_error`) is followed by the MERGE ``merge(view)``, right
-        whether the append landed or not."""
-        path = self._rule.choose(rows.num_rows, keys_absent=keys_absent)
+        whether the first commit landed or not."""
+        path = self._rule.choose(
+            rows.num_rows, keys_absent=keys_absent, merges_on_driver=merge_on_driver is not None
+        )
         snapshot = None
         if path != "spark-merge":
             try:
-                snapshot = self._append(session, target, rows, path, loaded)
+                if path == "driver-merge":
+                    assert merge_on_driver is not None
+                    with typed_commit_errors():
+                        snapshot = merge_on_driver()
+                else:
+                    snapshot = self._append(session, target, rows, path, loaded)
             except CommitError as exc:
                 log.warning("%s to %s: %s, MERGEing instead", path, target, failure_cause(exc))
                 path = "append-then-merge"
@@ -1018,6 +1055,11 @@ def _time_range_ms(times: pa.ChunkedArray) -> tuple[int, int]:
     """The ms range ``[lo, hi]`` that holds every µs timestamp of ``times``."""
     bounds = pc.min_max(times.cast(pa.int64()))
     return bounds["min"].as_py() // 1000, -(-bounds["max"].as_py() // 1000)
+
+
+def _series(ranges: Sequence[SeriesRange]) -> list[tuple[str, int, int, int]]:
+    """(ticker, period, lo_ms, hi_ms) of each range: what `driver_reads` looks up."""
+    return [(r.ticker, r.period_seconds, r.lo_ms, r.hi_ms) for r in ranges]
 
 
 def _ranges(candles: pa.Table) -> list[SeriesRange]:

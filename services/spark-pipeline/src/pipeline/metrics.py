@@ -156,7 +156,8 @@ def query_restarts(registry: CollectorRegistry) -> Counter:
 
 class IcebergWrites:
     """`pipeline_iceberg_writes_total{table, path}`: which way each Iceberg write ran
-    (`write_paths.WritePath`: driver-append, spark-append, spark-merge, append-then-merge)."""
+    (`write_paths.WritePath`: driver-append, spark-append, executor-append, driver-merge,
+    spark-merge, append-then-merge)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._writes = Counter(
