@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pyarrow as pa
@@ -197,10 +198,19 @@ def test_the_pending_file_round_trips_and_ignores_a_foreign_format(tmp_path: Pat
 
 
 class FakeLake:
+    """``ticks`` gets a new snapshot before every probe unless ``snapshot`` is set."""
+
     names = TableNames("lake", "market")
 
-    def __init__(self) -> None:
+    def __init__(self, snapshot: int | None = None) -> None:
         self.written: list[pa.Table] = []
+        self.snapshot = snapshot
+        self._snapshots = 0
+
+    def snapshot_id(self, table: str) -> int:
+        assert table == "lake.market.ticks"
+        self._snapshots += 1
+        return self._snapshots if self.snapshot is None else self.snapshot
 
     def write_live(self, session: Any, candles: pa.Table) -> str:
         self.written.append(candles)
@@ -350,3 +360,56 @@ def test_every_pending_gap_is_probed_and_rebuilt_in_one_round_each_window_once(
         }
     ]
     assert len(lake.written) == 1 and r.pending == {}
+
+
+def test_the_thread_ends_quietly_once_sparks_jvm_has_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`make stop` signals the whole process group: the JVM's shutdown hook may end it
+    before the pipeline stops this thread. Its next Spark call is refused; that is the
+    end of the rebuilds (the pending file keeps the gap), not an ERROR every 10 s."""
+
+    def refused(*_args: Any) -> dict[str, Probe]:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(gap_rebuilds, "probe_ticks", refused)
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(setLocalProperty=lambda *_: None))
+    r = GapRebuilds(settings(tmp_path), cast(Any, spark), cast(Any, FakeLake()))
+    r.merged([GAP])
+    with caplog.at_level(logging.INFO, logger="pipeline.gap_rebuilds"):
+        r.start()
+        assert r._thread is not None
+        r._thread.join(timeout=30)  # ends by itself: no stop() was called
+    assert not r._thread.is_alive()
+    assert {rec.levelname for rec in caplog.records} == {"INFO"}
+    assert "Spark's JVM has gone" in caplog.text
+    after = make(tmp_path, FakeLake())
+    after.restore()
+    assert list(after.pending) == [GAP.gap_id]
+
+
+def test_no_probe_while_ticks_has_no_new_snapshot(
+    tmp_path: Path, spark_reads: dict[str, Any]
+) -> None:
+    """A gap waiting on ticks-persist is probed again only once ``ticks`` changed; the
+    wall clock still moves it on (its windows settle, its wait ends)."""
+    clock, lake = Clock(B + 140 * S), FakeLake(snapshot=7)
+    r = make(tmp_path, lake, clock=clock)
+    r.merged([GAP])
+    spark_reads["probe"] = probe(3, B + 140 * S, has_to=False)
+    r.run_once()
+    r.run_once()
+    assert len(spark_reads["probed"]) == 1
+
+    lake.snapshot = 8  # ticks-persist committed the repaired trades
+    spark_reads["probe"] = probe(9, B + 150 * S)
+    clock.now_ms = B + 150 * S
+    r.run_once()
+    assert len(spark_reads["probed"]) == 2
+    assert spark_reads["asked"] == [[(60, B), (60, B + 60 * S)]]
+
+    clock.now_ms = B + 700 * S  # the rest settle by the wall clock: no new probe needed
+    r.run_once()
+    assert len(spark_reads["probed"]) == 2
+    assert spark_reads["asked"][1] == [(60, B + 120 * S), (300, B)]
+    assert r.pending == {}

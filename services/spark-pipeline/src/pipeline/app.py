@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
-from py4j.protocol import Py4JError, Py4JNetworkError  # type: ignore[import-untyped]
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
 from mdproto.runtime.metrics_http import MetricsServer
@@ -317,7 +317,7 @@ class Pipeline:
             for name, query in self.queries.items():
                 try:
                     query.stop()
-                except (Py4JNetworkError, ConnectionError) as exc:
+                except session.JVM_GONE as exc:
                     log.info("Spark's JVM stopped on its own (%s): its queries with it", exc)
                     return True
                 except (Py4JError, PySparkException) as exc:  # Spark's refusal: stop the rest

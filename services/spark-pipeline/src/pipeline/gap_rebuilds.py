@@ -7,7 +7,8 @@ trades (``Tick.repaired``) into ``market.ticks``, which now holds them all.
     gaps query: a REPAIRED gap -> pending (a JSON object under checkpoint_dir, local or
     S3: a restart keeps it) -> this thread, every gaps.retry_s while anything is pending:
       probe ``ticks`` (one Spark aggregate for every pending gap: to_trade_id stored?
-        trades inside, counted as the repair counts them? newest stored trade)
+        trades inside, counted as the repair counts them? newest stored trade; asked
+        again only once ``ticks`` has a new snapshot)
       -> `next_step` (pure, per gap): wait, give up, or rebuild what settled
       -> candles of every gap's settled windows (one Spark job: min_by/max_by by trade
          order, on executors)
@@ -60,7 +61,7 @@ from pipeline.config import Settings
 from pipeline.gaps import Gap
 from pipeline.lake import Lake
 from pipeline.live import live_ohlc_rows
-from pipeline.session import BACKGROUND_POOL
+from pipeline.session import BACKGROUND_POOL, JVM_GONE
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -425,6 +426,8 @@ class GapRebuilds:
         self._stop = threading.Event()
         self._recount = True
         self._thread: threading.Thread | None = None
+        #: The last probe's question (the ``ticks`` snapshot, the gaps) and its answer.
+        self._probed: tuple[tuple[int, tuple[tuple[str, int], ...]], dict[str, Probe]] | None = None
 
     def start(self) -> None:
         self.restore()
@@ -466,8 +469,9 @@ class GapRebuilds:
             return dict(self._pending)
 
     def run_once(self) -> None:
-        """One attempt at every pending gap: one probe of them all, then one rebuild of
-        every window that settled (two Spark jobs and a MERGE a round, however many gaps)."""
+        """One attempt at every pending gap: one probe of them all (none while ``ticks``
+        has no new snapshot), then one rebuild of every window that settled (a Spark job
+        and a merge a round, however many gaps)."""
         with self._lock:
             items = list(self._pending.values())
         now_ms, rules = self._clock(), self._rules
@@ -480,10 +484,7 @@ class GapRebuilds:
                 probed.append(item)
         if not probed or self._stop.is_set():
             return
-        table = self._lake.names.ticks
-        probes = probe_ticks(
-            self._spark, table, [(i.gap, horizon_ms(i.gap, rules)) for i in probed]
-        )
+        probes = self._probe([(i.gap, horizon_ms(i.gap, rules)) for i in probed])
         due: list[tuple[Pending, Step]] = []
         for item in probed:
             probe = probes[item.gap.gap_id]
@@ -507,6 +508,17 @@ class GapRebuilds:
         for item, step in due:
             if step.finished:
                 self._ended(item, "done", f"{len(item.done)} windows rebuilt")
+
+    def _probe(self, asked: list[tuple[Gap, int]]) -> dict[str, Probe]:
+        """`probe_ticks` of ``asked``, or the last round's answer to the same question if
+        ``ticks`` has no new snapshot since: a pending gap waits on ticks-persist, whose
+        commits come seconds apart, and each probe is a Spark job on the shared cores.
+        (Spark may read a snapshot newer than the one named: then the next round asks.)"""
+        table = self._lake.names.ticks
+        key = (self._lake.snapshot_id(table), tuple((g.gap_id, h) for g, h in asked))
+        if self._probed is None or self._probed[0] != key:
+            self._probed = (key, probe_ticks(self._spark, table, asked))
+        return self._probed[1]
 
     def _deferred(self, item: Pending, probe: Probe, now_ms: int) -> None:
         gap = item.gap
@@ -586,6 +598,9 @@ class GapRebuilds:
                         self._report.statuses(self._lake.gaps_by_status(self._spark))
                 if self._rebuild:
                     self.run_once()
+            except JVM_GONE as exc:  # stopping (or dead): the pending file keeps the gaps
+                log.info("gap rebuilds: Spark's JVM has gone (%s); rebuilds stop", exc)
+                return
             except Exception:  # the catalog or S3 away for a while: the next round retries
                 log.exception("gap rebuilds: round failed; again in %g s", self._retry_s)
             self._wake.wait(self._retry_s if self._pending else None)

@@ -11,6 +11,8 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
+
 from mdproto.runtime.processes import process_alive
 from pipeline.config import Settings
 
@@ -171,6 +173,9 @@ def driver_scratch(root: Path) -> Path:
 
 
 BACKGROUND_POOL = "background"  # table upkeep, market metadata: the other queries first
+#: What a py4j call raises once Spark's JVM has gone (its shutdown hook ran first at a
+#: SIGTERM to the process group, or it died): the answer cut off, or no one listening.
+JVM_GONE: tuple[type[BaseException], ...] = (Py4JNetworkError, ConnectionError)
 _POOLS = f"""<?xml version="1.0"?>
 <allocations>
   <pool name="default">
