@@ -211,3 +211,24 @@ def test_the_driver_merge_of_live_candles_leaves_the_rows_sparks_merge_leaves(
         ("live", 100),  # the fuller view stays
         *[("live", 7)] * 8,
     ]
+
+
+def test_a_file_crossing_the_ranges_edge_keeps_its_rows_outside_it(
+    local_stack: LocalStack, spark: SparkSession, tools: Any, build: Any
+) -> None:
+    """Live minutes 0-9 in one data file, the exchange's 5-14: the delete of the range
+    rewrites that file, and minutes 0-4 stay as the live engine stored them."""
+    driver = Written(local_stack, spark, tools, WriteRule())
+    on_spark = Written(local_stack, spark, tools, WriteRule(driver_append_max_rows=0))
+    candles = exchange(build)
+    for side in (driver, on_spark):
+        side.lake.write_live(spark, live(candles))
+        side.lake.write_history(spark, candles.slice(5))
+
+    assert driver.rows() == on_spark.rows()
+    assert driver.writes() == {"driver-append": 1, "driver-merge": 1}
+    rows = driver.reader.rows("ohlc")
+    sources = [s for _, s in sorted((r[Ohlc.OPEN_TIME], r[Ohlc.SOURCE]) for r in rows)]
+    replaced = {CHANGED} | set(range(STORED, 15))
+    assert sources == ["history" if i in replaced else "live" for i in range(15)]
+    assert [s for i, s in enumerate(sources) if i < 5] == ["live"] * 5
