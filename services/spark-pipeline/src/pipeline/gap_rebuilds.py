@@ -395,6 +395,10 @@ def rebuilt_candles(
 # -- the thread -----------------------------------------------------------------------------
 
 
+#: What a probe asked: the ``ticks`` snapshot, and each gap's id and horizon.
+ProbeQuestion = tuple[int, tuple[tuple[str, int], ...]]
+
+
 class GapRebuilds:
     """The pending rebuilds and the thread that works them off; also recounts ``gaps`` by
     status for /metrics after each gaps batch. ``rebuild`` False (live path off: no live
@@ -426,8 +430,8 @@ class GapRebuilds:
         self._stop = threading.Event()
         self._recount = True
         self._thread: threading.Thread | None = None
-        #: The last probe's question (the ``ticks`` snapshot, the gaps) and its answer.
-        self._probed: tuple[tuple[int, tuple[tuple[str, int], ...]], dict[str, Probe]] | None = None
+        #: The last probe's question and its answer (`_probe`).
+        self._probed: tuple[ProbeQuestion, dict[str, Probe]] | None = None
 
     def start(self) -> None:
         self.restore()

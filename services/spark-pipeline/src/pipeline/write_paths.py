@@ -3,7 +3,7 @@
 Every write of `Lake` goes one of five ways, chosen here before it starts and
 never by trying another engine after an exception: an append from the driver
 (pyiceberg), an append as a Spark job from the driver's Arrow, a Spark MERGE, a
-merge of exchange candles from the driver (`candle_merges`), or,
+merge of candles over stored ones on the driver (`candle_merges`), or,
 for a large ``ticks-persist`` or ``book-store`` micro-batch, an append whose rows
 never reach the driver (decoded, deduplicated and appended by Spark's executors). The rule and the
 figures behind its thresholds: docs/adr/0017-one-write-path-per-batch.md and
@@ -30,7 +30,7 @@ from pyiceberg.exceptions import (
 #: The ways a write can run (the ``path`` label of ``pipeline_iceberg_writes_total``).
 #: "executor-append": a Kafka micro-batch decoded, checked against the stored keys and
 #: appended by Spark's executors, the driver planning and committing only.
-#: "driver-merge": exchange candles over stored ones, the changes found and committed on
+#: "driver-merge": candles (history or live) over stored ones, merged and committed on
 #: the driver. "append-then-merge": a driver or Spark append, or a driver merge, whose
 #: commit conflicted or whose state is unknown, followed by the Spark MERGE (right
 #: whether the first commit landed or not).
