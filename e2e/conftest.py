@@ -7,7 +7,9 @@ Local processes by default; the Docker Compose platform with MDP_E2E_STACK=compo
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,7 +29,13 @@ from mdclient import ClientSettings
 #: The services whose logs a failed test's report carries (CI keeps nothing else).
 LOGGED_SERVICES = ("relay", "ingestor", "spark-pipeline")
 LOG_TAIL_LINES = 60
-_platform_logs: list[Callable[[], str]] = []
+#: Besides the tails, the lines that tell what a recording did (its gaps and repairs)
+#: and every warning, from the whole logs: a tail of 60 lines is often reconnects only.
+KEY_LINES = re.compile(r"WARNING|ERROR|gap|repair", re.IGNORECASE)
+NOISE = re.compile(r"reconnecting in")
+KEY_LINES_KEPT = 120
+#: The platform's logs of `LOGGED_SERVICES`: their tails (lines), or all (None).
+_platform_logs: list[Callable[[int | None], str]] = []
 
 
 def on_compose() -> bool:
@@ -41,18 +49,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when == "call" and report.failed and _platform_logs:
+        logs = _platform_logs[-1]
         try:
-            text = _platform_logs[-1]()
+            tails, whole = logs(LOG_TAIL_LINES), logs(None)
         except Exception as exc:  # the report matters more than its appendix
-            text = f"(no logs: {exc!r})"
-        report.sections.append(("platform logs (tail)", text))
+            tails = whole = f"(no logs: {exc!r})"
+        report.sections.append(("platform logs (tail)", tails))
+        report.sections.append(("platform logs (warnings, gaps, repairs)", key_lines(whole)))
 
 
-def _local_log_tails(logs_dir: Path) -> str:
-    return "\n".join(
-        f"----- {name} -----\n{log_tail(logs_dir / f'{name}.log', LOG_TAIL_LINES)}"
-        for name in LOGGED_SERVICES
-    )
+def key_lines(text: str) -> str:
+    kept = [line for line in text.splitlines() if KEY_LINES.search(line) and not NOISE.search(line)]
+    return "\n".join(kept[-KEY_LINES_KEPT:])
+
+
+def _local_logs(logs_dir: Path, tail: int | None) -> str:
+    def text(name: str) -> str:
+        path = logs_dir / f"{name}.log"
+        if tail is not None:
+            return log_tail(path, tail)
+        return path.read_text(errors="replace") if path.exists() else "(no log file)"
+
+    return "\n".join(f"----- {name} -----\n{text(name)}" for name in LOGGED_SERVICES)
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +93,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     )
     stack_config = StackConfig(data_dir=data_dir, ports=Ports.free())
     with Platform(config, stack_config=stack_config, use_simulator=True) as running:
-        _platform_logs.append(lambda: _local_log_tails(data_dir / "logs"))
+        _platform_logs.append(functools.partial(_local_logs, data_dir / "logs"))
         yield running
         _platform_logs.clear()
 
@@ -85,7 +103,7 @@ def endpoints(request: pytest.FixtureRequest) -> PlatformEndpoints:
     """The local platform, or the Docker Compose one with MDP_E2E_STACK=compose (`make e2e`)."""
     if on_compose():
         stack: ComposePlatform = request.getfixturevalue("compose_stack")
-        _platform_logs.append(lambda: stack.logs(*LOGGED_SERVICES, tail=LOG_TAIL_LINES))
+        _platform_logs.append(lambda tail: stack.logs(*LOGGED_SERVICES, tail=tail))
         return stack.endpoints.platform_endpoints()
     platform: Platform = request.getfixturevalue("platform")
     return platform.endpoints

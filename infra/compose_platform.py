@@ -654,8 +654,10 @@ class ComposePlatform:
             "run", "--rm", "-T", service, *args, profiles=profiles, timeout_s=timeout_s, check=False
         )
 
-    def logs(self, *services: str, tail: int = 200) -> str:
-        done = self.compose("logs", "--no-color", "--tail", str(tail), *services, check=False)
+    def logs(self, *services: str, tail: int | None = 200) -> str:
+        """The services' logs: their last ``tail`` lines each, or all of them (None)."""
+        lines = "all" if tail is None else str(tail)
+        done = self.compose("logs", "--no-color", "--tail", lines, *services, check=False)
         return done.stdout + done.stderr
 
 

@@ -640,6 +640,18 @@ class RecordedLake:
         )
         return [] if rows is None else rows.to_pylist()
 
+    def trades(self, trade_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The stored rows of these trade ids, at any time (where a missing trade went)."""
+        from mdproto import contracts
+        from mdproto.tables import Ticks
+
+        if not trade_ids:
+            return []
+        ids = ", ".join(f"'{i}'" for i in trade_ids)
+        where = f"{Ticks.TICKER} IN {self._quoted} AND {Ticks.TRADE_ID} IN ({ids})"
+        rows = self.rows(contracts.ICEBERG_TICKS, where)
+        return [] if rows is None else rows.to_pylist()
+
     def newest_ms(self, since_ms: int = 0) -> dict[str, int]:
         """Each ticker's newest stored trade time (tickers with none are left out)."""
         from mdproto.tables import Ticks
