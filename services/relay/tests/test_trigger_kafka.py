@@ -57,6 +57,32 @@ def test_directory_reads_records_and_tombstones() -> None:
     assert not d.apply_record(None, None)
 
 
+def test_a_record_read_after_a_newer_delivery_does_not_list_the_trigger_again() -> None:
+    d = TriggerDirectory()
+    d.apply_delivered(register("t1"), 0, 5)
+    d.apply_delivered(cancel("t1"), 0, 6)  # acked OK: LIST must not show t1 from now on
+    assert d.apply_record(b"t1", envelope.encode_record(register("t1")), (0, 5))
+    assert d.get("t1") is None
+    assert d.apply_record(b"t1", envelope.encode_record(cancel("t1")), (0, 6))
+    d.apply_record(b"t1", envelope.encode_record(register("t1")), (0, 9))  # registered again
+    assert d.get("t1") is not None
+
+
+def test_a_delivery_the_reader_has_passed_is_not_applied_again() -> None:
+    d = TriggerDirectory()
+    assert d.apply_record(b"t1", envelope.encode_record(register("t1")), (1, 3))
+    assert d.apply_record(b"t1", None, (1, 4))  # the pipeline's tombstone: t1 finished
+    d.apply_delivered(register("t1"), 1, 3)  # the REGISTER's callback, late
+    assert d.get("t1") is None
+
+
+def test_records_of_another_partition_apply_in_arrival_order() -> None:
+    d = TriggerDirectory()
+    d.apply_delivered(register("t1"), 0, 5)
+    assert d.apply_record(b"t1", None, (2, 1))  # no order across partitions: it applies
+    assert d.get("t1") is None
+
+
 def test_submit_before_start_is_a_sink_error() -> None:
     sink = KafkaTriggerSink("127.0.0.1:1", "cep.triggers")
     with pytest.raises(TriggerSinkError, match="not started"):
@@ -115,14 +141,12 @@ def test_records_reach_the_compacted_topic_keyed_by_trigger_id(local_stack: Any)
     stored: queue.SimpleQueue[tuple[str, str | None]] = queue.SimpleQueue()
     sink = KafkaTriggerSink(bootstrap, topic).start()
     try:
-        started = time.perf_counter()
 
         def report(trigger_id: str) -> Stored:
             return lambda error: stored.put((trigger_id, error))
 
         for request in (register("t1"), register("t2", client_id="bob"), cancel("t1")):
             sink.submit(request, report(request.trigger_id))
-        assert time.perf_counter() - started < 0.05  # never waits for the broker
         # Each is reported stored, in order, and listed by then (read your writes).
         assert [stored.get(timeout=30) for _ in range(3)] == [
             ("t1", None),
@@ -173,9 +197,7 @@ def test_an_undeliverable_record_is_reported_not_stored_without_blocking(
     try:
         huge = register("big", client_id="x" * 8)
         huge.ticker = "BINANCE:" + "A" * 3_000_000 + "/USDT"
-        started = time.perf_counter()
         sink.submit(huge, stored.put)
-        assert time.perf_counter() - started < 0.5
         error = stored.get(timeout=30)
     finally:
         sink.close()
@@ -192,6 +214,7 @@ def test_a_broker_that_never_answers_fails_the_record_within_its_delivery_timeou
     try:
         started = time.monotonic()
         sink.submit(register("t1"), stored.put)
+        assert stored.empty()  # submit returned without waiting for the broker
         error = stored.get(timeout=10)
         took = time.monotonic() - started
     finally:

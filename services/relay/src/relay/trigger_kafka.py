@@ -30,12 +30,26 @@ log = logging.getLogger(__name__)
 
 
 class TriggerDirectory:
-    """The registered triggers as the compacted topic says (thread-safe)."""
+    """The registered triggers as the compacted topic says (thread-safe).
+
+    Two threads feed it: the delivery callbacks apply the relay's own records as soon as
+    the broker has them (a LIST right after an OK must show them), and the reader
+    applies every record of the topic, later. Records of one trigger share its key's
+    partition, so their offsets order them: the reader skips a record older than one a
+    delivery applied, and a delivery the reader has already passed is not applied again
+    (a CANCEL acked, then its REGISTER read, listed the trigger again until the reader
+    reached the CANCEL).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._triggers: dict[str, CEPTriggerRequest] = {}
         self._per_ticker: Counter[str] = Counter()
+        #: Per partition, the offset the reader reads next.
+        self._read: dict[int, int] = {}
+        #: Per trigger, the (partition, offset) of a delivered record the reader has not
+        #: reached yet.
+        self._ahead: dict[str, tuple[int, int]] = {}
 
     def __len__(self) -> int:
         with self._lock:
@@ -44,22 +58,40 @@ class TriggerDirectory:
     def apply(self, trigger_id: str, request: CEPTriggerRequest | None) -> None:
         """A record for `trigger_id`: a REGISTER (re)places it, anything else removes it."""
         with self._lock:
-            old = self._triggers.pop(trigger_id, None)
-            if old is not None:
-                self._per_ticker[old.ticker] -= 1
-                if not self._per_ticker[old.ticker]:
-                    del self._per_ticker[old.ticker]
-            if request is not None and request.action == CEPTriggerRequest.REGISTER:
-                self._triggers[trigger_id] = request
-                self._per_ticker[request.ticker] += 1
+            self._apply(trigger_id, request)
+
+    def apply_delivered(self, request: CEPTriggerRequest, partition: int, offset: int) -> None:
+        """The relay's own record, now in the topic at (partition, offset): applied unless
+        the reader has passed it (what it read there is as new or newer)."""
+        with self._lock:
+            if offset < self._read.get(partition, 0):
+                return
+            self._ahead[request.trigger_id] = (partition, offset)
+            self._apply(request.trigger_id, request)
+
+    def _apply(self, trigger_id: str, request: CEPTriggerRequest | None) -> None:
+        old = self._triggers.pop(trigger_id, None)
+        if old is not None:
+            self._per_ticker[old.ticker] -= 1
+            if not self._per_ticker[old.ticker]:
+                del self._per_ticker[old.ticker]
+        if request is not None and request.action == CEPTriggerRequest.REGISTER:
+            self._triggers[trigger_id] = request
+            self._per_ticker[request.ticker] += 1
 
     def tickers(self) -> set[str]:
         """Tickers with at least one registered trigger."""
         with self._lock:
             return set(self._per_ticker)
 
-    def apply_record(self, key: bytes | None, value: bytes | None) -> bool:
-        """A raw Kafka record; False (and ignored) if it does not decode."""
+    def apply_record(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        position: tuple[int, int] | None = None,
+    ) -> bool:
+        """A raw Kafka record the reader took at `position` (partition, offset); False
+        (and ignored) if it does not decode."""
         trigger_id = key.decode("utf-8", "replace") if key else ""
         request: CEPTriggerRequest | None = None
         if value is not None:
@@ -71,8 +103,23 @@ class TriggerDirectory:
             trigger_id = request.trigger_id or trigger_id
         if not trigger_id:
             return False
-        self.apply(trigger_id, request)
+        with self._lock:
+            if position is not None and self._stale(trigger_id, *position):
+                return True
+            self._apply(trigger_id, request)
         return True
+
+    def _stale(self, trigger_id: str, partition: int, offset: int) -> bool:
+        """Whether the reader's record at (partition, offset) is older than what a
+        delivery applied; either way the reader is past it now."""
+        self._read[partition] = offset + 1
+        ahead = self._ahead.get(trigger_id)
+        if ahead is None or ahead[0] != partition:  # another partition: no order to go by
+            return False
+        if offset < ahead[1]:
+            return True
+        del self._ahead[trigger_id]
+        return False
 
     def get(self, trigger_id: str) -> CEPTriggerRequest | None:
         with self._lock:
@@ -183,7 +230,7 @@ class KafkaTriggerSink:
                 self.topic,
                 key=request.trigger_id.encode(),
                 value=envelope.encode_record(request),
-                on_delivery=lambda err, _msg: self._delivered(request, stored, err),
+                on_delivery=lambda err, msg: self._delivered(request, stored, err, msg),
             )
         except BufferError:
             raise TriggerSinkError("the trigger store is overloaded; retry later") from None
@@ -199,11 +246,11 @@ class KafkaTriggerSink:
 
     # --- threads -------------------------------------------------------------------------
 
-    def _delivered(self, request: CEPTriggerRequest, stored: Stored, err: Any) -> None:
+    def _delivered(self, request: CEPTriggerRequest, stored: Stored, err: Any, msg: Any) -> None:
         if err is None:
             self.delivered += 1
             # Before the ack: a LIST right after an OK REGISTER must show it.
-            self.directory.apply(request.trigger_id, request)
+            self.directory.apply_delivered(request, msg.partition(), msg.offset())
             stored(None)
             return
         self.failed += 1
@@ -241,12 +288,16 @@ class KafkaTriggerSink:
                 if self._stop.is_set():
                     return
                 if msg is not None:
-                    self.directory.apply_record(msg.key(), msg.value())
+                    self.directory.apply_record(msg.key(), msg.value(), _position(msg))
             self._caught_up.set()
             log.info("CEP directory loaded: %d trigger(s)", len(self.directory))
             while not self._stop.is_set():
                 msg = consumer.poll(0.2)
                 if msg is not None and msg.error() is None:
-                    self.directory.apply_record(msg.key(), msg.value())
+                    self.directory.apply_record(msg.key(), msg.value(), _position(msg))
         finally:
             consumer.close()
+
+
+def _position(msg: Any) -> tuple[int, int]:
+    return msg.partition() or 0, msg.offset() or 0
