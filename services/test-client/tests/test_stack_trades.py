@@ -188,6 +188,30 @@ def _cli(lake: dict[str, Any], monkeypatch: pytest.MonkeyPatch, *args: str) -> i
     return main(["trades", *args])
 
 
+def test_a_repaired_gap_is_repairing_until_its_trades_are_stored(
+    fake_relay: Any, lake: dict[str, Any]
+) -> None:
+    """The ingestor writes REPAIRED once the recovered trades are in Kafka; ticks-persist
+    stores them later. Until it has, the range's trades are not complete."""
+    link, ends, inside = "BINANCE:LINK/USDT", [DAY1 + 100, DAY1 + 103], [DAY1 + 101, DAY1 + 102]
+    catalog = load_catalog(
+        lake["endpoints"].catalog_name, **lake["endpoints"].pyiceberg_catalog_properties()
+    )
+    catalog.load_table(lake["ticks"]).append(ticks(link, ends))  # ids "100" and "103"
+    repaired = gap(link, 100, "REPAIRED", *ends)  # ids 101-102 recovered, REPAIRED at 103
+    catalog.load_table(lake["gaps"]).append(
+        pa.Table.from_pylist([repaired], schema=arrow_schema(Gaps.SCHEMA))
+    )
+    with Client(settings=settings(lake, fake_relay)) as client:
+        before = client.trades(link, ends[0], DAY2).report
+        catalog.load_table(lake["ticks"]).append(ticks(link, inside))
+        after = client.trades(link, ends[0], DAY2).report
+    assert (before.state, before.counts) == ("repairing", GapCounts(repairing=1))
+    assert [g.trades_stored for g in before.gaps or ()] == [0]
+    assert (after.state, after.counts) == ("complete", GapCounts(repaired=1))
+    assert [g.trades_stored for g in after.gaps or ()] == [2]
+
+
 def test_cli_writes_the_trades_and_prints_the_report(
     lake: dict[str, Any], capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

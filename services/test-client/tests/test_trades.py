@@ -20,6 +20,8 @@ from mdclient.trades import (
     gaps_from_table,
     in_time_order,
     integrity_report,
+    stored_inside,
+    to_count,
     trade_range,
 )
 from mdproto.tables import Gaps, Ticks, arrow_schema
@@ -107,8 +109,50 @@ def test_the_json_shape_sends_64_bit_values_as_strings() -> None:
             "gap_id": "g", "status": "UNREPAIRABLE", "cause": "SKIPPED_IDS",
             "from_time_ms": str(10 * H + 1), "to_time_ms": str(10 * H + 2),
             "missing_ids": "7", "trades_recovered": "3", "reason": "only 60",
+            "trades_stored": None,
         }
     ]  # fmt: skip
+
+
+def test_a_repaired_gap_whose_trades_are_not_all_stored_yet_is_repairing() -> None:
+    waiting = gap(1, "REPAIRED", 10 * H + 1, 10 * H + 9, trades_recovered=3, trades_stored=2)
+    stored = gap(2, "REPAIRED", 10 * H + 20, 10 * H + 29, trades_recovered=3, trades_stored=3)
+    unchecked = gap(3, "REPAIRED", 10 * H + 30, 10 * H + 39, trades_recovered=3)
+    r = integrity_report(T, 10 * H, 11 * H, span=(H, 20 * H), gaps=[waiting, stored, unchecked])
+    assert r.counts == GapCounts(repairing=1, repaired=2) and r.state == "repairing"
+    assert [g["trades_stored"] for g in r.as_dict()["gaps"]] == ["2", "3", None]
+    done = dataclasses.replace(waiting, trades_stored=3)
+    assert integrity_report(T, 10 * H, 11 * H, span=(H, 20 * H), gaps=[done]).state == "complete"
+
+
+def test_only_gaps_repaired_within_the_hour_before_the_newest_trade_are_counted() -> None:
+    def repaired(n: int, updated_at_ms: int | None, **more: object) -> RangeGap:
+        fields = {"trades_recovered": 2, "updated_at_ms": updated_at_ms, **more}
+        return gap(n, "REPAIRED", 5 * H, 5 * H + 10, **fields)
+
+    newest = 20 * H
+    gaps = [
+        repaired(1, newest - H),  # the oldest counted
+        repaired(2, newest - H - 1),  # repaired long before: ticks-persist has stored it
+        repaired(3, newest, trades_recovered=0),  # nothing to store
+        repaired(4, None),
+        gap(5, "REPAIRING", 5 * H, 5 * H + 10, updated_at_ms=newest),
+        repaired(6, newest, to_time_ms=None),
+    ]
+    assert [g.gap_id for g in to_count(gaps, newest)] == ["g1"]
+    assert to_count(gaps, None) == []
+
+
+def ids(*trade_ids: str) -> pa.Table:
+    return pa.table({Ticks.TRADE_ID: list(trade_ids), Ticks.TRADE_TIME: [0] * len(trade_ids)})
+
+
+def test_stored_trades_are_counted_as_the_repair_counted_them() -> None:
+    by_id = gap(1, "REPAIRED", 0, 9, trades_recovered=3, from_trade_id="10", to_trade_id="14")
+    # ids 11-13 between the ends; a live trade sharing an end's ms (9, 15) is not one
+    assert stored_inside(by_id, ids("9", "10", "11", "13", "14", "15")) == 2
+    by_time = dataclasses.replace(by_id, from_trade_id="a", to_trade_id="e")
+    assert stored_inside(by_time, ids("a", "b", "x", "e")) == 2  # every trade but the ends
 
 
 def test_gap_rows_become_range_gaps() -> None:
@@ -118,13 +162,15 @@ def test_gap_rows_become_range_gaps() -> None:
                 Gaps.GAP_ID: "a", Gaps.TICKER: T, Gaps.STATUS: None, Gaps.CAUSE: None,
                 Gaps.REASON: None, Gaps.FROM_TIME: 1_500, Gaps.TO_TIME: None,
                 Gaps.MISSING_IDS: None, Gaps.TRADES_RECOVERED: 4,
+                Gaps.FROM_TRADE_ID: "7", Gaps.TO_TRADE_ID: None, Gaps.UPDATED_AT: 2_000_000,
             }
         ],
         schema=arrow_schema(Gaps.SCHEMA),
     )  # fmt: skip
     assert gaps_from_table(rows) == [
-        gap(0, "OPEN", 1, None, gap_id="a", cause="", trades_recovered=4)
-    ]
+        gap(0, "OPEN", 1, None, gap_id="a", cause="", trades_recovered=4, from_trade_id="7",
+            updated_at_ms=2_000)
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -253,3 +299,18 @@ def test_a_failed_read_raises_at_its_place_after_the_results_before_it() -> None
     assert [next(it), next(it), next(it)] == [0, 1, 2]
     with pytest.raises(OSError, match="read 3 failed"):
         next(it)
+
+
+def test_the_cli_lists_a_repaired_gap_until_its_trades_are_stored() -> None:
+    from mdclient.cli.output import report_lines
+
+    waiting = gap(1, "REPAIRED", 10 * H + 1, 10 * H + 9, trades_recovered=3, trades_stored=1)
+
+    def lines(g: RangeGap) -> list[str]:
+        return report_lines(integrity_report(T, 10 * H, 11 * H, span=(H, 20 * H), gaps=[g]))
+
+    *_, last = lines(waiting)
+    assert lines(waiting)[0].startswith("integrity: repairing")
+    assert last.startswith("  gap repaired:") and "3 recovered, 1 of them stored yet" in last
+    done = dataclasses.replace(waiting, trades_stored=3)
+    assert not any("gap repaired" in line for line in lines(done))

@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import Message
 
+from mdproto import gaps as gap_rules
 from mdproto import topics
 from mdproto.messages import OHLC
 from mdproto.tables import Ohlc
@@ -146,12 +147,8 @@ def window_end_ms(window: Window) -> int:
 
 
 def counted_by_id(gap: Gap) -> bool:
-    """How the repair counted ``trades_recovered`` (the ingestor's ``RepairPlan``): with
-    consecutive numeric ids, the ids strictly between the ends (REPAIRED then has them
-    all: to - from - 1 of them); otherwise every trade of [from_time, to_time] but the
-    two ends, trades sharing an end's millisecond included."""
-    first, last = gap.from_trade_id, gap.to_trade_id
-    return first.isdigit() and last.isdigit() and int(last) - int(first) - 1 == gap.trades_recovered
+    """How the repair counted ``trades_recovered`` (`mdproto.gaps.counted_by_id`)."""
+    return gap_rules.counted_by_id(gap.from_trade_id, gap.to_trade_id, gap.trades_recovered)
 
 
 def stored_inside(gap: Gap, probe: Probe) -> int:

@@ -62,6 +62,9 @@ GAP_COLUMNS = (
     Gaps.TO_TIME,
     Gaps.MISSING_IDS,
     Gaps.TRADES_RECOVERED,
+    Gaps.FROM_TRADE_ID,
+    Gaps.TO_TRADE_ID,
+    Gaps.UPDATED_AT,
 )
 
 OPEN = TradeGap.State.Name(TradeGap.OPEN)
@@ -325,10 +328,10 @@ def _gap_summary(gaps: pa.Table) -> tuple[dict[str, GapCounts], dict[str, list[L
 
 
 def gap_rows(gaps: pa.Table) -> list[dict[str, Any]]:
-    """``market.gaps`` rows, `GAP_COLUMNS`, from/to times as epoch µs (exact: a datetime
-    is not)."""
+    """``market.gaps`` rows, `GAP_COLUMNS`, from/to and updated times as epoch µs (exact:
+    a datetime is not)."""
     rows = gaps.select(list(GAP_COLUMNS))
-    for name in (Gaps.FROM_TIME, Gaps.TO_TIME):
+    for name in (Gaps.FROM_TIME, Gaps.TO_TIME, Gaps.UPDATED_AT):
         at = rows.schema.get_field_index(name)
         rows = rows.set_column(at, name, rows.column(name).cast(pa.int64()))
     listed: list[dict[str, Any]] = rows.to_pylist()

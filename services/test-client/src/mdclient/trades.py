@@ -8,6 +8,9 @@
            IcebergReader.read_gaps(ticker)         market.gaps: the ticker's gaps
            integrity_report (pure)                 -> TradeIntegrity; NotRecorded if the
                                                       range holds no recording
+           IcebergReader.read_trades(gap)          a lately REPAIRED gap's stored trades,
+                                                   counted (`stored_inside`): not all
+                                                   stored yet -> the gap is repairing
       -> TradesResult (one Arrow table)  or  TradeBatches (record batches, one group of
          overlapping files in memory at a time: IcebergReader.trade_groups)
 
@@ -24,6 +27,7 @@ read.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,11 +47,13 @@ from mdclient.recording import (
     GapCounts,
     LostGap,
     _int64,
+    _ms,
     gap_dict,
     gap_rows,
     known_status,
     lost_gap,
 )
+from mdproto import gaps as gap_rules
 from mdproto import rules
 from mdproto.error_codes import BAD_TIME, BAD_TIME_RANGE
 from mdproto.tables import Gaps, Ticks, arrow_schema
@@ -60,6 +66,9 @@ if TYPE_CHECKING:
 COLUMNS: tuple[str, ...] = Ticks.SCHEMA.names
 #: Rows per record batch `TradeBatches` yields (Arrow's and Parquet's usual size).
 BATCH_ROWS = 65_536
+#: How long before the ticker's newest stored trade a REPAIRED gap may have been
+#: repaired and still have its stored trades counted (`to_count`).
+STORED_CHECK_MS = 3_600_000
 #: The key of the integrity report (its `as_dict` as JSON) in the schema metadata of
 #: the Arrow and Parquet answers (`mdclient trades --parquet`, the gateway's GET /trades).
 REPORT_KEY = b"mdp.integrity"
@@ -77,6 +86,23 @@ class RangeGap(LostGap):
     may be missing (a null end: unknown, taken to reach that far)."""
 
     status: str  # OPEN, REPAIRING, REPAIRED, UNREPAIRABLE (an unknown one counts as OPEN)
+    from_trade_id: str = ""
+    to_trade_id: str = ""
+    updated_at_ms: int | None = None
+    #: A REPAIRED gap's recovered trades found in ``market.ticks`` (`stored_inside`);
+    #: None: not counted (another status, or repaired long before the newest trade).
+    trades_stored: int | None = None
+
+    @property
+    def awaiting_trades(self) -> bool:
+        """REPAIRED, but ``market.ticks`` does not hold all its recovered trades yet: the
+        ingestor marks a gap REPAIRED once they are in Kafka, and ticks-persist stores
+        them up to a minute later."""
+        return (
+            self.status == REPAIRED
+            and self.trades_stored is not None
+            and self.trades_stored < self.trades_recovered
+        )
 
     def overlaps(self, start_ms: int, end_ms: int) -> bool:
         """A missing trade may lie in [start_ms, end_ms): in milliseconds it may share
@@ -106,7 +132,8 @@ class TradeIntegrity:
     def counts(self) -> GapCounts | None:
         if self.gaps is None:
             return None
-        by = [g.status for g in self.gaps]
+        # A REPAIRED gap whose trades are not all stored yet counts as repairing.
+        by = [REPAIRING if g.awaiting_trades else g.status for g in self.gaps]
         return GapCounts(
             open=sum(s not in (REPAIRING, REPAIRED, UNREPAIRABLE) for s in by),
             repairing=by.count(REPAIRING),
@@ -144,7 +171,10 @@ class TradeIntegrity:
             "gaps_known": self.gaps is not None,
             "gaps_note": self.gaps_note or None,
             "gap_counts": None if counts is None else asdict(counts),
-            "gaps": [{**gap_dict(g), "status": g.status} for g in self.gaps or ()],
+            "gaps": [
+                {**gap_dict(g), "status": g.status, "trades_stored": _int64(g.trades_stored)}
+                for g in self.gaps or ()
+            ],
         }
 
 
@@ -154,9 +184,47 @@ class TradeIntegrity:
 def gaps_from_table(rows: pa.Table) -> list[RangeGap]:
     """``market.gaps`` rows (`recording.GAP_COLUMNS`) -> RangeGaps."""
     return [
-        RangeGap(**asdict(lost_gap(row)), status=known_status(row[Gaps.STATUS]))
+        RangeGap(
+            **asdict(lost_gap(row)),
+            status=known_status(row[Gaps.STATUS]),
+            from_trade_id=row[Gaps.FROM_TRADE_ID] or "",
+            to_trade_id=row[Gaps.TO_TRADE_ID] or "",
+            updated_at_ms=_ms(row[Gaps.UPDATED_AT]),
+        )
         for row in gap_rows(rows)
     ]
+
+
+def to_count(gaps: Iterable[RangeGap], last_trade_ms: int | None) -> list[RangeGap]:
+    """The REPAIRED gaps whose stored trades `Client.trades` counts: those repaired
+    within `STORED_CHECK_MS` of the ticker's newest stored trade (ticks-persist stores a
+    repair's trades a minute or so after REPAIRED; the pipeline gives up waiting after
+    15 minutes, with a warning), with both ends known."""
+    if last_trade_ms is None:
+        return []
+    return [
+        g
+        for g in gaps
+        if g.status == REPAIRED
+        and g.trades_recovered > 0
+        and g.from_time_ms is not None
+        and g.to_time_ms is not None
+        and g.updated_at_ms is not None
+        and g.updated_at_ms >= last_trade_ms - STORED_CHECK_MS
+    ]
+
+
+def stored_inside(gap: RangeGap, trades: pa.Table) -> int:
+    """The recovered trades of `gap` that `trades` (``trade_id``, ``trade_time`` of its
+    ticker over [from_time, to_time]) holds, counted as the repair counted them
+    (`mdproto.gaps.counted_by_id`): the ids strictly between the ends, or every trade of
+    the span but the two ends."""
+    ids = trades.column(Ticks.TRADE_ID).to_pylist()
+    if gap_rules.counted_by_id(gap.from_trade_id, gap.to_trade_id, gap.trades_recovered):
+        low, high = int(gap.from_trade_id), int(gap.to_trade_id)
+        return sum(1 for i in ids if i.isdigit() and low < int(i) < high)
+    ends = {gap.from_trade_id, gap.to_trade_id}
+    return sum(1 for i in ids if i not in ends)
 
 
 def integrity_report(
@@ -354,17 +422,40 @@ def read_report(
     from mdproto.error_codes import NO_TABLE
 
     pieces = reader.read_tick_pieces(settings.ticks_table, None, ticker=ticker)
-    gaps: list[RangeGap] | None
+    found: list[RangeGap] | None
     note = ""
     try:
-        gaps = gaps_from_table(reader.read_gaps(settings.gaps_table, None, ticker=ticker))
+        found = gaps_from_table(reader.read_gaps(settings.gaps_table, None, ticker=ticker))
     except StorageError as exc:
         if exc.error_code != NO_TABLE:
             raise
-        gaps, note = None, exc.reason
-    return integrity_report(
-        ticker, start_ms, end_ms, span=span_of(pieces), gaps=gaps, gaps_note=note
+        found, note = None, exc.reason
+    report = integrity_report(
+        ticker, start_ms, end_ms, span=span_of(pieces), gaps=found, gaps_note=note
     )
+    return _stored_counted(reader, settings, report)
+
+
+def _stored_counted(
+    reader: IcebergReader, settings: ClientSettings, report: TradeIntegrity
+) -> TradeIntegrity:
+    """`report` with the stored trades of its gaps `to_count` counted: one read of trade
+    ids and times per gap, over the gap alone."""
+    counted: dict[str, int] = {}
+    for gap in to_count(report.gaps or (), report.last_trade_ms):
+        assert gap.from_time_ms is not None and gap.to_time_ms is not None  # to_count's
+        trades = reader.read_trades(
+            settings.ticks_table,
+            report.ticker,
+            gap.from_time_ms,
+            gap.to_time_ms + 1,
+            (Ticks.TRADE_ID, Ticks.TRADE_TIME),
+        )
+        counted[gap.gap_id] = stored_inside(gap, trades)
+    if not counted:
+        return report
+    gaps = (dataclasses.replace(g, trades_stored=counted.get(g.gap_id)) for g in report.gaps or ())
+    return dataclasses.replace(report, gaps=tuple(gaps))
 
 
 def _recorded(reader: IcebergReader, settings: ClientSettings, query: TradeQuery) -> TradeIntegrity:

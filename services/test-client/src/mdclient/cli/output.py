@@ -372,6 +372,8 @@ def _utc_ms(ms: int | None) -> str:
 def gap_line(gap: RangeGap) -> str:
     missing = f", {gap.missing_ids:,} ids missing" if gap.missing_ids else ""
     recovered = f", {gap.trades_recovered:,} recovered" if gap.trades_recovered else ""
+    if gap.awaiting_trades:
+        recovered += f", {gap.trades_stored:,} of them stored yet"
     why = f": {gap.reason}" if gap.reason else ""
     return (
         f"  gap {gap.status.lower()}: {_utc_ms(gap.from_time_ms)} -> {_utc_ms(gap.to_time_ms)} "
@@ -381,7 +383,8 @@ def gap_line(gap: RangeGap) -> str:
 
 def report_lines(report: TradeIntegrity) -> list[str]:
     """The report as a person reads it: state, recorded since, what is not recorded,
-    the gap counts, then each gap that is not repaired."""
+    the gap counts, then each gap that is not repaired (or whose trades are not all
+    stored yet)."""
     if report.state == "not_recorded":
         since = (
             f"; recorded {_utc_ms(report.recorded_since_ms)} to {_utc_ms(report.last_trade_ms)}"
@@ -406,7 +409,7 @@ def report_lines(report: TradeIntegrity) -> list[str]:
             f"  gaps in the range: {counts.repaired} repaired, {counts.unrepairable} "
             f"unrepairable, {counts.open} open, {counts.repairing} repairing"
         )
-    lines += [gap_line(g) for g in report.gaps or () if g.status != "REPAIRED"]
+    lines += [gap_line(g) for g in report.gaps or () if g.status != "REPAIRED" or g.awaiting_trades]
     return lines
 
 
