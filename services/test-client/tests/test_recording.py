@@ -135,6 +135,14 @@ def test_summary_spans_files_and_rows_counts_today_and_tallies_gaps_per_market()
     assert [g.ticker for g in binance.lost_gaps] == [BTC, BTC]
 
 
+def test_a_repaired_gap_awaiting_its_trades_counts_as_repairing() -> None:
+    pieces = pieces_from_files([file_piece(BTC, 3, TODAY_US, TODAY_US + 1)])
+    table = gaps(gap(BTC, "REPAIRED", 1), gap(BTC, "REPAIRED", 2))
+    waiting = frozenset({f"{BTC}|1|10"})
+    (btc,) = summarise(pieces, table, exchange=None, now_ms=NOW_MS, awaiting=waiting).markets
+    assert (btc.gaps, btc.state) == (GapCounts(repairing=1, repaired=1), "repairing")
+
+
 def test_without_the_gaps_table_the_counts_are_unknown_and_say_why() -> None:
     pieces = pieces_from_files([file_piece(BTC, 3, TODAY_US, TODAY_US + 1)])
     note = "Iceberg table market.gaps does not exist yet: the pipeline creates it"

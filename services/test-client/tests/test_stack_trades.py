@@ -204,12 +204,19 @@ def test_a_repaired_gap_is_repairing_until_its_trades_are_stored(
     )
     with Client(settings=settings(lake, fake_relay)) as client:
         before = client.trades(link, ends[0], DAY2).report
+        recording_before = client.recording("BINANCE")
         catalog.load_table(lake["ticks"]).append(ticks(link, inside))
         after = client.trades(link, ends[0], DAY2).report
+        recording_after = client.recording("BINANCE")
     assert (before.state, before.counts) == ("repairing", GapCounts(repairing=1))
     assert [g.trades_stored for g in before.gaps or ()] == [0]
     assert (after.state, after.counts) == ("complete", GapCounts(repaired=1))
     assert [g.trades_stored for g in after.gaps or ()] == [2]
+    # The recording's status counts the gap as its trades do.
+    (was,) = [m for m in recording_before.markets if m.ticker == link]
+    (now,) = [m for m in recording_after.markets if m.ticker == link]
+    assert (was.state, was.gaps) == ("repairing", GapCounts(repairing=1))
+    assert (now.state, now.gaps) == ("ok", GapCounts(repaired=1))
 
 
 def test_cli_writes_the_trades_and_prints_the_report(

@@ -7,6 +7,8 @@ and its gaps (docs/protocol.md "Recording").
                                            (rows, first and last trade_time); rows are read
                                            only where those are not exact  -> pieces
            IcebergReader.read_gaps         market.gaps: a few columns, a few rows a day
+           IcebergReader.read_trades       a lately REPAIRED gap's stored trades, counted
+                                           (`mdclient.trades.count_stored`)
       -> summarise (pure)                  -> RecordingStatus
 
 *Recorded* here means stored: every ticker with trades in ``market.ticks``, and every
@@ -36,6 +38,7 @@ from mdproto.tables import Gaps, Ticks
 if TYPE_CHECKING:
     from mdclient.config import ClientSettings
     from mdclient.frames import IcebergReader
+    from mdclient.trades import RangeGap
 
 DAY_US = 86_400_000_000
 
@@ -249,9 +252,12 @@ def summarise(
     exchange: str | None,
     now_ms: int,
     gaps_note: str = "",
+    awaiting: frozenset[str] = frozenset(),
 ) -> RecordingStatus:
     """Pieces of ``market.ticks`` and rows of ``market.gaps`` (None: not read, gaps_note
-    says why) -> one `RecordedMarket` per ticker of either, of `exchange` if given."""
+    says why) -> one `RecordedMarket` per ticker of either, of `exchange` if given. The
+    REPAIRED gaps in `awaiting` (ids) count as repairing: their recovered trades are not
+    all stored yet (`mdclient.trades.RangeGap.awaiting_trades`)."""
     prefix = f"{exchange}:" if exchange else ""
     today = now_ms * 1000 // DAY_US
     spans: dict[str, tuple[int, int]] = {}
@@ -266,7 +272,7 @@ def summarise(
         ):
             spans[ticker] = (first // 1000, last // 1000)
     today_counts = _trades_on(pieces, today)
-    counts, lost = _gap_summary(gaps) if gaps is not None else ({}, {})
+    counts, lost = _gap_summary(gaps, awaiting) if gaps is not None else ({}, {})
     tickers = sorted(t for t in {*spans, *counts} if t.startswith(prefix))
     markets = tuple(
         RecordedMarket(
@@ -302,13 +308,18 @@ def _trades_on(pieces: pa.Table, day: int) -> dict[str, int]:
     )
 
 
-def _gap_summary(gaps: pa.Table) -> tuple[dict[str, GapCounts], dict[str, list[LostGap]]]:
+def _gap_summary(
+    gaps: pa.Table, awaiting: frozenset[str]
+) -> tuple[dict[str, GapCounts], dict[str, list[LostGap]]]:
     """Counts per ticker by status (a status this client does not know counts as open:
-    not known to be repaired), and the unrepairable gaps, oldest first."""
+    not known to be repaired; a gap in `awaiting` as repairing), and the unrepairable
+    gaps, oldest first."""
     tallies: dict[str, dict[str, int]] = {}
     lost: dict[str, list[LostGap]] = {}
     for row in gap_rows(gaps):
         ticker, key = row[Gaps.TICKER], known_status(row[Gaps.STATUS])
+        if row[Gaps.GAP_ID] in awaiting:
+            key = REPAIRING
         tally = tallies.setdefault(ticker, {})
         tally[key] = tally.get(key, 0) + 1
         if key == UNREPAIRABLE:
@@ -388,4 +399,25 @@ def read_recording(
         if exc.error_code != NO_TABLE:
             raise
         gaps, note = None, exc.reason
-    return summarise(pieces, gaps, exchange=exchange, now_ms=now_ms, gaps_note=note)
+    awaiting = frozenset() if gaps is None else _awaiting(reader, settings, pieces, gaps)
+    return summarise(
+        pieces, gaps, exchange=exchange, now_ms=now_ms, gaps_note=note, awaiting=awaiting
+    )
+
+
+def _awaiting(
+    reader: IcebergReader, settings: ClientSettings, pieces: pa.Table, gaps: pa.Table
+) -> frozenset[str]:
+    """The REPAIRED gaps whose recovered trades ``market.ticks`` does not all hold yet,
+    found as `Client.trades` finds them (`mdclient.trades.count_stored`), per ticker."""
+    from mdclient.trades import count_stored, gaps_from_table, span_of
+
+    by_ticker: dict[str, list[RangeGap]] = {}
+    for gap in gaps_from_table(gaps):
+        by_ticker.setdefault(gap.ticker, []).append(gap)
+    awaiting: set[str] = set()
+    for ticker, found in by_ticker.items():
+        span = span_of(pieces.filter(pc.equal(pieces.column(Ticks.TICKER), ticker)))
+        counted = count_stored(reader, settings, ticker, found, None if span is None else span[1])
+        awaiting |= {g.gap_id for g in counted if g.awaiting_trades}
+    return frozenset(awaiting)

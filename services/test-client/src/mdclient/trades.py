@@ -433,29 +433,34 @@ def read_report(
     report = integrity_report(
         ticker, start_ms, end_ms, span=span_of(pieces), gaps=found, gaps_note=note
     )
-    return _stored_counted(reader, settings, report)
+    if not report.gaps:
+        return report
+    counted = count_stored(reader, settings, ticker, report.gaps, report.last_trade_ms)
+    return dataclasses.replace(report, gaps=tuple(counted))
 
 
-def _stored_counted(
-    reader: IcebergReader, settings: ClientSettings, report: TradeIntegrity
-) -> TradeIntegrity:
-    """`report` with the stored trades of its gaps `to_count` counted: one read of trade
-    ids and times per gap, over the gap alone."""
+def count_stored(
+    reader: IcebergReader,
+    settings: ClientSettings,
+    ticker: str,
+    gaps: Sequence[RangeGap],
+    last_trade_ms: int | None,
+) -> list[RangeGap]:
+    """`gaps` (of `ticker`) with the stored trades of those `to_count` counted: one read
+    of trade ids and times per gap, over the gap alone (`Client.trades` and
+    `Client.recording` both)."""
     counted: dict[str, int] = {}
-    for gap in to_count(report.gaps or (), report.last_trade_ms):
+    for gap in to_count(gaps, last_trade_ms):
         assert gap.from_time_ms is not None and gap.to_time_ms is not None  # to_count's
         trades = reader.read_trades(
             settings.ticks_table,
-            report.ticker,
+            ticker,
             gap.from_time_ms,
             gap.to_time_ms + 1,
             (Ticks.TRADE_ID, Ticks.TRADE_TIME),
         )
         counted[gap.gap_id] = stored_inside(gap, trades)
-    if not counted:
-        return report
-    gaps = (dataclasses.replace(g, trades_stored=counted.get(g.gap_id)) for g in report.gaps or ())
-    return dataclasses.replace(report, gaps=tuple(gaps))
+    return [dataclasses.replace(g, trades_stored=counted.get(g.gap_id)) for g in gaps]
 
 
 def _recorded(reader: IcebergReader, settings: ClientSettings, query: TradeQuery) -> TradeIntegrity:
