@@ -260,17 +260,7 @@ def summarise(
     all stored yet (`mdclient.trades.RangeGap.awaiting_trades`)."""
     prefix = f"{exchange}:" if exchange else ""
     today = now_ms * 1000 // DAY_US
-    spans: dict[str, tuple[int, int]] = {}
-    if pieces.num_rows:
-        by_ticker = pieces.group_by(Ticks.TICKER).aggregate(
-            [("first_trade", "min"), ("last_trade", "max")]
-        )
-        firsts = by_ticker.column("first_trade_min").cast(pa.int64()).to_pylist()
-        lasts = by_ticker.column("last_trade_max").cast(pa.int64()).to_pylist()
-        for ticker, first, last in zip(
-            by_ticker.column(Ticks.TICKER).to_pylist(), firsts, lasts, strict=True
-        ):
-            spans[ticker] = (first // 1000, last // 1000)
+    spans = spans_of(pieces)
     today_counts = _trades_on(pieces, today)
     counts, lost = _gap_summary(gaps, awaiting) if gaps is not None else ({}, {})
     tickers = sorted(t for t in {*spans, *counts} if t.startswith(prefix))
@@ -292,6 +282,22 @@ def summarise(
         markets=markets,
         gaps_note=gaps_note if gaps is None else "",
     )
+
+
+def spans_of(pieces: pa.Table) -> dict[str, tuple[int, int]]:
+    """Each ticker's (oldest, newest) stored trade in epoch ms, from its pieces."""
+    if not pieces.num_rows:
+        return {}
+    by_ticker = pieces.group_by(Ticks.TICKER).aggregate(
+        [("first_trade", "min"), ("last_trade", "max")]
+    )
+    firsts = by_ticker.column("first_trade_min").cast(pa.int64()).to_pylist()
+    lasts = by_ticker.column("last_trade_max").cast(pa.int64()).to_pylist()
+    tickers = by_ticker.column(Ticks.TICKER).to_pylist()
+    return {
+        ticker: (first // 1000, last // 1000)
+        for ticker, first, last in zip(tickers, firsts, lasts, strict=True)
+    }
 
 
 def _trades_on(pieces: pa.Table, day: int) -> dict[str, int]:
@@ -410,14 +416,15 @@ def _awaiting(
 ) -> frozenset[str]:
     """The REPAIRED gaps whose recovered trades ``market.ticks`` does not all hold yet,
     found as `Client.trades` finds them (`mdclient.trades.count_stored`), per ticker."""
-    from mdclient.trades import count_stored, gaps_from_table, span_of
+    from mdclient.trades import count_stored, gaps_from_table
 
     by_ticker: dict[str, list[RangeGap]] = {}
     for gap in gaps_from_table(gaps):
         by_ticker.setdefault(gap.ticker, []).append(gap)
+    spans = spans_of(pieces)
     awaiting: set[str] = set()
     for ticker, found in by_ticker.items():
-        span = span_of(pieces.filter(pc.equal(pieces.column(Ticks.TICKER), ticker)))
-        counted = count_stored(reader, settings, ticker, found, None if span is None else span[1])
+        newest = spans[ticker][1] if ticker in spans else None
+        counted = count_stored(reader, settings, ticker, found, newest)
         awaiting |= {g.gap_id for g in counted if g.awaiting_trades}
     return frozenset(awaiting)
