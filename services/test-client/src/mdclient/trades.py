@@ -52,6 +52,7 @@ from mdclient.recording import (
     gap_rows,
     known_status,
     lost_gap,
+    spans_of,
 )
 from mdproto import gaps as gap_rules
 from mdproto import rules
@@ -283,15 +284,6 @@ def with_report(schema: pa.Schema, report: TradeIntegrity) -> pa.Schema:
     return schema.with_metadata({**(schema.metadata or {}), REPORT_KEY: text})
 
 
-def span_of(pieces: pa.Table) -> tuple[int, int] | None:
-    """`recording.PIECES` of one ticker -> (oldest, newest trade in epoch ms), or None."""
-    if pieces.num_rows == 0:
-        return None
-    first = pc.min(pieces.column("first_trade").cast(pa.int64())).as_py()
-    last = pc.max(pieces.column("last_trade").cast(pa.int64())).as_py()
-    return int(first) // 1000, int(last) // 1000
-
-
 def _ascending(times: pa.ChunkedArray | pa.Array) -> bool:
     return len(times) < 2 or bool(pc.all(pc.greater_equal(times[1:], times[:-1])).as_py())
 
@@ -431,7 +423,7 @@ def read_report(
             raise
         found, note = None, exc.reason
     report = integrity_report(
-        ticker, start_ms, end_ms, span=span_of(pieces), gaps=found, gaps_note=note
+        ticker, start_ms, end_ms, span=spans_of(pieces).get(ticker), gaps=found, gaps_note=note
     )
     if not report.gaps:
         return report
