@@ -10,7 +10,9 @@ one Spark driver started by the pipeline's own `session.build_session` with an
    checkpoint's share shows), ``availableNow``, a fresh checkpoint per run;
 3. variants, interleaved ``--reps`` times so a load change hits each alike:
    ``local`` (a directory on this disk, Spark's default FileContext manager: write a
-   temporary file, rename), ``s3a-rename`` (the S3 store with that same default
+   temporary file, rename), ``local-fs`` (that directory with Spark's FileSystem-based
+   manager, the pipeline's setting for a local checkpoint_dir, docs/adr/0027),
+   ``s3a-rename`` (the S3 store with that same default
    manager: on S3 a rename is a copy and a delete) and ``s3a-abortable`` (the S3 store
    with spark-hadoop-cloud's AbortableStreamBasedCheckpointFileManager, the
    pipeline's setting: the file written in place, its upload aborted on failure);
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 DEFAULT_MANAGER = "org.apache.spark.sql.execution.streaming.FileContextBasedCheckpointFileManager"
-VARIANTS = ("local", "s3a-rename", "s3a-abortable")
+VARIANTS = ("local", "local-fs", "s3a-rename", "s3a-abortable")
 STEPS = ("walCommit", "commitOffsets", "checkpoint", "triggerExecution")
 
 
@@ -142,7 +144,7 @@ def raw_writes(e: StackEndpoints, tmp: str, count: int) -> dict[str, list[float]
 
 def run(args: argparse.Namespace) -> None:
     from pipeline.config import load_settings
-    from pipeline.session import build_session
+    from pipeline.session import LOCAL_CHECKPOINT_MANAGER, build_session
 
     with stack(args.stack_dir) as endpoints, tempfile.TemporaryDirectory() as tmp:
         e: StackEndpoints = endpoints
@@ -161,13 +163,16 @@ def run(args: argparse.Namespace) -> None:
                 sessions[v].conf.set(
                     "spark.sql.streaming.checkpointFileManagerClass", DEFAULT_MANAGER
                 )
+            sessions["local-fs"].conf.set(
+                "spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER
+            )
             raw = raw_writes(e, tmp, args.raw)
             samples = {v: Samples() for v in VARIANTS}
             for rep in range(args.reps):
                 for v in VARIANTS:
                     where = (
                         f"{tmp}/{v}-{rep}"
-                        if v == "local"
+                        if v.startswith("local")
                         else settings.checkpoint_for(f"{v}-{rep}")
                     )
                     progress, elapsed = one_run(

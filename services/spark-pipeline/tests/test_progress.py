@@ -41,7 +41,9 @@ def test_every_progress_is_logged_and_counted_once(caplog: pytest.LogCaptureFixt
     assert sample("pipeline_batch_duration_seconds_count") == 2
     assert sample("pipeline_kafka_lag_offsets") == 3  # a batch without the metric keeps it
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["history batch 7: 10 rows in 250 ms (40 rows/s), kafka lag 3"]
+    assert lines == [
+        "history batch 7: 10 rows in 250 ms (40 rows/s), kafka lag 3; no phases reported"
+    ]
 
 
 class JvmEvent:
@@ -71,4 +73,7 @@ def test_a_progress_the_jvm_sends_as_json_is_logged_and_counted(
     assert registry.get_sample_value("pipeline_kafka_lag_offsets", {"query": "history"}) == 3
     assert registry.get_sample_value("pipeline_input_rows_total", {"query": "history"}) == 10
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["history batch 7: 10 rows in 1051 ms (1 rows/s), kafka lag 3"]
+    assert lines == [
+        "history batch 7: 10 rows in 1051 ms (1 rows/s), kafka lag 3; "
+        "offsets 10, WAL 49, planning 21, batch 887, commit 80 ms"
+    ]

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.session import (
+    LOCAL_CHECKPOINT_MANAGER,
     S3A_CHECKPOINT_MANAGER,
     S3A_JARS,
     SessionConfigError,
@@ -140,9 +141,13 @@ def test_an_s3a_checkpoint_dir_gets_s3a_settings_from_the_catalogs_s3_store(
     assert spark_conf(patient, include_launch=False)[f"{prefix}retry.limit"] == "7"
     local = Settings.model_validate({"catalog": catalog})
     assert not [k for k in spark_conf(local, include_launch=False) if "s3a" in k]
-    assert "spark.sql.streaming.checkpointFileManagerClass" not in spark_conf(
-        local, include_launch=False
-    )
+
+
+def test_a_local_checkpoint_dir_is_written_by_the_file_system_manager() -> None:
+    """Spark's FileSystem-based manager (docs/adr/0027), not its FileContext default, which
+    spawns readlink and chmod processes for every checkpoint file."""
+    conf = spark_conf(Settings.model_validate({}), include_launch=False)
+    assert conf["spark.sql.streaming.checkpointFileManagerClass"] == LOCAL_CHECKPOINT_MANAGER
 
 
 def test_an_s3a_checkpoint_dir_needs_the_s3a_jars(jars_dir: Path) -> None:

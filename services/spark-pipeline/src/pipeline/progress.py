@@ -32,6 +32,24 @@ def kafka_lag(progress: Any) -> int | None:
     return max(lags) if lags else None
 
 
+#: Spark's phases of a micro-batch (`durationMs`), in the order they run, as the log names
+#: them: the batch itself (`addBatch`, the query's own work) and Spark's around it.
+PHASES = (
+    ("latestOffset", "offsets"),
+    ("walCommit", "WAL"),
+    ("queryPlanning", "planning"),
+    ("addBatch", "batch"),
+    ("commitOffsets", "commit"),
+)
+
+
+def phases(duration_ms: dict[str, Any]) -> str:
+    """`durationMs` -> "offsets 10, WAL 49, planning 21, batch 887, commit 80 ms" (the
+    phases Spark reported): where a micro-batch's time went beside the query's work."""
+    parts = [f"{name} {int(duration_ms[key])}" for key, name in PHASES if key in duration_ms]
+    return f"{', '.join(parts)} ms" if parts else ""
+
+
 def progress_of(progress_json: str) -> StreamingQueryProgress:
     """A micro-batch's progress from the JSON the JVM makes of it (its `json()`)."""
     return StreamingQueryProgress.fromJson(json.loads(progress_json))
@@ -96,13 +114,14 @@ class ProgressLogger(StreamingQueryListener):
         rows = int(p.numInputRows)
         if rows:
             log.info(
-                "%s batch %d: %d rows in %d ms (%.0f rows/s), kafka lag %s",
+                "%s batch %d: %d rows in %d ms (%.0f rows/s), kafka lag %s; %s",
                 p.name,
                 p.batchId,
                 rows,
                 int(p.durationMs.get("triggerExecution", 0)),
                 p.processedRowsPerSecond or 0.0,
                 kafka_lag(p),
+                phases(p.durationMs) or "no phases reported",
             )
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802 (Spark API)

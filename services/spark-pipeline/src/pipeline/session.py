@@ -40,6 +40,13 @@ S3A_STATIC_KEYS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 S3A_CHECKPOINT_MANAGER = (
     "org.apache.spark.internal.io.cloud.AbortableStreamBasedCheckpointFileManager"
 )
+#: A local checkpoint_dir's writer (docs/adr/0027): Spark's FileSystem-based manager.
+#: Spark's default, FileContext's, spawns `readlink` and `chmod` processes for every
+#: checkpoint file where Hadoop's native library is absent (pyspark ships none); this
+#: one spawns a fifth as many.
+LOCAL_CHECKPOINT_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+)
 #: S3A's retries of a failing checkpoint read or write, and the AWS SDK's attempts inside
 #: each: few, so a store that refuses connections fails the query within seconds and it
 #: restarts from its checkpoint with the pipeline's own backoff (``restart.*``, logged and
@@ -111,6 +118,14 @@ def s3a_conf(settings: Settings) -> dict[str, str]:
     }
 
 
+def local_checkpoint_conf(settings: Settings) -> dict[str, str]:
+    """The checkpoint manager for a local checkpoint_dir; none for an ``s3a://`` one
+    (`s3a_conf` has its own)."""
+    if checkpoints_on_s3(settings):
+        return {}
+    return {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINT_MANAGER}
+
+
 def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, str]:
     """Every Spark setting the pipeline needs.
 
@@ -142,6 +157,7 @@ def spark_conf(settings: Settings, *, include_launch: bool = True) -> dict[str, 
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.scheduler.mode": "FAIR",
         **s3a_conf(settings),
+        **local_checkpoint_conf(settings),
     }
     if include_launch:
         conf["spark.scheduler.allocation.file"] = str(scheduler_pools_file())
