@@ -47,7 +47,7 @@ def phases(duration_ms: dict[str, Any]) -> str:
     """`durationMs` -> "offsets 10, WAL 49, planning 21, batch 887, commit 80 ms" (the
     phases Spark reported): where a micro-batch's time went beside the query's work."""
     parts = [f"{name} {int(duration_ms[key])}" for key, name in PHASES if key in duration_ms]
-    return f"{', '.join(parts)} ms" if parts else ""
+    return f"{', '.join(parts)} ms" if parts else "no phases reported"
 
 
 def progress_of(progress_json: str) -> StreamingQueryProgress:
@@ -121,7 +121,7 @@ class ProgressLogger(StreamingQueryListener):
                 int(p.durationMs.get("triggerExecution", 0)),
                 p.processedRowsPerSecond or 0.0,
                 kafka_lag(p),
-                phases(p.durationMs) or "no phases reported",
+                phases(p.durationMs),
             )
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802 (Spark API)
