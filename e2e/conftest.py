@@ -28,6 +28,8 @@ from mdclient import ClientSettings
 
 #: The services whose logs a failed test's report carries (CI keeps nothing else).
 LOGGED_SERVICES = ("relay", "ingestor", "spark-pipeline")
+#: On compose, also the extra live engines (`live-engine` replicas, ADR 0014).
+COMPOSE_LOGGED = (*LOGGED_SERVICES, "live-engine")
 LOG_TAIL_LINES = 60
 #: Besides the tails, the lines that tell what a recording did (its gaps and repairs)
 #: and every warning, from the whole logs: a tail of 60 lines is often reconnects only.
@@ -103,7 +105,7 @@ def endpoints(request: pytest.FixtureRequest) -> PlatformEndpoints:
     """The local platform, or the Docker Compose one with MDP_E2E_STACK=compose (`make e2e`)."""
     if on_compose():
         stack: ComposePlatform = request.getfixturevalue("compose_stack")
-        _platform_logs.append(lambda tail: stack.logs(*LOGGED_SERVICES, tail=tail))
+        _platform_logs.append(lambda tail: stack.logs(*COMPOSE_LOGGED, tail=tail))
         return stack.endpoints.platform_endpoints()
     platform: Platform = request.getfixturevalue("platform")
     return platform.endpoints

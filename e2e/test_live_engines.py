@@ -129,25 +129,36 @@ class Watch:
             )
 
 
-def members(admin: AdminClient) -> list[tuple[str, dict[str, set[int]]]]:
-    """The group's members now: (host, topic -> partitions); [] while rebalancing."""
-    [future] = admin.describe_consumer_groups([GROUP]).values()
-    description = future.result(timeout=30)
-    if str(description.state).rsplit(".", 1)[-1].upper() != "STABLE":
-        return []
-    out = []
-    for m in description.members:
-        owned: dict[str, set[int]] = defaultdict(set)
-        for tp in m.assignment.topic_partitions:
-            owned[tp.topic].add(tp.partition)
-        out.append((m.host.lstrip("/"), dict(owned)))
-    return out
+class Group:
+    """The engines' consumer group as Kafka describes it; the last description is kept
+    for the failure message (CI leaves nothing else to read)."""
+
+    def __init__(self, admin: AdminClient) -> None:
+        self.admin = admin
+        self.last = "not described yet"
+
+    def members(self) -> list[tuple[str, dict[str, set[int]]]]:
+        """The group's members now: (host, topic -> partitions); [] while rebalancing."""
+        [future] = self.admin.describe_consumer_groups([GROUP]).values()
+        description = future.result(timeout=30)
+        state = str(description.state).rsplit(".", 1)[-1].upper()
+        out = []
+        for m in description.members:
+            owned: dict[str, set[int]] = defaultdict(set)
+            for tp in m.assignment.topic_partitions:
+                owned[tp.topic].add(tp.partition)
+            out.append((m.host.lstrip("/"), dict(owned)))
+        self.last = f"{state}: " + "; ".join(
+            f"{host} ({m.client_id}) {dict(sorted((t, sorted(p)) for t, p in owned.items()))}"
+            for (host, owned), m in zip(out, description.members, strict=True)
+        )
+        return out if state == "STABLE" else []
 
 
-def owners_when_covered(admin: AdminClient, count: int, partitions: int) -> dict[str, set[int]]:
+def owners_when_covered(group: Group, count: int, partitions: int) -> dict[str, set[int]]:
     """Host -> its market.ticks partitions once `count` members own every partition, partition
     i of both topics by the same member (the range assignor's pairing); {} before."""
-    now = members(admin)
+    now = group.members()
     if len(now) != count:
         return {}
     if any(owned.get(TOPICS[0], set()) != owned.get(TOPICS[1], set()) for _h, owned in now):
@@ -254,13 +265,14 @@ def test_a_killed_engine_s_partitions_move_with_no_candle_lost_or_doubled(
     compose = three_engines
     began = time.time()
     bootstrap = compose.endpoints.kafka_bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    group = Group(AdminClient({"bootstrap.servers": bootstrap}))
     partitions = ticks_partitions(bootstrap)
     owners = poll_until(
         "three engines owning every partition",
-        lambda: owners_when_covered(admin, 3, partitions),
+        lambda: owners_when_covered(group, 3, partitions),
         WAIT_S,
         0.5,
+        detail=lambda: f"the group last: {group.last}",
     )
     replicas = container_ips(compose, SERVICE)
     # The victim: a replica owning a subscribed market (its subscriber must resync).
@@ -325,9 +337,10 @@ def test_a_killed_engine_s_partitions_move_with_no_candle_lost_or_doubled(
                 )
                 poll_until(
                     "the dead engine's partitions owned again",
-                    lambda: owners_when_covered(admin, 2, partitions),
+                    lambda: owners_when_covered(group, 2, partitions),
                     WAIT_S,
                     0.2,
+                    detail=lambda: f"the group last: {group.last}",
                 )
                 reowned_s = time.monotonic() - killed_at
                 # CEP goes on: the moved ticker's trigger fires on its new owner.

@@ -42,16 +42,24 @@ def free_port() -> int:
     return port
 
 
-def poll_until(what: str, check: Callable[[], _T], timeout_s: float, interval_s: float = 0.2) -> _T:
+def poll_until(
+    what: str,
+    check: Callable[[], _T],
+    timeout_s: float,
+    interval_s: float = 0.2,
+    detail: Callable[[], str] | None = None,
+) -> _T:
     """`check()` once it is truthy, polled: for state with nothing to block on (a browser
-    page's); AssertionError naming `what` after `timeout_s`."""
+    page's); AssertionError naming `what` after `timeout_s`, with `detail()` (what was
+    last seen) when given."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(interval_s)
-    raise AssertionError(f"{what} not within {timeout_s} s")
+    seen = f": {detail()}" if detail is not None else ""
+    raise AssertionError(f"{what} not within {timeout_s} s{seen}")
 
 
 def in_ci() -> bool:
