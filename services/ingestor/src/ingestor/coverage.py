@@ -31,7 +31,10 @@ from mdproto.messages import HistorySource
 from mdproto.tables import Requests
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyiceberg.catalog import Catalog
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Table
 
 log = logging.getLogger(__name__)
 #: How long `IcebergCoverage.warm` waits for the table to exist (a fresh platform).
@@ -49,6 +52,8 @@ _READ = (
     Requests.EXPECTED_CANDLES,
     Requests.MISSING_CANDLES,
 )
+#: What `StoredRows` keeps of each data file: the rows `stored_span` may count, by ticker.
+_KEPT = (Requests.TICKER, *_READ)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -142,6 +147,84 @@ class NoCoverage:
 NO_COVERAGE = NoCoverage()
 
 
+class CoverageUnknownError(Exception):
+    """`market.requests` holds something `StoredRows` cannot read as it is (delete files):
+    nothing is planned from storage."""
+
+
+class StoredRows:
+    """The rows of `market.requests` that can prove a span stored, read once per file.
+
+    Why: each answer is appended as a one-row data file with its own manifest, and a
+    scan reads every manifest and every file of the ticker until upkeep compacts them
+    (every 15 minutes): the coverage read grew with each request since the last
+    compaction (docs/pipeline-benchmarks.md). Manifests and data files are immutable, so
+    each is read once: a call reads the table's manifest list and only what is new.
+    Files no longer in the current snapshot (compacted, expired) are forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._manifests: dict[str, tuple[DataFile, ...]] = {}
+        self._files: dict[str, pa.Table] = {}
+        self._schema_id: int | None = None
+
+    def rows(self, table: Table, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
+        """The OK rows of (`ticker`, `period_seconds`) in `table`'s current snapshot."""
+        import pyarrow.compute as pc
+
+        with self._lock:
+            stored = self._current(table)
+        if stored is None or not stored.num_rows:
+            return []
+        mine = pc.and_(
+            pc.equal(stored[Requests.TICKER], ticker),
+            pc.equal(stored[Requests.PERIOD_SECONDS], period_seconds),
+        )
+        rows: list[dict[str, Any]] = stored.filter(mine).select(list(_READ)).to_pylist()
+        return rows
+
+    def _current(self, table: Table) -> pa.Table | None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.io.pyarrow import ArrowScan
+        from pyiceberg.manifest import ManifestContent
+        from pyiceberg.table import FileScanTask
+
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return None
+        schema = table.schema()
+        if schema.schema_id != self._schema_id:  # files are read as this schema projects them
+            self._schema_id, self._files = schema.schema_id, {}
+        manifests = snapshot.manifests(table.io)
+        files: list[DataFile] = []
+        for manifest in manifests:
+            if manifest.content != ManifestContent.DATA:
+                raise CoverageUnknownError(
+                    f"{table.name()} has delete files ({manifest.manifest_path}): "
+                    "rows may be deleted, read whole only by a scan"
+                )
+            path = manifest.manifest_path
+            if path not in self._manifests:
+                live = manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                self._manifests[path] = tuple(entry.data_file for entry in live)
+            files += self._manifests[path]
+        scan = ArrowScan(table.metadata, table.io, schema.select(*_KEPT), AlwaysTrue())
+        for data_file in files:
+            if data_file.file_path not in self._files:
+                rows = scan.to_table([FileScanTask(data_file)])
+                self._files[data_file.file_path] = rows.filter(
+                    pc.equal(rows[Requests.STATUS], "OK")
+                )
+        current = {f.file_path for f in files}
+        self._files = {k: v for k, v in self._files.items() if k in current}
+        listed = {m.manifest_path for m in manifests}
+        self._manifests = {k: v for k, v in self._manifests.items() if k in listed}
+        return pa.concat_tables([self._files[f.file_path] for f in files]) if files else None
+
+
 class IcebergCoverage:
     """Reads `market.requests` through the REST catalog (pyiceberg, off the event loop).
 
@@ -155,6 +238,7 @@ class IcebergCoverage:
         self._catalog_name = catalog_name
         self._catalog: Catalog | None = None
         self._lock = threading.Lock()
+        self._stored = StoredRows()
 
     async def stored(self, ticker: str, period_seconds: int) -> list[Span]:
         try:
@@ -170,10 +254,10 @@ class IcebergCoverage:
         """Open the catalog and read the table once ahead of the first request; True
         once read.
 
-        A first read pays ~1-2 s for pyiceberg's import and the catalog, and more
-        for its first scan. On a fresh platform the table appears only when the
-        pipeline creates it: tried every second until then, for at most ``within_s``
-        (0: one try).
+        A first read pays ~1-2 s for pyiceberg's import and the catalog, and reads every
+        file of the table (`StoredRows`). On a fresh platform the table appears only
+        when the pipeline creates it: tried every second until then, for at most
+        ``within_s`` (0: one try).
         """
         deadline = time.monotonic() + within_s
         while True:
@@ -187,7 +271,7 @@ class IcebergCoverage:
             await asyncio.sleep(1.0)
 
     def _read_once(self) -> bool:
-        """One scan (of a ticker with no rows); False while the table does not exist."""
+        """One read (of a ticker with no rows); False while the table does not exist."""
         table = self._table_or_none()
         if table is not None:
             self._scan(table, WARM_TICKER, 60)
@@ -197,7 +281,7 @@ class IcebergCoverage:
         table = self._table_or_none()
         return [] if table is None else self._scan(table, ticker, period_seconds)
 
-    def _table_or_none(self) -> Any:
+    def _table_or_none(self) -> Table | None:
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
@@ -205,21 +289,10 @@ class IcebergCoverage:
         except NoSuchTableError:
             return None  # nothing was ever notified
 
-    def _scan(self, table: Any, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
-        from pyiceberg.expressions import And, EqualTo
-
-        eq: Any = EqualTo  # pyiceberg's pydantic predicates hide (term, literal) from mypy
-        condition = And(
-            eq(Requests.TICKER, ticker),
-            eq(Requests.PERIOD_SECONDS, period_seconds),
-            eq(Requests.STATUS, "OK"),
-        )
+    def _scan(self, table: Table, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
         if Requests.EXPECTED_CANDLES not in {f.name for f in table.schema().fields}:
             return []  # a table from before the integrity report: nothing is provably complete
-        rows: list[dict[str, Any]] = (
-            table.scan(row_filter=condition, selected_fields=_READ).to_arrow().to_pylist()
-        )
-        return rows
+        return self._stored.rows(table, ticker, period_seconds)
 
     def _load(self) -> Catalog:
         from pyiceberg.catalog import load_catalog
