@@ -40,7 +40,7 @@ from google.protobuf.message import Message
 from ingestor.config import KafkaSettings
 from mdproto import envelope, partitioning
 from mdproto.messages import OHLCBatch
-from mdproto.runtime.kafka import TopicSpec, ensure_topics, quiet_logger
+from mdproto.runtime.kafka import TopicSpec, consume_ready, ensure_topics, quiet_logger
 
 log = logging.getLogger(__name__)
 
@@ -279,10 +279,10 @@ class KafkaSink:
 
 
 def _consume(consumer: Consumer, topic: str) -> list[Any]:
-    """The next records (up to 500, 0.1 s), errors logged and left out (a consumer
-    thread's loop body)."""
+    """The next records (up to 500, once one is there; [] after 0.1 s), errors logged and
+    left out (a consumer thread's loop body)."""
     try:
-        messages = consumer.consume(num_messages=500, timeout=0.1)
+        messages = consume_ready(consumer, 500, 0.1)
     except KafkaException as exc:
         log.warning("reading %s failed: %s", topic, exc)
         return []

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pyiceberg.exceptions import RESTError
 
 from mdproto.messages import HistorySource, Status
-from mdproto.runtime.kafka import assigned_consumer_config
+from mdproto.runtime.kafka import assigned_consumer_config, consume_ready
 from pipeline import history_notices, records
 from pipeline.config import Settings
 from pipeline.lake import Lake
@@ -132,7 +132,7 @@ class StoredAnswers:
             consumer.assign(ends)
             self._reading.set()
             while not self._stop.is_set():
-                messages = [m for m in consumer.consume(500, timeout=0.2) if m.error() is None]
+                messages = [m for m in consume_ready(consumer, 500, 0.2) if m.error() is None]
                 if messages:
                     self._answer_all(messages)
         finally:
