@@ -142,16 +142,16 @@ class Group:
         [future] = self.admin.describe_consumer_groups([GROUP]).values()
         description = future.result(timeout=30)
         state = str(description.state).rsplit(".", 1)[-1].upper()
-        out = []
+        out, seen = [], []
         for m in description.members:
             owned: dict[str, set[int]] = defaultdict(set)
             for tp in m.assignment.topic_partitions:
                 owned[tp.topic].add(tp.partition)
-            out.append((m.host.lstrip("/"), dict(owned)))
-        self.last = f"{state}: " + "; ".join(
-            f"{host} ({m.client_id}) {dict(sorted((t, sorted(p)) for t, p in owned.items()))}"
-            for (host, owned), m in zip(out, description.members, strict=True)
-        )
+            host = m.host.lstrip("/")
+            out.append((host, dict(owned)))
+            partitions = sorted((t, sorted(p)) for t, p in owned.items())
+            seen.append(f"{host} ({m.client_id}) {partitions}")
+        self.last = f"{state}: " + "; ".join(seen)
         return out if state == "STABLE" else []
 
 

@@ -271,15 +271,16 @@ class IcebergCoverage:
             await asyncio.sleep(1.0)
 
     def _read_once(self) -> bool:
-        """One read (of a ticker with no rows); False while the table does not exist."""
+        """One read (of a ticker with no rows: every file is read into `StoredRows`);
+        False while the table does not exist."""
         table = self._table_or_none()
         if table is not None:
-            self._scan(table, WARM_TICKER, 60)
+            self._rows(table, WARM_TICKER, 60)
         return table is not None
 
     def _read(self, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
         table = self._table_or_none()
-        return [] if table is None else self._scan(table, ticker, period_seconds)
+        return [] if table is None else self._rows(table, ticker, period_seconds)
 
     def _table_or_none(self) -> Table | None:
         from pyiceberg.exceptions import NoSuchTableError
@@ -289,7 +290,7 @@ class IcebergCoverage:
         except NoSuchTableError:
             return None  # nothing was ever notified
 
-    def _scan(self, table: Table, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
+    def _rows(self, table: Table, ticker: str, period_seconds: int) -> list[dict[str, Any]]:
         if Requests.EXPECTED_CANDLES not in {f.name for f in table.schema().fields}:
             return []  # a table from before the integrity report: nothing is provably complete
         return self._stored.rows(table, ticker, period_seconds)
