@@ -78,25 +78,58 @@ def tombstoned(bootstrap: str, topic: str, trigger_id: str, timeout_s: float = 6
     return False
 
 
-def wait_saved(checkpoints: Path, after: float, timeout_s: float = 60) -> None:
-    """Until the live engine saved a snapshot (offsets + CEP state) written after `after`.
+def read_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition of `topic` -> its end offset (where the next record will go)."""
+    from confluent_kafka import Consumer, TopicPartition
 
-    A kill -9 before that reads the fire's tick again (a second fire with the same
-    count, by design: at-least-once events); this test is about state after it.
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        }
+    finally:
+        consumer.close()
+
+
+def wait_saved(
+    state_dir: Path, snapshot: Path, ends: dict[int, int], timeout_s: float = 60
+) -> None:
+    """Until a save round holds every tick read so far: each ticks partition's saved state
+    at its end offset (`ends`), and the engine's snapshot (CEP's state, written after the
+    partitions in the same round) no older than those states.
+
+    A kill -9 before that reads the fire's tick again (a second fire with the same count,
+    by design: at-least-once events); this test is about the state after it. A file's time
+    alone is no proof: a round captured before the fire may be written after it.
     """
-    snapshot = checkpoints / "live-engine" / "snapshot.json"
+    from pipeline.live_state import PartitionState
+
     deadline = time.monotonic() + timeout_s
+    saved: dict[int, int] = {}
     while time.monotonic() < deadline:
-        if snapshot.exists() and snapshot.stat().st_mtime > after:
+        files = {int(f.stem): f for f in state_dir.glob("*/*/*.json")}
+        states = {p: PartitionState.decode(f.read_bytes(), str(f)) for p, f in files.items()}
+        saved = {p: s.offset for p, s in states.items() if s is not None}
+        if all(saved.get(p, 0) >= end for p, end in ends.items() if end > 0) and (
+            files
+            and snapshot.exists()
+            and snapshot.stat().st_mtime_ns >= max(f.stat().st_mtime_ns for f in files.values())
+        ):
             return
         time.sleep(0.2)
-    raise AssertionError(f"no live-engine snapshot within {timeout_s} s")
+    raise AssertionError(f"no save of offsets {ends} within {timeout_s} s (saved: {saved})")
 
 
-def test_triggers_fire_tombstone_and_survive_a_crash(make_run: Any, tools: Any) -> None:
+def test_triggers_fire_tombstone_and_survive_a_crash(
+    make_run: Any, tools: Any, tmp_path: Path
+) -> None:
     trigger_topic = f"pt-{uuid.uuid4().hex[:8]}.cep"
+    state_dir = tmp_path / "live-state"  # local, so that the test can read what was saved
     run = make_run(
         PIPELINE_KAFKA__TOPIC_CEP_TRIGGERS=trigger_topic,
+        PIPELINE_LIVE__STATE_LOCATION=str(state_dir),
         PIPELINE_HISTORY__ENABLED="false",
         PIPELINE_MARKETS__ENABLED="false",
         PIPELINE_GAPS__ENABLED="false",
@@ -116,10 +149,10 @@ def test_triggers_fire_tombstone_and_survive_a_crash(make_run: Any, tools: Any) 
         [again] = events(sub, "again", CEPTriggerEvent.FIRED)
         assert once.final and once.values["price"] == 101.0 and once.fire_count == 1
         assert not again.final and again.fire_count == 1
-        fired_at = time.time()
         assert tombstoned(run.endpoints.kafka_bootstrap, trigger_topic, "once")
 
-        wait_saved(run.workdir / "checkpoints", after=fired_at)
+        ends = read_offsets(run.endpoints.kafka_bootstrap, run.ticks_topic)
+        wait_saved(state_dir, run.workdir / "checkpoints" / "live-engine" / "snapshot.json", ends)
         run.kill9()  # no shutdown: the next run resumes from the checkpoint
         run.start()
         run.wait_ready()
