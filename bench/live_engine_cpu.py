@@ -6,7 +6,7 @@ trade. This runs that loop (`live_engine._Run.loop`) on Kafka messages built in 
 tickers over 3 partitions), handed out by a stand-in consumer whose clock is the
 trades' own: by default a 10-minute backlog in batches of 10,000 (candles close
 during it); with ``--rate R``, live at R trades/s: trade times 1/R s apart, in the
-batches one poll (`live_engine.POLL_S`) gathers at that rate.
+batches a gather window (``--window``, default `live.gather_s`) takes in at that rate.
 
 - **bare**: decode every record (`envelope.decode_record`), nothing else: the floor;
 - **engine**: the loop as it runs: the position check, decoding and validating,
@@ -24,7 +24,7 @@ the process (`time.process_time`), so other load on the machine shifts the figur
 less than wall time would. Trades per CPU-second is the engine's ceiling on one core.
 
     .venv/bin/python bench/live_engine_cpu.py [--trades 200000] [--tickers 1000] [--reps 5]
-        [--rate 10000]
+        [--rate 10000 [--window 0.01]]
 """
 
 from __future__ import annotations
@@ -121,15 +121,22 @@ class Replay:
     def __init__(self, msgs: list[Any], stop: threading.Event, batch: int) -> None:
         self.msgs, self.stop, self.batch, self.at = msgs, stop, batch, 0
         self.now_ms = 0
+        self.pending: list[Any] = []
 
-    def consume(self, n: int, timeout: float) -> list[Any]:
-        batch = self.msgs[self.at : self.at + min(n, self.batch)]
+    def poll(self, timeout: float) -> Any:
+        """The next batch's first record (the engine polls, then consumes the rest)."""
+        batch = self.msgs[self.at : self.at + self.batch]
         self.at += len(batch)
         if batch:
             self.now_ms = envelope.decode_record(batch[-1].value(), Tick).timestamp_ms
         if self.at >= len(self.msgs):
             self.stop.set()
-        return batch
+        self.pending = batch[1:]
+        return batch[0] if batch else None
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        taken, self.pending = self.pending[:n], self.pending[n:]
+        return taken
 
 
 def engine(
@@ -207,12 +214,16 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=int, default=0,
         help="live at this many trades/s: trade times that far apart, batches of what one "
-        "poll gets (POLL_S); default: a 10-minute backlog read in batches of 10,000",
+        "gather window takes in; default: a 10-minute backlog read in batches of 10,000",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window", type=float, default=LiveConfig().gather_s,
+        help="with --rate: seconds a batch gathers (live.gather_s; 0.05 was the old poll)",
     )  # fmt: skip
     args = parser.parse_args()
     now_ms = int(time.time() * 1000)
     span_ms = args.trades * 1000 // args.rate if args.rate else 600_000
-    batch = max(1, round(args.rate * live_engine.POLL_S)) if args.rate else BATCH
+    batch = max(1, round(args.rate * args.window)) if args.rate else BATCH
     msgs = messages(args.trades, args.tickers, now_ms, span_ms)
     gc.freeze()  # the messages are the bench's, not the engine's heap
     paths: dict[str, Callable[[list[Any], int], int]] = {

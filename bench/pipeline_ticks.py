@@ -23,17 +23,27 @@ import multiprocessing as mp
 import time
 import uuid
 from collections.abc import Iterator
+from math import nan
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
 import zmq
-from pipeline_common import PipelineProcess, median, percentile, produce_ticks, stack, workdir
+from pipeline_common import (
+    PipelineProcess,
+    cpu_seconds,
+    median,
+    percentile,
+    produce_ticks,
+    stack,
+    workdir,
+)
 
 from infra.testing import free_port
 from mdproto import envelope, topics
 from mdproto.messages import Tick
+from mdproto.runtime.kafka import consume_ready
 
 TICKERS = ["BINANCE:BTC/USDT", "BINANCE:ETH/USDT", "BINANCE:SOL/USDT", "BINANCE:XRP/USDT"]
 
@@ -82,7 +92,7 @@ def bridge(bootstrap: str, topic: str, endpoint: str, stop: Event) -> None:
     pub.setsockopt(zmq.SNDHWM, 100_000)
     pub.bind(endpoint)
     while not stop.is_set():
-        for message in consumer.consume(1000, 0.05):
+        for message in consume_ready(consumer, 1000, 0.05):  # no wait once a record is there
             value = message.value()
             if message.error() or value is None:
                 continue
@@ -93,8 +103,17 @@ def bridge(bootstrap: str, topic: str, endpoint: str, stop: Event) -> None:
 
 
 def measure(
-    bootstrap: str, topic: str, endpoint: str, rate: int, seconds: float, warmup: float
+    bootstrap: str,
+    topic: str,
+    endpoint: str,
+    rate: int,
+    seconds: float,
+    warmup: float,
+    *,
+    cpu_of: int | None = None,
 ) -> dict[str, float]:
+    """Latencies of the ticks produced after a warm-up; with `cpu_of` (a pid), also that
+    process's CPU ms per 1,000 ticks while they were produced (``cpu_ms_per_k``)."""
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
     out: Queue[list[float]] = ctx.Queue()
@@ -116,8 +135,10 @@ def measure(
     ready.wait(30)
     time.sleep(0.5)  # the SUB's subscription must reach the PUB before ticks flow
     prod = ctx.Process(target=produce_ticks, args=(bootstrap, topic, TICKERS, rate, seconds, done))
+    cpu_before = cpu_seconds(cpu_of) if cpu_of is not None else 0.0
     prod.start()
     prod.join()
+    cpu_used = cpu_seconds(cpu_of) - cpu_before if cpu_of is not None else nan
     sent = done.get()
     stop.set()
     latencies = out.get(timeout=120)
@@ -128,7 +149,24 @@ def measure(
         "p50": percentile(latencies, 50),
         "p99": percentile(latencies, 99),
         "max": max(latencies) if latencies else float("nan"),
+        "cpu_ms_per_k": cpu_used * 1e6 / sent if sent else nan,
     }
+
+
+def pub_server_pid(driver: int) -> int:
+    """The pipeline's PUB server process (its live engine): the process it spawns."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ppid == driver and b"spawn_main" in argv:
+            found.append(int(stat.parent.name))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one PUB server process under {driver}: {found}")
+    return found[0]
 
 
 def run(args: argparse.Namespace) -> None:
@@ -152,6 +190,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"pipeline ready in {time.perf_counter() - started:.1f} s", flush=True)
         bridge_endpoint = f"tcp://127.0.0.1:{free_port()}"
         bridge_topic = f"{pipeline.ticks_topic}.baseline"
+        assert pipeline.process is not None
+        engine = pub_server_pid(pipeline.process.pid)
         results: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.reps):
             for rate in args.rates:
@@ -162,10 +202,13 @@ def run(args: argparse.Namespace) -> None:
                     rate,
                     args.seconds,
                     args.warmup,
+                    cpu_of=engine,
                 )
                 results.setdefault(f"pipeline {rate}/s", []).append(r)
                 print(f"  pipeline {rate}/s: {fmt(r)}", flush=True)
-                with bridge_running(endpoints.kafka_bootstrap, bridge_topic, bridge_endpoint):
+                with bridge_running(
+                    endpoints.kafka_bootstrap, bridge_topic, bridge_endpoint
+                ) as bridge_pid:
                     r = measure(
                         endpoints.kafka_bootstrap,
                         bridge_topic,
@@ -173,6 +216,7 @@ def run(args: argparse.Namespace) -> None:
                         rate,
                         args.seconds,
                         args.warmup,
+                        cpu_of=bridge_pid,
                     )
                 results.setdefault(f"baseline {rate}/s", []).append(r)
                 print(f"  baseline {rate}/s: {fmt(r)}", flush=True)
@@ -184,15 +228,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def bridge_running(bootstrap: str, topic: str, endpoint: str) -> Iterator[None]:
-    """The baseline bridge in a process of its own, its consumer group joined."""
+def bridge_running(bootstrap: str, topic: str, endpoint: str) -> Iterator[int]:
+    """The baseline bridge in a process of its own, its consumer group joined: its pid."""
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     process = ctx.Process(target=bridge, args=(bootstrap, topic, endpoint, stop))
     process.start()
     try:
         time.sleep(2.0)  # consumer group join
-        yield
+        assert process.pid is not None
+        yield process.pid
     finally:
         stop.set()
         process.join(30)
@@ -203,7 +248,10 @@ def summary(
 ) -> None:
     """Medians over reps per case and rate, p99 as a multiple of the baseline's."""
     print()
-    print(f"{'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}")
+    print(
+        f"{'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'recv/sent':>10} {'p99 x':>6}"
+        f" {'CPU ms/1k':>10}"
+    )
     for rate in rates:
         base = median([r["p99"] for r in results.get(f"{baseline} {rate}/s", [])])
         for case in [f"{c} {rate}/s" for c in [*cases, baseline]]:
@@ -215,14 +263,15 @@ def summary(
                 f"{case:<26} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
                 f"{median([r['max'] for r in rs]):8.1f} "
                 f"{sum(r['received'] for r in rs) / max(1.0, sum(r['sent'] for r in rs)):10.4f} "
-                f"{p99 / base:6.1f}"
+                f"{p99 / base:6.1f} {median([r.get('cpu_ms_per_k', nan) for r in rs]):10.1f}"
             )
 
 
 def fmt(r: dict[str, Any]) -> str:
     return (
         f"p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, max {r['max']:.1f} ms, "
-        f"{int(r['received'])}/{int(r['sent'])} received"
+        f"{int(r['received'])}/{int(r['sent'])} received, "
+        f"CPU {r.get('cpu_ms_per_k', nan):.1f} ms per 1,000 ticks"
     )
 
 

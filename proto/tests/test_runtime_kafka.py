@@ -50,3 +50,10 @@ def test_consume_ready_waits_for_one_record_then_takes_what_came_with_it() -> No
     assert consume_ready(consumer, 3, 0.1) == ["d"]
     assert consume_ready(consumer, 3, 0.1) == []
     assert consume_ready(FakeConsumer(["x", "y"]), 1, 0.1) == ["x"]
+
+
+def test_consume_ready_gathers_for_its_window_only_once_a_record_is_there() -> None:
+    consumer = FakeConsumer(["a", "b"])
+    assert consume_ready(consumer, 100, 0.05, gather_s=0.01) == ["a", "b"]
+    assert consume_ready(consumer, 100, 0.05, gather_s=0.01) == []
+    assert consumer.calls == [("poll", None, 0.05), ("consume", 99, 0.01), ("poll", None, 0.05)]

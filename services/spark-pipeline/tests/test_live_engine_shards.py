@@ -354,3 +354,22 @@ def test_a_drain_serves_the_acknowledgements_its_round_waits_for(tmp_path: Path)
     assert polls and not outcome.unsaved and outcome.snapshot_saved
     saved = store.load(TOPIC, 0)
     assert saved is not None and saved.offset == 7
+
+
+def test_a_batch_gathers_for_live_gather_s_only_once_a_tick_is_there(tmp_path: Path) -> None:
+    """librdkafka's consume(n, t) holds what it has until n records or t: each tick waited
+    out the engine's whole poll. The engine waits for a first record, then `gather_s`."""
+    engine = Engine(tmp_path, "a", {})
+    live = engine.settings.live.model_copy(update={"gather_s": 0.004})
+    engine.settings = engine.settings.model_copy(update={"live": live})
+    engine.run(
+        fake_kafka.Assign([0]),
+        fake_kafka.Ticks(0, [tick(X, "x1", 50.0, B + 1_000), tick(X, "x2", 51.0, B + 2_000)]),
+    )
+    assert engine.consumer is not None
+    waits = engine.consumer.waits
+    # The assignment's poll returns nothing: no gather; the ticks' poll: one gather of 4 ms.
+    assert [call for call, _ in waits] == ["poll", "poll", "consume", "poll"]
+    assert all(0 < t <= 0.05 for call, t in waits if call == "poll")
+    assert [t for call, t in waits if call == "consume"] == [0.004]
+    assert [m.trade_id for m in engine.sent if isinstance(m, Tick)] == ["x1", "x2"]

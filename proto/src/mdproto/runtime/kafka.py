@@ -184,18 +184,25 @@ def wait_end_offsets(
     return None
 
 
-def consume_ready(consumer: Any, max_messages: int, timeout_s: float) -> list[Any]:
-    """Up to `max_messages` records, returned as soon as one is there ([] after
-    `timeout_s` without any); error records included, as `consume` gives them.
+def consume_ready(
+    consumer: Any, max_messages: int, timeout_s: float, gather_s: float = 0.0
+) -> list[Any]:
+    """Up to `max_messages` records, returned as soon as one is there and `gather_s`
+    more has passed ([] after `timeout_s` without any); error records included, as
+    `consume` gives them.
 
     Why: librdkafka's ``consume(n, timeout)`` returns only once it holds n records or
     the timeout has passed, so a reader of a quiet topic got each record only at the
     end of its timeout (a claim verdict 0-100 ms late). ``poll`` returns the moment a
-    record is there; ``consume(n - 1, 0)`` then takes what was fetched with it."""
+    record is there; ``consume(n - 1, gather_s)`` then takes what was fetched with it
+    and what arrives within `gather_s`: a reader whose every batch has a fixed cost
+    bounds how many batches a steady stream makes of it."""
     first = consumer.poll(timeout_s)
     if first is None:
         return []
-    return [first, *consumer.consume(max_messages - 1, 0)] if max_messages > 1 else [first]
+    if max_messages <= 1:
+        return [first]
+    return [first, *consumer.consume(max_messages - 1, gather_s)]
 
 
 def read_to_end(consumer: Any, topic: str, ends: Mapping[int, int]) -> Iterator[Any]:

@@ -121,6 +121,10 @@ class LiveConfig(_Section):
     #: The engine collects cyclic garbage at batch ends, and its whole heap this often: a
     #: pause as long as its state is big (`gc_pacing`, ADR 0020).
     gc_full_s: float = Field(default=60.0, gt=0)
+    #: Once a tick is there, the engine's batch takes in what else arrives this long: the
+    #: most the engine holds a tick before handling it, and what keeps a steady stream
+    #: from paying the per-batch work for every few ticks (docs/pipeline-benchmarks.md).
+    gather_s: float = Field(default=0.01, ge=0, le=0.05)
     #: The Kafka consumer group of the live engines: every engine (the pipeline's own
     #: and `python -m pipeline.engine`) with this id shares the ``market.ticks`` and
     #: ``market.book`` partitions. Empty: ``live-engine.<kafka.topic_ticks>``.

@@ -60,7 +60,7 @@ from google.protobuf.message import Message
 from mdproto import ProtocolError, envelope, partitioning, topics
 from mdproto.messages import BookDelta, BookSnapshot, Tick
 from mdproto.recent import RecentKeys
-from mdproto.runtime.kafka import assigned_consumer_config
+from mdproto.runtime.kafka import assigned_consumer_config, consume_ready
 from pipeline import records
 from pipeline.candle_close import Closing, TickerCandles
 from pipeline.cep.records import Coordinates
@@ -89,7 +89,7 @@ log = logging.getLogger(__name__)
 SendMany = Callable[[Iterable[tuple[str, Message]]], int]
 STATS_INTERVAL_S = 10.0
 STALL_S = 0.25
-#: Longest wait in consume(): the idle-close and CEP timers' resolution.
+#: Longest wait for a record: the idle-close and CEP timers' resolution.
 POLL_S = 0.05
 PARTITIONS_WITHIN_S = 30.0  # a new topic's partitions reach the metadata within this
 #: Trade ids remembered per ticks partition (redeliveries dropped).
@@ -278,6 +278,7 @@ class _Run:
         self.book_topic = s.kafka.topic_book
         self.book_snapshot_s = s.live.book_snapshot_s
         self.snapshot_s = s.live.snapshot_s
+        self.gather_s = s.live.gather_s
         self.gc_full_s = s.live.gc_full_s
         self.ticks_topic = s.kafka.topic_ticks
         self.candle_topic = s.kafka.topic_live_candles
@@ -536,7 +537,8 @@ class _Run:
         due = candles.next_due_ms(_now_ms()) if candles is not None and self.caught_up else None
         wait = POLL_S if due is None else min(POLL_S, max(due, 1) / 1000)
         asked = time.monotonic()
-        messages = [m for m in self.consumer.consume(10_000, timeout=wait) if self._ok(m)]
+        got = consume_ready(self.consumer, 10_000, wait, min(self.gather_s, wait))
+        messages = [m for m in got if self._ok(m)]
         if self.recount:
             self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
             self.recount = False

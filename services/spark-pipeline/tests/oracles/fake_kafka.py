@@ -63,7 +63,7 @@ Step = Assign | Revoke | Ticks
 
 @dataclass
 class GroupConsumer:
-    """Plays `script` one step per consume(), then sets `stop`. `log` holds the Kafka
+    """Plays `script` one step per poll(), then sets `stop`. `log` holds the Kafka
     log of every partition (shared by consumers of one group), `seeks` each assignment
     with its offsets."""
 
@@ -78,8 +78,12 @@ class GroupConsumer:
     #: How many partitions the topic has (its metadata).
     partitions: int = 2
 
-    #: Inside consume(): a rebalance callback runs.
+    #: Inside poll(): a rebalance callback runs.
     in_consume: bool = False
+    #: The records of the step poll() played that it did not return.
+    pending: list[Message] = field(default_factory=list)
+    #: Each poll() and consume() as (call, timeout): how long the engine let Kafka wait.
+    waits: list[tuple[str, float]] = field(default_factory=list)
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         # confluent-kafka: list_topics() from a callback of consume() on the same handle
@@ -99,12 +103,21 @@ class GroupConsumer:
         for tp in partitions:
             self.positions[tp.partition] = tp.offset
 
-    def consume(self, n: int, timeout: float) -> list[Message]:
+    def poll(self, timeout: float) -> Message | None:
+        """One step played; its first record, the rest kept for the consume() after."""
+        self.waits.append(("poll", timeout))
         self.in_consume = True
         try:
-            return self._consume()
+            self.pending = self._consume()
         finally:
             self.in_consume = False
+        return self.pending.pop(0) if self.pending else None
+
+    def consume(self, n: int, timeout: float) -> list[Message]:
+        """What the last step's poll() left (the engine polls, then consumes the rest)."""
+        self.waits.append(("consume", timeout))
+        taken, self.pending = self.pending[:n], self.pending[n:]
+        return taken
 
     def _consume(self) -> list[Message]:
         if not self.script:
