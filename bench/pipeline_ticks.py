@@ -39,6 +39,7 @@ from pipeline_common import (
     stack,
     workdir,
 )
+from pipeline_cost import pipeline_part, scan
 
 from infra.testing import free_port
 from mdproto import envelope, topics
@@ -148,22 +149,18 @@ def measure(
         "received": float(len(latencies)),
         "p50": percentile(latencies, 50),
         "p99": percentile(latencies, 99),
-        "max": max(latencies) if latencies else float("nan"),
+        "max": max(latencies) if latencies else nan,
         "cpu_ms_per_k": cpu_used * 1e6 / sent if sent else nan,
     }
 
 
 def pub_server_pid(driver: int) -> int:
-    """The pipeline's PUB server process (its live engine): the process it spawns."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            argv = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if ppid == driver and b"spawn_main" in argv:
-            found.append(int(stat.parent.name))
+    """The pipeline's PUB server process (its live engine), as `pipeline_cost` tells it."""
+    found = [
+        pid
+        for (pid, _), stat in scan().items()
+        if stat.ppid == driver and pipeline_part(pid, driver) == "pipeline: PUB server"
+    ]
     if len(found) != 1:
         raise RuntimeError(f"expected one PUB server process under {driver}: {found}")
     return found[0]
@@ -263,7 +260,7 @@ def summary(
                 f"{case:<26} {median([r['p50'] for r in rs]):8.1f} {p99:8.1f} "
                 f"{median([r['max'] for r in rs]):8.1f} "
                 f"{sum(r['received'] for r in rs) / max(1.0, sum(r['sent'] for r in rs)):10.4f} "
-                f"{p99 / base:6.1f} {median([r.get('cpu_ms_per_k', nan) for r in rs]):10.1f}"
+                f"{p99 / base:6.1f} {median([r['cpu_ms_per_k'] for r in rs]):10.1f}"
             )
 
 
@@ -271,7 +268,7 @@ def fmt(r: dict[str, Any]) -> str:
     return (
         f"p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, max {r['max']:.1f} ms, "
         f"{int(r['received'])}/{int(r['sent'])} received, "
-        f"CPU {r.get('cpu_ms_per_k', nan):.1f} ms per 1,000 ticks"
+        f"CPU {r['cpu_ms_per_k']:.1f} ms per 1,000 ticks"
     )
 
 

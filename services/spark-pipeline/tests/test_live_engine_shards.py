@@ -336,7 +336,7 @@ def test_acknowledgements_out_of_order_count_once_every_earlier_one_came() -> No
 
 
 def test_a_drain_serves_the_acknowledgements_its_round_waits_for(tmp_path: Path) -> None:
-    """A revoke runs inside consume(): while it waits for the round in flight, only it
+    """A revoke runs inside the poll: while it waits for the round in flight, only it
     can poll the producer, so it does (else the round would wait out its timeout)."""
     deliveries = Deliveries()
     acknowledge = deliveries.sent()  # a closed candle sent before the capture

@@ -80,17 +80,17 @@ def tombstoned(bootstrap: str, topic: str, trigger_id: str, timeout_s: float = 6
 
 def read_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     """Each partition of `topic` -> its end offset (where the next record will go)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
+
+    from mdproto.runtime.kafka import end_offsets
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in partitions
-        }
+        ends = end_offsets(consumer, topic, timeout_s=10)
     finally:
         consumer.close()
+    assert ends is not None, f"no metadata for {topic}"
+    return ends
 
 
 def wait_saved(

@@ -247,7 +247,7 @@ class _Run:
     """One run of the engine's thread: its consumers, producer, owned partitions and state.
 
     ``positions`` holds the next offset of every owned partition (ticks and book): a
-    record of a partition not in it was revoked during the consume() that returned it.
+    record of a partition not in it was revoked during the poll that returned it.
     """
 
     def __init__(
@@ -319,7 +319,7 @@ class _Run:
         #: owns a ticker then, so trigger records wait and expiries are kept.
         self.rebalancing = True
         #: How many partitions ``market.ticks`` has (the ownership rule's modulus):
-        #: listed at the start, and again after each assignment, outside consume().
+        #: listed at the start, and again after each assignment, outside the poll.
         self.tick_partitions = 0
         self.recount = False
         #: When the state and the books' snapshots were last saved / sent; whether CEP
@@ -339,7 +339,7 @@ class _Run:
         return (self.ticks_topic, partition) in self.positions
 
     def start(self) -> None:
-        """Read the triggers whole, join the group (assignments arrive in consume())."""
+        """Read the triggers whole, join the group (assignments arrive in the poll)."""
         if self.triggers is not None:
             self._assign_triggers()
         self.tick_partitions = len(_partitions(self.consumer, self.ticks_topic))
@@ -362,10 +362,10 @@ class _Run:
             assignment.append(TopicPartition(self.trigger_topic, p, position))
         self.triggers.assign(assignment)
 
-    # -- rebalance callbacks (run inside consume()) ---------------------------------
+    # -- rebalance callbacks (run inside the poll: poll() or consume()) -------------
     # They never call the group consumer's list_topics(): confluent-kafka's blocking
     # calls on a handle end its per-thread call state, and the next callback of the
-    # same consume() then aborts the process (CallState_get: Assertion `cs != NULL').
+    # same poll then aborts the process (CallState_get: Assertion `cs != NULL').
 
     def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Keep each partition this engine had before the rebalance (its state is still
@@ -376,7 +376,7 @@ class _Run:
         kept = self.revoked & {(tp.topic, tp.partition) for tp in partitions}
         self._drop(sorted(self.revoked - kept))
         self.revoked = set()
-        self.recount = True  # the topic may have grown: listed once consume() returns
+        self.recount = True  # the topic may have grown: listed once the poll returns
         cep_states: dict[int, dict[str, Any]] = {}  # newly assigned ticks partitions
         for tp in partitions:
             key = (tp.topic, tp.partition)
@@ -527,7 +527,7 @@ class _Run:
             pacing.stop()
 
     def _step(self, stats: _Stats) -> None:
-        """One consume() batch: publish what it means, save the state when due."""
+        """One batch (`consume_ready`): publish what it means, save the state when due."""
         if self.deliveries.error is not None:
             raise RuntimeError(f"Kafka refused a closed candle: {self.deliveries.error}")
         if self.writer is not None:
@@ -583,7 +583,7 @@ class _Run:
             return False
         key = (m.topic(), m.partition() or 0)
         if key not in self.positions or key in self.revoked:
-            return False  # revoked during the consume() that returned it
+            return False  # revoked during the poll that returned it
         self.positions[key] = (m.offset() or 0) + 1
         if key[0] == self.ticks_topic:
             self.dirty.add(key)

@@ -79,16 +79,16 @@ class GroupConsumer:
     partitions: int = 2
 
     #: Inside poll(): a rebalance callback runs.
-    in_consume: bool = False
+    in_poll: bool = False
     #: The records of the step poll() played that it did not return.
     pending: list[Message] = field(default_factory=list)
     #: Each poll() and consume() as (call, timeout): how long the engine let Kafka wait.
     waits: list[tuple[str, float]] = field(default_factory=list)
 
     def list_topics(self, topic: str, timeout: float) -> Any:
-        # confluent-kafka: list_topics() from a callback of consume() on the same handle
+        # confluent-kafka: list_topics() from a callback of poll() on the same handle
         # ends its call state, and the next callback aborts the process.
-        assert not self.in_consume, "list_topics() called inside consume()"
+        assert not self.in_poll, "list_topics() called inside poll()"
         meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
         return SimpleNamespace(topics={topic: meta})
 
@@ -106,11 +106,11 @@ class GroupConsumer:
     def poll(self, timeout: float) -> Message | None:
         """One step played; its first record, the rest kept for the consume() after."""
         self.waits.append(("poll", timeout))
-        self.in_consume = True
+        self.in_poll = True
         try:
             self.pending = self._consume()
         finally:
-            self.in_consume = False
+            self.in_poll = False
         return self.pending.pop(0) if self.pending else None
 
     def consume(self, n: int, timeout: float) -> list[Message]:
