@@ -10,7 +10,8 @@ holds for a merge of candles over stored ones: it is computed on the driver
 (`candle_merges`) and committed here as one delete and append (`replace`).
 
 The catalog client is made on first use; the caller decides what a failed
-append means (`lake.py`, `write_paths.commit_error`).
+append means (`lake.py`, `write_paths.commit_error`). Every commit goes through
+`MetadataOnce`, so its cost does not grow with the table's history (ADR 0029).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+from pyiceberg.table import Transaction
+from pyiceberg.table.update import TableUpdate, update_table_metadata
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.expressions import BooleanExpression
     from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
 
 #: The client's FileIO (``py-io-impl``): a delete of a file the catalog already deleted
 #: is done, not a warning.
@@ -34,6 +38,27 @@ FILE_IO = "pipeline.iceberg_io.IdempotentDeletes"
 # Said by pyiceberg on every delete from a merge-on-read table (``ohlc``): `replace`'s
 # docstring says what it does instead.
 warnings.filterwarnings("ignore", "Merge on read is not yet supported", UserWarning)
+
+
+class MetadataOnce(Transaction):
+    """pyiceberg's transaction, its staged metadata built once per change.
+
+    pyiceberg builds `table_metadata` afresh, a deep copy of every snapshot the table
+    keeps, at each of the many reads one append makes, so a commit's cost grew with
+    the table's history (ADR 0029; apache/iceberg-python PRs 3302 and 3784, approved
+    upstream and not released). Staged updates are an immutable tuple and a refresh
+    rebinds the table's metadata, so the built one is kept until either changes.
+    """
+
+    _built: tuple[TableMetadata, tuple[TableUpdate, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        built = self._built
+        if built is None or built[0] is not base or built[1] is not updates:
+            built = self._built = (base, updates, update_table_metadata(base, updates))
+        return built[2]
 
 
 class ArrowAppends:
@@ -55,7 +80,8 @@ class ArrowAppends:
         after its own load.
         """
         table = self.load(identifier) if loaded is None else loaded
-        table.append(rows)
+        with MetadataOnce(table) as tx:
+            tx.append(rows)
         return _snapshot_id(table)
 
     def replace(
@@ -74,7 +100,7 @@ class ArrowAppends:
         position deletes on it applied as it is read.
         """
         table = self.load(identifier) if loaded is None else loaded
-        with table.transaction() as tx:
+        with MetadataOnce(table) as tx:
             tx.delete(deleted)
             tx.append(rows)
         return _snapshot_id(table)
