@@ -17,7 +17,7 @@ range from the same simulator into memory (its own page loop, no Kafka, no
 Spark) -- what "just ask the exchange" costs.
 
     .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--reps 1] [--exchange-nice -10]
-        [--history-trigger-s 0.1] [--out docs/e2e-benchmarks.md]
+        [--history-trigger-s 0.1] [--aged 150] [--out docs/e2e-benchmarks.md]
 
 With ``--reps N`` each range is asked N times (N different ranges of that length, each
 from the exchange, each followed by the bare loop over the same range) and the median
@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
 from infra.localstack import Ports, StackConfig
@@ -41,6 +42,7 @@ from infra.platform import Platform, PlatformConfig, ServicePorts
 from mdclient import Client, ClientSettings
 from mdproto import contracts, envelope
 from mdproto.messages import OHLCBatch
+from pipeline.config import load_settings
 
 DAY_MS = 86_400_000
 
@@ -168,6 +170,25 @@ def bare_ccxt_s(base_url: str, days: int, offset_days: int = 1) -> float:
     return time.monotonic() - started
 
 
+def age_tables(client: Client, namespace: str, commits: int) -> str:
+    """Give ``ohlc`` and ``requests`` ``commits`` more snapshots each, as an hour of a
+    running platform does (upkeep keeps an hour of them): one-row appends of a stored
+    row under a ticker no request asks for. What the two tables then hold."""
+    catalog = client.reader().catalog()
+    held = []
+    for name in ("ohlc", "requests"):
+        table = catalog.load_table(f"{namespace}.{name}")
+        row = table.scan(limit=1).to_arrow().slice(0, 1)
+        if "ticker" in row.column_names:
+            aged = pa.array(["BENCH:AGED/USDT"], row.schema.field("ticker").type)
+            row = row.set_column(row.column_names.index("ticker"), "ticker", aged)
+        row = row.cast(table.schema().as_arrow())  # the table's nullability
+        for _ in range(commits):
+            table.append(row)
+        held.append(f"{name} {len(table.metadata.snapshots)}")
+    return ", ".join(held)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--days", type=int, nargs="+", default=[1, 30, 365])
@@ -192,6 +213,13 @@ def main() -> None:
         default=None,
         help="the simulator's nice value (e.g. -10): a remote exchange does not share "
         "the platform's cores; both the platform and the bare loop ask the same simulator",
+    )
+    parser.add_argument(
+        "--aged",
+        type=int,
+        default=0,
+        help="one-row commits added to ohlc and requests after the warm-up, as a running "
+        "platform's hour of snapshots (e.g. 150)",
     )
     args = parser.parse_args()
     data_dir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
@@ -223,8 +251,12 @@ def main() -> None:
             # Days before every range the runs below ask (each on its own, never merged).
             far = 1 + args.reps * max(max(args.days), 1) + 10
             for label, offset in (("1 h, first after start", far), ("1 h, warm", far + 1)):
-                lines.append(run_one(client, bootstrap, 0, offset_days=offset, label=label).row())
+                warm = run_one(client, bootstrap, 0, offset_days=offset, label=label)
+                lines.append(warm.row())
                 print(lines[-1], flush=True)
+            if args.aged:
+                namespace = load_settings().catalog.namespace
+                print(f"snapshots: {age_tables(client, namespace, args.aged)}", flush=True)
             assert platform.endpoints.exchange_url is not None
             for days in args.days:
                 ratios: list[float] = []
