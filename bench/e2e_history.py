@@ -251,8 +251,7 @@ def main() -> None:
             # Days before every range the runs below ask (each on its own, never merged).
             far = 1 + args.reps * max(max(args.days), 1) + 10
             for label, offset in (("1 h, first after start", far), ("1 h, warm", far + 1)):
-                warm = run_one(client, bootstrap, 0, offset_days=offset, label=label)
-                lines.append(warm.row())
+                lines.append(run_one(client, bootstrap, 0, offset_days=offset, label=label).row())
                 print(lines[-1], flush=True)
             if args.aged:
                 namespace = load_settings().catalog.namespace
