@@ -17,11 +17,15 @@ range from the same simulator into memory (its own page loop, no Kafka, no
 Spark) -- what "just ask the exchange" costs.
 
     .venv/bin/python bench/e2e_history.py [--days 1 30 365] [--reps 1] [--exchange-nice -10]
-        [--history-trigger-s 0.1] [--aged 150] [--out docs/e2e-benchmarks.md]
+        [--history-trigger-s 0.1] [--aged 150] [--exchange-rtt-ms 20] [--out docs/e2e-benchmarks.md]
 
 With ``--reps N`` each range is asked N times (N different ranges of that length, each
 from the exchange, each followed by the bare loop over the same range) and the median
 of the N ratios is printed: one short request moves by the micro-batch's timing.
+
+The simulator shares this machine's cores and answers at once; ``--exchange-rtt-ms R``
+gives every klines page a round trip of R ms as a remote exchange would (its CPU stays
+here): the platform's pages in flight wait side by side, the bare loop's one by one.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
+from infra.exchange_sim.control import SimulatorControl
 from infra.localstack import Ports, StackConfig
 from infra.platform import Platform, PlatformConfig, ServicePorts
 from mdclient import Client, ClientSettings
@@ -45,6 +50,7 @@ from mdproto.messages import OHLCBatch
 from pipeline.config import load_settings
 
 DAY_MS = 86_400_000
+KLINES_PATH = "/api/v3/klines"  # the page both the ingestor and the bare loop ask
 
 
 @dataclass
@@ -215,6 +221,14 @@ def main() -> None:
         "the platform's cores; both the platform and the bare loop ask the same simulator",
     )
     parser.add_argument(
+        "--exchange-rtt-ms",
+        type=float,
+        default=0.0,
+        help="each klines page answered this much later (the simulator's `slow` fault, "
+        "pages in flight wait side by side): a remote exchange's round trip, for both the "
+        "platform and the bare loop",
+    )
+    parser.add_argument(
         "--aged",
         type=int,
         default=0,
@@ -234,6 +248,12 @@ def main() -> None:
         if args.exchange_nice is not None:
             os.setpriority(os.PRIO_PGRP, platform.pid("exchange-sim"), args.exchange_nice)
             print(f"exchange simulator at nice {args.exchange_nice}", flush=True)
+        if args.exchange_rtt_ms:
+            assert platform.endpoints.exchange_url is not None
+            SimulatorControl(platform.endpoints.exchange_url).add_fault(
+                "slow", path=KLINES_PATH, delay=args.exchange_rtt_ms / 1000, count=2**62
+            )
+            print(f"each klines page {args.exchange_rtt_ms:g} ms later", flush=True)
         env = platform.endpoints.client_env()
         settings = ClientSettings.model_validate(
             {k.removeprefix("MDCLIENT_").lower(): v for k, v in env.items()}
